@@ -1,0 +1,43 @@
+# Two commands do all set-up on a fresh machine: `make run` and `make test`.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: run test lint typecheck unit e2e protos clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+run: $(STAMP)
+	$(PY) -m ext_proc devstack
+
+# Every tier; pytest's exit code 5 (nothing collected) fails like any other.
+test: lint typecheck unit e2e
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check ext_proc tests
+	$(VENV)/bin/ruff format --check ext_proc tests
+
+typecheck: $(STAMP)
+	$(VENV)/bin/mypy
+
+unit: $(STAMP)
+	$(PY) -m pytest -m "not e2e and not vllm" -q
+
+e2e: $(STAMP)
+	$(PY) -m pytest -m e2e -q
+
+# Regenerate ext_proc/_pb from protos/ (wire-compatible subsets of the Envoy ext_proc
+# API); tests/test_protos.py checks them against the upstream descriptors.
+protos: $(STAMP)
+	$(PY) -m grpc_tools.protoc -Iprotos --python_out=. --pyi_out=. \
+		protos/ext_proc/_pb/*.proto
+	$(PY) -m grpc_tools.protoc -Iprotos --grpc_python_out=. \
+		protos/ext_proc/_pb/external_processor.proto
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -1,0 +1,1 @@
+"""Generated protobuf bindings (``make protos``); never edited by hand."""

@@ -1,0 +1,126 @@
+"""Reading and rewriting request bodies exactly as vLLM reads them.
+
+vLLM parses the raw body bytes with ``json.loads`` (encoding detection, duplicate keys:
+last wins, NaN/Infinity accepted) and then validates with pydantic. This module uses
+the same ``json.loads`` on the same bytes, so the document the policy judges is the one
+vLLM will see. A rewritten body is this module's own serialisation of that document,
+so after a rewrite the two cannot diverge either.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from typing import Any, Final
+
+from ext_proc.errors import BadRequest, UnsupportedMediaType
+
+KV_KEY: Final = "kv_transfer_params"
+# Keys vLLM's reuse helper reads from kv_transfer_params; both are policed alike.
+POLICED_KEYS: Final = ("prompt_token_ids", "prompt_features")
+# Content part types that carry text only; anything else makes vLLM ignore reused ids.
+TEXT_PART_TYPES: Final = frozenset({"text", "input_text", "output_text"})
+
+Document = dict[str, Any]
+
+
+def media_type(value: bytes) -> str:
+    return value.split(b";", 1)[0].strip().decode("latin-1").lower()
+
+
+def check_headers(content_types: list[bytes], content_encodings: list[bytes]) -> None:
+    """Refuse bodies the service cannot read the way vLLM reads them.
+
+    Only ``application/json`` is inspected, because vLLM's JSON routes refuse every
+    other media type; anything else on a protected route is refused here too, so no
+    body slips by under another label. A compressed body cannot be inspected.
+    """
+    if len(content_types) != 1 or media_type(content_types[0]) != "application/json":
+        shown = b", ".join(content_types).decode("latin-1") or "none"
+        raise UnsupportedMediaType(
+            f"unsupported content-type ({shown}); this route accepts application/json",
+            reason="unsupported_media_type",
+        )
+    encodings = [v.strip().lower() for v in b",".join(content_encodings).split(b",")]
+    if any(e not in (b"", b"identity") for e in encodings):
+        raise UnsupportedMediaType(
+            "compressed request bodies (content-encoding) are not accepted on this route",
+            reason="content_encoding",
+        )
+
+
+def parse(raw: bytes) -> Document:
+    try:
+        document = json.loads(raw)
+    except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
+        raise BadRequest(f"request body is not valid JSON: {exc}", reason="body_not_json") from exc
+    if not isinstance(document, dict):
+        raise BadRequest("request body must be a JSON object", reason="body_not_object")
+    return document
+
+
+def transfer_params(document: Document) -> dict[str, Any] | None:
+    params = document.get(KV_KEY)
+    if params is None:
+        return None
+    if not isinstance(params, dict):
+        raise BadRequest(
+            f"{KV_KEY} must be a JSON object", reason="kv_params_not_object", param=KV_KEY
+        )
+    return params
+
+
+def policed_keys(params: dict[str, Any] | None) -> tuple[str, ...]:
+    if not params:
+        return ()
+    return tuple(key for key in POLICED_KEYS if key in params)
+
+
+def without(document: Document, keys: Iterable[str]) -> bytes:
+    """Serialise the document with ``keys`` removed from kv_transfer_params.
+
+    Every other key keeps its value and position; ``document`` is not modified.
+    """
+    drop = frozenset(keys)
+    params = {k: v for k, v in document[KV_KEY].items() if k not in drop}
+    return serialize({**document, KV_KEY: params})
+
+
+def serialize(document: Document) -> bytes:
+    try:
+        return json.dumps(document, ensure_ascii=False, separators=(",", ":")).encode()
+    except UnicodeEncodeError:
+        # A lone surrogate (legal in JSON escapes) cannot be UTF-8: escape everything.
+        return json.dumps(document, separators=(",", ":")).encode()
+
+
+def _text_only(content: Any) -> bool:
+    if content is None or isinstance(content, str):
+        return True
+    if isinstance(content, list):
+        return all(
+            isinstance(part, dict) and part.get("type") in TEXT_PART_TYPES for part in content
+        )
+    return False
+
+
+def ignores_reused_ids(document: Document) -> bool:
+    """True when vLLM would render the messages instead of using reused ids.
+
+    vLLM ignores them when ``echo`` is set or the input carries non-text content. This
+    errs towards True: a false True only strips ids vLLM might have used.
+    """
+    if document.get("echo") not in (None, False):
+        return True
+    if not _text_only(document.get("system")):
+        return True
+    for key in ("messages", "input"):
+        items = document.get(key)
+        if items is None or isinstance(items, str):
+            continue
+        if not isinstance(items, list):
+            return True
+        for item in items:
+            if not isinstance(item, dict) or not _text_only(item.get("content")):
+                return True
+    return False

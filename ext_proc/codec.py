@@ -1,0 +1,104 @@
+"""Translation between ext_proc protobuf messages and the core's events and actions.
+
+The only module besides the servicer that touches generated protobuf code. It holds no
+state and makes no decisions.
+"""
+
+from __future__ import annotations
+
+from google.protobuf import struct_pb2
+
+from ext_proc._pb import external_processor_pb2 as pb
+from ext_proc.events import (
+    Action,
+    BodyMode,
+    ContinueBody,
+    ContinueHeaders,
+    ContinueTrailers,
+    Event,
+    Reject,
+    RequestBody,
+    RequestHeaders,
+    RequestTrailers,
+    RouteMetadata,
+    Unexpected,
+)
+from ext_proc.route_policy import AttributeKeys, Scalar
+
+
+def _scalar(value: struct_pb2.Value) -> Scalar:
+    kind = value.WhichOneof("kind")
+    if kind == "string_value":
+        return str(value.string_value)
+    if kind == "number_value":
+        return float(value.number_value)
+    if kind == "bool_value":
+        return bool(value.bool_value)
+    # A list or struct cannot be a policy field; show it as text so the error names it.
+    return "<null>" if kind == "null_value" else f"<{kind}>"
+
+
+def _route_metadata(request: pb.ProcessingRequest, keys: AttributeKeys) -> RouteMetadata:
+    values: dict[str, Scalar] = {}
+    size: float | None = None
+    # Attributes are grouped under the ext_proc filter's configured name; any name will do.
+    for group in request.attributes.values():
+        fields = group.fields
+        for name, key in keys.fields.items():
+            if key in fields:
+                values[name] = _scalar(fields[key])
+        if keys.size in fields:
+            size_value = _scalar(fields[keys.size])
+            size = size_value if isinstance(size_value, float) else float("inf")
+    return RouteMetadata(values, size)
+
+
+def decode(request: pb.ProcessingRequest, keys: AttributeKeys) -> Event:
+    kind = request.WhichOneof("request")
+    if kind == "request_headers":
+        message = request.request_headers
+        return RequestHeaders(
+            headers=tuple((h.key, h.raw_value) for h in message.headers.headers),
+            end_of_stream=message.end_of_stream,
+            body_mode=BodyMode(request.protocol_config.request_body_mode),
+            route=_route_metadata(request, keys),
+        )
+    if kind == "request_body":
+        return RequestBody(request.request_body.body, request.request_body.end_of_stream)
+    if kind == "request_trailers":
+        return RequestTrailers()
+    return Unexpected(kind or "empty")
+
+
+def _set(mutation: pb.HeaderMutation, key: str, value: bytes) -> None:
+    option = mutation.set_headers.add()
+    option.header.key = key
+    # Envoy reads raw_value; a header set through `value` alone arrives empty.
+    option.header.raw_value = value
+    option.append_action = option.OVERWRITE_IF_EXISTS_OR_ADD
+
+
+def encode(action: Action) -> pb.ProcessingResponse:
+    response = pb.ProcessingResponse()
+    if isinstance(action, ContinueHeaders):
+        response.request_headers.SetInParent()
+    elif isinstance(action, ContinueBody):
+        common = response.request_body.response
+        common.SetInParent()
+        if action.replacement is not None:
+            common.status = common.CONTINUE_AND_REPLACE
+            common.body_mutation.body = action.replacement
+            # Buffered mode with headers already seen: Envoy forwards the original
+            # content-length unless told otherwise, and answers 500 on the mismatch.
+            _set(common.header_mutation, "content-length", str(len(action.replacement)).encode())
+    elif isinstance(action, ContinueTrailers):
+        response.request_trailers.SetInParent()
+    elif isinstance(action, Reject):
+        immediate = response.immediate_response
+        immediate.status.code = action.status  # type: ignore[assignment]
+        immediate.body = action.body
+        immediate.details = action.details
+        _set(immediate.headers, "content-type", b"application/json")
+    else:  # pragma: no cover - Action is a closed union
+        raise TypeError(f"not an action: {action!r}")
+    return response

@@ -1,0 +1,93 @@
+"""Typed values exchanged between the codec and the stream state machine.
+
+Events are what Envoy said; actions are what the processor answers. Neither refers to
+grpc or protobuf, so the core runs and is tested on plain values.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import IntEnum
+
+from ext_proc.route_policy import Scalar
+
+
+class BodyMode(IntEnum):
+    """Envoy's ProcessingMode.BodySendMode, as reported in ``protocol_config``."""
+
+    NONE = 0
+    STREAMED = 1
+    BUFFERED = 2
+    BUFFERED_PARTIAL = 3
+    FULL_DUPLEX_STREAMED = 4
+    GRPC = 5
+
+
+@dataclass(frozen=True, slots=True)
+class RouteMetadata:
+    """The policy fields Envoy sent for the matched route (see ``route_policy``)."""
+
+    values: Mapping[str, Scalar] = field(default_factory=dict)
+    size: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RequestHeaders:
+    headers: tuple[tuple[str, bytes], ...]
+    end_of_stream: bool
+    body_mode: BodyMode
+    route: RouteMetadata
+
+    def values(self, name: str) -> list[bytes]:
+        return [value for key, value in self.headers if key == name]
+
+
+@dataclass(frozen=True, slots=True)
+class RequestBody:
+    chunk: bytes
+    end_of_stream: bool
+
+
+@dataclass(frozen=True, slots=True)
+class RequestTrailers:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class Unexpected:
+    """A message this processor never asks Envoy for (response phases, or empty)."""
+
+    kind: str
+
+
+Event = RequestHeaders | RequestBody | RequestTrailers | Unexpected
+
+
+@dataclass(frozen=True, slots=True)
+class ContinueHeaders:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class ContinueBody:
+    """Let the body through; ``replacement`` (with its content-length) when rewritten."""
+
+    replacement: bytes | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ContinueTrailers:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class Reject:
+    """Answer the client directly; the request never reaches the upstream."""
+
+    status: int
+    body: bytes
+    details: str
+
+
+Action = ContinueHeaders | ContinueBody | ContinueTrailers | Reject

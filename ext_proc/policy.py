@@ -1,0 +1,109 @@
+"""The token-id reuse policy as a pure function: route policy + document → decision.
+
+No I/O, no logging, no mutation of its inputs. Errors in the document itself
+(``kv_transfer_params`` not an object) surface as ``HttpError`` from ``body``; every
+outcome of the policy is a value.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ext_proc import body
+from ext_proc.errors import BadRequest, HttpError
+from ext_proc.route_policy import Action, RoutePolicy
+
+
+@dataclass(frozen=True, slots=True)
+class Allow:
+    """Forward the body unchanged."""
+
+    reason: str
+    id_count: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Strip:
+    """Forward the body with ``keys`` removed from kv_transfer_params."""
+
+    keys: tuple[str, ...]
+    reason: str
+    id_count: int
+
+
+@dataclass(frozen=True, slots=True)
+class Deny:
+    error: HttpError
+    id_count: int = 0
+
+    @property
+    def reason(self) -> str:
+        return self.error.reason
+
+
+Decision = Allow | Strip | Deny
+
+
+def _count(value: Any) -> int:
+    return len(value) if isinstance(value, list) else 0
+
+
+def _validate_ids(key: str, value: Any, policy: RoutePolicy) -> None:
+    """At least as strict as vLLM: a non-empty list of ints, in vocabulary, bounded."""
+    param = f"{body.KV_KEY}.{key}"
+    if not isinstance(value, list) or not value:
+        raise BadRequest(
+            f"{param} must be a non-empty list of integers", reason="ids_malformed", param=param
+        )
+    if policy.max_ids is not None and len(value) > policy.max_ids:
+        raise BadRequest(
+            f"{param} has {len(value)} ids; this route allows at most {policy.max_ids}",
+            reason="ids_too_many",
+            param=param,
+        )
+    for index, token in enumerate(value):
+        # bool is a subclass of int in Python; JSON true/false are not token ids.
+        if type(token) is not int or token < 0:
+            raise BadRequest(
+                f"{param}[{index}] is not a non-negative integer",
+                reason="ids_malformed",
+                param=param,
+            )
+        if policy.vocab_size is not None and token >= policy.vocab_size:
+            raise BadRequest(
+                f"{param}[{index}] = {token} is outside the vocabulary (size {policy.vocab_size})",
+                reason="ids_out_of_vocab",
+                param=param,
+            )
+
+
+def decide(policy: RoutePolicy, document: body.Document) -> Decision:
+    try:
+        params = body.transfer_params(document)
+    except HttpError as exc:
+        return Deny(exc)
+    keys = body.policed_keys(params)
+    if not keys:
+        return Allow("no_reused_ids")
+    assert params is not None  # keys are only found in a present object
+    count = max(_count(params[key]) for key in keys)
+    if policy.action is Action.STRIP:
+        return Strip(keys, "stripped_by_policy", count)
+    if policy.action is Action.DENY:
+        return Deny(
+            BadRequest(
+                f"{body.KV_KEY}.{keys[0]} is not accepted on this route",
+                reason="denied_by_policy",
+                param=f"{body.KV_KEY}.{keys[0]}",
+            ),
+            count,
+        )
+    if body.ignores_reused_ids(document):
+        return Strip(keys, "ignored_by_upstream", count)
+    try:
+        for key in keys:
+            _validate_ids(key, params[key], policy)
+    except HttpError as exc:
+        return Deny(exc, count)
+    return Allow("honored", count)

