@@ -20,6 +20,8 @@ KV_KEY: Final = "kv_transfer_params"
 POLICED_KEYS: Final = ("prompt_token_ids", "prompt_features")
 # Content part types that carry text only; anything else makes vLLM ignore reused ids.
 TEXT_PART_TYPES: Final = frozenset({"text", "input_text", "output_text"})
+# Input items (chat messages, responses input) that are text when their content is.
+_TEXT_ITEM_TYPES: Final = TEXT_PART_TYPES | {"message"}
 
 Document = dict[str, Any]
 
@@ -122,5 +124,7 @@ def ignores_reused_ids(document: Document) -> bool:
             return True
         for item in items:
             if not isinstance(item, dict) or not _text_only(item.get("content")):
+                return True
+            if item.get("type", "message") not in _TEXT_ITEM_TYPES:
                 return True
     return False

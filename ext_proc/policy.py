@@ -99,7 +99,8 @@ def decide(policy: RoutePolicy, document: body.Document) -> Decision:
             ),
             count,
         )
-    if body.ignores_reused_ids(document):
+    # vLLM treats a null value as "no ids"; stripping leaves the same meaning.
+    if body.ignores_reused_ids(document) or any(params[key] is None for key in keys):
         return Strip(keys, "ignored_by_upstream", count)
     try:
         for key in keys:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -29,13 +30,19 @@ def envoy_binary() -> str:
     return found
 
 
-def start(args: list[str], log: IO[bytes] | None = None) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
-        args,
-        stdout=log,
-        stderr=subprocess.STDOUT if log is not None else None,
-        start_new_session=True,  # its own process group, so stop() reaches children
-    )
+def start(args: list[str], log: Path | None = None) -> subprocess.Popen[bytes]:
+    """Start ``args`` in its own process group, output to ``log`` (or inherited)."""
+    with contextlib.ExitStack() as stack:
+        out: IO[bytes] | None = None
+        if log is not None:
+            out = stack.enter_context(log.open("ab"))
+        # The child holds its own copy of the log descriptor; ours closes on return.
+        return subprocess.Popen(
+            args,
+            stdout=out,
+            stderr=subprocess.STDOUT if out is not None else None,
+            start_new_session=True,  # its own process group, so stop() reaches children
+        )
 
 
 def envoy_args(config: Path, base_id: int) -> list[str]:

@@ -23,13 +23,16 @@ from ext_proc.devstack.envoy_config import Address
 _CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 _STRIPPED = json.dumps({**_CHAT, "kv_transfer_params": {"prompt_token_ids": [1, 2, 3], "x": 1}})
 _DENIED = json.dumps({**_CHAT, "kv_transfer_params": {"prompt_token_ids": [1, True, -3]}})
-EXAMPLES = f"""\
-gateway ready on http://{{gateway}}
+
+
+def _examples(gateway: Address) -> str:
+    return f"""\
+gateway ready on http://{gateway}
   aggregated route (ids stripped):
-    curl -s http://{{gateway}}/v1/chat/completions -H 'content-type: application/json' \\
+    curl -s http://{gateway}/v1/chat/completions -H 'content-type: application/json' \\
       -d '{_STRIPPED}'
   disaggregated route (malformed ids denied):
-    curl -s http://{{gateway}}/pd/v1/chat/completions -H 'content-type: application/json' \\
+    curl -s http://{gateway}/pd/v1/chat/completions -H 'content-type: application/json' \\
       -d '{_DENIED}'
 Ctrl-C stops everything.
 """
@@ -83,7 +86,7 @@ def run(processor_config: Path | None) -> int:
         envoy = processes.start(processes.envoy_args(envoy_path, base_id=admin.port))
         children.append(envoy)
         processes.wait_for_envoy(admin.port, envoy)
-        print(EXAMPLES.format(gateway=gateway), flush=True)
+        print(_examples(gateway), flush=True)
         while not stopping:
             if any(child.poll() is not None for child in children):
                 print("a stack process exited; stopping", file=sys.stderr)

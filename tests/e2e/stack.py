@@ -1,0 +1,133 @@
+"""The real stack for end-to-end tests: Envoy binary, processor process, stub upstream."""
+
+from __future__ import annotations
+
+import base64
+import json
+import subprocess
+import sys
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ext_proc.devstack import envoy_config, processes
+from ext_proc.devstack.envoy_config import Address
+
+LOCAL = "127.0.0.1"
+
+
+@dataclass
+class Received:
+    method: str
+    target: str
+    headers: list[tuple[str, str]]
+    body: bytes
+    raw: bytes
+
+    def header(self, name: str) -> list[str]:
+        return [v for k, v in self.headers if k.lower() == name]
+
+
+def extra_routes() -> list[dict[str, Any]]:
+    """Test-only routes placed before the shipped catch-all."""
+
+    def route(name: str, prefix: str, policy: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "name": name,
+            "match": {"prefix": prefix},
+            "route": {"cluster": "aggregated", "prefix_rewrite": "/v1/"},
+            "metadata": {"filter_metadata": {"ext_proc.token_policy": policy}},
+        }
+
+    return [
+        route("deny", "/deny/v1/", {"topology": "aggregated", "action": "deny"}),
+        route("vocab", "/vocab/v1/", {"topology": "disaggregated", "vocab_size": 1000}),
+        route("bad-action", "/bad-action/v1/", {"action": "allow"}),
+        route("bad-field", "/bad-field/v1/", {"topolgy": "aggregated"}),
+        route("bad-type", "/bad-type/v1/", {"max_ids": {"n": 1}}),
+        {
+            "name": "no-metadata",
+            "match": {"prefix": "/plain/v1/"},
+            "route": {"cluster": "aggregated", "prefix_rewrite": "/v1/"},
+        },
+    ]
+
+
+@dataclass
+class Stack:
+    workdir: Path
+    gateway: Address = field(default_factory=lambda: Address(LOCAL, processes.free_port()))
+    admin: Address = field(default_factory=lambda: Address(LOCAL, processes.free_port()))
+    processor: Address = field(default_factory=lambda: Address(LOCAL, processes.free_port()))
+    upstream: Address = field(default_factory=lambda: Address(LOCAL, processes.free_port()))
+    children: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.gateway}"
+
+    def _log(self, name: str) -> Path:
+        return self.workdir / f"{name}.log"
+
+    def start(self) -> Stack:
+        up = processes.start(
+            [sys.executable, "-m", "ext_proc", "upstream", "--listen", str(self.upstream)],
+            self._log("upstream"),
+        )
+        self.children["upstream"] = up
+        self.start_processor()
+        config = envoy_config.render(
+            gateway=self.gateway,
+            admin=self.admin,
+            processor=self.processor,
+            aggregated=self.upstream,
+            disaggregated=self.upstream,
+        )
+        hcm = config["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]
+        (vhost,) = hcm["typed_config"]["route_config"]["virtual_hosts"]
+        vhost["routes"][:0] = extra_routes()
+        path = envoy_config.write(config, self.workdir / "envoy.yaml")
+        envoy = processes.start(processes.envoy_args(path, self.admin.port), self._log("envoy"))
+        self.children["envoy"] = envoy
+        processes.wait_for_port(self.upstream.port, up)
+        processes.wait_for_envoy(self.admin.port, envoy)
+        return self
+
+    def start_processor(self) -> None:
+        proc = processes.start(
+            [sys.executable, "-m", "ext_proc", "serve", "--listen", str(self.processor)],
+            self._log("processor"),
+        )
+        self.children["processor"] = proc
+        processes.wait_for_port(self.processor.port, proc)
+
+    def stop_processor(self) -> None:
+        processes.stop(self.children.pop("processor"))
+
+    def stop(self) -> None:
+        for child in self.children.values():
+            processes.stop(child)
+
+    def _stub(self, method: str) -> list[dict[str, Any]]:
+        request = urllib.request.Request(f"http://{self.upstream}/__stub__/requests", method=method)
+        with urllib.request.urlopen(request, timeout=5) as reply:
+            return json.loads(reply.read())
+
+    def received(self) -> list[Received]:
+        return [
+            Received(
+                r["method"],
+                r["target"],
+                [tuple(h) for h in r["headers"]],
+                base64.b64decode(r["body_b64"]),
+                base64.b64decode(r["raw_b64"]),
+            )
+            for r in self._stub("GET")
+        ]
+
+    def clear(self) -> None:
+        self._stub("DELETE")
+
+    def logs(self, name: str) -> str:
+        return (self.workdir / f"{name}.log").read_text(errors="replace")

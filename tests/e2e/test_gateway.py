@@ -1,0 +1,274 @@
+"""End to end: real Envoy binary → real processor process → recording stub upstream."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from ext_proc.devstack import processes
+from tests.e2e.stack import Received, Stack
+
+REPO = Path(__file__).resolve().parents[2]
+JSON = {"content-type": "application/json"}
+PD_KEYS = {
+    "do_remote_prefill": True,
+    "do_remote_decode": False,
+    "remote_block_ids": [[1, 2, 3]],
+    "remote_engine_id": "engine-0",
+    "remote_host": "10.0.0.7",
+    "remote_port": 5600,
+    "tp_size": 1,
+}
+
+
+def chat(params: dict | None = None, **extra) -> dict:
+    document = {
+        "model": "tiny",
+        "messages": [
+            {"role": "system", "content": "Be careful. Ünïcödé ✓"},
+            {"role": "user", "content": "hello"},
+        ],
+        "temperature": 0.25,
+        "max_tokens": 7,
+        **extra,
+    }
+    if params is not None:
+        document["kv_transfer_params"] = params
+    return document
+
+
+def assert_framing(received: Received) -> None:
+    """The upstream read one well-framed request: content-length equals the body."""
+    _head, sep, rest = received.raw.partition(b"\r\n\r\n")
+    assert sep, "no end of headers on the wire"
+    assert rest == received.body, "bytes on the wire after the headers differ from the body"
+    assert received.header("content-length") == [str(len(received.body))]
+    assert received.header("transfer-encoding") == []
+
+
+def only_request(stack: Stack) -> Received:
+    (received,) = stack.received()
+    assert_framing(received)
+    return received
+
+
+@pytest.fixture
+def client() -> Iterator[httpx.Client]:
+    with httpx.Client(timeout=20) as c:
+        yield c
+
+
+@pytest.fixture
+def h2_client() -> Iterator[httpx.Client]:
+    # HTTP/2 with prior knowledge (h2c): the gateway listener speaks both.
+    with httpx.Client(http1=False, http2=True, timeout=20) as c:
+        yield c
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/responses", "/v1/messages"])
+@pytest.mark.parametrize("key", ["prompt_token_ids", "prompt_features"])
+def test_aggregated_route_strips_ids_keeps_everything_else(gateway, client, path, key):
+    sent = chat({key: [11, 12, 13], **PD_KEYS})
+    reply = client.post(gateway.url + path, json=sent)
+    assert reply.status_code == 200, reply.text
+    received = only_request(gateway)
+    assert received.target == path
+    expected = json.loads(json.dumps(sent))
+    del expected["kv_transfer_params"][key]
+    assert json.loads(received.body) == expected
+    assert list(json.loads(received.body)["kv_transfer_params"]) == list(PD_KEYS)
+
+
+def test_strip_over_http2(gateway, h2_client):
+    reply = h2_client.post(
+        gateway.url + "/v1/chat/completions", json=chat({"prompt_token_ids": [1], "x": 2})
+    )
+    assert reply.http_version == "HTTP/2"
+    assert reply.status_code == 200, reply.text
+    assert json.loads(only_request(gateway).body)["kv_transfer_params"] == {"x": 2}
+
+
+@pytest.mark.parametrize("http2", [False, True])
+def test_strip_chunked_upload(gateway, http2):
+    data = json.dumps(chat({"prompt_token_ids": list(range(5000)), "x": 1})).encode()
+
+    def pieces() -> Iterator[bytes]:
+        for start in range(0, len(data), 1000):
+            yield data[start : start + 1000]
+
+    with httpx.Client(http1=not http2, http2=http2, timeout=20) as c:
+        reply = c.post(gateway.url + "/v1/chat/completions", content=pieces(), headers=JSON)
+    if not http2:
+        assert reply.request.headers["transfer-encoding"] == "chunked"
+    assert reply.status_code == 200, reply.text
+    assert json.loads(only_request(gateway).body)["kv_transfer_params"] == {"x": 1}
+
+
+def test_request_without_ids_passes_byte_for_byte(gateway, client):
+    data = b'{"model": "tiny",  "messages": [{"role": "user", "content": "hi"}], "n": 1.50}'
+    reply = client.post(gateway.url + "/v1/chat/completions", content=data, headers=JSON)
+    assert reply.status_code == 200
+    assert only_request(gateway).body == data
+
+
+@pytest.mark.parametrize("http2", [False, True])
+def test_disaggregated_route_honors_valid_ids_untouched(gateway, http2):
+    data = json.dumps(chat({"prompt_token_ids": [5, 6, 7, 0], **PD_KEYS})).encode() + b"  "
+    with httpx.Client(http1=not http2, http2=http2, timeout=20) as c:
+        reply = c.post(gateway.url + "/pd/v1/chat/completions", content=data, headers=JSON)
+    assert reply.status_code == 200, reply.text
+    received = only_request(gateway)
+    assert received.target == "/v1/chat/completions"
+    assert received.body == data
+
+
+def error_of(reply: httpx.Response) -> dict:
+    assert reply.headers["content-type"] == "application/json"
+    payload = reply.json()
+    assert set(payload) == {"error"}
+    assert set(payload["error"]) == {"message", "type", "param", "code"}
+    assert payload["error"]["code"] == reply.status_code
+    return payload["error"]
+
+
+@pytest.mark.parametrize(
+    ("path", "ids", "reason"),
+    [
+        ("/pd/v1/chat/completions", [1, True], "is not a non-negative integer"),
+        ("/pd/v1/chat/completions", [], "non-empty list"),
+        ("/pd/v1/responses", [-1], "is not a non-negative integer"),
+        ("/pd/v1/messages", "1 2 3", "non-empty list"),
+        ("/vocab/v1/chat/completions", [999, 1000], "outside the vocabulary"),
+        ("/deny/v1/chat/completions", [1, 2], "not accepted on this route"),
+    ],
+)
+def test_denials_reach_the_client_as_json_400(gateway, client, path, ids, reason):
+    reply = client.post(gateway.url + path, json=chat({"prompt_token_ids": ids}))
+    assert reply.status_code == 400
+    error = error_of(reply)
+    assert reason in error["message"]
+    assert error["param"] == "kv_transfer_params.prompt_token_ids"
+    assert error["type"] == "BadRequestError"
+    assert gateway.received() == []
+
+
+def test_denial_over_http2(gateway, h2_client):
+    reply = h2_client.post(
+        gateway.url + "/deny/v1/chat/completions", json=chat({"prompt_token_ids": [1]})
+    )
+    assert reply.status_code == 400
+    assert error_of(reply)["param"] == "kv_transfer_params.prompt_token_ids"
+    assert gateway.received() == []
+
+
+@pytest.mark.parametrize(
+    ("headers", "content", "status", "text"),
+    [
+        ({"content-type": "text/plain"}, b'{"kv_transfer_params": {}}', 415, "content-type"),
+        ({}, b'{"kv_transfer_params": {}}', 415, "content-type"),
+        ({**JSON, "content-encoding": "gzip"}, b"\x1f\x8b\x08\x00", 415, "content-encoding"),
+        (JSON, b'{"kv_transfer_params": [1]}', 400, "must be a JSON object"),
+        (JSON, b'{"messages": [', 400, "not valid JSON"),
+        (JSON, b"[1, 2]", 400, "JSON object"),
+    ],
+)
+def test_unreadable_bodies_denied(gateway, client, headers, content, status, text):
+    reply = client.post(gateway.url + "/v1/chat/completions", content=content, headers=headers)
+    assert reply.status_code == status
+    assert text in error_of(reply)["message"]
+    assert gateway.received() == []
+
+
+@pytest.mark.parametrize(
+    ("path", "field"),
+    [
+        ("/bad-action/v1/chat/completions", "ext_proc.token_policy.action"),
+        ("/bad-field/v1/chat/completions", "ext_proc.token_policy"),
+        ("/bad-type/v1/chat/completions", "ext_proc.token_policy.max_ids"),
+    ],
+)
+def test_invalid_route_metadata_fails_closed(gateway, client, path, field):
+    reply = client.post(gateway.url + path, json=chat())
+    assert reply.status_code == 500
+    error = error_of(reply)
+    assert field in error["message"]
+    assert error["param"] == field
+    assert gateway.received() == []
+
+
+def test_route_without_metadata_strips(gateway, client):
+    reply = client.post(
+        gateway.url + "/plain/v1/chat/completions", json=chat({"prompt_token_ids": [1], "k": 0})
+    )
+    assert reply.status_code == 200
+    assert json.loads(only_request(gateway).body)["kv_transfer_params"] == {"k": 0}
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/v1/chat/completions?stream=false",
+        "/v1//chat/completions",
+        "/v1/chat/./completions",
+        "/v1/chat/completions/",
+        "/V1/chat/completions",
+        "/invocations",
+        "/tokenize",
+        "/pd/v1/../../v1/chat/completions",
+    ],
+)
+def test_path_variants_are_inspected(gateway, client, path):
+    reply = client.post(gateway.url + path, json=chat({"prompt_token_ids": [1], "k": 0}))
+    assert reply.status_code == 200
+    assert json.loads(only_request(gateway).body)["kv_transfer_params"] == {"k": 0}
+
+
+def test_get_without_body_passes(gateway, client):
+    reply = client.get(gateway.url + "/v1/models")
+    assert reply.status_code == 200
+    (received,) = gateway.received()
+    assert (received.method, received.target) == ("GET", "/v1/models")
+
+
+def test_every_shipped_envoy_config_validates():
+    configs = sorted((REPO / "envoy").glob("*.yaml"))
+    assert configs
+    for config in configs:
+        result = subprocess.run(
+            [
+                processes.envoy_binary(),
+                "--mode",
+                "validate",
+                "-c",
+                str(config),
+                "--disable-hot-restart",
+            ],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        assert result.returncode == 0, f"{config.name}: {result.stdout}{result.stderr}"
+        assert "OK" in result.stdout + result.stderr
+
+
+def test_processor_stopped_means_5xx_and_nothing_upstream(tmp_path):
+    stack = Stack(tmp_path).start()
+    try:
+        with httpx.Client(timeout=20) as c:
+            ok = c.post(stack.url + "/v1/chat/completions", json=chat())
+            assert ok.status_code == 200
+            stack.clear()
+            stack.stop_processor()
+            for path in ("/v1/chat/completions", "/pd/v1/chat/completions"):
+                reply = c.post(stack.url + path, json=chat({"prompt_token_ids": [1]}))
+                assert 500 <= reply.status_code < 600, reply.text
+            reply = c.get(stack.url + "/v1/models")
+            assert 500 <= reply.status_code < 600
+        assert stack.received() == []
+    finally:
+        stack.stop()

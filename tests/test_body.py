@@ -1,0 +1,170 @@
+import json
+
+import pytest
+
+from ext_proc import body
+from ext_proc.errors import BadRequest, UnsupportedMediaType
+
+
+@pytest.mark.parametrize(
+    "content_type",
+    [
+        b"application/json",
+        b"Application/JSON",
+        b"application/json; charset=utf-8",
+        b" application/json ",
+    ],
+)
+def test_json_media_types_accepted(content_type):
+    body.check_headers([content_type], [])
+
+
+@pytest.mark.parametrize(
+    "content_types",
+    [
+        [],
+        [b"text/plain"],
+        [b"application/x-www-form-urlencoded"],
+        [b"application/jsonx"],
+        [b"application/json-seq"],
+        [b"application/vnd.api+json"],
+        [b"multipart/form-data; boundary=x"],
+        [b"application/json", b"application/json"],
+    ],
+)
+def test_other_media_types_refused(content_types):
+    with pytest.raises(UnsupportedMediaType) as caught:
+        body.check_headers(content_types, [])
+    assert caught.value.status == 415
+    assert caught.value.reason == "unsupported_media_type"
+
+
+@pytest.mark.parametrize("encodings", [[b"gzip"], [b"identity, br"], [b"identity", b"deflate"]])
+def test_compressed_bodies_refused(encodings):
+    with pytest.raises(UnsupportedMediaType) as caught:
+        body.check_headers([b"application/json"], encodings)
+    assert caught.value.reason == "content_encoding"
+
+
+@pytest.mark.parametrize("encodings", [[], [b"identity"], [b"Identity"]])
+def test_identity_encoding_accepted(encodings):
+    body.check_headers([b"application/json"], encodings)
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [b"", b"{", b"[1]", b'"x"', b"null", b"\xff\xfe\xff", b"{'a': 1}", b'{"a":1}x'],
+)
+def test_unreadable_or_non_object_bodies_refused(raw):
+    with pytest.raises(BadRequest):
+        body.parse(raw)
+
+
+def test_parse_matches_json_loads_on_duplicates_and_encodings():
+    raw = b'{"kv_transfer_params": {"prompt_token_ids": [1]}, "kv_transfer_params": {"x": 1}}'
+    assert body.parse(raw) == {"kv_transfer_params": {"x": 1}}
+    utf16 = json.dumps({"kv_transfer_params": {"prompt_token_ids": [5]}}).encode("utf-16")
+    assert body.policed_keys(body.transfer_params(body.parse(utf16))) == ("prompt_token_ids",)
+    escaped = b'{"kv_transfer_params": {"\\u0070rompt_token_ids": [5]}}'
+    assert body.policed_keys(body.transfer_params(body.parse(escaped))) == ("prompt_token_ids",)
+
+
+def test_deep_nesting_refused_not_crashed():
+    with pytest.raises(BadRequest):
+        body.parse(b"[" * 200_000 + b"]" * 200_000)
+
+
+@pytest.mark.parametrize("value", [[1], "x", 3, True])
+def test_transfer_params_must_be_object(value):
+    with pytest.raises(BadRequest) as caught:
+        body.transfer_params({"kv_transfer_params": value})
+    assert caught.value.param == "kv_transfer_params"
+
+
+def test_policed_keys():
+    assert body.policed_keys(None) == ()
+    assert body.policed_keys({}) == ()
+    assert body.policed_keys({"do_remote_prefill": True}) == ()
+    assert body.policed_keys({"prompt_features": {}, "prompt_token_ids": None}) == (
+        "prompt_token_ids",
+        "prompt_features",
+    )
+
+
+def test_without_keeps_everything_else():
+    document = {
+        "model": "m",
+        "messages": [{"role": "user", "content": "héllo \U0001f600"}],
+        "temperature": 0.1,
+        "big": 10**30,
+        "kv_transfer_params": {
+            "do_remote_prefill": True,
+            "prompt_token_ids": [1, 2],
+            "remote_block_ids": [[1, 2]],
+            "prompt_features": [3],
+            "remote_port": 5,
+        },
+        "tail": None,
+    }
+    original = json.loads(json.dumps(document))
+    out = body.without(document, ("prompt_token_ids", "prompt_features"))
+    assert document == original  # input not mutated
+    parsed = json.loads(out)
+    expected = dict(original)
+    expected["kv_transfer_params"] = {
+        "do_remote_prefill": True,
+        "remote_block_ids": [[1, 2]],
+        "remote_port": 5,
+    }
+    assert parsed == expected
+    assert list(parsed) == list(original)
+    assert list(parsed["kv_transfer_params"]) == [
+        "do_remote_prefill",
+        "remote_block_ids",
+        "remote_port",
+    ]
+    assert "héllo \U0001f600".encode() in out  # text kept as UTF-8, not escaped
+
+
+def test_without_survives_lone_surrogates_and_nan():
+    document = body.parse(
+        b'{"s": "\\ud800", "n": NaN, "kv_transfer_params": {"prompt_token_ids": [1]}}'
+    )
+    out = body.without(document, ("prompt_token_ids",))
+    again = json.loads(out)
+    assert again["s"] == "\ud800"
+    assert again["n"] != again["n"]
+    assert again["kv_transfer_params"] == {}
+
+
+@pytest.mark.parametrize(
+    ("document", "ignored"),
+    [
+        ({"messages": [{"role": "user", "content": "hi"}]}, False),
+        ({"messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}]}, False),
+        ({"input": "hi"}, False),
+        ({"input": [{"role": "user", "content": [{"type": "input_text", "text": "x"}]}]}, False),
+        ({"system": "s", "messages": []}, False),
+        ({"echo": False, "messages": []}, False),
+        ({"echo": True, "messages": []}, True),
+        ({"echo": 1, "messages": []}, True),
+        ({"echo": "true", "messages": []}, True),
+        (
+            {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
+            True,
+        ),
+        ({"messages": [{"role": "user", "content": [{"type": "input_audio"}]}]}, True),
+        ({"messages": [{"role": "user", "content": [{"text": "no type"}]}]}, True),
+        ({"messages": [{"role": "user", "content": {"type": "text"}}]}, True),
+        ({"messages": "not a list"}, False),
+        ({"messages": 5}, True),
+        ({"messages": ["not an object"]}, True),
+        ({"input": [{"type": "input_image", "image_url": "x"}]}, True),
+        ({"input": [{"type": "message", "role": "user", "content": "hi"}]}, False),
+        ({"input": [{"type": "input_text", "text": "hi"}]}, False),
+        ({"input": [{"role": "user", "content": [{"type": "input_file"}]}]}, True),
+        ({"system": [{"type": "image"}], "messages": []}, True),
+    ],
+)
+def test_ignores_reused_ids(document, ignored):
+    assert body.ignores_reused_ids(document) is ignored

@@ -1,0 +1,123 @@
+from google.protobuf import struct_pb2
+
+from ext_proc._pb import external_processor_pb2 as pb
+from ext_proc.codec import decode, encode
+from ext_proc.events import (
+    BodyMode,
+    ContinueBody,
+    ContinueHeaders,
+    ContinueTrailers,
+    Reject,
+    RequestBody,
+    RequestHeaders,
+    RequestTrailers,
+    RouteMetadata,
+    Unexpected,
+)
+from ext_proc.route_policy import attribute_keys
+
+KEYS = attribute_keys()
+
+
+def headers_request(attributes: dict[str, object], filter_name="envoy.filters.http.ext_proc"):
+    request = pb.ProcessingRequest()
+    request.request_headers.headers.headers.add(key="content-type", raw_value=b"application/json")
+    request.request_headers.headers.headers.add(key=":path", raw_value=b"/v1/x")
+    request.request_headers.end_of_stream = False
+    request.protocol_config.request_body_mode = 2
+    struct = struct_pb2.Struct()
+    struct.update(attributes)
+    request.attributes[filter_name].CopyFrom(struct)
+    return request
+
+
+def test_decode_headers_with_route_attributes():
+    request = headers_request(
+        {
+            KEYS.fields["topology"]: "disaggregated",
+            KEYS.fields["vocab_size"]: "512",
+            KEYS.fields["max_ids"]: {"nested": 1},
+            KEYS.size: 3,
+            "request.path": "/v1/x",
+        }
+    )
+    event = decode(request, KEYS)
+    assert event == RequestHeaders(
+        headers=(("content-type", b"application/json"), (":path", b"/v1/x")),
+        end_of_stream=False,
+        body_mode=BodyMode.BUFFERED,
+        route=RouteMetadata(
+            {"topology": "disaggregated", "vocab_size": "512", "max_ids": "<struct_value>"}, 3.0
+        ),
+    )
+
+
+def test_decode_reads_attributes_under_any_filter_name():
+    request = headers_request({KEYS.fields["action"]: "deny"}, filter_name="my_ext_proc")
+    event = decode(request, KEYS)
+    assert isinstance(event, RequestHeaders)
+    assert event.route == RouteMetadata({"action": "deny"}, None)
+
+
+def test_decode_non_numeric_size_forces_unknown_field_error():
+    request = headers_request({KEYS.size: "4"})
+    event = decode(request, KEYS)
+    assert isinstance(event, RequestHeaders)
+    assert event.route.size == float("inf")
+
+
+def test_decode_missing_metadata():
+    event = decode(headers_request({}), KEYS)
+    assert isinstance(event, RequestHeaders)
+    assert event.route == RouteMetadata({}, None)
+
+
+def test_decode_body_trailers_and_unexpected():
+    body = pb.ProcessingRequest(request_body=pb.HttpBody(body=b"{}", end_of_stream=True))
+    assert decode(body, KEYS) == RequestBody(b"{}", True)
+    trailers = pb.ProcessingRequest(request_trailers=pb.HttpTrailers())
+    assert decode(trailers, KEYS) == RequestTrailers()
+    response = pb.ProcessingRequest(response_headers=pb.HttpHeaders())
+    assert decode(response, KEYS) == Unexpected("response_headers")
+    assert decode(pb.ProcessingRequest(), KEYS) == Unexpected("empty")
+
+
+def test_encode_continue_headers_and_trailers():
+    assert encode(ContinueHeaders()).WhichOneof("response") == "request_headers"
+    assert encode(ContinueTrailers()).WhichOneof("response") == "request_trailers"
+
+
+def test_encode_unchanged_body_has_no_mutation():
+    response = encode(ContinueBody())
+    assert response.WhichOneof("response") == "request_body"
+    common = response.request_body.response
+    assert common.status == common.CONTINUE
+    assert not common.HasField("body_mutation")
+    assert not common.header_mutation.set_headers
+
+
+def test_encode_replaced_body_sets_content_length_as_raw_value():
+    response = encode(ContinueBody(b'{"a":1}'))
+    common = response.request_body.response
+    assert common.status == common.CONTINUE_AND_REPLACE
+    assert common.body_mutation.body == b'{"a":1}'
+    (option,) = common.header_mutation.set_headers
+    assert option.header.key == "content-length"
+    assert option.header.raw_value == b"7"
+    assert option.header.value == ""
+
+
+def test_encode_reject():
+    response = encode(Reject(400, b'{"error":{}}', "ext_proc_x"))
+    immediate = response.immediate_response
+    assert immediate.status.code == 400
+    assert immediate.body == b'{"error":{}}'
+    assert immediate.details == "ext_proc_x"
+    (option,) = immediate.headers.set_headers
+    assert (option.header.key, option.header.raw_value) == ("content-type", b"application/json")
+
+
+def test_round_trip_through_wire_bytes():
+    response = encode(ContinueBody(b"x" * 10))
+    again = pb.ProcessingResponse.FromString(response.SerializeToString())
+    assert again == response

@@ -1,0 +1,133 @@
+import copy
+
+import pytest
+
+from ext_proc.policy import Allow, Deny, Strip, decide
+from ext_proc.route_policy import Action, RoutePolicy, Topology
+
+CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+STRIP = RoutePolicy(Topology.AGGREGATED, Action.STRIP)
+DENY = RoutePolicy(Topology.AGGREGATED, Action.DENY)
+HONOR = RoutePolicy(Topology.DISAGGREGATED, Action.HONOR, vocab_size=100, max_ids=4)
+HONOR_UNLIMITED = RoutePolicy(Topology.DISAGGREGATED, Action.HONOR)
+
+
+def doc(params=None, **extra):
+    document = {**CHAT, **extra}
+    if params is not None:
+        document["kv_transfer_params"] = params
+    return document
+
+
+@pytest.mark.parametrize("route", [STRIP, DENY, HONOR])
+@pytest.mark.parametrize(
+    "document", [doc(), doc({}), doc({"do_remote_prefill": True}), doc(None, echo=True)]
+)
+def test_no_reused_ids_is_allowed_everywhere(route, document):
+    assert decide(route, document) == Allow("no_reused_ids")
+
+
+@pytest.mark.parametrize("key", ["prompt_token_ids", "prompt_features"])
+def test_strip_removes_policed_keys(key):
+    decision = decide(STRIP, doc({key: [1, 2, 3], "remote_host": "h"}))
+    assert decision == Strip((key,), "stripped_by_policy", 3)
+
+
+def test_strip_removes_both_keys_and_even_malformed_values():
+    decision = decide(STRIP, doc({"prompt_token_ids": "junk", "prompt_features": [1]}))
+    assert isinstance(decision, Strip)
+    assert decision.keys == ("prompt_token_ids", "prompt_features")
+
+
+@pytest.mark.parametrize("key", ["prompt_token_ids", "prompt_features"])
+def test_deny_answers_400_naming_the_key(key):
+    decision = decide(DENY, doc({key: [1]}))
+    assert isinstance(decision, Deny)
+    assert decision.error.status == 400
+    assert decision.error.param == f"kv_transfer_params.{key}"
+    assert decision.reason == "denied_by_policy"
+
+
+@pytest.mark.parametrize("route", [STRIP, DENY, HONOR])
+def test_non_object_transfer_params_denied(route):
+    decision = decide(route, doc([1, 2]))
+    assert isinstance(decision, Deny)
+    assert decision.reason == "kv_params_not_object"
+
+
+@pytest.mark.parametrize("key", ["prompt_token_ids", "prompt_features"])
+def test_honor_allows_valid_ids(key):
+    assert decide(HONOR, doc({key: [0, 5, 99]})) == Allow("honored", 3)
+
+
+def test_honor_without_limits_allows_large_ids():
+    assert decide(HONOR_UNLIMITED, doc({"prompt_token_ids": [10**6] * 10})) == Allow("honored", 10)
+
+
+@pytest.mark.parametrize(
+    ("ids", "reason"),
+    [
+        ([], "ids_malformed"),
+        ("1,2", "ids_malformed"),
+        ({"0": 1}, "ids_malformed"),
+        ([1, True], "ids_malformed"),
+        ([False], "ids_malformed"),
+        ([1, -1], "ids_malformed"),
+        ([1.0], "ids_malformed"),
+        ([1, "2"], "ids_malformed"),
+        ([1, None], "ids_malformed"),
+        ([[1]], "ids_malformed"),
+        ([100], "ids_out_of_vocab"),
+        ([0, 99, 10**40], "ids_out_of_vocab"),
+        ([1, 2, 3, 4, 5], "ids_too_many"),
+    ],
+)
+def test_honor_denies_malformed_ids(ids, reason):
+    decision = decide(HONOR, doc({"prompt_token_ids": ids}))
+    assert isinstance(decision, Deny)
+    assert decision.reason == reason
+    assert decision.error.status == 400
+    assert decision.error.param == "kv_transfer_params.prompt_token_ids"
+
+
+def test_honor_checks_every_policed_key():
+    decision = decide(HONOR, doc({"prompt_token_ids": [1], "prompt_features": [1, True]}))
+    assert isinstance(decision, Deny)
+    assert decision.error.param == "kv_transfer_params.prompt_features"
+
+
+@pytest.mark.parametrize(
+    "document",
+    [
+        doc({"prompt_token_ids": [1, 2]}, echo=True),
+        {
+            "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}],
+            "kv_transfer_params": {"prompt_token_ids": [1, 2]},
+        },
+        {
+            "input": [{"role": "user", "content": [{"type": "input_file"}]}],
+            "kv_transfer_params": {"prompt_token_ids": [1, 2]},
+        },
+    ],
+)
+def test_honor_strips_ids_vllm_would_ignore(document):
+    assert decide(HONOR, document) == Strip(("prompt_token_ids",), "ignored_by_upstream", 2)
+
+
+def test_honor_strips_null_ids_which_vllm_ignores():
+    decision = decide(HONOR, doc({"prompt_token_ids": None}))
+    assert decision == Strip(("prompt_token_ids",), "ignored_by_upstream", 0)
+
+
+def test_honor_strips_ignored_ids_even_when_malformed():
+    # vLLM would not read them, so they are removed rather than judged.
+    decision = decide(HONOR, doc({"prompt_token_ids": [True]}, echo=True))
+    assert isinstance(decision, Strip)
+
+
+@pytest.mark.parametrize("route", [STRIP, DENY, HONOR])
+def test_decide_does_not_mutate_its_input(route):
+    document = doc({"prompt_token_ids": [1, 2], "remote_port": 1})
+    before = copy.deepcopy(document)
+    decide(route, document)
+    assert document == before

@@ -1,0 +1,85 @@
+import pytest
+
+from ext_proc.errors import RoutePolicyError
+from ext_proc.route_policy import (
+    DEFAULT_POLICY,
+    Action,
+    RoutePolicy,
+    Topology,
+    attribute_keys,
+    parse,
+)
+
+
+@pytest.mark.parametrize(
+    ("values", "size", "expected"),
+    [
+        ({}, None, DEFAULT_POLICY),
+        ({}, 0.0, RoutePolicy(Topology.AGGREGATED, Action.STRIP)),
+        ({"topology": "aggregated"}, 1.0, RoutePolicy(Topology.AGGREGATED, Action.STRIP)),
+        ({"topology": "disaggregated"}, 1.0, RoutePolicy(Topology.DISAGGREGATED, Action.HONOR)),
+        (
+            {"topology": "disaggregated", "action": "strip"},
+            2.0,
+            RoutePolicy(Topology.DISAGGREGATED, Action.STRIP),
+        ),
+        ({"action": "deny"}, 1.0, RoutePolicy(Topology.AGGREGATED, Action.DENY)),
+        ({"action": "honor"}, 1.0, RoutePolicy(Topology.AGGREGATED, Action.HONOR)),
+        (
+            {"topology": "disaggregated", "vocab_size": "128256", "max_ids": "131072"},
+            3.0,
+            RoutePolicy(Topology.DISAGGREGATED, Action.HONOR, 128256, 131072),
+        ),
+        ({"vocab_size": 512.0}, 1.0, RoutePolicy(vocab_size=512)),
+        # size may be missing when the filter does not request it; fields still apply.
+        ({"action": "deny"}, None, RoutePolicy(action=Action.DENY)),
+    ],
+)
+def test_valid_metadata(values, size, expected):
+    assert parse(values, size) == expected
+
+
+@pytest.mark.parametrize(
+    ("values", "size", "field"),
+    [
+        ({"topology": "aggregate"}, 1.0, "topology"),
+        ({"topology": "Aggregated"}, 1.0, "topology"),
+        ({"topology": True}, 1.0, "topology"),
+        ({"action": "allow"}, 1.0, "action"),
+        ({"action": "<struct_value>"}, 1.0, "action"),
+        ({"action": 1.0}, 1.0, "action"),
+        ({"vocab_size": "0"}, 1.0, "vocab_size"),
+        ({"vocab_size": "-5"}, 1.0, "vocab_size"),
+        ({"vocab_size": "1.5"}, 1.0, "vocab_size"),
+        ({"vocab_size": 1.5}, 1.0, "vocab_size"),
+        ({"vocab_size": True}, 1.0, "vocab_size"),
+        ({"vocab_size": "1e+06"}, 1.0, "vocab_size"),
+        ({"max_ids": "<list_value>"}, 1.0, "max_ids"),
+        ({"max_ids": ""}, 1.0, "max_ids"),
+    ],
+)
+def test_invalid_field_is_named(values, size, field):
+    with pytest.raises(RoutePolicyError) as caught:
+        parse(values, size)
+    assert caught.value.param == f"ext_proc.token_policy.{field}"
+    assert f"'ext_proc.token_policy.{field}'" in caught.value.message
+    assert caught.value.status == 500
+
+
+def test_unknown_field_fails_closed():
+    # The namespace holds 2 keys but only 'action' is known: e.g. a typo "topolgy".
+    with pytest.raises(RoutePolicyError) as caught:
+        parse({"action": "honor"}, 2.0)
+    assert "allowed fields: topology, action, vocab_size, max_ids" in caught.value.message
+
+
+def test_unknown_field_alone_fails_closed():
+    with pytest.raises(RoutePolicyError):
+        parse({}, 1.0)
+
+
+def test_attribute_keys_follow_namespace():
+    keys = attribute_keys("my.ns")
+    assert keys.fields["action"] == "xds.route_metadata.filter_metadata['my.ns'].action"
+    assert keys.size == "size(xds.route_metadata.filter_metadata['my.ns'])"
+    assert len(keys.all()) == 5

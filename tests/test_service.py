@@ -1,0 +1,140 @@
+"""A real grpc.aio server on port 0, driven by a real client stream."""
+
+import asyncio
+import json
+
+import grpc
+import pytest
+from google.protobuf import struct_pb2
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from ext_proc._pb import external_processor_pb2 as pb
+from ext_proc._pb import external_processor_pb2_grpc as pb_grpc
+from ext_proc.config import Config
+from ext_proc.route_policy import attribute_keys
+from ext_proc.server import SERVICE_NAME, build
+
+KEYS = attribute_keys()
+MiB = 1024 * 1024
+
+
+def headers(route: dict[str, object] | None = None, *, eos: bool = False) -> pb.ProcessingRequest:
+    request = pb.ProcessingRequest()
+    request.request_headers.headers.headers.add(key="content-type", raw_value=b"application/json")
+    request.request_headers.headers.headers.add(key="x-request-id", raw_value=b"req-1")
+    request.request_headers.end_of_stream = eos
+    request.protocol_config.request_body_mode = 2
+    attributes = struct_pb2.Struct()
+    attributes.update({KEYS.fields[k]: v for k, v in (route or {}).items()})
+    if route:
+        attributes.update({KEYS.size: len(route)})
+    request.attributes["envoy.filters.http.ext_proc"].CopyFrom(attributes)
+    return request
+
+
+def body(data: bytes, eos: bool = True) -> pb.ProcessingRequest:
+    return pb.ProcessingRequest(request_body=pb.HttpBody(body=data, end_of_stream=eos))
+
+
+async def exchange(messages, config=None):
+    """Send ``messages`` on one stream; return the responses and the final status."""
+    config = config or Config.load(listen="127.0.0.1:0")
+    server, _health, port = await build(config)
+    try:
+        async with grpc.aio.insecure_channel(
+            f"127.0.0.1:{port}",
+            options=[("grpc.max_send_message_length", 64 * MiB)],
+        ) as channel:
+            call = pb_grpc.ExternalProcessorStub(channel).Process(iter(messages))
+            responses = []
+            try:
+                async for response in call:
+                    responses.append(response)
+            except grpc.aio.AioRpcError as exc:
+                return responses, exc.code(), exc.details()
+            return responses, await call.code(), await call.details()
+    finally:
+        await server.stop(None)
+
+
+def run(coro):
+    return asyncio.run(asyncio.wait_for(coro, 30))
+
+
+def test_strip_over_a_real_stream():
+    payload = {"messages": [], "kv_transfer_params": {"prompt_token_ids": [1], "k": "v"}}
+    responses, code, _ = run(
+        exchange([headers({"action": "strip"}), body(json.dumps(payload).encode())])
+    )
+    assert code == grpc.StatusCode.OK
+    assert [r.WhichOneof("response") for r in responses] == ["request_headers", "request_body"]
+    common = responses[1].request_body.response
+    assert json.loads(common.body_mutation.body) == {
+        "messages": [],
+        "kv_transfer_params": {"k": "v"},
+    }
+    assert (
+        common.header_mutation.set_headers[0].header.raw_value
+        == str(len(common.body_mutation.body)).encode()
+    )
+
+
+def test_deny_over_a_real_stream():
+    payload = {"kv_transfer_params": {"prompt_token_ids": [1, True]}}
+    responses, code, _ = run(
+        exchange([headers({"topology": "disaggregated"}), body(json.dumps(payload).encode())])
+    )
+    assert code == grpc.StatusCode.OK
+    immediate = responses[1].immediate_response
+    assert immediate.status.code == 400
+    assert json.loads(immediate.body)["error"]["param"] == "kv_transfer_params.prompt_token_ids"
+
+
+def test_protocol_error_ends_the_stream_with_an_error_not_a_continue():
+    responses, code, details = run(exchange([body(b"{}"), body(b"{}")]))
+    assert responses == []
+    assert code == grpc.StatusCode.FAILED_PRECONDITION
+    assert "unexpected RequestBody" in details
+
+
+def test_protocol_error_after_valid_messages_answers_only_what_was_valid():
+    responses, code, _ = run(exchange([headers(), headers()]))
+    assert [r.WhichOneof("response") for r in responses] == ["request_headers"]
+    assert code == grpc.StatusCode.FAILED_PRECONDITION
+
+
+def test_bodies_larger_than_grpc_default_4_mib_are_received():
+    ids = list(range(800_000))  # ~5.9 MB of JSON
+    payload = json.dumps({"kv_transfer_params": {"prompt_token_ids": ids}}).encode()
+    assert len(payload) > 4 * MiB
+    responses, code, _ = run(exchange([headers({"topology": "disaggregated"}), body(payload)]))
+    assert code == grpc.StatusCode.OK
+    assert responses[1].request_body.response.status == 0  # CONTINUE, unchanged
+
+
+def test_body_over_processor_limit_gets_413():
+    config = Config.load(listen="127.0.0.1:0", max_body_bytes=100)
+    responses, _, _ = run(exchange([headers(), body(b'{"a": "' + b"x" * 200 + b'"}')], config))
+    immediate = responses[1].immediate_response
+    assert immediate.status.code == 413
+    assert json.loads(immediate.body)["error"]["code"] == 413
+
+
+@pytest.mark.parametrize("service", ["", SERVICE_NAME])
+def test_health_serving_then_not_serving_on_shutdown(service):
+    async def scenario():
+        server, health, port = await build(Config.load(listen="127.0.0.1:0"))
+        try:
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+                stub = health_pb2_grpc.HealthStub(channel)
+                request = health_pb2.HealthCheckRequest(service=service)
+                before = (await stub.Check(request)).status
+                await health.enter_graceful_shutdown()
+                after = (await stub.Check(request)).status
+                return before, after
+        finally:
+            await server.stop(None)
+
+    before, after = run(scenario())
+    assert before == health_pb2.HealthCheckResponse.SERVING
+    assert after == health_pb2.HealthCheckResponse.NOT_SERVING
