@@ -3,7 +3,8 @@ upstream, in the foreground. Ctrl-C stops everything.
 
 Environment: GATEWAY_PORT (8080), AGGREGATED_UPSTREAM / DISAGGREGATED_UPSTREAM
 (host:port of real vLLM servers; default the stand-in), PROCESSOR_PORT (50051),
-ENVOY_ADMIN_PORT (9901), STUB_PORT (8081).
+ENVOY_ADMIN_PORT (9901), STUB_PORT (8081), ENVOY_CONFIG (envoy/envoy.yaml; any
+shipped variant, e.g. envoy/envoy-decompress.yaml).
 """
 
 from __future__ import annotations
@@ -81,6 +82,7 @@ def run(processor_config: Path | None) -> int:
             processor=processor,
             aggregated=Address.parse(aggregated) if aggregated else stub,
             disaggregated=Address.parse(disaggregated) if disaggregated else stub,
+            source=Path(os.environ.get("ENVOY_CONFIG", envoy_config.SHIPPED)),
         )
         envoy_path = envoy_config.write(config, workdir / "envoy.yaml")
         envoy = processes.start(processes.envoy_args(envoy_path, base_id=admin.port))

@@ -62,6 +62,7 @@ class Stack:
     processor: Address = field(default_factory=lambda: Address(LOCAL, processes.free_port()))
     upstream: Address = field(default_factory=lambda: Address(LOCAL, processes.free_port()))
     children: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    source: Path = envoy_config.SHIPPED
 
     @property
     def url(self) -> str:
@@ -83,6 +84,7 @@ class Stack:
             processor=self.processor,
             aggregated=self.upstream,
             disaggregated=self.upstream,
+            source=self.source,
         )
         hcm = config["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]
         (vhost,) = hcm["typed_config"]["route_config"]["virtual_hosts"]
