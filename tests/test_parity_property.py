@@ -1,0 +1,155 @@
+"""Property: whatever bytes arrive, the gateway either denies or decides on exactly the
+document Python's json.loads (vLLM's parser) reads, and what it forwards carries no
+policed key on strip routes."""
+
+from __future__ import annotations
+
+import json
+import random
+from typing import Any
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from ext_proc.body import POLICED_KEYS
+from ext_proc.events import (
+    BodyMode,
+    ContinueBody,
+    ContinueHeaders,
+    Reject,
+    RequestBody,
+    RequestHeaders,
+    RouteMetadata,
+)
+from ext_proc.stream import Stream
+
+STRIP = RouteMetadata({"action": "strip"}, 1.0)
+HONOR = RouteMetadata({"topology": "disaggregated", "vocab_size": "1000"}, 2.0)
+HEADERS = (("content-type", b"application/json"),)
+
+scalars = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-(2**70), 2**70),
+    st.floats(allow_nan=False),
+    st.text(max_size=8),
+)
+values = st.recursive(
+    scalars,
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=4), st.dictionaries(st.text(max_size=6), inner, max_size=4)
+    ),
+    max_leaves=12,
+)
+id_lists = st.lists(st.integers(-5, 1200), max_size=6)
+kv_keys = st.sampled_from([*POLICED_KEYS, "do_remote_prefill", "remote_block_ids", "x"])
+kv_params = st.dictionaries(kv_keys, st.one_of(id_lists, values), max_size=4)
+documents = st.fixed_dictionaries(
+    {"messages": st.just([{"role": "user", "content": "hi"}])},
+    optional={
+        "kv_transfer_params": st.one_of(kv_params, values),
+        "echo": st.booleans(),
+        "model": st.text(max_size=5),
+        "extra": values,
+    },
+)
+
+
+def escape_some(text: str, rng: random.Random) -> str:
+    """Spell some characters of JSON string keys as \\uXXXX escapes."""
+    out = []
+    in_string = False
+    escaped = False
+    for char in text:
+        if in_string and not escaped and char not in '"\\' and rng.random() < 0.3:
+            out.append(f"\\u{ord(char):04x}" if ord(char) < 0x10000 else char)
+            continue
+        out.append(char)
+        if escaped:
+            escaped = False
+        elif char == "\\":
+            escaped = True
+        elif char == '"':
+            in_string = not in_string
+    return "".join(out)
+
+
+def variants(document: dict[str, Any], seed: int) -> bytes:
+    rng = random.Random(seed)
+    text = json.dumps(
+        document,
+        ensure_ascii=rng.random() < 0.5,
+        indent=rng.choice([None, 0, 2]),
+        separators=rng.choice([None, (",", ":"), (" , ", " : ")]),
+    )
+    if rng.random() < 0.5:
+        text = escape_some(text, rng)
+    if rng.random() < 0.3:
+        # A shadowed earlier copy of the key: json.loads keeps the last one.
+        text = '{"kv_transfer_params": {"prompt_token_ids": [1, 2]}, ' + text[1:]
+        if text.endswith(", }"):
+            text = text[:-3] + "}"
+    encoding = rng.choice(["utf-8", "utf-8", "utf-8-sig", "utf-16", "utf-16-le", "utf-32"])
+    try:
+        raw = text.encode(encoding, "surrogatepass")
+    except UnicodeEncodeError:
+        raw = text.encode("utf-8", "surrogatepass")
+    if rng.random() < 0.2 and raw:
+        position = rng.randrange(len(raw))
+        raw = raw[:position] + bytes([rng.randrange(256)]) + raw[position + 1 :]
+    return raw
+
+
+def run(route: RouteMetadata, raw: bytes) -> ContinueBody | Reject:
+    stream = Stream(max_body_bytes=1 << 20)
+    assert stream.handle(RequestHeaders(HEADERS, False, BodyMode.BUFFERED, route)) == (
+        ContinueHeaders()
+    )
+    action = stream.handle(RequestBody(raw, True))
+    assert isinstance(action, ContinueBody | Reject)
+    return action
+
+
+def policed(document: Any) -> dict[str, Any]:
+    params = document.get("kv_transfer_params") if isinstance(document, dict) else None
+    if not isinstance(params, dict):
+        return {}
+    return {key: params[key] for key in POLICED_KEYS if key in params}
+
+
+def same(a: Any, b: Any) -> bool:
+    return json.dumps(a) == json.dumps(b)
+
+
+@settings(max_examples=400, suppress_health_check=[HealthCheck.too_slow], deadline=None)
+@given(documents, st.integers(0, 2**32), st.sampled_from([STRIP, HONOR]))
+def test_gateway_denies_or_agrees_with_json_loads(document, seed, route):
+    raw = variants(document, seed)
+    action = run(route, raw)
+    if isinstance(action, Reject):
+        return
+    seen = json.loads(raw)  # must succeed: the gateway accepted the body
+    if action.replacement is None:
+        if route is STRIP:
+            assert policed(seen) == {}
+        return
+    forwarded = json.loads(action.replacement)
+    assert policed(forwarded) == {}
+    expected = dict(seen)
+    expected["kv_transfer_params"] = {
+        k: v for k, v in seen["kv_transfer_params"].items() if k not in POLICED_KEYS
+    }
+    assert same(forwarded, expected)
+
+
+@settings(max_examples=200, deadline=None)
+@given(documents, st.integers(0, 2**32))
+def test_honored_ids_are_valid_in_json_loads_view(document, seed):
+    raw = variants(document, seed)
+    action = run(HONOR, raw)
+    if isinstance(action, Reject) or action.replacement is not None:
+        return
+    for ids in policed(json.loads(raw)).values():
+        assert isinstance(ids, list)
+        assert ids
+        assert all(type(i) is int and 0 <= i < 1000 for i in ids)
