@@ -54,6 +54,10 @@ def _route_metadata(request: pb.ProcessingRequest, keys: AttributeKeys) -> Route
 
 
 def decode(request: pb.ProcessingRequest, keys: AttributeKeys) -> Event:
+    if request.observability_mode:
+        # Envoy does not wait for answers in observability mode: nothing could be denied
+        # or stripped, so the stream is refused rather than silently failing open.
+        return Unexpected("observability_mode")
     kind = request.WhichOneof("request")
     if kind == "request_headers":
         message = request.request_headers

@@ -82,6 +82,12 @@ def test_decode_body_trailers_and_unexpected():
     assert decode(pb.ProcessingRequest(), KEYS) == Unexpected("empty")
 
 
+def test_observability_mode_is_refused():
+    request = headers_request({})
+    request.observability_mode = True
+    assert decode(request, KEYS) == Unexpected("observability_mode")
+
+
 def test_encode_continue_headers_and_trailers():
     assert encode(ContinueHeaders()).WhichOneof("response") == "request_headers"
     assert encode(ContinueTrailers()).WhichOneof("response") == "request_trailers"
