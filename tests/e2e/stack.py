@@ -29,17 +29,18 @@ class Received:
         return [v for k, v in self.headers if k.lower() == name]
 
 
+def route(name: str, prefix: str, policy: dict[str, Any]) -> dict[str, Any]:
+    """A test route to the aggregated cluster, ``prefix`` rewritten to ``/v1/``."""
+    return {
+        "name": name,
+        "match": {"prefix": prefix},
+        "route": {"cluster": "aggregated", "prefix_rewrite": "/v1/"},
+        "metadata": {"filter_metadata": {"ext_proc.token_policy": policy}},
+    }
+
+
 def extra_routes() -> list[dict[str, Any]]:
-    """Test-only routes placed before the shipped catch-all."""
-
-    def route(name: str, prefix: str, policy: dict[str, Any]) -> dict[str, Any]:
-        return {
-            "name": name,
-            "match": {"prefix": prefix},
-            "route": {"cluster": "aggregated", "prefix_rewrite": "/v1/"},
-            "metadata": {"filter_metadata": {"ext_proc.token_policy": policy}},
-        }
-
+    """Test-only routes placed before the shipped routes."""
     return [
         route("deny", "/deny/v1/", {"topology": "aggregated", "action": "deny"}),
         route("vocab", "/vocab/v1/", {"topology": "disaggregated", "vocab_size": 1000}),
@@ -63,6 +64,9 @@ class Stack:
     upstream: Address = field(default_factory=lambda: Address(LOCAL, processes.free_port()))
     children: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     source: Path = envoy_config.SHIPPED
+    routes: list[dict[str, Any]] = field(default_factory=extra_routes)
+    # A real server for both routes instead of the recording stub (conformance tier).
+    real_upstream: Address | None = None
 
     @property
     def url(self) -> str:
@@ -72,11 +76,15 @@ class Stack:
         return self.workdir / f"{name}.log"
 
     def start(self) -> Stack:
-        up = processes.start(
-            [sys.executable, "-m", "ext_proc", "upstream", "--listen", str(self.upstream)],
-            self._log("upstream"),
-        )
-        self.children["upstream"] = up
+        if self.real_upstream is None:
+            up = processes.start(
+                [sys.executable, "-m", "ext_proc", "upstream", "--listen", str(self.upstream)],
+                self._log("upstream"),
+            )
+            self.children["upstream"] = up
+            processes.wait_for_port(self.upstream.port, up)
+        else:
+            self.upstream = self.real_upstream
         self.start_processor()
         config = envoy_config.render(
             gateway=self.gateway,
@@ -88,11 +96,10 @@ class Stack:
         )
         hcm = config["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]
         (vhost,) = hcm["typed_config"]["route_config"]["virtual_hosts"]
-        vhost["routes"][:0] = extra_routes()
+        vhost["routes"][:0] = self.routes
         path = envoy_config.write(config, self.workdir / "envoy.yaml")
         envoy = processes.start(processes.envoy_args(path, self.admin.port), self._log("envoy"))
         self.children["envoy"] = envoy
-        processes.wait_for_port(self.upstream.port, up)
         processes.wait_for_envoy(self.admin.port, envoy)
         return self
 
