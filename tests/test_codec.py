@@ -1,5 +1,3 @@
-from google.protobuf import struct_pb2
-
 from ext_proc._pb import external_processor_pb2 as pb
 from ext_proc.codec import decode, encode
 from ext_proc.events import (
@@ -14,21 +12,7 @@ from ext_proc.events import (
     RouteMetadata,
     Unexpected,
 )
-from ext_proc.route_policy import attribute_keys
-
-KEYS = attribute_keys()
-
-
-def headers_request(attributes: dict[str, object], filter_name="envoy.filters.http.ext_proc"):
-    request = pb.ProcessingRequest()
-    request.request_headers.headers.headers.add(key="content-type", raw_value=b"application/json")
-    request.request_headers.headers.headers.add(key=":path", raw_value=b"/v1/x")
-    request.request_headers.end_of_stream = False
-    request.protocol_config.request_body_mode = 2
-    struct = struct_pb2.Struct()
-    struct.update(attributes)
-    request.attributes[filter_name].CopyFrom(struct)
-    return request
+from tests.messages import KEYS, headers_request
 
 
 def test_decode_headers_with_route_attributes():
@@ -39,7 +23,8 @@ def test_decode_headers_with_route_attributes():
             KEYS.fields["max_ids"]: {"nested": 1},
             KEYS.size: 3,
             "request.path": "/v1/x",
-        }
+        },
+        headers=(("content-type", b"application/json"), (":path", b"/v1/x")),
     )
     event = decode(request, KEYS)
     assert event == RequestHeaders(

@@ -5,31 +5,23 @@ import json
 
 import grpc
 import pytest
-from google.protobuf import struct_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from ext_proc._pb import external_processor_pb2 as pb
 from ext_proc._pb import external_processor_pb2_grpc as pb_grpc
 from ext_proc.config import Config
-from ext_proc.route_policy import attribute_keys
 from ext_proc.server import SERVICE_NAME, build
+from tests.messages import headers_request, route_attributes
 
-KEYS = attribute_keys()
 MiB = 1024 * 1024
 
 
 def headers(route: dict[str, object] | None = None, *, eos: bool = False) -> pb.ProcessingRequest:
-    request = pb.ProcessingRequest()
-    request.request_headers.headers.headers.add(key="content-type", raw_value=b"application/json")
-    request.request_headers.headers.headers.add(key="x-request-id", raw_value=b"req-1")
-    request.request_headers.end_of_stream = eos
-    request.protocol_config.request_body_mode = 2
-    attributes = struct_pb2.Struct()
-    attributes.update({KEYS.fields[k]: v for k, v in (route or {}).items()})
-    if route:
-        attributes.update({KEYS.size: len(route)})
-    request.attributes["envoy.filters.http.ext_proc"].CopyFrom(attributes)
-    return request
+    return headers_request(
+        route_attributes(route),
+        headers=(("content-type", b"application/json"), ("x-request-id", b"req-1")),
+        eos=eos,
+    )
 
 
 def body(data: bytes, eos: bool = True) -> pb.ProcessingRequest:
