@@ -21,6 +21,7 @@ from ext_proc.events import (
     RequestHeaders,
     RequestTrailers,
     RouteMetadata,
+    StreamedBody,
     Unexpected,
 )
 from ext_proc.route_policy import AttributeKeys, Scalar
@@ -95,6 +96,10 @@ def encode(action: Action) -> pb.ProcessingResponse:
             # Buffered mode with headers already seen: Envoy forwards the original
             # content-length unless told otherwise, and answers 500 on the mismatch.
             _set(common.header_mutation, "content-length", str(len(action.replacement)).encode())
+    elif isinstance(action, StreamedBody):
+        streamed = response.request_body.response.body_mutation.streamed_response
+        streamed.body = action.chunk
+        streamed.end_of_stream = action.end_of_stream
     elif isinstance(action, ContinueTrailers):
         response.request_trailers.SetInParent()
     elif isinstance(action, Reject):
@@ -103,6 +108,8 @@ def encode(action: Action) -> pb.ProcessingResponse:
         immediate.body = action.body
         immediate.details = action.details
         _set(immediate.headers, "content-type", b"application/json")
+        for key, value in action.headers:
+            _set(immediate.headers, key, value)
     else:  # pragma: no cover - Action is a closed union
         raise TypeError(f"not an action: {action!r}")
     return response

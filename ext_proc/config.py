@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from ext_proc.route_policy import DEFAULT_NAMESPACE
 
@@ -29,6 +29,11 @@ class Config(BaseModel):
     # Largest request body the processor will parse; larger bodies get a 413. The gRPC
     # receive limit is derived from it so grpcio's 4 MiB default never applies.
     max_body_bytes: int = Field(16 * MiB, gt=0, le=1024 * MiB)
+    # Request-body bytes all streams of this process may hold at once; beyond it new
+    # bodies get a 503 with retry-after. Bounds memory under many concurrent large bodies.
+    inflight_budget_bytes: int = Field(256 * MiB, gt=0)
+    # Time from the request headers to the end of the body (slow uploads get a 408).
+    body_timeout_seconds: float = Field(60.0, gt=0)
     route_metadata_namespace: str = Field(DEFAULT_NAMESPACE, min_length=1)
     # Seconds in-flight streams get to finish after a stop signal.
     shutdown_grace_seconds: float = Field(5.0, ge=0)
@@ -37,6 +42,12 @@ class Config(BaseModel):
     def grpc_message_limit(self) -> int:
         # A ProcessingRequest is the body plus a few KiB of headers and attributes.
         return self.max_body_bytes + MiB
+
+    @model_validator(mode="after")
+    def _budget_holds_one_body(self) -> Config:
+        if self.inflight_budget_bytes < self.max_body_bytes:
+            raise ValueError("inflight_budget_bytes must be at least max_body_bytes")
+        return self
 
     @classmethod
     def load(cls, path: Path | None = None, **overrides: Any) -> Config:

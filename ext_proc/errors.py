@@ -43,6 +43,19 @@ class PayloadTooLarge(HttpError):
     error_type = "PayloadTooLargeError"
 
 
+class RequestTimeout(HttpError):
+    status = 408
+    error_type = "RequestTimeoutError"
+
+
+class ServiceUnavailable(HttpError):
+    """A transient refusal (the in-flight byte budget is exhausted); clients may retry."""
+
+    status = 503
+    error_type = "ServiceUnavailableError"
+    retry_after_seconds = 1
+
+
 class RoutePolicyError(HttpError):
     """The route's policy metadata is invalid: an operator error, so fail closed."""
 

@@ -55,13 +55,18 @@ class RequestTrailers:
 
 
 @dataclass(frozen=True, slots=True)
+class TimedOut:
+    """The body did not arrive completely within the processor's body timeout."""
+
+
+@dataclass(frozen=True, slots=True)
 class Unexpected:
     """A message this processor never asks Envoy for (response phases, or empty)."""
 
     kind: str
 
 
-Event = RequestHeaders | RequestBody | RequestTrailers | Unexpected
+Event = RequestHeaders | RequestBody | RequestTrailers | TimedOut | Unexpected
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +82,14 @@ class ContinueBody:
 
 
 @dataclass(frozen=True, slots=True)
+class StreamedBody:
+    """One piece of the body sent back in FULL_DUPLEX_STREAMED mode."""
+
+    chunk: bytes
+    end_of_stream: bool
+
+
+@dataclass(frozen=True, slots=True)
 class ContinueTrailers:
     pass
 
@@ -88,6 +101,7 @@ class Reject:
     status: int
     body: bytes
     details: str
+    headers: tuple[tuple[str, bytes], ...] = ()
 
 
-Action = ContinueHeaders | ContinueBody | ContinueTrailers | Reject
+Action = ContinueHeaders | ContinueBody | StreamedBody | ContinueTrailers | Reject

@@ -99,11 +99,11 @@ def test_encode_replaced_body_sets_content_length_as_raw_value():
 
 
 def test_encode_reject():
-    response = encode(Reject(400, b'{"error":{}}', "ext_proc_x"))
+    response = encode(Reject(400, b'{"error":{}}', "token_policy_x"))
     immediate = response.immediate_response
     assert immediate.status.code == 400
     assert immediate.body == b'{"error":{}}'
-    assert immediate.details == "ext_proc_x"
+    assert immediate.details == "token_policy_x"
     (option,) = immediate.headers.set_headers
     assert (option.header.key, option.header.raw_value) == ("content-type", b"application/json")
 

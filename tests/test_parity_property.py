@@ -20,12 +20,14 @@ from ext_proc.events import (
     RequestBody,
     RequestHeaders,
     RouteMetadata,
+    StreamedBody,
 )
 from ext_proc.stream import Stream
 
 STRIP = RouteMetadata({"action": "strip"}, 1.0)
 HONOR = RouteMetadata({"topology": "disaggregated", "vocab_size": "1000"}, 2.0)
 HEADERS = (("content-type", b"application/json"),)
+MODES = [BodyMode.BUFFERED, BodyMode.FULL_DUPLEX_STREAMED]
 
 scalars = st.one_of(
     st.none(),
@@ -100,14 +102,25 @@ def variants(document: dict[str, Any], seed: int) -> bytes:
     return raw
 
 
-def run(route: RouteMetadata, raw: bytes) -> ContinueBody | Reject:
+def run(route: RouteMetadata, raw: bytes, mode: BodyMode) -> Reject | bytes | None:
+    """The gateway's answer: a Reject, the bytes it forwards, or None for unchanged."""
     stream = Stream(max_body_bytes=1 << 20)
-    assert stream.handle(RequestHeaders(HEADERS, False, BodyMode.BUFFERED, route)) == (
-        ContinueHeaders()
-    )
-    action = stream.handle(RequestBody(raw, True))
-    assert isinstance(action, ContinueBody | Reject)
-    return action
+    first = stream.handle(RequestHeaders(HEADERS, False, mode, route))
+    if mode is BodyMode.BUFFERED:
+        assert first == [ContinueHeaders()]
+        (action,) = stream.handle(RequestBody(raw, True))
+        assert isinstance(action, ContinueBody | Reject)
+        return action if isinstance(action, Reject) else action.replacement
+    assert first == []
+    half = len(raw) // 2
+    assert stream.handle(RequestBody(raw[:half], False)) == []
+    actions = stream.handle(RequestBody(raw[half:], True))
+    if isinstance(actions[0], Reject):
+        return actions[0]
+    assert actions[0] == ContinueHeaders()
+    forwarded = b"".join(a.chunk for a in actions[1:] if isinstance(a, StreamedBody))
+    # Streamed mode always sends the body back; unchanged means byte for byte.
+    return None if forwarded == raw else forwarded
 
 
 def policed(document: Any) -> dict[str, Any]:
@@ -122,18 +135,18 @@ def same(a: Any, b: Any) -> bool:
 
 
 @settings(max_examples=400, suppress_health_check=[HealthCheck.too_slow], deadline=None)
-@given(documents, st.integers(0, 2**32), st.sampled_from([STRIP, HONOR]))
-def test_gateway_denies_or_agrees_with_json_loads(document, seed, route):
+@given(documents, st.integers(0, 2**32), st.sampled_from([STRIP, HONOR]), st.sampled_from(MODES))
+def test_gateway_denies_or_agrees_with_json_loads(document, seed, route, mode):
     raw = variants(document, seed)
-    action = run(route, raw)
-    if isinstance(action, Reject):
+    answer = run(route, raw, mode)
+    if isinstance(answer, Reject):
         return
     seen = json.loads(raw)  # must succeed: the gateway accepted the body
-    if action.replacement is None:
+    if answer is None:
         if route is STRIP:
             assert policed(seen) == {}
         return
-    forwarded = json.loads(action.replacement)
+    forwarded = json.loads(answer)
     assert policed(forwarded) == {}
     expected = dict(seen)
     expected["kv_transfer_params"] = {
@@ -143,11 +156,10 @@ def test_gateway_denies_or_agrees_with_json_loads(document, seed, route):
 
 
 @settings(max_examples=200, deadline=None)
-@given(documents, st.integers(0, 2**32))
-def test_honored_ids_are_valid_in_json_loads_view(document, seed):
+@given(documents, st.integers(0, 2**32), st.sampled_from(MODES))
+def test_honored_ids_are_valid_in_json_loads_view(document, seed, mode):
     raw = variants(document, seed)
-    action = run(HONOR, raw)
-    if isinstance(action, Reject) or action.replacement is not None:
+    if run(HONOR, raw, mode) is not None:
         return
     for ids in policed(json.loads(raw)).values():
         assert isinstance(ids, list)

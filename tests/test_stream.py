@@ -1,7 +1,9 @@
+import contextlib
 import json
 
 import pytest
 
+from ext_proc.budget import Budget
 from ext_proc.errors import ProtocolError
 from ext_proc.events import (
     BodyMode,
@@ -13,39 +15,64 @@ from ext_proc.events import (
     RequestHeaders,
     RequestTrailers,
     RouteMetadata,
+    StreamedBody,
+    TimedOut,
     Unexpected,
 )
 from ext_proc.policy import Allow, Deny, Strip
-from ext_proc.stream import State, Stream
+from ext_proc.stream import STREAM_CHUNK, State, Stream
 
 JSON = (("content-type", b"application/json"), ("x-request-id", b"r1"))
 AGGREGATED = RouteMetadata({"topology": "aggregated", "action": "strip"}, 2.0)
 DISAGGREGATED = RouteMetadata({"topology": "disaggregated", "vocab_size": "50"}, 2.0)
 IDS = json.dumps({"messages": [], "kv_transfer_params": {"prompt_token_ids": [1, 2], "k": 1}})
+STRIPPED = {"messages": [], "kv_transfer_params": {"k": 1}}
+BUFFERED = BodyMode.BUFFERED
+DUPLEX = BodyMode.FULL_DUPLEX_STREAMED
 
 
-def headers(route=AGGREGATED, *, eos=False, mode=BodyMode.BUFFERED, extra=JSON):
+def headers(route=AGGREGATED, *, eos=False, mode=BUFFERED, extra=JSON):
     return RequestHeaders(extra, eos, mode, route)
 
 
-def new(limit=1 << 20):
-    return Stream(max_body_bytes=limit)
+def new(limit=1 << 20, budget=None):
+    return Stream(max_body_bytes=limit, budget=budget)
 
 
-def error_body(action):
+def only(actions):
+    (action,) = actions
+    return action
+
+
+def error_body(actions):
+    action = only(actions)
     assert isinstance(action, Reject)
     payload = json.loads(action.body)
     assert set(payload["error"]) == {"message", "type", "param", "code"}
     assert payload["error"]["code"] == action.status
+    assert action.details.startswith("token_policy_")
     return payload["error"]
+
+
+def streamed(actions):
+    """The headers answer followed by the streamed body; returns the joined body."""
+    assert actions[0] == ContinueHeaders()
+    pieces = actions[1:]
+    assert pieces
+    assert all(isinstance(p, StreamedBody) for p in pieces)
+    assert [p.end_of_stream for p in pieces] == [False] * (len(pieces) - 1) + [True]
+    return b"".join(p.chunk for p in pieces)
+
+
+# --- BUFFERED mode ---------------------------------------------------------------
 
 
 def test_strip_flow():
     stream = new()
-    assert stream.handle(headers()) == ContinueHeaders()
-    action = stream.handle(RequestBody(IDS.encode(), True))
+    assert stream.handle(headers()) == [ContinueHeaders()]
+    action = only(stream.handle(RequestBody(IDS.encode(), True)))
     assert isinstance(action, ContinueBody)
-    assert json.loads(action.replacement) == {"messages": [], "kv_transfer_params": {"k": 1}}
+    assert json.loads(action.replacement) == STRIPPED
     assert isinstance(stream.decision, Strip)
     assert stream.state is State.DONE
 
@@ -53,14 +80,14 @@ def test_strip_flow():
 def test_body_without_ids_passes_unchanged():
     stream = new()
     stream.handle(headers())
-    assert stream.handle(RequestBody(b'{"messages": []}', True)) == ContinueBody(None)
+    assert stream.handle(RequestBody(b'{"messages": []}', True)) == [ContinueBody(None)]
     assert stream.decision == Allow("no_reused_ids")
 
 
 def test_honor_flow_passes_unchanged_and_validates():
     stream = new()
     stream.handle(headers(DISAGGREGATED))
-    assert stream.handle(RequestBody(IDS.encode(), True)) == ContinueBody(None)
+    assert stream.handle(RequestBody(IDS.encode(), True)) == [ContinueBody(None)]
     assert stream.decision == Allow("honored", 2)
     bad = new()
     bad.handle(headers(DISAGGREGATED))
@@ -68,28 +95,30 @@ def test_honor_flow_passes_unchanged_and_validates():
     error = error_body(bad.handle(RequestBody(out_of_vocab, True)))
     assert error["param"] == "kv_transfer_params.prompt_token_ids"
     assert error["type"] == "BadRequestError"
+    assert isinstance(bad.decision, Deny)
+    assert bad.decision.id_count == 2
 
 
 def test_missing_metadata_means_aggregated_strip():
     stream = new()
     stream.handle(headers(RouteMetadata()))
-    assert isinstance(stream.handle(RequestBody(IDS.encode(), True)), ContinueBody)
+    assert isinstance(only(stream.handle(RequestBody(IDS.encode(), True))), ContinueBody)
     assert isinstance(stream.decision, Strip)
 
 
 def test_invalid_metadata_rejects_at_headers_even_without_body():
     stream = new()
-    action = stream.handle(headers(RouteMetadata({"action": "allow"}, 1.0), eos=True))
-    error = error_body(action)
-    assert action.status == 500
+    actions = stream.handle(headers(RouteMetadata({"action": "allow"}, 1.0), eos=True))
+    error = error_body(actions)
+    assert actions[0].status == 500
     assert "ext_proc.token_policy.action" in error["message"]
-    assert action.details == "ext_proc_invalid_route_policy"
+    assert actions[0].details == "token_policy_invalid_route_policy"
     assert stream.state is State.DONE
 
 
 def test_request_without_body_is_allowed():
     stream = new()
-    assert stream.handle(headers(eos=True)) == ContinueHeaders()
+    assert stream.handle(headers(eos=True)) == [ContinueHeaders()]
     assert stream.decision == Allow("no_body")
     assert stream.state is State.DONE
 
@@ -104,12 +133,13 @@ def test_uninspectable_body_mode_is_a_protocol_error(mode):
     assert stream.state is State.ERROR
 
 
-def test_wrong_media_type_rejected_before_body():
+@pytest.mark.parametrize("mode", [BUFFERED, DUPLEX])
+def test_wrong_media_type_rejected_before_body(mode):
     stream = new()
-    action = stream.handle(headers(extra=(("content-type", b"text/plain"),)))
-    assert error_body(action)["code"] == 415
+    actions = stream.handle(headers(mode=mode, extra=(("content-type", b"text/plain"),)))
+    assert error_body(actions)["code"] == 415
     with pytest.raises(ProtocolError):
-        stream.handle(RequestBody(IDS.encode(), True))
+        stream.handle(RequestBody(IDS.encode(), False))
 
 
 def test_unparseable_body_denied():
@@ -123,17 +153,24 @@ def test_unparseable_body_denied():
 def test_oversized_body_denied_with_413():
     stream = new(limit=10)
     stream.handle(headers())
-    action = stream.handle(RequestBody(b'{"a": "0123456789"}', True))
-    assert error_body(action)["code"] == 413
+    actions = stream.handle(RequestBody(b'{"a": "0123456789"}', True))
+    assert error_body(actions)["code"] == 413
     assert isinstance(stream.decision, Deny)
+
+
+@pytest.mark.parametrize("mode", [BUFFERED, DUPLEX])
+def test_announced_oversized_body_denied_at_headers(mode):
+    stream = new(limit=10)
+    actions = stream.handle(headers(mode=mode, extra=(*JSON, ("content-length", b"11"))))
+    assert error_body(actions)["code"] == 413
 
 
 def test_body_then_trailers():
     stream = new()
     stream.handle(headers())
-    assert isinstance(stream.handle(RequestBody(IDS.encode(), False)), ContinueBody)
+    assert isinstance(only(stream.handle(RequestBody(IDS.encode(), False))), ContinueBody)
     assert stream.state is State.EXPECT_TRAILERS
-    assert stream.handle(RequestTrailers()) == ContinueTrailers()
+    assert stream.handle(RequestTrailers()) == [ContinueTrailers()]
     assert stream.state is State.DONE
 
 
@@ -143,19 +180,160 @@ def test_trailers_without_body_denied():
     assert error_body(stream.handle(RequestTrailers()))["code"] == 400
 
 
+# --- FULL_DUPLEX_STREAMED mode ------------------------------------------------------
+
+
+def feed(stream, data, size, *, empty_final=False):
+    """Feed ``data`` in chunks of ``size``; every answer before the end must be empty."""
+    pieces = [data[i : i + size] for i in range(0, len(data), size)]
+    for piece in pieces[:-1]:
+        assert stream.handle(RequestBody(piece, False)) == []
+    if empty_final:
+        assert stream.handle(RequestBody(pieces[-1], False)) == []
+        return stream.handle(RequestBody(b"", True))
+    return stream.handle(RequestBody(pieces[-1], True))
+
+
+def test_duplex_holds_headers_and_chunks_until_the_end():
+    stream = new()
+    assert stream.handle(headers(mode=DUPLEX)) == []
+    assert stream.waiting_for_body
+    out = feed(stream, IDS.encode(), 7)
+    assert json.loads(streamed(out)) == STRIPPED
+    assert stream.state is State.DONE
+    assert not any(isinstance(a, ContinueBody) for a in out)
+
+
+def test_duplex_empty_final_chunk():
+    stream = new()
+    stream.handle(headers(mode=DUPLEX))
+    assert json.loads(streamed(feed(stream, IDS.encode(), 10, empty_final=True))) == STRIPPED
+
+
+def test_duplex_unchanged_body_is_sent_back_byte_for_byte():
+    data = json.dumps({"messages": [], "x": "y" * 100}).encode() + b"  "
+    stream = new()
+    stream.handle(headers(DISAGGREGATED, mode=DUPLEX))
+    assert streamed(feed(stream, data, 9)) == data
+
+
+def test_duplex_large_body_is_split_into_pieces():
+    ids = list(range(40)) * 30000
+    data = json.dumps({"kv_transfer_params": {"prompt_token_ids": ids}}).encode()
+    assert len(data) > 2 * STREAM_CHUNK
+    stream = new(limit=8 << 20)
+    stream.handle(headers(DISAGGREGATED, mode=DUPLEX))
+    out = feed(stream, data, 65536)
+    assert len(out) == 1 + -(-len(data) // STREAM_CHUNK)
+    assert streamed(out) == data
+
+
+def test_duplex_repeated_final_chunk_is_ignored():
+    stream = new()
+    stream.handle(headers(mode=DUPLEX))
+    data = IDS.encode()
+    feed(stream, data, 10)
+    last = data[(len(data) - 1) // 10 * 10 :]
+    assert stream.handle(RequestBody(last, True)) == []
+    with pytest.raises(ProtocolError):
+        stream.handle(RequestBody(b"different", True))
+
+
+def test_duplex_denial_is_an_immediate_response_and_nothing_else():
+    stream = new()
+    stream.handle(headers(DISAGGREGATED, mode=DUPLEX))
+    out = feed(stream, IDS.replace("[1, 2]", "[1, true]").encode(), 5)
+    assert error_body(out)["code"] == 400
+
+
+def test_duplex_oversized_body_denied_as_soon_as_it_exceeds():
+    stream = new(limit=20)
+    stream.handle(headers(mode=DUPLEX))
+    assert stream.handle(RequestBody(b"x" * 15, False)) == []
+    assert error_body(stream.handle(RequestBody(b"x" * 15, False)))["code"] == 413
+
+
+def test_duplex_trailers_denied():
+    stream = new()
+    stream.handle(headers(mode=DUPLEX))
+    stream.handle(RequestBody(b"{}", False))
+    assert error_body(stream.handle(RequestTrailers()))["code"] == 400
+
+
+def test_buffered_stream_never_accepts_a_repeated_body():
+    stream = new()
+    stream.handle(headers())
+    stream.handle(RequestBody(IDS.encode(), True))
+    with pytest.raises(ProtocolError):
+        stream.handle(RequestBody(IDS.encode(), True))
+
+
+# --- timeouts and the in-flight budget ----------------------------------------------
+
+
+@pytest.mark.parametrize("mode", [BUFFERED, DUPLEX])
+def test_body_timeout_answers_408(mode):
+    stream = new()
+    stream.handle(headers(mode=mode))
+    assert error_body(stream.handle(TimedOut()))["code"] == 408
+
+
+@pytest.mark.parametrize("mode", [BUFFERED, DUPLEX])
+def test_exhausted_budget_answers_503_with_retry_after(mode):
+    budget = Budget(100)
+    holder = new(budget=budget)
+    holder.handle(headers(mode=DUPLEX))
+    holder.handle(RequestBody(b"x" * 80, False))
+    assert budget.used == 80
+    stream = new(budget=budget)
+    stream.handle(headers(mode=mode))
+    actions = stream.handle(RequestBody(b"y" * 30, mode is BUFFERED))
+    assert error_body(actions)["code"] == 503
+    assert actions[0].headers == (("retry-after", b"1"),)
+    holder.close()
+    assert budget.used == 0
+
+
+def test_budget_is_reserved_from_content_length_and_released():
+    budget = Budget(1000)
+    stream = new(budget=budget)
+    stream.handle(headers(extra=(*JSON, ("content-length", str(len(IDS)).encode()))))
+    assert budget.used == len(IDS)
+    stream.handle(RequestBody(IDS.encode(), True))
+    assert budget.used == 0
+
+
+@pytest.mark.parametrize("mode", [BUFFERED, DUPLEX])
+def test_budget_released_on_every_ending(mode):
+    budget = Budget(1000)
+    for ending in (TimedOut(), RequestBody(b"not json", True), Unexpected("response_body")):
+        stream = new(budget=budget)
+        stream.handle(headers(mode=mode, extra=(*JSON, ("content-length", b"8"))))
+        assert budget.used == 8
+        with contextlib.suppress(ProtocolError):
+            stream.handle(ending)
+        assert budget.used == 0  # released by the stream itself, not by the caller
+
+
+# --- message order --------------------------------------------------------------------
+
 OUT_OF_ORDER = [
     [RequestBody(b"{}", True)],
     [RequestTrailers()],
+    [TimedOut()],
     [Unexpected("response_headers")],
     [Unexpected("empty")],
+    [Unexpected("observability_mode")],
     [headers(), headers()],
-    [headers(), RequestBody(b"{}", True), RequestBody(b"{}", True)],
+    [headers(mode=DUPLEX), headers()],
     [headers(), RequestBody(b"{}", True), RequestTrailers()],
     [headers(eos=True), RequestBody(b"{}", True)],
     [headers(eos=True), headers()],
     [headers(), Unexpected("response_body")],
     [headers(), RequestBody(b"{}", False), RequestBody(b"{}", True)],
     [headers(), RequestBody(b"{}", False), RequestTrailers(), RequestTrailers()],
+    [headers(), RequestBody(b"{}", True), TimedOut()],
+    [headers(mode=DUPLEX), RequestBody(b"{}", True), RequestBody(b"{}", False)],
 ]
 
 
