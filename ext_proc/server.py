@@ -34,7 +34,9 @@ async def build(config: Config) -> tuple[grpc.aio.Server, health.aio.HealthServi
     server = grpc.aio.server(
         options=[
             ("grpc.max_receive_message_length", limit),
-            ("grpc.max_send_message_length", limit),
+            # Answers are bounded by the processor itself (a rewrite of an accepted body);
+            # Envoy's own max_receive_message_length is the limit that matters.
+            ("grpc.max_send_message_length", -1),
         ]
     )
     pb_grpc.add_ExternalProcessorServicer_to_server(ExternalProcessor(config), server)

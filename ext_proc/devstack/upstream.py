@@ -2,8 +2,9 @@
 
 It answers every request in the OpenAI response shape (chat, completions, responses,
 messages), with the request it received shown as the reply text and under
-``stub_received``. It keeps every request, including the raw bytes read from the
-socket for it, and serves them as JSON at ``GET /__stub__/requests`` (``DELETE`` clears
+``stub_received``. It speaks HTTP/1.1 and HTTP/2 with prior knowledge (h2c). It keeps
+every request, including the raw bytes read from the socket for it (HTTP/1.1) or its
+DATA payload as framed (HTTP/2), and serves them as JSON at ``GET /__stub__/requests`` (``DELETE`` clears
 them), so tests can assert on the exact bytes Envoy forwarded.
 """
 
@@ -19,7 +20,8 @@ from typing import Any
 
 import h11
 
-ADMIN_PATH = b"/__stub__/requests"
+ADMIN_PATH = "/__stub__/requests"
+H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 
 
 @dataclass
@@ -120,84 +122,129 @@ def openai_response(record: Recorded) -> dict[str, Any]:
     return payload
 
 
-async def _send(
-    writer: asyncio.StreamWriter, conn: h11.Connection, status: int, payload: Any
+def _respond(recorder: Recorder, record: Recorded) -> tuple[int, Any]:
+    """Record a request (or serve the admin path) and build the reply."""
+    if record.target.split("?", 1)[0] == ADMIN_PATH:
+        if record.method == "DELETE":
+            recorder.requests.clear()
+        return 200, [r.to_json() for r in recorder.requests]
+    recorder.requests.append(record)
+    shown = record.body[:2000].decode("utf-8", "replace")
+    print(
+        f"stub upstream: {record.method} {record.target} {len(record.body)} bytes: {shown}",
+        flush=True,
+    )
+    return 200, openai_response(record)
+
+
+async def _serve_http1(
+    recorder: Recorder, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, raw: bytes
 ) -> None:
-    data = json.dumps(payload).encode()
-    headers = [("content-type", "application/json"), ("content-length", str(len(data)))]
-    writer.write(conn.send(h11.Response(status_code=status, headers=headers)))
-    writer.write(conn.send(h11.Data(data=data)))
-    writer.write(conn.send(h11.EndOfMessage()))
-    await writer.drain()
+    conn = h11.Connection(h11.SERVER)
+    conn.receive_data(raw)
+    pending = bytearray(raw)
+    request: h11.Request | None = None
+    body = bytearray()
+    while True:
+        event = conn.next_event()
+        if event is h11.NEED_DATA:
+            data = await reader.read(65536)
+            pending += data
+            conn.receive_data(data)
+        elif isinstance(event, h11.Request):
+            request, body = event, bytearray()
+        elif isinstance(event, h11.Data):
+            body += event.data
+        elif isinstance(event, h11.EndOfMessage) and request is not None:
+            record = Recorded(
+                method=request.method.decode("latin-1"),
+                target=request.target.decode("latin-1"),
+                headers=[(k.decode("latin-1"), v.decode("latin-1")) for k, v in request.headers],
+                body=bytes(body),
+                raw=bytes(pending),
+            )
+            pending.clear()
+            status, payload = _respond(recorder, record)
+            data = json.dumps(payload).encode()
+            headers = [("content-type", "application/json"), ("content-length", str(len(data)))]
+            writer.write(conn.send(h11.Response(status_code=status, headers=headers)))
+            writer.write(conn.send(h11.Data(data=data)))
+            writer.write(conn.send(h11.EndOfMessage()))
+            await writer.drain()
+            if conn.our_state is h11.MUST_CLOSE:
+                return
+            conn.start_next_cycle()
+        elif isinstance(event, h11.ConnectionClosed):
+            return
+
+
+async def _serve_http2(
+    recorder: Recorder, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, raw: bytes
+) -> None:
+    """HTTP/2 with prior knowledge. ``raw`` of a request is its DATA payload as framed:
+    the concatenated DATA frame contents, to compare with the declared content-length."""
+    import h2.config  # noqa: PLC0415 - only this path needs h2
+    import h2.connection  # noqa: PLC0415
+    import h2.events  # noqa: PLC0415
+
+    conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=False))
+    conn.initiate_connection()
+    streams: dict[int, tuple[list[tuple[str, str]], bytearray]] = {}
+    data = raw
+    while data:
+        for event in conn.receive_data(data):
+            if isinstance(event, h2.events.RequestReceived):
+                headers = [(k.decode(), v.decode()) for k, v in event.headers]
+                streams[event.stream_id] = (headers, bytearray())
+            elif isinstance(event, h2.events.DataReceived):
+                streams[event.stream_id][1].extend(event.data)
+                conn.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
+            elif isinstance(event, h2.events.StreamEnded):
+                headers, body = streams.pop(event.stream_id)
+                pseudo = dict(h for h in headers if h[0].startswith(":"))
+                record = Recorded(
+                    method=pseudo[":method"],
+                    target=pseudo[":path"],
+                    headers=[h for h in headers if not h[0].startswith(":")],
+                    body=bytes(body),
+                    raw=bytes(body),
+                )
+                status, payload = _respond(recorder, record)
+                reply = json.dumps(payload).encode()
+                conn.send_headers(
+                    event.stream_id,
+                    [
+                        (":status", str(status)),
+                        ("content-type", "application/json"),
+                        ("content-length", str(len(reply))),
+                    ],
+                )
+                conn.send_data(event.stream_id, reply, end_stream=True)
+        writer.write(conn.data_to_send())
+        await writer.drain()
+        data = await reader.read(65536)
 
 
 async def _handle(
     recorder: Recorder, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
 ) -> None:
-    conn = h11.Connection(h11.SERVER)
-    raw = bytearray()
-    request: h11.Request | None = None
-    body = bytearray()
     try:
-        while True:
-            event = conn.next_event()
-            if event is h11.NEED_DATA:
-                data = await reader.read(65536)
-                raw += data
-                conn.receive_data(data)
-                continue
-            if isinstance(event, h11.Request):
-                request, body = event, bytearray()
-            elif isinstance(event, h11.Data):
-                body += event.data
-            elif isinstance(event, h11.EndOfMessage) and request is not None:
-                await _answer(recorder, writer, conn, request, body=bytes(body), raw=bytes(raw))
-                raw.clear()
-                if conn.our_state is h11.MUST_CLOSE:
-                    break
-                conn.start_next_cycle()
-            elif isinstance(event, h11.ConnectionClosed):
-                break
+        first = await reader.read(65536)
+        while first and len(first) < len(H2_PREFACE) and H2_PREFACE.startswith(first):
+            first += await reader.read(65536)
+        if first.startswith(H2_PREFACE):
+            await _serve_http2(recorder, reader, writer, first)
+        elif first:
+            await _serve_http1(recorder, reader, writer, first)
     except (h11.RemoteProtocolError, ConnectionError) as exc:
         print(f"stub upstream: connection error: {exc}", file=sys.stderr, flush=True)
     finally:
         writer.close()
 
 
-async def _answer(
-    recorder: Recorder,
-    writer: asyncio.StreamWriter,
-    conn: h11.Connection,
-    request: h11.Request,
-    *,
-    body: bytes,
-    raw: bytes,
-) -> None:
-    target = request.target.decode("latin-1")
-    if request.target.split(b"?", 1)[0] == ADMIN_PATH:
-        if request.method == b"DELETE":
-            recorder.requests.clear()
-        await _send(writer, conn, 200, [r.to_json() for r in recorder.requests])
-        return
-    record = Recorded(
-        method=request.method.decode("latin-1"),
-        target=target,
-        headers=[(k.decode("latin-1"), v.decode("latin-1")) for k, v in request.headers],
-        body=body,
-        raw=raw,
-    )
-    recorder.requests.append(record)
-    print(
-        f"stub upstream: {record.method} {target} {len(body)} bytes: "
-        f"{body[:2000].decode('utf-8', 'replace')}",
-        flush=True,
-    )
-    await _send(writer, conn, 200, openai_response(record))
-
-
 async def serve_forever(host: str, port: int) -> None:
     recorder = Recorder()
     server = await asyncio.start_server(lambda r, w: _handle(recorder, r, w), host, port)
-    print(f"stub upstream: listening on {host}:{port}", flush=True)
+    print(f"stub upstream: listening on {host}:{port} (HTTP/1.1 and h2c)", flush=True)
     async with server:
         await server.serve_forever()

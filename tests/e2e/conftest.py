@@ -13,9 +13,17 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.e2e)
 
 
-@pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    running = Stack(tmp_path_factory.mktemp("stack")).start()
+ENVOY = Path(__file__).resolve().parents[2] / "envoy"
+# Every end-to-end test through `stack` runs once per request body mode.
+BODY_MODES = {"buffered": ENVOY / "envoy.yaml", "streamed": ENVOY / "envoy-streamed.yaml"}
+
+
+@pytest.fixture(scope="module", params=list(BODY_MODES))
+def stack(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Stack]:
+    source = BODY_MODES[request.param]
+    running = Stack(tmp_path_factory.mktemp(request.param), source=source).start()
     try:
         yield running
     finally:

@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from ext_proc.devstack import envoy_config, processes
 from ext_proc.devstack.envoy_config import Address
 
@@ -55,6 +57,43 @@ def extra_routes() -> list[dict[str, Any]]:
     ]
 
 
+OPTIONS = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
+
+
+def _h2_cluster(address: Address) -> dict[str, Any]:
+    """The stub upstream again, reached over HTTP/2 (prior knowledge)."""
+    return {
+        "name": "upstream_h2",
+        "type": "STATIC",
+        "connect_timeout": "2s",
+        "typed_extension_protocol_options": {
+            OPTIONS: {
+                "@type": f"type.googleapis.com/{OPTIONS}",
+                "explicit_http_config": {"http2_protocol_options": {}},
+            }
+        },
+        "load_assignment": {
+            "cluster_name": "upstream_h2",
+            "endpoints": [
+                {
+                    "lb_endpoints": [
+                        {
+                            "endpoint": {
+                                "address": {
+                                    "socket_address": {
+                                        "address": address.host,
+                                        "port_value": address.port,
+                                    }
+                                }
+                            }
+                        }
+                    ]
+                }
+            ],
+        },
+    }
+
+
 @dataclass
 class Stack:
     workdir: Path
@@ -67,6 +106,8 @@ class Stack:
     routes: list[dict[str, Any]] = field(default_factory=extra_routes)
     # A real server for both routes instead of the recording stub (conformance tier).
     real_upstream: Address | None = None
+    # Processor configuration (YAML keys) for this stack; defaults otherwise.
+    processor_config: dict[str, Any] = field(default_factory=dict)
 
     @property
     def url(self) -> str:
@@ -97,6 +138,7 @@ class Stack:
         hcm = config["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]
         (vhost,) = hcm["typed_config"]["route_config"]["virtual_hosts"]
         vhost["routes"][:0] = self.routes
+        config["static_resources"]["clusters"].append(_h2_cluster(self.upstream))
         path = envoy_config.write(config, self.workdir / "envoy.yaml")
         envoy = processes.start(processes.envoy_args(path, self.admin.port), self._log("envoy"))
         self.children["envoy"] = envoy
@@ -104,12 +146,20 @@ class Stack:
         return self
 
     def start_processor(self) -> None:
-        proc = processes.start(
-            [sys.executable, "-m", "ext_proc", "serve", "--listen", str(self.processor)],
-            self._log("processor"),
-        )
+        args = [sys.executable, "-m", "ext_proc", "serve", "--listen", str(self.processor)]
+        if self.processor_config:
+            path = self.workdir / "processor.yaml"
+            path.write_text(yaml.safe_dump(self.processor_config))
+            args += ["--config", str(path)]
+        proc = processes.start(args, self._log("processor"))
         self.children["processor"] = proc
         processes.wait_for_port(self.processor.port, proc)
+
+    def processor_memory_kib(self) -> dict[str, int]:
+        """The processor's current (VmRSS) and peak (VmHWM) resident memory."""
+        status = Path(f"/proc/{self.children['processor'].pid}/status").read_text()
+        fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+        return {key: int(fields[key].split()[0]) for key in ("VmRSS", "VmHWM")}
 
     def stop_processor(self) -> None:
         processes.stop(self.children.pop("processor"))

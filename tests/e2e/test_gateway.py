@@ -11,6 +11,7 @@ import httpx
 import pytest
 
 from ext_proc.devstack import processes
+from tests.e2e.conftest import BODY_MODES
 from tests.e2e.stack import Received, Stack
 
 REPO = Path(__file__).resolve().parents[2]
@@ -42,13 +43,33 @@ def chat(params: dict | None = None, **extra) -> dict:
     return document
 
 
+def dechunk(data: bytes) -> bytes:
+    """Decode an HTTP/1.1 chunked body, requiring it to end exactly at the last chunk."""
+    out = bytearray()
+    while True:
+        size_line, sep, data = data.partition(b"\r\n")
+        assert sep, "truncated chunk size"
+        size = int(size_line.split(b";")[0], 16)
+        if size == 0:
+            assert data == b"\r\n", f"bytes after the last chunk: {data[:40]!r}"
+            return bytes(out)
+        assert data[size : size + 2] == b"\r\n", "chunk not terminated"
+        out += data[:size]
+        data = data[size + 2 :]
+
+
 def assert_framing(received: Received) -> None:
-    """The upstream read one well-framed request: content-length equals the body."""
+    """The upstream read one well-framed request whose framing matches the body exactly:
+    either a content-length equal to the body, or chunked encoding and no content-length."""
     _head, sep, rest = received.raw.partition(b"\r\n\r\n")
     assert sep, "no end of headers on the wire"
+    if received.header("transfer-encoding") == ["chunked"]:
+        assert received.header("content-length") == []
+        assert dechunk(rest) == received.body
+        return
+    assert received.header("transfer-encoding") == []
     assert rest == received.body, "bytes on the wire after the headers differ from the body"
     assert received.header("content-length") == [str(len(received.body))]
-    assert received.header("transfer-encoding") == []
 
 
 def only_request(stack: Stack) -> Received:
@@ -256,8 +277,9 @@ def test_every_shipped_envoy_config_validates():
         assert "OK" in result.stdout + result.stderr
 
 
-def test_processor_stopped_means_5xx_and_nothing_upstream(tmp_path):
-    stack = Stack(tmp_path).start()
+@pytest.mark.parametrize("mode", list(BODY_MODES))
+def test_processor_stopped_means_5xx_and_nothing_upstream(tmp_path, mode):
+    stack = Stack(tmp_path, source=BODY_MODES[mode]).start()
     try:
         with httpx.Client(timeout=20) as c:
             ok = c.post(stack.url + "/v1/chat/completions", json=chat())
@@ -267,8 +289,10 @@ def test_processor_stopped_means_5xx_and_nothing_upstream(tmp_path):
             for path in ("/v1/chat/completions", "/pd/v1/chat/completions"):
                 reply = c.post(stack.url + path, json=chat({"prompt_token_ids": [1]}))
                 assert 500 <= reply.status_code < 600, reply.text
+                error_of(reply)
             reply = c.get(stack.url + "/v1/models")
             assert 500 <= reply.status_code < 600
+            error_of(reply)
         assert stack.received() == []
     finally:
         stack.stop()

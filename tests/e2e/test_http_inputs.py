@@ -46,6 +46,17 @@ def test_decompress_variant_differs_only_by_the_decompressor_before_ext_proc():
     assert variant == base
 
 
+def test_streamed_variant_differs_only_by_the_body_mode():
+    base = yaml.safe_load((ENVOY / "envoy.yaml").read_text())
+    variant = yaml.safe_load((ENVOY / "envoy-streamed.yaml").read_text())
+    (ext_proc,) = [f for f in _filters(variant) if f["name"] == "envoy.filters.http.ext_proc"]
+    mode = ext_proc["typed_config"]["processing_mode"]
+    assert mode["request_body_mode"] == "FULL_DUPLEX_STREAMED"
+    assert mode["request_trailer_mode"] == "SEND"  # required by Envoy in this mode
+    mode["request_body_mode"] = "BUFFERED"
+    assert variant == base
+
+
 def test_gzip_body_is_decompressed_before_inspection(decompressing):
     decompressing.clear()
     sent = chat({"prompt_token_ids": [1, 2], "remote_port": 7})

@@ -1,0 +1,278 @@
+"""Long prompts in both body modes, and every limit answered with a clean JSON error."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+
+from tests.e2e.conftest import BODY_MODES
+from tests.e2e.stack import Stack
+from tests.e2e.test_gateway import assert_framing, error_of, only_request
+
+MiB = 1 << 20
+JSON = {"content-type": "application/json"}
+
+
+def decode_request(count: int) -> bytes:
+    """A decode-stage request carrying ``count`` reused ids (128k ids ≈ 1 MB)."""
+    return json.dumps(
+        {
+            "model": "tiny",
+            "messages": [{"role": "user", "content": "continue"}],
+            "max_tokens": 16,
+            "kv_transfer_params": {
+                "prompt_token_ids": [(i * 7919) % 128256 for i in range(count)],
+                "do_remote_prefill": True,
+                "remote_block_ids": [list(range(64))],
+                "remote_engine_id": "e0",
+                "remote_host": "10.0.0.1",
+                "remote_port": 7000,
+            },
+        }
+    ).encode()
+
+
+def chat_of_size(size: int) -> dict:
+    turn = "The quick brown fox jumps over the lazy dog. " * 40
+    messages = []
+    while sum(len(m["content"]) for m in messages) < size:
+        messages.append({"role": "user" if len(messages) % 2 else "assistant", "content": turn})
+    return {
+        "model": "tiny",
+        "messages": messages,
+        "kv_transfer_params": {"prompt_token_ids": list(range(1000)), "remote_port": 1},
+    }
+
+
+def expect_framing(received, mode: str) -> None:
+    assert_framing(received)
+    if mode == "streamed":  # Envoy drops content-length and chunks to HTTP/1 upstreams
+        assert received.header("transfer-encoding") == ["chunked"]
+    else:
+        assert received.header("content-length") == [str(len(received.body))]
+
+
+@pytest.fixture(params=[False, True], ids=["http1", "http2"])
+def client(request: pytest.FixtureRequest) -> Iterator[httpx.Client]:
+    with httpx.Client(http1=not request.param, http2=request.param, timeout=60) as c:
+        yield c
+
+
+def test_128k_ids_decode_request_honored_untouched(gateway, client, request):
+    data = decode_request(128 * 1024)
+    assert 0.85 * MiB < len(data) < 1.5 * MiB  # about 1 MB
+    reply = client.post(gateway.url + "/pd/v1/chat/completions", content=data, headers=JSON)
+    assert reply.status_code == 200, reply.text
+    received = only_request(gateway)
+    assert received.body == data
+    expect_framing(received, gateway.workdir.name.rstrip("0123456789"))
+
+
+@pytest.mark.parametrize("size", [2 * MiB, 8 * MiB], ids=["2MB", "8MB"])
+def test_large_chat_bodies_stripped(gateway, client, size):
+    sent = chat_of_size(size)
+    data = json.dumps(sent).encode()
+    started = time.perf_counter()
+    reply = client.post(gateway.url + "/v1/chat/completions", content=data, headers=JSON)
+    elapsed = time.perf_counter() - started
+    assert reply.status_code == 200, reply.text
+    received = only_request(gateway)
+    expect_framing(received, gateway.workdir.name.rstrip("0123456789"))
+    forwarded = json.loads(received.body)
+    assert forwarded["kv_transfer_params"] == {"remote_port": 1}
+    assert forwarded["messages"] == sent["messages"]
+    print(f"\n{len(data)} bytes stripped end to end in {elapsed * 1000:.0f} ms")
+
+
+@pytest.mark.parametrize("size", [64 * 1024, 2 * MiB], ids=["64KB", "2MB"])
+def test_http2_upstream_gets_the_rewritten_body_whole(gateway, client, size):
+    sent = chat_of_size(size)
+    reply = client.post(gateway.url + "/h2up/v1/chat/completions", json=sent)
+    assert reply.status_code == 200, reply.text
+    (received,) = gateway.received()
+    forwarded = json.loads(received.body)
+    assert forwarded["kv_transfer_params"] == {"remote_port": 1}
+    assert forwarded["messages"] == sent["messages"]
+    # HTTP/2 frames the body itself; a declared length, if any, must match it.
+    assert received.header("content-length") in ([], [str(len(received.body))])
+
+
+def chunks(data: bytes, size: int, pause: float = 0.0) -> Iterator[bytes]:
+    for start in range(0, len(data), size):
+        if pause:
+            time.sleep(pause)
+        yield data[start : start + size]
+
+
+@pytest.mark.parametrize("chunked", [False, True], ids=["content-length", "chunked"])
+def test_body_over_the_limit_gets_413_json(gateway, chunked):
+    data = json.dumps({"messages": [], "x": "y" * (17 * MiB)}).encode()
+    content = chunks(data, 256 * 1024) if chunked else data
+    with httpx.Client(timeout=60) as c:
+        try:
+            reply = c.post(gateway.url + "/v1/chat/completions", content=content, headers=JSON)
+        except httpx.RemoteProtocolError:
+            pytest.fail("the gateway closed the connection instead of answering 413")
+    assert reply.status_code == 413
+    assert error_of(reply)["code"] == 413
+    assert gateway.received() == []
+
+
+def test_slow_chunked_upload_within_limits(gateway):
+    data = json.dumps(chat_of_size(64 * 1024)).encode()
+    with httpx.Client(timeout=60) as c:
+        reply = c.post(
+            gateway.url + "/v1/chat/completions",
+            content=chunks(data, 4096, pause=0.05),
+            headers=JSON,
+        )
+    assert reply.status_code == 200, reply.text
+    assert json.loads(only_request(gateway).body)["kv_transfer_params"] == {"remote_port": 1}
+
+
+# --- processor limits: in-flight budget, body timeout, memory ------------------------
+
+LIMITS = {"max_body_bytes": 2 * MiB, "inflight_budget_bytes": 3 * MiB, "body_timeout_seconds": 2}
+
+
+@pytest.fixture(scope="module", params=list(BODY_MODES))
+def limited(request, tmp_path_factory) -> Iterator[Stack]:
+    stack = Stack(
+        tmp_path_factory.mktemp(request.param),
+        source=BODY_MODES[request.param],
+        processor_config=LIMITS,
+    ).start()
+    try:
+        yield stack
+    finally:
+        stack.stop()
+
+
+def open_upload(stack: Stack, length: int, first: bytes) -> socket.socket:
+    """Start a request announcing ``length`` bytes and send only ``first`` of them."""
+    sock = socket.create_connection((stack.gateway.host, stack.gateway.port), timeout=30)
+    sock.sendall(
+        (
+            "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+            f"content-length: {length}\r\n\r\n"
+        ).encode()
+        + first
+    )
+    return sock
+
+
+def read_reply(sock: socket.socket) -> tuple[int, dict[str, str], bytes]:
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(65536)
+        assert chunk, f"connection closed without a reply: {data!r}"
+        data += chunk
+    head, _, rest = data.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    headers = dict(line.lower().split(": ", 1) for line in lines[1:])
+    while len(rest) < int(headers.get("content-length", "0")):
+        rest += sock.recv(65536)
+    return int(lines[0].split()[1]), headers, rest
+
+
+def test_processor_body_limit_below_envoys_gets_413(limited):
+    limited.clear()
+    with httpx.Client(timeout=30) as c:
+        reply = c.post(
+            limited.url + "/v1/chat/completions",
+            content=json.dumps({"x": "y" * (3 * MiB)}).encode(),
+            headers=JSON,
+        )
+    assert reply.status_code == 413
+    assert "exceeds the limit" in error_of(reply)["message"]
+    assert limited.received() == []
+
+
+def test_exhausted_inflight_budget_gets_503_with_retry_after(limited):
+    limited.clear()
+    holder = open_upload(limited, 2 * MiB, b'{"x": "')  # reserves 2 MiB of the 3 MiB
+    try:
+        time.sleep(0.3)
+        with httpx.Client(timeout=30) as c:
+            reply = c.post(
+                limited.url + "/v1/chat/completions",
+                content=json.dumps({"x": "y" * (int(1.5 * MiB))}).encode(),
+                headers=JSON,
+            )
+        assert reply.status_code == 503
+        assert reply.headers["retry-after"] == "1"
+        assert "retry" in error_of(reply)["message"]
+    finally:
+        holder.close()
+    time.sleep(0.3)
+    with httpx.Client(timeout=30) as c:  # the budget came back
+        ok = c.post(limited.url + "/v1/chat/completions", json={"messages": []})
+    assert ok.status_code == 200
+    assert len(limited.received()) == 1
+
+
+def test_slow_body_gets_408_and_nothing_upstream(limited):
+    limited.clear()
+    sock = open_upload(limited, 100, b'{"messages": [')
+    try:
+        status, headers, body = read_reply(sock)  # the processor gives up after 2 s
+    finally:
+        sock.close()
+    assert status == 408
+    assert headers["content-type"] == "application/json"
+    assert json.loads(body)["error"]["code"] == 408
+    assert limited.received() == []
+
+
+def test_concurrent_large_bodies_keep_processor_memory_bounded(limited):
+    limited.clear()
+    before = limited.processor_memory_kib()
+    data = json.dumps(chat_of_size(int(1.8 * MiB))).encode()
+
+    def send(_: int) -> int:
+        with httpx.Client(timeout=60) as c:
+            return c.post(
+                limited.url + "/v1/chat/completions", content=data, headers=JSON
+            ).status_code
+
+    with ThreadPoolExecutor(max_workers=16) as pool:
+        statuses = list(pool.map(send, range(48)))
+    after = limited.processor_memory_kib()
+    growth_mib = (after["VmHWM"] - before["VmRSS"]) / 1024
+    print(
+        f"\n48 x {len(data) / MiB:.1f} MiB, 16 at a time: statuses "
+        f"{ {s: statuses.count(s) for s in set(statuses)} }; processor RSS before "
+        f"{before['VmRSS'] / 1024:.0f} MiB, peak {after['VmHWM'] / 1024:.0f} MiB"
+    )
+    assert set(statuses) <= {200, 503}
+    assert statuses.count(200) >= 1
+    assert len(limited.received()) == statuses.count(200)
+    # 3 MiB budget: bodies held at once are bounded; the rest is parsing one document
+    # at a time plus gRPC buffers. 48 x 1.8 MiB = 86 MiB were offered.
+    assert growth_mib < 64, growth_mib
+
+
+def test_processor_too_slow_gets_504_json(tmp_path):
+    stack = Stack(tmp_path, source=BODY_MODES["buffered"]).start()
+    processor = stack.children["processor"].pid
+    try:
+        os.kill(processor, signal.SIGSTOP)
+        try:
+            with httpx.Client(timeout=30) as c:
+                reply = c.post(stack.url + "/v1/chat/completions", json={"messages": []})
+        finally:
+            os.kill(processor, signal.SIGCONT)
+        assert reply.status_code == 504
+        error = error_of(reply)
+        assert error["type"] == "GatewayTimeoutError"
+        assert stack.received() == []
+    finally:
+        stack.stop()
