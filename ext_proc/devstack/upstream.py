@@ -4,8 +4,8 @@ It answers every request in the OpenAI response shape (chat, completions, respon
 messages), with the request it received shown as the reply text and under
 ``stub_received``. It speaks HTTP/1.1 and HTTP/2 with prior knowledge (h2c). It keeps
 every request, including the raw bytes read from the socket for it (HTTP/1.1) or its
-DATA payload as framed (HTTP/2), and serves them as JSON at ``GET /__stub__/requests`` (``DELETE`` clears
-them), so tests can assert on the exact bytes Envoy forwarded.
+DATA payload as framed (HTTP/2), and serves them as JSON at ``GET /__stub__/requests``
+(``DELETE`` clears them), so tests can assert on the exact bytes Envoy forwarded.
 """
 
 from __future__ import annotations
