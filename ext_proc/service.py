@@ -73,6 +73,10 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc
             async for event in self._events(aiter(request_iterator), stream):
                 if isinstance(event, RequestHeaders):
                     request_id = b"".join(event.values("x-request-id")).decode("latin-1")
+                    log.debug(
+                        "stream",
+                        extra={"request_id": request_id, "body_mode": event.body_mode.name},
+                    )
                 decided = stream.decision
                 try:
                     actions = stream.handle(event)

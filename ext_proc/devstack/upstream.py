@@ -31,6 +31,7 @@ class Recorded:
     headers: list[tuple[str, str]]
     body: bytes
     raw: bytes
+    protocol: str = "HTTP/1.1"
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -39,6 +40,7 @@ class Recorded:
             "headers": self.headers,
             "body_b64": base64.b64encode(self.body).decode(),
             "raw_b64": base64.b64encode(self.raw).decode(),
+            "protocol": self.protocol,
         }
 
 
@@ -208,6 +210,7 @@ async def _serve_http2(
                     headers=[h for h in headers if not h[0].startswith(":")],
                     body=bytes(body),
                     raw=bytes(body),
+                    protocol="HTTP/2",
                 )
                 status, payload = _respond(recorder, record)
                 reply = json.dumps(payload).encode()
@@ -219,7 +222,10 @@ async def _serve_http2(
                         ("content-length", str(len(reply))),
                     ],
                 )
-                conn.send_data(event.stream_id, reply, end_stream=True)
+                size = conn.max_outbound_frame_size
+                for start in range(0, len(reply), size):
+                    conn.send_data(event.stream_id, reply[start : start + size])
+                conn.end_stream(event.stream_id)
         writer.write(conn.data_to_send())
         await writer.drain()
         data = await reader.read(65536)

@@ -17,6 +17,7 @@ from ext_proc.devstack import envoy_config, processes
 from ext_proc.devstack.envoy_config import Address
 
 LOCAL = "127.0.0.1"
+BODY_LIMIT = 16 * 1024 * 1024  # the shipped routes' request_body_buffer_limit
 
 
 @dataclass
@@ -26,6 +27,7 @@ class Received:
     headers: list[tuple[str, str]]
     body: bytes
     raw: bytes
+    protocol: str
 
     def header(self, name: str) -> list[str]:
         return [v for k, v in self.headers if k.lower() == name]
@@ -38,6 +40,7 @@ def route(name: str, prefix: str, policy: dict[str, Any]) -> dict[str, Any]:
         "match": {"prefix": prefix},
         "route": {"cluster": "aggregated", "prefix_rewrite": "/v1/"},
         "metadata": {"filter_metadata": {"ext_proc.token_policy": policy}},
+        "request_body_buffer_limit": BODY_LIMIT,
     }
 
 
@@ -49,6 +52,35 @@ def extra_routes() -> list[dict[str, Any]]:
         route("bad-action", "/bad-action/v1/", {"action": "allow"}),
         route("bad-field", "/bad-field/v1/", {"topolgy": "aggregated"}),
         route("bad-type", "/bad-type/v1/", {"max_ids": {"n": 1}}),
+        {
+            "name": "h2-upstream",
+            "match": {"prefix": "/h2up/v1/"},
+            "route": {"cluster": "upstream_h2", "prefix_rewrite": "/v1/"},
+            "request_body_buffer_limit": BODY_LIMIT,
+            "metadata": {"filter_metadata": {"ext_proc.token_policy": {"action": "strip"}}},
+        },
+        {
+            # The body mode chosen per route, whatever the filter's default.
+            "name": "duplex-route",
+            "match": {"prefix": "/duplex/v1/"},
+            "request_body_buffer_limit": BODY_LIMIT,
+            "route": {"cluster": "aggregated", "prefix_rewrite": "/v1/"},
+            "metadata": {"filter_metadata": {"ext_proc.token_policy": {"action": "strip"}}},
+            "typed_per_filter_config": {
+                "envoy.filters.http.ext_proc": {
+                    "@type": "type.googleapis.com/"
+                    "envoy.extensions.filters.http.ext_proc.v3.ExtProcPerRoute",
+                    "overrides": {
+                        "processing_mode": {
+                            "request_header_mode": "SEND",
+                            "request_body_mode": "FULL_DUPLEX_STREAMED",
+                            "request_trailer_mode": "SEND",
+                            "response_header_mode": "SKIP",
+                        }
+                    },
+                }
+            },
+        },
         {
             "name": "no-metadata",
             "match": {"prefix": "/plain/v1/"},
@@ -146,7 +178,16 @@ class Stack:
         return self
 
     def start_processor(self) -> None:
-        args = [sys.executable, "-m", "ext_proc", "serve", "--listen", str(self.processor)]
+        args = [
+            sys.executable,
+            "-m",
+            "ext_proc",
+            "serve",
+            "--listen",
+            str(self.processor),
+            "--log-level",
+            "debug",
+        ]
         if self.processor_config:
             path = self.workdir / "processor.yaml"
             path.write_text(yaml.safe_dump(self.processor_config))
@@ -181,6 +222,7 @@ class Stack:
                 [tuple(h) for h in r["headers"]],
                 base64.b64decode(r["body_b64"]),
                 base64.b64decode(r["raw_b64"]),
+                r["protocol"],
             )
             for r in self._stub("GET")
         ]

@@ -61,6 +61,7 @@ def dechunk(data: bytes) -> bytes:
 def assert_framing(received: Received) -> None:
     """The upstream read one well-framed request whose framing matches the body exactly:
     either a content-length equal to the body, or chunked encoding and no content-length."""
+    assert received.protocol == "HTTP/1.1"
     _head, sep, rest = received.raw.partition(b"\r\n\r\n")
     assert sep, "no end of headers on the wire"
     if received.header("transfer-encoding") == ["chunked"]:

@@ -98,11 +98,21 @@ def test_http2_upstream_gets_the_rewritten_body_whole(gateway, client, size):
     reply = client.post(gateway.url + "/h2up/v1/chat/completions", json=sent)
     assert reply.status_code == 200, reply.text
     (received,) = gateway.received()
+    assert received.protocol == "HTTP/2"
     forwarded = json.loads(received.body)
     assert forwarded["kv_transfer_params"] == {"remote_port": 1}
     assert forwarded["messages"] == sent["messages"]
     # HTTP/2 frames the body itself; a declared length, if any, must match it.
     assert received.header("content-length") in ([], [str(len(received.body))])
+
+
+def test_body_mode_chosen_per_route(gateway, client):
+    """A route can override the filter's body mode (here: FULL_DUPLEX_STREAMED)."""
+    reply = client.post(gateway.url + "/duplex/v1/chat/completions", json=chat_of_size(100_000))
+    assert reply.status_code == 200, reply.text
+    received = only_request(gateway)
+    expect_framing(received, "streamed")
+    assert json.loads(received.body)["kv_transfer_params"] == {"remote_port": 1}
 
 
 def chunks(data: bytes, size: int, pause: float = 0.0) -> Iterator[bytes]:
