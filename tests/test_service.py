@@ -130,3 +130,43 @@ def test_health_serving_then_not_serving_on_shutdown(service):
     before, after = run(scenario())
     assert before == health_pb2.HealthCheckResponse.SERVING
     assert after == health_pb2.HealthCheckResponse.NOT_SERVING
+
+
+def test_body_timeout_answers_408_on_the_stream():
+    async def scenario():
+        config = Config.load(listen="127.0.0.1:0", body_timeout_seconds=0.3)
+        server, _health, port = await build(config)
+        release = asyncio.Event()
+
+        async def messages():
+            yield headers()
+            await release.wait()  # the body never comes
+
+        try:
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+                call = pb_grpc.ExternalProcessorStub(channel).Process(messages())
+                responses = [r async for r in call]
+                release.set()
+                return responses
+        finally:
+            await server.stop(None)
+
+    responses = run(scenario())
+    assert [r.WhichOneof("response") for r in responses] == [
+        "request_headers",
+        "immediate_response",
+    ]
+    assert responses[1].immediate_response.status.code == 408
+
+
+def test_streamed_mode_over_a_real_stream():
+    first = headers()
+    first.protocol_config.request_body_mode = 4  # FULL_DUPLEX_STREAMED
+    payload = json.dumps({"kv_transfer_params": {"prompt_token_ids": [1], "k": 2}}).encode()
+    responses, code, _ = run(exchange([first, body(payload[:10], False), body(payload[10:])]))
+    assert code == grpc.StatusCode.OK
+    kinds = [r.WhichOneof("response") for r in responses]
+    assert kinds == ["request_headers", "request_body"]
+    streamed = responses[1].request_body.response.body_mutation.streamed_response
+    assert streamed.end_of_stream
+    assert json.loads(streamed.body) == {"kv_transfer_params": {"k": 2}}
