@@ -24,7 +24,7 @@ from ext_proc.events import (
     StreamedBody,
     Unexpected,
 )
-from ext_proc.route_policy import AttributeKeys, Scalar
+from ext_proc.route_policy import ROUTE_NAME_ATTRIBUTE, AttributeKeys, Scalar
 
 
 def _scalar(value: struct_pb2.Value) -> Scalar:
@@ -42,16 +42,19 @@ def _scalar(value: struct_pb2.Value) -> Scalar:
 def _route_metadata(request: pb.ProcessingRequest, keys: AttributeKeys) -> RouteMetadata:
     values: dict[str, Scalar] = {}
     size: float | None = None
+    route_name = ""
     # Attributes are grouped under the ext_proc filter's configured name; any name will do.
     for group in request.attributes.values():
         fields = group.fields
-        for name, key in keys.fields.items():
+        for field_name, key in keys.fields.items():
             if key in fields:
-                values[name] = _scalar(fields[key])
+                values[field_name] = _scalar(fields[key])
         if keys.size in fields:
             size_value = _scalar(fields[keys.size])
             size = size_value if isinstance(size_value, float) else float("inf")
-    return RouteMetadata(values, size)
+        if ROUTE_NAME_ATTRIBUTE in fields:
+            route_name = str(_scalar(fields[ROUTE_NAME_ATTRIBUTE]))
+    return RouteMetadata(values, size, route_name)
 
 
 def decode(request: pb.ProcessingRequest, keys: AttributeKeys) -> Event:

@@ -27,15 +27,22 @@ class ExtProcError(Exception):
 class HttpError(ExtProcError):
     """A request the service refuses; the client receives it as a JSON error."""
 
+    # True for refusals that come from inspecting the request (the policy, the body's
+    # format). Audit mode lets those requests pass and only reports them; limits,
+    # timeouts and configuration errors are enforced in every mode.
+    auditable = False
+
 
 class BadRequest(HttpError):
     status = 400
     error_type = "BadRequestError"
+    auditable = True
 
 
 class UnsupportedMediaType(HttpError):
     status = 415
     error_type = "UnsupportedMediaTypeError"
+    auditable = True
 
 
 class PayloadTooLarge(HttpError):

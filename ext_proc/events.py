@@ -30,6 +30,7 @@ class RouteMetadata:
 
     values: Mapping[str, Scalar] = field(default_factory=dict)
     size: float | None = None
+    name: str = ""  # the route's name, for metrics and logs
 
 
 @dataclass(frozen=True, slots=True)

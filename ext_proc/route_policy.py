@@ -8,6 +8,8 @@ Schema (route ``metadata.filter_metadata[NAMESPACE]``, default namespace
                                                    honor when disaggregated)
     vocab_size: positive integer, optional        (ids must be < vocab_size)
     max_ids:    positive integer, optional        (at most this many ids)
+    audit:      true | false                      (default false: decisions are logged,
+                                                   counted and exported, requests pass)
 
 Envoy hands route metadata to the processor only through CEL ``request_attributes``,
 one expression per field (a whole map arrives as the text "CelMap value"), and CEL
@@ -26,7 +28,9 @@ from typing import Final, TypeVar
 from ext_proc.errors import RoutePolicyError
 
 DEFAULT_NAMESPACE: Final = "ext_proc.token_policy"
-FIELDS: Final = ("topology", "action", "vocab_size", "max_ids")
+FIELDS: Final = ("topology", "action", "vocab_size", "max_ids", "audit")
+# The matched route's name, for metrics and logs (not part of the policy).
+ROUTE_NAME_ATTRIBUTE: Final = "xds.route_name"
 _DECIMAL = re.compile(r"[1-9][0-9]{0,17}")
 
 
@@ -47,6 +51,7 @@ class RoutePolicy:
     action: Action = Action.STRIP
     vocab_size: int | None = None
     max_ids: int | None = None
+    audit: bool = False
 
 
 DEFAULT_POLICY: Final = RoutePolicy()
@@ -68,7 +73,8 @@ class AttributeKeys:
         )
 
     def all(self) -> tuple[str, ...]:
-        return (*self.fields.values(), self.size)
+        """Every expression the Envoy filter must list in ``request_attributes``."""
+        return (*self.fields.values(), self.size, ROUTE_NAME_ATTRIBUTE)
 
 
 def attribute_keys(namespace: str = DEFAULT_NAMESPACE) -> AttributeKeys:
@@ -140,9 +146,18 @@ def parse(
         for name in ("vocab_size", "max_ids")
         if name in values
     }
+    audit = values.get("audit", False)
+    if not isinstance(audit, bool):
+        raise RoutePolicyError(
+            f"invalid route policy metadata: field '{namespace}.audit' is {audit!r}; "
+            "allowed values: true, false",
+            reason="invalid_route_policy",
+            param=f"{namespace}.audit",
+        )
     return RoutePolicy(
         topology=topology,
         action=action,
         vocab_size=limits.get("vocab_size"),
         max_ids=limits.get("max_ids"),
+        audit=audit,
     )

@@ -19,7 +19,11 @@ Invariants (fail closed):
 - every ``HttpError`` becomes a ``Reject`` here and nowhere else;
 - a body mode this machine cannot inspect is a protocol error, never a pass;
 - bytes held for a stream are reserved in the shared budget first and returned by
-  ``close``.
+  ``close``;
+- audit mode (global, or the route's ``audit: true``) computes and records the same
+  decision but forwards the request unchanged; it relaxes only refusals that come from
+  inspecting the request (``HttpError.auditable``), never protocol errors, limits,
+  timeouts or invalid route metadata.
 """
 
 from __future__ import annotations
@@ -94,9 +98,15 @@ class Stream:
         max_body_bytes: int,
         budget: Budget | None = None,
         namespace: str = route_policy.DEFAULT_NAMESPACE,
+        audit: bool = False,
     ) -> None:
         self.state = State.EXPECT_HEADERS
         self.decision: policy.Decision | None = None
+        # Effective audit mode: the global setting, or the route's, once headers are in.
+        self.audit = audit
+        self.route_name = ""
+        self.body_size = 0
+        self._held_refusal: HttpError | None = None
         self._max_body_bytes = max_body_bytes
         self._budget = budget if budget is not None else Budget(max_body_bytes)
         self._namespace = namespace
@@ -158,7 +168,9 @@ class Stream:
 
     def _on_headers(self, event: Event) -> list[Action]:
         assert isinstance(event, RequestHeaders)
+        self.route_name = event.route.name
         self._policy = route_policy.parse(event.route.values, event.route.size, self._namespace)
+        self.audit = self.audit or self._policy.audit
         if event.end_of_stream:
             self.state = State.DONE
             self.decision = policy.Allow("no_body")
@@ -170,7 +182,12 @@ class Stream:
                 reason="unsupported_body_mode",
             )
         self._mode = event.body_mode
-        body.check_headers(event.values("content-type"), event.values("content-encoding"))
+        try:
+            body.check_headers(event.values("content-type"), event.values("content-encoding"))
+        except HttpError as exc:
+            if not (self.audit and exc.auditable):
+                raise
+            self._held_refusal = exc  # reported at the end of the body, not enforced
         declared = event.values("content-length")
         if len(declared) == 1 and declared[0].isdigit():
             # Refuse an announced oversized or unaffordable body before it is sent.
@@ -240,9 +257,20 @@ class Stream:
 
     def _decide(self, raw: bytes) -> bytes | None:
         """The body to forward instead of ``raw`` (None: unchanged), or raise a denial."""
-        document = body.parse(raw)
+        self.body_size = len(raw)
+        try:
+            if self._held_refusal is not None:
+                raise self._held_refusal
+            document = body.parse(raw)
+        except HttpError as exc:
+            if not (self.audit and exc.auditable):
+                raise
+            self.decision = policy.Deny(exc)
+            return None
         decision = policy.decide(self._policy, document)
         self.decision = decision
+        if self.audit:
+            return None
         if isinstance(decision, policy.Deny):
             raise decision.error
         if isinstance(decision, policy.Strip):

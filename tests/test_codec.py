@@ -22,6 +22,7 @@ def test_decode_headers_with_route_attributes():
             KEYS.fields["vocab_size"]: "512",
             KEYS.fields["max_ids"]: {"nested": 1},
             KEYS.size: 3,
+            "xds.route_name": "pd",
             "request.path": "/v1/x",
         },
         headers=(("content-type", b"application/json"), (":path", b"/v1/x")),
@@ -32,7 +33,9 @@ def test_decode_headers_with_route_attributes():
         end_of_stream=False,
         body_mode=BodyMode.BUFFERED,
         route=RouteMetadata(
-            {"topology": "disaggregated", "vocab_size": "512", "max_ids": "<struct_value>"}, 3.0
+            {"topology": "disaggregated", "vocab_size": "512", "max_ids": "<struct_value>"},
+            3.0,
+            "pd",
         ),
     )
 

@@ -31,6 +31,8 @@ from ext_proc.route_policy import (
             RoutePolicy(Topology.DISAGGREGATED, Action.HONOR, 128256, 131072),
         ),
         ({"vocab_size": 512.0}, 1.0, RoutePolicy(vocab_size=512)),
+        ({"audit": True}, 1.0, RoutePolicy(audit=True)),
+        ({"action": "deny", "audit": False}, 2.0, RoutePolicy(action=Action.DENY)),
         # size may be missing when the filter does not request it; fields still apply.
         ({"action": "deny"}, None, RoutePolicy(action=Action.DENY)),
     ],
@@ -56,6 +58,8 @@ def test_valid_metadata(values, size, expected):
         ({"vocab_size": "1e+06"}, 1.0, "vocab_size"),
         ({"max_ids": "<list_value>"}, 1.0, "max_ids"),
         ({"max_ids": ""}, 1.0, "max_ids"),
+        ({"audit": "true"}, 1.0, "audit"),
+        ({"audit": 1.0}, 1.0, "audit"),
     ],
 )
 def test_invalid_field_is_named(values, size, field):
@@ -70,7 +74,7 @@ def test_unknown_field_fails_closed():
     # The namespace holds 2 keys but only 'action' is known: e.g. a typo "topolgy".
     with pytest.raises(RoutePolicyError) as caught:
         parse({"action": "honor"}, 2.0)
-    assert "allowed fields: topology, action, vocab_size, max_ids" in caught.value.message
+    assert "allowed fields: topology, action, vocab_size, max_ids, audit" in caught.value.message
 
 
 def test_unknown_field_alone_fails_closed():
@@ -82,4 +86,5 @@ def test_attribute_keys_follow_namespace():
     keys = attribute_keys("my.ns")
     assert keys.fields["action"] == "xds.route_metadata.filter_metadata['my.ns'].action"
     assert keys.size == "size(xds.route_metadata.filter_metadata['my.ns'])"
-    assert len(keys.all()) == 5
+    assert len(keys.all()) == 7
+    assert keys.all()[-1] == "xds.route_name"

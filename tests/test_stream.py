@@ -363,3 +363,67 @@ def test_after_reject_nothing_more_is_accepted():
     stream.handle(RequestBody(b"nope", True))
     with pytest.raises(ProtocolError):
         stream.handle(RequestTrailers())
+
+
+# --- audit mode -----------------------------------------------------------------------
+
+AUDIT_ROUTE = RouteMetadata({"topology": "disaggregated", "vocab_size": "50", "audit": True}, 3.0)
+MALFORMED = IDS.replace("[1, 2]", "[1, true]").encode()
+
+
+def audited(route=AGGREGATED, *, mode=BUFFERED, extra=JSON, global_audit=True):
+    stream = Stream(max_body_bytes=1 << 20, audit=global_audit)
+    first = stream.handle(headers(route, mode=mode, extra=extra))
+    assert first == ([ContinueHeaders()] if mode is BUFFERED else [])
+    return stream
+
+
+def passes_unchanged(stream, data, mode=BUFFERED):
+    actions = stream.handle(RequestBody(data, True))
+    if mode is BUFFERED:
+        assert actions == [ContinueBody(None)]
+    else:
+        assert streamed(actions) == data
+
+
+@pytest.mark.parametrize("mode", [BUFFERED, DUPLEX])
+def test_audit_records_a_strip_but_forwards_unchanged(mode):
+    stream = audited(mode=mode)
+    passes_unchanged(stream, IDS.encode(), mode)
+    assert isinstance(stream.decision, Strip)
+    assert stream.audit
+
+
+@pytest.mark.parametrize("mode", [BUFFERED, DUPLEX])
+def test_route_audit_records_a_denial_but_forwards_unchanged(mode):
+    stream = audited(AUDIT_ROUTE, mode=mode, global_audit=False)
+    passes_unchanged(stream, MALFORMED, mode)
+    assert isinstance(stream.decision, Deny)
+    assert stream.decision.reason == "ids_malformed"
+
+
+def test_audit_records_media_type_and_parse_refusals():
+    stream = audited(extra=(("content-type", b"text/plain"),))
+    passes_unchanged(stream, b"not json at all")
+    assert stream.decision.reason == "unsupported_media_type"
+    stream = audited()
+    passes_unchanged(stream, b"not json at all")
+    assert stream.decision.reason == "body_not_json"
+
+
+def test_audit_never_relaxes_limits_protocol_or_configuration():
+    stream = Stream(max_body_bytes=10, audit=True)
+    stream.handle(headers())
+    assert error_body(stream.handle(RequestBody(b'{"a": "0123456789"}', True)))["code"] == 413
+    stream = Stream(max_body_bytes=100, audit=True)
+    stream.handle(headers())
+    assert error_body(stream.handle(TimedOut()))["code"] == 408
+    stream = Stream(max_body_bytes=100, audit=True)
+    invalid = RouteMetadata({"action": "allow", "audit": True}, 2.0)
+    assert error_body(stream.handle(headers(invalid)))["code"] == 500
+    stream = Stream(max_body_bytes=100, audit=True)
+    with pytest.raises(ProtocolError):
+        stream.handle(RequestBody(b"{}", True))
+    stream = Stream(max_body_bytes=1000, audit=True, budget=Budget(50))
+    stream.handle(headers())
+    assert error_body(stream.handle(RequestBody(b"x" * 100, True)))["code"] == 503
