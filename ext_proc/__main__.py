@@ -1,4 +1,4 @@
-"""Command line: ``python -m ext_proc serve|devstack``."""
+"""Command line: ``python -m ext_proc serve|check-config|check-envoy|devstack|upstream``."""
 
 from __future__ import annotations
 
@@ -10,14 +10,26 @@ from pathlib import Path
 from ext_proc import logs
 from ext_proc.config import Config, ConfigError
 
+LEVELS = ["debug", "info", "warning", "error"]
+
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m ext_proc")
     commands = parser.add_subparsers(dest="command", required=True)
     serve = commands.add_parser("serve", help="run the ext_proc gRPC processor")
     serve.add_argument("--config", type=Path, help="YAML configuration file")
-    serve.add_argument("--listen", help="gRPC listen address, host:port")
-    serve.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
+    serve.add_argument("--listen", help="gRPC address: host:port or unix:/path")
+    serve.add_argument("--log-level", choices=LEVELS)
+    serve.add_argument("--workers", type=int, help="processes sharing the address")
+    serve.add_argument("--metrics-listen", help="Prometheus host:port ('' disables)")
+    serve.add_argument("--audit", action="store_true", default=None, help="audit mode")
+    check = commands.add_parser("check-config", help="validate a processor config file")
+    check.add_argument("file", type=Path)
+    check_envoy = commands.add_parser(
+        "check-envoy", help="check the token policy of every route in an Envoy config"
+    )
+    check_envoy.add_argument("file", type=Path)
+    check_envoy.add_argument("--namespace", help="route metadata namespace")
     stack = commands.add_parser("devstack", help="run processor, Envoy and a stand-in upstream")
     stack.add_argument("--config", type=Path, help="processor YAML configuration file")
     upstream = commands.add_parser("upstream", help="run the recording stand-in upstream")
@@ -25,28 +37,54 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _serve(args: argparse.Namespace) -> int:
+    try:
+        config = Config.load(
+            args.config,
+            listen=args.listen,
+            log_level=args.log_level,
+            workers=args.workers,
+            metrics_listen=args.metrics_listen,
+            audit=args.audit,
+        )
+    except ConfigError as exc:
+        print(f"ext_proc: {exc}", file=sys.stderr)
+        return 2
+    logs.configure(config.log_level)
+    if config.workers > 1:
+        from ext_proc.supervisor import run
+
+        return run(config)
+    from ext_proc.server import serve
+
+    return asyncio.run(serve(config))
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.command == "serve":
+        return _serve(args)
+    if args.command == "check-config":
+        try:
+            Config.load(args.file, environ={})
+        except ConfigError as exc:
+            print(f"{args.file}: {exc}", file=sys.stderr)
+            return 1
+        print(f"{args.file}: OK")
+        return 0
+    if args.command == "check-envoy":
+        from ext_proc import check_envoy
+
+        return check_envoy.main(args.file, args.namespace)
     if args.command == "upstream":
         from ext_proc.devstack import upstream
 
         host, _, port = args.listen.rpartition(":")
         asyncio.run(upstream.serve_forever(host, int(port)))
         return 0
-    if args.command == "devstack":
-        from ext_proc.devstack import stack
+    from ext_proc.devstack import stack
 
-        return stack.run(args.config)
-    try:
-        config = Config.load(args.config, listen=args.listen, log_level=args.log_level)
-    except ConfigError as exc:
-        print(f"ext_proc: {exc}", file=sys.stderr)
-        return 2
-    logs.configure(config.log_level)
-    from ext_proc.server import serve
-
-    asyncio.run(serve(config))
-    return 0
+    return stack.run(args.config)
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ from ext_proc.events import (
     StreamedBody,
     Unexpected,
 )
+from ext_proc.policy import Decision
 from ext_proc.route_policy import ROUTE_NAME_ATTRIBUTE, AttributeKeys, Scalar
 
 
@@ -76,6 +77,23 @@ def decode(request: pb.ProcessingRequest, keys: AttributeKeys) -> Event:
     if kind == "request_trailers":
         return RequestTrailers()
     return Unexpected(kind or "empty")
+
+
+def decision_metadata(namespace: str, decision: Decision, audit: bool) -> struct_pb2.Struct:
+    """What the policy did, as Envoy dynamic metadata under ``namespace`` (for access
+    logs and later filters). Never the ids themselves."""
+    struct = struct_pb2.Struct()
+    struct.update(
+        {
+            namespace: {
+                "action": type(decision).__name__.lower(),
+                "reason": decision.reason,
+                "id_count": decision.id_count,
+                "mode": "audit" if audit else "enforce",
+            }
+        }
+    )
+    return struct
 
 
 def _set(mutation: pb.HeaderMutation, key: str, value: bytes) -> None:

@@ -1,11 +1,15 @@
 """The processor's one validated configuration object.
 
-Built once at start-up (YAML file, then command-line overrides) and passed explicitly;
-nothing reads the environment or files at import time.
+Built once at start-up and passed explicitly; nothing reads the environment or files at
+import time. Sources, later ones winning: the YAML file, ``EXT_PROC_<FIELD>``
+environment variables (values read as YAML scalars: ``EXT_PROC_WORKERS=2``), then
+command-line flags.
 """
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -15,17 +19,31 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from ext_proc.route_policy import DEFAULT_NAMESPACE
 
 MiB = 1024 * 1024
+ENV_PREFIX = "EXT_PROC_"
 
 
 class ConfigError(Exception):
     """The processor configuration is invalid; the message names the field."""
 
 
+class Tls(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
+
+    cert_file: str = Field(min_length=1)
+    key_file: str = Field(min_length=1)
+    # When set, clients (Envoy) must present a certificate signed by this CA (mTLS).
+    client_ca_file: str | None = None
+
+
 class Config(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
 
-    listen: str = Field("127.0.0.1:9000", min_length=1, description="gRPC address host:port")
+    # gRPC address: host:port, or unix:/path/to/socket.
+    listen: str = Field("127.0.0.1:9000", min_length=1)
+    tls: Tls | None = None
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    # Processes serving the same TCP address (SO_REUSEPORT), under one supervisor.
+    workers: int = Field(1, ge=1, le=64)
     # Largest request body the processor will parse; larger bodies get a 413. The gRPC
     # receive limit is derived from it so grpcio's 4 MiB default never applies.
     max_body_bytes: int = Field(16 * MiB, gt=0, le=1024 * MiB)
@@ -34,8 +52,16 @@ class Config(BaseModel):
     inflight_budget_bytes: int = Field(256 * MiB, gt=0)
     # Time from the request headers to the end of the body (slow uploads get a 408).
     body_timeout_seconds: float = Field(60.0, gt=0)
+    # Audit mode for every route: decisions are logged, counted and exported, requests
+    # pass unchanged. Routes can also opt in one by one (metadata audit: true).
+    audit: bool = False
+    # Prometheus /metrics address (host:port); empty disables the endpoint.
+    metrics_listen: str = "127.0.0.1:9464"
     route_metadata_namespace: str = Field(DEFAULT_NAMESPACE, min_length=1)
-    # Seconds in-flight streams get to finish after a stop signal.
+    # After a stop signal: health reports NOT_SERVING for drain_seconds while streams
+    # are still accepted (so Envoy's health checks move traffic away), then in-flight
+    # streams get shutdown_grace_seconds to finish.
+    drain_seconds: float = Field(5.0, ge=0)
     shutdown_grace_seconds: float = Field(5.0, ge=0)
 
     @property
@@ -44,13 +70,23 @@ class Config(BaseModel):
         return self.max_body_bytes + MiB
 
     @model_validator(mode="after")
-    def _budget_holds_one_body(self) -> Config:
+    def _consistent(self) -> Config:
         if self.inflight_budget_bytes < self.max_body_bytes:
             raise ValueError("inflight_budget_bytes must be at least max_body_bytes")
+        if self.workers > 1 and self.listen.startswith("unix:"):
+            raise ValueError("workers > 1 needs a TCP listen address (SO_REUSEPORT)")
+        if self.metrics_listen and not self.metrics_listen.rpartition(":")[2].isdigit():
+            raise ValueError("metrics_listen must be host:port or empty")
         return self
 
     @classmethod
-    def load(cls, path: Path | None = None, **overrides: Any) -> Config:
+    def load(
+        cls,
+        path: Path | None = None,
+        *,
+        environ: Mapping[str, str] | None = None,
+        **overrides: Any,
+    ) -> Config:
         data: dict[str, Any] = {}
         if path is not None:
             try:
@@ -60,6 +96,14 @@ class Config(BaseModel):
             if loaded is not None and not isinstance(loaded, dict):
                 raise ConfigError(f"config file {path} must hold a mapping")
             data.update(loaded or {})
+        for key, value in (environ if environ is not None else os.environ).items():
+            field = key.removeprefix(ENV_PREFIX).lower()
+            # Other EXT_PROC_* variables (EXT_PROC_CACHE, ...) belong to other tools.
+            if key.startswith(ENV_PREFIX) and field in cls.model_fields:
+                try:
+                    data[field] = yaml.safe_load(value) if value else value
+                except yaml.YAMLError as exc:
+                    raise ConfigError(f"{key}: cannot read {value!r}: {exc}") from exc
         data.update({k: v for k, v in overrides.items() if v is not None})
         try:
             return cls.model_validate(data)

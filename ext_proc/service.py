@@ -1,4 +1,4 @@
-"""The thin grpc.aio servicer: decode, hand to the stream machine, encode, log.
+"""The thin grpc.aio servicer: decode, hand to the stream machine, encode; log, count.
 
 Every message gets its answers from the stream machine. A protocol error or any
 unexpected exception ends the RPC with an error status, which Envoy
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import AsyncIterator
 
 import grpc
@@ -18,10 +19,11 @@ from ext_proc import policy
 from ext_proc._pb import external_processor_pb2 as pb
 from ext_proc._pb import external_processor_pb2_grpc as pb_grpc
 from ext_proc.budget import Budget
-from ext_proc.codec import decode, encode
+from ext_proc.codec import decision_metadata, decode, encode
 from ext_proc.config import Config
 from ext_proc.errors import ProtocolError
 from ext_proc.events import Event, RequestHeaders, TimedOut
+from ext_proc.metrics import Metrics
 from ext_proc.route_policy import attribute_keys
 from ext_proc.stream import Stream
 
@@ -29,10 +31,13 @@ log = logging.getLogger("ext_proc.decision")
 
 
 class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
-    def __init__(self, config: Config, budget: Budget | None = None) -> None:
+    def __init__(
+        self, config: Config, budget: Budget | None = None, metrics: Metrics | None = None
+    ) -> None:
         self._config = config
         self._keys = attribute_keys(config.route_metadata_namespace)
         self.budget = budget if budget is not None else Budget(config.inflight_budget_bytes)
+        self.metrics = metrics if metrics is not None else Metrics()
 
     async def _events(
         self, requests: AsyncIterator[pb.ProcessingRequest], stream: Stream
@@ -67,43 +72,73 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc
             max_body_bytes=self._config.max_body_bytes,
             budget=self.budget,
             namespace=self._config.route_metadata_namespace,
+            audit=self._config.audit,
         )
+        metrics = self.metrics
+        metrics.inflight_streams.inc()
         request_id = ""
+        busy = 0.0  # processor time spent on this request
         try:
             async for event in self._events(aiter(request_iterator), stream):
                 if isinstance(event, RequestHeaders):
                     request_id = b"".join(event.values("x-request-id")).decode("latin-1")
-                    log.debug(
-                        "stream",
-                        extra={"request_id": request_id, "body_mode": event.body_mode.name},
-                    )
                 decided = stream.decision
+                started = time.perf_counter()
                 try:
                     actions = stream.handle(event)
                 except ProtocolError as exc:
+                    metrics.stream_errors.labels("protocol_violation").inc()
                     log.warning(
                         "protocol error", extra={"request_id": request_id, "reason": str(exc)}
                     )
                     await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
                     return
-                if stream.decision is not decided:
-                    _log_decision(stream.decision, request_id)
-                for action in actions:
-                    yield encode(action)
+                responses = [encode(action) for action in actions]
+                if stream.decision is not decided and stream.decision is not None:
+                    if responses:
+                        responses[-1].dynamic_metadata.CopyFrom(
+                            decision_metadata(
+                                self._config.route_metadata_namespace, stream.decision, stream.audit
+                            )
+                        )
+                    self._report(stream, request_id)
+                busy += time.perf_counter() - started
+                metrics.inflight_bytes.set(self.budget.used)
+                for response in responses:
+                    yield response
+        except asyncio.CancelledError:
+            metrics.stream_errors.labels("cancelled").inc()
+            raise
+        except Exception:
+            metrics.stream_errors.labels("internal").inc()
+            log.exception("internal error", extra={"request_id": request_id})
+            raise
         finally:
             stream.close()
+            metrics.inflight_streams.dec()
+            metrics.inflight_bytes.set(self.budget.used)
+            if stream.decision is not None:
+                metrics.processing_seconds.labels(stream.route_name).observe(busy)
 
-
-def _log_decision(decision: policy.Decision | None, request_id: str) -> None:
-    if decision is None or (isinstance(decision, policy.Allow) and decision.id_count == 0):
-        return
-    action = type(decision).__name__.lower()
-    log.info(
-        "decision",
-        extra={
-            "request_id": request_id,
-            "action": action,
-            "reason": decision.reason,
-            "id_count": decision.id_count,
-        },
-    )
+    def _report(self, stream: Stream, request_id: str) -> None:
+        decision = stream.decision
+        assert decision is not None
+        action = type(decision).__name__.lower()
+        mode = "audit" if stream.audit else "enforce"
+        self.metrics.decisions.labels(stream.route_name, action, decision.reason, mode).inc()
+        if stream.body_size:
+            self.metrics.body_bytes.labels(stream.route_name).observe(stream.body_size)
+        if isinstance(decision, policy.Allow) and decision.id_count == 0:
+            return
+        # Never the ids, never any prompt text: only what was decided and why.
+        log.info(
+            "decision",
+            extra={
+                "request_id": request_id,
+                "route": stream.route_name,
+                "action": action,
+                "reason": decision.reason,
+                "id_count": decision.id_count,
+                "mode": mode,
+            },
+        )

@@ -31,7 +31,8 @@ def body(data: bytes, eos: bool = True) -> pb.ProcessingRequest:
 async def exchange(messages, config=None):
     """Send ``messages`` on one stream; return the responses and the final status."""
     config = config or Config.load(listen="127.0.0.1:0")
-    server, _health, port = await build(config)
+    running = await build(config)
+    server, port = running.server, running.port
     try:
         async with grpc.aio.insecure_channel(
             f"127.0.0.1:{port}",
@@ -115,7 +116,8 @@ def test_body_over_processor_limit_gets_413():
 @pytest.mark.parametrize("service", ["", SERVICE_NAME])
 def test_health_serving_then_not_serving_on_shutdown(service):
     async def scenario():
-        server, health, port = await build(Config.load(listen="127.0.0.1:0"))
+        running = await build(Config.load(listen="127.0.0.1:0"))
+        server, health, port = running.server, running.health, running.port
         try:
             async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
                 stub = health_pb2_grpc.HealthStub(channel)
@@ -135,7 +137,8 @@ def test_health_serving_then_not_serving_on_shutdown(service):
 def test_body_timeout_answers_408_on_the_stream():
     async def scenario():
         config = Config.load(listen="127.0.0.1:0", body_timeout_seconds=0.3)
-        server, _health, port = await build(config)
+        running = await build(config)
+        server, port = running.server, running.port
         release = asyncio.Event()
 
         async def messages():

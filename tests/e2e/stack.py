@@ -133,6 +133,7 @@ class Stack:
     admin: Address = field(default_factory=lambda: Address(LOCAL, processes.free_port()))
     processor: Address = field(default_factory=lambda: Address(LOCAL, processes.free_port()))
     upstream: Address = field(default_factory=lambda: Address(LOCAL, processes.free_port()))
+    metrics: Address = field(default_factory=lambda: Address(LOCAL, processes.free_port()))
     children: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     source: Path = envoy_config.SHIPPED
     routes: list[dict[str, Any]] = field(default_factory=extra_routes)
@@ -187,11 +188,14 @@ class Stack:
             str(self.processor),
             "--log-level",
             "debug",
+            "--metrics-listen",
+            str(self.metrics),
         ]
-        if self.processor_config:
-            path = self.workdir / "processor.yaml"
-            path.write_text(yaml.safe_dump(self.processor_config))
-            args += ["--config", str(path)]
+        # A short drain keeps test teardown quick; tests of the drain set their own.
+        config = {"drain_seconds": 0.1, **self.processor_config}
+        path = self.workdir / "processor.yaml"
+        path.write_text(yaml.safe_dump(config))
+        args += ["--config", str(path)]
         proc = processes.start(args, self._log("processor"))
         self.children["processor"] = proc
         processes.wait_for_port(self.processor.port, proc)

@@ -1,0 +1,62 @@
+"""Prometheus metrics, owned by the service edge (the core never counts anything).
+
+With several workers each process writes to ``PROMETHEUS_MULTIPROC_DIR`` and the
+supervisor serves the aggregate; with one process the registry is served directly.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+# Body sizes from 1 KiB to 32 MiB, processing times from 50 µs to 5 s.
+BODY_BUCKETS: Final = tuple(float(1024 * 4**i) for i in range(9))
+TIME_BUCKETS: Final = (
+    0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
+    0.25, 0.5, 1.0, 2.5, 5.0,
+)  # fmt: skip
+
+
+class Metrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        self.decisions = Counter(
+            "ext_proc_decisions",
+            "Policy decisions by route, action (allow, strip, deny), reason and mode "
+            "(enforce, audit).",
+            ["route", "action", "reason", "mode"],
+            registry=self.registry,
+        )
+        self.body_bytes = Histogram(
+            "ext_proc_request_body_bytes",
+            "Size of inspected request bodies.",
+            ["route"],
+            buckets=BODY_BUCKETS,
+            registry=self.registry,
+        )
+        self.processing_seconds = Histogram(
+            "ext_proc_processing_seconds",
+            "Processor time spent on one request (parsing, policy, rewriting, encoding).",
+            ["route"],
+            buckets=TIME_BUCKETS,
+            registry=self.registry,
+        )
+        self.inflight_streams = Gauge(
+            "ext_proc_inflight_streams",
+            "ext_proc streams open now.",
+            registry=self.registry,
+            multiprocess_mode="livesum",
+        )
+        self.inflight_bytes = Gauge(
+            "ext_proc_inflight_body_bytes",
+            "Request-body bytes held now (the in-flight budget in use).",
+            registry=self.registry,
+            multiprocess_mode="livesum",
+        )
+        self.stream_errors = Counter(
+            "ext_proc_stream_errors",
+            "Streams ended with an error: protocol_violation, internal, cancelled.",
+            ["kind"],
+            registry=self.registry,
+        )
