@@ -75,8 +75,10 @@ class Config(BaseModel):
             raise ValueError("inflight_budget_bytes must be at least max_body_bytes")
         if self.workers > 1 and self.listen.startswith("unix:"):
             raise ValueError("workers > 1 needs a TCP listen address (SO_REUSEPORT)")
-        if self.metrics_listen and not self.metrics_listen.rpartition(":")[2].isdigit():
-            raise ValueError("metrics_listen must be host:port or empty")
+        if self.metrics_listen:
+            host, colon, port = self.metrics_listen.rpartition(":")
+            if not (host and colon and port.isdigit()):
+                raise ValueError("metrics_listen must be host:port or empty")
         return self
 
     @classmethod

@@ -1,10 +1,13 @@
+import re
+
 import pytest
 
+from ext_proc.__main__ import main
 from ext_proc.config import Config, ConfigError
 
 
 def test_defaults():
-    config = Config.load()
+    config = Config.load(environ={})
     assert config.listen == "127.0.0.1:9000"
     assert config.max_body_bytes == 16 * 1024 * 1024
     assert config.grpc_message_limit > config.max_body_bytes
@@ -47,3 +50,42 @@ def test_non_mapping_file(tmp_path):
 def test_config_is_frozen():
     with pytest.raises(ValueError, match="frozen"):
         Config.load().listen = "x"  # type: ignore[misc]
+
+
+def test_environment_overrides_file_and_flags_override_environment(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("workers: 1\naudit: false\n")
+    environ = {"EXT_PROC_WORKERS": "3", "EXT_PROC_AUDIT": "true", "EXT_PROC_CACHE": "/x"}
+    config = Config.load(path, environ=environ)
+    assert (config.workers, config.audit) == (3, True)
+    assert Config.load(path, environ=environ, workers=2).workers == 2
+
+
+def test_environment_values_are_validated():
+    with pytest.raises(ConfigError, match="workers"):
+        Config.load(environ={"EXT_PROC_WORKERS": "many"})
+
+
+@pytest.mark.parametrize(
+    ("data", "text"),
+    [
+        ({"workers": 2, "listen": "unix:/tmp/x.sock"}, "TCP listen address"),
+        ({"max_body_bytes": 100, "inflight_budget_bytes": 10}, "inflight_budget_bytes"),
+        ({"metrics_listen": "9464"}, "metrics_listen"),
+        ({"tls": {"cert_file": "a"}}, "tls.key_file"),
+        ({"tls": {"cert_file": "a", "key_file": "b", "ca": "c"}}, "tls.ca"),
+        ({"log_level": "loud"}, "'debug', 'info', 'warning' or 'error'"),
+    ],
+)
+def test_inconsistent_settings_are_named(data, text):
+    with pytest.raises(ConfigError, match=re.escape(text)):
+        Config.load(environ={}, **data)
+
+
+def test_check_config_command(tmp_path):
+    good = tmp_path / "good.yaml"
+    good.write_text("workers: 2\n")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("workers: 0\n")
+    assert main(["check-config", str(good)]) == 0
+    assert main(["check-config", str(bad)]) == 1

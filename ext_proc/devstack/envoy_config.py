@@ -32,29 +32,50 @@ class Address:
         return f"{self.host}:{self.port}"
 
 
-def _socket(address: Address) -> dict[str, Any]:
+CERT_DIR = "/etc/ext-proc/tls/"
+
+
+def _socket(address: Address | Path) -> dict[str, Any]:
+    if isinstance(address, Path):
+        return {"pipe": {"path": str(address)}}
     return {"socket_address": {"address": address.host, "port_value": address.port}}
+
+
+def _relocate_certs(node: Any, cert_dir: Path) -> Any:
+    """Point every certificate path under /etc/ext-proc/tls/ at ``cert_dir``."""
+    if isinstance(node, dict):
+        return {k: _relocate_certs(v, cert_dir) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_relocate_certs(v, cert_dir) for v in node]
+    if isinstance(node, str) and node.startswith(CERT_DIR):
+        return str(cert_dir / node.removeprefix(CERT_DIR))
+    return node
 
 
 def render(
     *,
     gateway: Address,
     admin: Address,
-    processor: Address,
+    processor: Address | Path,
     aggregated: Address,
     disaggregated: Address,
     source: Path = SHIPPED,
+    cert_dir: Path | None = None,
 ) -> dict[str, Any]:
+    """The config at ``source`` with new addresses (a Path processor: a Unix socket)."""
     config: dict[str, Any] = yaml.safe_load(source.read_text())
+    if cert_dir is not None:
+        config = _relocate_certs(config, cert_dir)
     config["admin"]["address"] = _socket(admin)
     (listener,) = config["static_resources"]["listeners"]
     listener["address"] = _socket(gateway)
     clusters = {c["name"]: c for c in config["static_resources"]["clusters"]}
-    for name, address in (
+    addresses: tuple[tuple[str, Address | Path], ...] = (
         ("ext_proc", processor),
         ("aggregated", aggregated),
         ("disaggregated", disaggregated),
-    ):
+    )
+    for name, address in addresses:
         (endpoints,) = clusters[name]["load_assignment"]["endpoints"]
         (lb_endpoint,) = endpoints["lb_endpoints"]
         lb_endpoint["endpoint"]["address"] = _socket(address)

@@ -52,6 +52,9 @@ def extra_routes() -> list[dict[str, Any]]:
         route("bad-action", "/bad-action/v1/", {"action": "allow"}),
         route("bad-field", "/bad-field/v1/", {"topolgy": "aggregated"}),
         route("bad-type", "/bad-type/v1/", {"max_ids": {"n": 1}}),
+        route(
+            "audit", "/audit/v1/", {"topology": "disaggregated", "vocab_size": 10, "audit": True}
+        ),
         {
             "name": "h2-upstream",
             "match": {"prefix": "/h2up/v1/"},
@@ -141,6 +144,11 @@ class Stack:
     real_upstream: Address | None = None
     # Processor configuration (YAML keys) for this stack; defaults otherwise.
     processor_config: dict[str, Any] = field(default_factory=dict)
+    # A Unix socket for the processor instead of TCP (with an envoy-uds style config).
+    processor_socket: Path | None = None
+    # Where /etc/ext-proc/tls/ certificate paths point (TLS configs).
+    cert_dir: Path | None = None
+    workers: int = 1
 
     @property
     def url(self) -> str:
@@ -163,10 +171,11 @@ class Stack:
         config = envoy_config.render(
             gateway=self.gateway,
             admin=self.admin,
-            processor=self.processor,
+            processor=self.processor_socket or self.processor,
             aggregated=self.upstream,
             disaggregated=self.upstream,
             source=self.source,
+            cert_dir=self.cert_dir,
         )
         hcm = config["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]
         (vhost,) = hcm["typed_config"]["route_config"]["virtual_hosts"]
@@ -185,7 +194,7 @@ class Stack:
             "ext_proc",
             "serve",
             "--listen",
-            str(self.processor),
+            f"unix:{self.processor_socket}" if self.processor_socket else str(self.processor),
             "--log-level",
             "debug",
             "--metrics-listen",
@@ -195,10 +204,13 @@ class Stack:
         config = {"drain_seconds": 0.1, **self.processor_config}
         path = self.workdir / "processor.yaml"
         path.write_text(yaml.safe_dump(config))
-        args += ["--config", str(path)]
+        args += ["--config", str(path), "--workers", str(self.workers)]
         proc = processes.start(args, self._log("processor"))
         self.children["processor"] = proc
-        processes.wait_for_port(self.processor.port, proc)
+        if self.processor_socket is not None:
+            processes.wait_for_port(self.metrics.port, proc)  # opened once serving
+        else:
+            processes.wait_for_port(self.processor.port, proc)
 
     def processor_memory_kib(self) -> dict[str, int]:
         """The processor's current (VmRSS) and peak (VmHWM) resident memory."""

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
-from ext_proc.devstack import processes
+from ext_proc.devstack import envoy_config, processes
+from tests.e2e import certs
 from tests.e2e.conftest import BODY_MODES
 from tests.e2e.stack import Received, Stack
 
@@ -257,17 +259,21 @@ def test_get_without_body_passes(gateway, client):
     assert (received.method, received.target) == ("GET", "/v1/models")
 
 
-def test_every_shipped_envoy_config_validates():
+def test_every_shipped_envoy_config_validates_and_passes_check_envoy(tmp_path):
     configs = sorted((REPO / "envoy").glob("*.yaml"))
-    assert configs
+    assert len(configs) >= 6
+    cert_dir = certs.make(tmp_path / "certs")  # the TLS variants name certificate files
     for config in configs:
+        text = config.read_text().replace(envoy_config.CERT_DIR, f"{cert_dir}/")
+        local = tmp_path / config.name
+        local.write_text(text)
         result = subprocess.run(
             [
                 processes.envoy_binary(),
                 "--mode",
                 "validate",
                 "-c",
-                str(config),
+                str(local),
                 "--disable-hot-restart",
             ],
             capture_output=True,
@@ -276,6 +282,14 @@ def test_every_shipped_envoy_config_validates():
         )
         assert result.returncode == 0, f"{config.name}: {result.stdout}{result.stderr}"
         assert "OK" in result.stdout + result.stderr
+        checked = subprocess.run(
+            [sys.executable, "-m", "ext_proc", "check-envoy", str(config)],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        assert checked.returncode == 0, checked.stdout + checked.stderr
+        assert "0 errors, 0 warnings" in checked.stdout
 
 
 @pytest.mark.parametrize("mode", list(BODY_MODES))

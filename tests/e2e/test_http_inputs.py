@@ -57,6 +57,27 @@ def test_streamed_variant_differs_only_by_the_body_mode():
     assert variant == base
 
 
+def _processor_cluster(config: dict) -> dict:
+    (cluster,) = [c for c in config["static_resources"]["clusters"] if c["name"] == "ext_proc"]
+    return cluster
+
+
+@pytest.mark.parametrize("name", ["envoy-uds.yaml", "envoy-tls.yaml", "envoy-mtls.yaml"])
+def test_listener_variants_differ_only_in_how_the_processor_is_reached(name):
+    base = yaml.safe_load((ENVOY / "envoy.yaml").read_text())
+    variant = yaml.safe_load((ENVOY / name).read_text())
+    base_cluster, cluster = _processor_cluster(base), _processor_cluster(variant)
+    if name == "envoy-uds.yaml":
+        endpoint = cluster["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]
+        assert "pipe" in endpoint["address"]
+        cluster["load_assignment"] = base_cluster["load_assignment"]
+    else:
+        tls = cluster.pop("transport_socket")["typed_config"]["common_tls_context"]
+        assert tls["validation_context"]["trusted_ca"]
+        assert ("tls_certificates" in tls) == (name == "envoy-mtls.yaml")
+    assert variant == base
+
+
 def test_gzip_body_is_decompressed_before_inspection(decompressing):
     decompressing.clear()
     sent = chat({"prompt_token_ids": [1, 2], "remote_port": 7})

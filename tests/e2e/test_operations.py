@@ -1,0 +1,374 @@
+"""Operating the service: metrics, access log, decision logs, audit mode, drain,
+workers, and the Unix-socket, TLS and mTLS listeners, each through the real Envoy."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import httpx
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from tests.e2e import certs
+from tests.e2e.conftest import ENVOY
+from tests.e2e.stack import Stack
+from tests.e2e.test_gateway import chat, error_of, only_request
+
+IDS = [101, 202, 303]
+
+
+def metrics_text(stack: Stack) -> str:
+    with urllib.request.urlopen(f"http://{stack.metrics}/metrics", timeout=5) as reply:
+        return reply.read().decode()
+
+
+def metric(text: str, name: str, **labels: str) -> float:
+    """The value of one sample (labels must match exactly), 0 if absent."""
+    for line in text.splitlines():
+        match = re.fullmatch(rf"{name}\{{(.*)\}} (\S+)", line)
+        if match:
+            found = dict(re.findall(r'(\w+)="([^"]*)"', match.group(1)))
+            if found == labels:
+                return float(match.group(2))
+    return 0.0
+
+
+def access_log(stack: Stack, request_id: str) -> dict:
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        for line in stack.logs("envoy").splitlines():
+            if line.startswith("{") and request_id in line:
+                return json.loads(line)
+        time.sleep(0.1)
+    raise AssertionError(f"no access log line for {request_id}")
+
+
+def decision_logs(stack: Stack) -> list[dict]:
+    lines = [json.loads(x) for x in stack.logs("processor").splitlines() if x.startswith("{")]
+    return [line for line in lines if line.get("message") == "decision"]
+
+
+def test_decisions_are_counted_logged_and_in_the_access_log(gateway):
+    before = metrics_text(gateway)
+    with httpx.Client(timeout=20) as client:
+        stripped = client.post(
+            gateway.url + "/v1/chat/completions",
+            json=chat({"prompt_token_ids": IDS, "k": 1}),
+        )
+        denied = client.post(
+            gateway.url + "/pd/v1/chat/completions", json=chat({"prompt_token_ids": [1, True]})
+        )
+    assert (stripped.status_code, denied.status_code) == (200, 400)
+    after = metrics_text(gateway)
+    labels = {"route": "aggregated", "action": "strip", "reason": "stripped_by_policy"}
+    strip = {**labels, "mode": "enforce"}
+    assert metric(after, "ext_proc_decisions_total", **strip) == (
+        metric(before, "ext_proc_decisions_total", **strip) + 1
+    )
+    deny = {"route": "disaggregated", "action": "deny", "reason": "ids_malformed"}
+    assert metric(after, "ext_proc_decisions_total", **deny, mode="enforce") >= 1
+    assert metric(after, "ext_proc_request_body_bytes_count", route="aggregated") >= 1
+    assert metric(after, "ext_proc_processing_seconds_count", route="aggregated") >= 1
+    assert "ext_proc_inflight_streams " in after
+    assert "ext_proc_inflight_body_bytes " in after
+
+    request_id = only_request(gateway).header("x-request-id")[0]
+    line = access_log(gateway, request_id)
+    assert line["policy_action"] == "strip"
+    assert line["policy_reason"] == "stripped_by_policy"
+    assert line["policy_id_count"] == 3
+    assert line["policy_mode"] == "enforce"
+    (decision,) = [d for d in decision_logs(gateway) if d["request_id"] == request_id]
+    assert decision["action"] == "strip"
+    assert decision["id_count"] == 3
+    assert decision["route"] == "aggregated"
+    # Never the ids or any prompt text.
+    log_text = gateway.logs("processor")
+    assert "101, 202" not in log_text
+    assert "101" not in json.dumps(decision)
+    assert "Be careful" not in log_text
+    assert "hello" not in log_text
+
+
+def test_denial_details_and_decision_in_the_access_log(gateway):
+    with httpx.Client(timeout=20) as client:
+        reply = client.post(
+            gateway.url + "/deny/v1/chat/completions",
+            json=chat({"prompt_token_ids": IDS}),
+            headers={"x-request-id": "deny-check-1"},
+        )
+    assert reply.status_code == 400
+    line = access_log(gateway, "deny-check-1")
+    assert line["details"] == "token_policy_denied_by_policy"
+    assert line["policy_action"] == "deny"
+    assert line["status"] == 400
+
+
+def test_audit_route_passes_requests_and_reports_what_it_would_do(gateway):
+    sent = chat({"prompt_token_ids": [1, True], "k": 1})
+    with httpx.Client(timeout=20) as client:
+        reply = client.post(
+            gateway.url + "/audit/v1/chat/completions",
+            json=sent,
+            headers={"x-request-id": "audit-check-1"},
+        )
+    assert reply.status_code == 200
+    assert json.loads(only_request(gateway).body) == json.loads(json.dumps(sent))
+    line = access_log(gateway, "audit-check-1")
+    assert (line["policy_action"], line["policy_mode"]) == ("deny", "audit")
+    assert line["policy_reason"] == "ids_malformed"
+    labels = {"route": "audit", "action": "deny", "reason": "ids_malformed", "mode": "audit"}
+    assert metric(metrics_text(gateway), "ext_proc_decisions_total", **labels) >= 1
+
+
+def test_global_audit_mode(tmp_path):
+    stack = Stack(tmp_path, processor_config={"audit": True}).start()
+    try:
+        sent = chat({"prompt_token_ids": IDS})
+        with httpx.Client(timeout=20) as client:
+            reply = client.post(
+                stack.url + "/deny/v1/chat/completions",
+                content=json.dumps(sent).encode(),
+                headers={"content-type": "application/json"},
+            )
+            garbage = client.post(
+                stack.url + "/v1/chat/completions",
+                content=b"not json",
+                headers={"content-type": "application/json"},
+            )
+        assert (reply.status_code, garbage.status_code) == (200, 200)
+        bodies = [r.body for r in stack.received()]
+        assert bodies == [json.dumps(sent).encode(), b"not json"]
+        text = metrics_text(stack)
+        labels = {"route": "deny", "action": "deny", "reason": "denied_by_policy", "mode": "audit"}
+        assert metric(text, "ext_proc_decisions_total", **labels) == 1
+    finally:
+        stack.stop()
+
+
+# --- drain and shutdown -----------------------------------------------------------------
+
+
+def health_status(stack: Stack) -> int:
+    with grpc.insecure_channel(str(stack.processor)) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        return stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=2).status
+
+
+def slow_upload(stack: Stack, data: bytes, split: int) -> socket.socket:
+    sock = socket.create_connection((stack.gateway.host, stack.gateway.port), timeout=30)
+    sock.sendall(
+        (
+            "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+            f"content-length: {len(data)}\r\n\r\n"
+        ).encode()
+        + data[:split]
+    )
+    return sock
+
+
+def status_of(sock: socket.socket) -> int:
+    data = b""
+    while b"\r\n" not in data:
+        chunk = sock.recv(65536)
+        if not chunk:
+            return 0
+        data += chunk
+    return int(data.split(b" ", 2)[1])
+
+
+@pytest.fixture
+def draining(tmp_path: Path) -> Iterator[Stack]:
+    config = {"drain_seconds": 1.5, "shutdown_grace_seconds": 10}
+    stack = Stack(tmp_path, processor_config=config).start()
+    try:
+        yield stack
+    finally:
+        stack.stop()
+
+
+def test_sigterm_drains_and_in_flight_requests_finish(draining):
+    data = json.dumps(chat({"prompt_token_ids": IDS, "k": 1})).encode()
+    in_flight = slow_upload(draining, data, 20)
+    time.sleep(0.3)
+    processor = draining.children["processor"]
+    assert health_status(draining) == health_pb2.HealthCheckResponse.SERVING
+    started = time.monotonic()
+    os.kill(processor.pid, signal.SIGTERM)
+    time.sleep(0.3)
+    assert health_status(draining) == health_pb2.HealthCheckResponse.NOT_SERVING
+    with httpx.Client(timeout=20) as client:  # new requests are still served while draining
+        assert client.post(draining.url + "/v1/chat/completions", json=chat()).status_code == 200
+    time.sleep(max(0.0, 2.0 - (time.monotonic() - started)))  # past the drain window
+    assert processor.poll() is None  # waiting for the in-flight stream
+    in_flight.sendall(data[20:])
+    assert status_of(in_flight) == 200
+    in_flight.close()
+    assert processor.wait(timeout=15) == 0
+    bodies = [json.loads(r.body) for r in draining.received()]
+    assert {"k": 1} in [b.get("kv_transfer_params") for b in bodies]
+
+
+def test_second_signal_forces_exit_and_nothing_half_forwarded(draining):
+    data = json.dumps(chat({"prompt_token_ids": IDS})).encode()
+    in_flight = slow_upload(draining, data, 20)
+    time.sleep(0.3)
+    processor = draining.children["processor"]
+    os.kill(processor.pid, signal.SIGTERM)
+    time.sleep(0.2)
+    os.kill(processor.pid, signal.SIGTERM)
+    assert processor.wait(timeout=5) == 1
+    in_flight.sendall(data[20:])
+    status = status_of(in_flight)
+    in_flight.close()
+    assert status >= 500 or status == 0
+    assert draining.received() == []
+
+
+# --- workers ----------------------------------------------------------------------------
+
+
+def children_of(pid: int) -> set[int]:
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                found.add(int(entry.name))
+    return found
+
+
+def wait_for(predicate, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.1)
+    raise AssertionError("condition not reached")
+
+
+def test_workers_share_the_port_restart_and_stop_together(tmp_path):
+    stack = Stack(tmp_path, workers=2).start()
+    supervisor = stack.children["processor"]
+    try:
+        workers = set()
+        wait_for(lambda: len(children_of(supervisor.pid) - {0}) >= 2)
+        workers = {p for p in children_of(supervisor.pid) if _is_worker(p)}
+        assert len(workers) == 2
+        with httpx.Client(timeout=20) as client:
+            for _ in range(20):
+                reply = client.post(
+                    stack.url + "/v1/chat/completions", json=chat({"prompt_token_ids": [1]})
+                )
+                assert reply.status_code == 200
+        victim = min(workers)
+        os.kill(victim, signal.SIGKILL)
+        wait_for(
+            lambda: len({p for p in children_of(supervisor.pid) if _is_worker(p)} - workers) == 1
+        )
+        survivors = {p for p in children_of(supervisor.pid) if _is_worker(p)}
+        assert victim not in survivors
+        assert len(survivors) == 2
+        with httpx.Client(timeout=20) as client:
+            statuses = [
+                client.post(stack.url + "/v1/chat/completions", json=chat()).status_code
+                for _ in range(20)
+            ]
+        assert statuses.count(200) >= 19  # at most the request on the killed connection
+        text = metrics_text(stack)
+        labels = {"route": "aggregated", "action": "strip", "reason": "stripped_by_policy",
+                  "mode": "enforce"}  # fmt: skip
+        assert metric(text, "ext_proc_decisions_total", **labels) >= 20
+        os.kill(supervisor.pid, signal.SIGTERM)
+        assert supervisor.wait(timeout=20) == 0
+        wait_for(lambda: not any(Path(f"/proc/{p}").exists() for p in survivors))
+    finally:
+        stack.stop()
+
+
+def _is_worker(pid: int) -> bool:
+    try:
+        return b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+
+
+# --- listeners --------------------------------------------------------------------------
+
+
+def strips(stack: Stack) -> None:
+    with httpx.Client(timeout=20) as client:
+        reply = client.post(
+            stack.url + "/v1/chat/completions", json=chat({"prompt_token_ids": IDS, "k": 2})
+        )
+    assert reply.status_code == 200, reply.text
+    assert json.loads(only_request(stack).body)["kv_transfer_params"] == {"k": 2}
+
+
+def test_unix_socket_listener(tmp_path):
+    socket_path = tmp_path / "ext_proc.sock"
+    stack = Stack(tmp_path, source=ENVOY / "envoy-uds.yaml", processor_socket=socket_path)
+    stack.start()
+    try:
+        assert socket_path.is_socket()
+        strips(stack)
+    finally:
+        stack.stop()
+
+
+def tls_config(directory: Path, *, mutual: bool) -> dict:
+    tls = {
+        "cert_file": str(directory / "processor.crt"),
+        "key_file": str(directory / "processor.key"),
+    }
+    if mutual:
+        tls["client_ca_file"] = str(directory / "ca.crt")
+    return {"tls": tls}
+
+
+@pytest.mark.parametrize("mutual", [False, True], ids=["tls", "mtls"])
+def test_tls_listeners(tmp_path, mutual):
+    directory = certs.make(tmp_path / "certs")
+    source = ENVOY / ("envoy-mtls.yaml" if mutual else "envoy-tls.yaml")
+    stack = Stack(
+        tmp_path,
+        source=source,
+        cert_dir=directory,
+        processor_config=tls_config(directory, mutual=mutual),
+    ).start()
+    try:
+        strips(stack)
+    finally:
+        stack.stop()
+
+
+def test_mtls_refuses_an_envoy_without_client_certificate(tmp_path):
+    directory = certs.make(tmp_path / "certs")
+    stack = Stack(
+        tmp_path,
+        source=ENVOY / "envoy-tls.yaml",  # presents no client certificate
+        cert_dir=directory,
+        processor_config=tls_config(directory, mutual=True),
+    ).start()
+    try:
+        with httpx.Client(timeout=20) as client:
+            reply = client.post(
+                stack.url + "/v1/chat/completions", json=chat({"prompt_token_ids": IDS})
+            )
+        assert reply.status_code >= 500
+        error_of(reply)
+        assert stack.received() == []
+    finally:
+        stack.stop()
