@@ -19,6 +19,7 @@ filter must request; ``size(...)`` lets the processor notice fields it does not 
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -86,12 +87,12 @@ E = TypeVar("E", bound=StrEnum)
 
 
 def _choice(enum: type[E], name: str, value: Scalar, namespace: str) -> E:
-    allowed = ", ".join(repr(member.value) for member in enum)
     if isinstance(value, str):
         try:
             return enum(value)
         except ValueError:
             pass
+    allowed = ", ".join(repr(member.value) for member in enum)
     raise RoutePolicyError(
         f"invalid route policy metadata: field '{namespace}.{name}' is {value!r}; "
         f"allowed values: {allowed}",
@@ -122,8 +123,19 @@ def parse(
 
     ``values`` maps field names to what Envoy sent; ``size`` is the number of keys in
     the namespace (``None`` when the route has no such metadata). Raises
-    ``RoutePolicyError`` naming the bad field; never guesses.
+    ``RoutePolicyError`` naming the bad field; never guesses. Every request of a route
+    carries the same metadata, so valid results are cached (errors are not).
     """
+    # The key carries each value's type: True == 1.0 in Python, but not here.
+    key = tuple((name, type(value).__name__, value) for name, value in values.items())
+    return _parse(key, size, namespace)
+
+
+@functools.lru_cache(maxsize=1024)
+def _parse(
+    items: tuple[tuple[str, str, Scalar], ...], size: float | None, namespace: str
+) -> RoutePolicy:
+    values = {name: value for name, _, value in items}
     if size is None and not values:
         return DEFAULT_POLICY
     if size is not None and size > len(values):

@@ -88,3 +88,11 @@ def test_attribute_keys_follow_namespace():
     assert keys.size == "size(xds.route_metadata.filter_metadata['my.ns'])"
     assert len(keys.all()) == 7
     assert keys.all()[-1] == "xds.route_name"
+
+
+def test_cached_results_never_confuse_equal_values_of_other_types():
+    assert parse({"audit": True}, 1.0) == RoutePolicy(audit=True)
+    with pytest.raises(RoutePolicyError):
+        parse({"audit": 1.0}, 1.0)
+    assert parse({"vocab_size": "512"}, 1.0) == RoutePolicy(vocab_size=512)
+    assert parse({"vocab_size": 512.0}, 1.0) == RoutePolicy(vocab_size=512)
