@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-vllm lint typecheck unit e2e protos clean
+.PHONY: run test test-vllm lint typecheck unit e2e protos envoy-config clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -43,6 +43,10 @@ protos: $(STAMP)
 		protos/ext_proc/_pb/*.proto
 	$(PY) -m grpc_tools.protoc -Iprotos --grpc_python_out=. \
 		protos/ext_proc/_pb/external_processor.proto
+
+# A fail-closed Envoy bootstrap from a short description (INPUT=..., OUTPUT=...).
+envoy-config: $(STAMP)
+	$(PY) -m ext_proc envoy-config $(or $(INPUT),deploy/envoy-config.example.yaml) $(if $(OUTPUT),-o $(OUTPUT))
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -1,4 +1,4 @@
-"""Command line: ``python -m ext_proc serve|check-config|check-envoy|devstack|upstream``."""
+"""Command line: ``python -m ext_proc COMMAND`` (``--help`` lists the commands)."""
 
 from __future__ import annotations
 
@@ -30,6 +30,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     check_envoy.add_argument("file", type=Path)
     check_envoy.add_argument("--namespace", help="route metadata namespace")
+    commands.add_parser(
+        "envoy-config", help="write a fail-closed Envoy bootstrap from a short YAML input"
+    )
     stack = commands.add_parser("devstack", help="run processor, Envoy and a stand-in upstream")
     stack.add_argument("--config", type=Path, help="processor YAML configuration file")
     upstream = commands.add_parser("upstream", help="run the recording stand-in upstream")
@@ -61,6 +64,12 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["envoy-config"]:
+        # Its own parser: options may come before or after the input file.
+        from ext_proc import envoygen
+
+        return envoygen.main(argv[1:])
     args = _parser().parse_args(argv)
     if args.command == "serve":
         return _serve(args)

@@ -1,0 +1,364 @@
+"""Assemble minimal Envoy bootstraps from the Envoy configuration inside deploy/ manifests.
+
+Neither Istio nor Envoy Gateway runs here, so the tests rebuild what each control plane
+would hand Envoy from our manifests and give that to the real ``envoy --mode validate``:
+
+- Istio: the EnvoyFilter's CLUSTER value, its HTTP_FILTER value (first in the chain,
+  then the router) and its HTTP_ROUTE MERGE values merged into routes with the matched
+  names, as istiod does.
+- Envoy Gateway: the ext_proc filter, cluster and routes that Envoy Gateway's
+  translator (v1.9: internal/xds/translator/extproc.go, route naming in
+  internal/gatewayapi) generates from the EnvoyExtensionPolicy and HTTPRoutes, then
+  the EnvoyPatchPolicy's JSON patches applied to them.
+
+These are emulations of the two control planes, written from their sources; they check
+that every piece of Envoy configuration we ship is valid for Envoy and that the patches
+find their targets under the names the control planes use.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from collections.abc import Iterator
+from typing import Any
+
+HCM = (
+    "type.googleapis.com/"
+    "envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager"
+)
+ROUTER = {
+    "name": "envoy.filters.http.router",
+    "typed_config": {"@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"},
+}
+EXT_PROC = "type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor"
+_QUANTITY = {"Ki": 1024, "Mi": 1024**2, "Gi": 1024**3}
+
+
+def _cluster(name: str, host: str, port: int) -> dict[str, Any]:
+    return {
+        "name": name,
+        "type": "STRICT_DNS",
+        "connect_timeout": "1s",
+        "load_assignment": {
+            "cluster_name": name,
+            "endpoints": [
+                {
+                    "lb_endpoints": [
+                        {
+                            "endpoint": {
+                                "address": {"socket_address": {"address": host, "port_value": port}}
+                            }
+                        }
+                    ]
+                }
+            ],
+        },
+    }
+
+
+def bootstrap(
+    listener_name: str,
+    http_filters: list[dict[str, Any]],
+    route_config: dict[str, Any],
+    clusters: list[dict[str, Any]],
+) -> dict[str, Any]:
+    return {
+        "admin": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": 0}}},
+        "static_resources": {
+            "listeners": [
+                {
+                    "name": listener_name,
+                    "address": {"socket_address": {"address": "127.0.0.1", "port_value": 0}},
+                    "default_filter_chain": {
+                        "filters": [
+                            {
+                                "name": "envoy.filters.network.http_connection_manager",
+                                "typed_config": {
+                                    "@type": HCM,
+                                    "stat_prefix": "gateway",
+                                    "route_config": route_config,
+                                    "http_filters": http_filters,
+                                },
+                            }
+                        ]
+                    },
+                }
+            ],
+            "clusters": clusters,
+        },
+    }
+
+
+def deep_merge(base: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
+    """Istio's MERGE: proto merge semantics for the maps and messages we use."""
+    out = copy.deepcopy(base)
+    for key, value in patch.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = deep_merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+# --- Istio -----------------------------------------------------------------------------
+
+
+def istio_bootstrap(envoy_filter: dict[str, Any]) -> dict[str, Any]:
+    patches = envoy_filter["spec"]["configPatches"]
+    clusters = [p["patch"]["value"] for p in patches if p["applyTo"] == "CLUSTER"]
+    first = [
+        p["patch"]["value"]
+        for p in patches
+        if p["applyTo"] == "HTTP_FILTER" and p["patch"]["operation"] == "INSERT_FIRST"
+    ]
+    route_patches = [p for p in patches if p["applyTo"] == "HTTP_ROUTE"]
+    named = [
+        p["match"]["routeConfiguration"]["vhost"]["route"]["name"]
+        for p in route_patches
+        if "routeConfiguration" in p["match"]
+    ]
+    routes = []
+    for index, name in enumerate(named):
+        entry: dict[str, Any] = {
+            "name": name,
+            "match": {"prefix": f"/route{index}/"},
+            "route": {"cluster": "upstream"},
+        }
+        for patch in route_patches:
+            route_match = patch["match"].get("routeConfiguration", {})
+            wanted = route_match.get("vhost", {}).get("route", {}).get("name")
+            if wanted in (None, name):
+                assert patch["patch"]["operation"] == "MERGE"
+                entry = deep_merge(entry, patch["patch"]["value"])
+        routes.append(entry)
+    route_config = {
+        "name": "gateway",
+        "virtual_hosts": [{"name": "gateway", "domains": ["*"], "routes": routes}],
+    }
+    clusters = [*clusters, _cluster("upstream", "upstream.invalid", 8000)]
+    return bootstrap("gateway", [*first, ROUTER], route_config, clusters)
+
+
+# --- Envoy Gateway -----------------------------------------------------------------------
+
+
+def quantity(text: str | int) -> int:
+    if isinstance(text, int):
+        return text
+    for suffix, factor in _QUANTITY.items():
+        if text.endswith(suffix):
+            return int(text.removesuffix(suffix)) * factor
+    return int(text)
+
+
+def eg_ext_proc_filter_name(policy: dict[str, Any], index: int) -> str:
+    meta = policy["metadata"]
+    return (
+        "envoy.filters.http.ext_proc/envoyextensionpolicy/"
+        f"{meta['namespace']}/{meta['name']}/extproc/{index}"
+    )
+
+
+def eg_ext_proc(policy: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The HTTP filters and clusters Envoy Gateway generates for an EnvoyExtensionPolicy."""
+    filters, clusters = [], []
+    meta = policy["metadata"]
+    for index, spec in enumerate(policy["spec"]["extProc"]):
+        (ref,) = spec["backendRefs"]
+        namespace = ref.get("namespace", meta["namespace"])
+        cluster_name = f"envoyextensionpolicy/{meta['namespace']}/{meta['name']}/{index}"
+        request = spec.get("processingMode", {}).get("request")
+        response = spec.get("processingMode", {}).get("response")
+        body_modes = {
+            "Buffered": "BUFFERED",
+            "Streamed": "STREAMED",
+            "BufferedPartial": "BUFFERED_PARTIAL",
+            "FullDuplexStreamed": "FULL_DUPLEX_STREAMED",
+        }
+        mode = {
+            "request_header_mode": "SEND" if request is not None else "SKIP",
+            "response_header_mode": "SEND" if response is not None else "SKIP",
+            "request_body_mode": body_modes.get((request or {}).get("body"), "NONE"),
+            "response_body_mode": "NONE",
+            "request_trailer_mode": "SKIP",
+            "response_trailer_mode": "SKIP",
+        }
+        if mode["request_body_mode"] == "FULL_DUPLEX_STREAMED":
+            mode["request_trailer_mode"] = "SEND"
+        config: dict[str, Any] = {
+            "@type": EXT_PROC,
+            "grpc_service": {
+                "envoy_grpc": {
+                    "cluster_name": cluster_name,
+                    "authority": f"{ref['name']}.{namespace}:{ref['port']}",
+                },
+                "timeout": "10s",
+            },
+            "processing_mode": mode,
+            "failure_mode_allow": bool(spec.get("failOpen", False)),
+            "allow_mode_override": False,
+        }
+        if "messageTimeout" in spec:
+            config["message_timeout"] = spec["messageTimeout"]
+        writable = spec.get("metadata", {}).get("writableNamespaces")
+        if writable:
+            config["metadata_options"] = {"receiving_namespaces": {"untyped": writable}}
+        filters.append(
+            {
+                "name": eg_ext_proc_filter_name(policy, index),
+                "disabled": True,
+                "typed_config": config,
+            }
+        )
+        cluster = _cluster(
+            cluster_name, f"{ref['name']}.{namespace}.svc.cluster.local", ref["port"]
+        )
+        settings = spec.get("backendSettings", {})
+        h2 = settings.get("http2", {})
+        h2_options: dict[str, Any] = {}
+        if "initialStreamWindowSize" in h2:
+            h2_options["initial_stream_window_size"] = quantity(h2["initialStreamWindowSize"])
+        if "initialConnectionWindowSize" in h2:
+            h2_options["initial_connection_window_size"] = quantity(
+                h2["initialConnectionWindowSize"]
+            )
+        options = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
+        cluster["typed_extension_protocol_options"] = {
+            options: {
+                "@type": f"type.googleapis.com/{options}",
+                "explicit_http_config": {"http2_protocol_options": h2_options},
+            }
+        }
+        active = settings.get("healthCheck", {}).get("active")
+        if active is not None and active.get("type") == "GRPC":
+            cluster["health_checks"] = [
+                {
+                    "timeout": active["timeout"],
+                    "interval": active["interval"],
+                    "unhealthy_threshold": active["unhealthyThreshold"],
+                    "healthy_threshold": active["healthyThreshold"],
+                    "grpc_health_check": {"service_name": active["grpc"]["service"]},
+                }
+            ]
+        clusters.append(cluster)
+    return filters, clusters
+
+
+def eg_routes(httproutes: list[dict[str, Any]], filter_names: list[str]) -> list[dict[str, Any]]:
+    """Envoy routes named as Envoy Gateway names them, with its own metadata."""
+    out = []
+    for httproute in httproutes:
+        meta = httproute["metadata"]
+        for rule_index, rule in enumerate(httproute["spec"]["rules"]):
+            for match_index, match in enumerate(rule["matches"]):
+                name = (
+                    f"httproute/{meta['namespace']}/{meta['name']}/rule/{rule_index}"
+                    f"/match/{match_index}/*"
+                )
+                out.append(
+                    {
+                        "name": name,
+                        "match": {"prefix": match["path"]["value"]},
+                        "route": {"cluster": f"httproute/{meta['namespace']}/{meta['name']}"},
+                        "metadata": {
+                            "filter_metadata": {
+                                "envoy-gateway": {
+                                    "resources": [
+                                        {
+                                            "kind": "HTTPRoute",
+                                            "name": meta["name"],
+                                            "namespace": meta["namespace"],
+                                        }
+                                    ]
+                                }
+                            }
+                        },
+                        "typed_per_filter_config": {
+                            f: {
+                                "@type": "type.googleapis.com/envoy.config.route.v3.FilterConfig",
+                                "config": {},
+                            }
+                            for f in filter_names
+                        },
+                    }
+                )
+    # Gateway API precedence: the longest path prefix first.
+    return sorted(out, key=lambda r: -len(r["match"]["prefix"]))
+
+
+_FILTER = re.compile(r"^\.\.(\w+)\[\?\(@\.name=='([^']*)'\)\]((?:\.\w+)*)$")
+
+
+def json_path(document: Any, expression: str) -> list[Any]:
+    """The subset of JSONPath our patches use: ``..key[?(@.name=='X')].a.b``."""
+    found = _FILTER.fullmatch(expression)
+    if found is None:
+        raise ValueError(f"unsupported JSONPath {expression!r}")
+    key, name, tail = found.groups()
+    out = []
+    for holder in _walk(document):
+        if isinstance(holder, dict) and isinstance(holder.get(key), list):
+            for item in holder[key]:
+                if isinstance(item, dict) and item.get("name") == name:
+                    target = item
+                    for part in filter(None, tail.split(".")):
+                        target = target[part]
+                    out.append(target)
+    return out
+
+
+def _walk(node: Any) -> Iterator[Any]:
+    yield node
+    if isinstance(node, dict):
+        for value in node.values():
+            yield from _walk(value)
+    elif isinstance(node, list):
+        for value in node:
+            yield from _walk(value)
+
+
+def apply_patch(resource: dict[str, Any], operation: dict[str, Any]) -> None:
+    """One EnvoyPatchPolicy operation (add/replace) on a resource, in place."""
+    targets = json_path(resource, operation["jsonPath"])
+    if not targets:
+        raise LookupError(f"jsonPath {operation['jsonPath']!r} matches nothing")
+    parts = [p.replace("~1", "/").replace("~0", "~") for p in operation["path"].split("/")[1:]]
+    if operation["op"] not in ("add", "replace"):
+        raise ValueError(f"unsupported op {operation['op']}")
+    *parents, last = parts
+    for found in targets:
+        holder = found
+        for part in parents:
+            holder = holder[part]
+        if operation["op"] == "replace" and last not in holder:
+            raise LookupError(f"replace: {operation['path']} does not exist")
+        holder[last] = copy.deepcopy(operation["value"])
+
+
+def envoy_gateway_bootstrap(
+    extension_policy: dict[str, Any],
+    patch_policy: dict[str, Any],
+    httproutes: list[dict[str, Any]],
+    listener_name: str,
+) -> dict[str, Any]:
+    filters, clusters = eg_ext_proc(extension_policy)
+    routes = eg_routes(httproutes, [f["name"] for f in filters])
+    route_config = {
+        "name": listener_name,
+        "virtual_hosts": [{"name": f"{listener_name}/*", "domains": ["*"], "routes": routes}],
+    }
+    clusters += [
+        _cluster(
+            f"httproute/{r['metadata']['namespace']}/{r['metadata']['name']}", "pool.invalid", 8000
+        )
+        for r in httproutes
+    ]
+    config = bootstrap(listener_name, [*filters, ROUTER], route_config, clusters)
+    (listener,) = config["static_resources"]["listeners"]
+    for patch in patch_policy["spec"]["jsonPatches"]:
+        kind = patch["type"].rsplit(".", 1)[-1]
+        assert patch["name"] == listener_name, patch["name"]
+        target = {"Listener": listener, "RouteConfiguration": route_config}[kind]
+        apply_patch(target, patch["operation"])
+    return config

@@ -1,0 +1,426 @@
+"""deploy/: manifests parse and follow their schemas; the Envoy configuration inside them
+(Istio EnvoyFilter, Envoy Gateway policies) and the generator's output pass the real
+`envoy --mode validate`; a generated config runs end to end."""
+
+from __future__ import annotations
+
+import copy
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import httpx
+import kubernetes_validate
+import pytest
+import yaml
+
+from ext_proc import envoygen, route_policy
+from ext_proc.config import Config
+from ext_proc.devstack import processes
+from ext_proc.route_policy import Action, RoutePolicy, Topology, attribute_keys
+from tests.e2e import gateway_assembly
+from tests.e2e.stack import Stack
+
+REPO = Path(__file__).resolve().parents[2]
+DEPLOY = REPO / "deploy"
+KUBE = DEPLOY / "kubernetes"
+MANIFESTS = sorted(DEPLOY.rglob("*.yaml"))
+# Kubernetes minor version the core objects are checked against (kubernetes-validate
+# ships its schemas; grpc probes are GA since 1.27, PDB unhealthyPodEvictionPolicy 1.31).
+KUBE_VERSION = "1.31.0"
+NAMESPACE = "ext_proc.token_policy"
+
+
+def documents(path: Path) -> list[dict[str, Any]]:
+    return [d for d in yaml.safe_load_all(path.read_text()) if d is not None]
+
+
+def kube_objects() -> list[tuple[Path, dict[str, Any]]]:
+    return [
+        (path, doc)
+        for path in sorted(KUBE.glob("*.yaml"))
+        if path.name != "kustomization.yaml"
+        for doc in documents(path)
+    ]
+
+
+def one(kind: str) -> dict[str, Any]:
+    (found,) = [doc for _, doc in kube_objects() if doc["kind"] == kind]
+    return found
+
+
+def envoy_validate(config: dict[str, Any], tmp_path: Path, name: str) -> None:
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    result = subprocess.run(
+        [processes.envoy_binary(), "--mode", "validate", "-c", str(path), "--disable-hot-restart"],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    )
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, f"{name}: envoy rejected it:\n{output[-3000:]}"
+    assert "OK" in output
+
+
+def policy_from(fields: dict[str, Any]) -> RoutePolicy:
+    """What the processor makes of route metadata, given the way CEL renders it."""
+    values = {k: v if isinstance(v, bool) else str(v) for k, v in fields.items()}
+    return route_policy.parse(values, float(len(fields)))
+
+
+# --- every manifest ------------------------------------------------------------------
+
+
+def test_manifests_exist():
+    names = {p.relative_to(DEPLOY).as_posix() for p in MANIFESTS}
+    assert {
+        "kubernetes/kustomization.yaml",
+        "kubernetes/deployment.yaml",
+        "istio/envoyfilter.yaml",
+        "envoy-gateway/extension-policy.yaml",
+        "envoy-gateway/patch-policy.yaml",
+        "envoy-config.example.yaml",
+    } <= names
+    assert (DEPLOY / "LLM-D.md").is_file()
+
+
+@pytest.mark.parametrize("path", MANIFESTS, ids=lambda p: p.relative_to(DEPLOY).as_posix())
+def test_manifest_parses(path):
+    docs = documents(path)
+    assert docs, f"{path} holds no document"
+    for doc in docs:
+        assert isinstance(doc, dict)
+        if path.name != "envoy-config.example.yaml":
+            assert {"apiVersion", "kind"} <= set(doc), f"{path}: not a Kubernetes object"
+
+
+# --- Kubernetes base -------------------------------------------------------------------
+
+
+def test_kustomization_lists_every_object_file():
+    (kustomization,) = documents(KUBE / "kustomization.yaml")
+    files = {p.name for p in KUBE.glob("*.yaml")} - {"kustomization.yaml"}
+    assert sorted(kustomization["resources"]) == sorted(files)
+    assert kustomization["namespace"] == "llm-d"
+
+
+def test_core_objects_follow_the_kubernetes_schemas():
+    kinds = []
+    for path, doc in kube_objects():
+        try:
+            kubernetes_validate.validate(doc, KUBE_VERSION, strict=True)
+        except kubernetes_validate.ValidationError as exc:
+            pytest.fail(f"{path.name}: {doc['kind']}: {exc}")
+        kinds.append(doc["kind"])
+    assert sorted(kinds) == sorted(
+        [
+            "ConfigMap",
+            "Deployment",
+            "HorizontalPodAutoscaler",
+            "NetworkPolicy",
+            "PodDisruptionBudget",
+            "Service",
+            "Service",
+            "ServiceAccount",
+        ]
+    )
+
+
+def test_schema_check_catches_a_typo():
+    deployment = copy.deepcopy(one("Deployment"))
+    deployment["spec"]["template"]["spec"]["containers"][0]["readinesProbe"] = {
+        "grcp": {"port": 50051}
+    }
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(deployment, KUBE_VERSION, strict=True)
+
+
+def processor_config() -> Config:
+    data = yaml.safe_load(one("ConfigMap")["data"]["config.yaml"])
+    assert {
+        "listen",
+        "log_level",
+        "max_body_bytes",
+        "inflight_budget_bytes",
+        "body_timeout_seconds",
+        "route_metadata_namespace",
+        "shutdown_grace_seconds",
+    } <= set(data)
+    return Config.model_validate(data)
+
+
+def test_configmap_is_a_valid_processor_config():
+    config = processor_config()
+    assert config.listen == "0.0.0.0:50051"
+    assert config.route_metadata_namespace == NAMESPACE
+    assert config.max_body_bytes == 16 * 1024 * 1024
+
+
+def test_deployment():
+    deployment = one("Deployment")
+    pod = deployment["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert container["image"] == "ghcr.io/example/ext-proc-token-policy:0.1.0"
+    assert container["command"] == [
+        "python",
+        "-m",
+        "ext_proc",
+        "serve",
+        "--config",
+        "/etc/ext-proc/config.yaml",
+        "--listen",
+        "0.0.0.0:50051",
+    ]
+    assert {"name": "grpc", "containerPort": 50051, "protocol": "TCP"} in container["ports"]
+    for probe in ("readinessProbe", "livenessProbe", "startupProbe"):
+        assert container[probe]["grpc"] == {"port": 50051}, probe
+    security = container["securityContext"]
+    assert security["runAsNonRoot"] is True
+    assert security["readOnlyRootFilesystem"] is True
+    assert security["allowPrivilegeEscalation"] is False
+    assert security["capabilities"]["drop"] == ["ALL"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    resources = container["resources"]
+    assert {"cpu", "memory"} <= set(resources["requests"]) & set(resources["limits"])
+    # The config file the command names is the mounted ConfigMap.
+    (mount,) = [m for m in container["volumeMounts"] if m["mountPath"] == "/etc/ext-proc"]
+    (volume,) = [v for v in pod["volumes"] if v["name"] == mount["name"]]
+    assert volume["configMap"]["name"] == one("ConfigMap")["metadata"]["name"]
+
+
+def test_termination_outlasts_the_drain():
+    config = processor_config()
+    drain = getattr(config, "drain_seconds", 0.0)
+    pod = one("Deployment")["spec"]["template"]["spec"]
+    assert pod["terminationGracePeriodSeconds"] > drain + config.shutdown_grace_seconds
+    (container,) = pod["containers"]
+    liveness = container["livenessProbe"]
+    # A draining processor reports NOT_SERVING; liveness must not restart it meanwhile.
+    assert liveness["periodSeconds"] * liveness["failureThreshold"] > drain
+
+
+def test_memory_limit_holds_the_inflight_budget():
+    config = processor_config()
+    (container,) = one("Deployment")["spec"]["template"]["spec"]["containers"]
+    limit = container["resources"]["limits"]["memory"]
+    assert limit.endswith("Gi")
+    assert int(limit.removesuffix("Gi")) * 1024**3 >= config.inflight_budget_bytes * 3
+
+
+def test_selectors_agree():
+    labels = one("Deployment")["spec"]["template"]["metadata"]["labels"]
+    selector = one("Deployment")["spec"]["selector"]["matchLabels"]
+    assert selector.items() <= labels.items()
+    for kind in ("PodDisruptionBudget",):
+        assert one(kind)["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    assert one("NetworkPolicy")["spec"]["podSelector"]["matchLabels"].items() <= labels.items()
+    services = [doc for _, doc in kube_objects() if doc["kind"] == "Service"]
+    assert len(services) == 2
+    for service in services:
+        assert service["spec"]["selector"].items() <= labels.items()
+        (port,) = service["spec"]["ports"]
+        assert (port["port"], port["name"], port["appProtocol"]) == (
+            50051,
+            "grpc",
+            "kubernetes.io/h2c",
+        )
+    assert {s["spec"].get("clusterIP") for s in services} == {None, "None"}
+    hpa = one("HorizontalPodAutoscaler")
+    assert hpa["spec"]["scaleTargetRef"]["name"] == one("Deployment")["metadata"]["name"]
+    assert hpa["spec"]["metrics"][0]["resource"]["name"] == "cpu"
+    assert hpa["spec"]["minReplicas"] >= 2
+    assert one("PodDisruptionBudget")["spec"]["minAvailable"] >= 1
+
+
+def test_network_policy_admits_only_the_gateway_on_50051():
+    spec = one("NetworkPolicy")["spec"]
+    assert spec["policyTypes"] == ["Ingress", "Egress"]
+    assert spec["egress"] == []
+    (rule,) = spec["ingress"]
+    assert rule["ports"] == [{"protocol": "TCP", "port": 50051}]
+    (peer,) = rule["from"]
+    assert peer["podSelector"]["matchLabels"], "an empty selector would admit every pod"
+    assert peer["namespaceSelector"]["matchLabels"]
+
+
+# --- the generator -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("body_mode", ["buffered", "streamed"])
+def test_generated_config_validates(tmp_path, body_mode):
+    data = yaml.safe_load((DEPLOY / "envoy-config.example.yaml").read_text())
+    data["body_mode"] = body_mode
+    data["processor"] = "ext-proc-token-policy-headless.llm-d.svc.cluster.local:50051"
+    spec = envoygen.load_input(data)
+    envoy_validate(yaml.safe_load(envoygen.render(spec)), tmp_path, f"generated-{body_mode}")
+
+
+def chat(params: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "model": "m",
+        "messages": [
+            {"role": "system", "content": "Be careful."},
+            {"role": "user", "content": "hello"},
+        ],
+        "kv_transfer_params": params,
+    }
+
+
+def test_generated_config_runs_end_to_end(tmp_path):
+    generated = tmp_path / "generated.yaml"
+    assert envoygen.main([str(DEPLOY / "envoy-config.example.yaml"), "-o", str(generated)]) == 0
+    stack = Stack(tmp_path, source=generated, routes=[]).start()
+    try:
+        with httpx.Client(timeout=20) as client:
+            reply = client.post(
+                stack.url + "/v1/chat/completions",
+                json=chat({"prompt_token_ids": [1, 2, 3], "remote_port": 9}),
+            )
+            assert reply.status_code == 200, reply.text
+            (received,) = stack.received()
+            assert received.target == "/v1/chat/completions"
+            assert json.loads(received.body)["kv_transfer_params"] == {"remote_port": 9}
+            stack.clear()
+
+            body = json.dumps(chat({"prompt_token_ids": [1, 2, 3]})).encode()
+            reply = client.post(
+                stack.url + "/pd/v1/chat/completions",
+                content=body,
+                headers={"content-type": "application/json"},
+            )
+            assert reply.status_code == 200, reply.text
+            (received,) = stack.received()
+            assert received.target == "/v1/chat/completions"
+            assert received.body == body  # honored: byte for byte
+            stack.clear()
+
+            reply = client.post(
+                stack.url + "/pd/v1/chat/completions",
+                json=chat({"prompt_token_ids": [1, True, -3]}),
+            )
+            assert reply.status_code == 400
+            assert reply.json()["error"]["type"]
+            assert stack.received() == []
+    finally:
+        stack.stop()
+
+
+# --- Istio ---------------------------------------------------------------------------------
+
+
+def istio_filter() -> dict[str, Any]:
+    (doc,) = documents(DEPLOY / "istio" / "envoyfilter.yaml")
+    assert (doc["apiVersion"], doc["kind"]) == ("networking.istio.io/v1alpha3", "EnvoyFilter")
+    return doc
+
+
+def test_istio_filter_is_first_and_fails_closed():
+    patches = istio_filter()["spec"]["configPatches"]
+    (http_filter,) = [p for p in patches if p["applyTo"] == "HTTP_FILTER"]
+    assert http_filter["match"]["context"] == "GATEWAY"
+    # Before the router and before any endpoint-picker ext_proc.
+    assert http_filter["patch"]["operation"] == "INSERT_FIRST"
+    config = http_filter["patch"]["value"]["typed_config"]
+    assert config["@type"] == gateway_assembly.EXT_PROC
+    assert config["failure_mode_allow"] is False
+    assert "allow_content_length_header" not in config
+    assert "observability_mode" not in config
+    assert config["message_timeout"] == "5s"
+    assert config["processing_mode"]["request_body_mode"] == "BUFFERED"
+    assert config["processing_mode"]["request_header_mode"] == "SEND"
+    assert config["request_attributes"] == list(attribute_keys().all())
+    (cluster,) = [p for p in patches if p["applyTo"] == "CLUSTER"]
+    assert config["grpc_service"]["envoy_grpc"]["cluster_name"] == cluster["patch"]["value"]["name"]
+    endpoint = cluster["patch"]["value"]["load_assignment"]["endpoints"][0]["lb_endpoints"][0]
+    address = endpoint["endpoint"]["address"]["socket_address"]["address"]
+    assert address == "ext-proc-token-policy-headless.llm-d.svc.cluster.local"
+
+
+def test_istio_routes_get_policy_and_buffer_limit():
+    config = gateway_assembly.istio_bootstrap(istio_filter())
+    hcm = config["static_resources"]["listeners"][0]["default_filter_chain"]["filters"][0]
+    routes = hcm["typed_config"]["route_config"]["virtual_hosts"][0]["routes"]
+    policies = {r["name"]: policy_from(r["metadata"]["filter_metadata"][NAMESPACE]) for r in routes}
+    assert policies == {
+        "llm-d.llama-pd.0": RoutePolicy(Topology.DISAGGREGATED, Action.HONOR, 128256, 131072),
+        "llm-d.llama.0": RoutePolicy(Topology.AGGREGATED, Action.STRIP),
+    }
+    assert {r["request_body_buffer_limit"] for r in routes} == {16 * 1024 * 1024}
+
+
+def test_istio_envoy_config_validates(tmp_path):
+    envoy_validate(gateway_assembly.istio_bootstrap(istio_filter()), tmp_path, "istio")
+
+
+# --- Envoy Gateway -----------------------------------------------------------------------
+
+
+def envoy_gateway_bootstrap() -> dict[str, Any]:
+    eg = DEPLOY / "envoy-gateway"
+    (extension,) = documents(eg / "extension-policy.yaml")
+    (patch,) = documents(eg / "patch-policy.yaml")
+    return gateway_assembly.envoy_gateway_bootstrap(
+        extension, patch, documents(eg / "httproutes.yaml"), "llm-d/inference-gateway/http"
+    )
+
+
+def test_envoy_gateway_extension_policy():
+    (policy,) = documents(DEPLOY / "envoy-gateway" / "extension-policy.yaml")
+    assert (policy["apiVersion"], policy["kind"]) == (
+        "gateway.envoyproxy.io/v1alpha1",
+        "EnvoyExtensionPolicy",
+    )
+    (ext_proc,) = policy["spec"]["extProc"]
+    assert ext_proc["failOpen"] is False
+    assert ext_proc["processingMode"]["request"]["body"] == "Buffered"
+    assert "response" not in ext_proc["processingMode"]
+    assert ext_proc["messageTimeout"] == "5s"
+    (ref,) = ext_proc["backendRefs"]
+    names = {doc["metadata"]["name"] for _, doc in kube_objects() if doc["kind"] == "Service"}
+    assert ref["kind"] == "Service"
+    assert ref["name"] in names
+    assert ref["port"] == 50051
+    assert policy["spec"]["targetRefs"] == [
+        {"group": "gateway.networking.k8s.io", "kind": "Gateway", "name": "inference-gateway"}
+    ]
+
+
+def test_envoy_gateway_patches_complete_the_filter():
+    config = envoy_gateway_bootstrap()
+    hcm = config["static_resources"]["listeners"][0]["default_filter_chain"]["filters"][0]
+    ext_proc, router = hcm["typed_config"]["http_filters"]
+    assert router["name"] == "envoy.filters.http.router"
+    typed = ext_proc["typed_config"]
+    assert typed["failure_mode_allow"] is False
+    assert typed["request_attributes"] == list(attribute_keys().all())
+    assert typed["processing_mode"]["request_body_mode"] == "BUFFERED"
+    assert typed["processing_mode"]["request_trailer_mode"] == "SEND"
+    assert typed["grpc_service"]["envoy_grpc"]["max_receive_message_length"] == 64 * 1024**2
+    routes = hcm["typed_config"]["route_config"]["virtual_hosts"][0]["routes"]
+    by_name = {r["name"]: r for r in routes}
+    pd = by_name["httproute/llm-d/llama-pd/rule/0/match/0/*"]
+    aggregated = by_name["httproute/llm-d/llama/rule/0/match/0/*"]
+    assert policy_from(pd["metadata"]["filter_metadata"][NAMESPACE]) == RoutePolicy(
+        Topology.DISAGGREGATED, Action.HONOR, 128256, 131072
+    )
+    assert policy_from(aggregated["metadata"]["filter_metadata"][NAMESPACE]) == RoutePolicy(
+        Topology.AGGREGATED, Action.STRIP
+    )
+    # Envoy Gateway's own metadata survives the patch.
+    assert "envoy-gateway" in pd["metadata"]["filter_metadata"]
+    assert {r["request_body_buffer_limit"] for r in routes} == {16 * 1024 * 1024}
+
+
+def test_envoy_gateway_patch_with_a_wrong_name_is_caught():
+    (patch,) = documents(DEPLOY / "envoy-gateway" / "patch-policy.yaml")
+    operation = copy.deepcopy(patch["spec"]["jsonPatches"][0]["operation"])
+    operation["jsonPath"] = operation["jsonPath"].replace("token-policy", "token-polcy")
+    with pytest.raises(LookupError):
+        gateway_assembly.apply_patch({"http_filters": []}, operation)
+
+
+def test_envoy_gateway_envoy_config_validates(tmp_path):
+    envoy_validate(envoy_gateway_bootstrap(), tmp_path, "envoy-gateway")
