@@ -18,7 +18,13 @@ from typing import Any
 import yaml
 
 from ext_proc.errors import RoutePolicyError
-from ext_proc.route_policy import DEFAULT_NAMESPACE, Scalar, attribute_keys, parse
+from ext_proc.route_policy import (
+    DEFAULT_NAMESPACE,
+    HEADER_ATTRIBUTES,
+    Scalar,
+    attribute_keys,
+    parse,
+)
 
 EXT_PROC = "type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor"
 PER_ROUTE = "type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExtProcPerRoute"
@@ -58,12 +64,19 @@ def _scalar(value: Any) -> Scalar:
     return "CelMap value" if isinstance(value, dict) else "CelList value"
 
 
-def _check_mode(where: str, mode: dict[str, Any], report: Report) -> None:
+def _check_mode(where: str, mode: dict[str, Any], requested: set[str], report: Report) -> None:
     body = mode.get("request_body_mode", "NONE")
     if body not in INSPECTABLE:
         report.errors.append(f"{where}: request_body_mode {body} is not inspected; use BUFFERED")
     if mode.get("request_header_mode", "SEND") == "SKIP":
-        report.errors.append(f"{where}: request_header_mode SKIP hides the route metadata")
+        # One message per request: allowed with BUFFERED bodies when the headers the
+        # processor checks come as attributes.
+        missing = [key for key in HEADER_ATTRIBUTES.values() if key not in requested]
+        if body != "BUFFERED" or missing:
+            report.errors.append(
+                f"{where}: request_header_mode SKIP needs request_body_mode BUFFERED and "
+                f"request_attributes {missing or list(HEADER_ATTRIBUTES.values())}"
+            )
     if body == "FULL_DUPLEX_STREAMED" and mode.get("request_trailer_mode") != "SEND":
         report.errors.append(f"{where}: FULL_DUPLEX_STREAMED needs request_trailer_mode SEND")
 
@@ -75,14 +88,16 @@ def _check_filter(where: str, config: dict[str, Any], namespace: str, report: Re
         report.errors.append(f"{where}: observability_mode cannot enforce anything")
     if config.get("allow_content_length_header", False):
         report.errors.append(f"{where}: allow_content_length_header lets stale lengths through")
-    _check_mode(where, config.get("processing_mode", {}), report)
     requested = set(config.get("request_attributes", []))
+    _check_mode(where, config.get("processing_mode", {}), requested, report)
     missing = [key for key in attribute_keys(namespace).all() if key not in requested]
     if missing:
         report.errors.append(f"{where}: request_attributes lacks {missing}")
 
 
-def _check_route(where: str, route: dict[str, Any], namespace: str, report: Report) -> None:
+def _check_route(
+    where: str, route: dict[str, Any], namespace: str, requested: set[str], report: Report
+) -> None:
     report.routes += 1
     policy = route.get("metadata", {}).get("filter_metadata", {}).get(namespace)
     if policy is None:
@@ -105,7 +120,7 @@ def _check_route(where: str, route: dict[str, Any], namespace: str, report: Repo
         if overrides.get("failure_mode_allow"):
             report.errors.append(f"{where}: overrides.failure_mode_allow fails open")
         if "processing_mode" in overrides:
-            _check_mode(f"{where} overrides", overrides["processing_mode"], report)
+            _check_mode(f"{where} overrides", overrides["processing_mode"], requested, report)
 
 
 def _known() -> tuple[str, ...]:
@@ -124,6 +139,11 @@ def check(config: Any, namespace: str = DEFAULT_NAMESPACE) -> Report:
         if not ext_procs:
             report.errors.append(f"{where}: no ext_proc filter; no request is inspected")
             continue
+        requested = {
+            attribute
+            for ext_proc in ext_procs
+            for attribute in ext_proc["typed_config"].get("request_attributes", [])
+        }
         for ext_proc in ext_procs:
             _check_filter(
                 f"{where} filter {ext_proc.get('name')}",
@@ -135,7 +155,13 @@ def check(config: Any, namespace: str = DEFAULT_NAMESPACE) -> Report:
         for vhost in route_config.get("virtual_hosts", []):
             for position, route in enumerate(vhost.get("routes", [])):
                 label = route.get("name") or f"#{position}"
-                _check_route(f"{where} route {vhost.get('name')}/{label}", route, namespace, report)
+                _check_route(
+                    f"{where} route {vhost.get('name')}/{label}",
+                    route,
+                    namespace,
+                    requested,
+                    report,
+                )
     return report
 
 

@@ -25,7 +25,7 @@ from ext_proc.events import (
     Unexpected,
 )
 from ext_proc.policy import Decision
-from ext_proc.route_policy import ROUTE_NAME_ATTRIBUTE, AttributeKeys, Scalar
+from ext_proc.route_policy import HEADER_ATTRIBUTES, ROUTE_NAME_ATTRIBUTE, AttributeKeys, Scalar
 
 
 def _scalar(value: struct_pb2.Value) -> Scalar:
@@ -58,6 +58,17 @@ def _route_metadata(request: pb.ProcessingRequest, keys: AttributeKeys) -> Route
     return RouteMetadata(values, size, route_name)
 
 
+def _headers_from_attributes(request: pb.ProcessingRequest) -> tuple[tuple[str, bytes], ...]:
+    found: list[tuple[str, bytes]] = []
+    for group in request.attributes.values():
+        for name, key in HEADER_ATTRIBUTES.items():
+            if key in group.fields:
+                value = _scalar(group.fields[key])
+                if isinstance(value, str):
+                    found.append((name, value.encode("latin-1", "replace")))
+    return tuple(found)
+
+
 def decode(request: pb.ProcessingRequest, keys: AttributeKeys) -> Event:
     if request.observability_mode:
         # Envoy does not wait for answers in observability mode: nothing could be denied
@@ -73,7 +84,16 @@ def decode(request: pb.ProcessingRequest, keys: AttributeKeys) -> Event:
             route=_route_metadata(request, keys),
         )
     if kind == "request_body":
-        return RequestBody(request.request_body.body, request.request_body.end_of_stream)
+        body = request.request_body
+        preamble = None
+        if request.HasField("protocol_config"):  # only on the first message of a request
+            preamble = RequestHeaders(
+                headers=_headers_from_attributes(request),
+                end_of_stream=False,
+                body_mode=BodyMode(request.protocol_config.request_body_mode),
+                route=_route_metadata(request, keys),
+            )
+        return RequestBody(body.body, body.end_of_stream, preamble)
     if kind == "request_trailers":
         return RequestTrailers()
     return Unexpected(kind or "empty")

@@ -48,6 +48,9 @@ class RequestHeaders:
 class RequestBody:
     chunk: bytes
     end_of_stream: bool
+    # Set on the first message when Envoy skips the headers message: the headers and
+    # route metadata it would have carried, rebuilt from CEL attributes.
+    preamble: RequestHeaders | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -32,6 +32,12 @@ DEFAULT_NAMESPACE: Final = "ext_proc.token_policy"
 FIELDS: Final = ("topology", "action", "vocab_size", "max_ids", "audit")
 # The matched route's name, for metrics and logs (not part of the policy).
 ROUTE_NAME_ATTRIBUTE: Final = "xds.route_name"
+# With request_header_mode SKIP (one message per request) the processor sees no header
+# message; the headers it needs come as CEL attributes instead.
+HEADER_ATTRIBUTES: Final = {
+    name: f"request.headers['{name}']"
+    for name in ("content-type", "content-encoding", "content-length", "x-request-id")
+}
 _DECIMAL = re.compile(r"[1-9][0-9]{0,17}")
 
 

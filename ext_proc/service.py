@@ -22,7 +22,7 @@ from ext_proc.budget import Budget
 from ext_proc.codec import decision_metadata, decode, encode
 from ext_proc.config import Config
 from ext_proc.errors import ProtocolError
-from ext_proc.events import Event, RequestHeaders, TimedOut
+from ext_proc.events import Event, RequestBody, RequestHeaders, TimedOut
 from ext_proc.metrics import Metrics
 from ext_proc.route_policy import attribute_keys
 from ext_proc.stream import Stream
@@ -80,8 +80,9 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc
         busy = 0.0  # processor time spent on this request
         try:
             async for event in self._events(aiter(request_iterator), stream):
-                if isinstance(event, RequestHeaders):
-                    request_id = b"".join(event.values("x-request-id")).decode("latin-1")
+                first = event.preamble if isinstance(event, RequestBody) else event
+                if isinstance(first, RequestHeaders):
+                    request_id = b"".join(first.values("x-request-id")).decode("latin-1")
                 decided = stream.decision
                 started = time.perf_counter()
                 try:

@@ -168,6 +168,23 @@ class Stream:
 
     def _on_headers(self, event: Event) -> list[Action]:
         assert isinstance(event, RequestHeaders)
+        return self._begin(event)
+
+    def _on_headerless_body(self, event: Event) -> list[Action]:
+        """request_header_mode SKIP: one message per request, the whole body, with the
+        headers and route metadata rebuilt from CEL attributes."""
+        assert isinstance(event, RequestBody)
+        if event.preamble is None:
+            raise ProtocolError("request body before request headers", reason="protocol_violation")
+        if event.preamble.body_mode is not BodyMode.BUFFERED:
+            raise ProtocolError(
+                "request_header_mode SKIP is supported with request_body_mode BUFFERED only",
+                reason="unsupported_body_mode",
+            )
+        self._begin(event.preamble)
+        return self._on_buffered_body(event)
+
+    def _begin(self, event: RequestHeaders) -> list[Action]:
         self.route_name = event.route.name
         self._policy = route_policy.parse(event.route.values, event.route.size, self._namespace)
         self.audit = self.audit or self._policy.audit
@@ -281,6 +298,7 @@ class Stream:
 _Handler = Callable[[Stream, Event], list[Action]]
 _TRANSITIONS: Final[dict[tuple[State, type], _Handler]] = {
     (State.EXPECT_HEADERS, RequestHeaders): Stream._on_headers,
+    (State.EXPECT_HEADERS, RequestBody): Stream._on_headerless_body,
     (State.EXPECT_BODY, RequestBody): Stream._on_buffered_body,
     (State.EXPECT_BODY, RequestTrailers): Stream._on_trailers_without_body,
     (State.EXPECT_BODY, TimedOut): Stream._on_timeout,

@@ -1,3 +1,5 @@
+from google.protobuf import struct_pb2
+
 from ext_proc._pb import external_processor_pb2 as pb
 from ext_proc.codec import decode, encode
 from ext_proc.events import (
@@ -115,3 +117,35 @@ def test_round_trip_through_wire_bytes():
     response = encode(ContinueBody(b"x" * 10))
     again = pb.ProcessingResponse.FromString(response.SerializeToString())
     assert again == response
+
+
+def test_first_body_message_carries_a_preamble_from_attributes():
+    request = pb.ProcessingRequest(request_body=pb.HttpBody(body=b"{}", end_of_stream=True))
+    request.protocol_config.request_body_mode = 2
+    struct = struct_pb2.Struct()
+    struct.update(
+        {
+            "request.headers['content-type']": "application/json",
+            "request.headers['x-request-id']": "r-9",
+            KEYS.fields["action"]: "deny",
+            KEYS.size: 1,
+            "xds.route_name": "r",
+        }
+    )
+    request.attributes["envoy.filters.http.ext_proc"].CopyFrom(struct)
+    event = decode(request, KEYS)
+    assert event == RequestBody(
+        b"{}",
+        True,
+        RequestHeaders(
+            headers=(("content-type", b"application/json"), ("x-request-id", b"r-9")),
+            end_of_stream=False,
+            body_mode=BodyMode.BUFFERED,
+            route=RouteMetadata({"action": "deny"}, 1.0, "r"),
+        ),
+    )
+
+
+def test_later_body_messages_carry_no_preamble():
+    request = pb.ProcessingRequest(request_body=pb.HttpBody(body=b"{}", end_of_stream=True))
+    assert decode(request, KEYS) == RequestBody(b"{}", True, None)

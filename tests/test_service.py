@@ -87,7 +87,7 @@ def test_protocol_error_ends_the_stream_with_an_error_not_a_continue():
     responses, code, details = run(exchange([body(b"{}"), body(b"{}")]))
     assert responses == []
     assert code == grpc.StatusCode.FAILED_PRECONDITION
-    assert "unexpected RequestBody" in details
+    assert "request body before request headers" in details
 
 
 def test_protocol_error_after_valid_messages_answers_only_what_was_valid():

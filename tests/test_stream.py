@@ -427,3 +427,46 @@ def test_audit_never_relaxes_limits_protocol_or_configuration():
     stream = Stream(max_body_bytes=1000, audit=True, budget=Budget(50))
     stream.handle(headers())
     assert error_body(stream.handle(RequestBody(b"x" * 100, True)))["code"] == 503
+
+
+# --- one message per request (request_header_mode SKIP) ----------------------------------
+
+
+def first_body(data, route=AGGREGATED, extra=JSON, mode=BUFFERED, eos=True):
+    return RequestBody(data, eos, RequestHeaders(extra, False, mode, route))
+
+
+def test_headerless_body_is_decided_in_one_message():
+    stream = new()
+    (action,) = stream.handle(first_body(IDS.encode()))
+    assert isinstance(action, ContinueBody)
+    assert json.loads(action.replacement) == STRIPPED
+    assert stream.state is State.DONE
+    assert stream.route_name == ""
+
+
+def test_headerless_body_checks_headers_from_attributes():
+    stream = new()
+    assert error_body(stream.handle(first_body(IDS.encode(), extra=())))["code"] == 415
+    stream = new()
+    gz = (*JSON, ("content-encoding", b"gzip"))
+    assert error_body(stream.handle(first_body(b"\x1f\x8b", extra=gz)))["code"] == 415
+
+
+def test_headerless_body_applies_the_route_policy():
+    stream = new()
+    out = stream.handle(first_body(MALFORMED, route=DISAGGREGATED))
+    assert error_body(out)["param"] == "kv_transfer_params.prompt_token_ids"
+
+
+def test_headerless_body_without_preamble_or_in_streamed_mode_is_a_protocol_error():
+    with pytest.raises(ProtocolError):
+        new().handle(RequestBody(IDS.encode(), True))
+    with pytest.raises(ProtocolError):
+        new().handle(first_body(IDS.encode(), mode=DUPLEX))
+
+
+def test_headerless_body_then_trailers():
+    stream = new()
+    stream.handle(first_body(IDS.encode(), eos=False))
+    assert stream.handle(RequestTrailers()) == [ContinueTrailers()]

@@ -15,7 +15,11 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 ENVOY = Path(__file__).resolve().parents[2] / "envoy"
 # Every end-to-end test through `stack` runs once per request body mode.
-BODY_MODES = {"buffered": ENVOY / "envoy.yaml", "streamed": ENVOY / "envoy-streamed.yaml"}
+BODY_MODES = {
+    "buffered": ENVOY / "envoy.yaml",
+    "streamed": ENVOY / "envoy-streamed.yaml",
+    "one-message": ENVOY / "envoy-one-message.yaml",
+}
 
 
 @pytest.fixture(scope="module", params=list(BODY_MODES))

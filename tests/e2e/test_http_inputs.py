@@ -57,6 +57,20 @@ def test_streamed_variant_differs_only_by_the_body_mode():
     assert variant == base
 
 
+def test_one_message_variant_differs_only_by_skipped_headers_and_their_attributes():
+    base = yaml.safe_load((ENVOY / "envoy.yaml").read_text())
+    variant = yaml.safe_load((ENVOY / "envoy-one-message.yaml").read_text())
+    (ext_proc,) = [f for f in _filters(variant) if f["name"] == "envoy.filters.http.ext_proc"]
+    config = ext_proc["typed_config"]
+    assert config["processing_mode"]["request_header_mode"] == "SKIP"
+    assert config["processing_mode"]["request_body_mode"] == "BUFFERED"
+    config["processing_mode"]["request_header_mode"] = "SEND"
+    headers = [a for a in config["request_attributes"] if a.startswith("request.headers")]
+    assert len(headers) == 4
+    config["request_attributes"] = [a for a in config["request_attributes"] if a not in headers]
+    assert variant == base
+
+
 def _processor_cluster(config: dict) -> dict:
     (cluster,) = [c for c in config["static_resources"]["clusters"] if c["name"] == "ext_proc"]
     return cluster

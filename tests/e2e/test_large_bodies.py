@@ -54,7 +54,7 @@ def chat_of_size(size: int) -> dict:
 
 def expect_framing(received, mode: str) -> None:
     assert_framing(received)
-    if mode == "streamed":  # Envoy drops content-length and chunks to HTTP/1 upstreams
+    if mode != "buffered":  # Envoy drops content-length and chunks to HTTP/1 upstreams
         assert received.header("transfer-encoding") == ["chunked"]
     else:
         assert received.header("content-length") == [str(len(received.body))]
@@ -153,7 +153,9 @@ def test_slow_chunked_upload_within_limits(gateway):
 LIMITS = {"max_body_bytes": 2 * MiB, "inflight_budget_bytes": 3 * MiB, "body_timeout_seconds": 2}
 
 
-@pytest.fixture(scope="module", params=list(BODY_MODES))
+# Early refusals from the headers (budget reserved from content-length, body timeout)
+# need the processor to see the headers message: not in the one-message variant.
+@pytest.fixture(scope="module", params=["buffered", "streamed"])
 def limited(request, tmp_path_factory) -> Iterator[Stack]:
     stack = Stack(
         tmp_path_factory.mktemp(request.param),
