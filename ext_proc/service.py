@@ -50,7 +50,9 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc
                 if deadline is None:
                     deadline = loop.time() + self._config.body_timeout_seconds
                 try:
-                    request = await asyncio.wait_for(anext(requests), deadline - loop.time())
+                    # asyncio.timeout, unlike wait_for, creates no task per message.
+                    async with asyncio.timeout_at(deadline):
+                        request = await anext(requests)
                 except TimeoutError:
                     yield TimedOut()
                     return
