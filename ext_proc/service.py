@@ -109,6 +109,13 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc
                 metrics.inflight_bytes.set(self.budget.used)
                 for response in responses:
                     yield response
+            if stream.waiting_for_body:
+                # Envoy closed its side mid-body. Ending the RPC cleanly now could let a
+                # held request through; end it with an error instead.
+                metrics.stream_errors.labels("protocol_violation").inc()
+                await context.abort(
+                    grpc.StatusCode.FAILED_PRECONDITION, "stream ended before the end of the body"
+                )
         except asyncio.CancelledError:
             metrics.stream_errors.labels("cancelled").inc()
             raise

@@ -173,3 +173,12 @@ def test_streamed_mode_over_a_real_stream():
     streamed = responses[1].request_body.response.body_mutation.streamed_response
     assert streamed.end_of_stream
     assert json.loads(streamed.body) == {"kv_transfer_params": {"k": 2}}
+
+
+def test_stream_closed_mid_body_ends_with_an_error_not_cleanly():
+    first = headers()
+    first.protocol_config.request_body_mode = 4  # FULL_DUPLEX_STREAMED: chunks are held
+    responses, code, details = run(exchange([first, body(b'{"messages": [', False)]))
+    assert responses == []
+    assert code == grpc.StatusCode.FAILED_PRECONDITION
+    assert "before the end of the body" in details
