@@ -119,6 +119,8 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc
         except asyncio.CancelledError:
             metrics.stream_errors.labels("cancelled").inc()
             raise
+        except grpc.aio.AbortError:
+            raise  # an error status this servicer chose; already counted
         except Exception:
             metrics.stream_errors.labels("internal").inc()
             log.exception("internal error", extra={"request_id": request_id})

@@ -182,3 +182,23 @@ def test_stream_closed_mid_body_ends_with_an_error_not_cleanly():
     assert responses == []
     assert code == grpc.StatusCode.FAILED_PRECONDITION
     assert "before the end of the body" in details
+
+
+def test_protocol_errors_are_counted_as_such_not_as_internal_errors():
+    async def scenario():
+        running = await build(Config.load(listen="127.0.0.1:0"))
+        try:
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{running.port}") as channel:
+                call = pb_grpc.ExternalProcessorStub(channel).Process(iter([body(b"{}")]))
+                with pytest.raises(grpc.aio.AioRpcError):
+                    async for _ in call:
+                        pass
+        finally:
+            await running.server.stop(None)
+        errors = running.processor.metrics.stream_errors
+        return (
+            errors.labels("protocol_violation")._value.get(),
+            errors.labels("internal")._value.get(),
+        )
+
+    assert run(scenario()) == (1.0, 0.0)
