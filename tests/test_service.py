@@ -84,7 +84,8 @@ def test_deny_over_a_real_stream():
 
 
 def test_protocol_error_ends_the_stream_with_an_error_not_a_continue():
-    responses, code, details = run(exchange([body(b"{}"), body(b"{}")]))
+    # One message only: a later write would race with the abort on the client side.
+    responses, code, details = run(exchange([body(b"{}")]))
     assert responses == []
     assert code == grpc.StatusCode.FAILED_PRECONDITION
     assert "request body before request headers" in details
