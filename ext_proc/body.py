@@ -1,17 +1,33 @@
 """Reading and rewriting request bodies exactly as vLLM reads them.
 
 vLLM parses the raw body bytes with ``json.loads`` (encoding detection, duplicate keys:
-last wins, NaN/Infinity accepted) and then validates with pydantic. This module uses
-the same ``json.loads`` on the same bytes, so the document the policy judges is the one
-vLLM will see. A rewritten body is this module's own serialisation of that document,
-so after a rewrite the two cannot diverge either.
+last wins, NaN/Infinity accepted) and then validates with pydantic. The document the
+policy judges must be the one ``json.loads`` returns for the same bytes. A rewritten
+body is this module's own serialisation of that document, so after a rewrite the two
+cannot diverge either.
+
+Fast path (orjson, several times faster on large bodies). Why it is sound: orjson
+accepts strict RFC 8259 JSON in UTF-8 only, a subset of what ``json.loads`` accepts, and
+on that subset both build the same document (same strings, same duplicate-key rule:
+last wins, correctly rounded floats, exact integers) with one exception: an integer
+literal too large for 64 bits becomes a float in orjson. So orjson is used only when
+the body has no run of 19 or more digits (every integer literal then fits in 64 bits);
+anything orjson refuses (NaN, Infinity, huge exponents, BOMs, UTF-16/32, lone
+surrogates, invalid UTF-8, deep nesting) goes to ``json.loads``, which decides. A
+document orjson read holds no NaN, no infinity, no oversized integer and no lone
+surrogate, so orjson also writes it back exactly; any other document is written by
+``json.dumps``. tests/test_parity_property.py checks the property on generated bodies.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any, Final
+
+import orjson
 
 from ext_proc.errors import BadRequest, UnsupportedMediaType
 
@@ -24,6 +40,16 @@ TEXT_PART_TYPES: Final = frozenset({"text", "input_text", "output_text"})
 _TEXT_ITEM_TYPES: Final = TEXT_PART_TYPES | {"message"}
 
 Document = dict[str, Any]
+# An integer literal of 19+ digits may not fit in 64 bits: orjson would read a float.
+_LONG_DIGITS = re.compile(rb"[0-9]{19}")
+
+
+@dataclass(frozen=True, slots=True)
+class Parsed:
+    document: Document
+    # True when orjson read the body (see the module docstring): orjson can then also
+    # write the document back exactly.
+    orjson_safe: bool
 
 
 def media_type(value: bytes) -> str:
@@ -51,14 +77,32 @@ def check_headers(content_types: list[bytes], content_encodings: list[bytes]) ->
         )
 
 
-def parse(raw: bytes) -> Document:
+_REFUSED: Final = object()
+
+
+def _orjson_loads(raw: bytes) -> Any:
+    """orjson's reading of ``raw``, or ``_REFUSED`` where json.loads must decide."""
+    if _LONG_DIGITS.search(raw) is not None:
+        return _REFUSED
     try:
-        document = json.loads(raw)
-    except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
-        raise BadRequest(f"request body is not valid JSON: {exc}", reason="body_not_json") from exc
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return _REFUSED
+
+
+def parse(raw: bytes) -> Parsed:
+    document = _orjson_loads(raw)
+    orjson_safe = document is not _REFUSED
+    if not orjson_safe:
+        try:
+            document = json.loads(raw)
+        except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
+            raise BadRequest(
+                f"request body is not valid JSON: {exc}", reason="body_not_json"
+            ) from exc
     if not isinstance(document, dict):
         raise BadRequest("request body must be a JSON object", reason="body_not_object")
-    return document
+    return Parsed(document, orjson_safe)
 
 
 def transfer_params(document: Document) -> dict[str, Any] | None:
@@ -78,17 +122,23 @@ def policed_keys(params: dict[str, Any] | None) -> tuple[str, ...]:
     return tuple(key for key in POLICED_KEYS if key in params)
 
 
-def without(document: Document, keys: Iterable[str]) -> bytes:
+def without(parsed: Parsed, keys: Iterable[str]) -> bytes:
     """Serialise the document with ``keys`` removed from kv_transfer_params.
 
-    Every other key keeps its value and position; ``document`` is not modified.
+    Every other key keeps its value and position; the document is not modified.
     """
     drop = frozenset(keys)
+    document = parsed.document
     params = {k: v for k, v in document[KV_KEY].items() if k not in drop}
-    return serialize({**document, KV_KEY: params})
+    rewritten = {**document, KV_KEY: params}
+    if parsed.orjson_safe:
+        return orjson.dumps(rewritten)
+    return serialize(rewritten)
 
 
 def serialize(document: Document) -> bytes:
+    """``json.dumps``: writes NaN, Infinity and integers of any size as ``json.loads``
+    reads them."""
     try:
         return json.dumps(document, ensure_ascii=False, separators=(",", ":")).encode()
     except UnicodeEncodeError:

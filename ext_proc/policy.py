@@ -62,8 +62,17 @@ def _validate_ids(key: str, value: Any, policy: RoutePolicy) -> None:
             reason="ids_too_many",
             param=param,
         )
+    # Fast path in C: one pass for the types, then min/max. bool is a subclass of int
+    # in Python; JSON true/false are not token ids, so the exact type is checked.
+    # (``and`` short-circuits: min and max only ever compare ints.)
+    if (
+        set(map(type, value)) == {int}
+        and min(value) >= 0
+        and (policy.vocab_size is None or max(value) < policy.vocab_size)
+    ):
+        return
+    # Something is wrong: find the first offending id for the message.
     for index, token in enumerate(value):
-        # bool is a subclass of int in Python; JSON true/false are not token ids.
         if type(token) is not int or token < 0:
             raise BadRequest(
                 f"{param}[{index}] is not a non-negative integer",
@@ -76,6 +85,7 @@ def _validate_ids(key: str, value: Any, policy: RoutePolicy) -> None:
                 reason="ids_out_of_vocab",
                 param=param,
             )
+    raise AssertionError("unreachable: the fast path rejected valid ids")
 
 
 def decide(policy: RoutePolicy, document: body.Document) -> Decision:

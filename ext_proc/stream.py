@@ -278,20 +278,20 @@ class Stream:
         try:
             if self._held_refusal is not None:
                 raise self._held_refusal
-            document = body.parse(raw)
+            parsed = body.parse(raw)
         except HttpError as exc:
             if not (self.audit and exc.auditable):
                 raise
             self.decision = policy.Deny(exc)
             return None
-        decision = policy.decide(self._policy, document)
+        decision = policy.decide(self._policy, parsed.document)
         self.decision = decision
         if self.audit:
             return None
         if isinstance(decision, policy.Deny):
             raise decision.error
         if isinstance(decision, policy.Strip):
-            return body.without(document, decision.keys)
+            return body.without(parsed, decision.keys)
         return None
 
 

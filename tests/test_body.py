@@ -62,11 +62,13 @@ def test_unreadable_or_non_object_bodies_refused(raw):
 
 def test_parse_matches_json_loads_on_duplicates_and_encodings():
     raw = b'{"kv_transfer_params": {"prompt_token_ids": [1]}, "kv_transfer_params": {"x": 1}}'
-    assert body.parse(raw) == {"kv_transfer_params": {"x": 1}}
+    assert body.parse(raw).document == {"kv_transfer_params": {"x": 1}}
     utf16 = json.dumps({"kv_transfer_params": {"prompt_token_ids": [5]}}).encode("utf-16")
-    assert body.policed_keys(body.transfer_params(body.parse(utf16))) == ("prompt_token_ids",)
+    parsed = body.parse(utf16)
+    assert body.policed_keys(body.transfer_params(parsed.document)) == ("prompt_token_ids",)
     escaped = b'{"kv_transfer_params": {"\\u0070rompt_token_ids": [5]}}'
-    assert body.policed_keys(body.transfer_params(body.parse(escaped))) == ("prompt_token_ids",)
+    parsed = body.parse(escaped)
+    assert body.policed_keys(body.transfer_params(parsed.document)) == ("prompt_token_ids",)
 
 
 def test_deep_nesting_refused_not_crashed():
@@ -107,7 +109,7 @@ def test_without_keeps_everything_else():
         "tail": None,
     }
     original = json.loads(json.dumps(document))
-    out = body.without(document, ("prompt_token_ids", "prompt_features"))
+    out = body.without(body.Parsed(document, False), ("prompt_token_ids", "prompt_features"))
     assert document == original  # input not mutated
     parsed = json.loads(out)
     expected = dict(original)
@@ -168,3 +170,44 @@ def test_without_survives_lone_surrogates_and_nan():
 )
 def test_ignores_reused_ids(document, ignored):
     assert body.ignores_reused_ids(document) is ignored
+
+
+@pytest.mark.parametrize(
+    ("raw", "fast"),
+    [
+        (b'{"a": 1, "kv_transfer_params": {}}', True),
+        (b'{"a": 1, "a": 2}', True),
+        (b'{"a": NaN}', False),
+        (b'{"a": 1e400}', False),
+        (b'\xef\xbb\xbf{"a": 1}', False),
+        (b'{"a": "\\ud800"}', False),
+        (b'{"a": 123456789012345678901234567890}', False),
+        (b'{"a": 1234567890123456789}', False),  # 19 digits: json.loads decides
+        (b'{"a": 123456789012345678}', True),
+        (b'{"a": "0000000000000000000"}', False),  # digits in a string: slower, still exact
+    ],
+)
+def test_fast_parser_only_where_it_reads_what_json_loads_reads(raw, fast):
+    parsed = body.parse(raw)
+    assert parsed.orjson_safe is fast
+    assert json.dumps(parsed.document) == json.dumps(json.loads(raw))
+    assert all(
+        type(a) is type(b)
+        for a, b in zip(parsed.document.values(), json.loads(raw).values(), strict=True)
+    )
+
+
+def test_big_integers_keep_their_exact_value_through_a_rewrite():
+    raw = b'{"n": 123456789012345678901234567890, "kv_transfer_params": {"prompt_token_ids": [1]}}'
+    out = json.loads(body.without(body.parse(raw), ("prompt_token_ids",)))
+    assert out["n"] == 123456789012345678901234567890
+    assert type(out["n"]) is int
+
+
+def test_fast_writer_round_trips_through_json_loads():
+    document = {"f": 0.1, "g": -0.0, "h": 5e-324, "s": "ü\u0000\n✓", "i": -(2**59)}
+    raw = json.dumps({**document, "kv_transfer_params": {"prompt_token_ids": [1]}}).encode()
+    parsed = body.parse(raw)
+    assert parsed.orjson_safe
+    out = json.loads(body.without(parsed, ("prompt_token_ids",)))
+    assert json.dumps(out) == json.dumps({**json.loads(raw), "kv_transfer_params": {}})
