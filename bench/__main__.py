@@ -1,0 +1,105 @@
+"""``python -m bench [--smoke] [--out DIR]`` and ``python -m bench profile``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from bench import bodies, profile, run
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def _list(
+    kind: Callable[[str], Any], allowed: tuple[Any, ...] | None = None
+) -> Callable[[str], tuple[Any, ...]]:
+    def parse(text: str) -> tuple[Any, ...]:
+        values = tuple(kind(v) for v in text.split(",") if v)
+        if not values or (allowed is not None and any(v not in allowed for v in values)):
+            raise argparse.ArgumentTypeError(f"expected a comma-separated subset of {allowed}")
+        return values
+
+    return parse
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench",
+        description="Envoy direct vs naive processor vs this service, side by side.",
+    )
+    parser.add_argument("--out", type=Path, default=RESULTS, help="output directory")
+    parser.add_argument(
+        "--smoke", action="store_true", help="a tiny subset, ~1 s per cell (for CI)"
+    )
+    parser.add_argument("--duration", type=int, help="seconds per cell (full 10, smoke 1)")
+    parser.add_argument("--warmup", type=int, help="warm-up seconds per cell (full 2, smoke 0)")
+    sizes, decisions = tuple(bodies.SIZES), bodies.DECISIONS
+    parser.add_argument("--bodies", type=_list(str, sizes), help="e.g. 2k,64k,1m")
+    parser.add_argument("--decisions", type=_list(str, decisions), help="e.g. allow,strip")
+    parser.add_argument("--concurrency", type=_list(int), help="e.g. 1,8,32")
+    parser.add_argument(
+        "--workers", type=_list(int), default=run.WORKERS, help="service worker counts"
+    )
+    parser.add_argument("--threads", type=int, default=1, help="wrk threads")
+    commands = parser.add_subparsers(dest="command")
+    prof = commands.add_parser("profile", help="py-spy profile of the service under load")
+    prof.add_argument("--out", type=Path, default=RESULTS, help="output directory")
+    prof.add_argument("--duration", type=int, default=15, help="seconds per scenario")
+    prof.add_argument("--rate", type=int, default=200, help="samples per second")
+    prof.add_argument("--workers", type=int, default=1)
+    prof.add_argument("--native", action="store_true", help="include native frames")
+    prof.add_argument("--top", type=int, default=25, help="rows per table")
+    prof.add_argument(
+        "--scenario",
+        action="append",
+        metavar="BODY,DECISION,CONCURRENCY",
+        help="e.g. 2k,strip,8 (repeatable; default 2k,strip,8 1m,allow,1 1m,deny,1)",
+    )
+    return parser
+
+
+def _scenario(text: str) -> tuple[str, str, int]:
+    size, decision, concurrency = text.split(",")
+    if size not in bodies.SIZES or decision not in bodies.DECISIONS:
+        raise SystemExit(f"unknown scenario {text!r}")
+    return size, decision, int(concurrency)
+
+
+def _plan(args: argparse.Namespace) -> run.Plan:
+    if args.smoke and not (args.bodies or args.decisions or args.concurrency):
+        cells = run.smoke_cells()
+    else:
+        cells = run.full_cells(
+            args.bodies or tuple(bodies.SIZES),
+            args.decisions or bodies.DECISIONS,
+            args.concurrency or run.CONCURRENCY,
+        )
+    seconds = args.duration if args.duration is not None else (1 if args.smoke else 10)
+    warmup = args.warmup if args.warmup is not None else (0 if args.smoke else 2)
+    return run.Plan(cells, args.workers, seconds, warmup, args.smoke, args.threads)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.command == "profile":
+        scenarios = tuple(_scenario(s) for s in args.scenario or ())
+        path = profile.run(
+            args.out,
+            scenarios=scenarios or profile.DEFAULT_SCENARIOS,
+            seconds=args.duration,
+            rate=args.rate,
+            workers=args.workers,
+            native=args.native,
+            top=args.top,
+        )
+    else:
+        path = run.run(_plan(args), args.out)
+    print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,66 @@
+"""The naive pass-through processor: the cheapest possible grpc.aio ext_proc service.
+
+It answers the request headers, the buffered body and (if any) the trailers with empty
+"continue" responses and never looks inside them: the floor that any Python processor
+on grpc.aio pays for one Envoy round trip per message. Run it with
+``python -m bench.naive --listen HOST:PORT``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+from collections.abc import AsyncIterator
+
+import grpc
+
+from ext_proc._pb import external_processor_pb2 as pb
+from ext_proc._pb import external_processor_pb2_grpc as pb_grpc
+
+_ANSWERS = {
+    "request_headers": pb.ProcessingResponse(request_headers=pb.HeadersResponse()),
+    "request_body": pb.ProcessingResponse(request_body=pb.BodyResponse()),
+    "request_trailers": pb.ProcessingResponse(request_trailers=pb.TrailersResponse()),
+}
+
+
+class Naive(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
+    async def Process(  # noqa: N802 - name fixed by the gRPC service
+        self,
+        request_iterator: AsyncIterator[pb.ProcessingRequest],
+        context: grpc.aio.ServicerContext[pb.ProcessingRequest, pb.ProcessingResponse],
+    ) -> AsyncIterator[pb.ProcessingResponse]:
+        async for request in request_iterator:
+            answer = _ANSWERS.get(request.WhichOneof("request"))
+            if answer is not None:
+                yield answer
+
+
+async def serve(listen: str) -> None:
+    server = grpc.aio.server(
+        options=[
+            ("grpc.max_receive_message_length", 64 * 1024 * 1024),
+            ("grpc.max_send_message_length", -1),
+        ]
+    )
+    pb_grpc.add_ExternalProcessorServicer_to_server(Naive(), server)
+    if server.add_insecure_port(listen) == 0:
+        raise OSError(f"cannot listen on {listen}")
+    await server.start()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    await server.stop(1)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench.naive")
+    parser.add_argument("--listen", required=True, help="host:port")
+    asyncio.run(serve(parser.parse_args().listen))
+
+
+if __name__ == "__main__":
+    main()

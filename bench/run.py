@@ -1,0 +1,202 @@
+"""One benchmark run: start everything once, measure every cell side by side, report."""
+
+from __future__ import annotations
+
+import datetime as dt
+import itertools
+import os
+import platform
+import shutil
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bench import bodies, cpu, load, report, stack, tools
+from ext_proc.devstack import processes
+
+SMOKE_CELLS = (
+    ("2k", "allow", 1),
+    ("2k", "strip", 1),
+    ("2k", "deny", 1),
+    ("2k", "allow", 32),
+    ("1m", "allow", 1),
+)
+CONCURRENCY = (1, 8, 32)
+WORKERS = (1, 2)
+
+
+@dataclass(frozen=True)
+class Cell:
+    body: str
+    decision: str
+    concurrency: int
+
+
+@dataclass(frozen=True)
+class Plan:
+    cells: tuple[Cell, ...]
+    workers: tuple[int, ...]
+    seconds: int
+    warmup: int
+    smoke: bool
+    threads: int = 1
+
+
+def full_cells(
+    sizes: tuple[str, ...] = tuple(bodies.SIZES),
+    decisions: tuple[str, ...] = bodies.DECISIONS,
+    concurrency: tuple[int, ...] = CONCURRENCY,
+) -> tuple[Cell, ...]:
+    return tuple(Cell(*c) for c in itertools.product(sizes, decisions, concurrency))
+
+
+def smoke_cells() -> tuple[Cell, ...]:
+    return tuple(Cell(*c) for c in SMOKE_CELLS)
+
+
+def arrangements(workers: tuple[int, ...], flag: bool) -> tuple[list[stack.Arrangement], list[str]]:
+    """direct, naive and one service column per worker count the service can run."""
+    chosen = [stack.Arrangement("direct"), stack.Arrangement("naive")]
+    notes: list[str] = []
+    for count in workers:
+        if count != 1 and not flag:
+            notes.append(
+                f"service workers={count} skipped: `python -m ext_proc serve` has no "
+                "--workers option yet (checked with --help); the service ran as one process."
+            )
+            continue
+        chosen.append(stack.Arrangement("service", count))
+    # One gRPC message per request (envoy/envoy-one-message.yaml), one worker.
+    chosen.append(stack.Arrangement("service", 1, "envoy-one-message.yaml"))
+    return chosen, notes
+
+
+def _log(message: str) -> None:
+    print(f"bench: {message}", file=sys.stderr, flush=True)
+
+
+def _meta(plan: Plan, paths: dict[str, str], flag: bool) -> dict[str, Any]:
+    return {
+        "started": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "mode": "smoke" if plan.smoke else "full",
+        "seconds_per_cell": plan.seconds,
+        "warmup_seconds": plan.warmup,
+        "wrk_threads": plan.threads,
+        "cpus": os.cpu_count(),
+        "machine": platform.platform(),
+        "python": platform.python_version(),
+        "envoy": tools.version([processes.envoy_binary(), "--version"]),
+        "nginx": tools.version([paths["nginx"], "-v"]),
+        "wrk": tools.version([paths["wrk"], "--version"]),
+        "service_workers_option": flag,
+    }
+
+
+def _pids(bench: stack.BenchStack, name: str) -> dict[str, int]:
+    """The processes whose CPU time a measurement charges to its requests."""
+    running = bench.running[name]
+    pids = {"envoy": running.envoy_pid, "upstream": bench.upstream_pid}
+    if running.processor is not None:
+        pids["processor"] = running.processor.pid
+    return pids
+
+
+def _measure(
+    bench: stack.BenchStack,
+    plan: Plan,
+    wrk: str,
+    scripts: dict[tuple[str, str], Path],
+    names: list[str],
+) -> list[dict[str, Any]]:
+    records: list[dict[str, Any]] = []
+    for number, cell in enumerate(plan.cells):
+        body = bodies.build(cell.body, cell.decision)
+        lua = scripts[cell.body, cell.decision]
+        # Rotate the order so no arrangement always runs first after a change of body.
+        turn = number % len(names)
+        for name in names[turn:] + names[:turn]:
+            running = bench.running[name]
+            url = running.url(body.path)
+            expected = body.expected_status(running.arrangement.polices)
+            status = stack.probe(running.gateway, body.path, body.data)
+            if plan.warmup:
+                load.run(
+                    wrk,
+                    url,
+                    lua,
+                    concurrency=cell.concurrency,
+                    seconds=plan.warmup,
+                    threads=plan.threads,
+                )
+            pids = _pids(bench, name)
+            before = {role: cpu.tree_seconds(pid) for role, pid in pids.items()}
+            result = load.run(
+                wrk,
+                url,
+                lua,
+                concurrency=cell.concurrency,
+                seconds=plan.seconds,
+                threads=plan.threads,
+            )
+            cpu_ms = {
+                f"{role}_cpu_ms_per_req": round(
+                    1000 * (cpu.tree_seconds(pid) - before[role]) / max(result.requests, 1), 4
+                )
+                for role, pid in pids.items()
+            }
+            wrong = result.requests - result.non_2xx if expected >= 400 else result.non_2xx
+            ok = status == expected and wrong == 0 and result.socket_errors == 0
+            records.append(
+                {
+                    "body": cell.body,
+                    "body_bytes": bodies.SIZES[cell.body],
+                    "decision": cell.decision,
+                    "path": body.path,
+                    "id_count": body.id_count,
+                    "concurrency": cell.concurrency,
+                    "arrangement": name,
+                    "expected_status": expected,
+                    "probe_status": status,
+                    "ok": ok,
+                    **result.as_dict(),
+                    **cpu_ms,
+                }
+            )
+            _log(
+                f"{cell.body:>3} {cell.decision:<5} c={cell.concurrency:<2} {name:<10} "
+                f"p50 {result.p50_ms:8.3f} ms  p99 {result.p99_ms:8.3f} ms  "
+                f"{result.rps:9.1f} req/s{'' if ok else '  (unexpected answers)'}"
+            )
+    return records
+
+
+def run(plan: Plan, out: Path) -> Path:
+    paths = tools.ensure_system_tools()
+    options = tools.serve_options()
+    flag = "--workers" in options
+    chosen, notes = arrangements(plan.workers, flag)
+    meta = _meta(plan, paths, flag)
+    workdir = Path(tempfile.mkdtemp(prefix="ext_proc-bench-"))
+    scripts: dict[tuple[str, str], Path] = {}
+    for size, decision in sorted({(c.body, c.decision) for c in plan.cells}):
+        path = workdir / f"body-{size}-{decision}.json"
+        path.write_bytes(bodies.build(size, decision).data)
+        scripts[size, decision] = load.script(workdir, path)
+    names = [a.name for a in chosen]
+    _log(f"{len(plan.cells)} cells x {names}, {plan.seconds} s each; logs in {workdir}")
+    with stack.BenchStack(workdir, paths["nginx"], chosen, serve_options=options) as bench:
+        records = _measure(bench, plan, paths["wrk"], scripts, names)
+        envoy_stats = {name: bench.running[name].stats() for name in names}
+    results = {
+        "meta": meta,
+        "notes": notes,
+        "arrangements": [{"name": a.name, "kind": a.kind, "workers": a.workers} for a in chosen],
+        "cells": records,
+        "envoy_stats": envoy_stats,
+    }
+    written = report.write(results, out)
+    shutil.rmtree(workdir, ignore_errors=True)
+    _log(f"wrote {', '.join(str(p) for p in written)}")
+    return out / "results.md"

@@ -1,0 +1,260 @@
+"""The processes of one benchmark run: nginx upstream, processors and one Envoy each.
+
+Every arrangement gets its own Envoy (``--concurrency 1``) rendered from the shipped
+``envoy/envoy.yaml`` with ``envoy_config.render``, all in front of one nginx:
+
+- ``direct``: the rendered config with the ext_proc filter removed;
+- ``naive``: the rendered config pointing at ``bench.naive``;
+- ``service-wN``: the rendered config pointing at ``python -m ext_proc serve`` (with
+  ``--workers N`` once the service has that option).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import json
+import subprocess
+import sys
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ext_proc.devstack import envoy_config, processes
+from ext_proc.devstack.envoy_config import Address
+
+REPO = Path(__file__).resolve().parents[1]
+LOCAL = "127.0.0.1"
+EXT_PROC_FILTER = "envoy.filters.http.ext_proc"
+UPSTREAM_REPLY = b'{"id":"bench","object":"chat.completion","choices":[]}'
+
+
+@dataclass(frozen=True)
+class Arrangement:
+    kind: str  # direct | naive | service
+    workers: int | None = None
+    # The shipped Envoy config the arrangement runs behind (envoy/<config>).
+    config: str = "envoy.yaml"
+
+    @property
+    def name(self) -> str:
+        name = self.kind if self.workers is None else f"{self.kind}-w{self.workers}"
+        if self.config == "envoy-one-message.yaml":
+            name += "-1msg"
+        return name
+
+    @property
+    def polices(self) -> bool:
+        return self.kind == "service"
+
+
+def nginx_conf(workdir: Path, port: int) -> str:
+    """A one-process nginx answering every POST with a small JSON 200.
+
+    The body is read whole before the answer (``mirror_request_body`` reads it before
+    the content phase), as vLLM does; a 200 sent after the headers alone would make
+    Envoy close the upstream connection on large bodies. The static file refuses POST
+    with 405, which ``error_page`` turns into a GET of the same file.
+    """
+    www = workdir / "www"
+    www.mkdir(exist_ok=True)
+    (www / "ok.json").write_bytes(UPSTREAM_REPLY)
+    temp = workdir / "nginx-temp"
+    return f"""
+daemon off;
+master_process off;
+worker_processes 1;
+pid {workdir}/nginx.pid;
+error_log {workdir}/nginx-error.log warn;
+events {{ worker_connections 4096; }}
+http {{
+  access_log off;
+  client_body_temp_path {temp}/body;
+  proxy_temp_path {temp}/proxy;
+  fastcgi_temp_path {temp}/fastcgi;
+  uwsgi_temp_path {temp}/uwsgi;
+  scgi_temp_path {temp}/scgi;
+  client_max_body_size 64m;
+  client_body_buffer_size 2m;
+  keepalive_requests 10000000;
+  keepalive_timeout 300s;
+  server {{
+    listen {LOCAL}:{port} backlog=4096;
+    location = /ok.json {{ internal; root {www}; default_type application/json; }}
+    location = /_read_body {{ internal; return 204; }}
+    location / {{
+      mirror /_read_body;
+      mirror_request_body on;
+      root {www};
+      rewrite ^ /ok.json break;
+      error_page 405 =200 /ok.json;
+    }}
+  }}
+}}
+"""
+
+
+def spawn(args: list[str], log: Path, *, quiet_stdout: bool = False) -> subprocess.Popen[bytes]:
+    """Start ``args`` in its own process group from the repository root."""
+    with log.open("ab") as out:
+        return subprocess.Popen(
+            args,
+            cwd=REPO,
+            stdout=subprocess.DEVNULL if quiet_stdout else out,
+            stderr=out,
+            start_new_session=True,
+        )
+
+
+@dataclass
+class Running:
+    arrangement: Arrangement
+    gateway: Address
+    admin: Address
+    processor: subprocess.Popen[bytes] | None = None
+    envoy: subprocess.Popen[bytes] | None = None
+
+    @property
+    def envoy_pid(self) -> int:
+        if self.envoy is None:
+            raise RuntimeError("envoy not started")
+        return self.envoy.pid
+
+    def url(self, path: str) -> str:
+        return f"http://{self.gateway}{path}"
+
+    def stats(self) -> dict[str, int]:
+        """Envoy's counters about the processor connection and the answers."""
+        wanted = (
+            "cluster.ext_proc.upstream_cx_total",
+            "cluster.ext_proc.upstream_rq_total",
+            "cluster.aggregated.upstream_cx_total",
+            "cluster.disaggregated.upstream_cx_total",
+            "http.gateway.downstream_rq_2xx",
+            "http.gateway.downstream_rq_4xx",
+            "http.gateway.downstream_rq_5xx",
+        )
+        url = f"http://{self.admin}/stats?format=json"
+        with urllib.request.urlopen(url, timeout=5) as reply:
+            stats = json.loads(reply.read())["stats"]
+        return {s["name"]: int(s["value"]) for s in stats if s.get("name") in wanted}
+
+
+@dataclass
+class BenchStack:
+    workdir: Path
+    nginx: str
+    arrangements: list[Arrangement]
+    # Options of `python -m ext_proc serve` (tools.serve_options): newer ones are used
+    # only when the service has them.
+    serve_options: frozenset[str]
+    upstream: Address = field(default_factory=lambda: Address(LOCAL, processes.free_port()))
+    running: dict[str, Running] = field(default_factory=dict)
+    nginx_process: subprocess.Popen[bytes] | None = None
+    _children: list[subprocess.Popen[bytes]] = field(default_factory=list)
+
+    def __enter__(self) -> BenchStack:
+        try:
+            self._start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def _start(self) -> None:
+        conf = self.workdir / "nginx.conf"
+        conf.write_text(nginx_conf(self.workdir, self.upstream.port))
+        (self.workdir / "nginx-temp").mkdir(exist_ok=True)
+        args = [self.nginx, "-p", str(self.workdir), "-c", str(conf)]
+        args += ["-e", str(self.workdir / "nginx-error.log")]
+        self.nginx_process = nginx = spawn(args, self.workdir / "nginx.log")
+        self._children.append(nginx)
+        processes.wait_for_port(self.upstream.port, nginx)
+        for arrangement in self.arrangements:
+            self.running[arrangement.name] = self._start_arrangement(arrangement)
+
+    def _start_arrangement(self, arrangement: Arrangement) -> Running:
+        running = Running(
+            arrangement,
+            gateway=Address(LOCAL, processes.free_port()),
+            admin=Address(LOCAL, processes.free_port()),
+        )
+        processor = Address(LOCAL, processes.free_port())
+        log = self.workdir / f"{arrangement.name}-processor.log"
+        if arrangement.kind == "naive":
+            args = [sys.executable, "-m", "bench.naive", "--listen", str(processor)]
+        elif arrangement.kind == "service":
+            args = [sys.executable, "-m", "ext_proc", "serve", "--listen", str(processor)]
+            if "--workers" in self.serve_options and arrangement.workers is not None:
+                args += ["--workers", str(arrangement.workers)]
+            if "--metrics-listen" in self.serve_options:
+                # Each service its own metrics port: the default one is shared.
+                args += ["--metrics-listen", f"{LOCAL}:{processes.free_port()}"]
+        else:
+            args = []
+        if args:
+            running.processor = spawn(args, log)
+            self._children.append(running.processor)
+            processes.wait_for_port(processor.port, running.processor)
+        config = envoy_config.render(
+            gateway=running.gateway,
+            admin=running.admin,
+            processor=processor,
+            aggregated=self.upstream,
+            disaggregated=self.upstream,
+            source=envoy_config.SHIPPED.parent / arrangement.config,
+        )
+        if arrangement.kind == "direct":
+            _remove_ext_proc(config)
+        path = envoy_config.write(config, self.workdir / f"{arrangement.name}-envoy.yaml")
+        # The access log goes to stdout: formatted as shipped, then discarded.
+        args = [*processes.envoy_args(path, running.admin.port), "--concurrency", "1"]
+        running.envoy = spawn(
+            args, self.workdir / f"{arrangement.name}-envoy.log", quiet_stdout=True
+        )
+        self._children.append(running.envoy)
+        processes.wait_for_envoy(running.admin.port, running.envoy)
+        return running
+
+    @property
+    def upstream_pid(self) -> int:
+        if self.nginx_process is None:
+            raise RuntimeError("nginx not started")
+        return self.nginx_process.pid
+
+    def processor_pid(self, name: str) -> int:
+        processor = self.running[name].processor
+        if processor is None:
+            raise ValueError(f"{name} has no processor")
+        return processor.pid
+
+    def stop(self) -> None:
+        for child in reversed(self._children):
+            with contextlib.suppress(OSError):
+                processes.stop(child)
+        self._children.clear()
+
+
+def _remove_ext_proc(config: dict[str, Any]) -> None:
+    (listener,) = config["static_resources"]["listeners"]
+    hcm = listener["filter_chains"][0]["filters"][0]["typed_config"]
+    before = len(hcm["http_filters"])
+    hcm["http_filters"] = [f for f in hcm["http_filters"] if f["name"] != EXT_PROC_FILTER]
+    if len(hcm["http_filters"]) != before - 1:
+        raise ValueError("the shipped config no longer has exactly one ext_proc filter")
+
+
+def probe(gateway: Address, path: str, body: bytes) -> int:
+    """The status of one request, for checking each arrangement before measuring."""
+    connection = http.client.HTTPConnection(gateway.host, gateway.port, timeout=30)
+    try:
+        connection.request("POST", path, body, {"content-type": "application/json"})
+        reply = connection.getresponse()
+        reply.read()
+        return reply.status
+    finally:
+        connection.close()

@@ -1,0 +1,56 @@
+"""Smoke test of the benchmark harness: it runs end to end and reports every arrangement.
+
+No speed is asserted: the numbers of a shared CI machine mean little. Selected with
+``pytest -m bench``.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+PNG = b"\x89PNG\r\n\x1a\n"
+KINDS = ("direct", "naive", "service")
+
+# apt-get may have to install nginx and wrk first on a clean machine.
+pytestmark = [pytest.mark.bench, pytest.mark.timeout(900)]
+
+
+def test_smoke_run_reports_every_arrangement(tmp_path: Path) -> None:
+    out = tmp_path / "results"
+    done = subprocess.run(
+        [sys.executable, "-m", "bench", "--smoke", "--out", str(out)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=840,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+
+    results = json.loads((out / "results.json").read_text())
+    kinds = {a["kind"] for a in results["arrangements"]}
+    assert kinds == set(KINDS)
+    names = [a["name"] for a in results["arrangements"]]
+    measured = {
+        (c["body"], c["decision"], c["concurrency"], c["arrangement"]) for c in results["cells"]
+    }
+    cells = {key[:3] for key in measured}
+    assert cells, "no cell measured"
+    assert measured == {(*cell, name) for cell in cells for name in names}
+    assert all(c["requests"] > 0 for c in results["cells"])
+    assert {t["target"] for t in results["target_summary"]} == {1, 2, 3}
+
+    markdown = (out / "results.md").read_text()
+    for name in names:
+        assert f"| {name} |" in markdown
+    for heading in ("## Targets", "## Added p50 latency per MiB of body", "## All cells"):
+        assert heading in markdown
+
+    for png in ("latency_vs_body.png", "throughput_vs_concurrency.png"):
+        assert (out / png).read_bytes().startswith(PNG)

@@ -1,0 +1,89 @@
+"""The external programs the harness drives, installed from Debian's packages if missing.
+
+CI runs on a clean machine, so the harness installs what it needs itself (as root, with
+apt-get) instead of assuming a prepared host.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+# command -> Debian package providing it
+SYSTEM_TOOLS = {"nginx": "nginx", "wrk": "wrk"}
+_SEARCH = os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin", "/sbin", "/usr/bin"])
+
+
+class ToolError(RuntimeError):
+    pass
+
+
+def which(command: str) -> str | None:
+    return shutil.which(command, path=_SEARCH)
+
+
+def ensure_system_tools() -> dict[str, str]:
+    """Absolute paths of nginx and wrk, installing their packages first if needed."""
+    missing = sorted({SYSTEM_TOOLS[c] for c in SYSTEM_TOOLS if which(c) is None})
+    if missing:
+        _apt_install(missing)
+    found = {command: which(command) for command in SYSTEM_TOOLS}
+    absent = [command for command, path in found.items() if path is None]
+    if absent:
+        raise ToolError(f"still missing after apt-get install: {', '.join(absent)}")
+    return {command: path for command, path in found.items() if path is not None}
+
+
+def _apt_install(packages: list[str]) -> None:
+    apt = which("apt-get")
+    if apt is None or os.geteuid() != 0:
+        raise ToolError(
+            f"missing {', '.join(packages)}: run `apt-get install -y {' '.join(packages)}` "
+            "as root (the harness installs them itself only when it runs as root)"
+        )
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    print(f"bench: installing {', '.join(packages)} with apt-get", file=sys.stderr, flush=True)
+    subprocess.run([apt, "update", "-qq"], check=True, env=env)
+    subprocess.run(
+        [apt, "install", "-y", "-qq", "--no-install-recommends", *packages],
+        check=True,
+        env=env,
+        stdout=subprocess.DEVNULL,
+    )
+
+
+def py_spy() -> str:
+    """py-spy from the project's virtual environment (a dev dependency) or PATH."""
+    beside = Path(sys.executable).parent / "py-spy"
+    found = str(beside) if beside.exists() else which("py-spy")
+    if found is None:
+        raise ToolError(f"py-spy not found: {sys.executable} -m pip install py-spy")
+    return found
+
+
+def version(args: list[str]) -> str:
+    """First line a program prints about its version (some print it on stderr)."""
+    try:
+        done = subprocess.run(args, capture_output=True, text=True, timeout=30, check=False)
+    except OSError as exc:
+        return f"unknown ({exc})"
+    lines = (done.stdout + done.stderr).strip().splitlines()
+    return lines[0].strip() if lines else "unknown"
+
+
+def serve_options() -> frozenset[str]:
+    """The long options ``python -m ext_proc serve`` has (``--workers`` came later)."""
+    done = subprocess.run(
+        [sys.executable, "-m", "ext_proc", "serve", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    if done.returncode != 0:
+        raise ToolError(f"python -m ext_proc serve --help failed: {done.stderr}")
+    return frozenset(re.findall(r"(?<![\w-])--[a-z][a-z-]*", done.stdout))
