@@ -131,3 +131,20 @@ def test_decide_does_not_mutate_its_input(route):
     before = copy.deepcopy(document)
     decide(route, document)
     assert document == before
+
+
+@pytest.mark.parametrize(
+    ("ids", "named"),
+    [
+        ([1, 2, True], "prompt_token_ids[2] is not"),
+        ([1, "x", 2.0], "prompt_token_ids[1] is not"),
+        ([3, -7, 2], "prompt_token_ids[1] is not"),
+        ([1, 99, 100, 5], "prompt_token_ids[2] = 100 is outside"),
+    ],
+)
+def test_denial_names_an_offending_index(ids, named):
+    decision = decide(
+        HONOR_UNLIMITED if "outside" not in named else HONOR, doc({"prompt_token_ids": ids})
+    )
+    assert isinstance(decision, Deny)
+    assert named in decision.error.message
