@@ -62,6 +62,8 @@ def run(processor_config: Path | None) -> int:
 
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
+    # Nothing routes around a local stack: Ctrl-C need not wait out the drain window.
+    os.environ.setdefault("EXT_PROC_DRAIN_SECONDS", "0")
     workdir = Path(tempfile.mkdtemp(prefix="ext_proc-stack-"))
     try:
         if aggregated is None or disaggregated is None:
