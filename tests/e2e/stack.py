@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+import socket
 import subprocess
 import sys
 import urllib.request
@@ -217,6 +218,18 @@ class Stack:
         status = Path(f"/proc/{self.children['processor'].pid}/status").read_text()
         fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
         return {key: int(fields[key].split()[0]) for key in ("VmRSS", "VmHWM")}
+
+    def open_upload(self, length: int, first: bytes) -> socket.socket:
+        """Start an HTTP/1.1 POST announcing ``length`` body bytes; send only ``first``."""
+        sock = socket.create_connection((self.gateway.host, self.gateway.port), timeout=30)
+        sock.sendall(
+            (
+                "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n"
+                f"content-type: application/json\r\ncontent-length: {length}\r\n\r\n"
+            ).encode()
+            + first
+        )
+        return sock
 
     def stop_processor(self) -> None:
         processes.stop(self.children.pop("processor"))

@@ -168,19 +168,6 @@ def limited(request, tmp_path_factory) -> Iterator[Stack]:
         stack.stop()
 
 
-def open_upload(stack: Stack, length: int, first: bytes) -> socket.socket:
-    """Start a request announcing ``length`` bytes and send only ``first`` of them."""
-    sock = socket.create_connection((stack.gateway.host, stack.gateway.port), timeout=30)
-    sock.sendall(
-        (
-            "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
-            f"content-length: {length}\r\n\r\n"
-        ).encode()
-        + first
-    )
-    return sock
-
-
 def read_reply(sock: socket.socket) -> tuple[int, dict[str, str], bytes]:
     data = b""
     while b"\r\n\r\n" not in data:
@@ -210,7 +197,7 @@ def test_processor_body_limit_below_envoys_gets_413(limited):
 
 def test_exhausted_inflight_budget_gets_503_with_retry_after(limited):
     limited.clear()
-    holder = open_upload(limited, 2 * MiB, b'{"x": "')  # reserves 2 MiB of the 3 MiB
+    holder = limited.open_upload(2 * MiB, b'{"x": "')  # reserves 2 MiB of the 3 MiB
     try:
         time.sleep(0.3)
         with httpx.Client(timeout=30) as c:
@@ -233,7 +220,7 @@ def test_exhausted_inflight_budget_gets_503_with_retry_after(limited):
 
 def test_slow_body_gets_408_and_nothing_upstream(limited):
     limited.clear()
-    sock = open_upload(limited, 100, b'{"messages": [')
+    sock = limited.open_upload(100, b'{"messages": [')
     try:
         status, headers, body = read_reply(sock)  # the processor gives up after 2 s
     finally:

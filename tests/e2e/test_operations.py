@@ -164,18 +164,6 @@ def health_status(stack: Stack) -> int:
         return stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=2).status
 
 
-def slow_upload(stack: Stack, data: bytes, split: int) -> socket.socket:
-    sock = socket.create_connection((stack.gateway.host, stack.gateway.port), timeout=30)
-    sock.sendall(
-        (
-            "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
-            f"content-length: {len(data)}\r\n\r\n"
-        ).encode()
-        + data[:split]
-    )
-    return sock
-
-
 def status_of(sock: socket.socket) -> int:
     data = b""
     while b"\r\n" not in data:
@@ -198,7 +186,7 @@ def draining(tmp_path: Path) -> Iterator[Stack]:
 
 def test_sigterm_drains_and_in_flight_requests_finish(draining):
     data = json.dumps(chat({"prompt_token_ids": IDS, "k": 1})).encode()
-    in_flight = slow_upload(draining, data, 20)
+    in_flight = draining.open_upload(len(data), data[:20])
     time.sleep(0.3)
     processor = draining.children["processor"]
     assert health_status(draining) == health_pb2.HealthCheckResponse.SERVING
@@ -220,7 +208,7 @@ def test_sigterm_drains_and_in_flight_requests_finish(draining):
 
 def test_second_signal_forces_exit_and_nothing_half_forwarded(draining):
     data = json.dumps(chat({"prompt_token_ids": IDS})).encode()
-    in_flight = slow_upload(draining, data, 20)
+    in_flight = draining.open_upload(len(data), data[:20])
     time.sleep(0.3)
     processor = draining.children["processor"]
     os.kill(processor.pid, signal.SIGTERM)
