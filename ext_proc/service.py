@@ -46,23 +46,17 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc
         loop = asyncio.get_running_loop()
         deadline: float | None = None
         while True:
-            if stream.waiting_for_body:
-                if deadline is None:
-                    deadline = loop.time() + self._config.body_timeout_seconds
-                try:
-                    # asyncio.timeout, unlike wait_for, creates no task per message.
-                    async with asyncio.timeout_at(deadline):
-                        request = await anext(requests)
-                except TimeoutError:
-                    yield TimedOut()
-                    return
-                except StopAsyncIteration:
-                    return
-            else:
-                try:
+            if deadline is None and stream.waiting_for_body:
+                deadline = loop.time() + self._config.body_timeout_seconds
+            try:
+                # timeout_at(None) waits without limit; unlike wait_for it creates no task.
+                async with asyncio.timeout_at(deadline if stream.waiting_for_body else None):
                     request = await anext(requests)
-                except StopAsyncIteration:
-                    return
+            except TimeoutError:
+                yield TimedOut()
+                return
+            except StopAsyncIteration:
+                return
             yield decode(request, self._keys)
 
     async def Process(  # noqa: N802 - name fixed by the gRPC service
