@@ -13,6 +13,7 @@ import yaml
 from ext_proc import envoygen, route_policy
 from ext_proc.route_policy import Action, Topology, attribute_keys
 from ext_proc.server import SERVICE_NAME
+from tests.filters import assert_fails_closed
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "deploy" / "envoy-config.example.yaml"
@@ -86,14 +87,7 @@ def test_example_reproduces_the_shipped_config(body_mode, shipped):
 def test_fail_closed_filter():
     config = generate(example())
     filt = ext_proc_of(config)
-    assert filt["@type"] == EXT_PROC_TYPE
-    assert filt["failure_mode_allow"] is False
-    assert "allow_content_length_header" not in filt
-    assert "observability_mode" not in filt
-    assert filt["message_timeout"] == "5s"
-    assert filt["processing_mode"]["request_body_mode"] == "BUFFERED"
-    assert filt["processing_mode"]["request_header_mode"] == "SEND"
-    assert filt["request_attributes"] == list(attribute_keys().all())
+    assert_fails_closed(filt)
     assert filt["grpc_service"]["envoy_grpc"]["cluster_name"] == envoygen.PROCESSOR_CLUSTER
 
 

@@ -21,6 +21,7 @@ from ext_proc.devstack import processes
 from ext_proc.route_policy import Action, RoutePolicy, Topology, attribute_keys
 from tests.e2e import gateway_assembly
 from tests.e2e.stack import Stack
+from tests.filters import assert_fails_closed
 
 REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy"
@@ -324,14 +325,7 @@ def test_istio_filter_is_first_and_fails_closed():
     # Before the router and before any endpoint-picker ext_proc.
     assert http_filter["patch"]["operation"] == "INSERT_FIRST"
     config = http_filter["patch"]["value"]["typed_config"]
-    assert config["@type"] == gateway_assembly.EXT_PROC
-    assert config["failure_mode_allow"] is False
-    assert "allow_content_length_header" not in config
-    assert "observability_mode" not in config
-    assert config["message_timeout"] == "5s"
-    assert config["processing_mode"]["request_body_mode"] == "BUFFERED"
-    assert config["processing_mode"]["request_header_mode"] == "SEND"
-    assert config["request_attributes"] == list(attribute_keys().all())
+    assert_fails_closed(config)
     (cluster,) = [p for p in patches if p["applyTo"] == "CLUSTER"]
     assert config["grpc_service"]["envoy_grpc"]["cluster_name"] == cluster["patch"]["value"]["name"]
     endpoint = cluster["patch"]["value"]["load_assignment"]["endpoints"][0]["lb_endpoints"][0]

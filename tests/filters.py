@@ -1,0 +1,20 @@
+"""The fail-closed settings every shipped or generated ext_proc filter must carry."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ext_proc.check_envoy import EXT_PROC
+from ext_proc.route_policy import attribute_keys
+
+
+def assert_fails_closed(config: dict[str, Any], *, body_mode: str = "BUFFERED") -> None:
+    """``config`` is the ext_proc filter's ``typed_config``."""
+    assert config["@type"] == EXT_PROC
+    assert config["failure_mode_allow"] is False
+    assert "allow_content_length_header" not in config
+    assert "observability_mode" not in config
+    assert config["message_timeout"] == "5s"
+    assert config["processing_mode"]["request_body_mode"] == body_mode
+    assert config["processing_mode"]["request_header_mode"] == "SEND"
+    assert config["request_attributes"] == list(attribute_keys().all())
