@@ -113,8 +113,9 @@ async def serve(config: Config, *, worker: bool = False) -> int:
     running = await build(config, reuse_port=config.workers > 1)
     # Everything alive now lives as long as the process: keep it out of every
     # collection. Parsing a large body allocates many containers at once; a higher
-    # first threshold avoids a cascade of young collections per request (the service
-    # creates no reference cycles of its own).
+    # first threshold avoids a cascade of young collections per request. That is safe
+    # only while a finished request leaves no reference cycle holding its body
+    # (tests/test_service.py checks the rejection path, where a kept traceback did).
     gc.freeze()
     gc.set_threshold(GC_THRESHOLD, 20, 20)
     if not worker:

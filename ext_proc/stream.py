@@ -68,6 +68,7 @@ class State(Enum):
     STREAMING = auto()  # FULL_DUPLEX_STREAMED: accumulating chunks
     EXPECT_TRAILERS = auto()
     DONE = auto()
+    REJECTED = auto()  # answered with an ImmediateResponse: Envoy ends the request
     ERROR = auto()
 
 
@@ -133,7 +134,11 @@ class Stream:
         try:
             return handler(self, event)
         except HttpError as exc:
-            self.state = State.DONE
+            # The kept decision must not hold the traceback: its frames reference this
+            # stream and the event's body bytes, a cycle only the cyclic collector (run
+            # rarely here, see server.py) would free.
+            exc.__traceback__ = None
+            self.state = State.REJECTED
             if not (isinstance(self.decision, policy.Deny) and self.decision.error is exc):
                 self.decision = policy.Deny(exc)
             self.close()
@@ -256,6 +261,13 @@ class Stream:
             return []
         raise ProtocolError("request body after the end of the stream", reason="protocol_violation")
 
+    def _after_rejection(self, event: Event) -> list[Action]:
+        # In FULL_DUPLEX_STREAMED mode Envoy keeps sending the chunks (and trailers) it
+        # had already read when our ImmediateResponse reaches it; the local reply has
+        # ended the request, so they are dropped unanswered. Nothing is held or reserved:
+        # close() ran on rejection. Headers or any other message stay protocol errors.
+        return []
+
     def _on_trailers_without_body(self, event: Event) -> list[Action]:
         if self._mode is BodyMode.FULL_DUPLEX_STREAMED:
             raise BadRequest(
@@ -307,4 +319,6 @@ _TRANSITIONS: Final[dict[tuple[State, type], _Handler]] = {
     (State.STREAMING, TimedOut): Stream._on_timeout,
     (State.EXPECT_TRAILERS, RequestTrailers): Stream._on_trailers,
     (State.DONE, RequestBody): Stream._on_chunk_after_done,
+    (State.REJECTED, RequestBody): Stream._after_rejection,
+    (State.REJECTED, RequestTrailers): Stream._after_rejection,
 }

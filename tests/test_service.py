@@ -1,7 +1,9 @@
 """A real grpc.aio server on port 0, driven by a real client stream."""
 
 import asyncio
+import gc
 import json
+import types
 
 import grpc
 import pytest
@@ -11,6 +13,7 @@ from ext_proc._pb import external_processor_pb2 as pb
 from ext_proc._pb import external_processor_pb2_grpc as pb_grpc
 from ext_proc.config import Config
 from ext_proc.server import SERVICE_NAME, build
+from ext_proc.stream import Stream
 from tests.messages import headers_request, route_attributes
 
 MiB = 1024 * 1024
@@ -203,3 +206,39 @@ def test_protocol_errors_are_counted_as_such_not_as_internal_errors():
         )
 
     assert run(scenario()) == (1.0, 0.0)
+
+
+def test_chunks_after_a_streamed_rejection_are_dropped_and_the_stream_ends_ok():
+    # Envoy keeps sending the chunks it had read when the ImmediateResponse reaches it.
+    first = headers()
+    first.protocol_config.request_body_mode = 4  # FULL_DUPLEX_STREAMED
+    config = Config.load(listen="127.0.0.1:0", max_body_bytes=16, inflight_budget_bytes=16)
+    late = [body(b'{"messages": [', False), body(b"1, 2, 3, 4, 5], ", False), body(b"}")]
+    responses, code, _ = run(exchange([first, *late], config))
+    assert code == grpc.StatusCode.OK
+    assert [r.WhichOneof("response") for r in responses] == ["immediate_response"]
+    assert responses[0].immediate_response.status.code == 413
+
+
+def test_a_rejection_leaves_no_reference_cycle_holding_the_request():
+    # A cycle through a kept traceback would hold the stream and its body bytes until
+    # a full collection, which the server's GC tuning makes rare: memory grows with
+    # every rejected large body.
+    first = headers()
+    first.protocol_config.request_body_mode = 4
+    config = Config.load(listen="127.0.0.1:0", max_body_bytes=16, inflight_budget_bytes=16)
+    gc.collect()
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        run(exchange([first, body(b'{"messages": [', False), body(b"1, 2, 3], }")], config))
+        gc.collect()
+        ours = [
+            o
+            for o in gc.garbage
+            if isinstance(o, Stream)
+            or (isinstance(o, types.FrameType) and "/ext_proc/" in o.f_code.co_filename)
+        ]
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+    assert ours == []

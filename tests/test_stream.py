@@ -113,7 +113,7 @@ def test_invalid_metadata_rejects_at_headers_even_without_body():
     assert actions[0].status == 500
     assert "ext_proc.token_policy.action" in error["message"]
     assert actions[0].details == "token_policy_invalid_route_policy"
-    assert stream.state is State.DONE
+    assert stream.state is State.REJECTED
 
 
 def test_request_without_body_is_allowed():
@@ -138,8 +138,9 @@ def test_wrong_media_type_rejected_before_body(mode):
     stream = new()
     actions = stream.handle(headers(mode=mode, extra=(("content-type", b"text/plain"),)))
     assert error_body(actions)["code"] == 415
-    with pytest.raises(ProtocolError):
-        stream.handle(RequestBody(IDS.encode(), False))
+    assert stream.state is State.REJECTED
+    assert stream.decision is not None
+    assert stream.decision.reason == "unsupported_media_type"
 
 
 def test_unparseable_body_denied():
@@ -357,12 +358,37 @@ def test_error_state_is_sticky():
             stream.handle(event)
 
 
-def test_after_reject_nothing_more_is_accepted():
+def test_after_reject_late_chunks_and_trailers_are_dropped_unanswered():
+    # Streamed mode: chunks Envoy read before our ImmediateResponse still arrive.
+    budget = Budget(64)
+    stream = new(budget=budget)
+    assert stream.handle(headers(mode=DUPLEX)) == []  # chunked: no length to reserve
+    assert stream.handle(RequestBody(b"x" * 40, False)) == []
+    assert error_body(stream.handle(RequestBody(b"x" * 40, False)))["code"] == 503
+    assert stream.state is State.REJECTED
+    assert budget.used == 0
+    assert stream.handle(RequestBody(b"x" * 40, False)) == []
+    assert stream.handle(RequestBody(b"x" * 20, True)) == []
+    assert stream.handle(RequestTrailers()) == []
+    assert budget.used == 0
+    assert isinstance(stream.decision, Deny)
+
+
+def test_rejected_at_headers_then_late_chunks_are_dropped():
+    budget = Budget(64)
+    stream = new(budget=budget)
+    actions = stream.handle(headers(mode=DUPLEX, extra=(*JSON, ("content-length", b"100"))))
+    assert error_body(actions)["code"] == 503
+    assert stream.handle(RequestBody(b"x" * 100, True)) == []
+    assert budget.used == 0
+
+
+def test_after_reject_other_messages_are_protocol_errors():
     stream = new()
     stream.handle(headers())
     stream.handle(RequestBody(b"nope", True))
     with pytest.raises(ProtocolError):
-        stream.handle(RequestTrailers())
+        stream.handle(headers())
 
 
 # --- audit mode -----------------------------------------------------------------------

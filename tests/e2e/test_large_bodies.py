@@ -150,6 +150,7 @@ def test_slow_chunked_upload_within_limits(gateway):
 
 # --- processor limits: in-flight budget, body timeout, memory ------------------------
 
+ROUNDS = 3
 LIMITS = {"max_body_bytes": 2 * MiB, "inflight_budget_bytes": 3 * MiB, "body_timeout_seconds": 2}
 
 
@@ -242,21 +243,28 @@ def test_concurrent_large_bodies_keep_processor_memory_bounded(limited):
                 limited.url + "/v1/chat/completions", content=data, headers=JSON
             ).status_code
 
-    with ThreadPoolExecutor(max_workers=16) as pool:
-        statuses = list(pool.map(send, range(48)))
-    after = limited.processor_memory_kib()
-    growth_mib = (after["VmHWM"] - before["VmRSS"]) / 1024
+    statuses: list[int] = []
+    peaks = []  # processor peak RSS after each round, MiB above the start
+    for _ in range(ROUNDS):
+        with ThreadPoolExecutor(max_workers=16) as pool:
+            statuses += pool.map(send, range(48))
+        peaks.append((limited.processor_memory_kib()["VmHWM"] - before["VmRSS"]) / 1024)
     print(
-        f"\n48 x {len(data) / MiB:.1f} MiB, 16 at a time: statuses "
+        f"\n{ROUNDS} x 48 x {len(data) / MiB:.1f} MiB, 16 at a time: statuses "
         f"{ {s: statuses.count(s) for s in set(statuses)} }; processor RSS before "
-        f"{before['VmRSS'] / 1024:.0f} MiB, peak {after['VmHWM'] / 1024:.0f} MiB"
+        f"{before['VmRSS'] / 1024:.0f} MiB, peak growth per round {[round(p) for p in peaks]} MiB"
     )
     assert set(statuses) <= {200, 503}
-    assert statuses.count(200) >= 1
+    assert statuses.count(200) >= ROUNDS
     assert len(limited.received()) == statuses.count(200)
-    # 3 MiB budget: bodies held at once are bounded; the rest is parsing one document
-    # at a time plus gRPC buffers. 48 x 1.8 MiB = 86 MiB were offered.
-    assert growth_mib < 64, growth_mib
+    # What the processor may hold at once: the 3 MiB budget of accepted bodies, one
+    # document being parsed and rewritten, and gRPC's buffers for the 16 streams (16 x
+    # 1.8 MiB), plus allocator slack; measured 30-65 MiB. Far below the 250 MiB offered.
+    assert peaks[-1] < 96, peaks
+    # No steady growth with the number of requests: a rejected body kept alive by a
+    # reference cycle used to add about 15 MiB per round here (allocator noise alone
+    # moves the peak by up to ~30 MiB). test_service pins that cause deterministically.
+    assert peaks[-1] - peaks[0] < 40, peaks
 
 
 def test_processor_too_slow_gets_504_json(tmp_path):
