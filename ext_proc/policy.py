@@ -7,8 +7,11 @@ outcome of the policy is a value.
 
 from __future__ import annotations
 
+from array import array
 from dataclasses import dataclass
 from typing import Any
+
+import orjson
 
 from ext_proc import body
 from ext_proc.errors import BadRequest, HttpError
@@ -62,31 +65,42 @@ def _validate_ids(key: str, value: Any, policy: RoutePolicy) -> None:
             reason="ids_too_many",
             param=param,
         )
-    # Everything below runs in C builtins (no per-id Python loop): a 128k-id list is
-    # checked in about a millisecond. bool is a subclass of int in Python; JSON
-    # true/false are not token ids, so the exact type is compared.
+    # Everything below runs in C (no per-id Python loop; about 3 ms for 128k ids).
+    # array("Q") accepts exactly the ints in [0, 2**64), and bool, a subclass of int.
+    # JSON true/false are not token ids: once every item is an int or a bool, orjson
+    # writes the ints as digits and the bools as "true"/"false", both with an "e".
+    try:
+        array("Q", value)
+    except (TypeError, OverflowError):
+        _find_malformed(param, value)  # raises; returns for ints of 2**64 and beyond
+    else:
+        if b"e" in orjson.dumps(value):
+            _find_malformed(param, value)
+    if policy.vocab_size is not None:
+        highest = max(value)
+        if highest >= policy.vocab_size:
+            raise BadRequest(
+                f"{param}[{value.index(highest)}] = {highest} is outside the vocabulary "
+                f"(size {policy.vocab_size})",
+                reason="ids_out_of_vocab",
+                param=param,
+            )
+
+
+def _find_malformed(param: str, value: list[Any]) -> None:
+    """Raise for the first item that is not an int (bool excluded) or is negative."""
     types = set(map(type, value))
     if types != {int}:
         kinds = list(map(type, value))
         index = min(kinds.index(kind) for kind in types - {int})
-        raise BadRequest(
-            f"{param}[{index}] is not a non-negative integer", reason="ids_malformed", param=param
-        )
-    lowest = min(value)
-    if lowest < 0:
-        raise BadRequest(
-            f"{param}[{value.index(lowest)}] is not a non-negative integer",
-            reason="ids_malformed",
-            param=param,
-        )
-    highest = max(value)
-    if policy.vocab_size is not None and highest >= policy.vocab_size:
-        raise BadRequest(
-            f"{param}[{value.index(highest)}] = {highest} is outside the vocabulary "
-            f"(size {policy.vocab_size})",
-            reason="ids_out_of_vocab",
-            param=param,
-        )
+    else:
+        lowest = min(value)
+        if lowest >= 0:
+            return
+        index = value.index(lowest)
+    raise BadRequest(
+        f"{param}[{index}] is not a non-negative integer", reason="ids_malformed", param=param
+    )
 
 
 def decide(policy: RoutePolicy, document: body.Document) -> Decision:

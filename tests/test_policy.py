@@ -1,7 +1,11 @@
 import copy
+import json
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
+from ext_proc import body
 from ext_proc.policy import Allow, Deny, Strip, decide
 from ext_proc.route_policy import Action, RoutePolicy, Topology
 
@@ -148,3 +152,61 @@ def test_denial_names_an_offending_index(ids, named):
     )
     assert isinstance(decision, Deny)
     assert named in decision.error.message
+
+
+@pytest.mark.parametrize(
+    ("ids", "named"),
+    [
+        ([1, 2, 3, True], "prompt_token_ids[3] is not"),
+        ([False, 1], "prompt_token_ids[0] is not"),
+        ([1, "x", 2.0], "prompt_token_ids[1] is not"),
+        ([3, -7, 2], "prompt_token_ids[1] is not"),
+        ([1, None], "prompt_token_ids[1] is not"),
+        ([[1], 2], "prompt_token_ids[0] is not"),
+        ([1, 2**64, True], "prompt_token_ids[2] is not"),
+        ([1, 1e300], "prompt_token_ids[1] is not"),
+        ([1, 99, 100, 5], "prompt_token_ids[2] = 100 is outside"),
+        ([1, 2**64], "prompt_token_ids[1] = 18446744073709551616 is outside"),
+    ],
+)
+def test_every_kind_of_malformed_id_is_found_and_named(ids, named):
+    decision = decide(HONOR_UNLIMITED if len(ids) > 4 else HONOR, doc({"prompt_token_ids": ids}))
+    assert isinstance(decision, Deny)
+    assert named in decision.error.message
+
+
+def test_ints_beyond_64_bits_are_honored_when_no_vocabulary_is_known():
+    document = doc({"prompt_token_ids": [1, 2**64, 10**40]})
+    assert decide(HONOR_UNLIMITED, document) == Allow("honored", 3)
+
+
+@pytest.mark.parametrize("encoding", ["utf-8", "utf-16", "utf-32"])
+def test_a_boolean_id_is_denied_in_every_encoding_json_loads_reads(encoding):
+    raw = json.dumps({"kv_transfer_params": {"prompt_token_ids": [1, True]}}).encode(encoding)
+    decision = decide(HONOR, body.parse(raw).document)
+    assert isinstance(decision, Deny)
+    assert decision.reason == "ids_malformed"
+
+
+ID_ITEMS = st.one_of(
+    st.integers(min_value=-3, max_value=120),
+    st.integers(min_value=2**63, max_value=2**65),
+    st.booleans(),
+    st.floats(allow_nan=False),
+    st.none(),
+    st.text(max_size=2),
+)
+
+
+@given(st.lists(ID_ITEMS, min_size=1, max_size=6))
+def test_id_validation_matches_the_plain_definition(ids):
+    # The plain per-item reading of "at most max_ids non-negative ints, in vocabulary".
+    if len(ids) > HONOR.max_ids:  # the count is checked first, whatever the items
+        expected = "ids_too_many"
+    elif any(type(v) is not int or v < 0 for v in ids):
+        expected = "ids_malformed"
+    elif max(ids) >= HONOR.vocab_size:
+        expected = "ids_out_of_vocab"
+    else:
+        expected = "honored"
+    assert decide(HONOR, doc({"prompt_token_ids": ids})).reason == expected
