@@ -72,6 +72,15 @@ def _services(results: dict[str, Any]) -> list[str]:
     return [a["name"] for a in results["arrangements"] if a["kind"] == "service"]
 
 
+def _judged(results: dict[str, Any]) -> list[str]:
+    """The services, then every other naive arrangement (``naive-1msg``): a processor
+    that does nothing, judged by the same targets to show what the transport allows."""
+    others = [
+        a["name"] for a in results["arrangements"] if a["kind"] == "naive" and a["name"] != "naive"
+    ]
+    return [*_services(results), *others]
+
+
 def _cell_name(key: Key) -> str:
     body, decision, concurrency = key
     return f"{LABEL[body]} {decision} c={concurrency}"
@@ -80,7 +89,7 @@ def _cell_name(key: Key) -> str:
 def _target_rows(results: dict[str, Any]) -> list[Record]:
     cells = by_cell(results["cells"])
     rows: list[Record] = []
-    for name in _services(results):
+    for name in _judged(results):
         for key, group in cells.items():
             record, naive = group.get(name), group.get("naive")
             if record is None or naive is None or "direct" not in group:
@@ -138,7 +147,7 @@ def _summaries(results: dict[str, Any], rows: list[Record]) -> list[Record]:
     }
     summaries = []
     for target, title in titles.items():
-        for name in _services(results):
+        for name in _judged(results):
             mine = [r for r in rows if r["target"] == target and r["arrangement"] == name]
             verdicts = [r["met"] for r in mine]
             if False in verdicts:
@@ -225,7 +234,10 @@ def markdown(results: dict[str, Any]) -> str:
         "- `service-wN`: `python -m ext_proc serve` (N workers) behind `envoy/envoy.yaml` "
         "(headers and body: two gRPC messages per request);",
         "- `service-w1-1msg`: the same behind `envoy/envoy-one-message.yaml` (headers "
-        "skipped, one gRPC message per request).",
+        "skipped, one gRPC message per request);",
+        "- `naive-1msg`: the naive processor behind `envoy/envoy-one-message.yaml`: a "
+        "floor, what one grpc.aio round trip per request costs with no work at all. It is "
+        "judged by the same targets (it polices nothing; its deny cells are forwarded).",
         "",
         "Bodies: `allow` = chat request without ids on `/v1/` (at 1 MiB: the decode request, "
         "128k valid ids honored on `/pd/v1/`); `strip` = ids on `/v1/` (removed, body "

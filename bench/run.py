@@ -58,7 +58,12 @@ def smoke_cells() -> tuple[Cell, ...]:
 
 def arrangements(workers: tuple[int, ...], flag: bool) -> tuple[list[stack.Arrangement], list[str]]:
     """direct, naive and one service column per worker count the service can run."""
-    chosen = [stack.Arrangement("direct"), stack.Arrangement("naive")]
+    chosen = [
+        stack.Arrangement("direct"),
+        stack.Arrangement("naive"),
+        # The floor of one message per request: the naive processor, one-message config.
+        stack.Arrangement("naive", config="envoy-one-message.yaml"),
+    ]
     notes: list[str] = []
     for count in workers:
         if count != 1 and not flag:
