@@ -58,9 +58,9 @@ def _serve(args: argparse.Namespace) -> int:
         from ext_proc.supervisor import run
 
         return run(config)
-    from ext_proc.server import serve
+    from ext_proc.server import run
 
-    return asyncio.run(serve(config))
+    return run(config)
 
 
 def main(argv: list[str] | None = None) -> int:

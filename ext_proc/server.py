@@ -13,6 +13,7 @@ import asyncio
 import gc
 import logging
 import signal
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -94,6 +95,20 @@ def start_metrics(config: Config, running: Running) -> None:
     start_http_server(int(port), host, registry=running.processor.metrics.registry)
 
 
+def loop_factory(config: Config) -> Callable[[], asyncio.AbstractEventLoop]:
+    if config.event_loop == "uvloop":
+        import uvloop  # noqa: PLC0415 - only when chosen
+
+        return uvloop.new_event_loop
+    return asyncio.new_event_loop
+
+
+def run(config: Config, *, worker: bool = False) -> int:
+    """Serve on the configured event loop until signalled; the exit status."""
+    with asyncio.Runner(loop_factory=loop_factory(config)) as runner:
+        return runner.run(serve(config, worker=worker))
+
+
 async def serve(config: Config, *, worker: bool = False) -> int:
     """Serve until signalled; the exit status (0 drained, 1 forced).
 
@@ -120,7 +135,10 @@ async def serve(config: Config, *, worker: bool = False) -> int:
     gc.set_threshold(GC_THRESHOLD, 20, 20)
     if not worker:
         start_metrics(config, running)
-    log.info("serving", extra={"listen": config.listen, "port": running.port})
+    log.info(
+        "serving",
+        extra={"listen": config.listen, "port": running.port, "event_loop": config.event_loop},
+    )
     await stop.wait()
     log.info(
         "draining",

@@ -8,7 +8,6 @@ or SIGINT starts every worker's drain, a second one forces them all.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import multiprocessing
 import os
@@ -30,9 +29,9 @@ def _worker(config: Config) -> None:
     # it forwards a SIGTERM, so a worker never sees one signal twice.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     logs.configure(config.log_level)
-    from ext_proc.server import serve  # noqa: PLC0415 - imported in the child only
+    from ext_proc.server import run  # noqa: PLC0415 - imported in the child only
 
-    raise SystemExit(asyncio.run(serve(config, worker=True)))
+    raise SystemExit(run(config, worker=True))
 
 
 def _start_metrics(config: Config, directory: str) -> None:

@@ -31,6 +31,7 @@ def test_file_then_overrides(tmp_path):
         ("max_body_bytes: 0\n", "max_body_bytes"),
         ("max_body_bytes: '10'\n", "max_body_bytes"),
         ("lisen: x\n", "lisen"),
+        ("event_loop: trio\n", "event_loop"),
     ],
 )
 def test_invalid_values_name_the_field(tmp_path, text, field):

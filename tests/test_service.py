@@ -12,7 +12,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from ext_proc._pb import external_processor_pb2 as pb
 from ext_proc._pb import external_processor_pb2_grpc as pb_grpc
 from ext_proc.config import Config
-from ext_proc.server import SERVICE_NAME, build
+from ext_proc.server import SERVICE_NAME, build, loop_factory
 from ext_proc.stream import Stream
 from tests.messages import headers_request, route_attributes
 
@@ -242,3 +242,18 @@ def test_a_rejection_leaves_no_reference_cycle_holding_the_request():
         gc.set_debug(0)
         gc.garbage.clear()
     assert ours == []
+
+
+@pytest.mark.parametrize("event_loop", ["uvloop", "asyncio"])
+def test_the_service_runs_on_each_event_loop(event_loop):
+    config = Config.load(listen="127.0.0.1:0", event_loop=event_loop)
+    payload = {"messages": [], "kv_transfer_params": {"prompt_token_ids": [1], "k": "v"}}
+    with asyncio.Runner(loop_factory=loop_factory(config)) as runner:
+        kind = type(runner.get_loop()).__module__
+        responses, code, _ = runner.run(
+            exchange([headers({"action": "strip"}), body(json.dumps(payload).encode())], config)
+        )
+    assert kind.startswith("uvloop" if event_loop == "uvloop" else "asyncio")
+    assert code == grpc.StatusCode.OK
+    mutation = responses[1].request_body.response.body_mutation
+    assert json.loads(mutation.body) == {"messages": [], "kv_transfer_params": {"k": "v"}}

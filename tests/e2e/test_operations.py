@@ -99,6 +99,15 @@ def test_decisions_are_counted_logged_and_in_the_access_log(gateway):
     assert "hello" not in log_text
 
 
+def test_processor_serves_on_uvloop_by_default(gateway):
+    serving = [
+        json.loads(line)
+        for line in gateway.logs("processor").splitlines()
+        if '"message": "serving"' in line
+    ]
+    assert [entry["event_loop"] for entry in serving] == ["uvloop"]
+
+
 def test_denial_details_and_decision_in_the_access_log(gateway):
     with httpx.Client(timeout=20) as client:
         reply = client.post(
