@@ -103,16 +103,12 @@ def decision_metadata(namespace: str, decision: Decision, audit: bool) -> struct
     """What the policy did, as Envoy dynamic metadata under ``namespace`` (for access
     logs and later filters). Never the ids themselves."""
     struct = struct_pb2.Struct()
-    struct.update(
-        {
-            namespace: {
-                "action": type(decision).__name__.lower(),
-                "reason": decision.reason,
-                "id_count": decision.id_count,
-                "mode": "audit" if audit else "enforce",
-            }
-        }
-    )
+    # Field by field: Struct.update walks Python dicts in pure Python, 5x slower.
+    fields = struct.fields[namespace].struct_value.fields
+    fields["action"].string_value = type(decision).__name__.lower()
+    fields["reason"].string_value = decision.reason
+    fields["id_count"].number_value = decision.id_count
+    fields["mode"].string_value = "audit" if audit else "enforce"
     return struct
 
 

@@ -6,7 +6,7 @@ supervisor serves the aggregate; with one process the registry is served directl
 
 from __future__ import annotations
 
-from typing import Final
+from typing import Any, Final
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
@@ -60,3 +60,23 @@ class Metrics:
             ["kind"],
             registry=self.registry,
         )
+        # Labelled children by label values: labels() validates and locks on every call.
+        # Bounded: routes come from the Envoy config, actions, reasons and modes from
+        # this package.
+        self._children: dict[tuple[object, ...], Any] = {}
+
+    def _child(self, metric: Counter | Histogram, *values: str) -> Any:
+        key = (id(metric), *values)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(*values)
+        return child
+
+    def decided(self, route: str, action: str, reason: str, mode: str) -> None:
+        self._child(self.decisions, route, action, reason, mode).inc()
+
+    def observe_body(self, route: str, size: int) -> None:
+        self._child(self.body_bytes, route).observe(size)
+
+    def observe_processing(self, route: str, seconds: float) -> None:
+        self._child(self.processing_seconds, route).observe(seconds)

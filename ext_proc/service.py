@@ -49,8 +49,11 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc
             if deadline is None and stream.waiting_for_body:
                 deadline = loop.time() + self._config.body_timeout_seconds
             try:
-                # timeout_at(None) waits without limit; unlike wait_for it creates no task.
-                async with asyncio.timeout_at(deadline if stream.waiting_for_body else None):
+                if stream.waiting_for_body:
+                    # Unlike wait_for, timeout_at creates no task.
+                    async with asyncio.timeout_at(deadline):
+                        request = await anext(requests)
+                else:  # no timer to arm and cancel for every other message
                     request = await anext(requests)
             except TimeoutError:
                 yield TimedOut()
@@ -124,16 +127,16 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc
             metrics.inflight_streams.dec()
             metrics.inflight_bytes.set(self.budget.used)
             if stream.decision is not None:
-                metrics.processing_seconds.labels(stream.route_name).observe(busy)
+                metrics.observe_processing(stream.route_name, busy)
 
     def _report(self, stream: Stream, request_id: str) -> None:
         decision = stream.decision
         assert decision is not None
         action = type(decision).__name__.lower()
         mode = "audit" if stream.audit else "enforce"
-        self.metrics.decisions.labels(stream.route_name, action, decision.reason, mode).inc()
+        self.metrics.decided(stream.route_name, action, decision.reason, mode)
         if stream.body_size:
-            self.metrics.body_bytes.labels(stream.route_name).observe(stream.body_size)
+            self.metrics.observe_body(stream.route_name, stream.body_size)
         if isinstance(decision, policy.Allow) and decision.id_count == 0:
             return
         # Never the ids, never any prompt text: only what was decided and why.
