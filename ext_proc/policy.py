@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from array import array
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 import orjson
 
@@ -68,14 +68,20 @@ def _validate_ids(key: str, value: Any, policy: RoutePolicy) -> None:
     # Everything below runs in C (no per-id Python loop; about 3 ms for 128k ids).
     # array("Q") accepts exactly the ints in [0, 2**64), and bool, a subclass of int.
     # JSON true/false are not token ids: once every item is an int or a bool, orjson
-    # writes the ints as digits and the bools as "true"/"false", both with an "e".
+    # writes the ints as digits and the bools as "true"/"false": the first "t" or "f"
+    # is the first bool, and the commas before it give its index.
     try:
         array("Q", value)
     except (TypeError, OverflowError):
         _find_malformed(param, value)  # raises; returns for ints of 2**64 and beyond
     else:
-        if b"e" in orjson.dumps(value):
-            _find_malformed(param, value)
+        written = orjson.dumps(value)
+        first_letter = min(
+            (i for i in (written.find(b"t"), written.find(b"f")) if i >= 0), default=-1
+        )
+        if first_letter >= 0:
+            # Items are separated by the only commas in the output (no strings here).
+            _malformed(param, written.count(b",", 0, first_letter))
     if policy.vocab_size is not None:
         highest = max(value)
         if highest >= policy.vocab_size:
@@ -98,6 +104,10 @@ def _find_malformed(param: str, value: list[Any]) -> None:
         if lowest >= 0:
             return
         index = value.index(lowest)
+    _malformed(param, index)
+
+
+def _malformed(param: str, index: int) -> NoReturn:
     raise BadRequest(
         f"{param}[{index}] is not a non-negative integer", reason="ids_malformed", param=param
     )

@@ -209,4 +209,9 @@ def test_id_validation_matches_the_plain_definition(ids):
         expected = "ids_out_of_vocab"
     else:
         expected = "honored"
-    assert decide(HONOR, doc({"prompt_token_ids": ids})).reason == expected
+    decision = decide(HONOR, doc({"prompt_token_ids": ids}))
+    assert decision.reason == expected
+    if expected == "ids_malformed":  # and the index it names holds a malformed item
+        assert isinstance(decision, Deny)
+        index = int(decision.error.message.split("[", 1)[1].split("]", 1)[0])
+        assert type(ids[index]) is not int or ids[index] < 0
