@@ -219,6 +219,10 @@ class Stack:
         fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
         return {key: int(fields[key].split()[0]) for key in ("VmRSS", "VmHWM")}
 
+    def reset_processor_peak(self) -> None:
+        """Start VmHWM afresh at the current RSS (Linux >= 4.0: clear_refs value 5)."""
+        Path(f"/proc/{self.children['processor'].pid}/clear_refs").write_text("5")
+
     def open_upload(self, length: int, first: bytes) -> socket.socket:
         """Start an HTTP/1.1 POST announcing ``length`` body bytes; send only ``first``."""
         sock = socket.create_connection((self.gateway.host, self.gateway.port), timeout=30)

@@ -244,8 +244,9 @@ def test_concurrent_large_bodies_keep_processor_memory_bounded(limited):
             ).status_code
 
     statuses: list[int] = []
-    peaks = []  # processor peak RSS after each round, MiB above the start
+    peaks = []  # each round's peak RSS, MiB above the RSS before the first round
     for _ in range(ROUNDS):
+        limited.reset_processor_peak()
         with ThreadPoolExecutor(max_workers=16) as pool:
             statuses += pool.map(send, range(48))
         peaks.append((limited.processor_memory_kib()["VmHWM"] - before["VmRSS"]) / 1024)
@@ -258,12 +259,14 @@ def test_concurrent_large_bodies_keep_processor_memory_bounded(limited):
     assert statuses.count(200) >= ROUNDS
     assert len(limited.received()) == statuses.count(200)
     # What the processor may hold at once: the 3 MiB budget of accepted bodies, one
-    # document being parsed and rewritten, and gRPC's buffers for the 16 streams (16 x
-    # 1.8 MiB), plus allocator slack; measured 30-65 MiB. Far below the 250 MiB offered.
-    assert peaks[-1] < 96, peaks
+    # document being parsed and rewritten (one thread parses), gRPC's buffers for the
+    # 16 streams (16 x 1.8 MiB) and allocator retention across gRPC's threads.
+    # Measured per round: 48-81 MiB buffered, 28-66 MiB streamed. 86 MiB are offered
+    # per round, 260 MiB in all.
+    assert max(peaks) < 112, peaks
     # No steady growth with the number of requests: a rejected body kept alive by a
     # reference cycle used to add about 15 MiB per round here (allocator noise alone
-    # moves the peak by up to ~30 MiB). test_service pins that cause deterministically.
+    # moves a round's peak by up to ~30 MiB). test_service pins that cause exactly.
     assert peaks[-1] - peaks[0] < 40, peaks
 
 
