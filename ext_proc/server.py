@@ -130,7 +130,7 @@ async def serve(config: Config, *, worker: bool = False) -> int:
     # collection. Parsing a large body allocates many containers at once; a higher
     # first threshold avoids a cascade of young collections per request. That is safe
     # only while a finished request leaves no reference cycle holding its body
-    # (tests/test_service.py checks the rejection path, where a kept traceback did).
+    # (tests/test_service.py checks the refusal paths, where kept tracebacks did).
     gc.freeze()
     gc.set_threshold(GC_THRESHOLD, 20, 20)
     if not worker:

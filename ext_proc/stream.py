@@ -134,10 +134,6 @@ class Stream:
         try:
             return handler(self, event)
         except HttpError as exc:
-            # The kept decision must not hold the traceback: its frames reference this
-            # stream and the event's body bytes, a cycle only the cyclic collector (run
-            # rarely here, see server.py) would free.
-            exc.__traceback__ = None
             self.state = State.REJECTED
             if not (isinstance(self.decision, policy.Deny) and self.decision.error is exc):
                 self.decision = policy.Deny(exc)
@@ -147,6 +143,17 @@ class Stream:
             self.state = State.ERROR
             self.close()
             raise
+        finally:
+            self._drop_tracebacks()
+
+    def _drop_tracebacks(self) -> None:
+        """Errors this stream keeps (the decision's, an audited refusal) must not keep
+        their tracebacks: the frames reference this stream and the body bytes, a cycle
+        only the cyclic collector (run rarely here, see server.py) would free."""
+        if isinstance(self.decision, policy.Deny):
+            self.decision.error.__traceback__ = None
+        if self._held_refusal is not None:
+            self._held_refusal.__traceback__ = None
 
     def close(self) -> None:
         """Give back every reserved byte and drop held chunks; safe to call twice."""

@@ -220,17 +220,31 @@ def test_chunks_after_a_streamed_rejection_are_dropped_and_the_stream_ends_ok():
     assert responses[0].immediate_response.status.code == 413
 
 
-def test_a_rejection_leaves_no_reference_cycle_holding_the_request():
-    # A cycle through a kept traceback would hold the stream and its body bytes until
-    # a full collection, which the server's GC tuning makes rare: memory grows with
-    # every rejected large body.
+def _streamed_rejection():
     first = headers()
     first.protocol_config.request_body_mode = 4
     config = Config.load(listen="127.0.0.1:0", max_body_bytes=16, inflight_budget_bytes=16)
+    return [first, body(b'{"messages": [', False), body(b"1, 2, 3], }")], config
+
+
+def _audited_refusals():
+    # Audit mode keeps the refusals it does not enforce: a wrong media type (held from
+    # the headers) and an unparseable body.
+    plain = headers_request(route_attributes(None), headers=(("content-type", b"text/plain"),))
+    config = Config.load(listen="127.0.0.1:0", audit=True)
+    return [plain, body(b'{"messages": [')], config
+
+
+@pytest.mark.parametrize("scenario", [_streamed_rejection, _audited_refusals])
+def test_a_refusal_leaves_no_reference_cycle_holding_the_request(scenario):
+    # A cycle through a kept traceback would hold the stream and its body bytes until
+    # a full collection, which the server's GC tuning makes rare: memory grows with
+    # every refused large body.
+    messages, config = scenario()
     gc.collect()
     gc.set_debug(gc.DEBUG_SAVEALL)
     try:
-        run(exchange([first, body(b'{"messages": [', False), body(b"1, 2, 3], }")], config))
+        run(exchange(messages, config))
         gc.collect()
         ours = [
             o
