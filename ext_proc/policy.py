@@ -68,20 +68,18 @@ def _validate_ids(key: str, value: Any, policy: RoutePolicy) -> None:
     # Everything below runs in C (no per-id Python loop; about 3 ms for 128k ids).
     # array("Q") accepts exactly the ints in [0, 2**64), and bool, a subclass of int.
     # JSON true/false are not token ids: once every item is an int or a bool, orjson
-    # writes the ints as digits and the bools as "true"/"false": the first "t" or "f"
-    # is the first bool, and the commas before it give its index.
+    # writes the ints as digits and the bools as "true"/"false". The first "e" lies in
+    # the first bool, and the commas before it (the only commas: no strings here)
+    # give its index.
     try:
         array("Q", value)
     except (TypeError, OverflowError):
         _find_malformed(param, value)  # raises; returns for ints of 2**64 and beyond
     else:
         written = orjson.dumps(value)
-        first_letter = min(
-            (i for i in (written.find(b"t"), written.find(b"f")) if i >= 0), default=-1
-        )
-        if first_letter >= 0:
-            # Items are separated by the only commas in the output (no strings here).
-            _malformed(param, written.count(b",", 0, first_letter))
+        first_bool = written.find(b"e")
+        if first_bool >= 0:
+            _malformed(param, written.count(b",", 0, first_bool))
     if policy.vocab_size is not None:
         highest = max(value)
         if highest >= policy.vocab_size:
@@ -94,7 +92,8 @@ def _validate_ids(key: str, value: Any, policy: RoutePolicy) -> None:
 
 
 def _find_malformed(param: str, value: list[Any]) -> None:
-    """Raise for the first item that is not an int (bool excluded) or is negative."""
+    """Raise naming an item that is not an int (bool excluded) or is negative; return
+    when there is none (ints of 2**64 and beyond are left to the vocabulary check)."""
     types = set(map(type, value))
     if types != {int}:
         kinds = list(map(type, value))
