@@ -1,7 +1,9 @@
 from google.protobuf import struct_pb2
+from google.protobuf.json_format import MessageToDict
 
 from ext_proc._pb import external_processor_pb2 as pb
-from ext_proc.codec import decode, encode
+from ext_proc.codec import decision_metadata, decode, encode
+from ext_proc.errors import BadRequest
 from ext_proc.events import (
     BodyMode,
     ContinueBody,
@@ -14,6 +16,7 @@ from ext_proc.events import (
     RouteMetadata,
     Unexpected,
 )
+from ext_proc.policy import Deny, Strip
 from tests.messages import KEYS, headers_request
 
 
@@ -149,3 +152,14 @@ def test_first_body_message_carries_a_preamble_from_attributes():
 def test_later_body_messages_carry_no_preamble():
     request = pb.ProcessingRequest(request_body=pb.HttpBody(body=b"{}", end_of_stream=True))
     assert decode(request, KEYS) == RequestBody(b"{}", True, None)
+
+
+def test_decision_metadata_names_what_was_decided_never_the_ids():
+    strip = Strip(("prompt_token_ids",), "stripped_by_policy", 3)
+    assert MessageToDict(decision_metadata("ns", strip, audit=False)) == {
+        "ns": {"action": "strip", "reason": "stripped_by_policy", "id_count": 3, "mode": "enforce"}
+    }
+    deny = Deny(BadRequest("x", reason="ids_malformed"), 2)
+    assert MessageToDict(decision_metadata("ns", deny, audit=True)) == {
+        "ns": {"action": "deny", "reason": "ids_malformed", "id_count": 2, "mode": "audit"}
+    }
