@@ -17,14 +17,9 @@ from typing import Any
 
 import yaml
 
+from ext_proc.attributes import HEADERS, attribute_keys
 from ext_proc.errors import RoutePolicyError
-from ext_proc.route_policy import (
-    DEFAULT_NAMESPACE,
-    HEADER_ATTRIBUTES,
-    Scalar,
-    attribute_keys,
-    parse,
-)
+from ext_proc.route_policy import DEFAULT_NAMESPACE, Scalar, parse
 
 EXT_PROC = "type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor"
 PER_ROUTE = "type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExtProcPerRoute"
@@ -71,11 +66,11 @@ def _check_mode(where: str, mode: dict[str, Any], requested: set[str], report: R
     if mode.get("request_header_mode", "SEND") == "SKIP":
         # One message per request: allowed with BUFFERED bodies when the headers the
         # processor checks come as attributes.
-        missing = [key for key in HEADER_ATTRIBUTES.values() if key not in requested]
+        missing = [key for key in HEADERS.values() if key not in requested]
         if body != "BUFFERED" or missing:
             report.errors.append(
                 f"{where}: request_header_mode SKIP needs request_body_mode BUFFERED and "
-                f"request_attributes {missing or list(HEADER_ATTRIBUTES.values())}"
+                f"request_attributes {missing or list(HEADERS.values())}"
             )
     if body == "FULL_DUPLEX_STREAMED" and mode.get("request_trailer_mode") != "SEND":
         report.errors.append(f"{where}: FULL_DUPLEX_STREAMED needs request_trailer_mode SEND")

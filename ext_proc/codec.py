@@ -8,7 +8,9 @@ from __future__ import annotations
 
 from google.protobuf import struct_pb2
 
+from ext_proc import attributes
 from ext_proc._pb import external_processor_pb2 as pb
+from ext_proc.attributes import AttributeKeys
 from ext_proc.events import (
     Action,
     BodyMode,
@@ -25,7 +27,7 @@ from ext_proc.events import (
     Unexpected,
 )
 from ext_proc.policy import Decision
-from ext_proc.route_policy import HEADER_ATTRIBUTES, ROUTE_NAME_ATTRIBUTE, AttributeKeys, Scalar
+from ext_proc.route_policy import Scalar
 
 
 def _scalar(value: struct_pb2.Value) -> Scalar:
@@ -53,15 +55,15 @@ def _route_metadata(request: pb.ProcessingRequest, keys: AttributeKeys) -> Route
         if keys.size in fields:
             size_value = _scalar(fields[keys.size])
             size = size_value if isinstance(size_value, float) else float("inf")
-        if ROUTE_NAME_ATTRIBUTE in fields:
-            route_name = str(_scalar(fields[ROUTE_NAME_ATTRIBUTE]))
+        if attributes.ROUTE_NAME in fields:
+            route_name = str(_scalar(fields[attributes.ROUTE_NAME]))
     return RouteMetadata(values, size, route_name)
 
 
 def _headers_from_attributes(request: pb.ProcessingRequest) -> tuple[tuple[str, bytes], ...]:
     found: list[tuple[str, bytes]] = []
     for group in request.attributes.values():
-        for name, key in HEADER_ATTRIBUTES.items():
+        for name, key in attributes.HEADERS.items():
             if key in group.fields:
                 value = _scalar(group.fields[key])
                 if isinstance(value, str):

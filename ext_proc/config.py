@@ -14,9 +14,11 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from ext_proc.address import HostPort, check_listen
 from ext_proc.route_policy import DEFAULT_NAMESPACE
+from ext_proc.validation import problems
 
 MiB = 1024 * 1024
 ENV_PREFIX = "EXT_PROC_"
@@ -79,11 +81,27 @@ class Config(BaseModel):
             raise ValueError("inflight_budget_bytes must be at least max_body_bytes")
         if self.workers > 1 and self.listen.startswith("unix:"):
             raise ValueError("workers > 1 needs a TCP listen address (SO_REUSEPORT)")
-        if self.metrics_listen:
-            host, colon, port = self.metrics_listen.rpartition(":")
-            if not (host and colon and port.isdigit()):
-                raise ValueError("metrics_listen must be host:port or empty")
         return self
+
+    @field_validator("listen")
+    @classmethod
+    def _listen(cls, value: str) -> str:
+        return check_listen(value)
+
+    @field_validator("metrics_listen")
+    @classmethod
+    def _metrics_listen(cls, value: str) -> str:
+        if value:
+            try:
+                HostPort.parse(value, allow_zero=True)
+            except ValueError as exc:
+                raise ValueError(f"metrics_listen must be host:port or empty: {exc}") from None
+        return value
+
+    @property
+    def metrics_address(self) -> HostPort | None:
+        """Where the Prometheus endpoint listens; None when disabled."""
+        return HostPort.parse(self.metrics_listen, allow_zero=True) if self.metrics_listen else None
 
     @classmethod
     def load(
@@ -114,8 +132,4 @@ class Config(BaseModel):
         try:
             return cls.model_validate(data)
         except ValidationError as exc:
-            problems = "; ".join(
-                f"{'.'.join(str(p) for p in err['loc']) or '(root)'}: {err['msg']}"
-                for err in exc.errors()
-            )
-            raise ConfigError(f"invalid configuration: {problems}") from exc
+            raise ConfigError(f"invalid configuration: {problems(exc)}") from exc

@@ -19,7 +19,7 @@
 
 and writes a whole Envoy bootstrap that behaves like ``envoy/envoy.yaml``: the ext_proc
 filter with ``failure_mode_allow: false`` and every CEL attribute the processor reads
-(``route_policy.attribute_keys``), vLLM-shaped local replies, route policy metadata,
+(``attributes.attribute_keys``), vLLM-shaped local replies, route policy metadata,
 raised per-route body buffers, an HTTP/2 processor cluster with wide windows and gRPC
 health checks, and a JSON access log.
 
@@ -47,7 +47,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from pydantic import model_validator as _model_validator
 from pydantic.warnings import PydanticDeprecatedSince212
 
-from ext_proc.route_policy import DEFAULT_NAMESPACE, Action, Topology, attribute_keys
+from ext_proc.attributes import attribute_keys
+from ext_proc.route_policy import DEFAULT_NAMESPACE, Action, Topology
+from ext_proc.validation import problems
 
 with warnings.catch_warnings():
     # envoy-data-plane 2.2 decorates classmethods with @model_validator(mode="after"),
@@ -253,11 +255,7 @@ def load_input(data: object) -> GeneratorInput:
     try:
         return GeneratorInput.model_validate(dict(data))
     except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in err['loc']) or '(root)'}: {err['msg']}"
-            for err in exc.errors()
-        )
-        raise GeneratorError(f"invalid input: {problems}") from None
+        raise GeneratorError(f"invalid input: {problems(exc)}") from None
 
 
 # --- output --------------------------------------------------------------------------

@@ -11,10 +11,8 @@ Schema (route ``metadata.filter_metadata[NAMESPACE]``, default namespace
     audit:      true | false                      (default false: decisions are logged,
                                                    counted and exported, requests pass)
 
-Envoy hands route metadata to the processor only through CEL ``request_attributes``,
-one expression per field (a whole map arrives as the text "CelMap value"), and CEL
-renders numbers as decimal strings. ``attribute_keys`` lists the expressions the Envoy
-filter must request; ``size(...)`` lets the processor notice fields it does not know.
+How the fields reach the processor (CEL attributes) is ``attributes``' business; this
+module validates the values that arrive.
 """
 
 from __future__ import annotations
@@ -30,14 +28,6 @@ from ext_proc.errors import RoutePolicyError
 
 DEFAULT_NAMESPACE: Final = "ext_proc.token_policy"
 FIELDS: Final = ("topology", "action", "vocab_size", "max_ids", "audit")
-# The matched route's name, for metrics and logs (not part of the policy).
-ROUTE_NAME_ATTRIBUTE: Final = "xds.route_name"
-# With request_header_mode SKIP (one message per request) the processor sees no header
-# message; the headers it needs come as CEL attributes instead.
-HEADER_ATTRIBUTES: Final = {
-    name: f"request.headers['{name}']"
-    for name in ("content-type", "content-encoding", "content-length", "x-request-id")
-}
 _DECIMAL = re.compile(r"[1-9][0-9]{0,17}")
 
 
@@ -62,30 +52,6 @@ class RoutePolicy:
 
 
 DEFAULT_POLICY: Final = RoutePolicy()
-
-
-@dataclass(frozen=True, slots=True)
-class AttributeKeys:
-    """The CEL expressions (attribute keys) that carry one namespace's fields."""
-
-    fields: Mapping[str, str]
-    size: str
-
-    @classmethod
-    def for_namespace(cls, namespace: str) -> AttributeKeys:
-        base = f"xds.route_metadata.filter_metadata['{namespace}']"
-        return cls(
-            fields={name: f"{base}.{name}" for name in FIELDS},
-            size=f"size({base})",
-        )
-
-    def all(self) -> tuple[str, ...]:
-        """Every expression the Envoy filter must list in ``request_attributes``."""
-        return (*self.fields.values(), self.size, ROUTE_NAME_ATTRIBUTE)
-
-
-def attribute_keys(namespace: str = DEFAULT_NAMESPACE) -> AttributeKeys:
-    return AttributeKeys.for_namespace(namespace)
 
 
 Scalar = str | float | bool | None

@@ -18,13 +18,13 @@ import grpc
 from ext_proc import policy
 from ext_proc._pb import external_processor_pb2 as pb
 from ext_proc._pb import external_processor_pb2_grpc as pb_grpc
+from ext_proc.attributes import attribute_keys
 from ext_proc.budget import Budget
 from ext_proc.codec import decision_metadata, decode, encode
 from ext_proc.config import Config
 from ext_proc.errors import ProtocolError
 from ext_proc.events import Event, RequestBody, RequestHeaders, TimedOut
 from ext_proc.metrics import Metrics
-from ext_proc.route_policy import attribute_keys
 from ext_proc.stream import Stream
 
 log = logging.getLogger("ext_proc.decision")

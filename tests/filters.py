@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from ext_proc.attributes import attribute_keys
 from ext_proc.check_envoy import EXT_PROC
-from ext_proc.route_policy import attribute_keys
 
 
 def assert_fails_closed(config: dict[str, Any], *, body_mode: str = "BUFFERED") -> None:

@@ -11,7 +11,8 @@ import pytest
 import yaml
 
 from ext_proc import envoygen, route_policy
-from ext_proc.route_policy import Action, Topology, attribute_keys
+from ext_proc.attributes import attribute_keys
+from ext_proc.route_policy import Action, Topology
 from ext_proc.server import SERVICE_NAME
 from tests.filters import assert_fails_closed
 

@@ -6,7 +6,6 @@ from ext_proc.route_policy import (
     Action,
     RoutePolicy,
     Topology,
-    attribute_keys,
     parse,
 )
 
@@ -80,14 +79,6 @@ def test_unknown_field_fails_closed():
 def test_unknown_field_alone_fails_closed():
     with pytest.raises(RoutePolicyError):
         parse({}, 1.0)
-
-
-def test_attribute_keys_follow_namespace():
-    keys = attribute_keys("my.ns")
-    assert keys.fields["action"] == "xds.route_metadata.filter_metadata['my.ns'].action"
-    assert keys.size == "size(xds.route_metadata.filter_metadata['my.ns'])"
-    assert len(keys.all()) == 7
-    assert keys.all()[-1] == "xds.route_name"
 
 
 def test_cached_results_never_confuse_equal_values_of_other_types():

@@ -1,0 +1,51 @@
+"""The Envoy attribute contract: every CEL expression the ext_proc filter must request.
+
+Envoy hands route metadata to the processor only through CEL ``request_attributes``,
+one expression per field (a whole map arrives as the text "CelMap value"), and CEL
+renders numbers as decimal strings; ``size(...)`` of the namespace lets the processor
+notice fields it does not know. With ``request_header_mode: SKIP`` (one message per
+request) the headers the processor checks come as attributes too. The codec reads
+these keys, ``check-envoy`` demands them and ``envoy-config`` writes them: this module
+is their one source.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Final
+
+from ext_proc.route_policy import DEFAULT_NAMESPACE, FIELDS
+
+# The matched route's name, for metrics and logs (not part of the policy).
+ROUTE_NAME: Final = "xds.route_name"
+# Headers the processor checks, requested as attributes when the headers message is
+# skipped.
+HEADERS: Final = {
+    name: f"request.headers['{name}']"
+    for name in ("content-type", "content-encoding", "content-length", "x-request-id")
+}
+
+
+@dataclass(frozen=True, slots=True)
+class AttributeKeys:
+    """The CEL expressions (attribute keys) that carry one namespace's fields."""
+
+    fields: Mapping[str, str]
+    size: str
+
+    @classmethod
+    def for_namespace(cls, namespace: str = DEFAULT_NAMESPACE) -> AttributeKeys:
+        base = f"xds.route_metadata.filter_metadata['{namespace}']"
+        return cls(
+            fields={name: f"{base}.{name}" for name in FIELDS},
+            size=f"size({base})",
+        )
+
+    def all(self) -> tuple[str, ...]:
+        """Every expression the Envoy filter must list in ``request_attributes``."""
+        return (*self.fields.values(), self.size, ROUTE_NAME)
+
+
+def attribute_keys(namespace: str = DEFAULT_NAMESPACE) -> AttributeKeys:
+    return AttributeKeys.for_namespace(namespace)

@@ -1,0 +1,19 @@
+from ext_proc.attributes import HEADERS, ROUTE_NAME, attribute_keys
+from ext_proc.route_policy import FIELDS
+
+
+def test_attribute_keys_follow_namespace():
+    keys = attribute_keys("my.ns")
+    assert keys.fields["action"] == "xds.route_metadata.filter_metadata['my.ns'].action"
+    assert keys.size == "size(xds.route_metadata.filter_metadata['my.ns'])"
+    assert len(keys.all()) == len(FIELDS) + 2
+    assert keys.all()[-1] == ROUTE_NAME == "xds.route_name"
+
+
+def test_every_policy_field_has_an_attribute():
+    assert tuple(attribute_keys().fields) == FIELDS
+
+
+def test_header_attributes_name_request_headers():
+    assert HEADERS["content-type"] == "request.headers['content-type']"
+    assert set(HEADERS) == {"content-type", "content-encoding", "content-length", "x-request-id"}
