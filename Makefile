@@ -12,15 +12,17 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
+# Ports: GATEWAY_PORT, ENVOY_ADMIN_PORT, PROCESSOR_PORT, METRICS_PORT, STUB_PORT
+# (devstack/stack.py lists every variable).
 run: $(STAMP)
-	$(PY) -m ext_proc devstack
+	$(PY) -m devstack
 
 # Every tier; pytest's exit code 5 (nothing collected) fails like any other.
 test: lint typecheck unit e2e bench-smoke test-vllm
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check ext_proc tests bench
-	$(VENV)/bin/ruff format --check ext_proc tests bench
+	$(VENV)/bin/ruff check ext_proc devstack tests bench
+	$(VENV)/bin/ruff format --check ext_proc devstack tests bench
 
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import bodies, cpu, load, report, stack, tools
-from ext_proc.devstack import processes
+from devstack import processes
 
 SMOKE_CELLS = (
     ("2k", "allow", 1),

@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ext_proc.devstack import envoy_config, processes
-from ext_proc.devstack.envoy_config import Address
+from devstack import envoy_config, processes
+from ext_proc.address import HostPort
 
 REPO = Path(__file__).resolve().parents[1]
 LOCAL = "127.0.0.1"
@@ -95,23 +95,11 @@ http {{
 """
 
 
-def spawn(args: list[str], log: Path, *, quiet_stdout: bool = False) -> subprocess.Popen[bytes]:
-    """Start ``args`` in its own process group from the repository root."""
-    with log.open("ab") as out:
-        return subprocess.Popen(
-            args,
-            cwd=REPO,
-            stdout=subprocess.DEVNULL if quiet_stdout else out,
-            stderr=out,
-            start_new_session=True,
-        )
-
-
 @dataclass
 class Running:
     arrangement: Arrangement
-    gateway: Address
-    admin: Address
+    gateway: HostPort
+    admin: HostPort
     processor: subprocess.Popen[bytes] | None = None
     envoy: subprocess.Popen[bytes] | None = None
 
@@ -149,7 +137,7 @@ class BenchStack:
     # Options of `python -m ext_proc serve` (tools.serve_options): newer ones are used
     # only when the service has them.
     serve_options: frozenset[str]
-    upstream: Address = field(default_factory=lambda: Address(LOCAL, processes.free_port()))
+    upstream: HostPort = field(default_factory=lambda: HostPort(LOCAL, processes.free_port()))
     running: dict[str, Running] = field(default_factory=dict)
     nginx_process: subprocess.Popen[bytes] | None = None
     _children: list[subprocess.Popen[bytes]] = field(default_factory=list)
@@ -171,7 +159,7 @@ class BenchStack:
         (self.workdir / "nginx-temp").mkdir(exist_ok=True)
         args = [self.nginx, "-p", str(self.workdir), "-c", str(conf)]
         args += ["-e", str(self.workdir / "nginx-error.log")]
-        self.nginx_process = nginx = spawn(args, self.workdir / "nginx.log")
+        self.nginx_process = nginx = processes.start(args, self.workdir / "nginx.log", cwd=REPO)
         self._children.append(nginx)
         processes.wait_for_port(self.upstream.port, nginx)
         for arrangement in self.arrangements:
@@ -180,10 +168,10 @@ class BenchStack:
     def _start_arrangement(self, arrangement: Arrangement) -> Running:
         running = Running(
             arrangement,
-            gateway=Address(LOCAL, processes.free_port()),
-            admin=Address(LOCAL, processes.free_port()),
+            gateway=HostPort(LOCAL, processes.free_port()),
+            admin=HostPort(LOCAL, processes.free_port()),
         )
-        processor = Address(LOCAL, processes.free_port())
+        processor = HostPort(LOCAL, processes.free_port())
         log = self.workdir / f"{arrangement.name}-processor.log"
         if arrangement.kind == "naive":
             args = [sys.executable, "-m", "bench.naive", "--listen", str(processor)]
@@ -197,7 +185,7 @@ class BenchStack:
         else:
             args = []
         if args:
-            running.processor = spawn(args, log)
+            running.processor = processes.start(args, log, cwd=REPO)
             self._children.append(running.processor)
             processes.wait_for_port(processor.port, running.processor)
         config = envoy_config.render(
@@ -213,8 +201,8 @@ class BenchStack:
         path = envoy_config.write(config, self.workdir / f"{arrangement.name}-envoy.yaml")
         # The access log goes to stdout: formatted as shipped, then discarded.
         args = [*processes.envoy_args(path, running.admin.port), "--concurrency", "1"]
-        running.envoy = spawn(
-            args, self.workdir / f"{arrangement.name}-envoy.log", quiet_stdout=True
+        running.envoy = processes.start(
+            args, self.workdir / f"{arrangement.name}-envoy.log", cwd=REPO, quiet_stdout=True
         )
         self._children.append(running.envoy)
         processes.wait_for_envoy(running.admin.port, running.envoy)
@@ -248,7 +236,7 @@ def _remove_ext_proc(config: dict[str, Any]) -> None:
         raise ValueError("the shipped config no longer has exactly one ext_proc filter")
 
 
-def probe(gateway: Address, path: str, body: bytes) -> int:
+def probe(gateway: HostPort, path: str, body: bytes) -> int:
     """The status of one request, for checking each arrangement before measuring."""
     connection = http.client.HTTPConnection(gateway.host, gateway.port, timeout=30)
     try:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import sys
 from pathlib import Path
 
@@ -33,10 +32,6 @@ def _parser() -> argparse.ArgumentParser:
     commands.add_parser(
         "envoy-config", help="write a fail-closed Envoy bootstrap from a short YAML input"
     )
-    stack = commands.add_parser("devstack", help="run processor, Envoy and a stand-in upstream")
-    stack.add_argument("--config", type=Path, help="processor YAML configuration file")
-    upstream = commands.add_parser("upstream", help="run the recording stand-in upstream")
-    upstream.add_argument("--listen", default="127.0.0.1:8081", help="host:port")
     return parser
 
 
@@ -81,19 +76,9 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         print(f"{args.file}: OK")
         return 0
-    if args.command == "check-envoy":
-        from ext_proc import check_envoy
+    from ext_proc import check_envoy
 
-        return check_envoy.main(args.file, args.namespace)
-    if args.command == "upstream":
-        from ext_proc.devstack import upstream
-
-        host, _, port = args.listen.rpartition(":")
-        asyncio.run(upstream.serve_forever(host, int(port)))
-        return 0
-    from ext_proc.devstack import stack
-
-    return stack.run(args.config)
+    return check_envoy.main(args.file, args.namespace)
 
 
 if __name__ == "__main__":

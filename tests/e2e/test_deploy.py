@@ -15,10 +15,10 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from devstack import processes
 from ext_proc import envoygen, route_policy
 from ext_proc.attributes import attribute_keys
 from ext_proc.config import Config
-from ext_proc.devstack import processes
 from ext_proc.route_policy import Action, RoutePolicy, Topology
 from tests.e2e import gateway_assembly
 from tests.e2e.stack import Stack

@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from ext_proc.devstack import envoy_config, processes
+from devstack import envoy_config, processes
 from tests.e2e import certs
 from tests.e2e.conftest import BODY_MODES
 from tests.e2e.stack import Received, Stack

@@ -6,36 +6,20 @@ the gateway fail closed stays exactly as shipped in ``envoy/``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-REPO = Path(__file__).resolve().parents[2]
+from ext_proc.address import HostPort
+
+# The checkout this folder sits in: the stack runs from a repository, never a wheel.
+REPO = Path(__file__).resolve().parents[1]
 SHIPPED = REPO / "envoy" / "envoy.yaml"
-
-
-@dataclass(frozen=True)
-class Address:
-    host: str
-    port: int
-
-    @classmethod
-    def parse(cls, text: str) -> Address:
-        host, sep, port = text.rpartition(":")
-        if not sep or not host or not port.isdigit():
-            raise ValueError(f"expected host:port, got {text!r}")
-        return cls(host, int(port))
-
-    def __str__(self) -> str:
-        return f"{self.host}:{self.port}"
-
-
 CERT_DIR = "/etc/ext-proc/tls/"
 
 
-def _socket(address: Address | Path) -> dict[str, Any]:
+def _socket(address: HostPort | Path) -> dict[str, Any]:
     if isinstance(address, Path):
         return {"pipe": {"path": str(address)}}
     return {"socket_address": {"address": address.host, "port_value": address.port}}
@@ -54,11 +38,11 @@ def _relocate_certs(node: Any, cert_dir: Path) -> Any:
 
 def render(
     *,
-    gateway: Address,
-    admin: Address,
-    processor: Address | Path,
-    aggregated: Address,
-    disaggregated: Address,
+    gateway: HostPort,
+    admin: HostPort,
+    processor: HostPort | Path,
+    aggregated: HostPort,
+    disaggregated: HostPort,
     source: Path = SHIPPED,
     cert_dir: Path | None = None,
 ) -> dict[str, Any]:
@@ -70,7 +54,7 @@ def render(
     (listener,) = config["static_resources"]["listeners"]
     listener["address"] = _socket(gateway)
     clusters = {c["name"]: c for c in config["static_resources"]["clusters"]}
-    addresses: tuple[tuple[str, Address | Path], ...] = (
+    addresses: tuple[tuple[str, HostPort | Path], ...] = (
         ("ext_proc", processor),
         ("aggregated", aggregated),
         ("disaggregated", disaggregated),

@@ -20,6 +20,8 @@ from typing import Any
 
 import h11
 
+from ext_proc.address import HostPort
+
 ADMIN_PATH = "/__stub__/requests"
 H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 
@@ -248,9 +250,11 @@ async def _handle(
         writer.close()
 
 
-async def serve_forever(host: str, port: int) -> None:
+async def serve_forever(address: HostPort) -> None:
     recorder = Recorder()
-    server = await asyncio.start_server(lambda r, w: _handle(recorder, r, w), host, port)
-    print(f"stub upstream: listening on {host}:{port} (HTTP/1.1 and h2c)", flush=True)
+    server = await asyncio.start_server(
+        lambda r, w: _handle(recorder, r, w), address.host, address.port
+    )
+    print(f"stub upstream: listening on {address} (HTTP/1.1 and h2c)", flush=True)
     async with server:
         await server.serve_forever()

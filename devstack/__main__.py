@@ -1,0 +1,33 @@
+"""``python -m devstack``: the local stack behind ``make run``;
+``python -m devstack upstream --listen HOST:PORT``: the recording stand-in alone."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from pathlib import Path
+
+from devstack import stack, upstream
+from ext_proc.address import HostPort
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m devstack")
+    parser.add_argument("--config", type=Path, help="processor YAML configuration file")
+    commands = parser.add_subparsers(dest="command")
+    stand_in = commands.add_parser("upstream", help="run the recording stand-in upstream")
+    stand_in.add_argument("--listen", type=HostPort.parse, default=HostPort("127.0.0.1", 8081))
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.command == "upstream":
+        asyncio.run(upstream.serve_forever(args.listen))
+        return 0
+    return stack.run(args.config)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

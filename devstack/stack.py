@@ -1,0 +1,210 @@
+"""``make run``: processor, Envoy and (unless both routes point elsewhere) the stand-in
+upstream, in the foreground. Ctrl-C stops everything.
+
+Environment: GATEWAY_PORT (8080), AGGREGATED_UPSTREAM / DISAGGREGATED_UPSTREAM
+(host:port of real vLLM servers; default the stand-in), PROCESSOR_PORT (50051),
+METRICS_PORT (9464, the processor's Prometheus endpoint), ENVOY_ADMIN_PORT (9901),
+STUB_PORT (8081), ENVOY_CONFIG (envoy/envoy.yaml; any shipped variant, e.g.
+envoy/envoy-decompress.yaml).
+
+Every port is checked before anything starts: a port in use, or a child that dies while
+starting, ends the run with one line on stderr naming what to change.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from devstack import envoy_config, processes
+from ext_proc.address import HostPort
+
+PROG = "make run"
+_CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+_STRIPPED = json.dumps({**_CHAT, "kv_transfer_params": {"prompt_token_ids": [1, 2, 3], "x": 1}})
+_DENIED = json.dumps({**_CHAT, "kv_transfer_params": {"prompt_token_ids": [1, True, -3]}})
+
+
+class StackError(Exception):
+    """A reason not to run, stated in one line for the person at the terminal."""
+
+
+def _examples(gateway: HostPort, metrics: HostPort) -> str:
+    return f"""\
+gateway ready on http://{gateway} (processor metrics: http://{metrics}/metrics)
+  aggregated route (ids stripped):
+    curl -s http://{gateway}/v1/chat/completions -H 'content-type: application/json' \\
+      -d '{_STRIPPED}'
+  disaggregated route (malformed ids denied):
+    curl -s http://{gateway}/pd/v1/chat/completions -H 'content-type: application/json' \\
+      -d '{_DENIED}'
+Ctrl-C stops everything.
+"""
+
+
+def _env_port(name: str, default: int) -> HostPort:
+    value = os.environ.get(name, str(default))
+    try:
+        return HostPort.parse(f"{processes.LOCAL}:{value}")
+    except ValueError:
+        raise StackError(f"{name} must be a port number in 1..65535, got {value!r}") from None
+
+
+def _env_upstream(name: str) -> HostPort | None:
+    value = os.environ.get(name)
+    if value is None:
+        return None
+    try:
+        return HostPort.parse(value)
+    except ValueError as exc:
+        raise StackError(f"{name}: {exc}") from None
+
+
+def check_ports(ports: dict[str, HostPort]) -> None:
+    """Every port (by the variable that sets it) distinct and free to bind."""
+    owners: dict[int, str] = {}
+    for variable, address in ports.items():
+        other = owners.setdefault(address.port, variable)
+        if other != variable:
+            raise StackError(
+                f"{other} and {variable} are both {address.port}; set {variable} to another port"
+            )
+        if not processes.port_is_free(address.port, address.host):
+            raise StackError(
+                f"port {address.port} ({variable}) is in use; set {variable} to a free port"
+            )
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What one run binds and starts, read from the environment and checked."""
+
+    ports: dict[str, HostPort]  # by the variable that sets each
+    envoy: dict[str, Any]  # the rendered Envoy configuration
+    processor_config: Path | None
+    stub: bool  # whether the stand-in upstream runs
+
+    def port(self, variable: str) -> HostPort:
+        return self.ports[variable]
+
+
+def plan(processor_config: Path | None) -> Plan:
+    """Everything a run needs, each setting checked and every port free, or StackError."""
+    ports = {
+        "GATEWAY_PORT": _env_port("GATEWAY_PORT", 8080),
+        "ENVOY_ADMIN_PORT": _env_port("ENVOY_ADMIN_PORT", 9901),
+        "PROCESSOR_PORT": _env_port("PROCESSOR_PORT", 50051),
+        "METRICS_PORT": _env_port("METRICS_PORT", 9464),
+    }
+    aggregated = _env_upstream("AGGREGATED_UPSTREAM")
+    disaggregated = _env_upstream("DISAGGREGATED_UPSTREAM")
+    stub = _env_port("STUB_PORT", 8081)
+    if aggregated is None or disaggregated is None:
+        ports["STUB_PORT"] = stub
+    source = Path(os.environ.get("ENVOY_CONFIG", envoy_config.SHIPPED))
+    if not source.is_file():
+        raise StackError(f"ENVOY_CONFIG: no file {source}")
+    if processor_config is not None and not processor_config.is_file():
+        raise StackError(f"--config: no file {processor_config}")
+    try:
+        processes.envoy_binary()
+    except FileNotFoundError as exc:
+        raise StackError(str(exc)) from None
+    check_ports(ports)
+    envoy = envoy_config.render(
+        gateway=ports["GATEWAY_PORT"],
+        admin=ports["ENVOY_ADMIN_PORT"],
+        processor=ports["PROCESSOR_PORT"],
+        aggregated=aggregated or stub,
+        disaggregated=disaggregated or stub,
+        source=source,
+    )
+    return Plan(ports, envoy, processor_config, stub="STUB_PORT" in ports)
+
+
+def run(processor_config: Path | None) -> int:
+    try:
+        return _run(plan(processor_config))
+    except StackError as exc:
+        print(f"{PROG}: {exc}", file=sys.stderr, flush=True)
+        return 1
+
+
+def _run(plan: Plan) -> int:
+    children: list[subprocess.Popen[bytes]] = []
+    stopping = False
+
+    def on_signal(signum: int, frame: object) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    # Nothing routes around a local stack: Ctrl-C need not wait out the drain window.
+    os.environ.setdefault("EXT_PROC_DRAIN_SECONDS", "0")
+    with tempfile.TemporaryDirectory(prefix="ext_proc-stack-") as workdir:
+        try:
+            for args, cwd, ready in _commands(plan, Path(workdir)):
+                children.append(child := processes.start(args, cwd=cwd))
+                with _starting():
+                    ready(child)
+            if not stopping:
+                print(_examples(plan.port("GATEWAY_PORT"), plan.port("METRICS_PORT")), flush=True)
+            while not stopping:
+                for child in children:
+                    if child.poll() is not None:
+                        raise StackError(
+                            f"{processes.describe(child)} exited with status "
+                            f"{child.returncode}; stopping"
+                        )
+                time.sleep(0.2)
+            return 0
+        finally:
+            for child in reversed(children):
+                processes.stop(child)
+
+
+Ready = Callable[[subprocess.Popen[bytes]], None]
+
+
+def _commands(plan: Plan, workdir: Path) -> Iterator[tuple[list[str], Path | None, Ready]]:
+    """In order: each child's command line, working folder and readiness check."""
+    if plan.stub:
+        stub = plan.port("STUB_PORT")
+        args = [sys.executable, "-m", "devstack", "upstream", "--listen", str(stub)]
+        yield args, envoy_config.REPO, partial(processes.wait_for_port, stub.port)
+    processor = plan.port("PROCESSOR_PORT")
+    serve = [sys.executable, "-m", "ext_proc", "serve", "--listen", str(processor)]
+    serve += ["--metrics-listen", str(plan.port("METRICS_PORT"))]
+    if plan.processor_config is not None:
+        serve += ["--config", str(plan.processor_config)]
+    yield serve, None, partial(processes.wait_for_port, processor.port)
+    admin = plan.port("ENVOY_ADMIN_PORT")
+    path = envoy_config.write(plan.envoy, workdir / "envoy.yaml")
+    yield (
+        processes.envoy_args(path, admin.port),
+        None,
+        partial(processes.wait_for_envoy, admin.port),
+    )
+
+
+@contextlib.contextmanager
+def _starting() -> Iterator[None]:
+    """A readiness check whose failure becomes one line."""
+    try:
+        yield
+    except processes.ChildExited as exc:
+        raise StackError(f"{exc} while starting; its output is above") from None
+    except TimeoutError as exc:
+        raise StackError(str(exc)) from None
