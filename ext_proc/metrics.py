@@ -2,13 +2,19 @@
 
 With several workers each process writes to ``PROMETHEUS_MULTIPROC_DIR`` and the
 supervisor serves the aggregate; with one process the registry is served directly.
+Either way ``serve_metrics`` is the one place the HTTP endpoint is started.
 """
 
 from __future__ import annotations
 
 from typing import Any, Final
+from wsgiref.simple_server import WSGIServer
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client.multiprocess import MultiProcessCollector
+
+from ext_proc.address import HostPort
+from ext_proc.config import ConfigError
 
 # Body sizes from 1 KiB to 32 MiB, processing times from 50 µs to 5 s.
 BODY_BUCKETS: Final = tuple(float(1024 * 4**i) for i in range(9))
@@ -80,3 +86,38 @@ class Metrics:
 
     def observe_processing(self, route: str, seconds: float) -> None:
         self._child(self.processing_seconds, route).observe(seconds)
+
+
+class Endpoint:
+    """A running ``/metrics`` HTTP endpoint (served from a daemon thread)."""
+
+    def __init__(self, server: WSGIServer) -> None:
+        self._server = server
+        self.port: int = server.server_port
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+
+def serve_metrics(address: HostPort, registry: CollectorRegistry) -> Endpoint:
+    """Serve ``registry`` at ``http://address/metrics``.
+
+    An address that cannot be bound is an operator error: ``ConfigError`` naming the
+    address and the setting that chose it.
+    """
+    try:
+        server, _ = start_http_server(address.port, address.host, registry=registry)
+    except OSError as exc:
+        raise ConfigError(
+            f"cannot listen on {address} for metrics: {exc.strerror or exc} "
+            "(setting: metrics_listen / --metrics-listen / EXT_PROC_METRICS_LISTEN)"
+        ) from None
+    return Endpoint(server)
+
+
+def aggregate(directory: str) -> CollectorRegistry:
+    """A registry reading every worker's samples from ``directory`` on each scrape."""
+    registry = CollectorRegistry()
+    MultiProcessCollector(registry, path=directory)  # type: ignore[no-untyped-call]
+    return registry

@@ -1,10 +1,13 @@
-"""Process lifecycle: start the gRPC server, report health, drain on a signal.
+"""Process lifecycle: one ``Server`` whose life runs in named phases.
 
-Start: listen → start → health SERVING. First SIGTERM/SIGINT: health NOT_SERVING at
-once → the drain window (``drain_seconds``: Envoy's health checks see NOT_SERVING and
-stop sending new streams, which are still served meanwhile) → stop accepting and let
-in-flight streams finish within ``shutdown_grace_seconds`` → exit 0. A second signal
-at any point cancels what is left and exits 1.
+``startup``: bind the gRPC address → start → health SERVING → freeze the heap → the
+metrics endpoint → log "serving". ``serve``: wait for the first SIGTERM/SIGINT.
+``drain``: health NOT_SERVING at once, then the drain window (``drain_seconds``: Envoy's
+health checks see NOT_SERVING and stop sending new streams, which are still served
+meanwhile). ``stop``: stop accepting and let in-flight streams finish within
+``shutdown_grace_seconds`` → exit 0. A second signal at any point cancels what is left
+and exits 1. An address that cannot be bound ends start-up with one error line and
+exit status 2. Signal handlers only set flags; the phases do the work.
 """
 
 from __future__ import annotations
@@ -13,23 +16,26 @@ import asyncio
 import gc
 import logging
 import signal
+import socket
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from prometheus_client import start_http_server
 
 from ext_proc._pb import external_processor_pb2 as pb
 from ext_proc._pb import external_processor_pb2_grpc as pb_grpc
-from ext_proc.config import Config
-from ext_proc.metrics import Metrics
+from ext_proc.address import UNIX_PREFIX, HostPort
+from ext_proc.config import Config, ConfigError
+from ext_proc.metrics import Endpoint, Metrics, serve_metrics
 from ext_proc.service import ExternalProcessor
 
 log = logging.getLogger("ext_proc.server")
 GC_THRESHOLD = 20_000  # CPython's default is 700
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["ExternalProcessor"].full_name
+CONFIG_ERROR_STATUS = 2  # as for any other invalid configuration
 
 
 async def _set_health(servicer: health.aio.HealthServicer, status: int) -> None:
@@ -44,6 +50,9 @@ class Running:
     processor: ExternalProcessor
     port: int
 
+    async def serving(self) -> None:
+        await _set_health(self.health, health_pb2.HealthCheckResponse.SERVING)
+
 
 def _credentials(config: Config) -> grpc.ServerCredentials | None:
     if config.tls is None:
@@ -57,8 +66,48 @@ def _credentials(config: Config) -> grpc.ServerCredentials | None:
     )
 
 
-async def build(config: Config, *, reuse_port: bool = False) -> Running:
-    """A started server with health SERVING, and the port it bound (0 for a socket file)."""
+def _cannot_listen(listen: str, reason: object) -> ConfigError:
+    return ConfigError(
+        f"cannot listen on {listen}: {reason} (setting: listen / --listen / EXT_PROC_LISTEN)"
+    )
+
+
+def _check_free(listen: str, *, reuse_port: bool) -> None:
+    """Raise ``ConfigError`` when no address ``listen`` resolves to can be bound.
+
+    gRPC reports a taken port only as a core log line and a bare ``RuntimeError``; the
+    same bind (SO_REUSEADDR, SO_REUSEPORT only when shared) tried first names the cause.
+    """
+    if listen.startswith(UNIX_PREFIX):
+        return
+    address = HostPort.parse(listen, allow_zero=True)
+    if address.port == 0:
+        return
+    error: OSError | None = None
+    try:
+        found = socket.getaddrinfo(address.host, address.port, type=socket.SOCK_STREAM)
+    except OSError as exc:
+        raise _cannot_listen(listen, exc.strerror or exc) from None
+    for family, kind, proto, _, sockaddr in found:
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if reuse_port:
+                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+            try:
+                probe.bind(sockaddr)
+            except OSError as exc:
+                error = exc
+            else:
+                return
+    raise _cannot_listen(listen, error.strerror if error else "no address") from None
+
+
+async def listen(config: Config, *, reuse_port: bool = False) -> Running:
+    """A started server whose health is still NOT_SERVING, and the port it bound.
+
+    Raises ``ConfigError`` when ``config.listen`` cannot be bound.
+    """
+    _check_free(config.listen, reuse_port=reuse_port)
     limit = config.grpc_message_limit
     server = grpc.aio.server(
         options=[
@@ -77,22 +126,24 @@ async def build(config: Config, *, reuse_port: bool = False) -> Running:
     await _set_health(health_servicer, health_pb2.HealthCheckResponse.NOT_SERVING)
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     credentials = _credentials(config)
-    if credentials is None:
-        port = server.add_insecure_port(config.listen)
-    else:
-        port = server.add_secure_port(config.listen, credentials)
-    if port == 0 and not config.listen.startswith("unix:"):
-        raise OSError(f"cannot listen on {config.listen}")
+    try:
+        if credentials is None:
+            port = server.add_insecure_port(config.listen)
+        else:
+            port = server.add_secure_port(config.listen, credentials)
+    except RuntimeError:  # taken between the check and the bind
+        port = 0
+    if port == 0 and not config.listen.startswith(UNIX_PREFIX):
+        raise _cannot_listen(config.listen, "the address cannot be bound")
     await server.start()
-    await _set_health(health_servicer, health_pb2.HealthCheckResponse.SERVING)
     return Running(server, health_servicer, processor, port)
 
 
-def start_metrics(config: Config, running: Running) -> None:
-    if not config.metrics_listen:
-        return
-    host, _, port = config.metrics_listen.rpartition(":")
-    start_http_server(int(port), host, registry=running.processor.metrics.registry)
+async def build(config: Config, *, reuse_port: bool = False) -> Running:
+    """A started server with health SERVING, and the port it bound (0 for a socket file)."""
+    running = await listen(config, reuse_port=reuse_port)
+    await running.serving()
+    return running
 
 
 def loop_factory(config: Config) -> Callable[[], asyncio.AbstractEventLoop]:
@@ -103,62 +154,120 @@ def loop_factory(config: Config) -> Callable[[], asyncio.AbstractEventLoop]:
     return asyncio.new_event_loop
 
 
+class Server:
+    """One process's gRPC server, from start-up to exit.
+
+    A ``worker`` runs under the supervisor, which owns the metrics endpoint and SIGINT.
+    """
+
+    def __init__(self, config: Config, *, worker: bool = False) -> None:
+        self.config = config
+        self.worker = worker
+        self.stopping = asyncio.Event()
+        self.forced = asyncio.Event()
+        self.running: Running | None = None
+        self.metrics: Endpoint | None = None
+
+    def on_signal(self) -> None:
+        # Handlers only set flags; the phases do the work.
+        (self.forced if self.stopping.is_set() else self.stopping).set()
+
+    async def main(self) -> int:
+        """Every phase in order; the exit status (0 drained, 1 forced, 2 cannot listen)."""
+        loop = asyncio.get_running_loop()
+        # A worker leaves SIGINT to its supervisor, which forwards SIGTERM.
+        signals = (signal.SIGTERM,) if self.worker else (signal.SIGTERM, signal.SIGINT)
+        for sig in signals:
+            loop.add_signal_handler(sig, self.on_signal)
+        try:
+            try:
+                await self.startup()
+            except ConfigError as exc:
+                log.error(str(exc))  # noqa: TRY400 - one line naming the setting, no traceback
+                return CONFIG_ERROR_STATUS
+            await self.serve()
+            if not await self.drain() or not await self.stop():
+                log.warning("forced stop")
+                await self._server.stop(None)
+                return 1
+            log.info("stopped")
+            return 0
+        finally:
+            await self._close()
+            for sig in signals:
+                loop.remove_signal_handler(sig)
+
+    @property
+    def _server(self) -> grpc.aio.Server:
+        assert self.running is not None, "started"
+        return self.running.server
+
+    async def startup(self) -> None:
+        config = self.config
+        self.running = await listen(config, reuse_port=config.workers > 1)
+        await self.running.serving()
+        # Everything alive now lives as long as the process: keep it out of every
+        # collection. Parsing a large body allocates many containers at once; a higher
+        # first threshold avoids a cascade of young collections per request. That is safe
+        # only while a finished request leaves no reference cycle holding its body
+        # (tests/test_service.py checks the refusal paths, where kept tracebacks did).
+        gc.freeze()
+        gc.set_threshold(GC_THRESHOLD, 20, 20)
+        if not self.worker and config.metrics_address is not None:
+            registry = self.running.processor.metrics.registry
+            self.metrics = serve_metrics(config.metrics_address, registry)
+        log.info(
+            "serving",
+            extra={
+                "listen": config.listen,
+                "port": self.running.port,
+                "event_loop": config.event_loop,
+            },
+        )
+
+    async def serve(self) -> None:
+        await self.stopping.wait()
+
+    async def drain(self) -> bool:
+        """Health NOT_SERVING, new streams still served for the window; False if forced."""
+        assert self.running is not None, "started"
+        log.info(
+            "draining",
+            extra={
+                "drain_seconds": self.config.drain_seconds,
+                "grace_seconds": self.config.shutdown_grace_seconds,
+            },
+        )
+        await self.running.health.enter_graceful_shutdown()
+        window = asyncio.ensure_future(asyncio.sleep(self.config.drain_seconds))
+        try:
+            return not await self._forced_before(window)
+        finally:
+            window.cancel()
+
+    async def stop(self) -> bool:
+        """Stop accepting; in-flight streams get the grace period. False if forced."""
+        # Not cancelled when forced: the forced stop runs alongside and ends it.
+        stopping = asyncio.ensure_future(self._server.stop(self.config.shutdown_grace_seconds))
+        return not await self._forced_before(stopping)
+
+    async def _forced_before(self, phase: asyncio.Future[Any]) -> bool:
+        """Wait for ``phase`` unless a second signal comes first; True when it did."""
+        forced: asyncio.Future[Any] = asyncio.ensure_future(self.forced.wait())
+        try:
+            await asyncio.wait({phase, forced}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            forced.cancel()
+        return self.forced.is_set()
+
+    async def _close(self) -> None:
+        if self.running is not None:
+            await self.running.server.stop(None)
+        if self.metrics is not None:
+            await asyncio.to_thread(self.metrics.close)
+
+
 def run(config: Config, *, worker: bool = False) -> int:
     """Serve on the configured event loop until signalled; the exit status."""
     with asyncio.Runner(loop_factory=loop_factory(config)) as runner:
-        return runner.run(serve(config, worker=worker))
-
-
-async def serve(config: Config, *, worker: bool = False) -> int:
-    """Serve until signalled; the exit status (0 drained, 1 forced).
-
-    A ``worker`` runs under the supervisor, which owns the metrics endpoint.
-    """
-    stop = asyncio.Event()
-    force = asyncio.Event()
-    loop = asyncio.get_running_loop()
-
-    def on_signal() -> None:
-        # Handlers only set flags; the sequence below does the work.
-        (force if stop.is_set() else stop).set()
-
-    # A worker leaves SIGINT to its supervisor, which forwards SIGTERM.
-    for sig in (signal.SIGTERM,) if worker else (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, on_signal)
-    running = await build(config, reuse_port=config.workers > 1)
-    # Everything alive now lives as long as the process: keep it out of every
-    # collection. Parsing a large body allocates many containers at once; a higher
-    # first threshold avoids a cascade of young collections per request. That is safe
-    # only while a finished request leaves no reference cycle holding its body
-    # (tests/test_service.py checks the refusal paths, where kept tracebacks did).
-    gc.freeze()
-    gc.set_threshold(GC_THRESHOLD, 20, 20)
-    if not worker:
-        start_metrics(config, running)
-    log.info(
-        "serving",
-        extra={"listen": config.listen, "port": running.port, "event_loop": config.event_loop},
-    )
-    await stop.wait()
-    log.info(
-        "draining",
-        extra={
-            "drain_seconds": config.drain_seconds,
-            "grace_seconds": config.shutdown_grace_seconds,
-        },
-    )
-    await running.health.enter_graceful_shutdown()
-    forced = asyncio.ensure_future(force.wait())
-    try:
-        await asyncio.wait({forced}, timeout=config.drain_seconds)
-        if not force.is_set():
-            stopping = asyncio.ensure_future(running.server.stop(config.shutdown_grace_seconds))
-            await asyncio.wait({stopping, forced}, return_when=asyncio.FIRST_COMPLETED)
-        if force.is_set():
-            log.warning("forced stop")
-            await running.server.stop(None)
-            return 1
-    finally:
-        forced.cancel()
-    log.info("stopped")
-    return 0
+        return runner.run(Server(config, worker=worker).main())
