@@ -1,11 +1,13 @@
-"""deploy/: manifests parse and follow their schemas; the Envoy configuration inside them
-(Istio EnvoyFilter, Envoy Gateway policies) and the generator's output pass the real
-`envoy --mode validate`; a generated config runs end to end."""
+"""deploy/: manifests parse and follow their schemas, as written and as `kubectl kustomize`
+renders them; the Envoy configuration inside them (Istio EnvoyFilter, Envoy Gateway
+policies) and the generator's output pass the real `envoy --mode validate`; a generated
+config runs end to end."""
 
 from __future__ import annotations
 
 import copy
 import json
+import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -31,6 +33,7 @@ MANIFESTS = sorted(DEPLOY.rglob("*.yaml"))
 # Kubernetes minor version the core objects are checked against (kubernetes-validate
 # ships its schemas; grpc probes are GA since 1.27, PDB unhealthyPodEvictionPolicy 1.31).
 KUBE_VERSION = "1.31.0"
+KUBECTL = shutil.which("kubectl")
 NAMESPACE = "ext_proc.token_policy"
 
 
@@ -129,6 +132,30 @@ def test_core_objects_follow_the_kubernetes_schemas():
             "ServiceAccount",
         ]
     )
+
+
+@pytest.mark.skipif(KUBECTL is None, reason="kubectl is not on PATH")
+def test_kustomize_renders_exactly_the_listed_objects():
+    assert KUBECTL is not None
+    result = subprocess.run(
+        [KUBECTL, "kustomize", str(KUBE)], capture_output=True, text=True, check=False, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    rendered = [doc for doc in yaml.safe_load_all(result.stdout) if doc is not None]
+    names = sorted((doc["kind"], doc["metadata"]["name"]) for doc in rendered)
+    listed = sorted((doc["kind"], doc["metadata"]["name"]) for _, doc in kube_objects())
+    assert names == listed
+    for doc in rendered:
+        try:
+            kubernetes_validate.validate(doc, KUBE_VERSION, strict=True)
+        except kubernetes_validate.ValidationError as exc:
+            pytest.fail(f"rendered {doc['kind']}: {exc}")
+        metadata = doc["metadata"]
+        assert metadata["namespace"] == "llm-d", doc["kind"]
+        assert metadata["labels"]["app.kubernetes.io/part-of"] == "ext-proc-token-policy"
+    (deployment,) = [doc for doc in rendered if doc["kind"] == "Deployment"]
+    images = {c["image"] for c in deployment["spec"]["template"]["spec"]["containers"]}
+    assert images == {"ghcr.io/example/ext-proc-token-policy:0.1.0"}
 
 
 def test_schema_check_catches_a_typo():
