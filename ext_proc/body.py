@@ -1,4 +1,4 @@
-"""Reading and rewriting request bodies exactly as vLLM reads them.
+"""Request body bytes to the document vLLM reads, and a document back to bytes.
 
 vLLM parses the raw body bytes with ``json.loads`` (encoding detection, duplicate keys:
 last wins, NaN/Infinity accepted) and then validates with pydantic. The document the
@@ -29,14 +29,6 @@ from typing import Any, Final
 import orjson
 
 from ext_proc.errors import BadRequest, UnsupportedMediaType
-
-KV_KEY: Final = "kv_transfer_params"
-# Keys vLLM's reuse helper reads from kv_transfer_params; both are policed alike.
-POLICED_KEYS: Final = ("prompt_token_ids", "prompt_features")
-# Content part types that carry text only; anything else makes vLLM ignore reused ids.
-TEXT_PART_TYPES: Final = frozenset({"text", "input_text", "output_text"})
-# Input items (chat messages, responses input) that are text when their content is.
-_TEXT_ITEM_TYPES: Final = TEXT_PART_TYPES | {"message"}
 
 Document = dict[str, Any]
 # An integer literal of 19+ digits may not fit in 64 bits: orjson would read a float.
@@ -107,32 +99,15 @@ def parse(raw: bytes) -> Parsed:
     return Parsed(document, orjson_safe)
 
 
-def transfer_params(document: Document) -> dict[str, Any] | None:
-    params = document.get(KV_KEY)
-    if params is None:
-        return None
-    if not isinstance(params, dict):
-        raise BadRequest(
-            f"{KV_KEY} must be a JSON object", reason="kv_params_not_object", param=KV_KEY
-        )
-    return params
-
-
-def policed_keys(params: dict[str, Any] | None) -> tuple[str, ...]:
-    if not params:
-        return ()
-    return tuple(key for key in POLICED_KEYS if key in params)
-
-
-def without(parsed: Parsed, keys: Iterable[str]) -> bytes:
-    """Serialise the document with ``keys`` removed from kv_transfer_params.
+def without(parsed: Parsed, container: str, keys: Iterable[str]) -> bytes:
+    """Serialise the document with ``keys`` removed from the object under ``container``.
 
     Every other key keeps its value and position; the document is not modified.
     """
     drop = frozenset(keys)
     document = parsed.document
-    params = {k: v for k, v in document[KV_KEY].items() if k not in drop}
-    rewritten = {**document, KV_KEY: params}
+    inner = {k: v for k, v in document[container].items() if k not in drop}
+    rewritten = {**document, container: inner}
     if parsed.orjson_safe:
         return orjson.dumps(rewritten)
     return serialize(rewritten)
@@ -146,37 +121,3 @@ def serialize(document: Document) -> bytes:
     except UnicodeEncodeError:
         # A lone surrogate (legal in JSON escapes) cannot be UTF-8: escape everything.
         return json.dumps(document, separators=(",", ":")).encode()
-
-
-def _text_only(content: Any) -> bool:
-    if content is None or isinstance(content, str):
-        return True
-    if isinstance(content, list):
-        return all(
-            isinstance(part, dict) and part.get("type") in TEXT_PART_TYPES for part in content
-        )
-    return False
-
-
-def ignores_reused_ids(document: Document) -> bool:
-    """True when vLLM would render the messages instead of using reused ids.
-
-    vLLM ignores them when ``echo`` is set or the input carries non-text content. This
-    errs towards True: a false True only strips ids vLLM might have used.
-    """
-    if document.get("echo") not in (None, False):
-        return True
-    if not _text_only(document.get("system")):
-        return True
-    for key in ("messages", "input"):
-        items = document.get(key)
-        if items is None or isinstance(items, str):
-            continue
-        if not isinstance(items, list):
-            return True
-        for item in items:
-            if not isinstance(item, dict) or not _text_only(item.get("content")):
-                return True
-            if item.get("type", "message") not in _TEXT_ITEM_TYPES:
-                return True
-    return False

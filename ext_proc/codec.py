@@ -1,4 +1,4 @@
-"""Translation between ext_proc protobuf messages and the core's events and actions.
+"""Translation between ext_proc protobuf messages and the core's events and answers.
 
 The only module besides the servicer that touches generated protobuf code. It holds no
 state and makes no decisions.
@@ -12,7 +12,7 @@ from ext_proc import attributes
 from ext_proc._pb import external_processor_pb2 as pb
 from ext_proc.attributes import AttributeKeys
 from ext_proc.events import (
-    Action,
+    Answer,
     BodyMode,
     ContinueBody,
     ContinueHeaders,
@@ -26,8 +26,8 @@ from ext_proc.events import (
     StreamedBody,
     Unexpected,
 )
-from ext_proc.policy import Decision
 from ext_proc.route_policy import Scalar
+from ext_proc.stream import Outcome
 
 
 def _scalar(value: struct_pb2.Value) -> Scalar:
@@ -101,16 +101,17 @@ def decode(request: pb.ProcessingRequest, keys: AttributeKeys) -> Event:
     return Unexpected(kind or "empty")
 
 
-def decision_metadata(namespace: str, decision: Decision, audit: bool) -> struct_pb2.Struct:
+def decision_metadata(namespace: str, outcome: Outcome) -> struct_pb2.Struct:
     """What the policy did, as Envoy dynamic metadata under ``namespace`` (for access
     logs and later filters). Never the ids themselves."""
     struct = struct_pb2.Struct()
     # Field by field: Struct.update walks Python dicts in pure Python, 5x slower.
     fields = struct.fields[namespace].struct_value.fields
-    fields["action"].string_value = type(decision).__name__.lower()
+    decision = outcome.decision
+    fields["action"].string_value = decision.action
     fields["reason"].string_value = decision.reason
     fields["id_count"].number_value = decision.id_count
-    fields["mode"].string_value = "audit" if audit else "enforce"
+    fields["mode"].string_value = outcome.mode
     return struct
 
 
@@ -122,33 +123,33 @@ def _set(mutation: pb.HeaderMutation, key: str, value: bytes) -> None:
     option.append_action = option.OVERWRITE_IF_EXISTS_OR_ADD
 
 
-def encode(action: Action) -> pb.ProcessingResponse:
+def encode(answer: Answer) -> pb.ProcessingResponse:
     response = pb.ProcessingResponse()
-    if isinstance(action, ContinueHeaders):
+    if isinstance(answer, ContinueHeaders):
         response.request_headers.SetInParent()
-    elif isinstance(action, ContinueBody):
+    elif isinstance(answer, ContinueBody):
         common = response.request_body.response
         common.SetInParent()
-        if action.replacement is not None:
+        if answer.replacement is not None:
             common.status = common.CONTINUE_AND_REPLACE
-            common.body_mutation.body = action.replacement
+            common.body_mutation.body = answer.replacement
             # Buffered mode with headers already seen: Envoy forwards the original
             # content-length unless told otherwise, and answers 500 on the mismatch.
-            _set(common.header_mutation, "content-length", str(len(action.replacement)).encode())
-    elif isinstance(action, StreamedBody):
+            _set(common.header_mutation, "content-length", str(len(answer.replacement)).encode())
+    elif isinstance(answer, StreamedBody):
         streamed = response.request_body.response.body_mutation.streamed_response
-        streamed.body = action.chunk
-        streamed.end_of_stream = action.end_of_stream
-    elif isinstance(action, ContinueTrailers):
+        streamed.body = answer.chunk
+        streamed.end_of_stream = answer.end_of_stream
+    elif isinstance(answer, ContinueTrailers):
         response.request_trailers.SetInParent()
-    elif isinstance(action, Reject):
+    elif isinstance(answer, Reject):
         immediate = response.immediate_response
-        immediate.status.code = action.status  # type: ignore[assignment]
-        immediate.body = action.body
-        immediate.details = action.details
+        immediate.status.code = answer.status  # type: ignore[assignment]
+        immediate.body = answer.body
+        immediate.details = answer.details
         _set(immediate.headers, "content-type", b"application/json")
-        for key, value in action.headers:
+        for key, value in answer.headers:
             _set(immediate.headers, key, value)
-    else:  # pragma: no cover - Action is a closed union
-        raise TypeError(f"not an action: {action!r}")
+    else:  # pragma: no cover - Answer is a closed union
+        raise TypeError(f"not an answer: {answer!r}")
     return response

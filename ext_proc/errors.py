@@ -1,36 +1,71 @@
-"""The one error hierarchy.
+"""Refusals as values, and the one error hierarchy that produces them.
 
-Every failure the service can name is an ``ExtProcError`` carrying an HTTP status hint.
-``stream.Stream`` is the single boundary that turns an ``HttpError`` into a denial sent to
-the client; a ``ProtocolError`` (Envoy broke the ext_proc message order) ends the gRPC
-stream with an error instead, which Envoy turns into a 5xx with ``failure_mode_allow:
-false``. Nothing in the service answers "continue" on an error.
+A ``Refusal`` is what the client is told when a request is refused: a frozen value
+(status, type, reason, message, param) that decisions and answers carry. Exceptions
+exist only between the place that detects a problem while parsing or validating
+(``HttpError`` subclasses) and ``HttpError.refusal()``, called at one place in the
+stream machine; no exception is ever kept. A ``ProtocolError`` (Envoy broke the
+ext_proc message order) is not a refusal: it ends the gRPC stream with an error, which
+Envoy turns into a 5xx with ``failure_mode_allow: false``. Nothing in the service
+answers "continue" on an error.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """A request the service refuses; the client receives it as a JSON error."""
+
+    status: int
+    error_type: str
+    # Short machine-readable cause, used in access-log details, metrics and logs.
+    reason: str
+    message: str
+    param: str | None = None
+    # True for refusals that come from inspecting the request (the policy, the body's
+    # format). Audit mode lets those requests pass and only reports them; limits,
+    # timeouts and configuration errors are enforced in every mode.
+    auditable: bool = False
+    # Seconds a client should wait before retrying (a transient refusal), or None.
+    retry_after: int | None = None
+
+
+def bad_request(message: str, *, reason: str, param: str | None = None) -> Refusal:
+    return BadRequest(message, reason=reason, param=param).refusal()
 
 
 class ExtProcError(Exception):
     """Base of every error the service raises on purpose."""
 
-    status: int = 500
-    error_type: str = "InternalServerError"
-
     def __init__(self, message: str, *, reason: str, param: str | None = None) -> None:
         super().__init__(message)
         self.message = message
-        # Short machine-readable cause, used in access-log details and decisions.
         self.reason = reason
         self.param = param
 
 
 class HttpError(ExtProcError):
-    """A request the service refuses; the client receives it as a JSON error."""
+    """Raised where a request is found unacceptable; converted by ``refusal()``."""
 
-    # True for refusals that come from inspecting the request (the policy, the body's
-    # format). Audit mode lets those requests pass and only reports them; limits,
-    # timeouts and configuration errors are enforced in every mode.
-    auditable = False
+    status: ClassVar[int] = 500
+    error_type: ClassVar[str] = "InternalServerError"
+    auditable: ClassVar[bool] = False
+    retry_after: ClassVar[int | None] = None
+
+    def refusal(self) -> Refusal:
+        return Refusal(
+            self.status,
+            self.error_type,
+            self.reason,
+            self.message,
+            self.param,
+            self.auditable,
+            self.retry_after,
+        )
 
 
 class BadRequest(HttpError):
@@ -60,7 +95,7 @@ class ServiceUnavailable(HttpError):
 
     status = 503
     error_type = "ServiceUnavailableError"
-    retry_after_seconds = 1
+    retry_after = 1
 
 
 class RoutePolicyError(HttpError):

@@ -1,7 +1,7 @@
 """Typed values exchanged between the codec and the stream state machine.
 
-Events are what Envoy said; actions are what the processor answers. Neither refers to
-grpc or protobuf, so the core runs and is tested on plain values.
+Events are what Envoy said; answers are what the processor sends back. Neither refers
+to grpc or protobuf, so the core runs and is tested on plain values.
 """
 
 from __future__ import annotations
@@ -108,4 +108,4 @@ class Reject:
     headers: tuple[tuple[str, bytes], ...] = ()
 
 
-Action = ContinueHeaders | ContinueBody | StreamedBody | ContinueTrailers | Reject
+Answer = ContinueHeaders | ContinueBody | StreamedBody | ContinueTrailers | Reject

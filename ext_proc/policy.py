@@ -1,27 +1,28 @@
 """The token-id reuse policy as a pure function: route policy + document → decision.
 
-No I/O, no logging, no mutation of its inputs. Errors in the document itself
-(``kv_transfer_params`` not an object) surface as ``HttpError`` from ``body``; every
-outcome of the policy is a value.
+No I/O, no logging, no exceptions, no mutation of its inputs: every outcome, refusals
+included, is a value.
 """
 
 from __future__ import annotations
 
 from array import array
 from dataclasses import dataclass
-from typing import Any, NoReturn
+from typing import Any, ClassVar
 
 import orjson
 
-from ext_proc import body
-from ext_proc.errors import BadRequest, HttpError
+from ext_proc.body import Document
+from ext_proc.errors import Refusal, bad_request
 from ext_proc.route_policy import Action, RoutePolicy
+from ext_proc.vllm_request import KV_KEY, ignores_reused_ids, policed_keys
 
 
 @dataclass(frozen=True, slots=True)
 class Allow:
     """Forward the body unchanged."""
 
+    action: ClassVar[str] = "allow"
     reason: str
     id_count: int = 0
 
@@ -30,6 +31,7 @@ class Allow:
 class Strip:
     """Forward the body with ``keys`` removed from kv_transfer_params."""
 
+    action: ClassVar[str] = "strip"
     keys: tuple[str, ...]
     reason: str
     id_count: int
@@ -37,12 +39,13 @@ class Strip:
 
 @dataclass(frozen=True, slots=True)
 class Deny:
-    error: HttpError
+    action: ClassVar[str] = "deny"
+    refusal: Refusal
     id_count: int = 0
 
     @property
     def reason(self) -> str:
-        return self.error.reason
+        return self.refusal.reason
 
 
 Decision = Allow | Strip | Deny
@@ -52,15 +55,15 @@ def _count(value: Any) -> int:
     return len(value) if isinstance(value, list) else 0
 
 
-def _validate_ids(key: str, value: Any, policy: RoutePolicy) -> None:
+def _invalid_ids(key: str, value: Any, policy: RoutePolicy) -> Refusal | None:
     """At least as strict as vLLM: a non-empty list of ints, in vocabulary, bounded."""
-    param = f"{body.KV_KEY}.{key}"
+    param = f"{KV_KEY}.{key}"
     if not isinstance(value, list) or not value:
-        raise BadRequest(
+        return bad_request(
             f"{param} must be a non-empty list of integers", reason="ids_malformed", param=param
         )
     if policy.max_ids is not None and len(value) > policy.max_ids:
-        raise BadRequest(
+        return bad_request(
             f"{param} has {len(value)} ids; this route allows at most {policy.max_ids}",
             reason="ids_too_many",
             param=param,
@@ -74,71 +77,73 @@ def _validate_ids(key: str, value: Any, policy: RoutePolicy) -> None:
     try:
         array("Q", value)
     except (TypeError, OverflowError):
-        _find_malformed(param, value)  # raises; returns for ints of 2**64 and beyond
+        index = _first_malformed(value)
+        if index is not None:
+            return _malformed(param, index)
+        # ints of 2**64 and beyond are left to the vocabulary check
     else:
         written = orjson.dumps(value)
         first_bool = written.find(b"e")
         if first_bool >= 0:
-            _malformed(param, written.count(b",", 0, first_bool))
+            return _malformed(param, written.count(b",", 0, first_bool))
     if policy.vocab_size is not None:
         highest = max(value)
         if highest >= policy.vocab_size:
-            raise BadRequest(
+            return bad_request(
                 f"{param}[{value.index(highest)}] = {highest} is outside the vocabulary "
                 f"(size {policy.vocab_size})",
                 reason="ids_out_of_vocab",
                 param=param,
             )
+    return None
 
 
-def _find_malformed(param: str, value: list[Any]) -> None:
-    """Raise naming an item that is not an int (bool excluded) or is negative; return
-    when there is none (ints of 2**64 and beyond are left to the vocabulary check)."""
+def _first_malformed(value: list[Any]) -> int | None:
+    """The index of an item that is not an int (bool excluded) or is negative; None
+    when there is none."""
     types = set(map(type, value))
     if types != {int}:
         kinds = list(map(type, value))
-        index = min(kinds.index(kind) for kind in types - {int})
-    else:
-        lowest = min(value)
-        if lowest >= 0:
-            return
-        index = value.index(lowest)
-    _malformed(param, index)
+        return min(kinds.index(kind) for kind in types - {int})
+    lowest = min(value)
+    return None if lowest >= 0 else value.index(lowest)
 
 
-def _malformed(param: str, index: int) -> NoReturn:
-    raise BadRequest(
+def _malformed(param: str, index: int) -> Refusal:
+    return bad_request(
         f"{param}[{index}] is not a non-negative integer", reason="ids_malformed", param=param
     )
 
 
-def decide(policy: RoutePolicy, document: body.Document) -> Decision:
-    try:
-        params = body.transfer_params(document)
-    except HttpError as exc:
-        return Deny(exc)
-    keys = body.policed_keys(params)
+def decide(policy: RoutePolicy, document: Document) -> Decision:
+    params = document.get(KV_KEY)
+    if params is None:
+        return Allow("no_reused_ids")
+    if not isinstance(params, dict):
+        return Deny(
+            bad_request(
+                f"{KV_KEY} must be a JSON object", reason="kv_params_not_object", param=KV_KEY
+            )
+        )
+    keys = policed_keys(params)
     if not keys:
         return Allow("no_reused_ids")
-    assert params is not None  # keys are only found in a present object
     count = max(_count(params[key]) for key in keys)
     if policy.action is Action.STRIP:
         return Strip(keys, "stripped_by_policy", count)
     if policy.action is Action.DENY:
+        param = f"{KV_KEY}.{keys[0]}"
         return Deny(
-            BadRequest(
-                f"{body.KV_KEY}.{keys[0]} is not accepted on this route",
-                reason="denied_by_policy",
-                param=f"{body.KV_KEY}.{keys[0]}",
+            bad_request(
+                f"{param} is not accepted on this route", reason="denied_by_policy", param=param
             ),
             count,
         )
     # vLLM treats a null value as "no ids"; stripping leaves the same meaning.
-    if body.ignores_reused_ids(document) or any(params[key] is None for key in keys):
+    if ignores_reused_ids(document) or any(params[key] is None for key in keys):
         return Strip(keys, "ignored_by_upstream", count)
-    try:
-        for key in keys:
-            _validate_ids(key, params[key], policy)
-    except HttpError as exc:
-        return Deny(exc, count)
+    for key in keys:
+        refusal = _invalid_ids(key, params[key], policy)
+        if refusal is not None:
+            return Deny(refusal, count)
     return Allow("honored", count)

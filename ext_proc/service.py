@@ -23,9 +23,9 @@ from ext_proc.budget import Budget
 from ext_proc.codec import decision_metadata, decode, encode
 from ext_proc.config import Config
 from ext_proc.errors import ProtocolError
-from ext_proc.events import Event, RequestBody, RequestHeaders, TimedOut
+from ext_proc.events import Event, TimedOut
 from ext_proc.metrics import Metrics
-from ext_proc.stream import Stream
+from ext_proc.stream import Outcome, Step, Stream
 
 log = logging.getLogger("ext_proc.decision")
 
@@ -67,6 +67,7 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc
         request_iterator: AsyncIterator[pb.ProcessingRequest],
         context: grpc.aio.ServicerContext[pb.ProcessingRequest, pb.ProcessingResponse],
     ) -> AsyncIterator[pb.ProcessingResponse]:
+        """Receive loop: every event goes to the stream machine; its answers go back."""
         stream = Stream(
             max_body_bytes=self._config.max_body_bytes,
             budget=self.budget,
@@ -75,33 +76,25 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc
         )
         metrics = self.metrics
         metrics.inflight_streams.inc()
-        request_id = ""
+        outcome: Outcome | None = None
         busy = 0.0  # processor time spent on this request
         try:
             async for event in self._events(aiter(request_iterator), stream):
-                first = event.preamble if isinstance(event, RequestBody) else event
-                if isinstance(first, RequestHeaders):
-                    request_id = b"".join(first.values("x-request-id")).decode("latin-1")
-                decided = stream.decision
                 started = time.perf_counter()
                 try:
-                    actions = stream.handle(event)
+                    step = stream.handle(event)
                 except ProtocolError as exc:
                     metrics.stream_errors.labels("protocol_violation").inc()
                     log.warning(
-                        "protocol error", extra={"request_id": request_id, "reason": str(exc)}
+                        "protocol error",
+                        extra={"request_id": stream.request_id, "reason": str(exc)},
                     )
                     await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
                     return
-                responses = [encode(action) for action in actions]
-                if stream.decision is not decided and stream.decision is not None:
-                    if responses:
-                        responses[-1].dynamic_metadata.CopyFrom(
-                            decision_metadata(
-                                self._config.route_metadata_namespace, stream.decision, stream.audit
-                            )
-                        )
-                    self._report(stream, request_id)
+                responses = self._answer(step)
+                if step.outcome is not None:
+                    outcome = step.outcome
+                    self._record(outcome)
                 busy += time.perf_counter() - started
                 metrics.inflight_bytes.set(self.budget.used)
                 for response in responses:
@@ -120,34 +113,41 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc
             raise  # an error status this servicer chose; already counted
         except Exception:
             metrics.stream_errors.labels("internal").inc()
-            log.exception("internal error", extra={"request_id": request_id})
+            log.exception("internal error", extra={"request_id": stream.request_id})
             raise
         finally:
             stream.close()
             metrics.inflight_streams.dec()
             metrics.inflight_bytes.set(self.budget.used)
-            if stream.decision is not None:
-                metrics.observe_processing(stream.route_name, busy)
+            if outcome is not None:
+                metrics.observe_processing(outcome.route, busy)
 
-    def _report(self, stream: Stream, request_id: str) -> None:
-        decision = stream.decision
-        assert decision is not None
-        action = type(decision).__name__.lower()
-        mode = "audit" if stream.audit else "enforce"
-        self.metrics.decided(stream.route_name, action, decision.reason, mode)
-        if stream.body_size:
-            self.metrics.observe_body(stream.route_name, stream.body_size)
+    def _answer(self, step: Step) -> list[pb.ProcessingResponse]:
+        """The step's answers as protobuf; the last one carries the decision as dynamic
+        metadata when this step settled the request."""
+        responses = [encode(answer) for answer in step.answers]
+        if step.outcome is not None and responses:
+            responses[-1].dynamic_metadata.CopyFrom(
+                decision_metadata(self._config.route_metadata_namespace, step.outcome)
+            )
+        return responses
+
+    def _record(self, outcome: Outcome) -> None:
+        """Count every outcome; log the ones with ids (never the ids, never any text)."""
+        decision = outcome.decision
+        self.metrics.decided(outcome.route, decision.action, decision.reason, outcome.mode)
+        if outcome.body_size:
+            self.metrics.observe_body(outcome.route, outcome.body_size)
         if isinstance(decision, policy.Allow) and decision.id_count == 0:
             return
-        # Never the ids, never any prompt text: only what was decided and why.
         log.info(
             "decision",
             extra={
-                "request_id": request_id,
-                "route": stream.route_name,
-                "action": action,
+                "request_id": outcome.request_id,
+                "route": outcome.route,
+                "action": decision.action,
                 "reason": decision.reason,
                 "id_count": decision.id_count,
-                "mode": mode,
+                "mode": outcome.mode,
             },
         )

@@ -1,9 +1,13 @@
 """The ext_proc stream as a sans-IO state machine.
 
-One ``Stream`` per HTTP request. ``handle`` takes each event Envoy sends and returns the
-actions that answer it (possibly none yet, possibly several), or raises
-``ProtocolError``; after a protocol error the stream stays in error. The legal message
-order is the table ``_TRANSITIONS``; anything not in it is a protocol violation.
+One ``Stream`` per HTTP request. ``handle`` takes each event Envoy sends and returns a
+``Step``: the answers to send (possibly none yet, possibly several) and, exactly once
+per request, the ``Outcome`` (decision, mode, route, body size, request id) that the
+edge logs, counts and exports. It raises ``ProtocolError`` instead when Envoy breaks
+the message order; after that the stream stays in error. The legal message order is
+the table ``_TRANSITIONS``: for each (state, event) the handler that does the work and,
+where the event alone decides it, the target state; anything not in the table is a
+protocol violation.
 
 Two body modes, detected from Envoy's ``protocol_config`` on the first message:
 - BUFFERED: the headers are answered at once; Envoy holds the body and sends it whole
@@ -16,13 +20,15 @@ Two body modes, detected from Envoy's ``protocol_config`` on the first message:
 Invariants (fail closed):
 - a request with a body is let through only after the whole body was parsed and the
   policy returned Allow or Strip;
-- every ``HttpError`` becomes a ``Reject`` here and nowhere else;
+- a refusal is a value (``errors.Refusal``); the exceptions that parsing and
+  validation raise become refusals in ``_attempt`` and nowhere else, and every refusal
+  becomes a ``Reject`` answer in ``handle`` and nowhere else;
 - a body mode this machine cannot inspect is a protocol error, never a pass;
 - bytes held for a stream are reserved in the shared budget first and returned by
   ``close``;
 - audit mode (global, or the route's ``audit: true``) computes and records the same
   decision but forwards the request unchanged; it relaxes only refusals that come from
-  inspecting the request (``HttpError.auditable``), never protocol errors, limits,
+  inspecting the request (``Refusal.auditable``), never protocol errors, limits,
   timeouts or invalid route metadata.
 """
 
@@ -30,8 +36,9 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from dataclasses import dataclass
 from enum import Enum, auto
-from typing import Final
+from typing import Final, ParamSpec, TypeVar
 
 from ext_proc import body, policy, route_policy
 from ext_proc.budget import Budget
@@ -40,11 +47,12 @@ from ext_proc.errors import (
     HttpError,
     PayloadTooLarge,
     ProtocolError,
+    Refusal,
     RequestTimeout,
     ServiceUnavailable,
 )
 from ext_proc.events import (
-    Action,
+    Answer,
     BodyMode,
     ContinueBody,
     ContinueHeaders,
@@ -57,9 +65,13 @@ from ext_proc.events import (
     StreamedBody,
     TimedOut,
 )
+from ext_proc.vllm_request import KV_KEY
 
 # Size of each StreamedBody piece: well under every gRPC message limit on both sides.
 STREAM_CHUNK: Final = 1024 * 1024
+
+P = ParamSpec("P")
+T = TypeVar("T")
 
 
 class State(Enum):
@@ -72,22 +84,55 @@ class State(Enum):
     ERROR = auto()
 
 
-def reject(error: HttpError) -> Reject:
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """What happened to one request, reported once by ``Stream.handle``."""
+
+    decision: policy.Decision
+    audit: bool
+    route: str
+    body_size: int
+    request_id: str
+
+    @property
+    def mode(self) -> str:
+        return "audit" if self.audit else "enforce"
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """The answers to one event, and the outcome when this event settled the request."""
+
+    answers: list[Answer]
+    outcome: Outcome | None = None
+
+
+def reject(refusal: Refusal) -> Reject:
     """vLLM's error shape, so OpenAI clients parse the denial like any vLLM error."""
     payload = {
         "error": {
-            "message": error.message,
-            "type": error.error_type,
-            "param": error.param,
-            "code": error.status,
+            "message": refusal.message,
+            "type": refusal.error_type,
+            "param": refusal.param,
+            "code": refusal.status,
         }
     }
     headers: tuple[tuple[str, bytes], ...] = ()
-    if isinstance(error, ServiceUnavailable):
-        headers = (("retry-after", str(error.retry_after_seconds).encode()),)
+    if refusal.retry_after is not None:
+        headers = (("retry-after", str(refusal.retry_after).encode()),)
     return Reject(
-        error.status, json.dumps(payload).encode(), f"token_policy_{error.reason}", headers
+        refusal.status, json.dumps(payload).encode(), f"token_policy_{refusal.reason}", headers
     )
+
+
+def _attempt(call: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T | Refusal:
+    """``call``'s result, or the refusal it raised: the one place an ``HttpError``
+    becomes a value. The exception is dropped here, so no traceback (which references
+    the stream and the body) outlives the call."""
+    try:
+        return call(*args, **kwargs)
+    except HttpError as exc:
+        return exc.refusal()
 
 
 class Stream:
@@ -102,12 +147,14 @@ class Stream:
         audit: bool = False,
     ) -> None:
         self.state = State.EXPECT_HEADERS
-        self.decision: policy.Decision | None = None
+        self._decision: policy.Decision | None = None
+        self._reported = False
         # Effective audit mode: the global setting, or the route's, once headers are in.
-        self.audit = audit
-        self.route_name = ""
-        self.body_size = 0
-        self._held_refusal: HttpError | None = None
+        self._audit = audit
+        self._route = ""
+        self._request_id = ""
+        self._body_size = 0
+        self._held_refusal: Refusal | None = None
         self._max_body_bytes = max_body_bytes
         self._budget = budget if budget is not None else Budget(max_body_bytes)
         self._namespace = namespace
@@ -122,38 +169,46 @@ class Stream:
     def waiting_for_body(self) -> bool:
         return self.state in (State.EXPECT_BODY, State.STREAMING)
 
-    def handle(self, event: Event) -> list[Action]:
-        handler = _TRANSITIONS.get((self.state, type(event)))
-        if handler is None:
+    @property
+    def request_id(self) -> str:
+        """The request's x-request-id once its headers are in (for protocol-error logs)."""
+        return self._request_id
+
+    def handle(self, event: Event) -> Step:
+        entry = _TRANSITIONS.get((self.state, type(event)))
+        if entry is None:
             state, self.state = self.state, State.ERROR
             self.close()
             raise ProtocolError(
                 f"unexpected {type(event).__name__} in state {state.name}",
                 reason="protocol_violation",
             )
+        handler, target = entry
         try:
-            return handler(self, event)
-        except HttpError as exc:
-            self.state = State.REJECTED
-            if not (isinstance(self.decision, policy.Deny) and self.decision.error is exc):
-                self.decision = policy.Deny(exc)
-            self.close()
-            return [reject(exc)]
+            result = handler(self, event)
         except ProtocolError:
             self.state = State.ERROR
             self.close()
             raise
-        finally:
-            self._drop_tracebacks()
+        if isinstance(result, Refusal):
+            self.state = State.REJECTED
+            decision = self._decision
+            if not (isinstance(decision, policy.Deny) and decision.refusal is result):
+                self._decision = policy.Deny(result)
+            self.close()
+            return self._step([reject(result)])
+        if target is not None:
+            self.state = target
+        return self._step(result)
 
-    def _drop_tracebacks(self) -> None:
-        """Errors this stream keeps (the decision's, an audited refusal) must not keep
-        their tracebacks: the frames reference this stream and the body bytes, a cycle
-        only the cyclic collector (run rarely here, see server.py) would free."""
-        if isinstance(self.decision, policy.Deny):
-            self.decision.error.__traceback__ = None
-        if self._held_refusal is not None:
-            self._held_refusal.__traceback__ = None
+    def _step(self, answers: list[Answer]) -> Step:
+        if self._decision is None or self._reported:
+            return Step(answers)
+        self._reported = True
+        outcome = Outcome(
+            self._decision, self._audit, self._route, self._body_size, self._request_id
+        )
+        return Step(answers, outcome)
 
     def close(self) -> None:
         """Give back every reserved byte and drop held chunks; safe to call twice."""
@@ -161,28 +216,29 @@ class Stream:
         self._reserved = 0
         self._chunks.clear()
 
-    def _reserve(self, total: int) -> None:
+    def _reserve(self, total: int) -> Refusal | None:
         """Make sure ``total`` body bytes are reserved (413 or 503 when impossible)."""
         if total > self._max_body_bytes:
-            raise PayloadTooLarge(
+            return PayloadTooLarge(
                 f"request body of {total} bytes or more exceeds the limit of "
                 f"{self._max_body_bytes} bytes",
                 reason="body_too_large",
-            )
+            ).refusal()
         extra = total - self._reserved
         if extra > 0:
             if not self._budget.try_acquire(extra):
-                raise ServiceUnavailable(
+                return ServiceUnavailable(
                     "the gateway is holding too many request bodies; retry shortly",
                     reason="inflight_budget_exhausted",
-                )
+                ).refusal()
             self._reserved = total
+        return None
 
-    def _on_headers(self, event: Event) -> list[Action]:
+    def _on_headers(self, event: Event) -> list[Answer] | Refusal:
         assert isinstance(event, RequestHeaders)
         return self._begin(event)
 
-    def _on_headerless_body(self, event: Event) -> list[Action]:
+    def _on_headerless_body(self, event: Event) -> list[Answer] | Refusal:
         """request_header_mode SKIP: one message per request, the whole body, with the
         headers and route metadata rebuilt from CEL attributes."""
         assert isinstance(event, RequestBody)
@@ -193,16 +249,22 @@ class Stream:
                 "request_header_mode SKIP is supported with request_body_mode BUFFERED only",
                 reason="unsupported_body_mode",
             )
-        self._begin(event.preamble)
+        begun = self._begin(event.preamble)
+        if isinstance(begun, Refusal):
+            return begun
         return self._on_buffered_body(event)
 
-    def _begin(self, event: RequestHeaders) -> list[Action]:
-        self.route_name = event.route.name
-        self._policy = route_policy.parse(event.route.values, event.route.size, self._namespace)
-        self.audit = self.audit or self._policy.audit
+    def _begin(self, event: RequestHeaders) -> list[Answer] | Refusal:
+        self._route = event.route.name
+        self._request_id = b"".join(event.values("x-request-id")).decode("latin-1")
+        parsed = _attempt(route_policy.parse, event.route.values, event.route.size, self._namespace)
+        if isinstance(parsed, Refusal):
+            return parsed
+        self._policy = parsed
+        self._audit = self._audit or parsed.audit
         if event.end_of_stream:
             self.state = State.DONE
-            self.decision = policy.Allow("no_body")
+            self._decision = policy.Allow("no_body")
             return [ContinueHeaders()]
         if event.body_mode not in (BodyMode.BUFFERED, BodyMode.FULL_DUPLEX_STREAMED):
             raise ProtocolError(
@@ -211,36 +273,45 @@ class Stream:
                 reason="unsupported_body_mode",
             )
         self._mode = event.body_mode
-        try:
-            body.check_headers(event.values("content-type"), event.values("content-encoding"))
-        except HttpError as exc:
-            if not (self.audit and exc.auditable):
-                raise
-            self._held_refusal = exc  # reported at the end of the body, not enforced
+        checked = _attempt(
+            body.check_headers, event.values("content-type"), event.values("content-encoding")
+        )
+        if isinstance(checked, Refusal):
+            if not (self._audit and checked.auditable):
+                return checked
+            self._held_refusal = checked  # reported at the end of the body, not enforced
         declared = event.values("content-length")
         if len(declared) == 1 and declared[0].isdigit():
             # Refuse an announced oversized or unaffordable body before it is sent.
-            self._reserve(int(declared[0]))
+            refused = self._reserve(int(declared[0]))
+            if refused is not None:
+                return refused
         if self._mode is BodyMode.BUFFERED:
             self.state = State.EXPECT_BODY
             return [ContinueHeaders()]
         self.state = State.STREAMING
         return []
 
-    def _on_buffered_body(self, event: Event) -> list[Action]:
+    def _on_buffered_body(self, event: Event) -> list[Answer] | Refusal:
         assert isinstance(event, RequestBody)
-        self._reserve(len(event.chunk))
+        refused = self._reserve(len(event.chunk))
+        if refused is not None:
+            return refused
         # This one message is the whole body; end_of_stream is false only when
         # trailers follow.
         self.state = State.DONE if event.end_of_stream else State.EXPECT_TRAILERS
         replacement = self._decide(event.chunk)
         self.close()
+        if isinstance(replacement, Refusal):
+            return replacement
         return [ContinueBody(replacement)]
 
-    def _on_chunk(self, event: Event) -> list[Action]:
+    def _on_chunk(self, event: Event) -> list[Answer] | Refusal:
         assert isinstance(event, RequestBody)
         self._received += len(event.chunk)
-        self._reserve(max(self._received, self._reserved))
+        refused = self._reserve(max(self._received, self._reserved))
+        if refused is not None:
+            return refused
         self._chunks.append(event.chunk)
         if not event.end_of_stream:
             return []
@@ -249,6 +320,8 @@ class Stream:
         raw = b"".join(self._chunks)
         replacement = self._decide(raw)
         self.close()
+        if isinstance(replacement, Refusal):
+            return replacement
         out = raw if replacement is None else replacement
         pieces = [out[i : i + STREAM_CHUNK] for i in range(0, len(out), STREAM_CHUNK)] or [b""]
         return [
@@ -256,7 +329,7 @@ class Stream:
             *(StreamedBody(piece, i == len(pieces) - 1) for i, piece in enumerate(pieces)),
         ]
 
-    def _on_chunk_after_done(self, event: Event) -> list[Action]:
+    def _on_chunk_after_done(self, event: Event) -> list[Answer] | Refusal:
         assert isinstance(event, RequestBody)
         # Envoy can send the final chunk a second time on large bodies (envoy#46237).
         # The request was already decided and answered; an exact repeat adds nothing.
@@ -268,64 +341,66 @@ class Stream:
             return []
         raise ProtocolError("request body after the end of the stream", reason="protocol_violation")
 
-    def _after_rejection(self, event: Event) -> list[Action]:
+    def _after_rejection(self, event: Event) -> list[Answer] | Refusal:
         # In FULL_DUPLEX_STREAMED mode Envoy keeps sending the chunks (and trailers) it
         # had already read when our ImmediateResponse reaches it; the local reply has
         # ended the request, so they are dropped unanswered. Nothing is held or reserved:
         # close() ran on rejection. Headers or any other message stay protocol errors.
         return []
 
-    def _on_trailers_without_body(self, event: Event) -> list[Action]:
+    def _on_trailers_without_body(self, event: Event) -> list[Answer] | Refusal:
         if self._mode is BodyMode.FULL_DUPLEX_STREAMED:
-            raise BadRequest(
+            return BadRequest(
                 "request trailers are not accepted on this route", reason="trailers_unsupported"
-            )
+            ).refusal()
         # Headers promised a body but trailers came first: the body is empty, which
         # vLLM cannot parse either.
-        raise BadRequest("request body is empty", reason="body_not_json")
+        return BadRequest("request body is empty", reason="body_not_json").refusal()
 
-    def _on_trailers(self, event: Event) -> list[Action]:
-        self.state = State.DONE
+    def _on_trailers(self, event: Event) -> list[Answer] | Refusal:
         return [ContinueTrailers()]
 
-    def _on_timeout(self, event: Event) -> list[Action]:
-        raise RequestTimeout("the request body did not arrive in time", reason="body_timeout")
+    def _on_timeout(self, event: Event) -> list[Answer] | Refusal:
+        return RequestTimeout(
+            "the request body did not arrive in time", reason="body_timeout"
+        ).refusal()
 
-    def _decide(self, raw: bytes) -> bytes | None:
-        """The body to forward instead of ``raw`` (None: unchanged), or raise a denial."""
-        self.body_size = len(raw)
-        try:
-            if self._held_refusal is not None:
-                raise self._held_refusal
-            parsed = body.parse(raw)
-        except HttpError as exc:
-            if not (self.audit and exc.auditable):
-                raise
-            self.decision = policy.Deny(exc)
-            return None
+    def _decide(self, raw: bytes) -> bytes | Refusal | None:
+        """The body to forward instead of ``raw`` (None: unchanged), or a refusal."""
+        self._body_size = len(raw)
+        held = self._held_refusal
+        parsed = held if held is not None else _attempt(body.parse, raw)
+        if isinstance(parsed, Refusal):
+            if self._audit and parsed.auditable:
+                self._decision = policy.Deny(parsed)
+                return None
+            return parsed
         decision = policy.decide(self._policy, parsed.document)
-        self.decision = decision
-        if self.audit:
+        self._decision = decision
+        if self._audit:
             return None
         if isinstance(decision, policy.Deny):
-            raise decision.error
+            return decision.refusal
         if isinstance(decision, policy.Strip):
-            return body.without(parsed, decision.keys)
+            return body.without(parsed, KV_KEY, decision.keys)
         return None
 
 
-_Handler = Callable[[Stream, Event], list[Action]]
-_TRANSITIONS: Final[dict[tuple[State, type], _Handler]] = {
-    (State.EXPECT_HEADERS, RequestHeaders): Stream._on_headers,
-    (State.EXPECT_HEADERS, RequestBody): Stream._on_headerless_body,
-    (State.EXPECT_BODY, RequestBody): Stream._on_buffered_body,
-    (State.EXPECT_BODY, RequestTrailers): Stream._on_trailers_without_body,
-    (State.EXPECT_BODY, TimedOut): Stream._on_timeout,
-    (State.STREAMING, RequestBody): Stream._on_chunk,
-    (State.STREAMING, RequestTrailers): Stream._on_trailers_without_body,
-    (State.STREAMING, TimedOut): Stream._on_timeout,
-    (State.EXPECT_TRAILERS, RequestTrailers): Stream._on_trailers,
-    (State.DONE, RequestBody): Stream._on_chunk_after_done,
-    (State.REJECTED, RequestBody): Stream._after_rejection,
-    (State.REJECTED, RequestTrailers): Stream._after_rejection,
+_Handler = Callable[[Stream, Event], "list[Answer] | Refusal"]
+# (state, event type) -> (handler, target state). A target of None: the handler moves
+# the stream itself, because the event's content decides (end of stream, body mode).
+# Any refusal moves the stream to REJECTED, any ProtocolError to ERROR.
+_TRANSITIONS: Final[dict[tuple[State, type], tuple[_Handler, State | None]]] = {
+    (State.EXPECT_HEADERS, RequestHeaders): (Stream._on_headers, None),
+    (State.EXPECT_HEADERS, RequestBody): (Stream._on_headerless_body, None),
+    (State.EXPECT_BODY, RequestBody): (Stream._on_buffered_body, None),
+    (State.EXPECT_BODY, RequestTrailers): (Stream._on_trailers_without_body, State.REJECTED),
+    (State.EXPECT_BODY, TimedOut): (Stream._on_timeout, State.REJECTED),
+    (State.STREAMING, RequestBody): (Stream._on_chunk, None),
+    (State.STREAMING, RequestTrailers): (Stream._on_trailers_without_body, State.REJECTED),
+    (State.STREAMING, TimedOut): (Stream._on_timeout, State.REJECTED),
+    (State.EXPECT_TRAILERS, RequestTrailers): (Stream._on_trailers, State.DONE),
+    (State.DONE, RequestBody): (Stream._on_chunk_after_done, State.DONE),
+    (State.REJECTED, RequestBody): (Stream._after_rejection, State.REJECTED),
+    (State.REJECTED, RequestTrailers): (Stream._after_rejection, State.REJECTED),
 }

@@ -4,6 +4,8 @@ import pytest
 
 from ext_proc import body
 from ext_proc.errors import BadRequest, UnsupportedMediaType
+from ext_proc.vllm_request import KV_KEY as KV
+from ext_proc.vllm_request import policed_keys
 
 
 @pytest.mark.parametrize(
@@ -65,32 +67,15 @@ def test_parse_matches_json_loads_on_duplicates_and_encodings():
     assert body.parse(raw).document == {"kv_transfer_params": {"x": 1}}
     utf16 = json.dumps({"kv_transfer_params": {"prompt_token_ids": [5]}}).encode("utf-16")
     parsed = body.parse(utf16)
-    assert body.policed_keys(body.transfer_params(parsed.document)) == ("prompt_token_ids",)
+    assert policed_keys(parsed.document["kv_transfer_params"]) == ("prompt_token_ids",)
     escaped = b'{"kv_transfer_params": {"\\u0070rompt_token_ids": [5]}}'
     parsed = body.parse(escaped)
-    assert body.policed_keys(body.transfer_params(parsed.document)) == ("prompt_token_ids",)
+    assert policed_keys(parsed.document["kv_transfer_params"]) == ("prompt_token_ids",)
 
 
 def test_deep_nesting_refused_not_crashed():
     with pytest.raises(BadRequest):
         body.parse(b"[" * 200_000 + b"]" * 200_000)
-
-
-@pytest.mark.parametrize("value", [[1], "x", 3, True])
-def test_transfer_params_must_be_object(value):
-    with pytest.raises(BadRequest) as caught:
-        body.transfer_params({"kv_transfer_params": value})
-    assert caught.value.param == "kv_transfer_params"
-
-
-def test_policed_keys():
-    assert body.policed_keys(None) == ()
-    assert body.policed_keys({}) == ()
-    assert body.policed_keys({"do_remote_prefill": True}) == ()
-    assert body.policed_keys({"prompt_features": {}, "prompt_token_ids": None}) == (
-        "prompt_token_ids",
-        "prompt_features",
-    )
 
 
 def test_without_keeps_everything_else():
@@ -109,7 +94,7 @@ def test_without_keeps_everything_else():
         "tail": None,
     }
     original = json.loads(json.dumps(document))
-    out = body.without(body.Parsed(document, False), ("prompt_token_ids", "prompt_features"))
+    out = body.without(body.Parsed(document, False), KV, ("prompt_token_ids", "prompt_features"))
     assert document == original  # input not mutated
     parsed = json.loads(out)
     expected = dict(original)
@@ -132,44 +117,11 @@ def test_without_survives_lone_surrogates_and_nan():
     document = body.parse(
         b'{"s": "\\ud800", "n": NaN, "kv_transfer_params": {"prompt_token_ids": [1]}}'
     )
-    out = body.without(document, ("prompt_token_ids",))
+    out = body.without(document, KV, ("prompt_token_ids",))
     again = json.loads(out)
     assert again["s"] == "\ud800"
     assert again["n"] != again["n"]
     assert again["kv_transfer_params"] == {}
-
-
-@pytest.mark.parametrize(
-    ("document", "ignored"),
-    [
-        ({"messages": [{"role": "user", "content": "hi"}]}, False),
-        ({"messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}]}, False),
-        ({"input": "hi"}, False),
-        ({"input": [{"role": "user", "content": [{"type": "input_text", "text": "x"}]}]}, False),
-        ({"system": "s", "messages": []}, False),
-        ({"echo": False, "messages": []}, False),
-        ({"echo": True, "messages": []}, True),
-        ({"echo": 1, "messages": []}, True),
-        ({"echo": "true", "messages": []}, True),
-        (
-            {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
-            True,
-        ),
-        ({"messages": [{"role": "user", "content": [{"type": "input_audio"}]}]}, True),
-        ({"messages": [{"role": "user", "content": [{"text": "no type"}]}]}, True),
-        ({"messages": [{"role": "user", "content": {"type": "text"}}]}, True),
-        ({"messages": "not a list"}, False),
-        ({"messages": 5}, True),
-        ({"messages": ["not an object"]}, True),
-        ({"input": [{"type": "input_image", "image_url": "x"}]}, True),
-        ({"input": [{"type": "message", "role": "user", "content": "hi"}]}, False),
-        ({"input": [{"type": "input_text", "text": "hi"}]}, False),
-        ({"input": [{"role": "user", "content": [{"type": "input_file"}]}]}, True),
-        ({"system": [{"type": "image"}], "messages": []}, True),
-    ],
-)
-def test_ignores_reused_ids(document, ignored):
-    assert body.ignores_reused_ids(document) is ignored
 
 
 @pytest.mark.parametrize(
@@ -199,7 +151,7 @@ def test_fast_parser_only_where_it_reads_what_json_loads_reads(raw, fast):
 
 def test_big_integers_keep_their_exact_value_through_a_rewrite():
     raw = b'{"n": 123456789012345678901234567890, "kv_transfer_params": {"prompt_token_ids": [1]}}'
-    out = json.loads(body.without(body.parse(raw), ("prompt_token_ids",)))
+    out = json.loads(body.without(body.parse(raw), KV, ("prompt_token_ids",)))
     assert out["n"] == 123456789012345678901234567890
     assert type(out["n"]) is int
 
@@ -209,5 +161,5 @@ def test_fast_writer_round_trips_through_json_loads():
     raw = json.dumps({**document, "kv_transfer_params": {"prompt_token_ids": [1]}}).encode()
     parsed = body.parse(raw)
     assert parsed.orjson_safe
-    out = json.loads(body.without(parsed, ("prompt_token_ids",)))
+    out = json.loads(body.without(parsed, KV, ("prompt_token_ids",)))
     assert json.dumps(out) == json.dumps({**json.loads(raw), "kv_transfer_params": {}})

@@ -3,7 +3,7 @@ from google.protobuf.json_format import MessageToDict
 
 from ext_proc._pb import external_processor_pb2 as pb
 from ext_proc.codec import decision_metadata, decode, encode
-from ext_proc.errors import BadRequest
+from ext_proc.errors import bad_request
 from ext_proc.events import (
     BodyMode,
     ContinueBody,
@@ -17,6 +17,7 @@ from ext_proc.events import (
     Unexpected,
 )
 from ext_proc.policy import Deny, Strip
+from ext_proc.stream import Outcome
 from tests.messages import KEYS, headers_request
 
 
@@ -156,10 +157,12 @@ def test_later_body_messages_carry_no_preamble():
 
 def test_decision_metadata_names_what_was_decided_never_the_ids():
     strip = Strip(("prompt_token_ids",), "stripped_by_policy", 3)
-    assert MessageToDict(decision_metadata("ns", strip, audit=False)) == {
+    outcome = Outcome(strip, audit=False, route="r", body_size=10, request_id="id")
+    assert MessageToDict(decision_metadata("ns", outcome)) == {
         "ns": {"action": "strip", "reason": "stripped_by_policy", "id_count": 3, "mode": "enforce"}
     }
-    deny = Deny(BadRequest("x", reason="ids_malformed"), 2)
-    assert MessageToDict(decision_metadata("ns", deny, audit=True)) == {
+    deny = Deny(bad_request("x", reason="ids_malformed"), 2)
+    outcome = Outcome(deny, audit=True, route="r", body_size=10, request_id="id")
+    assert MessageToDict(decision_metadata("ns", outcome)) == {
         "ns": {"action": "deny", "reason": "ids_malformed", "id_count": 2, "mode": "audit"}
     }

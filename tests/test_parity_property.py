@@ -11,7 +11,6 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ext_proc.body import POLICED_KEYS
 from ext_proc.events import (
     BodyMode,
     ContinueBody,
@@ -22,7 +21,8 @@ from ext_proc.events import (
     RouteMetadata,
     StreamedBody,
 )
-from ext_proc.stream import Stream
+from ext_proc.vllm_request import POLICED_KEYS
+from tests.driver import Driven
 
 STRIP = RouteMetadata({"action": "strip"}, 1.0)
 HONOR = RouteMetadata({"topology": "disaggregated", "vocab_size": "1000"}, 2.0)
@@ -104,7 +104,7 @@ def variants(document: dict[str, Any], seed: int) -> bytes:
 
 def run(route: RouteMetadata, raw: bytes, mode: BodyMode) -> Reject | bytes | None:
     """The gateway's answer: a Reject, the bytes it forwards, or None for unchanged."""
-    stream = Stream(max_body_bytes=1 << 20)
+    stream = Driven(max_body_bytes=1 << 20)
     first = stream.handle(RequestHeaders(HEADERS, False, mode, route))
     if mode is BodyMode.BUFFERED:
         assert first == [ContinueHeaders()]

@@ -47,8 +47,8 @@ def test_strip_removes_both_keys_and_even_malformed_values():
 def test_deny_answers_400_naming_the_key(key):
     decision = decide(DENY, doc({key: [1]}))
     assert isinstance(decision, Deny)
-    assert decision.error.status == 400
-    assert decision.error.param == f"kv_transfer_params.{key}"
+    assert decision.refusal.status == 400
+    assert decision.refusal.param == f"kv_transfer_params.{key}"
     assert decision.reason == "denied_by_policy"
 
 
@@ -90,14 +90,14 @@ def test_honor_denies_malformed_ids(ids, reason):
     decision = decide(HONOR, doc({"prompt_token_ids": ids}))
     assert isinstance(decision, Deny)
     assert decision.reason == reason
-    assert decision.error.status == 400
-    assert decision.error.param == "kv_transfer_params.prompt_token_ids"
+    assert decision.refusal.status == 400
+    assert decision.refusal.param == "kv_transfer_params.prompt_token_ids"
 
 
 def test_honor_checks_every_policed_key():
     decision = decide(HONOR, doc({"prompt_token_ids": [1], "prompt_features": [1, True]}))
     assert isinstance(decision, Deny)
-    assert decision.error.param == "kv_transfer_params.prompt_features"
+    assert decision.refusal.param == "kv_transfer_params.prompt_features"
 
 
 @pytest.mark.parametrize(
@@ -151,7 +151,7 @@ def test_denial_names_an_offending_index(ids, named):
         HONOR_UNLIMITED if "outside" not in named else HONOR, doc({"prompt_token_ids": ids})
     )
     assert isinstance(decision, Deny)
-    assert named in decision.error.message
+    assert named in decision.refusal.message
 
 
 @pytest.mark.parametrize(
@@ -172,7 +172,7 @@ def test_denial_names_an_offending_index(ids, named):
 def test_every_kind_of_malformed_id_is_found_and_named(ids, named):
     decision = decide(HONOR_UNLIMITED if len(ids) > 4 else HONOR, doc({"prompt_token_ids": ids}))
     assert isinstance(decision, Deny)
-    assert named in decision.error.message
+    assert named in decision.refusal.message
 
 
 def test_ints_beyond_64_bits_are_honored_when_no_vocabulary_is_known():
@@ -213,5 +213,5 @@ def test_id_validation_matches_the_plain_definition(ids):
     assert decision.reason == expected
     if expected == "ids_malformed":  # and the index it names holds a malformed item
         assert isinstance(decision, Deny)
-        index = int(decision.error.message.split("[", 1)[1].split("]", 1)[0])
+        index = int(decision.refusal.message.split("[", 1)[1].split("]", 1)[0])
         assert type(ids[index]) is not int or ids[index] < 0

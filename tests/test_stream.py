@@ -20,7 +20,8 @@ from ext_proc.events import (
     Unexpected,
 )
 from ext_proc.policy import Allow, Deny, Strip
-from ext_proc.stream import STREAM_CHUNK, State, Stream
+from ext_proc.stream import STREAM_CHUNK, State
+from tests.driver import Driven
 
 JSON = (("content-type", b"application/json"), ("x-request-id", b"r1"))
 AGGREGATED = RouteMetadata({"topology": "aggregated", "action": "strip"}, 2.0)
@@ -36,7 +37,7 @@ def headers(route=AGGREGATED, *, eos=False, mode=BUFFERED, extra=JSON):
 
 
 def new(limit=1 << 20, budget=None):
-    return Stream(max_body_bytes=limit, budget=budget)
+    return Driven(max_body_bytes=limit, budget=budget)
 
 
 def only(actions):
@@ -398,7 +399,7 @@ MALFORMED = IDS.replace("[1, 2]", "[1, true]").encode()
 
 
 def audited(route=AGGREGATED, *, mode=BUFFERED, extra=JSON, global_audit=True):
-    stream = Stream(max_body_bytes=1 << 20, audit=global_audit)
+    stream = Driven(max_body_bytes=1 << 20, audit=global_audit)
     first = stream.handle(headers(route, mode=mode, extra=extra))
     assert first == ([ContinueHeaders()] if mode is BUFFERED else [])
     return stream
@@ -438,19 +439,19 @@ def test_audit_records_media_type_and_parse_refusals():
 
 
 def test_audit_never_relaxes_limits_protocol_or_configuration():
-    stream = Stream(max_body_bytes=10, audit=True)
+    stream = Driven(max_body_bytes=10, audit=True)
     stream.handle(headers())
     assert error_body(stream.handle(RequestBody(b'{"a": "0123456789"}', True)))["code"] == 413
-    stream = Stream(max_body_bytes=100, audit=True)
+    stream = Driven(max_body_bytes=100, audit=True)
     stream.handle(headers())
     assert error_body(stream.handle(TimedOut()))["code"] == 408
-    stream = Stream(max_body_bytes=100, audit=True)
+    stream = Driven(max_body_bytes=100, audit=True)
     invalid = RouteMetadata({"action": "allow", "audit": True}, 2.0)
     assert error_body(stream.handle(headers(invalid)))["code"] == 500
-    stream = Stream(max_body_bytes=100, audit=True)
+    stream = Driven(max_body_bytes=100, audit=True)
     with pytest.raises(ProtocolError):
         stream.handle(RequestBody(b"{}", True))
-    stream = Stream(max_body_bytes=1000, audit=True, budget=Budget(50))
+    stream = Driven(max_body_bytes=1000, audit=True, budget=Budget(50))
     stream.handle(headers())
     assert error_body(stream.handle(RequestBody(b"x" * 100, True)))["code"] == 503
 
