@@ -19,7 +19,7 @@ import yaml
 
 from ext_proc.attributes import HEADERS, attribute_keys
 from ext_proc.errors import RoutePolicyError
-from ext_proc.route_policy import DEFAULT_NAMESPACE, Scalar, parse
+from ext_proc.route_policy import DEFAULT_NAMESPACE, FIELDS, Scalar, parse
 
 EXT_PROC = "type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor"
 PER_ROUTE = "type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExtProcPerRoute"
@@ -101,9 +101,7 @@ def _check_route(
         report.errors.append(f"{where}: '{namespace}' metadata must be a mapping")
     else:
         try:
-            parse(
-                {k: _scalar(v) for k, v in policy.items() if k in _known()}, len(policy), namespace
-            )
+            parse({k: _scalar(v) for k, v in policy.items() if k in FIELDS}, len(policy), namespace)
         except RoutePolicyError as exc:
             report.errors.append(f"{where}: {exc.message}")
     for name, per_route in route.get("typed_per_filter_config", {}).items():
@@ -116,10 +114,6 @@ def _check_route(
             report.errors.append(f"{where}: overrides.failure_mode_allow fails open")
         if "processing_mode" in overrides:
             _check_mode(f"{where} overrides", overrides["processing_mode"], requested, report)
-
-
-def _known() -> tuple[str, ...]:
-    return tuple(attribute_keys().fields)
 
 
 def check(config: Any, namespace: str = DEFAULT_NAMESPACE) -> Report:

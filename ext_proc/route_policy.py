@@ -17,6 +17,7 @@ module validates the values that arrive.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import re
 from collections.abc import Mapping
@@ -27,7 +28,6 @@ from typing import Final, TypeVar
 from ext_proc.errors import RoutePolicyError
 
 DEFAULT_NAMESPACE: Final = "ext_proc.token_policy"
-FIELDS: Final = ("topology", "action", "vocab_size", "max_ids", "audit")
 _DECIMAL = re.compile(r"[1-9][0-9]{0,17}")
 
 
@@ -52,10 +52,18 @@ class RoutePolicy:
 
 
 DEFAULT_POLICY: Final = RoutePolicy()
+# The metadata fields, in order: the one list, read off the policy itself.
+FIELDS: Final = tuple(field.name for field in dataclasses.fields(RoutePolicy))
 
 
 Scalar = str | float | bool | None
 E = TypeVar("E", bound=StrEnum)
+
+
+def _invalid(problem: str, param: str) -> RoutePolicyError:
+    return RoutePolicyError(
+        f"invalid route policy metadata: {problem}", reason="invalid_route_policy", param=param
+    )
 
 
 def _choice(enum: type[E], name: str, value: Scalar, namespace: str) -> E:
@@ -65,11 +73,8 @@ def _choice(enum: type[E], name: str, value: Scalar, namespace: str) -> E:
         except ValueError:
             pass
     allowed = ", ".join(repr(member.value) for member in enum)
-    raise RoutePolicyError(
-        f"invalid route policy metadata: field '{namespace}.{name}' is {value!r}; "
-        f"allowed values: {allowed}",
-        reason="invalid_route_policy",
-        param=f"{namespace}.{name}",
+    raise _invalid(
+        f"field '{namespace}.{name}' is {value!r}; allowed values: {allowed}", f"{namespace}.{name}"
     )
 
 
@@ -80,11 +85,9 @@ def _positive_int(name: str, value: Scalar, namespace: str) -> int:
         return int(value)
     if isinstance(value, float) and value.is_integer() and 0 < value < 2**53:
         return int(value)
-    raise RoutePolicyError(
-        f"invalid route policy metadata: field '{namespace}.{name}' is {value!r}; "
-        "expected a positive integer",
-        reason="invalid_route_policy",
-        param=f"{namespace}.{name}",
+    raise _invalid(
+        f"field '{namespace}.{name}' is {value!r}; expected a positive integer",
+        f"{namespace}.{name}",
     )
 
 
@@ -111,12 +114,10 @@ def _parse(
     if size is None and not values:
         return DEFAULT_POLICY
     if size is not None and size > len(values):
-        raise RoutePolicyError(
-            f"invalid route policy metadata: namespace '{namespace}' has "
-            f"{int(size)} fields but only {sorted(values)} are known; "
-            f"allowed fields: {', '.join(FIELDS)}",
-            reason="invalid_route_policy",
-            param=namespace,
+        raise _invalid(
+            f"namespace '{namespace}' has {int(size)} fields but only {sorted(values)} "
+            f"are known; allowed fields: {', '.join(FIELDS)}",
+            namespace,
         )
     topology = Topology.AGGREGATED
     if "topology" in values:
@@ -132,11 +133,9 @@ def _parse(
     }
     audit = values.get("audit", False)
     if not isinstance(audit, bool):
-        raise RoutePolicyError(
-            f"invalid route policy metadata: field '{namespace}.audit' is {audit!r}; "
-            "allowed values: true, false",
-            reason="invalid_route_policy",
-            param=f"{namespace}.audit",
+        raise _invalid(
+            f"field '{namespace}.audit' is {audit!r}; allowed values: true, false",
+            f"{namespace}.audit",
         )
     return RoutePolicy(
         topology=topology,
