@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-vllm lint typecheck unit e2e bench bench-smoke profile protos envoy-config clean
+.PHONY: run test test-vllm lint typecheck unit e2e bench bench-smoke profile protos envoy-config envoy-configs clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -60,6 +60,11 @@ protos: $(STAMP)
 # A fail-closed Envoy bootstrap from a short description (INPUT=..., OUTPUT=...).
 envoy-config: $(STAMP)
 	$(PY) -m ext_proc envoy-config $(or $(INPUT),deploy/envoy-config.example.yaml) $(if $(OUTPUT),-o $(OUTPUT))
+
+# Regenerate every envoy/*.yaml from its input in envoy/inputs/; tests/test_envoygen.py
+# fails when a committed config differs from its generated form.
+envoy-configs: $(STAMP)
+	$(PY) -m ext_proc envoy-config envoy/inputs/*.yaml --output-dir envoy
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -1,4 +1,5 @@
-"""The Envoy config generator: input validation names fields; output is envoy/envoy.yaml."""
+"""The Envoy config generator: inputs name their bad fields, each option changes what it
+should, and every shipped envoy/*.yaml is its input's output."""
 
 from __future__ import annotations
 
@@ -7,17 +8,20 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pydantic
 import pytest
 import yaml
 
 from ext_proc import envoygen, route_policy
-from ext_proc.attributes import attribute_keys
+from ext_proc.attributes import HEADERS, attribute_keys
+from ext_proc.check_envoy import check
 from ext_proc.route_policy import Action, Topology
 from ext_proc.server import SERVICE_NAME
 from tests.filters import assert_fails_closed
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "deploy" / "envoy-config.example.yaml"
+INPUTS = REPO / "envoy" / "inputs"
 EXT_PROC_TYPE = "type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor"
 
 
@@ -46,43 +50,48 @@ def clusters_of(config: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {c["name"]: c for c in config["static_resources"]["clusters"]}
 
 
-def normalized(path: Path) -> dict[str, Any]:
-    """A hand-written Envoy config read through the same typed model."""
-    return envoygen.to_dict(
-        envoygen.bootstrap.Bootstrap.from_dict(yaml.safe_load(path.read_text()))
-    )
+def filters_of(config: dict[str, Any]) -> list[dict[str, Any]]:
+    filters: list[dict[str, Any]] = hcm_of(config)["http_filters"]
+    return filters
 
 
-def differences(a: Any, b: Any, where: str = "") -> list[str]:
-    if type(a) is not type(b):
-        return [f"{where}: {a!r} != {b!r}"]
-    if isinstance(a, dict):
-        out = []
-        for key in sorted(set(a) | set(b)):
-            if key not in a or key not in b:
-                out.append(f"{where}/{key}: only in {'generated' if key in a else 'shipped'}")
-            else:
-                out += differences(a[key], b[key], f"{where}/{key}")
-        return out
-    if isinstance(a, list):
-        if len(a) != len(b):
-            return [f"{where}: {len(a)} items != {len(b)} items"]
-        return [
-            d
-            for i, (x, y) in enumerate(zip(a, b, strict=True))
-            for d in differences(x, y, f"{where}[{i}]")
-        ]
-    return [] if a == b else [f"{where}: {a!r} != {b!r}"]
+def endpoint_of(cluster: dict[str, Any]) -> dict[str, Any]:
+    (locality,) = cluster["load_assignment"]["endpoints"]
+    (lb_endpoint,) = locality["lb_endpoints"]
+    return lb_endpoint["endpoint"]
 
 
-@pytest.mark.parametrize(
-    ("body_mode", "shipped"), [("buffered", "envoy.yaml"), ("streamed", "envoy-streamed.yaml")]
-)
-def test_example_reproduces_the_shipped_config(body_mode, shipped):
-    data = example()
-    data["body_mode"] = body_mode
-    diff = differences(generate(data), normalized(REPO / "envoy" / shipped))
-    assert diff == [], "generator and envoy/" + shipped + " differ:\n" + "\n".join(diff)
+# --- the shipped configurations ----------------------------------------------------------
+
+
+def test_every_shipped_config_has_an_input():
+    shipped = {p.name for p in (REPO / "envoy").glob("*.yaml")}
+    assert len(shipped) >= 7
+    assert shipped == {p.name for p in INPUTS.glob("*.yaml")}
+
+
+def test_shipped_configs_are_their_inputs_output(tmp_path, monkeypatch):
+    # What `make envoy-configs` runs, from the repository root.
+    monkeypatch.chdir(REPO)
+    inputs = sorted(p.relative_to(REPO).as_posix() for p in INPUTS.glob("*.yaml"))
+    assert envoygen.main([*inputs, "--output-dir", str(tmp_path)]) == 0
+    names = [Path(name).name for name in inputs]
+    stale = [n for n in names if (tmp_path / n).read_text() != (REPO / "envoy" / n).read_text()]
+    assert stale == [], f"{stale} differ from their inputs: run `make envoy-configs`"
+
+
+def test_example_reproduces_the_shipped_config():
+    assert generate(example()) == yaml.safe_load((REPO / "envoy" / "envoy.yaml").read_text())
+
+
+@pytest.mark.parametrize("path", sorted(INPUTS.glob("*.yaml")), ids=lambda p: p.name)
+def test_every_shipped_config_says_what_it_is(path):
+    description = envoygen.load_input(envoygen.read_input(path)).description
+    assert description
+    text = envoygen.generate(path)
+    for line in description.strip().splitlines():
+        assert f"# {line}".rstrip() + "\n" in text
+    assert text.index(description.splitlines()[0]) < text.index("# Fail-closed invariants")
 
 
 def test_fail_closed_filter():
@@ -90,13 +99,6 @@ def test_fail_closed_filter():
     filt = ext_proc_of(config)
     assert_fails_closed(filt)
     assert filt["grpc_service"]["envoy_grpc"]["cluster_name"] == envoygen.PROCESSOR_CLUSTER
-
-
-def test_streamed_mode():
-    data = example() | {"body_mode": "streamed"}
-    filt = ext_proc_of(generate(data))
-    assert filt["processing_mode"]["request_body_mode"] == "FULL_DUPLEX_STREAMED"
-    assert filt["failure_mode_allow"] is False
 
 
 def test_namespace_follows_input():
@@ -178,6 +180,140 @@ def test_local_replies_keep_processor_denials():
         }
 
 
+# --- options: each changes what it should, and nothing else --------------------------------
+
+
+def test_streamed_mode():
+    base, config = generate(example()), generate(example() | {"body_mode": "streamed"})
+    mode = ext_proc_of(config)["processing_mode"]
+    assert mode["request_body_mode"] == "FULL_DUPLEX_STREAMED"
+    assert mode["request_trailer_mode"] == "SEND"  # required by Envoy in this mode
+    assert ext_proc_of(config)["failure_mode_allow"] is False
+    mode["request_body_mode"] = "BUFFERED"
+    assert config == base
+
+
+def test_one_message_skips_the_headers_and_requests_them_as_attributes():
+    base, config = generate(example()), generate(example() | {"one_message": True})
+    filt = ext_proc_of(config)
+    assert filt["processing_mode"]["request_header_mode"] == "SKIP"
+    assert filt["processing_mode"]["request_body_mode"] == "BUFFERED"
+    assert filt["request_attributes"] == [*attribute_keys().all(), *HEADERS.values()]
+    assert check(config).errors == []
+    filt["processing_mode"]["request_header_mode"] = "SEND"
+    filt["request_attributes"] = list(attribute_keys().all())
+    assert config == base
+
+
+def test_one_message_needs_buffered_bodies():
+    with pytest.raises(envoygen.GeneratorError, match="one_message: needs body_mode buffered"):
+        envoygen.load_input(example() | {"one_message": True, "body_mode": "streamed"})
+
+
+def test_decompressor_runs_before_ext_proc():
+    base, config = generate(example()), generate(example() | {"decompress_gzip": True})
+    names = [f["name"] for f in filters_of(config)]
+    assert names == [envoygen.DECOMPRESSOR_FILTER, envoygen.EXT_PROC_FILTER, envoygen.ROUTER_FILTER]
+    typed = filters_of(config)[0]["typed_config"]
+    assert typed["decompressor_library"]["name"] == "gzip"
+    assert typed["request_direction_config"]["common_config"]["enabled"]["default_value"] is True
+    assert typed["response_direction_config"]["common_config"]["enabled"]["default_value"] is False
+    del filters_of(config)[0]
+    assert config == base
+
+
+def test_unix_socket_processor():
+    data = example() | {"processor": "unix:/run/ext-proc/ext_proc.sock"}
+    base, config = generate(example()), generate(data)
+    processor = clusters_of(config)["ext_proc"]
+    assert processor["type"] == "STATIC"
+    assert endpoint_of(processor)["address"] == {"pipe": {"path": "/run/ext-proc/ext_proc.sock"}}
+    processor["load_assignment"] = clusters_of(base)["ext_proc"]["load_assignment"]
+    assert config == base
+
+
+TLS = {"server_name": "ext-proc.local", "ca_file": "/etc/ext-proc/tls/ca.crt"}
+CLIENT_CERT = {
+    "cert_file": "/etc/ext-proc/tls/envoy.crt",
+    "key_file": "/etc/ext-proc/tls/envoy.key",
+}
+
+
+@pytest.mark.parametrize("mutual", [False, True], ids=["tls", "mtls"])
+def test_tls_to_the_processor(mutual):
+    settings = TLS | (CLIENT_CERT if mutual else {})
+    base, config = generate(example()), generate(example() | {"processor_tls": settings})
+    socket = clusters_of(config)["ext_proc"].pop("transport_socket")
+    assert socket["name"] == envoygen.TLS_SOCKET
+    context = socket["typed_config"]
+    assert context["sni"] == "ext-proc.local"
+    common = context["common_tls_context"]
+    assert common["alpn_protocols"] == ["h2"]
+    validation = common["validation_context"]
+    assert validation["trusted_ca"] == {"filename": "/etc/ext-proc/tls/ca.crt"}
+    assert validation["match_typed_subject_alt_names"] == [
+        {"san_type": "DNS", "matcher": {"exact": "ext-proc.local"}}
+    ]
+    if mutual:
+        assert common["tls_certificates"] == [
+            {
+                "certificate_chain": {"filename": "/etc/ext-proc/tls/envoy.crt"},
+                "private_key": {"filename": "/etc/ext-proc/tls/envoy.key"},
+            }
+        ]
+    else:
+        assert "tls_certificates" not in common
+    assert config == base
+
+
+def test_description_becomes_the_header_comment():
+    spec = envoygen.load_input(example() | {"description": "What it is.\n\nWhat it gives up.\n"})
+    text = envoygen.render(spec, source="in.yaml")
+    assert text.startswith(
+        "# Generated by `python -m ext_proc envoy-config` from in.yaml;\n"
+        "# edit the input, not this file.\n#\n# What it is.\n#\n# What it gives up.\n#\n"
+    )
+    plain = envoygen.render(envoygen.load_input(example()))
+    assert "What it is." not in plain
+    assert yaml.safe_load(text) == yaml.safe_load(plain)
+
+
+# --- input files and their base ------------------------------------------------------------
+
+
+def test_base_keys_apply_unless_given_again(tmp_path):
+    (tmp_path / "base.yaml").write_text(EXAMPLE.read_text())
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "mid.yaml").write_text("base: ../base.yaml\nbody_mode: streamed\n")
+    leaf = tmp_path / "sub" / "leaf.yaml"
+    leaf.write_text("base: mid.yaml\nadmin_port: 9902\n")
+    assert envoygen.read_input(leaf) == example() | {"body_mode": "streamed", "admin_port": 9902}
+
+
+def test_base_cycle_is_refused(tmp_path):
+    (tmp_path / "a.yaml").write_text("base: b.yaml\n")
+    (tmp_path / "b.yaml").write_text("base: a.yaml\n")
+    with pytest.raises(envoygen.GeneratorError, match="base chain returns"):
+        envoygen.read_input(tmp_path / "a.yaml")
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("base: missing.yaml\n", "cannot read"),
+        ("base: [a]\n", "base: expected a path"),
+        ("- a list\n", "must be a mapping"),
+    ],
+)
+def test_bad_input_files(tmp_path, text, message):
+    (tmp_path / "in.yaml").write_text(text)
+    with pytest.raises(envoygen.GeneratorError, match=message):
+        envoygen.read_input(tmp_path / "in.yaml")
+
+
+# --- route policy ------------------------------------------------------------------------
+
+
 def test_policy_input_follows_route_policy_fields():
     assert set(envoygen.PolicyInput.model_fields) == set(route_policy.FIELDS)
 
@@ -185,6 +321,15 @@ def test_policy_input_follows_route_policy_fields():
 def test_policy_metadata_writes_only_given_fields():
     policy = envoygen.PolicyInput.model_validate({"topology": "disaggregated", "vocab_size": 7})
     assert policy.metadata() == {"topology": "disaggregated", "vocab_size": 7}
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("audit", "yes"), ("max_ids", True), ("vocab_size", 1.5), ("topology", "both")],
+)
+def test_policy_values_are_checked_as_the_processor_reads_them(field, value):
+    with pytest.raises(pydantic.ValidationError, match=field):
+        envoygen.PolicyInput.model_validate({field: value})
 
 
 def mutate(change) -> dict[str, Any]:
@@ -224,6 +369,12 @@ INVALID = [
     (_set("routes.0.policy.vocab_size", 0), "routes.0.policy.vocab_size:"),
     (_set("routes.0.policy.max_ids", "many"), "routes.0.policy.max_ids:"),
     (_set("routes.1.body_limit_bytes", -1), "routes.1.body_limit_bytes:"),
+    (_set("processor", "unix:"), "processor:"),
+    (_set("one_message", "yes"), "one_message:"),
+    (_set("processor_tls", {"server_name": "ext-proc.local"}), "processor_tls.ca_file:"),
+    (_set("processor_tls", TLS | {"ca_file": "ca.crt"}), "processor_tls.ca_file:"),
+    (_set("processor_tls", TLS | {"cert_file": "/c"}), "cert_file and key_file go together"),
+    (_set("processor_tls", TLS | {"server_name": "a b"}), "processor_tls.server_name:"),
 ]
 
 
@@ -277,3 +428,27 @@ def test_cli_reports_invalid_input(tmp_path, capsys):
 def test_cli_reports_unreadable_input(tmp_path, capsys):
     assert envoygen.main([str(tmp_path / "missing.yaml")]) == 2
     assert "cannot read" in capsys.readouterr().err
+
+
+def test_cli_writes_several_inputs_to_a_directory(tmp_path):
+    inputs = [INPUTS / "envoy.yaml", INPUTS / "envoy-tls.yaml"]
+    assert envoygen.main([*map(str, inputs), "--output-dir", str(tmp_path)]) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["envoy-tls.yaml", "envoy.yaml"]
+    assert "transport_socket" in (tmp_path / "envoy-tls.yaml").read_text()
+
+
+def test_cli_writes_nothing_when_one_input_is_invalid(tmp_path, capsys):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(f"base: {EXAMPLE}\none_message: maybe\n")
+    out = tmp_path / "out"
+    out.mkdir()
+    assert envoygen.main([str(INPUTS / "envoy.yaml"), str(bad), "--output-dir", str(out)]) == 2
+    assert "bad.yaml" in capsys.readouterr().err
+    assert list(out.iterdir()) == []
+
+
+def test_cli_needs_a_directory_for_several_inputs(capsys):
+    with pytest.raises(SystemExit) as caught:
+        envoygen.main([str(EXAMPLE), str(EXAMPLE)])
+    assert caught.value.code == 2
+    assert "--output-dir" in capsys.readouterr().err

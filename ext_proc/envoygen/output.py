@@ -1,59 +1,35 @@
-"""Generate a fail-closed Envoy bootstrap from a short YAML description.
+"""The Envoy bootstrap as envoy-data-plane's typed messages, then as YAML.
 
-``python -m ext_proc envoy-config INPUT.yaml [-o OUT]`` reads a few lines::
-
-    listener_port: 8080
-    processor: ext-proc-token-policy-headless.llm-d.svc.cluster.local:50051
-    body_mode: buffered              # buffered | streamed
-    upstreams:
-      aggregated: vllm.llm-d.svc.cluster.local:8000
-      disaggregated: vllm-decode.llm-d.svc.cluster.local:8000
-    routes:
-    - prefix: /pd/v1/
-      prefix_rewrite: /v1/
-      upstream: disaggregated
-      policy: {topology: disaggregated, action: honor, max_ids: 131072}
-    - prefix: /
-      upstream: aggregated
-      policy: {topology: aggregated, action: strip}
-
-and writes a whole Envoy bootstrap that behaves like ``envoy/envoy.yaml``: the ext_proc
-filter with ``failure_mode_allow: false`` and every CEL attribute the processor reads
-(``attributes.attribute_keys``), vLLM-shaped local replies, route policy metadata,
-raised per-route body buffers, an HTTP/2 processor cluster with wide windows and gRPC
-health checks, and a JSON access log.
-
-The configuration is built from envoy-data-plane's typed message classes, so a
-misspelt field or a wrong type is a Python error here rather than an Envoy start-up
-failure, and only converted to a dict (proto3 JSON, snake_case) at the end. Importing
-this module does no work beyond importing those classes.
+A misspelt field or a wrong type is a Python error here rather than an Envoy start-up
+failure; the messages become a dict (proto3 JSON, snake_case) only at the end.
 """
 
 from __future__ import annotations
 
-import argparse
 import datetime
-import ipaddress
-import re
-import sys
 import warnings
 from collections.abc import Mapping
-from pathlib import Path
-from typing import Any, Final, Literal
+from typing import Any, Final
 
 import yaml
 from betterproto2 import Casing
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
-from pydantic import model_validator as _model_validator
-from pydantic.warnings import PydanticDeprecatedSince212
 
-from ext_proc.attributes import attribute_keys
-from ext_proc.route_policy import DEFAULT_NAMESPACE, Action, Topology
-from ext_proc.validation import problems
+from ext_proc.address import HostPort
+from ext_proc.attributes import HEADERS, attribute_keys
+from ext_proc.envoygen.inputs import (
+    PROCESSOR_CLUSTER,
+    GeneratorInput,
+    MiB,
+    ProcessorTls,
+    UnixSocket,
+    route_name,
+)
 
 with warnings.catch_warnings():
     # envoy-data-plane 2.2 decorates classmethods with @model_validator(mode="after"),
     # which pydantic >= 2.12 reports as deprecated while the classes are created.
+    from pydantic.warnings import PydanticDeprecatedSince212
+
     warnings.simplefilter("ignore", PydanticDeprecatedSince212)
     from envoy_data_plane.envoy.config.accesslog import v3 as accesslog
     from envoy_data_plane.envoy.config.bootstrap import v3 as bootstrap
@@ -64,201 +40,26 @@ with warnings.catch_warnings():
     from envoy_data_plane.envoy.config.route import v3 as route
     from envoy_data_plane.envoy.extensions.access_loggers.filters.cel import v3 as cel_filter
     from envoy_data_plane.envoy.extensions.access_loggers.stream import v3 as stream_log
+    from envoy_data_plane.envoy.extensions.compression.gzip.decompressor import v3 as gzip
+    from envoy_data_plane.envoy.extensions.filters.http.decompressor import v3 as decompressor
     from envoy_data_plane.envoy.extensions.filters.http.ext_proc import v3 as ext_proc
     from envoy_data_plane.envoy.extensions.filters.http.router import v3 as router
     from envoy_data_plane.envoy.extensions.filters.network.http_connection_manager import (
         v3 as hcm,
     )
+    from envoy_data_plane.envoy.extensions.transport_sockets.tls import v3 as tls
     from envoy_data_plane.envoy.extensions.upstreams.http import v3 as upstream_http
+    from envoy_data_plane.envoy.type.matcher import v3 as matcher
     from envoy_data_plane.google import protobuf
 
-MiB: Final = 1024 * 1024
-PROCESSOR_CLUSTER: Final = "ext_proc"
 # The gRPC service name the processor's health service reports (ext_proc/server.py).
 PROCESSOR_SERVICE: Final = "envoy.service.ext_proc.v3.ExternalProcessor"
 HCM_NAME: Final = "envoy.filters.network.http_connection_manager"
+DECOMPRESSOR_FILTER: Final = "envoy.filters.http.decompressor"
 EXT_PROC_FILTER: Final = "envoy.filters.http.ext_proc"
 ROUTER_FILTER: Final = "envoy.filters.http.router"
 HTTP_OPTIONS: Final = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
-_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
-_HOST = re.compile(r"[A-Za-z0-9]([A-Za-z0-9.-]{0,251}[A-Za-z0-9])?")
-
-
-class GeneratorError(Exception):
-    """The generator input is invalid; the message names the field."""
-
-
-# --- input ---------------------------------------------------------------------------
-
-
-class HostPort(BaseModel):
-    model_config = ConfigDict(frozen=True)
-
-    host: str
-    port: int
-
-    @classmethod
-    def parse(cls, text: str) -> HostPort:
-        host, sep, port = text.rpartition(":")
-        host = host.removeprefix("[").removesuffix("]")
-        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-            raise ValueError(f"expected host:port with a port in 1..65535, got {text!r}")
-        if not _is_ip(host) and not _HOST.fullmatch(host):
-            raise ValueError(f"{host!r} is neither an IP address nor a DNS name")
-        return cls(host=host, port=int(port))
-
-    @property
-    def is_ip(self) -> bool:
-        return _is_ip(self.host)
-
-
-def _is_ip(host: str) -> bool:
-    try:
-        ipaddress.ip_address(host)
-    except ValueError:
-        return False
-    return True
-
-
-def _host_port(value: object) -> HostPort:
-    if isinstance(value, HostPort):
-        return value
-    if not isinstance(value, str):
-        raise ValueError("expected a 'host:port' string")  # noqa: TRY004 (pydantic wants ValueError)
-    return HostPort.parse(value)
-
-
-class PolicyInput(BaseModel):
-    """The route's token policy; the same fields as ``route_policy.FIELDS``."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
-
-    topology: Topology = Topology.AGGREGATED
-    action: Action | None = None
-    vocab_size: int | None = Field(default=None, gt=0)
-    max_ids: int | None = Field(default=None, gt=0)
-    audit: bool | None = None
-
-    @field_validator("topology", "action", mode="before")
-    @classmethod
-    def _enum_from_text(cls, value: object) -> object:
-        # strict mode refuses plain strings for enums; YAML only has strings.
-        if isinstance(value, str):
-            for enum in (Topology, Action):
-                if value in enum._value2member_map_:
-                    return enum(value)
-        return value
-
-    def metadata(self) -> dict[str, Any]:
-        """The route's ``filter_metadata`` entry (only the fields that are set)."""
-        out: dict[str, Any] = {"topology": self.topology.value}
-        if self.action is not None:
-            out["action"] = self.action.value
-        for name in ("vocab_size", "max_ids", "audit"):
-            value = getattr(self, name)
-            if value is not None:
-                out[name] = value
-        return out
-
-
-class RouteInput(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
-
-    name: str | None = Field(default=None, pattern=_NAME.pattern)
-    prefix: str = Field(pattern=r"^/")
-    prefix_rewrite: str | None = Field(default=None, pattern=r"^/")
-    upstream: str
-    policy: PolicyInput = PolicyInput()
-    # Largest request body held for inspection on this route (413 beyond it).
-    body_limit_bytes: int | None = Field(default=None, gt=0, le=1024 * MiB)
-
-
-class GeneratorInput(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
-
-    listener_address: str = "0.0.0.0"
-    listener_port: int = Field(gt=0, lt=65536)
-    admin_port: int = Field(default=9901, gt=0, lt=65536)
-    processor: HostPort
-    body_mode: Literal["buffered", "streamed"] = "buffered"
-    # Per message, BUFFERED mode only (README: 16 MiB takes about 1 s on 2 cores).
-    message_timeout_seconds: float = Field(default=5.0, gt=0, le=300)
-    body_limit_bytes: int = Field(default=16 * MiB, gt=0, le=1024 * MiB)
-    route_timeout_seconds: float = Field(default=600.0, gt=0)
-    stream_idle_timeout_seconds: float = Field(default=300.0, gt=0)
-    # Must equal the processor's route_metadata_namespace.
-    namespace: str = Field(default=DEFAULT_NAMESPACE, min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
-    upstreams: dict[str, HostPort] = Field(min_length=1)
-    routes: list[RouteInput] = Field(min_length=1)
-
-    @field_validator("processor", mode="before")
-    @classmethod
-    def _processor(cls, value: object) -> HostPort:
-        return _host_port(value)
-
-    @field_validator("upstreams", mode="before")
-    @classmethod
-    def _upstreams(cls, value: object) -> object:
-        if not isinstance(value, Mapping):
-            return value
-        out: dict[str, HostPort] = {}
-        for name, address in value.items():
-            if not isinstance(name, str) or not _NAME.fullmatch(name):
-                raise ValueError(f"upstream name {name!r}: letters, digits, '_', '.', '-'")
-            if name == PROCESSOR_CLUSTER:
-                raise ValueError(f"upstream name {name!r} is reserved for the processor")
-            try:
-                out[name] = _host_port(address)
-            except ValueError as exc:
-                raise ValueError(f"upstream {name!r}: {exc}") from None
-        return out
-
-    @field_validator("listener_address")
-    @classmethod
-    def _listener_address(cls, value: str) -> str:
-        if not _is_ip(value):
-            raise ValueError(f"expected an IP address to bind, got {value!r}")
-        return value
-
-    @_model_validator(mode="after")
-    def _routes_consistent(self) -> GeneratorInput:
-        names: set[str] = set()
-        prefixes: set[str] = set()
-        for index, entry in enumerate(self.routes):
-            where = f"routes.{index}"
-            if entry.upstream not in self.upstreams:
-                raise ValueError(
-                    f"{where}.upstream: {entry.upstream!r} is not one of the upstreams "
-                    f"({', '.join(sorted(self.upstreams))})"
-                )
-            name = route_name(entry, index)
-            if name in names:
-                raise ValueError(f"{where}.name: {name!r} is used by an earlier route")
-            if entry.prefix in prefixes:
-                raise ValueError(
-                    f"{where}.prefix: {entry.prefix!r} is matched by an earlier route, "
-                    "so this route could never be reached"
-                )
-            names.add(name)
-            prefixes.add(entry.prefix)
-        return self
-
-
-def route_name(entry: RouteInput, index: int) -> str:
-    return entry.name or f"{entry.upstream}-{index}"
-
-
-def load_input(data: object) -> GeneratorInput:
-    """Validate the parsed YAML; ``GeneratorError`` names every bad field."""
-    if not isinstance(data, Mapping):
-        raise GeneratorError("invalid input: the document must be a mapping")
-    try:
-        return GeneratorInput.model_validate(dict(data))
-    except ValidationError as exc:
-        raise GeneratorError(f"invalid input: {problems(exc)}") from None
-
-
-# --- output --------------------------------------------------------------------------
+TLS_SOCKET: Final = "envoy.transport_sockets.tls"
 
 
 def _seconds(value: float) -> datetime.timedelta:
@@ -269,36 +70,71 @@ def _socket(host: str, port: int) -> core.Address:
     return core.Address(socket_address=core.SocketAddress(address=host, port_value=port))
 
 
+def _address(address: HostPort | UnixSocket) -> core.Address:
+    if isinstance(address, UnixSocket):
+        return core.Address(pipe=core.Pipe(path=address.path))
+    return _socket(address.host, address.port)
+
+
 def _struct(value: Mapping[str, Any]) -> protobuf.Struct:
     struct: protobuf.Struct = protobuf.Struct.from_dict(dict(value))
     return struct
 
 
-def _one_endpoint(name: str, address: HostPort) -> endpoint.ClusterLoadAssignment:
+def _one_endpoint(name: str, address: HostPort | UnixSocket) -> endpoint.ClusterLoadAssignment:
     return endpoint.ClusterLoadAssignment(
         cluster_name=name,
         endpoints=[
             endpoint.LocalityLbEndpoints(
                 lb_endpoints=[
-                    endpoint.LbEndpoint(
-                        endpoint=endpoint.Endpoint(address=_socket(address.host, address.port))
-                    )
+                    endpoint.LbEndpoint(endpoint=endpoint.Endpoint(address=_address(address)))
                 ]
             )
         ],
     )
 
 
-def _discovery(address: HostPort) -> cluster.ClusterDiscoveryType:
+def _discovery(address: HostPort | UnixSocket) -> cluster.ClusterDiscoveryType:
     # A DNS name (a Kubernetes headless Service) resolves to every replica.
-    return (
-        cluster.ClusterDiscoveryType.STATIC
-        if address.is_ip
-        else cluster.ClusterDiscoveryType.STRICT_DNS
+    if isinstance(address, HostPort) and not address.is_ip:
+        return cluster.ClusterDiscoveryType.STRICT_DNS
+    return cluster.ClusterDiscoveryType.STATIC
+
+
+def _file(path: str) -> core.DataSource:
+    return core.DataSource(filename=path)
+
+
+def processor_tls(settings: ProcessorTls) -> core.TransportSocket:
+    """Envoy verifies the processor's certificate; with a client certificate, mTLS."""
+    certificates = []
+    if settings.cert_file is not None and settings.key_file is not None:
+        certificates.append(
+            tls.TlsCertificate(
+                certificate_chain=_file(settings.cert_file),
+                private_key=_file(settings.key_file),
+            )
+        )
+    context = tls.UpstreamTlsContext(
+        sni=settings.server_name,
+        common_tls_context=tls.CommonTlsContext(
+            alpn_protocols=["h2"],
+            tls_certificates=certificates,
+            validation_context=tls.CertificateValidationContext(
+                trusted_ca=_file(settings.ca_file),
+                match_typed_subject_alt_names=[
+                    tls.SubjectAltNameMatcher(
+                        san_type=tls.SubjectAltNameMatcherSanType.DNS,
+                        matcher=matcher.StringMatcher(exact=settings.server_name),
+                    )
+                ],
+            ),
+        ),
     )
+    return core.TransportSocket(name=TLS_SOCKET, typed_config=protobuf.Any.pack(context))
 
 
-def processor_cluster(address: HostPort) -> cluster.Cluster:
+def processor_cluster(spec: GeneratorInput) -> cluster.Cluster:
     options = upstream_http.HttpProtocolOptions(
         explicit_http_config=upstream_http.HttpProtocolOptionsExplicitHttpConfig(
             http2_protocol_options=core.Http2ProtocolOptions(
@@ -310,7 +146,7 @@ def processor_cluster(address: HostPort) -> cluster.Cluster:
     )
     return cluster.Cluster(
         name=PROCESSOR_CLUSTER,
-        type=_discovery(address),
+        type=_discovery(spec.processor),
         connect_timeout=_seconds(1),
         # NOT_SERVING from the first moment of a processor's drain moves new streams to
         # the other replicas.
@@ -323,8 +159,11 @@ def processor_cluster(address: HostPort) -> cluster.Cluster:
                 grpc_health_check=core.HealthCheckGrpcHealthCheck(service_name=PROCESSOR_SERVICE),
             )
         ],
+        transport_socket=(
+            None if spec.processor_tls is None else processor_tls(spec.processor_tls)
+        ),
         typed_extension_protocol_options={HTTP_OPTIONS: protobuf.Any.pack(options)},
-        load_assignment=_one_endpoint(PROCESSOR_CLUSTER, address),
+        load_assignment=_one_endpoint(PROCESSOR_CLUSTER, spec.processor),
     )
 
 
@@ -343,6 +182,12 @@ def ext_proc_filter(spec: GeneratorInput) -> ext_proc.ExternalProcessor:
         if spec.body_mode == "buffered"
         else ext_proc.ProcessingModeBodySendMode.FULL_DUPLEX_STREAMED
     )
+    attributes = list(attribute_keys(spec.namespace).all())
+    header_mode = ext_proc.ProcessingModeHeaderSendMode.SEND
+    if spec.one_message:
+        # No headers message: the headers the processor checks come as attributes.
+        header_mode = ext_proc.ProcessingModeHeaderSendMode.SKIP
+        attributes += HEADERS.values()
     return ext_proc.ExternalProcessor(
         grpc_service=core.GrpcService(
             envoy_grpc=core.GrpcServiceEnvoyGrpc(
@@ -355,20 +200,60 @@ def ext_proc_filter(spec: GeneratorInput) -> ext_proc.ExternalProcessor:
         failure_mode_allow=False,
         message_timeout=_seconds(spec.message_timeout_seconds),
         processing_mode=ext_proc.ProcessingMode(
-            request_header_mode=ext_proc.ProcessingModeHeaderSendMode.SEND,
+            request_header_mode=header_mode,
             request_body_mode=body_mode,
+            # FULL_DUPLEX_STREAMED needs the trailers sent.
             request_trailer_mode=ext_proc.ProcessingModeHeaderSendMode.SEND,
             response_header_mode=ext_proc.ProcessingModeHeaderSendMode.SKIP,
             response_body_mode=ext_proc.ProcessingModeBodySendMode.NONE,
             response_trailer_mode=ext_proc.ProcessingModeHeaderSendMode.SKIP,
         ),
-        request_attributes=list(attribute_keys(spec.namespace).all()),
+        request_attributes=attributes,
         metadata_options=ext_proc.MetadataOptions(
             receiving_namespaces=ext_proc.MetadataOptionsMetadataNamespaces(
                 untyped=[spec.namespace]
             )
         ),
     )
+
+
+def _enabled(default: bool, runtime_key: str) -> decompressor.DecompressorCommonDirectionConfig:
+    return decompressor.DecompressorCommonDirectionConfig(
+        enabled=core.RuntimeFeatureFlag(default_value=default, runtime_key=runtime_key)
+    )
+
+
+def gzip_decompressor() -> decompressor.Decompressor:
+    """Request bodies only; codings it does not decode keep their header (415)."""
+    return decompressor.Decompressor(
+        decompressor_library=core.TypedExtensionConfig(
+            name="gzip", typed_config=protobuf.Any.pack(gzip.Gzip(window_bits=15))
+        ),
+        request_direction_config=decompressor.DecompressorRequestDirectionConfig(
+            common_config=_enabled(True, "request_decompressor_enabled")
+        ),
+        response_direction_config=decompressor.DecompressorResponseDirectionConfig(
+            common_config=_enabled(False, "response_decompressor_enabled")
+        ),
+    )
+
+
+def http_filters(spec: GeneratorInput) -> list[hcm.HttpFilter]:
+    filters = []
+    if spec.decompress_gzip:
+        # Before ext_proc: the processor sees, and the upstream receives, the plain body.
+        filters.append(
+            hcm.HttpFilter(
+                name=DECOMPRESSOR_FILTER, typed_config=protobuf.Any.pack(gzip_decompressor())
+            )
+        )
+    filters.append(
+        hcm.HttpFilter(name=EXT_PROC_FILTER, typed_config=protobuf.Any.pack(ext_proc_filter(spec)))
+    )
+    filters.append(
+        hcm.HttpFilter(name=ROUTER_FILTER, typed_config=protobuf.Any.pack(router.Router()))
+    )
+    return filters
 
 
 def access_log(namespace: str) -> accesslog.AccessLog:
@@ -495,12 +380,7 @@ def connection_manager(spec: GeneratorInput) -> hcm.HttpConnectionManager:
             name="gateway",
             virtual_hosts=[route.VirtualHost(name="vllm", domains=["*"], routes=routes(spec))],
         ),
-        http_filters=[
-            hcm.HttpFilter(
-                name=EXT_PROC_FILTER, typed_config=protobuf.Any.pack(ext_proc_filter(spec))
-            ),
-            hcm.HttpFilter(name=ROUTER_FILTER, typed_config=protobuf.Any.pack(router.Router())),
-        ],
+        http_filters=http_filters(spec),
     )
 
 
@@ -522,7 +402,7 @@ def build(spec: GeneratorInput) -> bootstrap.Bootstrap:
             )
         ],
     )
-    clusters = [processor_cluster(spec.processor)]
+    clusters = [processor_cluster(spec)]
     clusters += [upstream_cluster(name, address) for name, address in spec.upstreams.items()]
     return bootstrap.Bootstrap(
         admin=bootstrap.Admin(address=_socket("127.0.0.1", spec.admin_port)),
@@ -554,10 +434,8 @@ def to_dict(config: bootstrap.Bootstrap) -> dict[str, Any]:
     return data
 
 
-HEADER: Final = """\
-# Generated by `python -m ext_proc envoy-config`; edit the input, not this file.
-#
-# Fail-closed invariants (keep them if you edit): ext_proc failure_mode_allow false
+INVARIANTS: Final = """\
+# Fail-closed invariants, written whatever the input: ext_proc failure_mode_allow false
 # (processor down or slow -> 5xx, nothing forwarded); request_body_mode BUFFERED or
 # FULL_DUPLEX_STREAMED (the processor sees the whole body before the upstream sees any
 # of it); every CEL attribute in request_attributes (unknown metadata fields fail
@@ -565,34 +443,20 @@ HEADER: Final = """\
 """
 
 
-def render(spec: GeneratorInput) -> str:
-    return HEADER + yaml.safe_dump(to_dict(build(spec)), sort_keys=False)
+def header(spec: GeneratorInput, source: str | None = None) -> str:
+    """The comment above the configuration: where it comes from, what it is."""
+    origin = f" from {source}" if source else ""
+    lines = [
+        f"# Generated by `python -m ext_proc envoy-config`{origin};",
+        "# edit the input, not this file.",
+        "#",
+    ]
+    if spec.description:
+        lines += [f"# {line}".rstrip() for line in spec.description.strip("\n").splitlines()]
+        lines.append("#")
+    return "\n".join(lines) + "\n" + INVARIANTS
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="python -m ext_proc envoy-config",
-        description="Write a fail-closed Envoy bootstrap for the token-id policy processor.",
-    )
-    parser.add_argument("input", type=Path, help="generator input (YAML)")
-    parser.add_argument("-o", "--output", type=Path, help="output file (default: stdout)")
-    return parser
-
-
-def main(argv: list[str]) -> int:
-    args = _parser().parse_args(argv)
-    try:
-        data = yaml.safe_load(args.input.read_text())
-    except (OSError, yaml.YAMLError) as exc:
-        print(f"envoy-config: cannot read {args.input}: {exc}", file=sys.stderr)
-        return 2
-    try:
-        text = render(load_input(data))
-    except GeneratorError as exc:
-        print(f"envoy-config: {args.input}: {exc}", file=sys.stderr)
-        return 2
-    if args.output is None:
-        sys.stdout.write(text)
-    else:
-        args.output.write_text(text)
-    return 0
+def render(spec: GeneratorInput, source: str | None = None) -> str:
+    """The bootstrap as YAML under its header; ``source`` names the input in it."""
+    return header(spec, source) + yaml.safe_dump(to_dict(build(spec)), sort_keys=False)

@@ -1,0 +1,255 @@
+"""The generator's input: a short YAML description, validated into ``GeneratorInput``.
+
+An input file may name a ``base`` input (a path relative to it): the base's top-level
+keys apply unless the file gives them again. The shipped configurations are one base
+(``deploy/envoy-config.example.yaml``) and a few keys per variant.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any, Final, Literal
+
+import yaml
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    create_model,
+    field_validator,
+    model_validator,
+)
+
+from ext_proc.address import UNIX_PREFIX, HostPort, check_listen, is_ip
+from ext_proc.errors import RoutePolicyError
+from ext_proc.route_policy import DEFAULT_NAMESPACE, FIELDS, Scalar, parse
+from ext_proc.validation import problems
+
+MiB: Final = 1024 * 1024
+# The processor's cluster; no upstream may take its name.
+PROCESSOR_CLUSTER: Final = "ext_proc"
+BASE_KEY: Final = "base"
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
+
+
+class GeneratorError(Exception):
+    """The generator input is invalid; the message names the field."""
+
+
+@dataclass(frozen=True, slots=True)
+class UnixSocket:
+    """A processor reached over a Unix domain socket (``unix:/path``)."""
+
+    path: str
+
+
+def _host_port(value: object) -> HostPort:
+    if isinstance(value, HostPort):
+        return value
+    if not isinstance(value, str):
+        raise ValueError("expected a 'host:port' string")  # noqa: TRY004 (pydantic wants ValueError)
+    return HostPort.parse(value)
+
+
+def _processor_address(value: object) -> object:
+    if isinstance(value, str) and value.startswith(UNIX_PREFIX):
+        return UnixSocket(check_listen(value).removeprefix(UNIX_PREFIX))
+    return value if isinstance(value, UnixSocket) else _host_port(value)
+
+
+ProcessorAddress = Annotated[HostPort | UnixSocket, BeforeValidator(_processor_address)]
+
+
+def _cel(value: Scalar | int) -> Scalar:
+    # How a CEL attribute carries a metadata value: numbers as their decimal text.
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    return value
+
+
+class PolicyFields(BaseModel):
+    """A route's token policy; each field is checked by ``route_policy.parse``."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
+
+    @field_validator("*")
+    @classmethod
+    def _as_the_processor_reads_it(cls, value: Scalar | int, info: ValidationInfo) -> object:
+        if value is not None and info.field_name is not None:
+            try:
+                parse({info.field_name: _cel(value)}, 1.0)
+            except RoutePolicyError as exc:
+                raise ValueError(exc.message) from None
+        return value
+
+    def metadata(self) -> dict[str, Any]:
+        """The route's ``filter_metadata`` entry: the given fields only."""
+        return self.model_dump(exclude_none=True)
+
+
+# One field per route_policy.FIELDS entry, so the policy's field list has one source.
+if TYPE_CHECKING:
+    PolicyInput = PolicyFields
+else:
+    PolicyInput = create_model(
+        "PolicyInput",
+        __base__=PolicyFields,
+        **{name: (str | int | bool | None, None) for name in FIELDS},
+    )
+
+
+class RouteInput(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
+
+    name: str | None = Field(default=None, pattern=_NAME.pattern)
+    prefix: str = Field(pattern=r"^/")
+    prefix_rewrite: str | None = Field(default=None, pattern=r"^/")
+    upstream: str
+    policy: PolicyInput = PolicyInput()
+    # Largest request body held for inspection on this route (413 beyond it).
+    body_limit_bytes: int | None = Field(default=None, gt=0, le=1024 * MiB)
+
+
+class ProcessorTls(BaseModel):
+    """TLS to the processor; with ``cert_file`` and ``key_file``, mutual TLS."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
+
+    # SNI, and the DNS name the processor's certificate must carry.
+    server_name: str = Field(pattern=r"^[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?$")
+    # The CA that signed the processor's certificate.
+    ca_file: str = Field(pattern=r"^/")
+    # Envoy's own certificate, for a processor that verifies clients (client_ca_file).
+    cert_file: str | None = Field(default=None, pattern=r"^/")
+    key_file: str | None = Field(default=None, pattern=r"^/")
+
+    @model_validator(mode="after")
+    def _pair(self) -> ProcessorTls:
+        if (self.cert_file is None) != (self.key_file is None):
+            raise ValueError("cert_file and key_file go together (mutual TLS) or not at all")
+        return self
+
+
+class GeneratorInput(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
+
+    # What this configuration is for and what it gives up; the output's header comment.
+    description: str | None = None
+    listener_address: str = "0.0.0.0"
+    listener_port: int = Field(gt=0, lt=65536)
+    admin_port: int = Field(default=9901, gt=0, lt=65536)
+    # host:port (an IP: a STATIC cluster; a DNS name: STRICT_DNS) or unix:/path.
+    processor: ProcessorAddress
+    processor_tls: ProcessorTls | None = None
+    body_mode: Literal["buffered", "streamed"] = "buffered"
+    # One gRPC message per request: the headers message is skipped and the headers the
+    # processor checks come as CEL attributes. Buffered bodies only.
+    one_message: bool = False
+    # Envoy's gzip decompressor before ext_proc: the processor sees decompressed bodies.
+    decompress_gzip: bool = False
+    # Per message, BUFFERED mode only (README: 16 MiB takes about 1 s on 2 cores).
+    message_timeout_seconds: float = Field(default=5.0, gt=0, le=300)
+    body_limit_bytes: int = Field(default=16 * MiB, gt=0, le=1024 * MiB)
+    route_timeout_seconds: float = Field(default=600.0, gt=0)
+    stream_idle_timeout_seconds: float = Field(default=300.0, gt=0)
+    # Must equal the processor's route_metadata_namespace.
+    namespace: str = Field(default=DEFAULT_NAMESPACE, min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
+    upstreams: dict[str, HostPort] = Field(min_length=1)
+    routes: list[RouteInput] = Field(min_length=1)
+
+    @field_validator("upstreams", mode="before")
+    @classmethod
+    def _upstreams(cls, value: object) -> object:
+        if not isinstance(value, Mapping):
+            return value
+        out: dict[str, HostPort] = {}
+        for name, address in value.items():
+            if not isinstance(name, str) or not _NAME.fullmatch(name):
+                raise ValueError(f"upstream name {name!r}: letters, digits, '_', '.', '-'")
+            if name == PROCESSOR_CLUSTER:
+                raise ValueError(f"upstream name {name!r} is reserved for the processor")
+            try:
+                out[name] = _host_port(address)
+            except ValueError as exc:
+                raise ValueError(f"upstream {name!r}: {exc}") from None
+        return out
+
+    @field_validator("listener_address")
+    @classmethod
+    def _listener_address(cls, value: str) -> str:
+        if not is_ip(value):
+            raise ValueError(f"expected an IP address to bind, got {value!r}")
+        return value
+
+    @model_validator(mode="after")
+    def _one_message_needs_buffered_bodies(self) -> GeneratorInput:
+        if self.one_message and self.body_mode != "buffered":
+            raise ValueError("one_message: needs body_mode buffered (the whole body at once)")
+        return self
+
+    @model_validator(mode="after")
+    def _routes_consistent(self) -> GeneratorInput:
+        names: set[str] = set()
+        prefixes: set[str] = set()
+        for index, entry in enumerate(self.routes):
+            where = f"routes.{index}"
+            if entry.upstream not in self.upstreams:
+                raise ValueError(
+                    f"{where}.upstream: {entry.upstream!r} is not one of the upstreams "
+                    f"({', '.join(sorted(self.upstreams))})"
+                )
+            name = route_name(entry, index)
+            if name in names:
+                raise ValueError(f"{where}.name: {name!r} is used by an earlier route")
+            if entry.prefix in prefixes:
+                raise ValueError(
+                    f"{where}.prefix: {entry.prefix!r} is matched by an earlier route, "
+                    "so this route could never be reached"
+                )
+            names.add(name)
+            prefixes.add(entry.prefix)
+        return self
+
+
+def route_name(entry: RouteInput, index: int) -> str:
+    return entry.name or f"{entry.upstream}-{index}"
+
+
+def load_input(data: object) -> GeneratorInput:
+    """Validate the parsed YAML; ``GeneratorError`` names every bad field."""
+    if not isinstance(data, Mapping):
+        raise GeneratorError("invalid input: the document must be a mapping")
+    try:
+        return GeneratorInput.model_validate(dict(data))
+    except ValidationError as exc:
+        raise GeneratorError(f"invalid input: {problems(exc)}") from None
+
+
+def read_input(path: Path) -> dict[str, Any]:
+    """The mapping in ``path`` over its ``base`` chain, not yet validated."""
+    return _read(path, ())
+
+
+def _read(path: Path, seen: tuple[Path, ...]) -> dict[str, Any]:
+    where = path.resolve()
+    if where in seen:
+        raise GeneratorError(f"{path}: the base chain returns to this file")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise GeneratorError(f"cannot read {path}: {exc}") from None
+    if not isinstance(data, Mapping):
+        raise GeneratorError(f"{path}: the document must be a mapping")
+    own = dict(data)
+    base = own.pop(BASE_KEY, None)
+    if base is None:
+        return own
+    if not isinstance(base, str):
+        raise GeneratorError(f"{path}: {BASE_KEY}: expected a path relative to this file")
+    return _read(path.parent / base, (*seen, where)) | own
