@@ -35,7 +35,6 @@ from ext_proc.service import ExternalProcessor
 log = logging.getLogger("ext_proc.server")
 GC_THRESHOLD = 20_000  # CPython's default is 700
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["ExternalProcessor"].full_name
-CONFIG_ERROR_STATUS = 2  # as for any other invalid configuration
 
 
 async def _set_health(servicer: health.aio.HealthServicer, status: int) -> None:
@@ -184,11 +183,10 @@ class Server:
                 await self.startup()
             except ConfigError as exc:
                 log.error(str(exc))  # noqa: TRY400 - one line naming the setting, no traceback
-                return CONFIG_ERROR_STATUS
+                return 2  # as for any other invalid configuration
             await self.serve()
             if not await self.drain() or not await self.stop():
-                log.warning("forced stop")
-                await self._server.stop(None)
+                log.warning("forced stop")  # _close cancels the streams left
                 return 1
             log.info("stopped")
             return 0
@@ -247,9 +245,9 @@ class Server:
 
     async def stop(self) -> bool:
         """Stop accepting; in-flight streams get the grace period. False if forced."""
-        # Not cancelled when forced: the forced stop runs alongside and ends it.
-        stopping = asyncio.ensure_future(self._server.stop(self.config.shutdown_grace_seconds))
-        return not await self._forced_before(stopping)
+        # Not cancelled when forced: the forced stop in _close runs alongside and ends it.
+        graceful = asyncio.ensure_future(self._server.stop(self.config.shutdown_grace_seconds))
+        return not await self._forced_before(graceful)
 
     async def _forced_before(self, phase: asyncio.Future[Any]) -> bool:
         """Wait for ``phase`` unless a second signal comes first; True when it did."""
@@ -261,6 +259,7 @@ class Server:
         return self.forced.is_set()
 
     async def _close(self) -> None:
+        """On every exit path: nothing left listening (idempotent after a clean stop)."""
         if self.running is not None:
             await self.running.server.stop(None)
         if self.metrics is not None:

@@ -115,7 +115,7 @@ class Supervisor:
                     endpoint = metrics.serve_metrics(self.config.metrics_address, registry)
                 except ConfigError as exc:
                     log.error(str(exc))  # noqa: TRY400 - one line naming the setting, no traceback
-                    return 2
+                    return 2  # as for any other invalid configuration
                 cleanup.callback(endpoint.close)
             # Only after an unexpected error can a worker still run then; it drains.
             cleanup.callback(self._terminate_all)
