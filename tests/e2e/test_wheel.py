@@ -1,0 +1,121 @@
+"""The wheel alone: built from the sources the image copies, installed with its declared
+dependencies into a fresh virtual environment and run from outside the checkout."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from devstack import processes
+
+REPO = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.timeout(900)
+
+
+def run(
+    args: list[str | Path], cwd: Path, timeout: float = 600
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(a) for a in args],
+        cwd=cwd,
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=timeout,
+    )
+
+
+def clean_env() -> dict[str, str]:
+    """This environment without anything that would point Python at the checkout."""
+    drop = {"PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "PYTHONSAFEPATH"}
+    return {k: v for k, v in os.environ.items() if k not in drop}
+
+
+@pytest.fixture(scope="module")
+def python(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The interpreter of a fresh virtual environment holding only the wheel and its
+    declared dependencies."""
+    root = tmp_path_factory.mktemp("wheel")
+    source = root / "source"  # what deploy/Dockerfile copies, nothing else
+    source.mkdir()
+    shutil.copy2(REPO / "pyproject.toml", source)
+    shutil.copy2(REPO / "README.md", source)
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
+    shutil.copytree(REPO / "ext_proc", source / "ext_proc", ignore=ignore)
+    built = run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-w", root / "dist", source], root
+    )
+    assert built.returncode == 0, built.stdout + built.stderr
+    (wheel,) = (root / "dist").glob("*.whl")
+    created = run([sys.executable, "-m", "venv", root / "venv"], root)
+    assert created.returncode == 0, created.stderr
+    python = root / "venv" / "bin" / "python"
+    installed = run([python, "-m", "pip", "install", "--quiet", wheel], root)
+    assert installed.returncode == 0, installed.stdout + installed.stderr
+    return python
+
+
+def test_the_package_comes_from_the_wheel(python, tmp_path):
+    found = run([python, "-c", "import ext_proc; print(ext_proc.__file__)"], tmp_path)
+    assert found.returncode == 0, found.stderr
+    assert Path(found.stdout.strip()).is_relative_to(python.parents[1])
+    assert "include-system-site-packages = false" in (python.parents[1] / "pyvenv.cfg").read_text()
+
+
+# h2 is absent from the list: envoy-data-plane's betterproto2[all] brings it.
+@pytest.mark.parametrize("module", ["h11", "devstack", "bench", "pytest", "httpx"])
+def test_development_modules_are_not_installed(python, tmp_path, module):
+    result = run([python, "-c", f"import {module}"], tmp_path)
+    assert result.returncode == 1
+    assert f"No module named '{module}'" in result.stderr
+
+
+def test_serve_answers_health_checks_and_stops_on_sigterm(python, tmp_path):
+    port = processes.free_port()
+    args = [str(python), "-m", "ext_proc", "serve", "--listen", f"127.0.0.1:{port}"]
+    args += ["--metrics-listen", ""]
+    env = {**clean_env(), "EXT_PROC_DRAIN_SECONDS": "0"}
+    log = tmp_path / "serve.log"
+    server = processes.start(args, log, cwd=tmp_path, env=env)
+    try:
+        processes.wait_for_port(port, server)
+        status = None
+        deadline = time.monotonic() + 20
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            stub = health_pb2_grpc.HealthStub(channel)
+            while status != health_pb2.HealthCheckResponse.SERVING:
+                assert time.monotonic() < deadline, f"health: {status}; {log.read_text()}"
+                reply = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=5)
+                status = reply.status
+                time.sleep(0.05)
+        server.send_signal(signal.SIGTERM)
+        assert server.wait(timeout=30) == 0, log.read_text()
+    finally:
+        processes.stop(server)
+    assert "Traceback" not in log.read_text()
+
+
+def test_check_envoy_envoy_config_and_check_config_run_from_the_wheel(python, tmp_path):
+    checked = run(
+        [python, "-m", "ext_proc", "check-envoy", REPO / "envoy" / "envoy.yaml"], tmp_path
+    )
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    example = REPO / "deploy" / "envoy-config.example.yaml"
+    out = tmp_path / "envoy.yaml"
+    generated = run([python, "-m", "ext_proc", "envoy-config", example, "-o", out], tmp_path)
+    assert generated.returncode == 0, generated.stdout + generated.stderr
+    assert "static_resources" in out.read_text()
+    config = tmp_path / "processor.yaml"
+    config.write_text("log_level: info\n")
+    checked = run([python, "-m", "ext_proc", "check-config", config], tmp_path)
+    assert (checked.returncode, checked.stdout) == (0, f"{config}: OK\n")
