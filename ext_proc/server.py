@@ -207,8 +207,9 @@ class Server:
         # Everything alive now lives as long as the process: keep it out of every
         # collection. Parsing a large body allocates many containers at once; a higher
         # first threshold avoids a cascade of young collections per request. That is safe
-        # only while a finished request leaves no reference cycle holding its body
-        # (tests/test_service.py checks the refusal paths, where kept tracebacks did).
+        # only while a finished request leaves no reference cycle holding its body:
+        # refusals are values and no exception outlives its handler (tests/test_service.py
+        # checks the refusal paths).
         gc.freeze()
         gc.set_threshold(GC_THRESHOLD, 20, 20)
         if not self.worker and config.metrics_address is not None:
