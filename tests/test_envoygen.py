@@ -323,6 +323,12 @@ def test_policy_metadata_writes_only_given_fields():
     assert policy.metadata() == {"topology": "disaggregated", "vocab_size": 7}
 
 
+def test_policy_metadata_always_states_the_topology():
+    assert envoygen.PolicyInput().metadata() == {"topology": "aggregated"}
+    policy = envoygen.PolicyInput.model_validate({"action": "deny"})
+    assert policy.metadata() == {"topology": "aggregated", "action": "deny"}
+
+
 @pytest.mark.parametrize(
     ("field", "value"),
     [("audit", "yes"), ("max_ids", True), ("vocab_size", 1.5), ("topology", "both")],

@@ -28,7 +28,7 @@ from pydantic import (
 
 from ext_proc.address import UNIX_PREFIX, HostPort, check_listen, is_ip
 from ext_proc.errors import RoutePolicyError
-from ext_proc.route_policy import DEFAULT_NAMESPACE, FIELDS, Scalar, parse
+from ext_proc.route_policy import DEFAULT_NAMESPACE, DEFAULT_POLICY, FIELDS, Scalar, parse
 from ext_proc.validation import problems
 
 MiB: Final = 1024 * 1024
@@ -89,8 +89,11 @@ class PolicyFields(BaseModel):
         return value
 
     def metadata(self) -> dict[str, Any]:
-        """The route's ``filter_metadata`` entry: the given fields only."""
-        return self.model_dump(exclude_none=True)
+        """The route's ``filter_metadata`` entry: the given fields, and the topology.
+
+        Every route states its topology, given or not: the default action follows it.
+        """
+        return {"topology": DEFAULT_POLICY.topology.value} | self.model_dump(exclude_none=True)
 
 
 # One field per route_policy.FIELDS entry, so the policy's field list has one source.
