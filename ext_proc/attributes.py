@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final
 
-from ext_proc.route_policy import DEFAULT_NAMESPACE, FIELDS
+from ext_proc.route_policy import DEFAULT_NAMESPACE, FIELDS, Scalar
 
 # The matched route's name, for metrics and logs (not part of the policy).
 ROUTE_NAME: Final = "xds.route_name"
@@ -49,3 +49,15 @@ class AttributeKeys:
 
 def attribute_keys(namespace: str = DEFAULT_NAMESPACE) -> AttributeKeys:
     return AttributeKeys.for_namespace(namespace)
+
+
+def as_cel(value: Any) -> Scalar:
+    """What a CEL attribute carries for a route metadata value written in YAML: numbers
+    as their decimal text, a map or list as the text of its type."""
+    if isinstance(value, bool) or value is None:
+        return value
+    if isinstance(value, int | float):
+        return str(int(value)) if float(value).is_integer() else str(value)
+    if isinstance(value, str):
+        return value
+    return "CelMap value" if isinstance(value, dict) else "CelList value"

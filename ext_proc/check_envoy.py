@@ -17,9 +17,9 @@ from typing import Any
 
 import yaml
 
-from ext_proc.attributes import HEADERS, attribute_keys
+from ext_proc.attributes import HEADERS, as_cel, attribute_keys
 from ext_proc.errors import RoutePolicyError
-from ext_proc.route_policy import DEFAULT_NAMESPACE, FIELDS, Scalar, parse
+from ext_proc.route_policy import DEFAULT_NAMESPACE, FIELDS, parse
 
 EXT_PROC = "type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor"
 PER_ROUTE = "type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExtProcPerRoute"
@@ -46,17 +46,6 @@ def _walk(node: Any) -> Iterator[dict[str, Any]]:
     elif isinstance(node, list):
         for item in node:
             yield from _walk(item)
-
-
-def _scalar(value: Any) -> Scalar:
-    # What the CEL attribute would carry: numbers as decimal text, maps as "CelMap value".
-    if isinstance(value, bool) or value is None:
-        return value
-    if isinstance(value, int | float):
-        return str(int(value)) if float(value).is_integer() else str(value)
-    if isinstance(value, str):
-        return value
-    return "CelMap value" if isinstance(value, dict) else "CelList value"
 
 
 def _check_mode(where: str, mode: dict[str, Any], requested: set[str], report: Report) -> None:
@@ -101,7 +90,7 @@ def _check_route(
         report.errors.append(f"{where}: '{namespace}' metadata must be a mapping")
     else:
         try:
-            parse({k: _scalar(v) for k, v in policy.items() if k in FIELDS}, len(policy), namespace)
+            parse({k: as_cel(v) for k, v in policy.items() if k in FIELDS}, len(policy), namespace)
         except RoutePolicyError as exc:
             report.errors.append(f"{where}: {exc.message}")
     for name, per_route in route.get("typed_per_filter_config", {}).items():

@@ -1,4 +1,6 @@
-from ext_proc.attributes import HEADERS, ROUTE_NAME, attribute_keys
+import pytest
+
+from ext_proc.attributes import HEADERS, ROUTE_NAME, as_cel, attribute_keys
 from ext_proc.route_policy import FIELDS
 
 
@@ -17,3 +19,20 @@ def test_every_policy_field_has_an_attribute():
 def test_header_attributes_name_request_headers():
     assert HEADERS["content-type"] == "request.headers['content-type']"
     assert set(HEADERS) == {"content-type", "content-encoding", "content-length", "x-request-id"}
+
+
+@pytest.mark.parametrize(
+    ("value", "carried"),
+    [
+        (131072, "131072"),
+        (131072.0, "131072"),
+        (0.5, "0.5"),
+        ("honor", "honor"),
+        (True, True),
+        (None, None),
+        ({"n": 1}, "CelMap value"),
+        ([1], "CelList value"),
+    ],
+)
+def test_as_cel_renders_values_as_the_attribute_carries_them(value, carried):
+    assert as_cel(value) == carried

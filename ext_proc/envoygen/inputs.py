@@ -27,6 +27,7 @@ from pydantic import (
 )
 
 from ext_proc.address import UNIX_PREFIX, HostPort, check_listen, is_ip
+from ext_proc.attributes import as_cel
 from ext_proc.errors import RoutePolicyError
 from ext_proc.route_policy import DEFAULT_NAMESPACE, DEFAULT_POLICY, FIELDS, Scalar, parse
 from ext_proc.validation import problems
@@ -66,13 +67,6 @@ def _processor_address(value: object) -> object:
 ProcessorAddress = Annotated[HostPort | UnixSocket, BeforeValidator(_processor_address)]
 
 
-def _cel(value: Scalar | int) -> Scalar:
-    # How a CEL attribute carries a metadata value: numbers as their decimal text.
-    if isinstance(value, int) and not isinstance(value, bool):
-        return str(value)
-    return value
-
-
 class PolicyFields(BaseModel):
     """A route's token policy; each field is checked by ``route_policy.parse``."""
 
@@ -83,7 +77,7 @@ class PolicyFields(BaseModel):
     def _as_the_processor_reads_it(cls, value: Scalar | int, info: ValidationInfo) -> object:
         if value is not None and info.field_name is not None:
             try:
-                parse({info.field_name: _cel(value)}, 1.0)
+                parse({info.field_name: as_cel(value)}, 1.0)
             except RoutePolicyError as exc:
                 raise ValueError(exc.message) from None
         return value

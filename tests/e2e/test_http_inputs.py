@@ -1,4 +1,4 @@
-"""HTTP-level inputs: compression, expect: 100-continue, and the shipped config variants."""
+"""HTTP-level inputs: compression and expect: 100-continue."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ from pathlib import Path
 
 import httpx
 import pytest
-import yaml
 
 from tests.e2e.stack import Stack
 from tests.e2e.test_gateway import assert_framing, chat, error_of
@@ -26,27 +25,6 @@ def decompressing(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         yield stack
     finally:
         stack.stop()
-
-
-def _processor_cluster(config: dict) -> dict:
-    (cluster,) = [c for c in config["static_resources"]["clusters"] if c["name"] == "ext_proc"]
-    return cluster
-
-
-@pytest.mark.parametrize("name", ["envoy-uds.yaml", "envoy-tls.yaml", "envoy-mtls.yaml"])
-def test_listener_variants_differ_only_in_how_the_processor_is_reached(name):
-    base = yaml.safe_load((ENVOY / "envoy.yaml").read_text())
-    variant = yaml.safe_load((ENVOY / name).read_text())
-    base_cluster, cluster = _processor_cluster(base), _processor_cluster(variant)
-    if name == "envoy-uds.yaml":
-        endpoint = cluster["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]
-        assert "pipe" in endpoint["address"]
-        cluster["load_assignment"] = base_cluster["load_assignment"]
-    else:
-        tls = cluster.pop("transport_socket")["typed_config"]["common_tls_context"]
-        assert tls["validation_context"]["trusted_ca"]
-        assert ("tls_certificates" in tls) == (name == "envoy-mtls.yaml")
-    assert variant == base
 
 
 def test_gzip_body_is_decompressed_before_inspection(decompressing):
