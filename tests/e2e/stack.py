@@ -159,6 +159,15 @@ class Stack:
         return self.workdir / f"{name}.log"
 
     def start(self) -> Stack:
+        """Start every process; one failing to start stops those already running."""
+        try:
+            self._start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _start(self) -> None:
         if self.real_upstream is None:
             up = processes.start(
                 [sys.executable, "-m", "devstack", "upstream", "--listen", str(self.upstream)],
@@ -187,7 +196,6 @@ class Stack:
         envoy = processes.start(processes.envoy_args(path, self.admin.port), self._log("envoy"))
         self.children["envoy"] = envoy
         processes.wait_for_envoy(self.admin.port, envoy)
-        return self
 
     def start_processor(self) -> None:
         args = [
