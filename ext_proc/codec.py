@@ -18,6 +18,7 @@ from ext_proc.events import (
     ContinueHeaders,
     ContinueTrailers,
     Event,
+    Outcome,
     Reject,
     RequestBody,
     RequestHeaders,
@@ -27,7 +28,6 @@ from ext_proc.events import (
     Unexpected,
 )
 from ext_proc.route_policy import Scalar
-from ext_proc.stream import Outcome
 
 
 def _scalar(value: struct_pb2.Value) -> Scalar:

@@ -1,15 +1,20 @@
 """Typed values exchanged between the codec and the stream state machine.
 
-Events are what Envoy said; answers are what the processor sends back. Neither refers
-to grpc or protobuf, so the core runs and is tested on plain values.
+Events are what Envoy said; answers are what the processor sends back; a ``Step`` is
+the stream machine's reply to one event (answers, and once per request the
+``Outcome``). None of them refers to grpc or protobuf, so the core runs and is tested
+on plain values.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import IntEnum
 
+from ext_proc.errors import Refusal
+from ext_proc.policy import Decision
 from ext_proc.route_policy import Scalar
 
 
@@ -107,5 +112,46 @@ class Reject:
     details: str
     headers: tuple[tuple[str, bytes], ...] = ()
 
+    @classmethod
+    def of(cls, refusal: Refusal) -> Reject:
+        """vLLM's error shape, so OpenAI clients parse the denial like any vLLM error."""
+        payload = {
+            "error": {
+                "message": refusal.message,
+                "type": refusal.error_type,
+                "param": refusal.param,
+                "code": refusal.status,
+            }
+        }
+        headers: tuple[tuple[str, bytes], ...] = ()
+        if refusal.retry_after is not None:
+            headers = (("retry-after", str(refusal.retry_after).encode()),)
+        return cls(
+            refusal.status, json.dumps(payload).encode(), f"token_policy_{refusal.reason}", headers
+        )
+
 
 Answer = ContinueHeaders | ContinueBody | StreamedBody | ContinueTrailers | Reject
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """What happened to one request, reported once by ``Stream.handle``."""
+
+    decision: Decision
+    audit: bool
+    route: str
+    body_size: int
+    request_id: str
+
+    @property
+    def mode(self) -> str:
+        return "audit" if self.audit else "enforce"
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """The answers to one event, and the outcome when this event settled the request."""
+
+    answers: list[Answer]
+    outcome: Outcome | None = None

@@ -9,9 +9,11 @@ uninspected.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
 
 import grpc
 
@@ -23,11 +25,19 @@ from ext_proc.budget import Budget
 from ext_proc.codec import decision_metadata, decode, encode
 from ext_proc.config import Config
 from ext_proc.errors import ProtocolError
-from ext_proc.events import Event, TimedOut
+from ext_proc.events import Event, Outcome, Step, TimedOut
 from ext_proc.metrics import Metrics
-from ext_proc.stream import Outcome, Step, Stream
+from ext_proc.stream import Stream
 
 log = logging.getLogger("ext_proc.decision")
+
+
+@dataclass(slots=True)
+class _Usage:
+    """What one stream cost, for the processing-time histogram."""
+
+    outcome: Outcome | None = None
+    busy: float = 0.0  # processor time spent on this request
 
 
 class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
@@ -74,38 +84,46 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc
             namespace=self._config.route_metadata_namespace,
             audit=self._config.audit,
         )
-        metrics = self.metrics
-        metrics.inflight_streams.inc()
-        outcome: Outcome | None = None
-        busy = 0.0  # processor time spent on this request
-        try:
+        with self._accounted(stream) as usage:
             async for event in self._events(aiter(request_iterator), stream):
                 started = time.perf_counter()
                 try:
                     step = stream.handle(event)
                 except ProtocolError as exc:
-                    metrics.stream_errors.labels("protocol_violation").inc()
-                    log.warning(
-                        "protocol error",
-                        extra={"request_id": stream.request_id, "reason": str(exc)},
-                    )
-                    await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+                    await self._abort(context, stream, str(exc))
                     return
                 responses = self._answer(step)
                 if step.outcome is not None:
-                    outcome = step.outcome
-                    self._record(outcome)
-                busy += time.perf_counter() - started
-                metrics.inflight_bytes.set(self.budget.used)
+                    usage.outcome = step.outcome
+                    self._record(step.outcome)
+                usage.busy += time.perf_counter() - started
+                self.metrics.inflight_bytes.set(self.budget.used)
                 for response in responses:
                     yield response
             if stream.waiting_for_body:
                 # Envoy closed its side mid-body. Ending the RPC cleanly now could let a
                 # held request through; end it with an error instead.
-                metrics.stream_errors.labels("protocol_violation").inc()
-                await context.abort(
-                    grpc.StatusCode.FAILED_PRECONDITION, "stream ended before the end of the body"
-                )
+                await self._abort(context, stream, "stream ended before the end of the body")
+
+    async def _abort(
+        self,
+        context: grpc.aio.ServicerContext[pb.ProcessingRequest, pb.ProcessingResponse],
+        stream: Stream,
+        reason: str,
+    ) -> None:
+        """End the RPC with an error status: Envoy fails the request closed."""
+        self.metrics.stream_errors.labels("protocol_violation").inc()
+        log.warning("protocol error", extra={"request_id": stream.request_id, "reason": reason})
+        await context.abort(grpc.StatusCode.FAILED_PRECONDITION, reason)
+
+    @contextlib.contextmanager
+    def _accounted(self, stream: Stream) -> Iterator[_Usage]:
+        """Count the stream while it is open and how it ended; always release its bytes."""
+        metrics = self.metrics
+        metrics.inflight_streams.inc()
+        usage = _Usage()
+        try:
+            yield usage
         except asyncio.CancelledError:
             metrics.stream_errors.labels("cancelled").inc()
             raise
@@ -119,8 +137,8 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc
             stream.close()
             metrics.inflight_streams.dec()
             metrics.inflight_bytes.set(self.budget.used)
-            if outcome is not None:
-                metrics.observe_processing(outcome.route, busy)
+            if usage.outcome is not None:
+                metrics.observe_processing(usage.outcome.route, usage.busy)
 
     def _answer(self, step: Step) -> list[pb.ProcessingResponse]:
         """The step's answers as protobuf; the last one carries the decision as dynamic

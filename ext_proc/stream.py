@@ -34,9 +34,7 @@ Invariants (fail closed):
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
-from dataclasses import dataclass
 from enum import Enum, auto
 from typing import Final, ParamSpec, TypeVar
 
@@ -58,10 +56,12 @@ from ext_proc.events import (
     ContinueHeaders,
     ContinueTrailers,
     Event,
+    Outcome,
     Reject,
     RequestBody,
     RequestHeaders,
     RequestTrailers,
+    Step,
     StreamedBody,
     TimedOut,
 )
@@ -82,47 +82,6 @@ class State(Enum):
     DONE = auto()
     REJECTED = auto()  # answered with an ImmediateResponse: Envoy ends the request
     ERROR = auto()
-
-
-@dataclass(frozen=True, slots=True)
-class Outcome:
-    """What happened to one request, reported once by ``Stream.handle``."""
-
-    decision: policy.Decision
-    audit: bool
-    route: str
-    body_size: int
-    request_id: str
-
-    @property
-    def mode(self) -> str:
-        return "audit" if self.audit else "enforce"
-
-
-@dataclass(frozen=True, slots=True)
-class Step:
-    """The answers to one event, and the outcome when this event settled the request."""
-
-    answers: list[Answer]
-    outcome: Outcome | None = None
-
-
-def reject(refusal: Refusal) -> Reject:
-    """vLLM's error shape, so OpenAI clients parse the denial like any vLLM error."""
-    payload = {
-        "error": {
-            "message": refusal.message,
-            "type": refusal.error_type,
-            "param": refusal.param,
-            "code": refusal.status,
-        }
-    }
-    headers: tuple[tuple[str, bytes], ...] = ()
-    if refusal.retry_after is not None:
-        headers = (("retry-after", str(refusal.retry_after).encode()),)
-    return Reject(
-        refusal.status, json.dumps(payload).encode(), f"token_policy_{refusal.reason}", headers
-    )
 
 
 def _attempt(call: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T | Refusal:
@@ -196,7 +155,7 @@ class Stream:
             if not (isinstance(decision, policy.Deny) and decision.refusal is result):
                 self._decision = policy.Deny(result)
             self.close()
-            return self._step([reject(result)])
+            return self._step([Reject.of(result)])
         if target is not None:
             self.state = target
         return self._step(result)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from ext_proc.events import Answer, Event
+from ext_proc.events import Answer, Event, Outcome
 from ext_proc.policy import Decision
-from ext_proc.stream import Outcome, State, Stream
+from ext_proc.stream import State, Stream
 
 
 class Driven:

@@ -9,6 +9,7 @@ from ext_proc.events import (
     ContinueBody,
     ContinueHeaders,
     ContinueTrailers,
+    Outcome,
     Reject,
     RequestBody,
     RequestHeaders,
@@ -17,7 +18,6 @@ from ext_proc.events import (
     Unexpected,
 )
 from ext_proc.policy import Deny, Strip
-from ext_proc.stream import Outcome
 from tests.messages import KEYS, headers_request
 
 
