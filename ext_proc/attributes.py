@@ -3,7 +3,8 @@
 Envoy hands route metadata to the processor only through CEL ``request_attributes``,
 one expression per field (a whole map arrives as the text "CelMap value"), and CEL
 renders numbers as decimal strings; ``size(...)`` of the namespace lets the processor
-notice fields it does not know. With ``request_header_mode: SKIP`` (one message per
+notice fields it does not know. The peer's certificate attributes identify an mTLS
+caller. With ``request_header_mode: SKIP`` (one message per
 request) the headers the processor checks come as attributes too. The codec reads
 these keys, ``check-envoy`` demands them and ``envoy-config`` writes them: this module
 is their one source.
@@ -26,6 +27,15 @@ HEADERS: Final = {
     for name in ("content-type", "content-encoding", "content-length", "x-request-id")
 }
 
+# The downstream peer's certificate (docs/trust.md): a route's ``peers`` are matched
+# against these when the connection is mutual TLS.
+PEER: Final = {
+    "mtls": "connection.mtls",
+    "uri_san": "connection.uri_san_peer_certificate",
+    "dns_san": "connection.dns_san_peer_certificate",
+    "subject": "connection.subject_peer_certificate",
+}
+
 
 @dataclass(frozen=True, slots=True)
 class AttributeKeys:
@@ -44,7 +54,7 @@ class AttributeKeys:
 
     def all(self) -> tuple[str, ...]:
         """Every expression the Envoy filter must list in ``request_attributes``."""
-        return (*self.fields.values(), self.size, ROUTE_NAME)
+        return (*self.fields.values(), self.size, ROUTE_NAME, *PEER.values())
 
 
 def attribute_keys(namespace: str = DEFAULT_NAMESPACE) -> AttributeKeys:

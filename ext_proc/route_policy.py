@@ -3,13 +3,20 @@
 Schema (route ``metadata.filter_metadata[NAMESPACE]``, default namespace
 ``ext_proc.token_policy``):
 
-    topology:   aggregated | disaggregated        (default aggregated)
-    action:     strip | deny | honor              (default strip when aggregated,
-                                                   honor when disaggregated)
-    vocab_size: positive integer, optional        (ids must be < vocab_size)
-    max_ids:    positive integer, optional        (at most this many ids)
-    audit:      true | false                      (default false: decisions are logged,
-                                                   counted and exported, requests pass)
+    topology:         aggregated | disaggregated    (default aggregated)
+    action:           strip | deny | honor | mint   (default strip when aggregated,
+                                                     honor when disaggregated)
+    vocab_size:       positive integer, optional    (ids must be < vocab_size)
+    max_ids:          positive integer, optional    (at most this many ids)
+    audit:            true | false                  (default false: decisions are logged,
+                                                     counted and exported, requests pass)
+    unproven:         strip | deny                  (honor and mint: what unproven
+                                                     kv_transfer_params get; default strip)
+    keep_other_keys:  true | false                  (stripping keeps the non-policed keys)
+    peers:            "id | id | ..."               (honor and mint: trusted mTLS peers)
+    trust_any_caller: true | false                  (honor: validated ids from anyone)
+
+docs/trust.md explains the trust model these fields select.
 
 How the fields reach the processor (CEL attributes) is ``attributes``' business; this
 module validates the values that arrive.
@@ -39,7 +46,13 @@ class Topology(StrEnum):
 class Action(StrEnum):
     STRIP = "strip"
     DENY = "deny"
-    HONOR = "honor"
+    HONOR = "honor"  # honor proven parameters (the decode leg)
+    MINT = "mint"  # sign the response's parameters (the prefill leg)
+
+
+class Unproven(StrEnum):
+    STRIP = "strip"
+    DENY = "deny"
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +62,17 @@ class RoutePolicy:
     vocab_size: int | None = None
     max_ids: int | None = None
     audit: bool = False
+    unproven: Unproven = Unproven.STRIP
+    keep_other_keys: bool = False
+    peers: frozenset[str] = frozenset()
+    trust_any_caller: bool = False
+
+    @property
+    def untrusted_denied(self) -> bool:
+        """Whether untrusted kv_transfer_params get a 400 rather than being stripped."""
+        if self.action is Action.DENY:
+            return True
+        return self.action in (Action.HONOR, Action.MINT) and self.unproven is Unproven.DENY
 
 
 DEFAULT_POLICY: Final = RoutePolicy()
@@ -91,6 +115,34 @@ def _positive_int(name: str, value: Scalar, namespace: str) -> int:
     )
 
 
+def _flag(name: str, value: Scalar, namespace: str) -> bool:
+    if not isinstance(value, bool):
+        raise _invalid(
+            f"field '{namespace}.{name}' is {value!r}; allowed values: true, false",
+            f"{namespace}.{name}",
+        )
+    return value
+
+
+# An identity as Envoy renders a certificate's URI SAN, DNS SAN or subject: printable
+# ASCII without "|", which separates identities (subjects contain commas and spaces).
+_IDENTITY = re.compile(r"[!-{}~]([ !-{}~]{0,510}[!-{}~])?")
+PEER_SEPARATOR: Final = "|"
+
+
+def _peers(value: Scalar, namespace: str) -> frozenset[str]:
+    """Identities separated by "|" (CEL carries no lists)."""
+    names = value.split(PEER_SEPARATOR) if isinstance(value, str) else []
+    names = [name.strip() for name in names]
+    if not names or not all(_IDENTITY.fullmatch(name) for name in names):
+        raise _invalid(
+            f"field '{namespace}.peers' is {value!r}; expected identities (URI SAN, "
+            "DNS SAN or certificate subject) separated by '|'",
+            f"{namespace}.peers",
+        )
+    return frozenset(names)
+
+
 def parse(
     values: Mapping[str, Scalar], size: float | None, namespace: str = DEFAULT_NAMESPACE
 ) -> RoutePolicy:
@@ -131,16 +183,35 @@ def _parse(
         for name in ("vocab_size", "max_ids")
         if name in values
     }
-    audit = values.get("audit", False)
-    if not isinstance(audit, bool):
-        raise _invalid(
-            f"field '{namespace}.audit' is {audit!r}; allowed values: true, false",
-            f"{namespace}.audit",
-        )
+    flags = {
+        name: _flag(name, values[name], namespace)
+        for name in ("audit", "keep_other_keys", "trust_any_caller")
+        if name in values
+    }
+    unproven = Unproven.STRIP
+    if "unproven" in values:
+        unproven = _choice(Unproven, "unproven", values["unproven"], namespace)
+    peers = _peers(values["peers"], namespace) if "peers" in values else frozenset()
+    trusting = (Action.HONOR, Action.MINT)
+    for name, given, allowed in (
+        ("unproven", "unproven" in values, trusting),
+        ("peers", bool(peers), trusting),
+        ("trust_any_caller", flags.get("trust_any_caller", False), (Action.HONOR,)),
+    ):
+        if given and action not in allowed:
+            raise _invalid(
+                f"field '{namespace}.{name}' applies only to action "
+                f"{' or '.join(a.value for a in allowed)}, not {action.value}",
+                f"{namespace}.{name}",
+            )
     return RoutePolicy(
         topology=topology,
         action=action,
         vocab_size=limits.get("vocab_size"),
         max_ids=limits.get("max_ids"),
-        audit=audit,
+        audit=flags.get("audit", False),
+        unproven=unproven,
+        keep_other_keys=flags.get("keep_other_keys", False),
+        peers=peers,
+        trust_any_caller=flags.get("trust_any_caller", False),
     )
