@@ -2,7 +2,8 @@
 
 It answers every request in the OpenAI response shape (chat, completions, responses,
 messages), with the request it received shown as the reply text and under
-``stub_received``. It speaks HTTP/1.1 and HTTP/2 with prior knowledge (h2c). It keeps
+``stub_received``, and the token ids and transfer parameters vLLM adds (see
+``devstack.tokens``). It speaks HTTP/1.1 and HTTP/2 with prior knowledge (h2c). It keeps
 every request, including the raw bytes read from the socket for it (HTTP/1.1) or its
 DATA payload as framed (HTTP/2), and serves them as JSON at ``GET /__stub__/requests``
 (``DELETE`` clears them), so tests can assert on the exact bytes Envoy forwarded.
@@ -20,6 +21,7 @@ from typing import Any
 
 import h11
 
+from devstack import tokens
 from ext_proc.address import HostPort
 
 ADMIN_PATH = "/__stub__/requests"
@@ -59,7 +61,23 @@ def _reply_text(record: Recorded) -> str:
     return json.dumps({"path": record.target, "body": shown})
 
 
+def _document(record: Recorded) -> dict[str, Any]:
+    """The request body as vLLM would read it, or an empty one if it is not an object."""
+    try:
+        document = json.loads(record.body) if record.body else None
+    except ValueError:
+        return {}
+    return document if isinstance(document, dict) else {}
+
+
 def openai_response(record: Recorded) -> dict[str, Any]:
+    """The reply vLLM 0.32 would give, its fields placed as vLLM places them.
+
+    Chat: ``prompt_token_ids`` at the top level and ``token_ids`` per choice, both only
+    when the request asked ``return_token_ids: true`` (``null`` otherwise), and
+    ``kv_transfer_params`` at the top level (``null`` unless a KV connector answered).
+    Completions carry the ids per choice; responses only ``kv_transfer_params``.
+    """
     text = _reply_text(record)
     received = {
         "method": record.method,
@@ -68,8 +86,14 @@ def openai_response(record: Recorded) -> dict[str, Any]:
         "body": record.body.decode("utf-8", "replace"),
     }
     path = record.target.split("?", 1)[0]
+    document = _document(record)
+    ids = tokens.prompt_ids(path, document)
+    asked = document.get("return_token_ids") is True
+    shown_ids = ids if asked else None
+    generated = list(tokens.GENERATED) if asked else None
+    params = tokens.transfer_params(document)
     created = int(time.time())
-    usage = {"prompt_tokens": 0, "completion_tokens": 1, "total_tokens": 1}
+    usage = {"prompt_tokens": len(ids), "completion_tokens": 1, "total_tokens": len(ids) + 1}
     if path.endswith("/chat/completions"):
         payload: dict[str, Any] = {
             "id": "chatcmpl-stub",
@@ -82,8 +106,11 @@ def openai_response(record: Recorded) -> dict[str, Any]:
                     "index": 0,
                     "finish_reason": "stop",
                     "message": {"role": "assistant", "content": text},
+                    "token_ids": generated,
                 }
             ],
+            "prompt_token_ids": shown_ids,
+            "kv_transfer_params": params,
         }
     elif path.endswith("/completions"):
         payload = {
@@ -92,7 +119,16 @@ def openai_response(record: Recorded) -> dict[str, Any]:
             "created": created,
             "model": "stub",
             "usage": usage,
-            "choices": [{"index": 0, "text": text, "finish_reason": "stop"}],
+            "choices": [
+                {
+                    "index": 0,
+                    "text": text,
+                    "finish_reason": "stop",
+                    "prompt_token_ids": shown_ids,
+                    "token_ids": generated,
+                }
+            ],
+            "kv_transfer_params": params,
         }
     elif path.endswith("/responses"):
         payload = {
@@ -101,7 +137,7 @@ def openai_response(record: Recorded) -> dict[str, Any]:
             "created_at": created,
             "model": "stub",
             "status": "completed",
-            "usage": {"input_tokens": 0, "output_tokens": 1, "total_tokens": 1},
+            "usage": {"input_tokens": len(ids), "output_tokens": 1, "total_tokens": len(ids) + 1},
             "output": [
                 {
                     "type": "message",
@@ -109,6 +145,7 @@ def openai_response(record: Recorded) -> dict[str, Any]:
                     "content": [{"type": "output_text", "text": text}],
                 }
             ],
+            "kv_transfer_params": params,
         }
     elif path.endswith("/messages"):
         payload = {
@@ -118,7 +155,7 @@ def openai_response(record: Recorded) -> dict[str, Any]:
             "model": "stub",
             "content": [{"type": "text", "text": text}],
             "stop_reason": "end_turn",
-            "usage": {"input_tokens": 0, "output_tokens": 1},
+            "usage": {"input_tokens": len(ids), "output_tokens": 1},
         }
     else:
         payload = {"object": "stub"}
