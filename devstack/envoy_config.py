@@ -43,10 +43,16 @@ def render(
     processor: HostPort | Path,
     aggregated: HostPort,
     disaggregated: HostPort,
+    prefill: HostPort | None = None,
     source: Path = SHIPPED,
     cert_dir: Path | None = None,
 ) -> dict[str, Any]:
-    """The config at ``source`` with new addresses (a Path processor: a Unix socket)."""
+    """The config at ``source`` with new addresses (a Path processor: a Unix socket).
+
+    ``prefill`` (the prefill leg of the P/D hand-off) defaults to the decode upstream:
+    one vLLM server can serve both legs. A config without a ``prefill`` cluster (a
+    variant without the hand-off) is rendered without one.
+    """
     config: dict[str, Any] = yaml.safe_load(source.read_text())
     if cert_dir is not None:
         config = _relocate_certs(config, cert_dir)
@@ -58,8 +64,11 @@ def render(
         ("ext_proc", processor),
         ("aggregated", aggregated),
         ("disaggregated", disaggregated),
+        ("prefill", prefill or disaggregated),
     )
     for name, address in addresses:
+        if name == "prefill" and name not in clusters:
+            continue
         (endpoints,) = clusters[name]["load_assignment"]["endpoints"]
         (lb_endpoint,) = endpoints["lb_endpoints"]
         lb_endpoint["endpoint"]["address"] = _socket(address)

@@ -1,11 +1,13 @@
 """``make run``: processor, Envoy and (unless both routes point elsewhere) the stand-in
 upstream, in the foreground. Ctrl-C stops everything.
 
-Environment: GATEWAY_PORT (8080), AGGREGATED_UPSTREAM / DISAGGREGATED_UPSTREAM
-(host:port of real vLLM servers; default the stand-in), PROCESSOR_PORT (50051),
+Environment: GATEWAY_PORT (8080), AGGREGATED_UPSTREAM / DISAGGREGATED_UPSTREAM /
+PREFILL_UPSTREAM (host:port of real vLLM servers for the aggregated route, the decode leg
+and the prefill leg of the P/D hand-off; default the stand-in), PROCESSOR_PORT (50051),
 METRICS_PORT (9464, the processor's Prometheus endpoint), ENVOY_ADMIN_PORT (9901),
 STUB_PORT (8081), ENVOY_CONFIG (envoy/envoy.yaml; any shipped variant, e.g.
-envoy/envoy-decompress.yaml).
+envoy/envoy-decompress.yaml), EXT_PROC_PROOF (the processor's signing keys, as YAML;
+without it, and without ``proof`` in --config, a throwaway key is generated for the run).
 
 Every port is checked before anything starts: a port in use, or a child that dies while
 starting, ends the run with one line on stderr naming what to change.
@@ -16,6 +18,8 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import secrets
+import shlex
 import signal
 import subprocess
 import sys
@@ -27,29 +31,57 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from devstack import envoy_config, processes
 from ext_proc.address import HostPort
 
 PROG = "make run"
 _CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 _STRIPPED = json.dumps({**_CHAT, "kv_transfer_params": {"prompt_token_ids": [1, 2, 3], "x": 1}})
-_DENIED = json.dumps({**_CHAT, "kv_transfer_params": {"prompt_token_ids": [1, True, -3]}})
+_PREFILL = json.dumps({**_CHAT, "max_tokens": 1, "return_token_ids": True})
+# The decode request: the same chat with the prefill response's kv_transfer_params,
+# copied verbatim as an orchestrator does.
+# (JSON of strings alone is a Python literal too; double quotes keep the shell quoting plain.)
+_DECODE = (
+    f"import json, sys; chat = {json.dumps(_CHAT)}; "
+    'chat["kv_transfer_params"] = json.load(sys.stdin)["kv_transfer_params"]; '
+    "print(json.dumps(chat))"
+)
+_SHOW = 'import json, sys; print(json.dumps(json.load(sys.stdin)["kv_transfer_params"]))'
+PROOF_VARIABLE = "EXT_PROC_PROOF"
+THROWAWAY_KEY_ID = "throwaway"
+THROWAWAY_NOTICE = (
+    f"{PROG}: no signing key configured; generated a throwaway key for this run ({PROOF_VARIABLE})"
+)
 
 
 class StackError(Exception):
     """A reason not to run, stated in one line for the person at the terminal."""
 
 
+def handoff_lines(gateway: HostPort) -> list[str]:
+    """The prefill/decode hand-off as shell lines to paste: the prefill leg, the minted
+    parameters shown, the decode request built from them, the decode leg."""
+    json_header = "-H 'content-type: application/json'"
+    return [
+        f"prefill=$(curl -s http://{gateway}/pd/prefill/v1/chat/completions {json_header} "
+        f"-d {shlex.quote(_PREFILL)})",
+        f'echo "$prefill" | python3 -c {shlex.quote(_SHOW)}',
+        f'decode=$(echo "$prefill" | python3 -c {shlex.quote(_DECODE)})',
+        f'curl -s http://{gateway}/pd/v1/chat/completions {json_header} -d "$decode"',
+    ]
+
+
 def _examples(gateway: HostPort, metrics: HostPort) -> str:
+    handoff = "".join(f"    {line}\n" for line in handoff_lines(gateway))
     return f"""\
 gateway ready on http://{gateway} (processor metrics: http://{metrics}/metrics)
-  aggregated route (ids stripped):
+  a client's own parameters (removed on every route):
     curl -s http://{gateway}/v1/chat/completions -H 'content-type: application/json' \\
       -d '{_STRIPPED}'
-  disaggregated route (malformed ids denied):
-    curl -s http://{gateway}/pd/v1/chat/completions -H 'content-type: application/json' \\
-      -d '{_DENIED}'
-Ctrl-C stops everything.
+  prefill/decode hand-off (ids signed on the prefill leg, honored on the decode leg):
+{handoff}Ctrl-C stops everything.
 """
 
 
@@ -94,6 +126,7 @@ class Plan:
     envoy: dict[str, Any]  # the rendered Envoy configuration
     processor_config: Path | None
     stub: bool  # whether the stand-in upstream runs
+    throwaway_key: bool  # whether the run generates its own signing key
 
     def port(self, variable: str) -> HostPort:
         return self.ports[variable]
@@ -109,8 +142,9 @@ def plan(processor_config: Path | None) -> Plan:
     }
     aggregated = _env_upstream("AGGREGATED_UPSTREAM")
     disaggregated = _env_upstream("DISAGGREGATED_UPSTREAM")
+    prefill = _env_upstream("PREFILL_UPSTREAM")
     stub = _env_port("STUB_PORT", 8081)
-    if aggregated is None or disaggregated is None:
+    if aggregated is None or disaggregated is None or prefill is None:
         ports["STUB_PORT"] = stub
     source = Path(os.environ.get("ENVOY_CONFIG", envoy_config.SHIPPED))
     if not source.is_file():
@@ -128,9 +162,35 @@ def plan(processor_config: Path | None) -> Plan:
         processor=ports["PROCESSOR_PORT"],
         aggregated=aggregated or stub,
         disaggregated=disaggregated or stub,
+        prefill=prefill or stub,
         source=source,
     )
-    return Plan(ports, envoy, processor_config, stub="STUB_PORT" in ports)
+    throwaway = PROOF_VARIABLE not in os.environ and not _configures_proof(processor_config)
+    return Plan(ports, envoy, processor_config, stub="STUB_PORT" in ports, throwaway_key=throwaway)
+
+
+def _configures_proof(processor_config: Path | None) -> bool:
+    """Whether the --config file sets signing keys (an unreadable one fails in the
+    processor, which names the problem)."""
+    if processor_config is None:
+        return False
+    try:
+        document = yaml.safe_load(processor_config.read_text())
+    except (OSError, yaml.YAMLError):
+        return False
+    return isinstance(document, dict) and "proof" in document
+
+
+def throwaway_proof(workdir: Path) -> str:
+    """A fresh signing key in ``workdir`` (owner-only), as the EXT_PROC_PROOF value
+    naming it. 32 random bytes, hex-encoded: the processor strips whitespace around a
+    key file's content, which could shorten raw bytes below the 32 it requires."""
+    path = workdir / "proof.key"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as key:
+        key.write(secrets.token_hex(32))
+    # JSON is YAML: the path needs no quoting rules of its own.
+    return json.dumps({"keys": [{"id": THROWAWAY_KEY_ID, "file": str(path)}]})
 
 
 def run(processor_config: Path | None) -> int:
@@ -154,6 +214,9 @@ def _run(plan: Plan) -> int:
     # Nothing routes around a local stack: Ctrl-C need not wait out the drain window.
     os.environ.setdefault("EXT_PROC_DRAIN_SECONDS", "0")
     with tempfile.TemporaryDirectory(prefix="ext_proc-stack-") as workdir:
+        if plan.throwaway_key:
+            os.environ[PROOF_VARIABLE] = throwaway_proof(Path(workdir))
+            print(THROWAWAY_NOTICE, flush=True)
         try:
             for args, cwd, ready in _commands(plan, Path(workdir)):
                 children.append(child := processes.start(args, cwd=cwd))

@@ -3,20 +3,26 @@
 from __future__ import annotations
 
 import contextlib
+import copy
 import os
+import re
+import shlex
 import socket
+import stat
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import yaml
 
-from devstack import stack
+from devstack import envoy_config, stack
 from ext_proc.address import HostPort
 
 REPO = Path(__file__).resolve().parents[1]
 VARIABLES = ("GATEWAY_PORT", "ENVOY_ADMIN_PORT", "PROCESSOR_PORT", "METRICS_PORT", "STUB_PORT")
+UPSTREAMS = ("AGGREGATED_UPSTREAM", "DISAGGREGATED_UPSTREAM", "PREFILL_UPSTREAM")
 
 
 @pytest.fixture
@@ -79,38 +85,154 @@ def test_a_port_that_is_no_port_is_refused(value):
     )
 
 
-def test_a_bad_upstream_or_config_is_refused_in_one_line(tmp_path):
-    result = make_run({**free_ports(), "AGGREGATED_UPSTREAM": "vllm"})
+@pytest.mark.parametrize("upstream", UPSTREAMS)
+def test_a_bad_upstream_or_config_is_refused_in_one_line(tmp_path, upstream):
+    result = make_run({**free_ports(), upstream: "vllm"})
     assert result.returncode == 1
-    assert result.stderr.startswith("make run: AGGREGATED_UPSTREAM: expected host:port")
+    assert result.stderr.startswith(f"make run: {upstream}: expected host:port")
     assert result.stderr.count("\n") == 1
     missing = tmp_path / "missing.yaml"
     result = make_run({**free_ports(), "ENVOY_CONFIG": str(missing)})
     assert (result.returncode, result.stderr) == (1, f"make run: ENVOY_CONFIG: no file {missing}\n")
 
 
-def test_real_upstreams_leave_the_stub_port_alone(monkeypatch, taken):
-    for name, port in free_ports().items():
+def endpoint(config: dict, cluster: str) -> dict:
+    clusters = {c["name"]: c for c in config["static_resources"]["clusters"]}
+    (group,) = clusters[cluster]["load_assignment"]["endpoints"]
+    (lb_endpoint,) = group["lb_endpoints"]
+    return lb_endpoint["endpoint"]["address"]["socket_address"]
+
+
+@pytest.fixture
+def ports_set(monkeypatch) -> dict[str, str]:
+    """Free ports in the environment, nothing else of the stack's."""
+    ports = free_ports()
+    for name, port in ports.items():
         monkeypatch.setenv(name, port)
+    for name in ("ENVOY_CONFIG", *UPSTREAMS, stack.PROOF_VARIABLE):
+        monkeypatch.delenv(name, raising=False)
+    return ports
+
+
+def with_prefill_cluster(tmp_path: Path) -> Path:
+    """The shipped config with a ``prefill`` cluster, whether or not it ships one."""
+    config = yaml.safe_load(envoy_config.SHIPPED.read_text())
+    clusters = config["static_resources"]["clusters"]
+    if all(c["name"] != "prefill" for c in clusters):
+        (decode,) = [c for c in clusters if c["name"] == "disaggregated"]
+        clusters.append({**copy.deepcopy(decode), "name": "prefill"})
+        clusters[-1]["load_assignment"]["cluster_name"] = "prefill"
+    path = tmp_path / "envoy.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def test_real_upstreams_leave_the_stub_port_alone(monkeypatch, ports_set, taken, tmp_path):
     monkeypatch.setenv("STUB_PORT", str(taken))
-    monkeypatch.delenv("ENVOY_CONFIG", raising=False)
+    monkeypatch.setenv("ENVOY_CONFIG", str(with_prefill_cluster(tmp_path)))
     monkeypatch.setenv("AGGREGATED_UPSTREAM", "10.0.0.1:8000")
     monkeypatch.setenv("DISAGGREGATED_UPSTREAM", "[fd00::1]:8001")
+    monkeypatch.setenv("PREFILL_UPSTREAM", "10.0.0.2:8002")
     plan = stack.plan(None)
     assert not plan.stub
     assert "STUB_PORT" not in plan.ports
-    clusters = {c["name"]: c for c in plan.envoy["static_resources"]["clusters"]}
     addresses = {
-        name: clusters[name]["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"][
-            "address"
-        ]["socket_address"]
-        for name in ("aggregated", "disaggregated", "ext_proc")
+        name: endpoint(plan.envoy, name)
+        for name in ("aggregated", "disaggregated", "prefill", "ext_proc")
     }
     assert addresses == {
         "aggregated": {"address": "10.0.0.1", "port_value": 8000},
         "disaggregated": {"address": "fd00::1", "port_value": 8001},
+        "prefill": {"address": "10.0.0.2", "port_value": 8002},
         "ext_proc": {"address": "127.0.0.1", "port_value": plan.port("PROCESSOR_PORT").port},
     }
+
+
+@pytest.mark.parametrize("missing", UPSTREAMS)
+def test_any_upstream_not_given_is_the_stand_in(monkeypatch, ports_set, tmp_path, missing):
+    monkeypatch.setenv("ENVOY_CONFIG", str(with_prefill_cluster(tmp_path)))
+    for name in UPSTREAMS:
+        if name != missing:
+            monkeypatch.setenv(name, "10.0.0.1:8000")
+    plan = stack.plan(None)
+    assert plan.stub
+    cluster = {
+        "AGGREGATED_UPSTREAM": "aggregated",
+        "DISAGGREGATED_UPSTREAM": "disaggregated",
+        "PREFILL_UPSTREAM": "prefill",
+    }[missing]
+    stand_in = {"address": "127.0.0.1", "port_value": int(ports_set["STUB_PORT"])}
+    assert endpoint(plan.envoy, cluster) == stand_in
+
+
+def test_a_config_without_a_prefill_cluster_is_run_without_one(ports_set, monkeypatch, tmp_path):
+    config = yaml.safe_load(with_prefill_cluster(tmp_path).read_text())
+    clusters = config["static_resources"]["clusters"]
+    clusters[:] = [c for c in clusters if c["name"] != "prefill"]
+    older = tmp_path / "older.yaml"
+    older.write_text(yaml.safe_dump(config))
+    monkeypatch.setenv("ENVOY_CONFIG", str(older))
+    monkeypatch.setenv("PREFILL_UPSTREAM", "10.0.0.2:8002")
+    plan = stack.plan(None)
+    names = [c["name"] for c in plan.envoy["static_resources"]["clusters"]]
+    assert "prefill" not in names
+    assert {"aggregated", "disaggregated", "ext_proc"} <= set(names)
+
+
+def test_the_prefill_leg_defaults_to_the_decode_upstream(tmp_path):
+    source = with_prefill_cluster(tmp_path)
+    local = HostPort("127.0.0.1", 1)
+    decode = HostPort("10.0.0.9", 9000)
+    config = envoy_config.render(
+        gateway=local,
+        admin=local,
+        processor=local,
+        aggregated=local,
+        disaggregated=decode,
+        source=source,
+    )
+    assert endpoint(config, "prefill") == {"address": "10.0.0.9", "port_value": 9000}
+
+
+def test_a_run_without_keys_gets_a_throwaway_one(ports_set):
+    assert stack.plan(None).throwaway_key
+
+
+def test_keys_from_the_environment_or_the_config_file_are_kept(monkeypatch, ports_set, tmp_path):
+    configured = tmp_path / "processor.yaml"
+    configured.write_text(yaml.safe_dump({"proof": {"keys": [{"id": "k", "file": "/k"}]}}))
+    assert not stack.plan(configured).throwaway_key
+    other = tmp_path / "other.yaml"
+    other.write_text(yaml.safe_dump({"workers": 1}))
+    assert stack.plan(other).throwaway_key
+    monkeypatch.setenv(stack.PROOF_VARIABLE, "{keys: []}")
+    assert not stack.plan(None).throwaway_key
+
+
+def test_the_throwaway_key_is_private_random_and_named_by_the_variable(tmp_path):
+    value = stack.throwaway_proof(tmp_path)
+    (key,) = yaml.safe_load(value)["keys"]
+    path = Path(key["file"])
+    assert key["id"] == stack.THROWAWAY_KEY_ID
+    assert path.parent == tmp_path
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    secret = path.read_text()
+    assert re.fullmatch(r"[0-9a-f]{64}", secret)
+    other = tmp_path / "again"
+    other.mkdir()
+    assert Path(yaml.safe_load(stack.throwaway_proof(other))["keys"][0]["file"]).read_text() != (
+        secret
+    )
+
+
+def test_the_printed_hand_off_is_four_lines_through_both_legs():
+    lines = stack.handoff_lines(HostPort("127.0.0.1", 8080))
+    assert len(lines) == 4
+    assert "/pd/prefill/v1/chat/completions" in lines[0]
+    assert '"return_token_ids": true' in lines[0]
+    assert "/pd/v1/chat/completions" in lines[3]
+    for line in lines:
+        shlex.split(line)  # each one is complete shell
 
 
 def test_check_ports_accepts_free_distinct_ports():
