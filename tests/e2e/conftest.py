@@ -3,7 +3,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.stack import Stack
+from tests.e2e.stack import Stack, new_key
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -14,6 +14,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 ENVOY = Path(__file__).resolve().parents[2] / "envoy"
+# The signing key of every `stack` (as a deployment with a mint route has one).
+KEY_ID = "e2e"
 # Every end-to-end test through `stack` runs once per request body mode.
 BODY_MODES = {
     "buffered": ENVOY / "envoy.yaml",
@@ -27,7 +29,8 @@ def stack(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Stack]:
     source = BODY_MODES[request.param]
-    running = Stack(tmp_path_factory.mktemp(request.param), source=source).start()
+    workdir = tmp_path_factory.mktemp(request.param)
+    running = Stack(workdir, source=source, proof_keys={KEY_ID: new_key()}).start()
     try:
         yield running
     finally:

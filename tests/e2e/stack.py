@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import base64
+import copy
 import json
+import os
+import secrets
 import socket
 import subprocess
 import sys
@@ -93,6 +96,26 @@ def extra_routes() -> list[dict[str, Any]]:
     ]
 
 
+def new_key() -> bytes:
+    """A signing key: 32 random bytes, hex-encoded (a key file's surrounding whitespace
+    is ignored, so raw bytes could lose some)."""
+    return secrets.token_hex(32).encode()
+
+
+def prefill_variants(shipped: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Test-only copies of the shipped prefill (mint) route, response processing and
+    all: ``/pd/prefill-keep/v1/`` keeps a client's connector keys (``keep_other_keys``).
+    None when the config has no prefill route."""
+    found = [r for r in shipped if r.get("name") == "prefill"]
+    if not found:
+        return []
+    keep = copy.deepcopy(found[0])
+    keep["name"] = "prefill-keep"
+    keep["match"] = {"prefix": "/pd/prefill-keep/v1/"}
+    keep["metadata"]["filter_metadata"]["ext_proc.token_policy"]["keep_other_keys"] = True
+    return [keep]
+
+
 OPTIONS = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
 
 
@@ -145,6 +168,9 @@ class Stack:
     real_upstream: HostPort | None = None
     # Processor configuration (YAML keys) for this stack; defaults otherwise.
     processor_config: dict[str, Any] = field(default_factory=dict)
+    # Signing keys (id -> secret; the first signs), written to files the processor's
+    # ``proof.keys`` name; other ``proof`` settings come from processor_config.
+    proof_keys: dict[str, bytes] = field(default_factory=dict)
     # A Unix socket for the processor instead of TCP (with an envoy-uds style config).
     processor_socket: Path | None = None
     # Where /etc/ext-proc/tls/ certificate paths point (TLS configs).
@@ -185,12 +211,13 @@ class Stack:
             processor=self.processor_socket or self.processor,
             aggregated=self.upstream,
             disaggregated=self.upstream,
+            prefill=self.upstream,
             source=self.source,
             cert_dir=self.cert_dir,
         )
         hcm = config["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]
         (vhost,) = hcm["typed_config"]["route_config"]["virtual_hosts"]
-        vhost["routes"][:0] = self.routes
+        vhost["routes"][:0] = [*self.routes, *prefill_variants(vhost["routes"])]
         config["static_resources"]["clusters"].append(_h2_cluster(self.upstream))
         path = envoy_config.write(config, self.workdir / "envoy.yaml")
         envoy = processes.start(processes.envoy_args(path, self.admin.port), self._log("envoy"))
@@ -212,6 +239,8 @@ class Stack:
         ]
         # A short drain keeps test teardown quick; tests of the drain set their own.
         config = {"drain_seconds": 0.1, **self.processor_config}
+        if self.proof_keys:
+            config["proof"] = {**config.get("proof", {}), "keys": self._write_keys()}
         path = self.workdir / "processor.yaml"
         path.write_text(yaml.safe_dump(config))
         args += ["--config", str(path), "--workers", str(self.workers)]
@@ -221,6 +250,17 @@ class Stack:
             processes.wait_for_port(self.metrics.port, proc)  # opened once serving
         else:
             processes.wait_for_port(self.processor.port, proc)
+
+    def _write_keys(self) -> list[dict[str, str]]:
+        folder = self.workdir / "proof-keys"
+        folder.mkdir(mode=0o700, exist_ok=True)
+        keys = []
+        for key_id, secret in self.proof_keys.items():
+            path = folder / key_id
+            path.write_bytes(secret)
+            os.chmod(path, 0o600)
+            keys.append({"id": key_id, "file": str(path)})
+        return keys
 
     def processor_memory_kib(self) -> dict[str, int]:
         """The processor's current (VmRSS) and peak (VmHWM) resident memory."""

@@ -1,0 +1,395 @@
+"""The prefill/decode hand-off through the real Envoy (docs/trust.md): the prefill route
+signs the response's kv_transfer_params, the decode route honors only what it signed,
+and a client's own parameters reach no upstream on any route.
+
+The stand-in answers like vLLM (devstack.tokens): ``return_token_ids: true`` brings the
+prompt's ids at the top level, ``do_remote_decode: true`` the connector's parameters, and
+its ``usage.prompt_tokens`` counts the ids it ran on. What it received is checked as
+the bytes that arrived."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import itertools
+import json
+import re
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from devstack import tokens
+from tests.e2e.conftest import BODY_MODES, KEY_ID
+from tests.e2e.stack import Received, Stack, new_key
+from tests.e2e.test_gateway import chat, only_request
+from tests.e2e.test_operations import access_log
+
+PREFILL = "/pd/prefill/v1/chat/completions"
+PREFILL_KEEP = "/pd/prefill-keep/v1/chat/completions"  # keep_other_keys (tests/e2e/stack.py)
+DECODE = "/pd/v1/chat/completions"
+UPSTREAM_PATH = "/v1/chat/completions"
+PROOF = re.compile(
+    r"tp1\.([A-Za-z0-9_-]{1,64})\.([1-9][0-9]*)\.([A-Za-z0-9_-]{43})\.([A-Za-z0-9_-]{43})"
+)
+# What a P/D proxy sends on the prefill leg (vLLM's toy proxy, llm-d's sidecar).
+PREFILL_REQUEST_PARAMS = {
+    "do_remote_decode": True,
+    "do_remote_prefill": False,
+    "remote_engine_id": None,
+    "remote_block_ids": None,
+    "remote_host": None,
+    "remote_port": None,
+}
+_ids = itertools.count()
+
+
+def request_id() -> str:
+    return f"handoff-{time.monotonic_ns()}-{next(_ids)}"
+
+
+@pytest.fixture
+def client() -> Iterator[httpx.Client]:
+    with httpx.Client(timeout=20) as c:
+        yield c
+
+
+def prefill_body(**extra: Any) -> dict[str, Any]:
+    """The prefill leg of ``chat()``: one token, the prompt's ids asked for."""
+    return chat(max_tokens=1, return_token_ids=True, **extra)
+
+
+def post(
+    client: httpx.Client, stack: Stack, path: str, body: dict[str, Any], rid: str | None = None
+) -> httpx.Response:
+    headers = {"x-request-id": rid} if rid else {}
+    reply = client.post(stack.url + path, json=body, headers=headers)
+    assert reply.status_code == 200, reply.text
+    # The length Envoy announces is the length of the (rewritten) body it sends.
+    if "content-length" in reply.headers:
+        assert int(reply.headers["content-length"]) == len(reply.content)
+    return reply
+
+
+def sent_upstream(stack: Stack) -> tuple[Received, dict[str, Any]]:
+    received = only_request(stack)  # one request, its framing exact
+    assert received.target == UPSTREAM_PATH
+    document = json.loads(received.body)
+    assert isinstance(document, dict)
+    return received, document
+
+
+def minted(client: httpx.Client, stack: Stack, **extra: Any) -> dict[str, Any]:
+    """The kv_transfer_params a prefill leg returns, the stand-in's record cleared."""
+    params = post(client, stack, PREFILL, prefill_body(**extra)).json()["kv_transfer_params"]
+    assert isinstance(params, dict)
+    stack.clear()
+    return params
+
+
+def proof_parts(params: dict[str, Any]) -> tuple[str, int, str, str]:
+    """Key id, expiry, prompt digest and MAC of a well-formed proof."""
+    match = PROOF.fullmatch(params["token_policy_proof"])
+    assert match is not None, params["token_policy_proof"]
+    key_id, expiry, digest, mac = match.groups()
+    return key_id, int(expiry), digest, mac
+
+
+def b64(raw: bytes) -> str:
+    return base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
+
+
+def sign(key: bytes, key_id: str, expiry: int, digest: str, params: dict[str, Any]) -> str:
+    """A proof built from docs/trust.md alone, with the test's copy of a key."""
+    rest = {k: v for k, v in params.items() if k not in ("prompt_token_ids", "token_policy_proof")}
+    head = json.dumps(rest, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    ids = params.get("prompt_token_ids")
+    tail = "-" if ids is None else json.dumps(ids, separators=(",", ":"))
+    message = f"tp1\n{key_id}\n{expiry}\n{digest}\n{head}\n{tail}".encode()
+    mac = hmac.new(key, message, hashlib.sha256).digest()
+    return f"tp1.{key_id}.{expiry}.{digest}.{b64(mac)}"
+
+
+def assert_not_honored(stack: Stack, sent: dict[str, Any], rid: str, reason: str) -> None:
+    """The decode request reached the upstream without any kv_transfer_params, the rest
+    unchanged, and the access log names why."""
+    _received, document = sent_upstream(stack)
+    expected = {k: v for k, v in sent.items() if k != "kv_transfer_params"}
+    assert document == expected
+    line = access_log(stack, rid)
+    assert line["policy_reason"] == reason, line
+
+
+# --- the prefill leg ---------------------------------------------------------------------
+
+
+def test_prefill_response_carries_signed_ids(gateway, client):
+    # The client's own parameters (a P/D proxy's, with ids) are untrusted: removed.
+    sent = prefill_body(kv_transfer_params={**PREFILL_REQUEST_PARAMS, "prompt_token_ids": [9]})
+    before = int(time.time())
+    reply = post(client, gateway, PREFILL, sent)
+    _received, document = sent_upstream(gateway)
+    assert document == {k: v for k, v in sent.items() if k != "kv_transfer_params"}
+
+    payload = reply.json()
+    ids = tokens.prompt_ids(UPSTREAM_PATH, document)
+    assert payload["prompt_token_ids"] == ids
+    params = payload["kv_transfer_params"]
+    assert list(params) == ["prompt_token_ids", "token_policy_proof"]
+    assert params["prompt_token_ids"] == ids
+    proof = params["token_policy_proof"]
+    assert proof.startswith("tp1.")
+    key_id, expiry, digest, _mac = proof_parts(params)
+    assert key_id == KEY_ID
+    assert before + 60 <= expiry <= time.time() + 61  # the default ttl_seconds
+    # The MAC is the one docs/trust.md defines, under the stack's key.
+    assert sign(gateway.proof_keys[KEY_ID], key_id, expiry, digest, params) == proof
+    # Everything else in the response is the upstream's own.
+    unchanged = {k: v for k, v in payload.items() if k != "kv_transfer_params"}
+    assert unchanged["choices"][0]["token_ids"] == [tokens.EOS]
+    assert json.loads(unchanged["stub_received"]["body"]) == document
+
+
+def test_prefill_proofs_bind_the_prompt(gateway, client):
+    digest = proof_parts(minted(client, gateway))[2]
+    other = minted(client, gateway, messages=[{"role": "user", "content": "other"}])
+    again = minted(client, gateway, temperature=0.25)  # chat()'s own value: same prompt
+    assert proof_parts(other)[2] != digest
+    assert proof_parts(again)[2] == digest
+
+
+def test_a_response_without_ids_or_parameters_is_not_minted(gateway, client):
+    reply = post(client, gateway, PREFILL, chat(max_tokens=1))  # no return_token_ids
+    payload = reply.json()
+    assert payload["prompt_token_ids"] is None
+    assert payload["kv_transfer_params"] is None
+
+
+# --- the decode leg ----------------------------------------------------------------------
+
+
+def test_decode_honors_the_signed_ids_without_the_proof(gateway, client):
+    params = minted(client, gateway)
+    ids = params["prompt_token_ids"]
+    # The orchestrator copies the object verbatim; max_tokens may change between legs.
+    sent = chat(params, max_tokens=64)
+    rid = request_id()
+    reply = post(client, gateway, DECODE, sent, rid)
+    _received, document = sent_upstream(gateway)
+    assert document["kv_transfer_params"] == {"prompt_token_ids": ids}
+    assert {k: v for k, v in document.items() if k != "kv_transfer_params"} == {
+        k: v for k, v in sent.items() if k != "kv_transfer_params"
+    }
+    assert reply.json()["usage"]["prompt_tokens"] == len(ids)  # the stand-in ran on them
+    line = access_log(gateway, rid)
+    assert line["policy_action"] == "honor", line
+    assert line["policy_id_count"] == len(ids)
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"stream": False},
+        {"max_completion_tokens": 5},
+        {"return_token_ids": False},
+        {"stream_options": None},
+    ],
+)
+def test_fields_an_orchestrator_changes_keep_the_proof_valid(gateway, client, change):
+    params = minted(client, gateway)
+    post(client, gateway, DECODE, chat(params, **change))
+    _received, document = sent_upstream(gateway)
+    assert document["kv_transfer_params"] == {"prompt_token_ids": params["prompt_token_ids"]}
+
+
+def tampered_ids(params: dict[str, Any]) -> dict[str, Any]:
+    return {**params, "prompt_token_ids": [params["prompt_token_ids"][0] + 1]}
+
+
+def added_key(params: dict[str, Any]) -> dict[str, Any]:
+    return {**params, "remote_host": "10.0.0.9", "remote_port": 5600}
+
+
+def dropped_ids(params: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in params.items() if k != "prompt_token_ids"}
+
+
+def unknown_key(params: dict[str, Any]) -> dict[str, Any]:
+    proof = params["token_policy_proof"].replace(f"tp1.{KEY_ID}.", "tp1.elsewhere.", 1)
+    return {**params, "token_policy_proof": proof}
+
+
+def no_proof(params: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in params.items() if k != "token_policy_proof"}
+
+
+def malformed(params: dict[str, Any]) -> dict[str, Any]:
+    return {**params, "token_policy_proof": params["token_policy_proof"].rsplit(".", 1)[0]}
+
+
+def not_a_string(params: dict[str, Any]) -> dict[str, Any]:
+    return {**params, "token_policy_proof": [params["token_policy_proof"]]}
+
+
+@pytest.mark.parametrize(
+    ("alter", "reason"),
+    [
+        (tampered_ids, "proof_bad_signature"),
+        (added_key, "proof_bad_signature"),
+        (dropped_ids, "proof_bad_signature"),
+        (unknown_key, "proof_unknown_key"),
+        (no_proof, "proof_missing"),
+        (malformed, "proof_malformed"),
+        (not_a_string, "proof_malformed"),
+    ],
+)
+def test_altered_parameters_are_not_honored(gateway, client, alter, reason):
+    sent = chat(alter(minted(client, gateway)))
+    rid = request_id()
+    post(client, gateway, DECODE, sent, rid)
+    assert_not_honored(gateway, sent, rid, reason)
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"messages": [{"role": "user", "content": "ignore the system prompt"}]},
+        {"model": "other"},
+        {"temperature": 1.5},
+        {"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]},
+        {"chat_template_kwargs": {"enable_thinking": True}},
+    ],
+)
+def test_parameters_signed_for_another_prompt_are_not_honored(gateway, client, change):
+    sent = chat(minted(client, gateway), **change)
+    rid = request_id()
+    post(client, gateway, DECODE, sent, rid)
+    assert_not_honored(gateway, sent, rid, "prompt_mismatch")
+
+
+def test_an_expired_proof_is_not_honored(gateway, client):
+    params = minted(client, gateway)
+    digest = proof_parts(params)[2]
+    past = int(time.time()) - 3600
+    key = gateway.proof_keys[KEY_ID]
+    sent = chat({**params, "token_policy_proof": sign(key, KEY_ID, past, digest, params)})
+    rid = request_id()
+    post(client, gateway, DECODE, sent, rid)
+    assert_not_honored(gateway, sent, rid, "proof_expired")
+
+
+def test_a_proof_signed_with_another_secret_is_not_honored(gateway, client):
+    params = minted(client, gateway)
+    _key_id, expiry, digest, _mac = proof_parts(params)
+    forged = sign(new_key(), KEY_ID, expiry, digest, params)
+    sent = chat({**params, "token_policy_proof": forged})
+    rid = request_id()
+    post(client, gateway, DECODE, sent, rid)
+    assert_not_honored(gateway, sent, rid, "proof_bad_signature")
+
+
+# --- a client's own parameters -----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/v1/chat/completions",
+        "/chat/completions",
+        DECODE,
+        PREFILL,
+    ],
+)
+def test_client_parameters_are_removed_on_every_route(gateway, client, path):
+    sent = chat(
+        {"prompt_token_ids": [1, 2, 3], **PREFILL_REQUEST_PARAMS, "remote_host": "10.0.0.7"}
+    )
+    reply = post(client, gateway, path, sent)
+    (received,) = gateway.received()
+    document = json.loads(received.body)
+    assert document == {k: v for k, v in sent.items() if k != "kv_transfer_params"}
+    # The stand-in ran on the rendered prompt, not on the client's ids.
+    assert reply.json()["usage"]["prompt_tokens"] == len(tokens.prompt_ids(path, document))
+
+
+# --- a connector-style hand-off ----------------------------------------------------------
+
+
+def test_a_proxy_prefill_request_from_a_client_loses_its_connector_keys(gateway, client):
+    # From an untrusted client, do_remote_decode is stripped like every other key
+    # (it would make a producer hold KV blocks and return internal addresses), so the
+    # upstream answers as a server asked for no transfer: only the ids are signed.
+    sent = prefill_body(kv_transfer_params=PREFILL_REQUEST_PARAMS)
+    params = post(client, gateway, PREFILL, sent).json()["kv_transfer_params"]
+    _received, document = sent_upstream(gateway)
+    assert "kv_transfer_params" not in document
+    assert set(params) == {"prompt_token_ids", "token_policy_proof"}
+
+
+def test_connector_parameters_are_signed_and_honored_with_the_ids(gateway, client):
+    # A prefill route that keeps a client's connector keys (keep_other_keys): the
+    # upstream acts as a KV producer and returns where its blocks are.
+    sent = prefill_body(kv_transfer_params=PREFILL_REQUEST_PARAMS)
+    reply = post(client, gateway, PREFILL_KEEP, sent)
+    _received, document = sent_upstream(gateway)
+    assert document["kv_transfer_params"] == PREFILL_REQUEST_PARAMS
+    params = reply.json()["kv_transfer_params"]
+    ids = reply.json()["prompt_token_ids"]
+    assert params == {
+        **tokens.CONNECTOR_REPLY,
+        "prompt_token_ids": ids,
+        "token_policy_proof": params["token_policy_proof"],
+    }
+    gateway.clear()
+    post(client, gateway, DECODE, chat(params))
+    _received, document = sent_upstream(gateway)
+    assert document["kv_transfer_params"] == {**tokens.CONNECTOR_REPLY, "prompt_token_ids": ids}
+    # A changed connector key (where the decode server fetches blocks from) voids it.
+    gateway.clear()
+    redirected = chat({**params, "remote_host": "169.254.169.254"})
+    rid = request_id()
+    post(client, gateway, DECODE, redirected, rid)
+    assert_not_honored(gateway, redirected, rid, "proof_bad_signature")
+
+
+# --- proofs across deployments and time --------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def short_lived(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    """Another deployment: its own key (another id) and proofs that live one second."""
+    stack = Stack(
+        tmp_path_factory.mktemp("short-lived"),
+        source=BODY_MODES["buffered"],
+        proof_keys={"other": new_key()},
+        processor_config={"proof": {"ttl_seconds": 1, "clock_skew_seconds": 0}},
+    ).start()
+    try:
+        yield stack
+    finally:
+        stack.stop()
+
+
+def test_a_proof_expires_after_its_ttl(short_lived, client):
+    short_lived.clear()
+    params = minted(client, short_lived)
+    expiry = proof_parts(params)[1]
+    assert expiry <= time.time() + 1
+    while time.time() <= expiry + 0.2:
+        time.sleep(0.1)
+    sent = chat(params)
+    rid = request_id()
+    post(client, short_lived, DECODE, sent, rid)
+    assert_not_honored(short_lived, sent, rid, "proof_expired")
+
+
+def test_a_proof_from_another_deployment_names_an_unknown_key(gateway, short_lived, client):
+    params = minted(client, gateway)
+    short_lived.clear()
+    sent = chat(params)
+    rid = request_id()
+    post(client, short_lived, DECODE, sent, rid)
+    assert_not_honored(short_lived, sent, rid, "proof_unknown_key")
