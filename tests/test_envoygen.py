@@ -55,6 +55,16 @@ def filters_of(config: dict[str, Any]) -> list[dict[str, Any]]:
     return filters
 
 
+def routes_of(config: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    (vhost,) = hcm_of(config)["route_config"]["virtual_hosts"]
+    return {r["name"]: r for r in vhost["routes"]}
+
+
+def forwarding(config: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The routes that reach an upstream (not the token endpoints' direct responses)."""
+    return {name: r for name, r in routes_of(config).items() if "route" in r}
+
+
 def endpoint_of(cluster: dict[str, Any]) -> dict[str, Any]:
     (locality,) = cluster["load_assignment"]["endpoints"]
     (lb_endpoint,) = locality["lb_endpoints"]
@@ -105,17 +115,17 @@ def test_namespace_follows_input():
     data = example() | {"namespace": "acme.policy"}
     config = generate(data)
     assert ext_proc_of(config)["request_attributes"] == list(attribute_keys("acme.policy").all())
-    for entry in hcm_of(config)["route_config"]["virtual_hosts"][0]["routes"]:
+    assert len(forwarding(config)) == 4
+    for entry in forwarding(config).values():
         assert list(entry["metadata"]["filter_metadata"]) == ["acme.policy"]
 
 
 def test_routes_carry_policy_and_body_limit():
     data = example()
-    data["routes"][1]["body_limit_bytes"] = 1024
+    data["routes"][2]["body_limit_bytes"] = 1024
     config = generate(data)
-    (vhost,) = hcm_of(config)["route_config"]["virtual_hosts"]
-    by_name = {r["name"]: r for r in vhost["routes"]}
-    assert list(by_name) == ["disaggregated", "aggregated", "default"]
+    by_name = forwarding(config)
+    assert list(by_name) == ["prefill", "disaggregated", "aggregated", "default"]
     pd = by_name["disaggregated"]
     assert pd["match"] == {"prefix": "/pd/v1/"}
     assert pd["route"]["prefix_rewrite"] == "/v1/"
@@ -124,7 +134,11 @@ def test_routes_carry_policy_and_body_limit():
     assert "prefix_rewrite" not in by_name["aggregated"]["route"]
     # What the processor reads back, field by field, the way CEL renders values.
     for entry, expected in (
-        (pd, route_policy.RoutePolicy(Topology.DISAGGREGATED, Action.HONOR, None, 131072)),
+        (pd, route_policy.RoutePolicy(Topology.DISAGGREGATED, Action.HONOR, 262144, 131072)),
+        (
+            by_name["prefill"],
+            route_policy.RoutePolicy(Topology.DISAGGREGATED, Action.MINT, 262144, 131072),
+        ),
         (by_name["aggregated"], route_policy.RoutePolicy(Topology.AGGREGATED, Action.STRIP)),
     ):
         fields = entry["metadata"]["filter_metadata"]["ext_proc.token_policy"]
@@ -136,7 +150,7 @@ def test_routes_carry_policy_and_body_limit():
 def test_clusters():
     config = generate(example())
     clusters = clusters_of(config)
-    assert list(clusters) == ["ext_proc", "aggregated", "disaggregated"]
+    assert list(clusters) == ["ext_proc", "aggregated", "disaggregated", "prefill"]
     processor = clusters["ext_proc"]
     assert processor["type"] == "STATIC"
     options = processor["typed_extension_protocol_options"][envoygen.HTTP_OPTIONS]
@@ -167,7 +181,7 @@ def test_dns_processor_gets_strict_dns():
 
 def test_local_replies_keep_processor_denials():
     mappers = hcm_of(generate(example()))["local_reply_config"]["mappers"]
-    assert len(mappers) == 4
+    assert len(mappers) == 5
     for mapper in mappers:
         text = json.dumps(mapper["filter"])
         assert "!response.code_details.startsWith('token_policy_')" in text
@@ -183,24 +197,31 @@ def test_local_replies_keep_processor_denials():
 # --- options: each changes what it should, and nothing else --------------------------------
 
 
+def modes_of(config: dict[str, Any]) -> list[dict[str, Any]]:
+    """The filter's processing mode, then the mint route's override of it."""
+    override = routes_of(config)["prefill"]["typed_per_filter_config"][envoygen.EXT_PROC_FILTER]
+    return [ext_proc_of(config)["processing_mode"], override["overrides"]["processing_mode"]]
+
+
 def test_streamed_mode():
     base, config = generate(example()), generate(example() | {"body_mode": "streamed"})
-    mode = ext_proc_of(config)["processing_mode"]
-    assert mode["request_body_mode"] == "FULL_DUPLEX_STREAMED"
-    assert mode["request_trailer_mode"] == "SEND"  # required by Envoy in this mode
+    for mode in modes_of(config):
+        assert mode["request_body_mode"] == "FULL_DUPLEX_STREAMED"
+        assert mode["request_trailer_mode"] == "SEND"  # required by Envoy in this mode
+        mode["request_body_mode"] = "BUFFERED"
     assert ext_proc_of(config)["failure_mode_allow"] is False
-    mode["request_body_mode"] = "BUFFERED"
     assert config == base
 
 
 def test_one_message_skips_the_headers_and_requests_them_as_attributes():
     base, config = generate(example()), generate(example() | {"one_message": True})
     filt = ext_proc_of(config)
-    assert filt["processing_mode"]["request_header_mode"] == "SKIP"
-    assert filt["processing_mode"]["request_body_mode"] == "BUFFERED"
+    for mode in modes_of(config):
+        assert mode["request_header_mode"] == "SKIP"
+        assert mode["request_body_mode"] == "BUFFERED"
+        mode["request_header_mode"] = "SEND"
     assert filt["request_attributes"] == [*attribute_keys().all(), *HEADERS.values()]
     assert check(config).errors == []
-    filt["processing_mode"]["request_header_mode"] = "SEND"
     filt["request_attributes"] = list(attribute_keys().all())
     assert config == base
 
@@ -368,8 +389,8 @@ INVALID = [
     (_set("routes", []), "routes:"),
     (_set("routes.1.upstream", "agregated"), "routes.1.upstream: 'agregated' is not one of"),
     (_set("routes.0.prefix", "pd/v1/"), "routes.0.prefix:"),
-    (_set("routes.2.prefix", "/v1/"), "routes.2.prefix: '/v1/' is matched by an earlier route"),
-    (_set("routes.2.name", "aggregated"), "routes.2.name: 'aggregated' is used by an earlier"),
+    (_set("routes.3.prefix", "/v1/"), "routes.3.prefix: '/v1/' is matched by an earlier route"),
+    (_set("routes.3.name", "aggregated"), "routes.3.name: 'aggregated' is used by an earlier"),
     (_set("routes.1.policy.action", "allow"), "routes.1.policy.action:"),
     (_set("routes.1.policy.topolgy", "aggregated"), "routes.1.policy.topolgy: Extra inputs"),
     (_set("routes.0.policy.vocab_size", 0), "routes.0.policy.vocab_size:"),
@@ -381,6 +402,12 @@ INVALID = [
     (_set("processor_tls", TLS | {"ca_file": "ca.crt"}), "processor_tls.ca_file:"),
     (_set("processor_tls", TLS | {"cert_file": "/c"}), "cert_file and key_file go together"),
     (_set("processor_tls", TLS | {"server_name": "a b"}), "processor_tls.server_name:"),
+    (_set("listener_tls", {"cert_file": "/c", "key_file": "/k"}), "listener_tls.client_ca_file:"),
+    (
+        _set("listener_tls", {"cert_file": "c", "key_file": "/k", "client_ca_file": "/a"}),
+        "listener_tls.cert_file:",
+    ),
+    (_set("expose_token_endpoints", "no"), "expose_token_endpoints:"),
 ]
 
 
@@ -400,11 +427,11 @@ def test_route_names_default_to_upstream_and_index():
     data = example()
     for entry in data["routes"]:
         del entry["name"]
-    (vhost,) = hcm_of(generate(data))["route_config"]["virtual_hosts"]
-    assert [r["name"] for r in vhost["routes"]] == [
-        "disaggregated-0",
-        "aggregated-1",
+    assert list(forwarding(generate(data))) == [
+        "prefill-0",
+        "disaggregated-1",
         "aggregated-2",
+        "aggregated-3",
     ]
 
 
@@ -458,3 +485,216 @@ def test_cli_needs_a_directory_for_several_inputs(capsys):
         envoygen.main([str(EXAMPLE), str(EXAMPLE)])
     assert caught.value.code == 2
     assert "--output-dir" in capsys.readouterr().err
+
+
+# --- the prefill (mint) route processes its response ----------------------------------------
+
+MINT_RESPONSE = {
+    "response_header_mode": "SEND",
+    "response_body_mode": "BUFFERED",
+    "response_trailer_mode": "SKIP",
+}
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{}, {"body_mode": "streamed"}, {"one_message": True}],
+    ids=["buffered", "streamed", "one-message"],
+)
+def test_mint_route_processes_the_response_with_the_filters_request_modes(options):
+    config = generate(example() | options)
+    filter_mode = ext_proc_of(config)["processing_mode"]
+    assert filter_mode["response_header_mode"] == "SKIP"
+    assert "response_body_mode" not in filter_mode  # NONE: proto3 JSON leaves it out
+    per_route = routes_of(config)["prefill"]["typed_per_filter_config"]
+    assert list(per_route) == [envoygen.EXT_PROC_FILTER]
+    override = per_route[envoygen.EXT_PROC_FILTER]
+    assert override["@type"] == f"type.googleapis.com/{envoygen.PER_ROUTE_TYPE}"
+    # Only the mode is overridden: failure_mode_allow stays the filter's false.
+    assert list(override["overrides"]) == ["processing_mode"]
+    mode = override["overrides"]["processing_mode"]
+    request_side = {k: v for k, v in mode.items() if k.startswith("request_")}
+    assert request_side == {k: v for k, v in filter_mode.items() if k.startswith("request_")}
+    assert {k: v for k, v in mode.items() if k.startswith("response_")} == MINT_RESPONSE
+    assert check(config).errors == []
+
+
+def test_only_mint_routes_override_the_filter():
+    data = example()
+    data["routes"][2]["policy"] = {"topology": "aggregated", "action": "mint"}
+    config = generate(data)
+    overridden = [n for n, r in forwarding(config).items() if "typed_per_filter_config" in r]
+    assert overridden == ["prefill", "aggregated"]
+
+
+def test_mint_route_buffer_holds_a_prefill_response():
+    data = example()
+    data["routes"][0]["body_limit_bytes"] = 1024 * 1024
+    with pytest.raises(envoygen.GeneratorError, match=r"routes\.0\.body_limit_bytes: 1048576"):
+        envoygen.load_input(data)
+    # The route's own limit, or the default every route has.
+    with pytest.raises(envoygen.GeneratorError, match=r"routes\.0\.body_limit_bytes: 1048576"):
+        envoygen.load_input(example() | {"body_limit_bytes": 1024 * 1024})
+    data["routes"][0]["body_limit_bytes"] = envoygen.MINT_BUFFER_MIN
+    # Other routes may buffer less.
+    data["routes"][2]["body_limit_bytes"] = 1024
+    envoygen.load_input(data | {"body_limit_bytes": 1024 * 1024})
+
+
+# --- vLLM's token-in endpoints ----------------------------------------------------------------
+
+NOT_FOUND = {"error": {"message": "not found", "type": "NotFoundError", "param": None, "code": 404}}
+
+
+def test_token_endpoints_are_answered_404_before_every_route():
+    config = generate(example())
+    (vhost,) = hcm_of(config)["route_config"]["virtual_hosts"]
+    first = vhost["routes"][:3]
+    assert [r["match"] for r in first] == [
+        {"prefix": "/inference/", "case_sensitive": False},
+        {"prefix": "/render", "case_sensitive": False},
+        {"prefix": "/derender", "case_sensitive": False},
+    ]
+    for entry in first:
+        assert entry["direct_response"] == {"status": 404}
+        assert "route" not in entry
+        # Nothing is forwarded, so the processor is not asked.
+        assert entry["typed_per_filter_config"][envoygen.EXT_PROC_FILTER] == {
+            "@type": f"type.googleapis.com/{envoygen.PER_ROUTE_TYPE}",
+            "disabled": True,
+        }
+    # The path is normalised before any route matches: "//render", "/./render" and
+    # "/v1/..%2Frender" reach these routes (tests/e2e/test_token_endpoints.py).
+    manager = hcm_of(config)
+    assert manager["normalize_path"] is True
+    assert manager["merge_slashes"] is True
+    assert manager["path_with_escaped_slashes_action"] == "UNESCAPE_AND_REDIRECT"
+    assert check(config).warnings == []
+
+
+def test_local_404_has_vllms_error_shape():
+    mappers = hcm_of(generate(example()))["local_reply_config"]["mappers"]
+    (mapper,) = [m for m in mappers if "404" in json.dumps(m["filter"])]
+    body = mapper["body_format_override"]
+    assert body["content_type"] == "application/json"
+    error = body["json_format"]["error"]
+    assert error == NOT_FOUND["error"] | {"code": "%RESPONSE_CODE%"}
+
+
+def test_token_endpoints_exposed_on_request():
+    base, config = generate(example()), generate(example() | {"expose_token_endpoints": True})
+    assert list(routes_of(config)) == list(forwarding(base))
+    (vhost,) = hcm_of(base)["route_config"]["virtual_hosts"]
+    del vhost["routes"][:3]
+    assert config == base
+
+
+@pytest.mark.parametrize("prefix", ["/inference/v1/", "/render", "/derender/x"])
+def test_a_route_under_a_token_endpoint_needs_it_exposed(prefix):
+    data = example()
+    data["routes"].insert(0, {"prefix": prefix, "upstream": "aggregated"})
+    with pytest.raises(envoygen.GeneratorError, match=r"routes\.0\.prefix: .* token endpoint"):
+        envoygen.load_input(data)
+    routes = routes_of(generate(data | {"expose_token_endpoints": True}))
+    assert routes["aggregated-0"]["match"] == {"prefix": prefix}
+
+
+def test_token_endpoint_names_are_reserved():
+    data = example()
+    data["routes"][2]["name"] = "token-endpoint-render"
+    with pytest.raises(envoygen.GeneratorError, match=r"routes\.2\.name: .* reserved"):
+        envoygen.load_input(data)
+
+
+# --- the gateway listener over mutual TLS -----------------------------------------------------
+
+LISTENER_TLS = {
+    "cert_file": "/etc/ext-proc/tls/gateway.crt",
+    "key_file": "/etc/ext-proc/tls/gateway.key",
+    "client_ca_file": "/etc/ext-proc/tls/clients-ca.crt",
+}
+
+
+def test_listener_requires_client_certificates():
+    base, config = generate(example()), generate(example() | {"listener_tls": LISTENER_TLS})
+    (listener,) = config["static_resources"]["listeners"]
+    (chain,) = listener["filter_chains"]
+    socket = chain.pop("transport_socket")
+    assert socket["name"] == envoygen.TLS_SOCKET
+    context = socket["typed_config"]
+    assert context["@type"].endswith("tls.v3.DownstreamTlsContext")
+    assert context["require_client_certificate"] is True
+    common = context["common_tls_context"]
+    assert common["tls_certificates"] == [
+        {
+            "certificate_chain": {"filename": "/etc/ext-proc/tls/gateway.crt"},
+            "private_key": {"filename": "/etc/ext-proc/tls/gateway.key"},
+        }
+    ]
+    assert common["validation_context"] == {
+        "trusted_ca": {"filename": "/etc/ext-proc/tls/clients-ca.crt"}
+    }
+    assert common["alpn_protocols"] == ["h2", "http/1.1"]
+    assert config == base
+
+
+def test_shipped_internal_listener_trusts_its_orchestrator():
+    config = yaml.safe_load((REPO / "envoy" / "envoy-internal-mtls.yaml").read_text())
+    (listener,) = config["static_resources"]["listeners"]
+    assert listener["filter_chains"][0]["transport_socket"]["typed_config"][
+        "require_client_certificate"
+    ]
+    routes = forwarding(config)
+    for name in ("prefill", "disaggregated"):
+        fields = routes[name]["metadata"]["filter_metadata"]["ext_proc.token_policy"]
+        assert fields["peers"] == "spiffe://cluster.local/ns/llm-d/sa/router"
+        assert "trust_any_caller" not in fields
+    # Apart from the listener and the peers, the shipped base.
+    base = generate(example())
+    del listener["filter_chains"][0]["transport_socket"]
+    for name in ("prefill", "disaggregated"):
+        del routes[name]["metadata"]["filter_metadata"]["ext_proc.token_policy"]["peers"]
+    assert config == base
+
+
+def test_peers_need_the_mutual_tls_listener():
+    data = example()
+    data["routes"][1]["policy"]["peers"] = "spiffe://cluster.local/ns/llm-d/sa/router"
+    with pytest.raises(envoygen.GeneratorError, match=r"routes\.1\.policy\.peers: needs listener"):
+        envoygen.load_input(data)
+    envoygen.load_input(data | {"listener_tls": LISTENER_TLS})
+
+
+def test_shipped_decode_route_honors_only_what_the_deployment_produced():
+    for path in sorted((REPO / "envoy").glob("*.yaml")):
+        routes = forwarding(yaml.safe_load(path.read_text()))
+        fields = routes["disaggregated"]["metadata"]["filter_metadata"]["ext_proc.token_policy"]
+        assert fields["action"] == "honor", path.name
+        assert "trust_any_caller" not in fields, path.name
+        assert {"vocab_size", "max_ids"} <= set(fields), path.name
+        assert routes["prefill"]["route"]["cluster"] == "prefill", path.name
+        assert routes["prefill"]["route"]["prefix_rewrite"] == "/v1/", path.name
+
+
+@pytest.mark.parametrize(
+    ("policy", "field"),
+    [
+        ({"action": "strip", "peers": "spiffe://a/b"}, "peers"),
+        ({"action": "mint", "trust_any_caller": True}, "trust_any_caller"),
+        ({"topology": "aggregated", "unproven": "deny"}, "unproven"),
+    ],
+)
+def test_policy_fields_that_need_another_action(policy, field):
+    with pytest.raises(pydantic.ValidationError, match=f"'ext_proc.token_policy.{field}'"):
+        envoygen.PolicyInput.model_validate(policy)
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("peers", "a|"), ("unproven", "allow"), ("trust_any_caller", "yes")],
+)
+def test_new_policy_fields_are_checked_as_the_processor_reads_them(field, value):
+    with pytest.raises(pydantic.ValidationError) as caught:
+        envoygen.PolicyInput.model_validate({"action": "honor", field: value})
+    ((error,),) = [caught.value.errors()]
+    assert error["loc"] == (field,)

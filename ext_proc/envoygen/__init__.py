@@ -8,11 +8,16 @@
     upstreams:
       aggregated: vllm.llm-d.svc.cluster.local:8000
       disaggregated: vllm-decode.llm-d.svc.cluster.local:8000
+      prefill: vllm-prefill.llm-d.svc.cluster.local:8000
     routes:
+    - prefix: /pd/prefill/v1/
+      prefix_rewrite: /v1/
+      upstream: prefill
+      policy: {topology: disaggregated, action: mint, max_ids: 131072}
     - prefix: /pd/v1/
       prefix_rewrite: /v1/
       upstream: disaggregated
-      policy: {topology: disaggregated, action: honor, max_ids: 131072}
+      policy: {topology: disaggregated, action: honor, vocab_size: 262144, max_ids: 131072}
     - prefix: /
       upstream: aggregated
       policy: {topology: aggregated, action: strip}
@@ -24,7 +29,13 @@ raised per-route body buffers, an HTTP/2 processor cluster with wide windows and
 health checks, and a JSON access log. Options: one gRPC message per request
 (``one_message``), the processor over a Unix socket (``processor: unix:/path``) or TLS
 (``processor_tls``, mutual with a client certificate), a gzip decompressor before
-ext_proc (``decompress_gzip``); ``description`` becomes the header comment.
+ext_proc (``decompress_gzip``), the gateway listener over mutual TLS for routes that
+trust listed peers (``listener_tls``); ``description`` becomes the header comment.
+
+A route whose policy action is ``mint`` (the prefill leg) gets an ``ExtProcPerRoute``
+override that also sends the response headers and the buffered response body to the
+processor. vLLM's token-in endpoints (``/inference/``, ``/render``, ``/derender``) are
+answered 404 before every route unless ``expose_token_endpoints`` is true.
 
 ``inputs`` validates the description, ``output`` builds the typed Envoy messages and the
 YAML, ``cli`` is the command. Every ``envoy/*.yaml`` is generated from
@@ -33,7 +44,9 @@ YAML, ``cli`` is the command. Every ``envoy/*.yaml`` is generated from
 
 from ext_proc.envoygen.cli import generate, main
 from ext_proc.envoygen.inputs import (
+    MINT_BUFFER_MIN,
     PROCESSOR_CLUSTER,
+    TOKEN_ENDPOINTS,
     GeneratorError,
     GeneratorInput,
     PolicyInput,
@@ -44,6 +57,7 @@ from ext_proc.envoygen.output import (
     DECOMPRESSOR_FILTER,
     EXT_PROC_FILTER,
     HTTP_OPTIONS,
+    PER_ROUTE_TYPE,
     PROCESSOR_SERVICE,
     ROUTER_FILTER,
     TLS_SOCKET,
@@ -56,10 +70,13 @@ __all__ = [
     "DECOMPRESSOR_FILTER",
     "EXT_PROC_FILTER",
     "HTTP_OPTIONS",
+    "MINT_BUFFER_MIN",
+    "PER_ROUTE_TYPE",
     "PROCESSOR_CLUSTER",
     "PROCESSOR_SERVICE",
     "ROUTER_FILTER",
     "TLS_SOCKET",
+    "TOKEN_ENDPOINTS",
     "GeneratorError",
     "GeneratorInput",
     "PolicyInput",

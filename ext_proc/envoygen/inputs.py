@@ -29,13 +29,34 @@ from pydantic import (
 from ext_proc.address import UNIX_PREFIX, HostPort, check_listen, is_ip
 from ext_proc.attributes import as_cel
 from ext_proc.errors import RoutePolicyError
-from ext_proc.route_policy import DEFAULT_NAMESPACE, DEFAULT_POLICY, FIELDS, Scalar, parse
+from ext_proc.route_policy import (
+    DEFAULT_NAMESPACE,
+    DEFAULT_POLICY,
+    FIELDS,
+    Action,
+    RoutePolicy,
+    Scalar,
+    parse,
+)
 from ext_proc.validation import problems
 
 MiB: Final = 1024 * 1024
 # The processor's cluster; no upstream may take its name.
 PROCESSOR_CLUSTER: Final = "ext_proc"
 BASE_KEY: Final = "base"
+# vLLM's token-in endpoints (ids in, no chat template: nothing to police) by route name.
+# Prefixes, so sub-paths are covered; the connection manager normalises the path
+# (normalize_path, merge_slashes, escaped slashes unescaped) before routes match, so
+# "//render" or "/v1/../render" reach these routes too.
+TOKEN_ENDPOINTS: Final = {
+    "token-endpoint-inference": "/inference/",
+    "token-endpoint-render": "/render",
+    "token-endpoint-derender": "/derender",
+}
+# A mint route buffers the prefill response under the route's request_body_buffer_limit
+# (Envoy 1.40 applies it to the stream, both directions; beyond it: a 500). vLLM's
+# response with 128k prompt ids is about 1 MiB.
+MINT_BUFFER_MIN: Final = 2 * MiB
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
 
 
@@ -68,19 +89,33 @@ ProcessorAddress = Annotated[HostPort | UnixSocket, BeforeValidator(_processor_a
 
 
 class PolicyFields(BaseModel):
-    """A route's token policy; each field is checked by ``route_policy.parse``."""
+    """A route's token policy; each field, then the whole, is checked by
+    ``route_policy.parse``."""
 
     model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
 
     @field_validator("*")
     @classmethod
     def _as_the_processor_reads_it(cls, value: Scalar | int, info: ValidationInfo) -> object:
-        if value is not None and info.field_name is not None:
+        # Each value on its own, beside the action that admits every field (honor), so
+        # the error names the field; which fields go with which action is checked on
+        # the whole policy below.
+        name = info.field_name
+        if value is not None and name is not None:
+            beside = {} if name == "action" else {"action": Action.HONOR.value}
             try:
-                parse({info.field_name: as_cel(value)}, 1.0)
+                parse(beside | {name: as_cel(value)}, None)
             except RoutePolicyError as exc:
                 raise ValueError(exc.message) from None
         return value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> PolicyFields:
+        try:
+            self.read()
+        except RoutePolicyError as exc:
+            raise ValueError(exc.message) from None
+        return self
 
     def metadata(self) -> dict[str, Any]:
         """The route's ``filter_metadata`` entry: the given fields, and the topology.
@@ -88,6 +123,11 @@ class PolicyFields(BaseModel):
         Every route states its topology, given or not: the default action follows it.
         """
         return {"topology": DEFAULT_POLICY.topology.value} | self.model_dump(exclude_none=True)
+
+    def read(self) -> RoutePolicy:
+        """The policy as the processor reads the route's metadata."""
+        fields = self.metadata()
+        return parse({name: as_cel(value) for name, value in fields.items()}, len(fields))
 
 
 # One field per route_policy.FIELDS entry, so the policy's field list has one source.
@@ -133,6 +173,19 @@ class ProcessorTls(BaseModel):
         return self
 
 
+class ListenerTls(BaseModel):
+    """The gateway listener over mutual TLS: every client presents a certificate that
+    ``client_ca_file`` signed; a route's ``peers`` are matched against it."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
+
+    # The gateway's own certificate and key.
+    cert_file: str = Field(pattern=r"^/")
+    key_file: str = Field(pattern=r"^/")
+    # The CA that signs the clients' certificates; a client without one is refused.
+    client_ca_file: str = Field(pattern=r"^/")
+
+
 class GeneratorInput(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
 
@@ -140,6 +193,7 @@ class GeneratorInput(BaseModel):
     description: str | None = None
     listener_address: str = "0.0.0.0"
     listener_port: int = Field(gt=0, lt=65536)
+    listener_tls: ListenerTls | None = None
     admin_port: int = Field(default=9901, gt=0, lt=65536)
     # host:port (an IP: a STATIC cluster; a DNS name: STRICT_DNS) or unix:/path.
     processor: ProcessorAddress
@@ -157,6 +211,9 @@ class GeneratorInput(BaseModel):
     stream_idle_timeout_seconds: float = Field(default=300.0, gt=0)
     # Must equal the processor's route_metadata_namespace.
     namespace: str = Field(default=DEFAULT_NAMESPACE, min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
+    # vLLM's token-in endpoints (/inference/, /render, /derender) take ids with no
+    # template; false (the default) answers them with a 404 before any other route.
+    expose_token_endpoints: bool = False
     upstreams: dict[str, HostPort] = Field(min_length=1)
     routes: list[RouteInput] = Field(min_length=1)
 
@@ -202,6 +259,14 @@ class GeneratorInput(BaseModel):
                     f"({', '.join(sorted(self.upstreams))})"
                 )
             name = route_name(entry, index)
+            if name in TOKEN_ENDPOINTS:
+                raise ValueError(f"{where}.name: {name!r} is reserved for a token endpoint")
+            closed = [p for p in TOKEN_ENDPOINTS.values() if entry.prefix.startswith(p)]
+            if closed and not self.expose_token_endpoints:
+                raise ValueError(
+                    f"{where}.prefix: {entry.prefix!r} is a token endpoint ({closed[0]}), "
+                    "answered 404 unless expose_token_endpoints is true"
+                )
             if name in names:
                 raise ValueError(f"{where}.name: {name!r} is used by an earlier route")
             if entry.prefix in prefixes:
@@ -209,8 +274,26 @@ class GeneratorInput(BaseModel):
                     f"{where}.prefix: {entry.prefix!r} is matched by an earlier route, "
                     "so this route could never be reached"
                 )
+            limit = entry.body_limit_bytes or self.body_limit_bytes
+            if entry.policy.read().action is Action.MINT and limit < MINT_BUFFER_MIN:
+                raise ValueError(
+                    f"{where}.body_limit_bytes: {limit} is below {MINT_BUFFER_MIN} (a mint "
+                    "route's buffer limit bounds the prefill response as well)"
+                )
             names.add(name)
             prefixes.add(entry.prefix)
+        return self
+
+    @model_validator(mode="after")
+    def _peers_need_client_certificates(self) -> GeneratorInput:
+        # Without a verified client certificate no request has a peer identity: a route
+        # listing peers would never trust one, which is safe but not what was meant.
+        for index, entry in enumerate(self.routes):
+            if entry.policy.read().peers and self.listener_tls is None:
+                raise ValueError(
+                    f"routes.{index}.policy.peers: needs listener_tls (client certificates "
+                    "identify the peers)"
+                )
         return self
 
 

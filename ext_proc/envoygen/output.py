@@ -18,12 +18,16 @@ from ext_proc.address import HostPort
 from ext_proc.attributes import HEADERS, attribute_keys
 from ext_proc.envoygen.inputs import (
     PROCESSOR_CLUSTER,
+    TOKEN_ENDPOINTS,
     GeneratorInput,
+    ListenerTls,
     MiB,
     ProcessorTls,
+    RouteInput,
     UnixSocket,
     route_name,
 )
+from ext_proc.route_policy import Action
 
 with warnings.catch_warnings():
     # envoy-data-plane 2.2 decorates classmethods with @model_validator(mode="after"),
@@ -58,6 +62,7 @@ HCM_NAME: Final = "envoy.filters.network.http_connection_manager"
 DECOMPRESSOR_FILTER: Final = "envoy.filters.http.decompressor"
 EXT_PROC_FILTER: Final = "envoy.filters.http.ext_proc"
 ROUTER_FILTER: Final = "envoy.filters.http.router"
+PER_ROUTE_TYPE: Final = "envoy.extensions.filters.http.ext_proc.v3.ExtProcPerRoute"
 HTTP_OPTIONS: Final = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
 TLS_SOCKET: Final = "envoy.transport_sockets.tls"
 
@@ -134,6 +139,27 @@ def processor_tls(settings: ProcessorTls) -> core.TransportSocket:
     return core.TransportSocket(name=TLS_SOCKET, typed_config=protobuf.Any.pack(context))
 
 
+def listener_tls(settings: ListenerTls) -> core.TransportSocket:
+    """The gateway's certificate; clients must present one that ``client_ca_file``
+    signed, or the handshake fails. Which of them a route trusts is its ``peers``."""
+    context = tls.DownstreamTlsContext(
+        require_client_certificate=True,
+        common_tls_context=tls.CommonTlsContext(
+            alpn_protocols=["h2", "http/1.1"],
+            tls_certificates=[
+                tls.TlsCertificate(
+                    certificate_chain=_file(settings.cert_file),
+                    private_key=_file(settings.key_file),
+                )
+            ],
+            validation_context=tls.CertificateValidationContext(
+                trusted_ca=_file(settings.client_ca_file)
+            ),
+        ),
+    )
+    return core.TransportSocket(name=TLS_SOCKET, typed_config=protobuf.Any.pack(context))
+
+
 def processor_cluster(spec: GeneratorInput) -> cluster.Cluster:
     options = upstream_http.HttpProtocolOptions(
         explicit_http_config=upstream_http.HttpProtocolOptionsExplicitHttpConfig(
@@ -176,17 +202,36 @@ def upstream_cluster(name: str, address: HostPort) -> cluster.Cluster:
     )
 
 
-def ext_proc_filter(spec: GeneratorInput) -> ext_proc.ExternalProcessor:
-    body_mode = (
-        ext_proc.ProcessingModeBodySendMode.BUFFERED
-        if spec.body_mode == "buffered"
-        else ext_proc.ProcessingModeBodySendMode.FULL_DUPLEX_STREAMED
+def processing_mode(spec: GeneratorInput, *, response: bool) -> ext_proc.ProcessingMode:
+    """The filter's modes; with ``response``, the response headers and the buffered
+    response body go to the processor as well (a ``mint`` route)."""
+    send, skip = (
+        ext_proc.ProcessingModeHeaderSendMode.SEND,
+        ext_proc.ProcessingModeHeaderSendMode.SKIP,
     )
+    return ext_proc.ProcessingMode(
+        # One message: no headers message; the headers checked come as attributes.
+        request_header_mode=skip if spec.one_message else send,
+        request_body_mode=(
+            ext_proc.ProcessingModeBodySendMode.BUFFERED
+            if spec.body_mode == "buffered"
+            else ext_proc.ProcessingModeBodySendMode.FULL_DUPLEX_STREAMED
+        ),
+        # FULL_DUPLEX_STREAMED needs the trailers sent.
+        request_trailer_mode=send,
+        response_header_mode=send if response else skip,
+        response_body_mode=(
+            ext_proc.ProcessingModeBodySendMode.BUFFERED
+            if response
+            else ext_proc.ProcessingModeBodySendMode.NONE
+        ),
+        response_trailer_mode=skip,
+    )
+
+
+def ext_proc_filter(spec: GeneratorInput) -> ext_proc.ExternalProcessor:
     attributes = list(attribute_keys(spec.namespace).all())
-    header_mode = ext_proc.ProcessingModeHeaderSendMode.SEND
     if spec.one_message:
-        # No headers message: the headers the processor checks come as attributes.
-        header_mode = ext_proc.ProcessingModeHeaderSendMode.SKIP
         attributes += HEADERS.values()
     return ext_proc.ExternalProcessor(
         grpc_service=core.GrpcService(
@@ -199,21 +244,24 @@ def ext_proc_filter(spec: GeneratorInput) -> ext_proc.ExternalProcessor:
         # Fail closed: processor down, slow or failing means a 5xx, nothing forwarded.
         failure_mode_allow=False,
         message_timeout=_seconds(spec.message_timeout_seconds),
-        processing_mode=ext_proc.ProcessingMode(
-            request_header_mode=header_mode,
-            request_body_mode=body_mode,
-            # FULL_DUPLEX_STREAMED needs the trailers sent.
-            request_trailer_mode=ext_proc.ProcessingModeHeaderSendMode.SEND,
-            response_header_mode=ext_proc.ProcessingModeHeaderSendMode.SKIP,
-            response_body_mode=ext_proc.ProcessingModeBodySendMode.NONE,
-            response_trailer_mode=ext_proc.ProcessingModeHeaderSendMode.SKIP,
-        ),
+        processing_mode=processing_mode(spec, response=False),
         request_attributes=attributes,
         metadata_options=ext_proc.MetadataOptions(
             receiving_namespaces=ext_proc.MetadataOptionsMetadataNamespaces(
                 untyped=[spec.namespace]
             )
         ),
+    )
+
+
+def mint_override(spec: GeneratorInput) -> ext_proc.ExtProcPerRoute:
+    """A ``mint`` route's filter settings: the filter's own, and the response processed.
+
+    Only the processing mode is overridden; failure_mode_allow is never set here, so
+    the route fails closed as the filter does.
+    """
+    return ext_proc.ExtProcPerRoute(
+        overrides=ext_proc.ExtProcOverrides(processing_mode=processing_mode(spec, response=True))
     )
 
 
@@ -319,6 +367,9 @@ def local_reply_config() -> hcm.LocalReplyConfig:
             "GatewayTimeoutError",
         ),
         (408, "the request was not received in time", "RequestTimeoutError"),
+        # The token endpoints' direct responses (token_endpoint_routes), and a path no
+        # route matches.
+        (404, "not found", "NotFoundError"),
     )
     mappers = [
         hcm.ResponseMapper(
@@ -340,26 +391,53 @@ def local_reply_config() -> hcm.LocalReplyConfig:
     return hcm.LocalReplyConfig(mappers=mappers)
 
 
+def _per_route(config: ext_proc.ExtProcPerRoute) -> dict[str, protobuf.Any]:
+    return {EXT_PROC_FILTER: protobuf.Any.pack(config)}
+
+
+def token_endpoint_routes() -> list[route.Route]:
+    """vLLM's token-in endpoints answered 404 in vLLM's error shape, nothing forwarded.
+
+    The processor is skipped: the router answers before any upstream is contacted, so
+    there is nothing to inspect. The body is the local reply mappers' business
+    (``local_reply_config``), which would otherwise replace it.
+    """
+    return [
+        route.Route(
+            name=name,
+            # Any case: a server that matched paths case-insensitively is closed too.
+            match=route.RouteMatch(prefix=prefix, case_sensitive=False),
+            direct_response=route.DirectResponseAction(status=404),
+            typed_per_filter_config=_per_route(ext_proc.ExtProcPerRoute(disabled=True)),
+        )
+        for name, prefix in TOKEN_ENDPOINTS.items()
+    ]
+
+
+def policy_route(spec: GeneratorInput, entry: RouteInput, index: int) -> route.Route:
+    action = route.RouteAction(
+        cluster=entry.upstream,
+        prefix_rewrite=entry.prefix_rewrite or "",
+        timeout=_seconds(spec.route_timeout_seconds),
+    )
+    minting = entry.policy.read().action is Action.MINT
+    return route.Route(
+        name=route_name(entry, index),
+        match=route.RouteMatch(prefix=entry.prefix),
+        route=action,
+        metadata=core.Metadata(filter_metadata={spec.namespace: _struct(entry.policy.metadata())}),
+        # BUFFERED: Envoy holds the whole body up to this limit (413 beyond). Envoy 1.40
+        # sets it as the stream's buffer limit, so it also bounds a mint route's buffered
+        # response (500 response_payload_too_large beyond; inputs.MINT_BUFFER_MIN); the
+        # listener's per_connection_buffer_limit_bytes does not.
+        request_body_buffer_limit=entry.body_limit_bytes or spec.body_limit_bytes,
+        typed_per_filter_config=_per_route(mint_override(spec)) if minting else {},
+    )
+
+
 def routes(spec: GeneratorInput) -> list[route.Route]:
-    out = []
-    for index, entry in enumerate(spec.routes):
-        action = route.RouteAction(
-            cluster=entry.upstream,
-            prefix_rewrite=entry.prefix_rewrite or "",
-            timeout=_seconds(spec.route_timeout_seconds),
-        )
-        out.append(
-            route.Route(
-                name=route_name(entry, index),
-                match=route.RouteMatch(prefix=entry.prefix),
-                route=action,
-                metadata=core.Metadata(
-                    filter_metadata={spec.namespace: _struct(entry.policy.metadata())}
-                ),
-                # BUFFERED: Envoy holds the whole body up to this limit (413 beyond).
-                request_body_buffer_limit=entry.body_limit_bytes or spec.body_limit_bytes,
-            )
-        )
+    out = [] if spec.expose_token_endpoints else token_endpoint_routes()
+    out += [policy_route(spec, entry, index) for index, entry in enumerate(spec.routes)]
     return out
 
 
@@ -393,12 +471,15 @@ def build(spec: GeneratorInput) -> bootstrap.Bootstrap:
         per_connection_buffer_limit_bytes=MiB,
         filter_chains=[
             listener.FilterChain(
+                transport_socket=(
+                    None if spec.listener_tls is None else listener_tls(spec.listener_tls)
+                ),
                 filters=[
                     listener.Filter(
                         name=HCM_NAME,
                         typed_config=protobuf.Any.pack(connection_manager(spec)),
                     )
-                ]
+                ],
             )
         ],
     )
