@@ -99,18 +99,26 @@ def parse(raw: bytes) -> Parsed:
     return Parsed(document, orjson_safe)
 
 
-def without(parsed: Parsed, container: str, keys: Iterable[str]) -> bytes:
-    """Serialise the document with ``keys`` removed from the object under ``container``.
+def without(parsed: Parsed, container: str, keys: Iterable[str] | None) -> bytes:
+    """Serialise the document with ``keys`` removed from the object under ``container``
+    (``None``: the whole ``container`` removed).
 
     Every other key keeps its value and position; the document is not modified.
     """
-    drop = frozenset(keys)
     document = parsed.document
+    if keys is None:
+        return write(parsed, {k: v for k, v in document.items() if k != container})
+    drop = frozenset(keys)
     inner = {k: v for k, v in document[container].items() if k not in drop}
-    rewritten = {**document, container: inner}
+    return write(parsed, {**document, container: inner})
+
+
+def write(parsed: Parsed, document: Document) -> bytes:
+    """Serialise ``document``, derived from ``parsed`` by adding or removing values
+    orjson writes exactly, with the twin of the parser that read ``parsed``."""
     if parsed.orjson_safe:
-        return orjson.dumps(rewritten)
-    return serialize(rewritten)
+        return orjson.dumps(document)
+    return serialize(document)
 
 
 def serialize(document: Document) -> bytes:

@@ -37,6 +37,32 @@ class Tls(BaseModel):
     client_ca_file: str | None = None
 
 
+class ProofKey(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
+
+    id: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    file: str = Field(min_length=1)
+
+
+class Proof(BaseModel):
+    """Signed transfer parameters (docs/trust.md)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
+
+    # The first key signs; every key verifies, so keys rotate without downtime.
+    keys: tuple[ProofKey, ...] = Field((), strict=False)  # YAML gives a list
+    # Lifetime of a minted proof: the decode leg follows the prefill leg within seconds.
+    ttl_seconds: int = Field(60, gt=0, le=3600)
+    clock_skew_seconds: int = Field(5, ge=0, le=300)
+
+    @model_validator(mode="after")
+    def _distinct(self) -> Proof:
+        ids = [key.id for key in self.keys]
+        if len(set(ids)) != len(ids):
+            raise ValueError("proof key ids must be distinct")
+        return self
+
+
 class Config(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
 
@@ -64,6 +90,7 @@ class Config(BaseModel):
     # Prometheus /metrics address (host:port); empty disables the endpoint.
     metrics_listen: str = "127.0.0.1:9464"
     route_metadata_namespace: str = Field(DEFAULT_NAMESPACE, min_length=1)
+    proof: Proof = Field(default_factory=lambda: Proof.model_validate({}))
     # After a stop signal: health reports NOT_SERVING for drain_seconds while streams
     # are still accepted (so Envoy's health checks move traffic away), then in-flight
     # streams get shutdown_grace_seconds to finish.

@@ -12,10 +12,13 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import IntEnum
+from typing import TYPE_CHECKING
 
 from ext_proc.errors import Refusal
-from ext_proc.policy import Decision
 from ext_proc.route_policy import Scalar
+
+if TYPE_CHECKING:  # policy's decisions name events' Peer; only annotations here
+    from ext_proc.policy import Decision
 
 
 class BodyMode(IntEnum):
@@ -39,11 +42,21 @@ class RouteMetadata:
 
 
 @dataclass(frozen=True, slots=True)
+class Peer:
+    """The downstream peer's certificate, as Envoy reports it (docs/trust.md)."""
+
+    mtls: bool = False
+    # URI SAN, DNS SAN and subject, where the certificate has them.
+    identities: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class RequestHeaders:
     headers: tuple[tuple[str, bytes], ...]
     end_of_stream: bool
     body_mode: BodyMode
     route: RouteMetadata
+    peer: Peer = Peer()
 
     def values(self, name: str) -> list[bytes]:
         return [value for key, value in self.headers if key == name]
@@ -64,6 +77,25 @@ class RequestTrailers:
 
 
 @dataclass(frozen=True, slots=True)
+class ResponseHeaders:
+    """The upstream's response headers (routes that process the response: ``mint``)."""
+
+    headers: tuple[tuple[str, bytes], ...]
+    end_of_stream: bool
+
+    def values(self, name: str) -> list[bytes]:
+        return [value for key, value in self.headers if key == name]
+
+
+@dataclass(frozen=True, slots=True)
+class ResponseBody:
+    """The whole response body (response_body_mode BUFFERED)."""
+
+    chunk: bytes
+    end_of_stream: bool
+
+
+@dataclass(frozen=True, slots=True)
 class TimedOut:
     """The body did not arrive completely within the processor's body timeout."""
 
@@ -75,7 +107,15 @@ class Unexpected:
     kind: str
 
 
-Event = RequestHeaders | RequestBody | RequestTrailers | TimedOut | Unexpected
+Event = (
+    RequestHeaders
+    | RequestBody
+    | RequestTrailers
+    | ResponseHeaders
+    | ResponseBody
+    | TimedOut
+    | Unexpected
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +141,18 @@ class StreamedBody:
 @dataclass(frozen=True, slots=True)
 class ContinueTrailers:
     pass
+
+
+@dataclass(frozen=True, slots=True)
+class ContinueResponseHeaders:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class ContinueResponseBody:
+    """Let the response through; ``replacement`` (with its content-length) when rewritten."""
+
+    replacement: bytes | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,18 +183,28 @@ class Reject:
         )
 
 
-Answer = ContinueHeaders | ContinueBody | StreamedBody | ContinueTrailers | Reject
+Answer = (
+    ContinueHeaders
+    | ContinueBody
+    | StreamedBody
+    | ContinueTrailers
+    | ContinueResponseHeaders
+    | ContinueResponseBody
+    | Reject
+)
 
 
 @dataclass(frozen=True, slots=True)
 class Outcome:
-    """What happened to one request, reported once by ``Stream.handle``."""
+    """What happened to one request, reported once per phase by ``Stream.handle``."""
 
     decision: Decision
     audit: bool
     route: str
     body_size: int
     request_id: str
+    # "request", or "response" for what a mint route did with the response.
+    phase: str = "request"
 
     @property
     def mode(self) -> str:

@@ -1,4 +1,7 @@
-"""The token-id reuse policy as a pure function: route policy + document → decision.
+"""The token-id reuse policy as a pure function: route policy + document + evidence →
+decision. Client-written kv_transfer_params are untrusted on every route; they are
+honored only when proven, sent by a listed peer, or on a route that trusts any caller
+(docs/trust.md).
 
 No I/O, no logging, no exceptions, no mutation of its inputs: every outcome, refusals
 included, is a value.
@@ -7,13 +10,17 @@ included, is a value.
 from __future__ import annotations
 
 from array import array
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Final
 
 import orjson
 
+from ext_proc import proof
 from ext_proc.body import Document
 from ext_proc.errors import Refusal, bad_request
+from ext_proc.events import Peer
+from ext_proc.proof import IDS_KEY, PROOF_KEY, KeySet
 from ext_proc.route_policy import Action, RoutePolicy
 from ext_proc.vllm_request import KV_KEY, ignores_reused_ids, policed_keys
 
@@ -29,12 +36,26 @@ class Allow:
 
 @dataclass(frozen=True, slots=True)
 class Strip:
-    """Forward the body with ``keys`` removed from kv_transfer_params."""
+    """Forward the body with ``keys`` removed from kv_transfer_params (None: the whole
+    object). ``honored``: the parameters are trusted and only the proof goes."""
 
-    action: ClassVar[str] = "strip"
-    keys: tuple[str, ...]
+    keys: tuple[str, ...] | None
     reason: str
     id_count: int
+    honored: bool = False
+
+    @property
+    def action(self) -> str:
+        return "honor" if self.honored else "strip"
+
+
+@dataclass(frozen=True, slots=True)
+class Mint:
+    """The response's transfer parameters were signed (the prefill leg)."""
+
+    action: ClassVar[str] = "mint"
+    reason: str
+    id_count: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,7 +69,26 @@ class Deny:
         return self.refusal.reason
 
 
-Decision = Allow | Strip | Deny
+Decision = Allow | Strip | Mint | Deny
+NO_PEER: Final = Peer()
+NO_KEYS: Final = KeySet({}, None)
+
+
+@dataclass(frozen=True, slots=True)
+class Evidence:
+    """What the policy may weigh besides the document: who called, with which keys,
+    when; ``digest`` renders the request's prompt digest on demand (only a proof needs
+    it)."""
+
+    digest: Callable[[], bytes]
+    peer: Peer = NO_PEER
+    keys: KeySet = NO_KEYS
+    now: float = 0.0
+    skew: float = 0.0
+
+
+# Response ids are the deployment's own; only their shape is checked before signing.
+_ANY_IDS: Final = RoutePolicy()
 
 
 def _count(value: Any) -> int:
@@ -115,35 +155,87 @@ def _malformed(param: str, index: int) -> Refusal:
     )
 
 
-def decide(policy: RoutePolicy, document: Document) -> Decision:
+def _trusted(policy: RoutePolicy, params: dict[str, Any], evidence: Evidence) -> str:
+    """Why the parameters are trusted ("trusted_*"), or why they are not."""
+    if policy.action not in (Action.HONOR, Action.MINT):
+        return "denied_by_policy" if policy.action is Action.DENY else "stripped_by_policy"
+    if policy.action is Action.HONOR and policy.trust_any_caller:
+        return "trusted_any_caller"
+    peer = evidence.peer
+    if policy.peers and peer.mtls and not policy.peers.isdisjoint(peer.identities):
+        return "trusted_peer"
+    if policy.action is Action.MINT:
+        return "peer_not_listed" if policy.peers else "unproven"
+    why = proof.verify(evidence.keys, params, evidence.digest(), evidence.now, evidence.skew)
+    if why is None:
+        return "trusted_proof"
+    if why == "proof_missing" and policy.peers:
+        return "peer_not_listed"
+    return why
+
+
+def _untrusted(policy: RoutePolicy, params: dict[str, Any], reason: str, count: int) -> Decision:
+    keys = policed_keys(params)
+    if policy.untrusted_denied:
+        param = f"{KV_KEY}.{keys[0]}" if keys else KV_KEY
+        return Deny(
+            bad_request(f"{param} is not accepted on this route", reason=reason, param=param),
+            count,
+        )
+    if not policy.keep_other_keys:
+        return Strip(None, reason, count)
+    drop = (*keys, PROOF_KEY) if PROOF_KEY in params else keys
+    return Strip(drop, reason, count) if drop else Allow("no_reused_ids")
+
+
+def decide(policy: RoutePolicy, document: Document, evidence: Evidence) -> Decision:
     params = document.get(KV_KEY)
     if params is None:
-        return Allow("no_reused_ids")
+        return Allow("no_transfer_params")
     if not isinstance(params, dict):
         return Deny(
             bad_request(
                 f"{KV_KEY} must be a JSON object", reason="kv_params_not_object", param=KV_KEY
             )
         )
+    if not params:
+        return Allow("no_transfer_params")
     keys = policed_keys(params)
-    if not keys:
-        return Allow("no_reused_ids")
-    count = max(_count(params[key]) for key in keys)
-    if policy.action is Action.STRIP:
-        return Strip(keys, "stripped_by_policy", count)
-    if policy.action is Action.DENY:
-        param = f"{KV_KEY}.{keys[0]}"
-        return Deny(
-            bad_request(
-                f"{param} is not accepted on this route", reason="denied_by_policy", param=param
-            ),
-            count,
-        )
+    count = max((_count(params[key]) for key in keys), default=0)
+    reason = _trusted(policy, params, evidence)
+    if not reason.startswith("trusted_"):
+        return _untrusted(policy, params, reason, count)
+    proof_key = (PROOF_KEY,) if PROOF_KEY in params else ()
     # vLLM treats a null value as "no ids"; stripping leaves the same meaning.
-    if ignores_reused_ids(document) or any(params[key] is None for key in keys):
-        return Strip(keys, "ignored_by_upstream", count)
+    if keys and (ignores_reused_ids(document) or any(params[key] is None for key in keys)):
+        return Strip((*keys, *proof_key), "ignored_by_upstream", count)
     for key in keys:
         refusal = _invalid_ids(key, params[key], policy)
         if refusal is not None:
             return Deny(refusal, count)
-    return Allow("honored", count)
+    if proof_key:
+        return Strip(proof_key, reason, count, honored=True)
+    return Allow(reason, count)
+
+
+def mint_response(
+    document: Document, digest: bytes, keys: KeySet, expiry: int
+) -> tuple[Decision, dict[str, Any] | None]:
+    """What a prefill response's ``kv_transfer_params`` become: the connector's keys
+    plus the response's ``prompt_token_ids``, signed for the request's ``digest``.
+    The new object, or None (with the reason) when there is nothing to mint."""
+    ids = document.get(IDS_KEY)
+    connector = document.get(KV_KEY)
+    minted: dict[str, Any] = {}
+    if isinstance(connector, dict):
+        minted = {k: v for k, v in connector.items() if k != PROOF_KEY}
+    if ids is not None:
+        if _invalid_ids(IDS_KEY, ids, _ANY_IDS) is not None:
+            return Allow("response_ids_malformed"), None
+        minted[IDS_KEY] = ids
+    if not minted:
+        return Allow("nothing_to_mint"), None
+    token = proof.mint(keys, minted, digest, expiry)
+    if token is None:
+        return Allow("no_signing_key" if keys.signing is None else "not_renderable"), None
+    return Mint("minted", _count(ids)), {**minted, PROOF_KEY: token}

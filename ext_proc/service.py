@@ -26,8 +26,9 @@ from ext_proc.codec import decision_metadata, decode, encode
 from ext_proc.config import Config
 from ext_proc.errors import ProtocolError
 from ext_proc.events import Event, Outcome, Step, TimedOut
+from ext_proc.keys import KeyRing
 from ext_proc.metrics import Metrics
-from ext_proc.stream import Stream
+from ext_proc.stream import Stream, Trust
 
 log = logging.getLogger("ext_proc.decision")
 
@@ -48,6 +49,11 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc
         self._keys = attribute_keys(config.route_metadata_namespace)
         self.budget = budget if budget is not None else Budget(config.inflight_budget_bytes)
         self.metrics = metrics if metrics is not None else Metrics()
+        self._trust = Trust(
+            keys=KeyRing(config.proof.keys).current,
+            ttl_seconds=config.proof.ttl_seconds,
+            clock_skew_seconds=config.proof.clock_skew_seconds,
+        )
 
     async def _events(
         self, requests: AsyncIterator[pb.ProcessingRequest], stream: Stream
@@ -83,6 +89,7 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc
             budget=self.budget,
             namespace=self._config.route_metadata_namespace,
             audit=self._config.audit,
+            trust=self._trust,
         )
         with self._accounted(stream) as usage:
             async for event in self._events(aiter(request_iterator), stream):

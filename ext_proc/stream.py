@@ -34,11 +34,14 @@ Invariants (fail closed):
 
 from __future__ import annotations
 
+import functools
+import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from enum import Enum, auto
 from typing import Final, ParamSpec, TypeVar
 
-from ext_proc import body, policy, route_policy
+from ext_proc import body, policy, proof, route_policy
 from ext_proc.budget import Budget
 from ext_proc.errors import (
     BadRequest,
@@ -54,6 +57,8 @@ from ext_proc.events import (
     BodyMode,
     ContinueBody,
     ContinueHeaders,
+    ContinueResponseBody,
+    ContinueResponseHeaders,
     ContinueTrailers,
     Event,
     Outcome,
@@ -61,10 +66,13 @@ from ext_proc.events import (
     RequestBody,
     RequestHeaders,
     RequestTrailers,
+    ResponseBody,
+    ResponseHeaders,
     Step,
     StreamedBody,
     TimedOut,
 )
+from ext_proc.route_policy import Action
 from ext_proc.vllm_request import KV_KEY
 
 # Size of each StreamedBody piece: well under every gRPC message limit on both sides.
@@ -82,6 +90,18 @@ class State(Enum):
     DONE = auto()
     REJECTED = auto()  # answered with an ImmediateResponse: Envoy ends the request
     ERROR = auto()
+    EXPECT_RESPONSE_BODY = auto()  # a route that processes the response (mint)
+    RESPONSE_DONE = auto()
+
+
+@dataclass(frozen=True, slots=True)
+class Trust:
+    """What proofs need from outside the stream: the current keys, the clock, limits."""
+
+    keys: Callable[[], proof.KeySet] = lambda: policy.NO_KEYS
+    clock: Callable[[], float] = time.time
+    ttl_seconds: int = 60
+    clock_skew_seconds: float = 5.0
 
 
 def _attempt(call: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T | Refusal:
@@ -104,6 +124,7 @@ class Stream:
         budget: Budget | None = None,
         namespace: str = route_policy.DEFAULT_NAMESPACE,
         audit: bool = False,
+        trust: Trust | None = None,
     ) -> None:
         self.state = State.EXPECT_HEADERS
         self._decision: policy.Decision | None = None
@@ -123,6 +144,12 @@ class Stream:
         self._received = 0
         self._reserved = 0
         self._last_chunk: bytes | None = None
+        self._trust = trust if trust is not None else Trust()
+        self._peer = policy.NO_PEER
+        # The request's prompt digest, kept on a mint route for the response.
+        self._digest: bytes | None = None
+        self._response_decision: policy.Decision | None = None
+        self._mint_refused: str | None = None
 
     @property
     def waiting_for_body(self) -> bool:
@@ -161,13 +188,16 @@ class Stream:
         return self._step(result)
 
     def _step(self, answers: list[Answer]) -> Step:
+        if self._response_decision is not None:
+            decision, self._response_decision = self._response_decision, None
+            return Step(answers, self._outcome(decision, "response"))
         if self._decision is None or self._reported:
             return Step(answers)
         self._reported = True
-        outcome = Outcome(
-            self._decision, self._audit, self._route, self._body_size, self._request_id
-        )
-        return Step(answers, outcome)
+        return Step(answers, self._outcome(self._decision, "request"))
+
+    def _outcome(self, decision: policy.Decision, phase: str) -> Outcome:
+        return Outcome(decision, self._audit, self._route, self._body_size, self._request_id, phase)
 
     def close(self) -> None:
         """Give back every reserved byte and drop held chunks; safe to call twice."""
@@ -215,6 +245,7 @@ class Stream:
 
     def _begin(self, event: RequestHeaders) -> list[Answer] | Refusal:
         self._route = event.route.name
+        self._peer = event.peer
         self._request_id = b"".join(event.values("x-request-id")).decode("latin-1")
         parsed = _attempt(route_policy.parse, event.route.values, event.route.size, self._namespace)
         if isinstance(parsed, Refusal):
@@ -334,7 +365,14 @@ class Stream:
                 self._decision = policy.Deny(parsed)
                 return None
             return parsed
-        decision = policy.decide(self._policy, parsed.document)
+        digest = functools.cache(lambda: proof.prompt_digest(parsed.document, parsed.orjson_safe))
+        if self._policy.action is Action.MINT:
+            self._digest = digest()
+        trust = self._trust
+        evidence = policy.Evidence(
+            digest, self._peer, trust.keys(), trust.clock(), trust.clock_skew_seconds
+        )
+        decision = policy.decide(self._policy, parsed.document, evidence)
         self._decision = decision
         if self._audit:
             return None
@@ -343,6 +381,65 @@ class Stream:
         if isinstance(decision, policy.Strip):
             return body.without(parsed, KV_KEY, decision.keys)
         return None
+
+    def _on_response_headers(self, event: Event) -> list[Answer] | Refusal:
+        """A mint route's response: its body is signed when it can be (see
+        ``_mint_blocker``); any other response passes unchanged."""
+        assert isinstance(event, ResponseHeaders)
+        blocker = self._mint_blocker(event)
+        if event.end_of_stream:
+            self.state = State.RESPONSE_DONE
+            self._response_decision = policy.Allow(blocker or "response_without_body")
+        else:
+            self.state = State.EXPECT_RESPONSE_BODY
+            self._mint_refused = blocker
+        return [ContinueResponseHeaders()]
+
+    def _mint_blocker(self, event: ResponseHeaders) -> str | None:
+        if self._policy.action is not Action.MINT or self._digest is None:
+            return "not_minted_on_this_route"
+        if event.values(":status") != [b"200"]:
+            return "response_not_ok"
+        types = event.values("content-type")
+        if len(types) != 1 or body.media_type(types[0]) != "application/json":
+            return "response_not_json"
+        if any(
+            v.strip().lower() not in (b"", b"identity") for v in event.values("content-encoding")
+        ):
+            return "response_encoded"
+        return None
+
+    def _on_response_body(self, event: Event) -> list[Answer] | Refusal:
+        assert isinstance(event, ResponseBody)
+        if not event.end_of_stream:
+            raise ProtocolError(
+                "response bodies are processed in response_body_mode BUFFERED only",
+                reason="unsupported_body_mode",
+            )
+        decision, replacement = self._mint(event.chunk)
+        self._response_decision = decision
+        return [ContinueResponseBody(None if self._audit else replacement)]
+
+    def _mint(self, raw: bytes) -> tuple[policy.Decision, bytes | None]:
+        if self._mint_refused is not None:
+            return policy.Allow(self._mint_refused), None
+        assert self._digest is not None
+        if self._reserve(len(raw)) is not None:
+            return policy.Allow("response_not_affordable"), None
+        try:
+            parsed = _attempt(body.parse, raw)
+            if isinstance(parsed, Refusal):
+                return policy.Allow("response_not_json"), None
+            trust = self._trust
+            expiry = int(trust.clock()) + trust.ttl_seconds
+            decision, params = policy.mint_response(
+                parsed.document, self._digest, trust.keys(), expiry
+            )
+            if params is None:
+                return decision, None
+            return decision, body.write(parsed, {**parsed.document, KV_KEY: params})
+        finally:
+            self.close()
 
 
 _Handler = Callable[[Stream, Event], "list[Answer] | Refusal"]
@@ -360,6 +457,8 @@ _TRANSITIONS: Final[dict[tuple[State, type], tuple[_Handler, State | None]]] = {
     (State.STREAMING, TimedOut): (Stream._on_timeout, State.REJECTED),
     (State.EXPECT_TRAILERS, RequestTrailers): (Stream._on_trailers, State.DONE),
     (State.DONE, RequestBody): (Stream._on_chunk_after_done, State.DONE),
+    (State.DONE, ResponseHeaders): (Stream._on_response_headers, None),
+    (State.EXPECT_RESPONSE_BODY, ResponseBody): (Stream._on_response_body, State.RESPONSE_DONE),
     (State.REJECTED, RequestBody): (Stream._after_rejection, State.REJECTED),
     (State.REJECTED, RequestTrailers): (Stream._after_rejection, State.REJECTED),
 }

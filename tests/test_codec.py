@@ -1,6 +1,7 @@
 from google.protobuf import struct_pb2
 from google.protobuf.json_format import MessageToDict
 
+from ext_proc import attributes
 from ext_proc._pb import external_processor_pb2 as pb
 from ext_proc.codec import decision_metadata, decode, encode
 from ext_proc.errors import bad_request
@@ -8,16 +9,21 @@ from ext_proc.events import (
     BodyMode,
     ContinueBody,
     ContinueHeaders,
+    ContinueResponseBody,
+    ContinueResponseHeaders,
     ContinueTrailers,
     Outcome,
+    Peer,
     Reject,
     RequestBody,
     RequestHeaders,
     RequestTrailers,
+    ResponseBody,
+    ResponseHeaders,
     RouteMetadata,
     Unexpected,
 )
-from ext_proc.policy import Deny, Strip
+from ext_proc.policy import Deny, Mint, Strip
 from tests.messages import KEYS, headers_request
 
 
@@ -71,9 +77,42 @@ def test_decode_body_trailers_and_unexpected():
     assert decode(body, KEYS) == RequestBody(b"{}", True)
     trailers = pb.ProcessingRequest(request_trailers=pb.HttpTrailers())
     assert decode(trailers, KEYS) == RequestTrailers()
-    response = pb.ProcessingRequest(response_headers=pb.HttpHeaders())
-    assert decode(response, KEYS) == Unexpected("response_headers")
+    response = pb.ProcessingRequest(response_trailers=pb.HttpTrailers())
+    assert decode(response, KEYS) == Unexpected("response_trailers")
     assert decode(pb.ProcessingRequest(), KEYS) == Unexpected("empty")
+
+
+def test_decode_response_headers_and_body():
+    message = pb.ProcessingRequest()
+    message.response_headers.headers.headers.add(key=":status", raw_value=b"200")
+    assert decode(message, KEYS) == ResponseHeaders(((":status", b"200"),), False)
+    body = pb.ProcessingRequest(response_body=pb.HttpBody(body=b"{}", end_of_stream=True))
+    assert decode(body, KEYS) == ResponseBody(b"{}", True)
+
+
+def test_decode_the_mtls_peer():
+    peer = {
+        attributes.PEER["mtls"]: True,
+        attributes.PEER["uri_san"]: "spiffe://td/router",
+        attributes.PEER["subject"]: "CN=router",
+    }
+    event = decode(headers_request(peer), KEYS)
+    assert event.peer == Peer(True, ("spiffe://td/router", "CN=router"))
+    # Identities without mutual TLS identify nobody.
+    event = decode(headers_request({attributes.PEER["uri_san"]: "spiffe://td/router"}), KEYS)
+    assert event.peer == Peer()
+
+
+def test_encode_a_rewritten_response_body_sets_its_length():
+    response = encode(ContinueResponseBody(b"{}"))
+    common = response.response_body.response
+    assert common.status == common.CONTINUE_AND_REPLACE
+    assert common.body_mutation.body == b"{}"
+    assert common.header_mutation.set_headers[0].header.raw_value == b"2"
+    assert encode(ContinueResponseHeaders()).WhichOneof("response") == "response_headers"
+    unchanged = encode(ContinueResponseBody(None)).response_body.response
+    assert unchanged.status == unchanged.CONTINUE
+    assert not unchanged.HasField("body_mutation")
 
 
 def test_observability_mode_is_refused():
@@ -165,4 +204,13 @@ def test_decision_metadata_names_what_was_decided_never_the_ids():
     outcome = Outcome(deny, audit=True, route="r", body_size=10, request_id="id")
     assert MessageToDict(decision_metadata("ns", outcome)) == {
         "ns": {"action": "deny", "reason": "ids_malformed", "id_count": 2, "mode": "audit"}
+    }
+    minted = Outcome(Mint("minted", 3), False, "r", 10, "id", phase="response")
+    assert MessageToDict(decision_metadata("ns", minted)) == {
+        "ns": {
+            "response_action": "mint",
+            "response_reason": "minted",
+            "response_id_count": 3,
+            "response_mode": "enforce",
+        }
     }

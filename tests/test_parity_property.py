@@ -1,6 +1,6 @@
 """Property: whatever bytes arrive, the gateway either denies or decides on exactly the
 document Python's json.loads (vLLM's parser) reads, and what it forwards carries no
-policed key on strip routes."""
+untrusted kv_transfer_params (strip) or no policed key (keep_other_keys)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,11 @@ import json
 import random
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from ext_proc import proof
 from ext_proc.events import (
     BodyMode,
     ContinueBody,
@@ -21,11 +23,15 @@ from ext_proc.events import (
     RouteMetadata,
     StreamedBody,
 )
+from ext_proc.stream import Trust
 from ext_proc.vllm_request import POLICED_KEYS
 from tests.driver import Driven
 
 STRIP = RouteMetadata({"action": "strip"}, 1.0)
-HONOR = RouteMetadata({"topology": "disaggregated", "vocab_size": "1000"}, 2.0)
+KEEP = RouteMetadata({"action": "strip", "keep_other_keys": True}, 2.0)
+HONOR = RouteMetadata(
+    {"topology": "disaggregated", "vocab_size": "1000", "trust_any_caller": True}, 3.0
+)
 HEADERS = (("content-type", b"application/json"),)
 MODES = [BodyMode.BUFFERED, BodyMode.FULL_DUPLEX_STREAMED]
 
@@ -102,9 +108,11 @@ def variants(document: dict[str, Any], seed: int) -> bytes:
     return raw
 
 
-def run(route: RouteMetadata, raw: bytes, mode: BodyMode) -> Reject | bytes | None:
+def run(
+    route: RouteMetadata, raw: bytes, mode: BodyMode, stream: Driven | None = None
+) -> Reject | bytes | None:
     """The gateway's answer: a Reject, the bytes it forwards, or None for unchanged."""
-    stream = Driven(max_body_bytes=1 << 20)
+    stream = stream or Driven(max_body_bytes=1 << 20)
     first = stream.handle(RequestHeaders(HEADERS, False, mode, route))
     if mode is BodyMode.BUFFERED:
         assert first == [ContinueHeaders()]
@@ -135,7 +143,12 @@ def same(a: Any, b: Any) -> bool:
 
 
 @settings(max_examples=400, suppress_health_check=[HealthCheck.too_slow], deadline=None)
-@given(documents, st.integers(0, 2**32), st.sampled_from([STRIP, HONOR]), st.sampled_from(MODES))
+@given(
+    documents,
+    st.integers(0, 2**32),
+    st.sampled_from([STRIP, KEEP, HONOR]),
+    st.sampled_from(MODES),
+)
 def test_gateway_denies_or_agrees_with_json_loads(document, seed, route, mode):
     raw = variants(document, seed)
     answer = run(route, raw, mode)
@@ -144,14 +157,19 @@ def test_gateway_denies_or_agrees_with_json_loads(document, seed, route, mode):
     seen = json.loads(raw)  # must succeed: the gateway accepted the body
     if answer is None:
         if route is STRIP:
+            assert not seen.get("kv_transfer_params")
+        if route is KEEP:
             assert policed(seen) == {}
         return
     forwarded = json.loads(answer)
     assert policed(forwarded) == {}
     expected = dict(seen)
-    expected["kv_transfer_params"] = {
-        k: v for k, v in seen["kv_transfer_params"].items() if k not in POLICED_KEYS
-    }
+    if route is STRIP:
+        del expected["kv_transfer_params"]
+    else:
+        expected["kv_transfer_params"] = {
+            k: v for k, v in seen["kv_transfer_params"].items() if k not in POLICED_KEYS
+        }
     assert same(forwarded, expected)
 
 
@@ -165,3 +183,70 @@ def test_honored_ids_are_valid_in_json_loads_view(document, seed, mode):
         assert isinstance(ids, list)
         assert ids
         assert all(type(i) is int and 0 <= i < 1000 for i in ids)
+
+
+# --- proofs are judged on json.loads's document too ------------------------------
+
+KEYS = proof.KeySet({"k1": b"k" * 32}, "k1")
+PROVEN_ROUTE = RouteMetadata({"topology": "disaggregated", "vocab_size": "1000"}, 2.0)
+CHAT = {"model": "m", "messages": [{"role": "user", "content": "hï"}]}
+
+
+def proven(ids: list[int]) -> dict[str, Any]:
+    minted = {"prompt_token_ids": ids}
+    token = proof.mint(KEYS, minted, proof.prompt_digest(CHAT, True), 2_000_000_000)
+    return {**minted, proof.PROOF_KEY: token}
+
+
+def decode_leg(raw: bytes, mode: BodyMode) -> Reject | bytes | None:
+    trust = Trust(keys=lambda: KEYS, clock=lambda: 1_000_000_000.0)
+    return run(PROVEN_ROUTE, raw, mode, Driven(max_body_bytes=1 << 20, trust=trust))
+
+
+def forwarded_params(raw: bytes, answer: Reject | bytes | None) -> Any:
+    assert not isinstance(answer, Reject)
+    return json.loads(raw if answer is None else answer).get("kv_transfer_params")
+
+
+# No escapes of its own, so escape_some can spell any character of its keys as \uXXXX.
+GOOD = json.dumps({**CHAT, "kv_transfer_params": proven([7, 8])}, ensure_ascii=False)
+TAMPERED = json.dumps(
+    {"prompt_token_ids": [7, 9], proof.PROOF_KEY: proven([7, 8])[proof.PROOF_KEY]}
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 2**32), st.sampled_from(MODES))
+def test_a_valid_proof_is_honored_however_json_loads_spells_it(seed, mode):
+    rng = random.Random(seed)
+    text = escape_some(GOOD, rng) if rng.random() < 0.7 else GOOD
+    encoding = rng.choice(["utf-8", "utf-8-sig", "utf-16", "utf-16-be", "utf-32"])
+    raw = text.encode(encoding)
+    answer = decode_leg(raw, mode)
+    assert forwarded_params(raw, answer) == {"prompt_token_ids": [7, 8]}
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_shadowed_valid_proof_is_not_honored(mode):
+    # json.loads keeps the last kv_transfer_params: the tampered one.
+    shadowed = GOOD[:-1] + ', "kv_transfer_params": ' + TAMPERED + "}"
+    answer = decode_leg(shadowed.encode(), mode)
+    assert forwarded_params(shadowed.encode(), answer) is None
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_proof_shadowed_inside_the_object_is_not_honored(mode):
+    params = json.dumps(proven([7, 8]))[:-1] + f', "{proof.PROOF_KEY}": "tp1.k1.x"}}'
+    raw = json.dumps(CHAT)[:-1] + f', "kv_transfer_params": {params}}}'
+    answer = decode_leg(raw.encode(), mode)
+    assert forwarded_params(raw.encode(), answer) is None
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_the_last_copy_wins_when_it_is_the_valid_one(mode):
+    raw = (
+        json.dumps(CHAT)[:-1] + f', "kv_transfer_params": {TAMPERED}'
+        f', "kv_transfer_params": {json.dumps(proven([7, 8]))}}}'
+    ).encode()
+    answer = decode_leg(raw, mode)
+    assert forwarded_params(raw, answer) == {"prompt_token_ids": [7, 8]}

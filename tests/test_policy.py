@@ -5,15 +5,25 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ext_proc import body
-from ext_proc.policy import Allow, Deny, Strip, decide
-from ext_proc.route_policy import Action, RoutePolicy, Topology
+from ext_proc import body, policy, proof
+from ext_proc.events import Peer
+from ext_proc.policy import Allow, Deny, Evidence, Mint, Strip
+from ext_proc.route_policy import Action, RoutePolicy, Topology, Unproven
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 STRIP = RoutePolicy(Topology.AGGREGATED, Action.STRIP)
 DENY = RoutePolicy(Topology.AGGREGATED, Action.DENY)
-HONOR = RoutePolicy(Topology.DISAGGREGATED, Action.HONOR, vocab_size=100, max_ids=4)
-HONOR_UNLIMITED = RoutePolicy(Topology.DISAGGREGATED, Action.HONOR)
+# Id validation is the same for every trusted source; these routes trust any caller.
+HONOR = RoutePolicy(
+    Topology.DISAGGREGATED, Action.HONOR, vocab_size=100, max_ids=4, trust_any_caller=True
+)
+HONOR_UNLIMITED = RoutePolicy(Topology.DISAGGREGATED, Action.HONOR, trust_any_caller=True)
+HONORED = "trusted_any_caller"
+EVIDENCE = Evidence(digest=lambda: b"\0" * 32)
+
+
+def decide(route, document, evidence=EVIDENCE):
+    return policy.decide(route, document, evidence)
 
 
 def doc(params=None, **extra):
@@ -24,23 +34,30 @@ def doc(params=None, **extra):
 
 
 @pytest.mark.parametrize("route", [STRIP, DENY, HONOR])
-@pytest.mark.parametrize(
-    "document", [doc(), doc({}), doc({"do_remote_prefill": True}), doc(None, echo=True)]
-)
-def test_no_reused_ids_is_allowed_everywhere(route, document):
-    assert decide(route, document) == Allow("no_reused_ids")
+@pytest.mark.parametrize("document", [doc(), doc({}), doc(None, echo=True)])
+def test_no_transfer_params_is_allowed_everywhere(route, document):
+    assert decide(route, document) == Allow("no_transfer_params")
+
+
+def test_any_other_key_is_untrusted_too():
+    connector = doc({"do_remote_decode": True, "remote_host": "10.0.0.1"})
+    assert decide(STRIP, connector) == Strip(None, "stripped_by_policy", 0)
+    denied = decide(DENY, connector)
+    assert isinstance(denied, Deny)
+    assert denied.refusal.param == "kv_transfer_params"
+    assert decide(HONOR, connector) == Allow(HONORED, 0)
 
 
 @pytest.mark.parametrize("key", ["prompt_token_ids", "prompt_features"])
 def test_strip_removes_policed_keys(key):
     decision = decide(STRIP, doc({key: [1, 2, 3], "remote_host": "h"}))
-    assert decision == Strip((key,), "stripped_by_policy", 3)
+    assert decision == Strip(None, "stripped_by_policy", 3)
 
 
 def test_strip_removes_both_keys_and_even_malformed_values():
     decision = decide(STRIP, doc({"prompt_token_ids": "junk", "prompt_features": [1]}))
     assert isinstance(decision, Strip)
-    assert decision.keys == ("prompt_token_ids", "prompt_features")
+    assert decision.keys is None
 
 
 @pytest.mark.parametrize("key", ["prompt_token_ids", "prompt_features"])
@@ -61,11 +78,11 @@ def test_non_object_transfer_params_denied(route):
 
 @pytest.mark.parametrize("key", ["prompt_token_ids", "prompt_features"])
 def test_honor_allows_valid_ids(key):
-    assert decide(HONOR, doc({key: [0, 5, 99]})) == Allow("honored", 3)
+    assert decide(HONOR, doc({key: [0, 5, 99]})) == Allow(HONORED, 3)
 
 
 def test_honor_without_limits_allows_large_ids():
-    assert decide(HONOR_UNLIMITED, doc({"prompt_token_ids": [10**6] * 10})) == Allow("honored", 10)
+    assert decide(HONOR_UNLIMITED, doc({"prompt_token_ids": [10**6] * 10})) == Allow(HONORED, 10)
 
 
 @pytest.mark.parametrize(
@@ -177,7 +194,7 @@ def test_every_kind_of_malformed_id_is_found_and_named(ids, named):
 
 def test_ints_beyond_64_bits_are_honored_when_no_vocabulary_is_known():
     document = doc({"prompt_token_ids": [1, 2**64, 10**40]})
-    assert decide(HONOR_UNLIMITED, document) == Allow("honored", 3)
+    assert decide(HONOR_UNLIMITED, document) == Allow(HONORED, 3)
 
 
 @pytest.mark.parametrize("encoding", ["utf-8", "utf-16", "utf-32"])
@@ -208,10 +225,153 @@ def test_id_validation_matches_the_plain_definition(ids):
     elif max(ids) >= HONOR.vocab_size:
         expected = "ids_out_of_vocab"
     else:
-        expected = "honored"
+        expected = HONORED
     decision = decide(HONOR, doc({"prompt_token_ids": ids}))
     assert decision.reason == expected
     if expected == "ids_malformed":  # and the index it names holds a malformed item
         assert isinstance(decision, Deny)
         index = int(decision.refusal.message.split("[", 1)[1].split("]", 1)[0])
         assert type(ids[index]) is not int or ids[index] < 0
+
+
+# --- trust: proofs, peers, unproven parameters (docs/trust.md) ---------------------
+
+KEYS = proof.KeySet({"k1": b"k" * 32}, "k1")
+PROVEN = RoutePolicy(Topology.DISAGGREGATED, Action.HONOR, vocab_size=100)
+NOW = 1_000_000.0
+
+
+def proven_params(document, **extra):
+    """What a mint route signs for ``document``'s prompt: ids plus a proof."""
+    minted = {"prompt_token_ids": [1, 2, 3], **extra}
+    digest = proof.prompt_digest(document, True)
+    return {**minted, proof.PROOF_KEY: proof.mint(KEYS, minted, digest, int(NOW) + 60)}
+
+
+def verified(route, document, *, peer=policy.NO_PEER, now=NOW, keys=KEYS):
+    digest = proof.prompt_digest(document, True)
+    return decide(route, document, Evidence(lambda: digest, peer, keys, now, 5.0))
+
+
+def test_a_proven_request_is_honored_and_only_the_proof_removed():
+    document = doc(proven_params(doc()))
+    decision = verified(PROVEN, document)
+    assert decision == Strip((proof.PROOF_KEY,), "trusted_proof", 3, honored=True)
+    assert decision.action == "honor"
+
+
+def test_honor_without_proof_strips_the_whole_object():
+    assert verified(PROVEN, doc({"prompt_token_ids": [1, 2]})) == Strip(None, "proof_missing", 2)
+
+
+def test_unproven_deny_answers_400_with_the_reason():
+    route = RoutePolicy(Topology.DISAGGREGATED, Action.HONOR, unproven=Unproven.DENY)
+    decision = verified(route, doc({"prompt_token_ids": [1, 2]}))
+    assert isinstance(decision, Deny)
+    assert (decision.reason, decision.refusal.status) == ("proof_missing", 400)
+
+
+@pytest.mark.parametrize(
+    ("change", "reason"),
+    [
+        (
+            lambda d: d["kv_transfer_params"].update(prompt_token_ids=[1, 2, 4]),
+            "proof_bad_signature",
+        ),
+        (lambda d: d["kv_transfer_params"].update(remote_host="10.0.0.9"), "proof_bad_signature"),
+        (lambda d: d["messages"].append({"role": "user", "content": "x"}), "prompt_mismatch"),
+        (lambda d: d.update(model="other"), "prompt_mismatch"),
+        (lambda d: d["kv_transfer_params"].update(token_policy_proof="tp1.x"), "proof_malformed"),
+        (lambda d: d["kv_transfer_params"].update(token_policy_proof=7), "proof_malformed"),
+    ],
+)
+def test_a_changed_request_is_unproven(change, reason):
+    document = copy.deepcopy(doc(proven_params(doc())))
+    change(document)
+    assert verified(PROVEN, document) == Strip(None, reason, 3)
+
+
+def test_fields_an_orchestrator_changes_between_legs_keep_the_proof():
+    prefill = doc(max_tokens=1, stream=False, return_token_ids=True)
+    decode = doc(proven_params(prefill), max_tokens=200, stream=True, stream_options={})
+    assert verified(PROVEN, decode).reason == "trusted_proof"
+
+
+def test_an_expired_proof_or_an_unknown_key_is_unproven():
+    document = doc(proven_params(doc()))
+    assert verified(PROVEN, document, now=NOW + 60 + 5).reason == "trusted_proof"
+    assert verified(PROVEN, document, now=NOW + 60 + 6).reason == "proof_expired"
+    other = proof.KeySet({"k2": b"o" * 32}, "k2")
+    assert verified(PROVEN, document, keys=other).reason == "proof_unknown_key"
+
+
+def test_a_rotated_key_still_verifies_what_it_signed():
+    document = doc(proven_params(doc()))
+    rotated = proof.KeySet({"k2": b"n" * 32, "k1": b"k" * 32}, "k2")
+    assert verified(PROVEN, document, keys=rotated).reason == "trusted_proof"
+
+
+def test_proven_ids_are_still_validated():
+    minted = {"prompt_token_ids": [1, 500]}
+    digest = proof.prompt_digest(doc(), True)
+    params = {**minted, proof.PROOF_KEY: proof.mint(KEYS, minted, digest, int(NOW) + 60)}
+    assert verified(PROVEN, doc(params)).reason == "ids_out_of_vocab"
+
+
+PEERS = RoutePolicy(Topology.DISAGGREGATED, Action.HONOR, peers=frozenset({"spiffe://td/router"}))
+
+
+def test_a_listed_mtls_peer_is_trusted_and_others_are_not():
+    document = doc({"prompt_token_ids": [1, 2], "remote_port": 5600})
+    listed = Peer(True, ("spiffe://td/router",))
+    assert verified(PEERS, document, peer=listed) == Allow("trusted_peer", 2)
+    other = Peer(True, ("spiffe://td/client",))
+    assert verified(PEERS, document, peer=other) == Strip(None, "peer_not_listed", 2)
+    not_mtls = Peer(False, ("spiffe://td/router",))
+    assert verified(PEERS, document, peer=not_mtls).reason == "peer_not_listed"
+
+
+def test_keep_other_keys_removes_only_the_policed_keys_and_the_proof():
+    route = RoutePolicy(Topology.AGGREGATED, Action.STRIP, keep_other_keys=True)
+    params = {"prompt_token_ids": [1], "token_policy_proof": "x", "remote_port": 1}
+    assert decide(route, doc(params)) == Strip(
+        ("prompt_token_ids", "token_policy_proof"), "stripped_by_policy", 1
+    )
+    assert decide(route, doc({"remote_port": 1})) == Allow("no_reused_ids")
+
+
+def test_mint_route_requests_are_untrusted_unless_from_a_listed_peer():
+    mint = RoutePolicy(Topology.DISAGGREGATED, Action.MINT)
+    assert verified(mint, doc({"do_remote_decode": True})) == Strip(None, "unproven", 0)
+    from_router = RoutePolicy(
+        Topology.DISAGGREGATED, Action.MINT, peers=frozenset({"spiffe://td/router"})
+    )
+    router = Peer(True, ("spiffe://td/router",))
+    assert verified(from_router, doc({"do_remote_decode": True}), peer=router) == Allow(
+        "trusted_peer", 0
+    )
+
+
+def test_mint_response_signs_the_ids_and_the_connector_keys():
+    response = {"id": "x", "prompt_token_ids": [5, 6], "kv_transfer_params": {"remote_port": 7}}
+    digest = proof.prompt_digest(doc(), True)
+    decision, params = policy.mint_response(response, digest, KEYS, int(NOW) + 60)
+    assert decision == Mint("minted", 2)
+    assert params is not None
+    assert params["prompt_token_ids"] == [5, 6]
+    assert params["remote_port"] == 7
+    assert verified(PROVEN, doc(params)) == Strip(
+        (proof.PROOF_KEY,), "trusted_proof", 2, honored=True
+    )
+
+
+@pytest.mark.parametrize(
+    ("response", "keys", "reason"),
+    [
+        ({"id": "x", "kv_transfer_params": None}, KEYS, "nothing_to_mint"),
+        ({"prompt_token_ids": [1, True]}, KEYS, "response_ids_malformed"),
+        ({"prompt_token_ids": [1]}, policy.NO_KEYS, "no_signing_key"),
+    ],
+)
+def test_mint_response_refuses_to_sign(response, keys, reason):
+    assert policy.mint_response(response, b"\0" * 32, keys, 1) == (Allow(reason), None)

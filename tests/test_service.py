@@ -65,10 +65,8 @@ def test_strip_over_a_real_stream():
     assert code == grpc.StatusCode.OK
     assert [r.WhichOneof("response") for r in responses] == ["request_headers", "request_body"]
     common = responses[1].request_body.response
-    assert json.loads(common.body_mutation.body) == {
-        "messages": [],
-        "kv_transfer_params": {"k": "v"},
-    }
+    # Untrusted on every route: the whole kv_transfer_params object goes.
+    assert json.loads(common.body_mutation.body) == {"messages": []}
     assert (
         common.header_mutation.set_headers[0].header.raw_value
         == str(len(common.body_mutation.body)).encode()
@@ -78,7 +76,12 @@ def test_strip_over_a_real_stream():
 def test_deny_over_a_real_stream():
     payload = {"kv_transfer_params": {"prompt_token_ids": [1, True]}}
     responses, code, _ = run(
-        exchange([headers({"topology": "disaggregated"}), body(json.dumps(payload).encode())])
+        exchange(
+            [
+                headers({"topology": "disaggregated", "trust_any_caller": True}),
+                body(json.dumps(payload).encode()),
+            ]
+        )
     )
     assert code == grpc.StatusCode.OK
     immediate = responses[1].immediate_response
@@ -104,7 +107,9 @@ def test_bodies_larger_than_grpc_default_4_mib_are_received():
     ids = list(range(800_000))  # ~5.9 MB of JSON
     payload = json.dumps({"kv_transfer_params": {"prompt_token_ids": ids}}).encode()
     assert len(payload) > 4 * MiB
-    responses, code, _ = run(exchange([headers({"topology": "disaggregated"}), body(payload)]))
+    responses, code, _ = run(
+        exchange([headers({"topology": "disaggregated", "trust_any_caller": True}), body(payload)])
+    )
     assert code == grpc.StatusCode.OK
     assert responses[1].request_body.response.status == 0  # CONTINUE, unchanged
 
@@ -176,7 +181,7 @@ def test_streamed_mode_over_a_real_stream():
     assert kinds == ["request_headers", "request_body"]
     streamed = responses[1].request_body.response.body_mutation.streamed_response
     assert streamed.end_of_stream
-    assert json.loads(streamed.body) == {"kv_transfer_params": {"k": 2}}
+    assert json.loads(streamed.body) == {}  # untrusted: the whole object goes
 
 
 def test_stream_closed_mid_body_ends_with_an_error_not_cleanly():
@@ -270,4 +275,4 @@ def test_the_service_runs_on_each_event_loop(event_loop):
     assert kind.startswith("uvloop" if event_loop == "uvloop" else "asyncio")
     assert code == grpc.StatusCode.OK
     mutation = responses[1].request_body.response.body_mutation
-    assert json.loads(mutation.body) == {"messages": [], "kv_transfer_params": {"k": "v"}}
+    assert json.loads(mutation.body) == {"messages": []}  # untrusted: the whole object goes

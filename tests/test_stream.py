@@ -3,31 +3,39 @@ import json
 
 import pytest
 
+from ext_proc import proof
 from ext_proc.budget import Budget
 from ext_proc.errors import ProtocolError
 from ext_proc.events import (
     BodyMode,
     ContinueBody,
     ContinueHeaders,
+    ContinueResponseBody,
+    ContinueResponseHeaders,
     ContinueTrailers,
     Reject,
     RequestBody,
     RequestHeaders,
     RequestTrailers,
+    ResponseBody,
+    ResponseHeaders,
     RouteMetadata,
     StreamedBody,
     TimedOut,
     Unexpected,
 )
-from ext_proc.policy import Allow, Deny, Strip
-from ext_proc.stream import STREAM_CHUNK, State
+from ext_proc.policy import Allow, Deny, Mint, Strip
+from ext_proc.stream import STREAM_CHUNK, State, Trust
 from tests.driver import Driven
 
 JSON = (("content-type", b"application/json"), ("x-request-id", b"r1"))
 AGGREGATED = RouteMetadata({"topology": "aggregated", "action": "strip"}, 2.0)
-DISAGGREGATED = RouteMetadata({"topology": "disaggregated", "vocab_size": "50"}, 2.0)
+# Id validation on a route that trusts any caller; proofs are tested further down.
+DISAGGREGATED = RouteMetadata(
+    {"topology": "disaggregated", "vocab_size": "50", "trust_any_caller": True}, 3.0
+)
 IDS = json.dumps({"messages": [], "kv_transfer_params": {"prompt_token_ids": [1, 2], "k": 1}})
-STRIPPED = {"messages": [], "kv_transfer_params": {"k": 1}}
+STRIPPED = {"messages": []}  # untrusted: the whole kv_transfer_params object goes
 BUFFERED = BodyMode.BUFFERED
 DUPLEX = BodyMode.FULL_DUPLEX_STREAMED
 
@@ -82,14 +90,14 @@ def test_body_without_ids_passes_unchanged():
     stream = new()
     stream.handle(headers())
     assert stream.handle(RequestBody(b'{"messages": []}', True)) == [ContinueBody(None)]
-    assert stream.decision == Allow("no_reused_ids")
+    assert stream.decision == Allow("no_transfer_params")
 
 
 def test_honor_flow_passes_unchanged_and_validates():
     stream = new()
     stream.handle(headers(DISAGGREGATED))
     assert stream.handle(RequestBody(IDS.encode(), True)) == [ContinueBody(None)]
-    assert stream.decision == Allow("honored", 2)
+    assert stream.decision == Allow("trusted_any_caller", 2)
     bad = new()
     bad.handle(headers(DISAGGREGATED))
     out_of_vocab = IDS.replace("[1, 2]", "[1, 50]").encode()
@@ -394,7 +402,10 @@ def test_after_reject_other_messages_are_protocol_errors():
 
 # --- audit mode -----------------------------------------------------------------------
 
-AUDIT_ROUTE = RouteMetadata({"topology": "disaggregated", "vocab_size": "50", "audit": True}, 3.0)
+AUDIT_ROUTE = RouteMetadata(
+    {"topology": "disaggregated", "vocab_size": "50", "audit": True, "trust_any_caller": True},
+    4.0,
+)
 MALFORMED = IDS.replace("[1, 2]", "[1, true]").encode()
 
 
@@ -497,3 +508,100 @@ def test_headerless_body_then_trailers():
     stream = new()
     stream.handle(first_body(IDS.encode(), eos=False))
     assert stream.handle(RequestTrailers()) == [ContinueTrailers()]
+
+
+# --- mint routes: the response is signed (docs/trust.md) ---------------------------
+
+MINT_ROUTE = RouteMetadata({"topology": "disaggregated", "action": "mint"}, 2.0)
+KEYS = proof.KeySet({"k1": b"k" * 32}, "k1")
+PREFILL = json.dumps(
+    {"model": "m", "messages": [{"role": "user", "content": "hi"}], "return_token_ids": True}
+).encode()
+OK_JSON = ((":status", b"200"), ("content-type", b"application/json"))
+
+
+def prefill_stream(**options):
+    trust = Trust(keys=lambda: KEYS, clock=lambda: 1000.0, ttl_seconds=60)
+    stream = Driven(max_body_bytes=1 << 20, trust=trust, **options)
+    stream.handle(headers(MINT_ROUTE))
+    assert stream.handle(RequestBody(PREFILL, True)) == [ContinueBody(None)]
+    return stream
+
+
+def response_outcome(stream, headers_=OK_JSON, raw=None):
+    stream.outcome = None
+    assert stream.handle(ResponseHeaders(headers_, raw is None)) == [ContinueResponseHeaders()]
+    if raw is None:
+        return None
+    (answer,) = stream.handle(ResponseBody(raw, True))
+    assert isinstance(answer, ContinueResponseBody)
+    assert stream.state is State.RESPONSE_DONE
+    return answer
+
+
+def test_mint_signs_the_response_parameters():
+    stream = prefill_stream()
+    response = {"id": "c", "prompt_token_ids": [3, 4], "kv_transfer_params": None}
+    answer = response_outcome(stream, raw=json.dumps(response).encode())
+    assert stream.outcome.phase == "response"
+    assert stream.outcome.decision == Mint("minted", 2)
+    minted = json.loads(answer.replacement)
+    params = minted.pop("kv_transfer_params")
+    assert minted == {"id": "c", "prompt_token_ids": [3, 4]}
+    assert params["prompt_token_ids"] == [3, 4]
+    digest = proof.prompt_digest(json.loads(PREFILL), True)
+    assert proof.verify(KEYS, params, digest, now=1000.0, skew=0) is None
+    assert params[proof.PROOF_KEY].split(".")[2] == "1060"  # clock + ttl
+
+
+@pytest.mark.parametrize(
+    ("headers_", "reason"),
+    [
+        (((":status", b"500"), ("content-type", b"application/json")), "response_not_ok"),
+        (((":status", b"200"), ("content-type", b"text/event-stream")), "response_not_json"),
+        ((*OK_JSON, ("content-encoding", b"gzip")), "response_encoded"),
+    ],
+)
+def test_other_responses_pass_unchanged(headers_, reason):
+    stream = prefill_stream()
+    answer = response_outcome(stream, headers_, b'{"prompt_token_ids": [1]}')
+    assert answer == ContinueResponseBody(None)
+    assert stream.outcome.decision == Allow(reason)
+
+
+def test_a_response_that_is_not_json_passes_unchanged():
+    stream = prefill_stream()
+    assert response_outcome(stream, raw=b"{oops") == ContinueResponseBody(None)
+    assert stream.outcome.decision == Allow("response_not_json")
+
+
+def test_audit_records_the_mint_but_changes_nothing():
+    stream = prefill_stream(audit=True)
+    answer = response_outcome(stream, raw=b'{"prompt_token_ids": [1]}')
+    assert answer == ContinueResponseBody(None)
+    assert stream.outcome.decision == Mint("minted", 1)
+
+
+def test_only_mint_routes_sign():
+    stream = Driven(max_body_bytes=1 << 20, trust=Trust(keys=lambda: KEYS))
+    stream.handle(headers(AGGREGATED))
+    stream.handle(RequestBody(PREFILL, True))
+    answer = response_outcome(stream, raw=b'{"prompt_token_ids": [1]}')
+    assert answer == ContinueResponseBody(None)
+    assert stream.outcome.decision == Allow("not_minted_on_this_route")
+
+
+def test_a_response_without_body_is_reported():
+    stream = prefill_stream()
+    assert response_outcome(stream, OK_JSON) is None
+    assert stream.outcome.decision == Allow("response_without_body")
+
+
+def test_response_messages_out_of_order_are_protocol_errors():
+    stream = new()
+    with pytest.raises(ProtocolError):
+        stream.handle(ResponseHeaders(OK_JSON, False))
+    streamed = prefill_stream()
+    streamed.handle(ResponseHeaders(OK_JSON, False))
+    with pytest.raises(ProtocolError):
+        streamed.handle(ResponseBody(b"{", False))

@@ -1,0 +1,160 @@
+"""Signed transfer parameters: mint a proof on the prefill leg, verify it on the decode leg.
+
+Pure functions; keys and the time are arguments. The format and its reasons are in
+docs/trust.md:
+
+    tp1.<key id>.<expiry>.<prompt digest>.<mac>
+    mac = HMAC-SHA256(key, "tp1\\n" key id "\\n" expiry "\\n" prompt digest "\\n"
+                      canonical(parameters without the proof))
+
+The digest binds the parameters to the prompt-defining fields of the request they were
+minted for; the MAC binds everything (ids, connector keys, key id, expiry, digest) to a
+key only the gateway holds. Verification compares MACs in constant time.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import hashlib
+import hmac
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+import orjson
+
+from ext_proc.vllm_request import KV_KEY
+
+PROOF_KEY: Final = "token_policy_proof"
+IDS_KEY: Final = "prompt_token_ids"
+VERSION: Final = "tp1"
+# Fields an orchestrator legitimately changes between the prefill and the decode leg;
+# every other field of the request is bound by the digest.
+UNBOUND_FIELDS: Final = frozenset(
+    {
+        KV_KEY,
+        "max_tokens",
+        "max_completion_tokens",
+        "min_tokens",
+        "stream",
+        "stream_options",
+        "return_token_ids",
+    }
+)
+KEY_ID: Final = re.compile(r"[A-Za-z0-9_-]{1,64}")
+_PROOF: Final = re.compile(
+    r"tp1\.([A-Za-z0-9_-]{1,64})\.([1-9][0-9]{0,11})\.([A-Za-z0-9_-]{43})\.([A-Za-z0-9_-]{43})"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class KeySet:
+    """Signing keys by id; ``signing`` names the one that mints (None: minting is off)."""
+
+    keys: Mapping[str, bytes]
+    signing: str | None
+
+    @classmethod
+    def empty(cls) -> KeySet:
+        return cls({}, None)
+
+
+def _b64(raw: bytes) -> str:
+    return base64.urlsafe_b64encode(raw).rstrip(b"=").decode("ascii")
+
+
+def _unb64(text: str) -> bytes:
+    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+
+
+def canonical(params: Mapping[str, Any]) -> bytes | None:
+    """The parameters (without the proof) as signed bytes; None when not renderable.
+
+    Everything but the ids through ``json.dumps`` (sorted keys, ASCII, NaN refused, so
+    equal documents and only they give equal bytes); the ids, the bulk, through orjson,
+    which renders ints, bools and floats distinctly. orjson writes NaN and infinities as
+    null, so ids containing null are not renderable: minted ids never hold one.
+    """
+    rest = {k: v for k, v in params.items() if k not in (IDS_KEY, PROOF_KEY)}
+    try:
+        head = json.dumps(
+            rest, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False
+        ).encode()
+        ids = orjson.dumps(params[IDS_KEY]) if IDS_KEY in params else b"-"
+    except (ValueError, TypeError, RecursionError):
+        return None
+    if b"null" in ids:
+        return None
+    return head + b"\n" + ids
+
+
+def prompt_digest(document: Mapping[str, Any], orjson_safe: bool) -> bytes:
+    """SHA-256 of the request's prompt-defining fields (all but ``UNBOUND_FIELDS``).
+
+    The rendering depends only on those fields' values, so both legs agree whatever the
+    rest of their bodies hold: orjson (sorted keys) when it renders them exactly, else
+    ``json.dumps`` (NaN, huge integers). A document orjson read has neither (body.py).
+    """
+    bound = {k: v for k, v in document.items() if k not in UNBOUND_FIELDS}
+    rendered = None
+    with contextlib.suppress(TypeError, orjson.JSONEncodeError):
+        rendered = b"o" + orjson.dumps(bound, option=orjson.OPT_SORT_KEYS)
+    if rendered is not None and not orjson_safe:
+        try:
+            json.dumps(bound, allow_nan=False)
+        except ValueError:
+            rendered = None  # NaN or infinity: orjson wrote null for it
+    if rendered is None:
+        rendered = (
+            b"j"
+            + json.dumps(bound, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
+        )
+    return hashlib.sha256(rendered).digest()
+
+
+def _mac(key: bytes, key_id: str, expiry: str, digest: str, body: bytes) -> bytes:
+    message = f"{VERSION}\n{key_id}\n{expiry}\n{digest}\n".encode() + body
+    return hmac.new(key, message, hashlib.sha256).digest()
+
+
+def mint(keys: KeySet, params: Mapping[str, Any], digest: bytes, expiry: int) -> str | None:
+    """The proof for ``params`` minted for a request with ``digest``; None when there is
+    no signing key or the parameters cannot be rendered."""
+    if keys.signing is None:
+        return None
+    body = canonical(params)
+    if body is None:
+        return None
+    key_id, shown = keys.signing, _b64(digest)
+    mac = _mac(keys.keys[key_id], key_id, str(expiry), shown, body)
+    return f"{VERSION}.{key_id}.{expiry}.{shown}.{_b64(mac)}"
+
+
+def verify(
+    keys: KeySet, params: Mapping[str, Any], digest: bytes, now: float, skew: float
+) -> str | None:
+    """None when ``params`` carry a valid proof for a request with ``digest``; otherwise
+    the reason they are unproven (docs/trust.md lists them)."""
+    proof = params.get(PROOF_KEY)
+    if proof is None:
+        return "proof_missing"
+    match = _PROOF.fullmatch(proof) if isinstance(proof, str) else None
+    if match is None:
+        return "proof_malformed"
+    key_id, expiry, shown, mac = match.groups()
+    key = keys.keys.get(key_id)
+    if key is None:
+        return "proof_unknown_key"
+    body = canonical(params)
+    if body is None:
+        return "proof_malformed"
+    if not hmac.compare_digest(_mac(key, key_id, expiry, shown, body), _unb64(mac)):
+        return "proof_bad_signature"
+    if now > int(expiry) + skew:
+        return "proof_expired"
+    if not hmac.compare_digest(_unb64(shown), digest):
+        return "prompt_mismatch"
+    return None

@@ -1,0 +1,130 @@
+import json
+
+import pytest
+
+from ext_proc import body, proof
+
+KEYS = proof.KeySet({"k1": b"k" * 32}, "k1")
+PROMPT = {"model": "m", "messages": [{"role": "user", "content": "héllo"}]}
+
+
+def digest(document=PROMPT, orjson_safe=True):
+    return proof.prompt_digest(document, orjson_safe)
+
+
+def minted(params, expiry=100):
+    return {**params, proof.PROOF_KEY: proof.mint(KEYS, params, digest(), expiry)}
+
+
+def test_round_trip():
+    params = minted({"prompt_token_ids": [1, 2], "remote_port": 5600})
+    assert proof.verify(KEYS, params, digest(), now=100, skew=0) is None
+
+
+def test_format():
+    token = proof.mint(KEYS, {"prompt_token_ids": [1]}, digest(), 1234)
+    assert token is not None
+    version, key_id, expiry, shown, mac = token.split(".")
+    assert (version, key_id, expiry) == ("tp1", "k1", "1234")
+    assert len(shown) == len(mac) == 43
+
+
+def test_canonical_form_ignores_key_order_and_the_proof_only():
+    a = proof.canonical({"b": 1, "a": [1, 2], "prompt_token_ids": [3]})
+    b = proof.canonical({"prompt_token_ids": [3], "a": [1, 2], "b": 1, proof.PROOF_KEY: "x"})
+    assert a == b
+    assert a != proof.canonical({"b": 1, "a": [1, 2], "prompt_token_ids": [3, 4]})
+    assert proof.canonical({"prompt_token_ids": [1]}) != proof.canonical(
+        {"prompt_token_ids": [True]}
+    )
+    assert proof.canonical({"prompt_token_ids": [1]}) != proof.canonical(
+        {"prompt_token_ids": [1.0]}
+    )
+    assert proof.canonical({"x": "é"}) != proof.canonical({"x": "e"})
+
+
+@pytest.mark.parametrize(
+    "params",
+    [{"x": float("nan")}, {"prompt_token_ids": [1, float("nan")]}, {"prompt_token_ids": [None]}],
+)
+def test_parameters_that_cannot_be_rendered_exactly_are_not_provable(params):
+    assert proof.canonical(params) is None
+    assert proof.mint(KEYS, params, digest(), 100) is None
+
+
+def test_digest_binds_every_prompt_field_but_the_unbound_ones():
+    base = digest()
+    assert digest({**PROMPT, "max_tokens": 1, "stream": True, "return_token_ids": True}) == base
+    assert digest({**PROMPT, "kv_transfer_params": {"a": 1}}) == base
+    for changed in (
+        {**PROMPT, "model": "n"},
+        {**PROMPT, "tools": []},
+        {**PROMPT, "chat_template_kwargs": {"x": 1}},
+        {**PROMPT, "temperature": 0.5},
+        {**PROMPT, "messages": [{"role": "system", "content": "s"}, *PROMPT["messages"]]},
+    ):
+        assert digest(changed) != base
+
+
+def test_digest_is_the_same_whichever_parser_read_the_document():
+    raw = json.dumps({**PROMPT, "kv_transfer_params": {"n": 10**30}}).encode()
+    parsed = body.parse(raw)
+    assert not parsed.orjson_safe  # a huge integer elsewhere: json.loads read it
+    assert digest(parsed.document, parsed.orjson_safe) == digest()
+    utf16 = body.parse(json.dumps(PROMPT).encode("utf-16"))
+    assert digest(utf16.document, utf16.orjson_safe) == digest()
+
+
+def test_nan_in_a_prompt_field_is_not_null():
+    assert digest({**PROMPT, "temperature": float("nan")}, False) != digest(
+        {**PROMPT, "temperature": None}, False
+    )
+
+
+@pytest.mark.parametrize(
+    ("edit", "reason"),
+    [
+        (lambda p: p.pop(proof.PROOF_KEY), "proof_missing"),
+        (lambda p: p.update({proof.PROOF_KEY: None}), "proof_missing"),
+        (lambda p: p.update({proof.PROOF_KEY: ["tp1"]}), "proof_malformed"),
+        (lambda p: p.update({proof.PROOF_KEY: "tp2" + p[proof.PROOF_KEY][3:]}), "proof_malformed"),
+        (lambda p: p.update({proof.PROOF_KEY: p[proof.PROOF_KEY] + "x"}), "proof_malformed"),
+        (
+            lambda p: p.update({proof.PROOF_KEY: p[proof.PROOF_KEY].replace(".k1.", ".k9.")}),
+            "proof_unknown_key",
+        ),
+        (
+            lambda p: p.update({proof.PROOF_KEY: p[proof.PROOF_KEY].replace(".100.", ".999.")}),
+            "proof_bad_signature",
+        ),
+        (lambda p: p.update(prompt_token_ids=[1, 3]), "proof_bad_signature"),
+        (lambda p: p.update(extra=True), "proof_bad_signature"),
+        (lambda p: p.update(prompt_token_ids=[1, float("nan")]), "proof_malformed"),
+    ],
+)
+def test_every_rejection_reason(edit, reason):
+    params = minted({"prompt_token_ids": [1, 2]})
+    edit(params)
+    assert proof.verify(KEYS, params, digest(), now=100, skew=0) == reason
+
+
+def test_expiry_with_skew():
+    params = minted({"prompt_token_ids": [1]}, expiry=100)
+    assert proof.verify(KEYS, params, digest(), now=105, skew=5) is None
+    assert proof.verify(KEYS, params, digest(), now=105.5, skew=5) == "proof_expired"
+
+
+def test_prompt_mismatch():
+    params = minted({"prompt_token_ids": [1]})
+    other = digest({**PROMPT, "model": "n"})
+    assert proof.verify(KEYS, params, other, now=0, skew=0) == "prompt_mismatch"
+
+
+def test_a_key_of_another_deployment_with_the_same_id_fails():
+    params = minted({"prompt_token_ids": [1]})
+    theirs = proof.KeySet({"k1": b"z" * 32}, "k1")
+    assert proof.verify(theirs, params, digest(), now=0, skew=0) == "proof_bad_signature"
+
+
+def test_no_signing_key_mints_nothing():
+    assert proof.mint(proof.KeySet({"k1": b"k" * 32}, None), {"a": 1}, digest(), 1) is None
