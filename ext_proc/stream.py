@@ -459,6 +459,7 @@ _TRANSITIONS: Final[dict[tuple[State, type], tuple[_Handler, State | None]]] = {
     (State.DONE, RequestBody): (Stream._on_chunk_after_done, State.DONE),
     (State.DONE, ResponseHeaders): (Stream._on_response_headers, None),
     (State.EXPECT_RESPONSE_BODY, ResponseBody): (Stream._on_response_body, State.RESPONSE_DONE),
+    (State.EXPECT_RESPONSE_BODY, RequestBody): (Stream._on_chunk_after_done, None),
     (State.REJECTED, RequestBody): (Stream._after_rejection, State.REJECTED),
     (State.REJECTED, RequestTrailers): (Stream._after_rejection, State.REJECTED),
 }

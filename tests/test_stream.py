@@ -605,3 +605,15 @@ def test_response_messages_out_of_order_are_protocol_errors():
     streamed.handle(ResponseHeaders(OK_JSON, False))
     with pytest.raises(ProtocolError):
         streamed.handle(ResponseBody(b"{", False))
+
+
+def test_a_repeated_final_chunk_during_the_response_is_ignored():
+    # envoy#46237: the last request chunk can come again, even after the response began.
+    trust = Trust(keys=lambda: KEYS, clock=lambda: 1000.0)
+    stream = Driven(max_body_bytes=1 << 20, trust=trust)
+    stream.handle(headers(MINT_ROUTE, mode=DUPLEX))
+    stream.handle(RequestBody(PREFILL, True))
+    stream.handle(ResponseHeaders(OK_JSON, False))
+    assert stream.handle(RequestBody(PREFILL, True)) == []
+    with pytest.raises(ProtocolError):
+        stream.handle(RequestBody(b"{}", True))
