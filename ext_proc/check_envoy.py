@@ -1,10 +1,15 @@
 """``check-envoy FILE``: check an Envoy configuration offline, before it protects anything.
 
 For every HTTP connection manager that runs the ext_proc filter: the filter fails
-closed, uses an inspectable body mode and requests every route-metadata attribute; every
-route's policy metadata is valid (the same validation the processor applies at request
-time); no route overrides the filter into failing open. Routes that disable the filter
-are listed as warnings: their bodies are not inspected.
+closed, is not disabled by default, uses an inspectable body mode and requests every
+route-metadata attribute; every route's policy metadata is valid (the same validation the
+processor applies at request time); no per-route override (route, virtual host, route
+configuration or weighted cluster) makes the filter fail open; a ``mint`` route sends the
+processor its response headers and buffered response body (docs/trust.md), or nothing is
+signed. Warnings: forwarding routes that disable the filter (their bodies are not
+inspected) or carry no policy metadata, and ``honor`` routes that trust any caller or
+have no ``vocab_size``. Routes that forward nothing (a direct response or a redirect)
+need neither metadata nor the filter.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ import yaml
 
 from ext_proc.attributes import HEADERS, as_cel, attribute_keys
 from ext_proc.errors import RoutePolicyError
-from ext_proc.route_policy import DEFAULT_NAMESPACE, FIELDS, parse
+from ext_proc.route_policy import DEFAULT_NAMESPACE, FIELDS, Action, RoutePolicy, parse
 
 EXT_PROC = "type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor"
 PER_ROUTE = "type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExtProcPerRoute"
@@ -28,6 +33,9 @@ HCM = (
     "HttpConnectionManager"
 )
 INSPECTABLE = ("BUFFERED", "FULL_DUPLEX_STREAMED")
+# What a mint route needs the processor to see of the response: its headers, then the
+# whole body at once.
+MINT_RESPONSE = {"response_header_mode": "SEND", "response_body_mode": "BUFFERED"}
 
 
 @dataclass
@@ -65,7 +73,10 @@ def _check_mode(where: str, mode: dict[str, Any], requested: set[str], report: R
         report.errors.append(f"{where}: FULL_DUPLEX_STREAMED needs request_trailer_mode SEND")
 
 
-def _check_filter(where: str, config: dict[str, Any], namespace: str, report: Report) -> None:
+def _check_filter(where: str, entry: dict[str, Any], namespace: str, report: Report) -> None:
+    config = entry["typed_config"]
+    if entry.get("disabled", False):
+        report.errors.append(f"{where}: disabled; it runs only where a route enables it")
     if config.get("failure_mode_allow", False):
         report.errors.append(f"{where}: failure_mode_allow must be false (fail closed)")
     if config.get("observability_mode", False):
@@ -79,30 +90,113 @@ def _check_filter(where: str, config: dict[str, Any], namespace: str, report: Re
         report.errors.append(f"{where}: request_attributes lacks {missing}")
 
 
-def _check_route(
-    where: str, route: dict[str, Any], namespace: str, requested: set[str], report: Report
+def _per_route(configs: Any) -> Iterator[tuple[str, dict[str, Any]]]:
+    """The ext_proc per-route configurations in a ``typed_per_filter_config``."""
+    if isinstance(configs, dict):
+        for name, config in configs.items():
+            if isinstance(config, dict) and config.get("@type") == PER_ROUTE:
+                yield name, config
+
+
+def _check_override(
+    where: str, name: str, config: dict[str, Any], requested: set[str], report: Report
 ) -> None:
+    """One ExtProcPerRoute, at any level: it must not make the filter fail open."""
+    overrides = config.get("overrides", {})
+    if overrides.get("failure_mode_allow"):
+        report.errors.append(f"{where}: {name} overrides.failure_mode_allow fails open")
+    if "processing_mode" in overrides:
+        _check_mode(f"{where} {name} overrides", overrides["processing_mode"], requested, report)
+
+
+def _overrides_in(node: Any) -> Iterator[tuple[str, dict[str, Any]]]:
+    """Every ext_proc per-route configuration under ``node`` (weighted clusters too)."""
+    for mapping in _walk(node):
+        yield from _per_route(mapping.get("typed_per_filter_config"))
+
+
+def _responds(mode: dict[str, Any], levels: list[dict[str, Any]], name: str) -> bool:
+    """Whether filter ``name``, whose own processing mode is ``mode``, sends the response
+    to the processor on a route whose typed_per_filter_config, most specific first, are
+    ``levels``. As Envoy merges them: the most specific ``disabled`` or
+    ``overrides.processing_mode`` decides."""
+    for level in levels:
+        config = dict(_per_route(level)).get(name)
+        if config is None:
+            continue
+        if config.get("disabled"):
+            return False
+        overrides = config.get("overrides", {})
+        if "processing_mode" in overrides:
+            mode = overrides["processing_mode"]
+            break
+    return all(mode.get(key) == value for key, value in MINT_RESPONSE.items())
+
+
+def _check_policy(where: str, policy: RoutePolicy, responds: bool, report: Report) -> None:
+    if policy.action is Action.MINT and not responds:
+        report.errors.append(
+            f"{where}: action mint but the response is not processed (needs "
+            "response_header_mode SEND and response_body_mode BUFFERED, e.g. an "
+            "ExtProcPerRoute override); nothing would be signed"
+        )
+    if policy.action is Action.HONOR and policy.trust_any_caller:
+        report.warnings.append(
+            f"{where}: trust_any_caller honors ids from any caller; only for routes "
+            "nothing untrusted can reach"
+        )
+    if policy.action is Action.HONOR and policy.vocab_size is None:
+        report.warnings.append(f"{where}: honor without vocab_size: ids are not bounded")
+
+
+@dataclass
+class _Manager:
+    """What every route of one connection manager is checked against."""
+
+    namespace: str
+    requested: set[str]
+    # ext_proc filters by name: their typed_config.
+    filters: dict[str, dict[str, Any]]
+
+
+def _check_route(
+    where: str,
+    route: dict[str, Any],
+    outer: list[dict[str, Any]],
+    manager: _Manager,
+    report: Report,
+) -> None:
+    """``outer``: the virtual host's and the route configuration's typed_per_filter_config."""
     report.routes += 1
+    for name, config in _overrides_in(route):
+        _check_override(where, name, config, manager.requested, report)
+    # A direct response or a redirect reaches no upstream: nothing to police.
+    if "route" not in route:
+        return
+    own = route.get("typed_per_filter_config", {})
+    for name, config in _per_route(own):
+        if config.get("disabled"):
+            report.warnings.append(f"{where}: {name} disabled; bodies are not inspected")
+    namespace = manager.namespace
     policy = route.get("metadata", {}).get("filter_metadata", {}).get(namespace)
     if policy is None:
         report.warnings.append(f"{where}: no '{namespace}' metadata (aggregated + strip)")
-    elif not isinstance(policy, dict):
+        return
+    if not isinstance(policy, dict):
         report.errors.append(f"{where}: '{namespace}' metadata must be a mapping")
-    else:
-        try:
-            parse({k: as_cel(v) for k, v in policy.items() if k in FIELDS}, len(policy), namespace)
-        except RoutePolicyError as exc:
-            report.errors.append(f"{where}: {exc.message}")
-    for name, per_route in route.get("typed_per_filter_config", {}).items():
-        if not isinstance(per_route, dict) or per_route.get("@type") != PER_ROUTE:
-            continue
-        if per_route.get("disabled"):
-            report.warnings.append(f"{where}: {name} disabled; bodies are not inspected")
-        overrides = per_route.get("overrides", {})
-        if overrides.get("failure_mode_allow"):
-            report.errors.append(f"{where}: overrides.failure_mode_allow fails open")
-        if "processing_mode" in overrides:
-            _check_mode(f"{where} overrides", overrides["processing_mode"], requested, report)
+        return
+    try:
+        values = {k: as_cel(v) for k, v in policy.items() if k in FIELDS}
+        parsed = parse(values, len(policy), namespace)
+    except RoutePolicyError as exc:
+        report.errors.append(f"{where}: {exc.message}")
+        return
+    levels = [own, *outer]
+    responds = any(
+        _responds(config.get("processing_mode", {}), levels, name)
+        for name, config in manager.filters.items()
+    )
+    _check_policy(where, parsed, responds, report)
 
 
 def check(config: Any, namespace: str = DEFAULT_NAMESPACE) -> Report:
@@ -123,21 +217,30 @@ def check(config: Any, namespace: str = DEFAULT_NAMESPACE) -> Report:
             for attribute in ext_proc["typed_config"].get("request_attributes", [])
         }
         for ext_proc in ext_procs:
-            _check_filter(
-                f"{where} filter {ext_proc.get('name')}",
-                ext_proc["typed_config"],
-                namespace,
-                report,
-            )
+            _check_filter(f"{where} filter {ext_proc.get('name')}", ext_proc, namespace, report)
+        checked = _Manager(
+            namespace,
+            requested,
+            {str(f.get("name")): f["typed_config"] for f in ext_procs},
+        )
         route_config = manager.get("route_config", {})
+        top = route_config.get("typed_per_filter_config", {})
+        for name, per_route in _per_route(top):
+            _check_override(f"{where} route_config", name, per_route, requested, report)
         for vhost in route_config.get("virtual_hosts", []):
+            label = f"{where} virtual_host {vhost.get('name')}"
+            host = vhost.get("typed_per_filter_config", {})
+            for name, per_route in _per_route(host):
+                _check_override(label, name, per_route, requested, report)
+                if per_route.get("disabled"):
+                    report.warnings.append(f"{label}: {name} disabled; bodies are not inspected")
             for position, route in enumerate(vhost.get("routes", [])):
-                label = route.get("name") or f"#{position}"
+                route_label = route.get("name") or f"#{position}"
                 _check_route(
-                    f"{where} route {vhost.get('name')}/{label}",
+                    f"{where} route {vhost.get('name')}/{route_label}",
                     route,
-                    namespace,
-                    requested,
+                    [host, top],
+                    checked,
                     report,
                 )
     return report

@@ -6,7 +6,8 @@ import yaml
 
 from ext_proc.check_envoy import check
 
-SHIPPED = yaml.safe_load((Path(__file__).resolve().parents[1] / "envoy" / "envoy.yaml").read_text())
+SHIPPED_DIR = Path(__file__).resolve().parents[1] / "envoy"
+SHIPPED = yaml.safe_load((SHIPPED_DIR / "envoy.yaml").read_text())
 
 
 def hcm(config):
@@ -23,9 +24,43 @@ def routes(config):
     return hcm(config)["route_config"]["virtual_hosts"][0]["routes"]
 
 
+def route(config, name):
+    (found,) = [r for r in routes(config) if r["name"] == name]
+    return found
+
+
+def policy(config, name):
+    return route(config, name)["metadata"]["filter_metadata"]["ext_proc.token_policy"]
+
+
+def mint_mode(config):
+    per_route = route(config, "prefill")["typed_per_filter_config"]["envoy.filters.http.ext_proc"]
+    return per_route["overrides"]["processing_mode"]
+
+
+PER_ROUTE = "type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExtProcPerRoute"
+
+
+def per_route(**config):
+    return {"envoy.filters.http.ext_proc": {"@type": PER_ROUTE, **config}}
+
+
 def test_shipped_config_is_clean():
     report = check(SHIPPED)
-    assert (report.errors, report.warnings, report.routes) == ([], [], 3)
+    assert (report.errors, report.warnings, report.routes) == ([], [], 7)
+    # Among them: a mint route, an honor route, and direct responses without metadata
+    # or the filter (the token endpoints), none of which is reported.
+    assert policy(SHIPPED, "prefill")["action"] == "mint"
+    assert policy(SHIPPED, "disaggregated")["action"] == "honor"
+    direct = [r for r in routes(SHIPPED) if "direct_response" in r]
+    assert len(direct) == 3
+    assert all("metadata" not in r and "typed_per_filter_config" in r for r in direct)
+
+
+@pytest.mark.parametrize("path", sorted(SHIPPED_DIR.glob("*.yaml")), ids=lambda p: p.name)
+def test_every_shipped_config_is_clean(path):
+    report = check(yaml.safe_load(path.read_text()))
+    assert (report.errors, report.warnings) == ([], [])
 
 
 def mutated(change):
@@ -50,25 +85,19 @@ def mutated(change):
         ),
         (lambda c: ext_proc(c)["request_attributes"].pop(0), "request_attributes lacks"),
         (
-            lambda c: routes(c)[0]["metadata"]["filter_metadata"]["ext_proc.token_policy"].update(
-                action="allow"
-            ),
+            lambda c: policy(c, "disaggregated").update(action="allow"),
             "ext_proc.token_policy.action",
         ),
         (
-            lambda c: routes(c)[0]["metadata"]["filter_metadata"]["ext_proc.token_policy"].update(
-                topolgy="aggregated"
-            ),
+            lambda c: policy(c, "disaggregated").update(topolgy="aggregated"),
             "allowed fields",
         ),
         (
-            lambda c: routes(c)[0]["metadata"]["filter_metadata"]["ext_proc.token_policy"].update(
-                vocab_size=1.5
-            ),
+            lambda c: policy(c, "disaggregated").update(vocab_size=1.5),
             "vocab_size",
         ),
         (
-            lambda c: routes(c)[0].update(
+            lambda c: route(c, "aggregated").update(
                 typed_per_filter_config={
                     "envoy.filters.http.ext_proc": {
                         "@type": "type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3."
@@ -80,6 +109,59 @@ def mutated(change):
             "fails open",
         ),
         (lambda c: hcm(c)["http_filters"].pop(0), "no ext_proc filter"),
+        (lambda c: hcm(c)["http_filters"][0].update(disabled=True), "runs only where a route"),
+        # A mint route whose response the processor never sees signs nothing.
+        (
+            lambda c: route(c, "prefill").pop("typed_per_filter_config"),
+            "response is not processed",
+        ),
+        (lambda c: mint_mode(c).update(response_body_mode="NONE"), "response is not processed"),
+        (
+            lambda c: mint_mode(c).update(response_body_mode="STREAMED"),
+            "response is not processed",
+        ),
+        (lambda c: mint_mode(c).pop("response_header_mode"), "response is not processed"),
+        (
+            lambda c: route(c, "prefill").update(typed_per_filter_config=per_route(disabled=True)),
+            "response is not processed",
+        ),
+        # The override replaces the filter's whole mode: its request side is checked too.
+        (lambda c: mint_mode(c).pop("request_body_mode"), "request_body_mode NONE"),
+        # Overrides that fail open, wherever they sit.
+        (
+            lambda c: route(c, "prefill")["typed_per_filter_config"]["envoy.filters.http.ext_proc"][
+                "overrides"
+            ].update(failure_mode_allow=True),
+            "fails open",
+        ),
+        (
+            lambda c: hcm(c)["route_config"]["virtual_hosts"][0].update(
+                typed_per_filter_config=per_route(overrides={"failure_mode_allow": True})
+            ),
+            "virtual_host vllm: envoy.filters.http.ext_proc overrides.failure_mode_allow",
+        ),
+        (
+            lambda c: hcm(c)["route_config"].update(
+                typed_per_filter_config=per_route(overrides={"failure_mode_allow": True})
+            ),
+            "route_config: envoy.filters.http.ext_proc overrides.failure_mode_allow",
+        ),
+        (
+            lambda c: route(c, "aggregated")["route"].update(
+                weighted_clusters={
+                    "clusters": [
+                        {
+                            "name": "aggregated",
+                            "weight": 1,
+                            "typed_per_filter_config": per_route(
+                                overrides={"failure_mode_allow": True}
+                            ),
+                        }
+                    ]
+                }
+            ),
+            "aggregated: envoy.filters.http.ext_proc overrides.failure_mode_allow",
+        ),
     ],
 )
 def test_problems_are_errors(change, text):
@@ -89,8 +171,8 @@ def test_problems_are_errors(change, text):
 
 def test_route_without_metadata_and_disabled_filter_are_warnings():
     def change(config):
-        del routes(config)[0]["metadata"]
-        routes(config)[1]["typed_per_filter_config"] = {
+        del route(config, "disaggregated")["metadata"]
+        route(config, "aggregated")["typed_per_filter_config"] = {
             "envoy.filters.http.ext_proc": {
                 "@type": "type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3."
                 "ExtProcPerRoute",
@@ -101,3 +183,61 @@ def test_route_without_metadata_and_disabled_filter_are_warnings():
     report = mutated(change)
     assert report.errors == []
     assert len(report.warnings) == 2
+
+
+def warnings_of(change):
+    report = mutated(change)
+    assert report.errors == []
+    return report.warnings
+
+
+def test_honor_route_trusting_any_caller_is_a_warning():
+    (warning,) = warnings_of(lambda c: policy(c, "disaggregated").update(trust_any_caller=True))
+    assert "route vllm/disaggregated: trust_any_caller honors ids from any caller" in warning
+    assert "only for routes nothing untrusted can reach" in warning
+
+
+def test_honor_route_without_vocab_size_is_a_warning():
+    (warning,) = warnings_of(lambda c: policy(c, "disaggregated").pop("vocab_size"))
+    assert "route vllm/disaggregated: honor without vocab_size" in warning
+    # A mint route needs none: what it honors is only what honor routes check again.
+    assert warnings_of(lambda c: policy(c, "prefill").pop("vocab_size")) == []
+
+
+def test_mint_route_may_take_the_response_mode_from_the_filter():
+    def change(config):
+        route(config, "prefill").pop("typed_per_filter_config")
+        ext_proc(config)["processing_mode"].update(
+            response_header_mode="SEND", response_body_mode="BUFFERED"
+        )
+
+    assert warnings_of(change) == []
+
+
+def test_mint_route_may_take_the_response_mode_from_its_virtual_host():
+    def change(config):
+        overrides = route(config, "prefill").pop("typed_per_filter_config")
+        hcm(config)["route_config"]["virtual_hosts"][0]["typed_per_filter_config"] = overrides
+
+    assert warnings_of(change) == []
+
+
+def test_a_route_disabling_the_filter_wins_over_its_virtual_host():
+    def change(config):
+        overrides = route(config, "prefill")["typed_per_filter_config"]
+        hcm(config)["route_config"]["virtual_hosts"][0]["typed_per_filter_config"] = overrides
+        route(config, "prefill")["typed_per_filter_config"] = per_route(disabled=True)
+
+    report = mutated(change)
+    assert any("prefill: action mint but the response is not processed" in e for e in report.errors)
+
+
+def test_a_forwarding_route_is_reported_where_a_direct_response_is_not():
+    def change(config):
+        token_route = route(config, "token-endpoint-render")
+        token_route["route"] = {"cluster": "aggregated"}
+        del token_route["direct_response"]
+
+    warnings = warnings_of(change)
+    assert len(warnings) == 2
+    assert all("token-endpoint-render" in w for w in warnings)
