@@ -52,12 +52,28 @@ def extra_routes() -> list[dict[str, Any]]:
     """Test-only routes placed before the shipped routes."""
     return [
         route("deny", "/deny/v1/", {"topology": "aggregated", "action": "deny"}),
-        route("vocab", "/vocab/v1/", {"topology": "disaggregated", "vocab_size": 1000}),
+        # Honor routes that trust any caller (docs/trust.md), so a client's ids are
+        # validated and honored as they are for proven or peer-sent ones.
+        route("trusted", "/trusted/v1/", {"topology": "disaggregated", "trust_any_caller": True}),
+        route(
+            "vocab",
+            "/vocab/v1/",
+            {"topology": "disaggregated", "vocab_size": 1000, "trust_any_caller": True},
+        ),
+        # Stripping only the policed keys, the client's other keys kept in place.
+        route("keep", "/keep/v1/", {"action": "strip", "keep_other_keys": True}),
         route("bad-action", "/bad-action/v1/", {"action": "allow"}),
         route("bad-field", "/bad-field/v1/", {"topolgy": "aggregated"}),
         route("bad-type", "/bad-type/v1/", {"max_ids": {"n": 1}}),
         route(
-            "audit", "/audit/v1/", {"topology": "disaggregated", "vocab_size": 10, "audit": True}
+            "audit",
+            "/audit/v1/",
+            {
+                "topology": "disaggregated",
+                "vocab_size": 10,
+                "audit": True,
+                "trust_any_caller": True,
+            },
         ),
         {
             "name": "h2-upstream",
