@@ -18,12 +18,12 @@ import pytest
 import yaml
 
 from devstack import processes
-from ext_proc import envoygen, route_policy
+from ext_proc import check_envoy, envoygen, route_policy
 from ext_proc.attributes import attribute_keys
 from ext_proc.config import Config
 from ext_proc.route_policy import Action, RoutePolicy, Topology
 from tests.e2e import gateway_assembly
-from tests.e2e.stack import Stack
+from tests.e2e.stack import Stack, new_key
 from tests.filters import assert_fails_closed
 
 REPO = Path(__file__).resolve().parents[2]
@@ -35,6 +35,9 @@ MANIFESTS = sorted(DEPLOY.rglob("*.yaml"))
 KUBE_VERSION = "1.31.0"
 KUBECTL = shutil.which("kubectl")
 NAMESPACE = "ext_proc.token_policy"
+PROOF_KEYS = "/etc/ext-proc/proof-keys"
+PER_ROUTE = "type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExtProcPerRoute"
+FILTER_CONFIG = "type.googleapis.com/envoy.config.route.v3.FilterConfig"
 
 
 def documents(path: Path) -> list[dict[str, Any]]:
@@ -186,6 +189,38 @@ def test_configmap_is_a_valid_processor_config():
     assert config.listen == "0.0.0.0:50051"
     assert config.route_metadata_namespace == NAMESPACE
     assert config.max_body_bytes == 16 * 1024 * 1024
+    # Signing keys from the mounted Secret, one file per key id.
+    assert [key.id for key in config.proof.keys] == ["k1"]
+    assert {key.file for key in config.proof.keys} == {f"{PROOF_KEYS}/k1"}
+    assert config.proof.ttl_seconds == 60
+
+
+def test_check_config_accepts_the_configmap(tmp_path, capsys):
+    from ext_proc.__main__ import main  # noqa: PLC0415 - the command line, as operators run it
+
+    path = tmp_path / "config.yaml"
+    path.write_text(one("ConfigMap")["data"]["config.yaml"])
+    assert main(["check-config", str(path)]) == 0
+    assert capsys.readouterr().out == f"{path}: OK\n"
+
+
+def test_proof_keys_come_from_a_secret_mounted_read_only():
+    pod = one("Deployment")["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    (mount,) = [m for m in container["volumeMounts"] if m["mountPath"] == PROOF_KEYS]
+    assert mount["readOnly"] is True
+    assert "subPath" not in mount  # a subPath mount never sees the Secret change
+    (volume,) = [v for v in pod["volumes"] if v["name"] == mount["name"]]
+    secret = volume["secret"]
+    assert secret["secretName"] == "ext-proc-proof-keys"
+    assert secret.get("optional", False) is False  # no keys, no start
+    # Readable by the owner (root) and the pod's fsGroup only; the process runs in it.
+    assert secret["defaultMode"] == 0o440
+    assert pod["securityContext"]["fsGroup"] == pod["securityContext"]["runAsGroup"]
+    # The key is not shipped: no Secret among the objects.
+    assert "Secret" not in {doc["kind"] for _, doc in kube_objects()}
+    kustomization = (KUBE / "kustomization.yaml").read_text()
+    assert "create secret generic ext-proc-proof-keys" in kustomization
 
 
 def test_deployment():
@@ -301,38 +336,41 @@ def chat(params: dict[str, Any]) -> dict[str, Any]:
 def test_generated_config_runs_end_to_end(tmp_path):
     generated = tmp_path / "generated.yaml"
     assert envoygen.main([str(DEPLOY / "envoy-config.example.yaml"), "-o", str(generated)]) == 0
-    stack = Stack(tmp_path, source=generated, routes=[]).start()
+    stack = Stack(tmp_path, source=generated, routes=[], proof_keys={"k1": new_key()}).start()
     try:
         with httpx.Client(timeout=20) as client:
-            reply = client.post(
-                stack.url + "/v1/chat/completions",
-                json=chat({"prompt_token_ids": [1, 2, 3], "remote_port": 9}),
-            )
+            # A client's own parameters are removed whole, on every route.
+            for path in ("/v1/chat/completions", "/pd/v1/chat/completions"):
+                reply = client.post(
+                    stack.url + path, json=chat({"prompt_token_ids": [1, 2, 3], "remote_port": 9})
+                )
+                assert reply.status_code == 200, reply.text
+                (received,) = stack.received()
+                assert received.target == "/v1/chat/completions"
+                assert "kv_transfer_params" not in json.loads(received.body)
+                stack.clear()
+
+            # The hand-off: signed on the prefill route, honored on the decode route.
+            prefill = {**chat({}), "max_tokens": 1, "return_token_ids": True}
+            del prefill["kv_transfer_params"]
+            reply = client.post(stack.url + "/pd/prefill/v1/chat/completions", json=prefill)
+            assert reply.status_code == 200, reply.text
+            params = reply.json()["kv_transfer_params"]
+            assert params["token_policy_proof"].startswith("tp1.k1.")
+            stack.clear()
+            reply = client.post(stack.url + "/pd/v1/chat/completions", json=chat(params))
             assert reply.status_code == 200, reply.text
             (received,) = stack.received()
-            assert received.target == "/v1/chat/completions"
-            assert json.loads(received.body)["kv_transfer_params"] == {"remote_port": 9}
+            honored = {k: v for k, v in params.items() if k != "token_policy_proof"}
+            assert json.loads(received.body)["kv_transfer_params"] == honored
             stack.clear()
 
-            body = json.dumps(chat({"prompt_token_ids": [1, 2, 3]})).encode()
-            reply = client.post(
-                stack.url + "/pd/v1/chat/completions",
-                content=body,
-                headers={"content-type": "application/json"},
-            )
+            # Ids changed after signing: the proof no longer matches, the parameters go.
+            forged = {**params, "prompt_token_ids": [1, True, -3]}
+            reply = client.post(stack.url + "/pd/v1/chat/completions", json=chat(forged))
             assert reply.status_code == 200, reply.text
             (received,) = stack.received()
-            assert received.target == "/v1/chat/completions"
-            assert received.body == body  # honored: byte for byte
-            stack.clear()
-
-            reply = client.post(
-                stack.url + "/pd/v1/chat/completions",
-                json=chat({"prompt_token_ids": [1, True, -3]}),
-            )
-            assert reply.status_code == 400
-            assert reply.json()["error"]["type"]
-            assert stack.received() == []
+            assert "kv_transfer_params" not in json.loads(received.body)
     finally:
         stack.stop()
 
@@ -368,9 +406,43 @@ def test_istio_routes_get_policy_and_buffer_limit():
     policies = {r["name"]: policy_from(r["metadata"]["filter_metadata"][NAMESPACE]) for r in routes}
     assert policies == {
         "llm-d.llama-pd.0": RoutePolicy(Topology.DISAGGREGATED, Action.HONOR, 128256, 131072),
+        "llm-d.llama-pd.1": RoutePolicy(Topology.DISAGGREGATED, Action.MINT, 128256, 131072),
         "llm-d.llama.0": RoutePolicy(Topology.AGGREGATED, Action.STRIP),
     }
     assert {r["request_body_buffer_limit"] for r in routes} == {16 * 1024 * 1024}
+    by_name = {r["name"]: r for r in routes}
+    # Only the prefill (mint) route sends the response to the processor.
+    (filter_name,) = [
+        p["patch"]["value"]["name"]
+        for p in istio_filter()["spec"]["configPatches"]
+        if p["applyTo"] == "HTTP_FILTER"
+    ]
+    (override,) = by_name["llm-d.llama-pd.1"]["typed_per_filter_config"].values()
+    assert_sends_the_response(override, filter_name, by_name["llm-d.llama-pd.1"])
+    for name in ("llm-d.llama-pd.0", "llm-d.llama.0"):
+        assert "typed_per_filter_config" not in by_name[name]
+
+
+def assert_sends_the_response(override: dict[str, Any], name: str, route: dict[str, Any]) -> None:
+    """``override`` is the mint route's ExtProcPerRoute for filter ``name``: response
+    headers and the buffered response body go to the processor, the request as before."""
+    assert route["typed_per_filter_config"] == {name: route["typed_per_filter_config"][name]}
+    assert override["@type"] == PER_ROUTE
+    mode = override["overrides"]["processing_mode"]
+    assert mode == {
+        "request_header_mode": "SEND",
+        "response_header_mode": "SEND",
+        "request_body_mode": "BUFFERED",
+        "response_body_mode": "BUFFERED",
+        "request_trailer_mode": "SEND",
+        "response_trailer_mode": "SKIP",
+    }
+    assert "failure_mode_allow" not in override["overrides"]
+
+
+def test_istio_envoy_config_passes_check_envoy():
+    report = check_envoy.check(gateway_assembly.istio_bootstrap(istio_filter()))
+    assert (report.errors, report.warnings, report.routes) == ([], [], 3)
 
 
 def test_istio_envoy_config_validates(tmp_path):
@@ -424,9 +496,13 @@ def test_envoy_gateway_patches_complete_the_filter():
     routes = hcm["typed_config"]["route_config"]["virtual_hosts"][0]["routes"]
     by_name = {r["name"]: r for r in routes}
     pd = by_name["httproute/llm-d/llama-pd/rule/0/match/0/*"]
+    prefill = by_name["httproute/llm-d/llama-pd/rule/1/match/0/*"]
     aggregated = by_name["httproute/llm-d/llama/rule/0/match/0/*"]
     assert policy_from(pd["metadata"]["filter_metadata"][NAMESPACE]) == RoutePolicy(
         Topology.DISAGGREGATED, Action.HONOR, 128256, 131072
+    )
+    assert policy_from(prefill["metadata"]["filter_metadata"][NAMESPACE]) == RoutePolicy(
+        Topology.DISAGGREGATED, Action.MINT, 128256, 131072
     )
     assert policy_from(aggregated["metadata"]["filter_metadata"][NAMESPACE]) == RoutePolicy(
         Topology.AGGREGATED, Action.STRIP
@@ -434,6 +510,17 @@ def test_envoy_gateway_patches_complete_the_filter():
     # Envoy Gateway's own metadata survives the patch.
     assert "envoy-gateway" in pd["metadata"]["filter_metadata"]
     assert {r["request_body_buffer_limit"] for r in routes} == {16 * 1024 * 1024}
+    # The filter stays enabled on every route (Envoy Gateway adds it disabled); only the
+    # prefill route also sends the response.
+    for route in routes:
+        (enabling,) = route["typed_per_filter_config"].values()
+        assert enabling["@type"] == FILTER_CONFIG
+        assert not enabling.get("disabled", False)
+    (enabling,) = prefill["typed_per_filter_config"].values()
+    assert_sends_the_response(enabling["config"], ext_proc["name"], prefill)
+    for route in (pd, aggregated):
+        (enabling,) = route["typed_per_filter_config"].values()
+        assert enabling["config"] == {}
 
 
 def test_envoy_gateway_patch_with_a_wrong_name_is_caught():
