@@ -1,14 +1,24 @@
+import copy
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+import yaml
 
-from devstack import processes
+from devstack import envoy_config, processes
 from ext_proc.address import HostPort
 from tests.conformance import results, vllm_env
-from tests.e2e.stack import Stack, route
+from tests.e2e.stack import Stack, new_key, route
 
 VOCAB = vllm_env.TINY_VOCAB_SIZE
+# The gateway's signing key id (docs/trust.md): mint routes sign with it.
+KEY_ID = "conformance"
+# Test routes, each rewritten to vLLM's /v1/.
+DENY = "/deny"  # aggregated, action deny
+DECODE = "/pdv"  # the decode leg: honor, the tiny vocabulary; a client's ids untrusted
+ANY_CALLER = "/pdany"  # honor from any caller (trust_any_caller): the ids only validated
+MINT = "/mint"  # the prefill leg: mint, the response signed
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -26,14 +36,34 @@ def vllm() -> Iterator[str]:
         yield base_url
 
 
+def mint_route(name: str, prefix: str, policy: dict[str, Any]) -> dict[str, Any]:
+    """A mint route: the shipped prefill route's filter override (response headers and
+    the buffered response body sent to the processor), so the response can be signed."""
+    shipped = yaml.safe_load(envoy_config.SHIPPED.read_text())
+    hcm = shipped["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]
+    (vhost,) = hcm["typed_config"]["route_config"]["virtual_hosts"]
+    (prefill,) = [r for r in vhost["routes"] if r.get("name") == "prefill"]
+    mint = route(name, prefix, policy)
+    mint["typed_per_filter_config"] = copy.deepcopy(prefill["typed_per_filter_config"])
+    return mint
+
+
 @pytest.fixture(scope="session")
 def gateway(vllm: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     address = HostPort.parse(vllm.removeprefix("http://"))
+    decode = {"topology": "disaggregated", "action": "honor", "vocab_size": VOCAB}
     routes = [
-        route("deny", "/deny/v1/", {"topology": "aggregated", "action": "deny"}),
-        route("pd-vocab", "/pdv/v1/", {"topology": "disaggregated", "vocab_size": VOCAB}),
+        route("deny", f"{DENY}/v1/", {"topology": "aggregated", "action": "deny"}),
+        route("pd-vocab", f"{DECODE}/v1/", decode),
+        route("pd-any-caller", f"{ANY_CALLER}/v1/", {**decode, "trust_any_caller": True}),
+        mint_route("mint", f"{MINT}/v1/", {**decode, "action": "mint"}),
     ]
-    stack = Stack(tmp_path_factory.mktemp("vllm-stack"), routes=routes, real_upstream=address)
+    stack = Stack(
+        tmp_path_factory.mktemp("vllm-stack"),
+        routes=routes,
+        real_upstream=address,
+        proof_keys={KEY_ID: new_key()},
+    )
     stack.start()
     try:
         yield stack

@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.conformance.conftest import VOCAB
+from tests.conformance.conftest import ANY_CALLER, DENY, VOCAB
 from tests.conformance.results import record
 
 IDS = [5, 6, 7, 8, 9, 10, 11]
@@ -115,18 +115,30 @@ def test_aggregated_strip_runs_the_templated_prompt(gateway, baselines, endpoint
 @pytest.mark.parametrize("endpoint", ENDPOINTS)
 def test_aggregated_deny_answers_400(gateway, endpoint):
     path, make = ENDPOINTS[endpoint]
-    reply = post(gateway.url, "/deny" + path, make(kv_transfer_params={"prompt_token_ids": IDS}))
+    reply = post(gateway.url, DENY + path, make(kv_transfer_params={"prompt_token_ids": IDS}))
     record("gateway deny route, 7 ids", endpoint, reply.status_code)
     assert reply.status_code == 400
     assert reply.json()["error"]["param"] == "kv_transfer_params.prompt_token_ids"
 
 
 @pytest.mark.parametrize("endpoint", ENDPOINTS)
-def test_disaggregated_honors_well_formed_ids(gateway, endpoint):
+def test_disaggregated_strips_a_clients_unproven_ids(gateway, baselines, endpoint):
+    # The shipped decode route honors only what the deployment minted (docs/trust.md):
+    # a client's own ids, P/D keys and all, are removed before vLLM reads them.
     path, make = ENDPOINTS[endpoint]
     body = make(kv_transfer_params={"prompt_token_ids": IDS, **PD_KEYS})
     count = prompt_count(post(gateway.url, "/pd" + path, body))
-    record("gateway /pd honor, 7 ids + P/D keys", endpoint, count)
+    record("gateway /pd honor, 7 unproven ids + P/D keys", endpoint, count)
+    assert count == baselines[endpoint]
+
+
+@pytest.mark.parametrize("endpoint", ENDPOINTS)
+def test_trust_any_caller_honors_well_formed_ids(gateway, endpoint):
+    # The gateway's validation passes what vLLM's reuse path takes, on every endpoint.
+    path, make = ENDPOINTS[endpoint]
+    body = make(kv_transfer_params={"prompt_token_ids": IDS, **PD_KEYS})
+    count = prompt_count(post(gateway.url, ANY_CALLER + path, body))
+    record("gateway honor, trust_any_caller, 7 ids + P/D keys", endpoint, count)
     assert count == len(IDS)
 
 
@@ -141,11 +153,13 @@ def test_disaggregated_honors_well_formed_ids(gateway, endpoint):
     ],
 )
 @pytest.mark.parametrize("endpoint", ["chat", "responses", "messages"])
-def test_disaggregated_denies_malformed_ids_before_vllm(gateway, vllm, endpoint, ids, label):
+def test_trusted_malformed_ids_are_denied_before_vllm(gateway, vllm, endpoint, ids, label):
+    # Trusted ids are validated at least as strictly as vLLM does (the answer is the
+    # gateway's own 400, in vLLM's shape).
     path, make = ENDPOINTS[endpoint]
     body = make(kv_transfer_params={"prompt_token_ids": ids})
-    reply = post(gateway.url, "/pdv" + path, body)
-    record(f"gateway /pd with vocab, {label}", endpoint, reply.status_code)
+    reply = post(gateway.url, ANY_CALLER + path, body)
+    record(f"gateway trust_any_caller + vocab, {label}", endpoint, reply.status_code)
     assert reply.status_code == 400
     error = reply.json()["error"]
     assert error["param"] == "kv_transfer_params.prompt_token_ids"
