@@ -28,6 +28,7 @@ from ext_proc.route_policy import DEFAULT_NAMESPACE, FIELDS, Action, RoutePolicy
 
 EXT_PROC = "type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor"
 PER_ROUTE = "type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExtProcPerRoute"
+FILTER_CONFIG = "type.googleapis.com/envoy.config.route.v3.FilterConfig"
 HCM = (
     "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3."
     "HttpConnectionManager"
@@ -91,11 +92,19 @@ def _check_filter(where: str, entry: dict[str, Any], namespace: str, report: Rep
 
 
 def _per_route(configs: Any) -> Iterator[tuple[str, dict[str, Any]]]:
-    """The ext_proc per-route configurations in a ``typed_per_filter_config``."""
-    if isinstance(configs, dict):
-        for name, config in configs.items():
-            if isinstance(config, dict) and config.get("@type") == PER_ROUTE:
-                yield name, config
+    """The ext_proc per-route configurations in a ``typed_per_filter_config``, also
+    inside a ``FilterConfig`` wrapper (whose own ``disabled`` counts as the filter's)."""
+    if not isinstance(configs, dict):
+        return
+    for name, given in configs.items():
+        config = given
+        if isinstance(given, dict) and given.get("@type") == FILTER_CONFIG:
+            if given.get("disabled"):
+                yield name, {"@type": PER_ROUTE, "disabled": True}
+                continue
+            config = given.get("config", {})
+        if isinstance(config, dict) and config.get("@type") == PER_ROUTE:
+            yield name, config
 
 
 def _check_override(

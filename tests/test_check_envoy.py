@@ -127,7 +127,31 @@ def mutated(change):
         ),
         # The override replaces the filter's whole mode: its request side is checked too.
         (lambda c: mint_mode(c).pop("request_body_mode"), "request_body_mode NONE"),
-        # Overrides that fail open, wherever they sit.
+        # Overrides that fail open, wherever they sit, also inside a FilterConfig.
+        (
+            lambda c: route(c, "aggregated").update(
+                typed_per_filter_config={
+                    "envoy.filters.http.ext_proc": {
+                        "@type": "type.googleapis.com/envoy.config.route.v3.FilterConfig",
+                        "config": per_route(overrides={"failure_mode_allow": True})[
+                            "envoy.filters.http.ext_proc"
+                        ],
+                    }
+                }
+            ),
+            "aggregated: envoy.filters.http.ext_proc overrides.failure_mode_allow",
+        ),
+        (
+            lambda c: route(c, "prefill").update(
+                typed_per_filter_config={
+                    "envoy.filters.http.ext_proc": {
+                        "@type": "type.googleapis.com/envoy.config.route.v3.FilterConfig",
+                        "disabled": True,
+                    }
+                }
+            ),
+            "response is not processed",
+        ),
         (
             lambda c: route(c, "prefill")["typed_per_filter_config"]["envoy.filters.http.ext_proc"][
                 "overrides"
