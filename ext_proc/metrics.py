@@ -29,7 +29,7 @@ class Metrics:
         self.registry = registry if registry is not None else CollectorRegistry()
         self.decisions = Counter(
             "ext_proc_decisions",
-            "Policy decisions by route, action (allow, strip, deny), reason and mode "
+            "Policy decisions by route, action (allow, strip, honor, deny, mint), reason and mode "
             "(enforce, audit).",
             ["route", "action", "reason", "mode"],
             registry=self.registry,

@@ -164,7 +164,7 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc
         """Count every outcome; log the ones with ids (never the ids, never any text)."""
         decision = outcome.decision
         self.metrics.decided(outcome.route, decision.action, decision.reason, outcome.mode)
-        if outcome.body_size:
+        if outcome.body_size and outcome.phase == "request":
             self.metrics.observe_body(outcome.route, outcome.body_size)
         if isinstance(decision, policy.Allow) and decision.id_count == 0:
             return
@@ -177,5 +177,6 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc
                 "reason": decision.reason,
                 "id_count": decision.id_count,
                 "mode": outcome.mode,
+                "phase": outcome.phase,
             },
         )
