@@ -368,7 +368,7 @@ def local_reply_config() -> hcm.LocalReplyConfig:
         ),
         (408, "the request was not received in time", "RequestTimeoutError"),
         # The token endpoints' direct responses (token_endpoint_routes), and a path no
-        # route matches.
+        # route matches; an upstream's own 404 is no local reply and passes unchanged.
         (404, "not found", "NotFoundError"),
     )
     mappers = [
@@ -520,7 +520,8 @@ INVARIANTS: Final = """\
 # (processor down or slow -> 5xx, nothing forwarded); request_body_mode BUFFERED or
 # FULL_DUPLEX_STREAMED (the processor sees the whole body before the upstream sees any
 # of it); every CEL attribute in request_attributes (unknown metadata fields fail
-# closed); allow_content_length_header unset.
+# closed); allow_content_length_header unset; a mint route's per-route override changes
+# the processing mode only (its response goes to the processor), never failure_mode_allow.
 """
 
 
