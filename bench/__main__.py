@@ -38,7 +38,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--warmup", type=int, help="warm-up seconds per cell (full 2, smoke 0)")
     sizes, decisions = tuple(bodies.SIZES), bodies.DECISIONS
     parser.add_argument("--bodies", type=_list(str, sizes), help="e.g. 2k,64k,1m")
-    parser.add_argument("--decisions", type=_list(str, decisions), help="e.g. allow,strip")
+    parser.add_argument("--decisions", type=_list(str, decisions), help="e.g. honor,honor-proven")
     parser.add_argument("--concurrency", type=_list(int), help="e.g. 1,8,32")
     parser.add_argument(
         "--workers", type=_list(int), default=run.WORKERS, help="service worker counts"
@@ -56,7 +56,8 @@ def _parser() -> argparse.ArgumentParser:
         "--scenario",
         action="append",
         metavar="BODY,DECISION,CONCURRENCY",
-        help="e.g. 2k,strip,8 (repeatable; default 2k,strip,8 1m,allow,1 1m,deny,1)",
+        help="e.g. 2k,strip,8 (repeatable; default 2k,strip,8 1m,honor,1 "
+        "1m,honor-proven,1 1m,deny,1)",
     )
     return parser
 

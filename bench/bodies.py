@@ -1,12 +1,19 @@
 """The request bodies of the matrix: size x decision, built deterministically.
 
 Sizes are exact byte counts (2 KiB, 64 KiB, 1 MiB), reached by padding a user message.
+Ids are carried at each size as a decode request would (at 1 MiB the routes' max_ids,
+128k):
 
-- ``allow``: on the aggregated route ``/v1/`` a chat request without ids; at 1 MiB the
-  decode request of a disaggregated deployment instead: 131072 (128k) valid ids on
-  ``/pd/v1/``, honored by the service, so the body passes unchanged.
-- ``strip``: the same ids on ``/v1/``; the service removes them and rewrites the body.
-- ``deny``: the ids on ``/pd/v1/`` with a ``true`` in the middle; the service answers 400.
+- ``allow``: a chat request without ids on the aggregated route ``/v1/``.
+- ``strip``: the ids on ``/v1/``; the service removes them and rewrites the body.
+- ``deny``: the ids with a ``true`` in the middle on ``/pd-any/v1/``, a route that
+  honors any caller's ids once validated (``trust_any_caller``); the service answers 400.
+- ``honor``: the valid ids on ``/pd-any/v1/``: validated and forwarded unchanged (the
+  unproven honor, what a route reachable only by trusted components does).
+- ``honor-proven``: the valid ids on the shipped decode route ``/pd/v1/`` with the proof
+  the gateway mints on the prefill leg (bench/proofs.py): the proof verified (HMAC over
+  the parameters, the prompt digest), the ids validated, the proof removed (body
+  rewritten).
 
 The direct and naive arrangements do not look at bodies: every body reaches the upstream.
 """
@@ -18,14 +25,26 @@ import random
 from dataclasses import dataclass
 from typing import Any
 
+from bench import proofs
+
 SIZES = {"2k": 2 * 1024, "64k": 64 * 1024, "1m": 1024 * 1024}
-DECISIONS = ("allow", "strip", "deny")
+DECISIONS = ("allow", "strip", "deny", "honor", "honor-proven")
 AGGREGATED = "/v1/chat/completions"
 DISAGGREGATED = "/pd/v1/chat/completions"
+ANY_CALLER_ROUTE = "/pd-any/v1/"  # bench/stack.py adds the route
+ANY_CALLER = ANY_CALLER_ROUTE + "chat/completions"
 # Ids carried at each size: a decode request at 1 MiB carries the route's max_ids.
 ID_COUNTS = {"2k": 200, "64k": 8000, "1m": 131072}
 VOCAB = 128256
 SEED = 6
+# Why the service decides as each body intends (ext_proc/policy.py's reasons).
+REASONS = {
+    "allow": "no_transfer_params",
+    "strip": "stripped_by_policy",
+    "deny": "ids_malformed",
+    "honor": "trusted_any_caller",
+    "honor-proven": "trusted_proof",
+}
 
 
 @dataclass(frozen=True)
@@ -40,8 +59,13 @@ class Body:
         """What the client should see: the service denies, everything else forwards."""
         return 400 if polices and self.decision == "deny" else 200
 
+    @property
+    def expected_reason(self) -> str:
+        """The reason of the service's decision (its metrics), proof of what it did."""
+        return REASONS[self.decision]
 
-def _document(ids: list[Any] | None, pad: int) -> dict[str, Any]:
+
+def _document(ids: list[Any] | None, pad: int, proven: bool) -> dict[str, Any]:
     doc: dict[str, Any] = {
         "model": "m",
         "messages": [
@@ -56,6 +80,10 @@ def _document(ids: list[Any] | None, pad: int) -> dict[str, Any]:
             "do_remote_prefill": False,
             "remote_engine_id": "prefill-0",
         }
+        if proven:
+            # Signed for this very document: the length of a proof does not depend on
+            # what it signs, so the padding computed before signing stays exact.
+            doc["kv_transfer_params"]["token_policy_proof"] = proofs.sign(doc)
     return doc
 
 
@@ -63,12 +91,12 @@ def _encode(doc: dict[str, Any]) -> bytes:
     return json.dumps(doc, separators=(",", ":")).encode()
 
 
-def _exact(ids: list[Any] | None, size: int) -> bytes:
+def _exact(ids: list[Any] | None, size: int, proven: bool = False) -> bytes:
     """The document padded so that its encoding is exactly ``size`` bytes."""
-    bare = len(_encode(_document(ids, 0)))
+    bare = len(_encode(_document(ids, 0, proven)))
     if bare > size:
         raise ValueError(f"{len(ids or [])} ids do not fit in {size} bytes")
-    data = _encode(_document(ids, size - bare))
+    data = _encode(_document(ids, size - bare, proven))
     assert len(data) == size
     return data
 
@@ -79,11 +107,13 @@ def build(size: str, decision: str) -> Body:
     rng = random.Random(f"{SEED}-{size}")  # noqa: S311 - reproducible data, not secrets
     count = ID_COUNTS[size]
     ids: list[Any] = [rng.randrange(VOCAB) for _ in range(count)]
-    if decision == "allow" and size != "1m":
-        return Body(size, decision, AGGREGATED, _exact(None, SIZES[size]), 0)
     if decision == "allow":
-        return Body(size, decision, DISAGGREGATED, _exact(ids, SIZES[size]), count)
+        return Body(size, decision, AGGREGATED, _exact(None, SIZES[size]), 0)
     if decision == "strip":
         return Body(size, decision, AGGREGATED, _exact(ids, SIZES[size]), count)
+    if decision == "honor":
+        return Body(size, decision, ANY_CALLER, _exact(ids, SIZES[size]), count)
+    if decision == "honor-proven":
+        return Body(size, decision, DISAGGREGATED, _exact(ids, SIZES[size], True), count)
     ids[count // 2] = True
-    return Body(size, decision, DISAGGREGATED, _exact(ids, SIZES[size]), count)
+    return Body(size, decision, ANY_CALLER, _exact(ids, SIZES[size]), count)

@@ -24,7 +24,12 @@ from pathlib import Path
 
 from bench import bodies, cpu, load, stack, tools
 
-DEFAULT_SCENARIOS = (("2k", "strip", 8), ("1m", "allow", 1), ("1m", "deny", 1))
+DEFAULT_SCENARIOS = (
+    ("2k", "strip", 8),
+    ("1m", "honor", 1),
+    ("1m", "honor-proven", 1),
+    ("1m", "deny", 1),
+)
 _IDLE = re.compile(r"(^|\.)select \(selectors\.py|epoll_wait|^poll \(")
 _FRAME = re.compile(r"^(?P<func>.*) \((?P<file>[^()]*?)(?::\d+)?\)$")
 

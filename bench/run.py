@@ -9,6 +9,7 @@ import platform
 import shutil
 import sys
 import tempfile
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,7 +22,8 @@ SMOKE_CELLS = (
     ("2k", "strip", 1),
     ("2k", "deny", 1),
     ("2k", "allow", 32),
-    ("1m", "allow", 1),
+    ("1m", "honor", 1),
+    ("1m", "honor-proven", 1),
 )
 CONCURRENCY = (1, 8, 32)
 WORKERS = (1, 2)
@@ -108,6 +110,14 @@ def _pids(bench: stack.BenchStack, name: str) -> dict[str, int]:
     return pids
 
 
+def _decided(before: Counter[str] | None, after: Counter[str] | None) -> str | None:
+    """The reason of the one decision taken between two readings of the service's
+    counts (None: not a service; several reasons joined when there were more)."""
+    if before is None or after is None:
+        return None
+    return ",".join(sorted((after - before).elements())) or "no decision"
+
+
 def _measure(
     bench: stack.BenchStack,
     plan: Plan,
@@ -125,7 +135,9 @@ def _measure(
             running = bench.running[name]
             url = running.url(body.path)
             expected = body.expected_status(running.arrangement.polices)
+            before_probe = running.decisions()
             status = stack.probe(running.gateway, body.path, body.data)
+            decided = _decided(before_probe, running.decisions())
             if plan.warmup:
                 load.run(
                     wrk,
@@ -153,6 +165,7 @@ def _measure(
             }
             wrong = result.requests - result.non_2xx if expected >= 400 else result.non_2xx
             ok = status == expected and wrong == 0 and result.socket_errors == 0
+            ok = ok and decided in (None, body.expected_reason)
             records.append(
                 {
                     "body": cell.body,
@@ -164,13 +177,14 @@ def _measure(
                     "arrangement": name,
                     "expected_status": expected,
                     "probe_status": status,
+                    "probe_reason": decided,
                     "ok": ok,
                     **result.as_dict(),
                     **cpu_ms,
                 }
             )
             _log(
-                f"{cell.body:>3} {cell.decision:<5} c={cell.concurrency:<2} {name:<10} "
+                f"{cell.body:>3} {cell.decision:<12} c={cell.concurrency:<2} {name:<10} "
                 f"p50 {result.p50_ms:8.3f} ms  p99 {result.p99_ms:8.3f} ms  "
                 f"{result.rps:9.1f} req/s{'' if ok else '  (unexpected answers)'}"
             )

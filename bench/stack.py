@@ -7,26 +7,38 @@ Every arrangement gets its own Envoy (``--concurrency 1``) rendered from the shi
 - ``naive``: the rendered config pointing at ``bench.naive``;
 - ``service-wN``: the rendered config pointing at ``python -m ext_proc serve`` (with
   ``--workers N`` once the service has that option).
+
+Every config also has ``/pd-any/v1/``: the shipped decode route trusting any caller's
+ids (``trust_any_caller``), for the unproven honor and deny bodies; the service verifies
+the proven bodies of ``/pd/v1/`` with the benchmark's key (bench/proofs.py).
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
 import http.client
 import json
 import subprocess
 import sys
 import urllib.request
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
+
+from bench import bodies, proofs
 from devstack import envoy_config, processes
 from ext_proc.address import HostPort
 
 REPO = Path(__file__).resolve().parents[1]
 LOCAL = "127.0.0.1"
 EXT_PROC_FILTER = "envoy.filters.http.ext_proc"
+POLICY = "ext_proc.token_policy"
+DECODE_ROUTE = "disaggregated"  # the shipped /pd/v1/ route (honor)
 UPSTREAM_REPLY = b'{"id":"bench","object":"chat.completion","choices":[]}'
 
 
@@ -102,6 +114,8 @@ class Running:
     admin: HostPort
     processor: subprocess.Popen[bytes] | None = None
     envoy: subprocess.Popen[bytes] | None = None
+    # The service's metrics endpoint (None: not a service, or no --metrics-listen).
+    metrics: HostPort | None = None
 
     @property
     def envoy_pid(self) -> int:
@@ -111,6 +125,19 @@ class Running:
 
     def url(self, path: str) -> str:
         return f"http://{self.gateway}{path}"
+
+    def decisions(self) -> Counter[str] | None:
+        """The service's decision counts by reason so far (None: no metrics to read)."""
+        if self.metrics is None:
+            return None
+        with urllib.request.urlopen(f"http://{self.metrics}/metrics", timeout=5) as reply:
+            text = reply.read().decode()
+        counts: Counter[str] = Counter()
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name == "ext_proc_decisions_total":
+                    counts[sample.labels["reason"]] += int(sample.value)
+        return counts
 
     def stats(self) -> dict[str, int]:
         """Envoy's counters about the processor connection and the answers."""
@@ -181,7 +208,11 @@ class BenchStack:
                 args += ["--workers", str(arrangement.workers)]
             if "--metrics-listen" in self.serve_options:
                 # Each service its own metrics port: the default one is shared.
-                args += ["--metrics-listen", f"{LOCAL}:{processes.free_port()}"]
+                running.metrics = HostPort(LOCAL, processes.free_port())
+                args += ["--metrics-listen", str(running.metrics)]
+            config_path = self.workdir / f"{arrangement.name}-processor.yaml"
+            config_path.write_text(yaml.safe_dump(proofs.processor_config(self.workdir)))
+            args += ["--config", str(config_path)]
         else:
             args = []
         if args:
@@ -196,6 +227,7 @@ class BenchStack:
             disaggregated=self.upstream,
             source=envoy_config.SHIPPED.parent / arrangement.config,
         )
+        _add_any_caller_route(config)
         if arrangement.kind == "direct":
             _remove_ext_proc(config)
         path = envoy_config.write(config, self.workdir / f"{arrangement.name}-envoy.yaml")
@@ -227,9 +259,27 @@ class BenchStack:
         self._children.clear()
 
 
-def _remove_ext_proc(config: dict[str, Any]) -> None:
+def _hcm(config: dict[str, Any]) -> dict[str, Any]:
     (listener,) = config["static_resources"]["listeners"]
-    hcm = listener["filter_chains"][0]["filters"][0]["typed_config"]
+    hcm: dict[str, Any] = listener["filter_chains"][0]["filters"][0]["typed_config"]
+    return hcm
+
+
+def _add_any_caller_route(config: dict[str, Any]) -> None:
+    """``/pd-any/v1/``: a copy of the shipped decode route that honors any caller's ids
+    (the unproven honor), placed just before it."""
+    (vhost,) = _hcm(config)["route_config"]["virtual_hosts"]
+    routes: list[dict[str, Any]] = vhost["routes"]
+    index = next(i for i, r in enumerate(routes) if r.get("name") == DECODE_ROUTE)
+    extra = copy.deepcopy(routes[index])
+    extra["name"] = "disaggregated-any-caller"
+    extra["match"] = {"prefix": bodies.ANY_CALLER_ROUTE}
+    extra["metadata"]["filter_metadata"][POLICY]["trust_any_caller"] = True
+    routes.insert(index, extra)
+
+
+def _remove_ext_proc(config: dict[str, Any]) -> None:
+    hcm = _hcm(config)
     before = len(hcm["http_filters"])
     hcm["http_filters"] = [f for f in hcm["http_filters"] if f["name"] != EXT_PROC_FILTER]
     if len(hcm["http_filters"]) != before - 1:

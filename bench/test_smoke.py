@@ -44,12 +44,15 @@ def test_smoke_run_reports_every_arrangement(tmp_path: Path) -> None:
     assert cells, "no cell measured"
     assert measured == {(*cell, name) for cell in cells for name in names}
     assert all(c["requests"] > 0 for c in results["cells"])
+    # Every answer as the cell expects: 200, or the service's 400 for deny bodies.
+    assert [c for c in results["cells"] if not c["ok"]] == []
     assert {t["target"] for t in results["target_summary"]} == {1, 2, 3}
 
     markdown = (out / "results.md").read_text()
     for name in names:
         assert f"| {name} |" in markdown
-    for heading in ("## Targets", "## Added p50 latency per MiB of body", "## All cells"):
+    headings = ("## Targets", "## Proof verification", "## Added p50 latency per MiB of body")
+    for heading in (*headings, "## All cells"):
         assert heading in markdown
 
     for png in ("latency_vs_body.png", "throughput_vs_concurrency.png"):
