@@ -1,13 +1,12 @@
 """``check-envoy FILE``: check an Envoy configuration offline, before it protects anything.
 
 For every HTTP connection manager that runs the ext_proc filter: the filter fails
-closed, is not disabled by default, uses an inspectable body mode and requests every
-route-metadata attribute; every route's policy metadata is valid (the same validation the
+closed, uses an inspectable body mode and requests every route-metadata attribute; every route's policy metadata is valid (the same validation the
 processor applies at request time); no per-route override (route, virtual host, route
 configuration or weighted cluster) makes the filter fail open; a ``mint`` route sends the
 processor its response headers and buffered response body (docs/trust.md), or nothing is
-signed. Warnings: forwarding routes that disable the filter (their bodies are not
-inspected) or carry no policy metadata, and ``honor`` routes that trust any caller or
+signed. Warnings: forwarding routes where no ext_proc filter runs (disabled there, or
+disabled by default and not enabled there: their bodies are not inspected) or carry no policy metadata, and ``honor`` routes that trust any caller or
 have no ``vocab_size``. Routes that forward nothing (a direct response or a redirect)
 need neither metadata nor the filter.
 """
@@ -76,8 +75,6 @@ def _check_mode(where: str, mode: dict[str, Any], requested: set[str], report: R
 
 def _check_filter(where: str, entry: dict[str, Any], namespace: str, report: Report) -> None:
     config = entry["typed_config"]
-    if entry.get("disabled", False):
-        report.errors.append(f"{where}: disabled; it runs only where a route enables it")
     if config.get("failure_mode_allow", False):
         report.errors.append(f"{where}: failure_mode_allow must be false (fail closed)")
     if config.get("observability_mode", False):
@@ -103,6 +100,10 @@ def _per_route(configs: Any) -> Iterator[tuple[str, dict[str, Any]]]:
                 yield name, {"@type": PER_ROUTE, "disabled": True}
                 continue
             config = given.get("config", {})
+            if not isinstance(config, dict) or config.get("@type") != PER_ROUTE:
+                # An empty wrapper enables a filter that is disabled by default.
+                yield name, {"@type": PER_ROUTE}
+                continue
         if isinstance(config, dict) and config.get("@type") == PER_ROUTE:
             yield name, config
 
@@ -122,6 +123,17 @@ def _overrides_in(node: Any) -> Iterator[tuple[str, dict[str, Any]]]:
     """Every ext_proc per-route configuration under ``node`` (weighted clusters too)."""
     for mapping in _walk(node):
         yield from _per_route(mapping.get("typed_per_filter_config"))
+
+
+def _enabled(name: str, by_default: bool, levels: list[dict[str, Any]]) -> bool:
+    """Whether filter ``name`` runs on a route, as Envoy decides: the most specific
+    per-route configuration (any one enables a filter disabled by default), else the
+    filter's own ``disabled``."""
+    for level in levels:
+        config = dict(_per_route(level)).get(name)
+        if config is not None:
+            return not config.get("disabled")
+    return by_default
 
 
 def _responds(mode: dict[str, Any], levels: list[dict[str, Any]], name: str) -> bool:
@@ -166,6 +178,8 @@ class _Manager:
     requested: set[str]
     # ext_proc filters by name: their typed_config.
     filters: dict[str, dict[str, Any]]
+    # Filters that run unless a route says otherwise (HttpFilter.disabled false).
+    on_by_default: set[str]
 
 
 def _check_route(
@@ -183,9 +197,12 @@ def _check_route(
     if "route" not in route:
         return
     own = route.get("typed_per_filter_config", {})
-    for name, config in _per_route(own):
-        if config.get("disabled"):
-            report.warnings.append(f"{where}: {name} disabled; bodies are not inspected")
+    levels = [own, *outer]
+    running = [
+        name for name in manager.filters if _enabled(name, name in manager.on_by_default, levels)
+    ]
+    if not running:
+        report.warnings.append(f"{where}: no ext_proc filter runs here; bodies are not inspected")
     namespace = manager.namespace
     policy = route.get("metadata", {}).get("filter_metadata", {}).get(namespace)
     if policy is None:
@@ -200,10 +217,9 @@ def _check_route(
     except RoutePolicyError as exc:
         report.errors.append(f"{where}: {exc.message}")
         return
-    levels = [own, *outer]
     responds = any(
-        _responds(config.get("processing_mode", {}), levels, name)
-        for name, config in manager.filters.items()
+        _responds(manager.filters[name].get("processing_mode", {}), levels, name)
+        for name in running
     )
     _check_policy(where, parsed, responds, report)
 
@@ -231,6 +247,7 @@ def check(config: Any, namespace: str = DEFAULT_NAMESPACE) -> Report:
             namespace,
             requested,
             {str(f.get("name")): f["typed_config"] for f in ext_procs},
+            {str(f.get("name")) for f in ext_procs if not f.get("disabled", False)},
         )
         route_config = manager.get("route_config", {})
         top = route_config.get("typed_per_filter_config", {})
@@ -241,8 +258,6 @@ def check(config: Any, namespace: str = DEFAULT_NAMESPACE) -> Report:
             host = vhost.get("typed_per_filter_config", {})
             for name, per_route in _per_route(host):
                 _check_override(label, name, per_route, requested, report)
-                if per_route.get("disabled"):
-                    report.warnings.append(f"{label}: {name} disabled; bodies are not inspected")
             for position, route in enumerate(vhost.get("routes", [])):
                 route_label = route.get("name") or f"#{position}"
                 _check_route(

@@ -109,7 +109,6 @@ def mutated(change):
             "fails open",
         ),
         (lambda c: hcm(c)["http_filters"].pop(0), "no ext_proc filter"),
-        (lambda c: hcm(c)["http_filters"][0].update(disabled=True), "runs only where a route"),
         # A mint route whose response the processor never sees signs nothing.
         (
             lambda c: route(c, "prefill").pop("typed_per_filter_config"),
@@ -207,6 +206,35 @@ def test_route_without_metadata_and_disabled_filter_are_warnings():
     report = mutated(change)
     assert report.errors == []
     assert len(report.warnings) == 2
+
+
+def test_a_filter_disabled_by_default_runs_only_where_a_route_enables_it():
+    # Envoy Gateway's pattern: every ext_proc filter is added disabled and enabled per
+    # route, here through a FilterConfig wrapper.
+    def enable_everywhere(config):
+        hcm(config)["http_filters"][0]["disabled"] = True
+        for entry in hcm(config)["route_config"]["virtual_hosts"][0]["routes"]:
+            if "route" not in entry:
+                continue
+            own = entry.setdefault("typed_per_filter_config", {})
+            inner = own.get("envoy.filters.http.ext_proc")
+            wrapper = {"@type": "type.googleapis.com/envoy.config.route.v3.FilterConfig"}
+            if inner is not None:
+                wrapper["config"] = inner
+            own["envoy.filters.http.ext_proc"] = wrapper
+
+    assert mutated(enable_everywhere).errors == []
+    assert mutated(enable_everywhere).warnings == []
+
+    def enable_nowhere(config):
+        hcm(config)["http_filters"][0]["disabled"] = True
+        for entry in hcm(config)["route_config"]["virtual_hosts"][0]["routes"]:
+            entry.pop("typed_per_filter_config", None)
+
+    report = mutated(enable_nowhere)
+    assert any("no ext_proc filter runs here" in w for w in report.warnings)
+    # ... and a mint route that no filter runs on signs nothing.
+    assert any("response is not processed" in e for e in report.errors)
 
 
 def warnings_of(change):

@@ -533,3 +533,10 @@ def test_envoy_gateway_patch_with_a_wrong_name_is_caught():
 
 def test_envoy_gateway_envoy_config_validates(tmp_path):
     envoy_validate(envoy_gateway_bootstrap(), tmp_path, "envoy-gateway")
+
+
+def test_envoy_gateway_envoy_config_passes_check_envoy():
+    # Envoy Gateway adds the filter disabled and enables it per route (FilterConfig).
+    report = check_envoy.check(envoy_gateway_bootstrap())
+    assert report.errors == []
+    assert report.warnings == []
