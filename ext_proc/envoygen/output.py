@@ -319,6 +319,9 @@ def access_log(namespace: str) -> accesslog.AccessLog:
     }
     for key in ("action", "reason", "id_count", "mode"):
         fields[f"policy_{key}"] = f"%DYNAMIC_METADATA({namespace}:{key})%"
+    # What a mint route did with the response (signed, or why not).
+    for key in ("action", "reason"):
+        fields[f"policy_response_{key}"] = f"%DYNAMIC_METADATA({namespace}:response_{key})%"
     log = stream_log.StdoutAccessLog(
         log_format=core.SubstitutionFormatString(json_format=_struct(fields))
     )
