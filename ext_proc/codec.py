@@ -158,19 +158,23 @@ def _set(mutation: pb.HeaderMutation, key: str, value: bytes) -> None:
     option.append_action = option.OVERWRITE_IF_EXISTS_OR_ADD
 
 
+def _continue_body(common: pb.CommonResponse, replacement: bytes | None) -> None:
+    common.SetInParent()
+    if replacement is not None:
+        common.status = common.CONTINUE_AND_REPLACE
+        common.body_mutation.body = replacement
+        # Buffered mode with headers already seen (request or response): Envoy forwards
+        # the original content-length unless told otherwise, and answers 500 on the
+        # mismatch.
+        _set(common.header_mutation, "content-length", str(len(replacement)).encode())
+
+
 def encode(answer: Answer) -> pb.ProcessingResponse:
     response = pb.ProcessingResponse()
     if isinstance(answer, ContinueHeaders):
         response.request_headers.SetInParent()
     elif isinstance(answer, ContinueBody):
-        common = response.request_body.response
-        common.SetInParent()
-        if answer.replacement is not None:
-            common.status = common.CONTINUE_AND_REPLACE
-            common.body_mutation.body = answer.replacement
-            # Buffered mode with headers already seen: Envoy forwards the original
-            # content-length unless told otherwise, and answers 500 on the mismatch.
-            _set(common.header_mutation, "content-length", str(len(answer.replacement)).encode())
+        _continue_body(response.request_body.response, answer.replacement)
     elif isinstance(answer, StreamedBody):
         streamed = response.request_body.response.body_mutation.streamed_response
         streamed.body = answer.chunk
@@ -180,13 +184,7 @@ def encode(answer: Answer) -> pb.ProcessingResponse:
     elif isinstance(answer, ContinueResponseHeaders):
         response.response_headers.SetInParent()
     elif isinstance(answer, ContinueResponseBody):
-        common = response.response_body.response
-        common.SetInParent()
-        if answer.replacement is not None:
-            common.status = common.CONTINUE_AND_REPLACE
-            common.body_mutation.body = answer.replacement
-            # Response headers were sent and answered: Envoy keeps their content-length.
-            _set(common.header_mutation, "content-length", str(len(answer.replacement)).encode())
+        _continue_body(response.response_body.response, answer.replacement)
     elif isinstance(answer, Reject):
         immediate = response.immediate_response
         immediate.status.code = answer.status  # type: ignore[assignment]

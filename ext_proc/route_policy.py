@@ -143,6 +143,24 @@ def _peers(value: Scalar, namespace: str) -> frozenset[str]:
     return frozenset(names)
 
 
+# Fields that mean something only for some actions; elsewhere they are a mistake.
+_APPLIES_TO: Final = {
+    "unproven": (Action.HONOR, Action.MINT),
+    "peers": (Action.HONOR, Action.MINT),
+    "trust_any_caller": (Action.HONOR,),
+}
+
+
+def _check_applies(action: Action, given: Mapping[str, bool], namespace: str) -> None:
+    for name, allowed in _APPLIES_TO.items():
+        if given[name] and action not in allowed:
+            raise _invalid(
+                f"field '{namespace}.{name}' applies only to action "
+                f"{' or '.join(a.value for a in allowed)}, not {action.value}",
+                f"{namespace}.{name}",
+            )
+
+
 def parse(
     values: Mapping[str, Scalar], size: float | None, namespace: str = DEFAULT_NAMESPACE
 ) -> RoutePolicy:
@@ -192,18 +210,12 @@ def _parse(
     if "unproven" in values:
         unproven = _choice(Unproven, "unproven", values["unproven"], namespace)
     peers = _peers(values["peers"], namespace) if "peers" in values else frozenset()
-    trusting = (Action.HONOR, Action.MINT)
-    for name, given, allowed in (
-        ("unproven", "unproven" in values, trusting),
-        ("peers", bool(peers), trusting),
-        ("trust_any_caller", flags.get("trust_any_caller", False), (Action.HONOR,)),
-    ):
-        if given and action not in allowed:
-            raise _invalid(
-                f"field '{namespace}.{name}' applies only to action "
-                f"{' or '.join(a.value for a in allowed)}, not {action.value}",
-                f"{namespace}.{name}",
-            )
+    given = {
+        "unproven": "unproven" in values,
+        "peers": bool(peers),
+        "trust_any_caller": flags.get("trust_any_caller", False),
+    }
+    _check_applies(action, given, namespace)
     return RoutePolicy(
         topology=topology,
         action=action,
