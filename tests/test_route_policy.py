@@ -6,6 +6,7 @@ from ext_proc.route_policy import (
     Action,
     RoutePolicy,
     Topology,
+    Unproven,
     parse,
 )
 
@@ -87,3 +88,43 @@ def test_cached_results_never_confuse_equal_values_of_other_types():
         parse({"audit": 1.0}, 1.0)
     assert parse({"vocab_size": "512"}, 1.0) == RoutePolicy(vocab_size=512)
     assert parse({"vocab_size": 512.0}, 1.0) == RoutePolicy(vocab_size=512)
+
+
+def test_trust_fields():
+    policy = parse(
+        {
+            "action": "honor",
+            "unproven": "deny",
+            "peers": "spiffe://td/ns/llm-d/sa/router | CN=router, O=acme",
+            "keep_other_keys": True,
+        },
+        4.0,
+    )
+    assert policy.unproven is Unproven.DENY
+    assert policy.peers == {"spiffe://td/ns/llm-d/sa/router", "CN=router, O=acme"}
+    assert policy.keep_other_keys
+    assert policy.untrusted_denied
+    assert parse({"action": "honor", "trust_any_caller": True}, 2.0).trust_any_caller
+    assert parse({"action": "mint"}, 1.0).action is Action.MINT
+    assert parse({"action": "deny"}, 1.0).untrusted_denied
+    assert not parse({"action": "mint"}, 1.0).untrusted_denied
+
+
+@pytest.mark.parametrize(
+    ("values", "field"),
+    [
+        ({"action": "strip", "unproven": "deny"}, "unproven"),
+        ({"action": "deny", "peers": "spiffe://x"}, "peers"),
+        ({"action": "mint", "trust_any_caller": True}, "trust_any_caller"),
+        ({"action": "honor", "unproven": "allow"}, "unproven"),
+        ({"action": "honor", "peers": "a||b"}, "peers"),
+        ({"action": "honor", "peers": ""}, "peers"),
+        ({"action": "honor", "peers": 3.0}, "peers"),
+        ({"action": "honor", "trust_any_caller": "yes"}, "trust_any_caller"),
+        ({"keep_other_keys": 1.0}, "keep_other_keys"),
+    ],
+)
+def test_trust_fields_are_validated(values, field):
+    with pytest.raises(RoutePolicyError) as caught:
+        parse(values, float(len(values)))
+    assert caught.value.param == f"ext_proc.token_policy.{field}"
