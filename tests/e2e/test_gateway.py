@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import http.client
 import json
 import subprocess
 import sys
@@ -18,6 +19,17 @@ from tests.e2e.stack import Received, Stack
 
 REPO = Path(__file__).resolve().parents[2]
 JSON = {"content-type": "application/json"}
+KV = "kv_transfer_params"
+POLICED = ("prompt_token_ids", "prompt_features")
+# Test routes (tests/e2e/stack.py): /trusted/v1/ validates and honors any caller's ids
+# (trust_any_caller), /keep/v1/ strips only the policed keys (keep_other_keys). The
+# shipped /v1/ removes a client's whole kv_transfer_params, and the shipped /pd/v1/
+# honors only proven ones (docs/trust.md).
+TRUSTED = "/trusted/v1/"
+KEEP = "/keep/v1/"
+# Both ways a strip route removes a client's parameters: the whole object (the
+# default) and only the policed keys, the others kept in place (keep_other_keys).
+STRIP_ROUTES = pytest.mark.parametrize("prefix", ["/v1/", KEEP], ids=["whole", "keep"])
 PD_KEYS = {
     "do_remote_prefill": True,
     "do_remote_decode": False,
@@ -81,6 +93,28 @@ def only_request(stack: Stack) -> Received:
     return received
 
 
+def kept_by(prefix: str, params: dict) -> dict | None:
+    """What a strip route at ``prefix`` (one of STRIP_ROUTES) leaves of a client's
+    kv_transfer_params: nothing, or the keys other than the policed ones."""
+    if prefix == KEEP:
+        return {k: v for k, v in params.items() if k not in POLICED}
+    return None
+
+
+def assert_stripped(document: dict, sent: dict, kept: dict | None = None) -> None:
+    """``document`` is ``sent`` with its kv_transfer_params removed whole (``kept`` None)
+    or replaced by ``kept``; every other key keeps its value and its position."""
+    expected = json.loads(json.dumps(sent))
+    if kept is None:
+        del expected[KV]
+    else:
+        expected[KV] = kept
+    assert document == expected
+    assert list(document) == list(expected)
+    if kept is not None:
+        assert list(document[KV]) == list(kept)
+
+
 @pytest.fixture
 def client() -> Iterator[httpx.Client]:
     with httpx.Client(timeout=20) as c:
@@ -94,43 +128,60 @@ def h2_client() -> Iterator[httpx.Client]:
         yield c
 
 
-@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/responses", "/v1/messages"])
-@pytest.mark.parametrize("key", ["prompt_token_ids", "prompt_features"])
-def test_aggregated_route_strips_ids_keeps_everything_else(gateway, client, path, key):
+ENDPOINTS = ["chat/completions", "responses", "messages"]
+
+
+@pytest.mark.parametrize("endpoint", ENDPOINTS)
+@pytest.mark.parametrize("key", POLICED)
+def test_aggregated_route_strips_ids_keeps_everything_else(gateway, client, endpoint, key):
+    # The client's connector keys go with its ids: the whole object is removed.
+    path = f"/v1/{endpoint}"
     sent = chat({key: [11, 12, 13], **PD_KEYS})
     reply = client.post(gateway.url + path, json=sent)
     assert reply.status_code == 200, reply.text
     received = only_request(gateway)
     assert received.target == path
-    expected = json.loads(json.dumps(sent))
-    del expected["kv_transfer_params"][key]
-    assert json.loads(received.body) == expected
-    assert list(json.loads(received.body)["kv_transfer_params"]) == list(PD_KEYS)
+    assert_stripped(json.loads(received.body), sent)
 
 
-def test_strip_over_http2(gateway, h2_client):
-    reply = h2_client.post(
-        gateway.url + "/v1/chat/completions", json=chat({"prompt_token_ids": [1], "x": 2})
-    )
+@pytest.mark.parametrize("endpoint", ENDPOINTS)
+@pytest.mark.parametrize("key", POLICED)
+def test_keep_other_keys_route_strips_only_the_ids_in_place(gateway, client, endpoint, key):
+    sent = chat({key: [11, 12, 13], **PD_KEYS})
+    reply = client.post(gateway.url + KEEP + endpoint, json=sent)
+    assert reply.status_code == 200, reply.text
+    received = only_request(gateway)
+    assert received.target == f"/v1/{endpoint}"
+    assert_stripped(json.loads(received.body), sent, kept=PD_KEYS)
+
+
+@STRIP_ROUTES
+def test_strip_over_http2(gateway, h2_client, prefix):
+    sent = chat({"prompt_token_ids": [1], "x": 2})
+    reply = h2_client.post(gateway.url + prefix + "chat/completions", json=sent)
     assert reply.http_version == "HTTP/2"
     assert reply.status_code == 200, reply.text
-    assert json.loads(only_request(gateway).body)["kv_transfer_params"] == {"x": 2}
+    document = json.loads(only_request(gateway).body)
+    assert_stripped(document, sent, kept_by(prefix, sent[KV]))
 
 
+@STRIP_ROUTES
 @pytest.mark.parametrize("http2", [False, True])
-def test_strip_chunked_upload(gateway, http2):
-    data = json.dumps(chat({"prompt_token_ids": list(range(5000)), "x": 1})).encode()
+def test_strip_chunked_upload(gateway, http2, prefix):
+    sent = chat({"prompt_token_ids": list(range(5000)), "x": 1})
+    data = json.dumps(sent).encode()
 
     def pieces() -> Iterator[bytes]:
         for start in range(0, len(data), 1000):
             yield data[start : start + 1000]
 
     with httpx.Client(http1=not http2, http2=http2, timeout=20) as c:
-        reply = c.post(gateway.url + "/v1/chat/completions", content=pieces(), headers=JSON)
+        reply = c.post(gateway.url + prefix + "chat/completions", content=pieces(), headers=JSON)
     if not http2:
         assert reply.request.headers["transfer-encoding"] == "chunked"
     assert reply.status_code == 200, reply.text
-    assert json.loads(only_request(gateway).body)["kv_transfer_params"] == {"x": 1}
+    document = json.loads(only_request(gateway).body)
+    assert_stripped(document, sent, kept_by(prefix, sent[KV]))
 
 
 def test_request_without_ids_passes_byte_for_byte(gateway, client):
@@ -142,13 +193,19 @@ def test_request_without_ids_passes_byte_for_byte(gateway, client):
 
 @pytest.mark.parametrize("http2", [False, True])
 def test_disaggregated_route_honors_valid_ids_untouched(gateway, http2):
-    data = json.dumps(chat({"prompt_token_ids": [5, 6, 7, 0], **PD_KEYS})).encode() + b"  "
+    sent = chat({"prompt_token_ids": [5, 6, 7, 0], **PD_KEYS})
+    data = json.dumps(sent).encode() + b"  "
     with httpx.Client(http1=not http2, http2=http2, timeout=20) as c:
+        reply = c.post(gateway.url + TRUSTED + "chat/completions", content=data, headers=JSON)
+        assert reply.status_code == 200, reply.text
+        received = only_request(gateway)
+        assert received.target == "/v1/chat/completions"
+        assert received.body == data
+        # The same request, unproven, on the shipped decode route: not honored.
+        gateway.clear()
         reply = c.post(gateway.url + "/pd/v1/chat/completions", content=data, headers=JSON)
     assert reply.status_code == 200, reply.text
-    received = only_request(gateway)
-    assert received.target == "/v1/chat/completions"
-    assert received.body == data
+    assert_stripped(json.loads(only_request(gateway).body), sent)
 
 
 def error_of(reply: httpx.Response) -> dict:
@@ -163,22 +220,28 @@ def error_of(reply: httpx.Response) -> dict:
 @pytest.mark.parametrize(
     ("path", "ids", "reason"),
     [
-        ("/pd/v1/chat/completions", [1, True], "is not a non-negative integer"),
-        ("/pd/v1/chat/completions", [], "non-empty list"),
-        ("/pd/v1/responses", [-1], "is not a non-negative integer"),
-        ("/pd/v1/messages", "1 2 3", "non-empty list"),
-        ("/vocab/v1/chat/completions", [999, 1000], "outside the vocabulary"),
+        ("/trusted/v1/chat/completions", [1, True], "prompt_token_ids[1] is not a non-negative"),
+        ("/trusted/v1/chat/completions", [], "must be a non-empty list"),
+        ("/trusted/v1/responses", [-1], "prompt_token_ids[0] is not a non-negative"),
+        ("/trusted/v1/messages", "1 2 3", "must be a non-empty list"),
+        ("/vocab/v1/chat/completions", [999, 1000], "[1] = 1000 is outside the vocabulary"),
         ("/deny/v1/chat/completions", [1, 2], "not accepted on this route"),
     ],
 )
 def test_denials_reach_the_client_as_json_400(gateway, client, path, ids, reason):
-    reply = client.post(gateway.url + path, json=chat({"prompt_token_ids": ids}))
+    sent = chat({"prompt_token_ids": ids})
+    reply = client.post(gateway.url + path, json=sent)
     assert reply.status_code == 400
     error = error_of(reply)
     assert reason in error["message"]
     assert error["param"] == "kv_transfer_params.prompt_token_ids"
     assert error["type"] == "BadRequestError"
     assert gateway.received() == []
+    if path.startswith(TRUSTED):
+        # The shipped decode route does not judge unproven ids: it removes them.
+        reply = client.post(gateway.url + path.replace(TRUSTED, "/pd/v1/"), json=sent)
+        assert reply.status_code == 200, reply.text
+        assert_stripped(json.loads(only_request(gateway).body), sent)
 
 
 def test_denial_over_http2(gateway, h2_client):
@@ -226,11 +289,10 @@ def test_invalid_route_metadata_fails_closed(gateway, client, path, field):
 
 
 def test_route_without_metadata_strips(gateway, client):
-    reply = client.post(
-        gateway.url + "/plain/v1/chat/completions", json=chat({"prompt_token_ids": [1], "k": 0})
-    )
+    sent = chat({"prompt_token_ids": [1], "k": 0})
+    reply = client.post(gateway.url + "/plain/v1/chat/completions", json=sent)
     assert reply.status_code == 200
-    assert json.loads(only_request(gateway).body)["kv_transfer_params"] == {"k": 0}
+    assert_stripped(json.loads(only_request(gateway).body), sent)
 
 
 @pytest.mark.parametrize(
@@ -244,12 +306,21 @@ def test_route_without_metadata_strips(gateway, client):
         "/invocations",
         "/tokenize",
         "/pd/v1/../../v1/chat/completions",
+        # Normalised to /v1/ before routing: on /trusted/v1/ the ids would be honored.
+        "/trusted/v1/../../v1/chat/completions",
     ],
 )
-def test_path_variants_are_inspected(gateway, client, path):
-    reply = client.post(gateway.url + path, json=chat({"prompt_token_ids": [1], "k": 0}))
-    assert reply.status_code == 200
-    assert json.loads(only_request(gateway).body)["kv_transfer_params"] == {"k": 0}
+def test_path_variants_are_inspected(gateway, path):
+    sent = chat({"prompt_token_ids": [1], "k": 0})
+    # http.client sends the target as written (httpx would resolve dot segments itself).
+    connection = http.client.HTTPConnection(gateway.gateway.host, gateway.gateway.port, timeout=20)
+    try:
+        connection.request("POST", path, json.dumps(sent).encode(), JSON)
+        reply = connection.getresponse()
+        assert reply.status == 200, reply.read()
+    finally:
+        connection.close()
+    assert_stripped(json.loads(only_request(gateway).body), sent)
 
 
 def test_get_without_body_passes(gateway, client):

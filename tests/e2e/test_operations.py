@@ -21,7 +21,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from tests.e2e import certs
 from tests.e2e.conftest import ENVOY
 from tests.e2e.stack import Stack
-from tests.e2e.test_gateway import chat, error_of, only_request
+from tests.e2e.test_gateway import assert_stripped, chat, error_of, only_request
 
 IDS = [101, 202, 303]
 
@@ -57,44 +57,70 @@ def decision_logs(stack: Stack) -> list[dict]:
     return [line for line in lines if line.get("message") == "decision"]
 
 
+# One request per outcome: (path, kv_transfer_params, status, route, action, reason, ids).
+DECISIONS = {
+    "strip": ("/v1/", {"prompt_token_ids": IDS, "k": 1}, 200,
+              "aggregated", "strip", "stripped_by_policy", 3),
+    "unproven": ("/pd/v1/", {"prompt_token_ids": IDS, "k": 1}, 200,
+                 "disaggregated", "strip", "proof_missing", 3),
+    "trusted": ("/trusted/v1/", {"prompt_token_ids": IDS}, 200,
+                "trusted", "allow", "trusted_any_caller", 3),
+    "deny": ("/trusted/v1/", {"prompt_token_ids": [1, True]}, 400,
+             "trusted", "deny", "ids_malformed", 2),
+    "none": ("/v1/", None, 200, "aggregated", "allow", "no_transfer_params", 0),
+}  # fmt: skip
+
+
 def test_decisions_are_counted_logged_and_in_the_access_log(gateway):
     before = metrics_text(gateway)
+    sent = {}
     with httpx.Client(timeout=20) as client:
-        stripped = client.post(
-            gateway.url + "/v1/chat/completions",
-            json=chat({"prompt_token_ids": IDS, "k": 1}),
-        )
-        denied = client.post(
-            gateway.url + "/pd/v1/chat/completions", json=chat({"prompt_token_ids": [1, True]})
-        )
-    assert (stripped.status_code, denied.status_code) == (200, 400)
+        for name, (prefix, params, status, *_) in DECISIONS.items():
+            sent[name] = chat(params)
+            reply = client.post(
+                gateway.url + prefix + "chat/completions",
+                json=sent[name],
+                headers={"x-request-id": f"decisions-{name}"},
+            )
+            assert reply.status_code == status, (name, reply.text)
     after = metrics_text(gateway)
-    labels = {"route": "aggregated", "action": "strip", "reason": "stripped_by_policy"}
-    strip = {**labels, "mode": "enforce"}
-    assert metric(after, "ext_proc_decisions_total", **strip) == (
-        metric(before, "ext_proc_decisions_total", **strip) + 1
-    )
-    deny = {"route": "disaggregated", "action": "deny", "reason": "ids_malformed"}
-    assert metric(after, "ext_proc_decisions_total", **deny, mode="enforce") >= 1
+    for name, (_, _, status, route, action, reason, count) in DECISIONS.items():
+        labels = {"route": route, "action": action, "reason": reason, "mode": "enforce"}
+        assert metric(after, "ext_proc_decisions_total", **labels) == (
+            metric(before, "ext_proc_decisions_total", **labels) + 1
+        ), name
+        line = access_log(gateway, f"decisions-{name}")
+        assert (line["policy_action"], line["policy_reason"]) == (action, reason), line
+        assert (line["policy_id_count"], line["policy_mode"]) == (count, "enforce"), line
+        assert line["status"] == status
     assert metric(after, "ext_proc_request_body_bytes_count", route="aggregated") >= 1
     assert metric(after, "ext_proc_processing_seconds_count", route="aggregated") >= 1
     assert "ext_proc_inflight_streams " in after
     assert "ext_proc_inflight_body_bytes " in after
 
-    request_id = only_request(gateway).header("x-request-id")[0]
-    line = access_log(gateway, request_id)
-    assert line["policy_action"] == "strip"
-    assert line["policy_reason"] == "stripped_by_policy"
-    assert line["policy_id_count"] == 3
-    assert line["policy_mode"] == "enforce"
-    (decision,) = [d for d in decision_logs(gateway) if d["request_id"] == request_id]
-    assert decision["action"] == "strip"
-    assert decision["id_count"] == 3
-    assert decision["route"] == "aggregated"
+    # What reached the upstream: the untrusted parameters removed whole, the trusted
+    # ones as sent; the denied request not at all.
+    received = {r.header("x-request-id")[0]: json.loads(r.body) for r in gateway.received()}
+    assert sorted(received) == sorted(f"decisions-{n}" for n in DECISIONS if n != "deny")
+    assert_stripped(received["decisions-strip"], sent["strip"])
+    assert_stripped(received["decisions-unproven"], sent["unproven"])
+    assert received["decisions-trusted"] == sent["trusted"]
+    assert received["decisions-none"] == sent["none"]
+
+    # A decision log line for every outcome but an allow without ids.
+    decisions = decision_logs(gateway)
+    for name, (_, _, _, route, action, reason, count) in DECISIONS.items():
+        logged = [d for d in decisions if d["request_id"] == f"decisions-{name}"]
+        if name == "none":
+            assert logged == []
+            continue
+        (decision,) = logged
+        assert (decision["route"], decision["action"]) == (route, action), decision
+        assert (decision["reason"], decision["id_count"]) == (reason, count), decision
     # Never the ids or any prompt text.
     log_text = gateway.logs("processor")
     assert "101, 202" not in log_text
-    assert "101" not in json.dumps(decision)
+    assert "101" not in json.dumps(decisions)
     assert "Be careful" not in log_text
     assert "hello" not in log_text
 
@@ -191,7 +217,9 @@ def draining(tmp_path: Path) -> Iterator[Stack]:
 
 
 def test_sigterm_drains_and_in_flight_requests_finish(draining):
-    data = json.dumps(chat({"prompt_token_ids": IDS, "k": 1})).encode()
+    # Told apart from the request sent while draining by its `user`.
+    sent = chat({"prompt_token_ids": IDS, "k": 1}, user="in-flight")
+    data = json.dumps(sent).encode()
     in_flight = draining.open_upload(len(data), data[:20])
     time.sleep(0.3)
     processor = draining.children["processor"]
@@ -208,8 +236,9 @@ def test_sigterm_drains_and_in_flight_requests_finish(draining):
     assert status_of(in_flight) == 200
     in_flight.close()
     assert processor.wait(timeout=15) == 0
-    bodies = [json.loads(r.body) for r in draining.received()]
-    assert {"k": 1} in [b.get("kv_transfer_params") for b in bodies]
+    bodies = {json.loads(r.body).get("user"): json.loads(r.body) for r in draining.received()}
+    assert sorted(bodies, key=str) == [None, "in-flight"]
+    assert_stripped(bodies["in-flight"], sent)  # policed by the draining processor
 
 
 def test_second_signal_forces_exit_and_nothing_half_forwarded(draining):
@@ -303,12 +332,11 @@ def _is_worker(pid: int) -> bool:
 
 
 def strips(stack: Stack) -> None:
+    sent = chat({"prompt_token_ids": IDS, "k": 2})
     with httpx.Client(timeout=20) as client:
-        reply = client.post(
-            stack.url + "/v1/chat/completions", json=chat({"prompt_token_ids": IDS, "k": 2})
-        )
+        reply = client.post(stack.url + "/v1/chat/completions", json=sent)
     assert reply.status_code == 200, reply.text
-    assert json.loads(only_request(stack).body)["kv_transfer_params"] == {"k": 2}
+    assert_stripped(json.loads(only_request(stack).body), sent)
 
 
 def test_unix_socket_listener(tmp_path):
