@@ -15,8 +15,15 @@ the body has no run of 19 or more digits (every integer literal then fits in 64 
 anything orjson refuses (NaN, Infinity, huge exponents, BOMs, UTF-16/32, lone
 surrogates, invalid UTF-8, deep nesting) goes to ``json.loads``, which decides. A
 document orjson read holds no NaN, no infinity, no oversized integer and no lone
-surrogate, so orjson also writes it back exactly; any other document is written by
-``json.dumps``. tests/test_parity_property.py checks the property on generated bodies.
+surrogate, so orjson also writes it back exactly, except that orjson writes at most 254
+levels of nesting though it reads 1024; any other document, and any document orjson
+refuses to write, is written by ``json.dumps``, which writes every value ``json.loads``
+can read back as the same value. tests/test_parity_property.py checks the property on
+generated bodies.
+
+Every document ``parse`` returns is written back or refused: a document too deep even
+for ``json.dumps`` (Python's recursion limit, about 1000 levels) is a 400
+(``body_too_deep``), never an unhandled exception.
 """
 
 from __future__ import annotations
@@ -115,17 +122,28 @@ def without(parsed: Parsed, container: str, keys: Iterable[str] | None) -> bytes
 
 def write(parsed: Parsed, document: Document) -> bytes:
     """Serialise ``document``, derived from ``parsed`` by adding or removing values
-    orjson writes exactly, with the twin of the parser that read ``parsed``."""
+    orjson writes exactly, with the twin of the parser that read ``parsed``; raises
+    ``BadRequest`` (``body_too_deep``) when no writer can nest that deep."""
     if parsed.orjson_safe:
-        return orjson.dumps(document)
+        try:
+            return orjson.dumps(document)
+        except orjson.JSONEncodeError:
+            # Only nesting beyond orjson's write limit: every value in a document orjson
+            # read is one it can write. json.dumps writes it as json.loads reads it.
+            pass
     return serialize(document)
 
 
 def serialize(document: Document) -> bytes:
     """``json.dumps``: writes NaN, Infinity and integers of any size as ``json.loads``
-    reads them."""
+    reads them; raises ``BadRequest`` (``body_too_deep``) past the recursion limit."""
     try:
-        return json.dumps(document, ensure_ascii=False, separators=(",", ":")).encode()
-    except UnicodeEncodeError:
-        # A lone surrogate (legal in JSON escapes) cannot be UTF-8: escape everything.
-        return json.dumps(document, separators=(",", ":")).encode()
+        try:
+            return json.dumps(document, ensure_ascii=False, separators=(",", ":")).encode()
+        except UnicodeEncodeError:
+            # A lone surrogate (legal in JSON escapes) cannot be UTF-8: escape everything.
+            return json.dumps(document, separators=(",", ":")).encode()
+    except RecursionError as exc:
+        raise BadRequest(
+            "request body is nested too deeply to be forwarded", reason="body_too_deep"
+        ) from exc

@@ -379,7 +379,8 @@ class Stream:
         if isinstance(decision, policy.Deny):
             return decision.refusal
         if isinstance(decision, policy.Strip):
-            return body.without(parsed, KV_KEY, decision.keys)
+            # A body too deep to write back is refused here, like any other refusal.
+            return _attempt(body.without, parsed, KV_KEY, decision.keys)
         return None
 
     def _on_response_headers(self, event: Event) -> list[Answer] | Refusal:

@@ -3,7 +3,7 @@ import json
 import pytest
 
 from ext_proc import body
-from ext_proc.errors import BadRequest, UnsupportedMediaType
+from ext_proc.errors import BadRequest, Refusal, UnsupportedMediaType
 from ext_proc.vllm_request import KV_KEY as KV
 from ext_proc.vllm_request import policed_keys
 
@@ -163,3 +163,52 @@ def test_fast_writer_round_trips_through_json_loads():
     assert parsed.orjson_safe
     out = json.loads(body.without(parsed, KV, ("prompt_token_ids",)))
     assert json.dumps(out) == json.dumps({**json.loads(raw), "kv_transfer_params": {}})
+
+
+def nested(depth: int) -> bytes:
+    """A strip-route body ``depth`` levels deep (the outer object is level 1)."""
+    inner = b'{"a":' * (depth - 1) + b"1" + b"}" * (depth - 1)
+    return b'{"kv_transfer_params":{"prompt_token_ids":[1]},"x":' + inner + b"}"
+
+
+@pytest.mark.parametrize("depth", [254, 255, 500])
+def test_nesting_orjson_cannot_write_is_written_by_json_dumps(depth):
+    # orjson reads 1024 levels but writes 254: past that, json.dumps writes the rewrite.
+    raw = nested(depth)
+    parsed = body.parse(raw)
+    assert parsed.orjson_safe
+    out = body.without(parsed, KV, None)
+    expected = {k: v for k, v in json.loads(raw).items() if k != KV}
+    assert json.loads(out) == expected
+
+
+@pytest.mark.parametrize("depth", [254, 255, 1000, 1023])
+def test_every_document_read_is_written_back_or_refused_as_too_deep(depth):
+    raw = nested(depth)
+    parsed = body.parse(raw)  # orjson reads up to 1024 levels
+    try:
+        out: bytes | Refusal = body.without(parsed, KV, ("prompt_token_ids",))
+    except BadRequest as exc:
+        out = exc.refusal()
+    if isinstance(out, Refusal):
+        assert out.status == 400
+        assert out.reason == "body_too_deep"
+        assert depth > 255
+    else:
+        again = json.loads(out)
+        assert again[KV] == {}
+        assert again["x"] == parsed.document["x"]
+
+
+def test_beyond_the_recursion_limit_a_rewrite_is_refused_not_raised():
+    document: dict = {}
+    for _ in range(5000):
+        document = {"a": document}
+    with pytest.raises(BadRequest) as caught:
+        body.serialize(document)
+    assert caught.value.reason == "body_too_deep"
+    # Read by json.loads (a NaN elsewhere), written by json.dumps alone.
+    parsed = body.Parsed({"n": float("nan"), "x": document, KV: {}}, orjson_safe=False)
+    with pytest.raises(BadRequest) as caught:
+        body.without(parsed, KV, None)
+    assert caught.value.reason == "body_too_deep"

@@ -190,6 +190,37 @@ def test_trailers_without_body_denied():
     assert error_body(stream.handle(RequestTrailers()))["code"] == 400
 
 
+def deep(depth):
+    """A body ``depth`` levels deep with parameters to strip (the outer object: level 1)."""
+    inner = '{"a":' * (depth - 1) + "1" + "}" * (depth - 1)
+    return f'{{"kv_transfer_params":{{"prompt_token_ids":[1]}},"x":{inner}}}'.encode()
+
+
+@pytest.mark.parametrize("mode", [BUFFERED, DUPLEX])
+@pytest.mark.parametrize("depth", [254, 255, 1000, 1023])
+def test_deep_bodies_are_stripped_or_refused_never_raised(mode, depth):
+    # orjson reads 1024 levels but writes 254; json.dumps stops at the recursion limit.
+    budget = Budget(1 << 20)
+    stream = new(budget=budget)
+    stream.handle(headers(mode=mode))
+    data = deep(depth)
+    out = stream.handle(RequestBody(data, True))
+    assert budget.used == 0
+    if isinstance(stream.decision, Deny):
+        assert depth > 255  # what orjson cannot write, json.dumps writes to ~1000 levels
+        error = error_body(out)
+        assert error["code"] == 400
+        assert stream.decision.reason == "body_too_deep"
+        assert only(out).details == "token_policy_body_too_deep"
+        assert stream.state is State.REJECTED
+        return
+    assert isinstance(stream.decision, Strip)
+    forwarded = only(out).replacement if mode is BUFFERED else streamed(out)
+    expected = json.loads(data)
+    del expected["kv_transfer_params"]
+    assert json.loads(forwarded) == expected
+
+
 # --- FULL_DUPLEX_STREAMED mode ------------------------------------------------------
 
 
