@@ -1,14 +1,15 @@
 """``check-envoy FILE``: check an Envoy configuration offline, before it protects anything.
 
 For every HTTP connection manager that runs the ext_proc filter: the filter fails
-closed, uses an inspectable body mode and requests every route-metadata attribute; every route's policy metadata is valid (the same validation the
-processor applies at request time); no per-route override (route, virtual host, route
-configuration or weighted cluster) makes the filter fail open; a ``mint`` route sends the
-processor its response headers and buffered response body (docs/trust.md), or nothing is
-signed. Warnings: forwarding routes where no ext_proc filter runs (disabled there, or
-disabled by default and not enabled there: their bodies are not inspected) or carry no policy metadata, and ``honor`` routes that trust any caller or
-have no ``vocab_size``. Routes that forward nothing (a direct response or a redirect)
-need neither metadata nor the filter.
+closed, uses an inspectable body mode and requests every route-metadata attribute; every
+route's policy metadata is valid (the same validation the processor applies at request
+time); no per-route override (route, virtual host, route configuration or weighted
+cluster) makes the filter fail open; a ``mint`` route sends the processor its response
+headers and buffered response body (docs/trust.md), or nothing is signed. Warnings:
+forwarding routes where no ext_proc filter runs (disabled there, or disabled by default
+and not enabled there: their bodies are not inspected) or carry no policy metadata, and
+``honor`` routes that trust any caller or have no ``vocab_size``. Routes that forward
+nothing (a direct response or a redirect) need neither metadata nor the filter.
 """
 
 from __future__ import annotations
