@@ -221,6 +221,9 @@ class Server:
                 "listen": config.listen,
                 "port": self.running.port,
                 "event_loop": config.event_loop,
+                # 0: mint routes sign nothing and no proof verifies (not an error:
+                # routes without mint or honor need no key).
+                "proof_keys": len(config.proof.keys),
             },
         )
 

@@ -49,9 +49,6 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc
         self._keys = attribute_keys(config.route_metadata_namespace)
         self.budget = budget if budget is not None else Budget(config.inflight_budget_bytes)
         self.metrics = metrics if metrics is not None else Metrics()
-        if not config.proof.keys:
-            # Not an error: routes without mint or honor need none. Nothing is proven.
-            log.warning("no proof keys configured: mint routes sign nothing, no proof verifies")
         self._trust = Trust(
             keys=KeyRing(config.proof.keys).current,
             ttl_seconds=config.proof.ttl_seconds,
