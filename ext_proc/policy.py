@@ -95,8 +95,14 @@ def _count(value: Any) -> int:
     return len(value) if isinstance(value, list) else 0
 
 
+# vLLM's token ids are 32-bit signed: without a route's vocab_size, no id at or above
+# this bound can be a token of any model, and none is forwarded.
+_TOKEN_ID_BOUND: Final = 2**31
+
+
 def _invalid_ids(key: str, value: Any, policy: RoutePolicy) -> Refusal | None:
-    """At least as strict as vLLM: a non-empty list of ints, in vocabulary, bounded."""
+    """At least as strict as vLLM: a non-empty list of ints, each below the route's
+    vocab_size (or, when it is unset, below 2**31), at most max_ids of them."""
     param = f"{KV_KEY}.{key}"
     if not isinstance(value, list) or not value:
         return bad_request(
@@ -120,14 +126,14 @@ def _invalid_ids(key: str, value: Any, policy: RoutePolicy) -> Refusal | None:
         index = _first_malformed(value)
         if index is not None:
             return _malformed(param, index)
-        # ints of 2**64 and beyond are left to the vocabulary check
+        # ints of 2**64 and beyond are left to the bound check below
     else:
         written = orjson.dumps(value)
         first_bool = written.find(b"e")
         if first_bool >= 0:
             return _malformed(param, written.count(b",", 0, first_bool))
+    highest = max(value)
     if policy.vocab_size is not None:
-        highest = max(value)
         if highest >= policy.vocab_size:
             return bad_request(
                 f"{param}[{value.index(highest)}] = {highest} is outside the vocabulary "
@@ -135,6 +141,13 @@ def _invalid_ids(key: str, value: Any, policy: RoutePolicy) -> Refusal | None:
                 reason="ids_out_of_vocab",
                 param=param,
             )
+    elif highest >= _TOKEN_ID_BOUND:
+        return bad_request(
+            f"{param}[{value.index(highest)}] = {highest} is not a token id "
+            f"(token ids are below 2**31 = {_TOKEN_ID_BOUND})",
+            reason="ids_out_of_vocab",
+            param=param,
+        )
     return None
 
 

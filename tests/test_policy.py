@@ -192,9 +192,37 @@ def test_every_kind_of_malformed_id_is_found_and_named(ids, named):
     assert named in decision.refusal.message
 
 
-def test_ints_beyond_64_bits_are_honored_when_no_vocabulary_is_known():
-    document = doc({"prompt_token_ids": [1, 2**64, 10**40]})
+@pytest.mark.parametrize(
+    ("ids", "index"),
+    [
+        ([1, 2**64, 10**40], 2),
+        ([2**31], 0),
+        ([0, 2**31 - 1, 2**31, 5], 2),
+        ([3, 2**63 - 1], 1),
+        ([7, int("9" * 4300)], 1),  # the longest integer json.loads reads
+    ],
+)
+def test_without_a_vocabulary_ids_are_bounded_by_32_bits(ids, index):
+    # vLLM's token ids are 32-bit signed: nothing at or above 2**31 is a token id.
+    decision = decide(HONOR_UNLIMITED, doc({"prompt_token_ids": ids}))
+    assert isinstance(decision, Deny)
+    assert decision.reason == "ids_out_of_vocab"
+    assert decision.refusal.status == 400
+    assert decision.refusal.param == "kv_transfer_params.prompt_token_ids"
+    assert f"prompt_token_ids[{index}] = " in decision.refusal.message
+    assert "2**31" in decision.refusal.message
+
+
+def test_without_a_vocabulary_ids_below_2_31_are_honored():
+    document = doc({"prompt_token_ids": [0, 1, 2**31 - 1]})
     assert decide(HONOR_UNLIMITED, document) == Allow(HONORED, 3)
+
+
+def test_a_4300_digit_id_read_from_the_body_is_refused():
+    raw = b'{"kv_transfer_params": {"prompt_token_ids": [1, ' + b"9" * 4300 + b"]}}"
+    decision = decide(HONOR_UNLIMITED, body.parse(raw).document)
+    assert isinstance(decision, Deny)
+    assert decision.reason == "ids_out_of_vocab"
 
 
 @pytest.mark.parametrize("encoding", ["utf-8", "utf-16", "utf-32"])
@@ -207,6 +235,7 @@ def test_a_boolean_id_is_denied_in_every_encoding_json_loads_reads(encoding):
 
 ID_ITEMS = st.one_of(
     st.integers(min_value=-3, max_value=120),
+    st.integers(min_value=2**31 - 3, max_value=2**31 + 3),
     st.integers(min_value=2**63, max_value=2**65),
     st.booleans(),
     st.floats(allow_nan=False),
@@ -215,18 +244,25 @@ ID_ITEMS = st.one_of(
 )
 
 
-@given(st.lists(ID_ITEMS, min_size=1, max_size=6))
-def test_id_validation_matches_the_plain_definition(ids):
-    # The plain per-item reading of "at most max_ids non-negative ints, in vocabulary".
-    if len(ids) > HONOR.max_ids:  # the count is checked first, whatever the items
+# No vocab_size: ids are bounded by 2**31 (vLLM's token ids are 32-bit signed).
+HONOR_32_BITS = RoutePolicy(Topology.DISAGGREGATED, Action.HONOR, max_ids=4, trust_any_caller=True)
+
+
+@pytest.mark.parametrize("route", [HONOR, HONOR_32_BITS])
+@given(ids=st.lists(ID_ITEMS, min_size=1, max_size=6))
+def test_id_validation_matches_the_plain_definition(route, ids):
+    # The plain per-item reading of "at most max_ids non-negative ints, each below the
+    # vocabulary size, or below 2**31 when none is configured".
+    bound = route.vocab_size if route.vocab_size is not None else 2**31
+    if len(ids) > route.max_ids:  # the count is checked first, whatever the items
         expected = "ids_too_many"
     elif any(type(v) is not int or v < 0 for v in ids):
         expected = "ids_malformed"
-    elif max(ids) >= HONOR.vocab_size:
+    elif max(ids) >= bound:
         expected = "ids_out_of_vocab"
     else:
         expected = HONORED
-    decision = decide(HONOR, doc({"prompt_token_ids": ids}))
+    decision = decide(route, doc({"prompt_token_ids": ids}))
     assert decision.reason == expected
     if expected == "ids_malformed":  # and the index it names holds a malformed item
         assert isinstance(decision, Deny)
