@@ -194,6 +194,54 @@ def test_local_replies_keep_processor_denials():
         }
 
 
+GENERIC_MESSAGES = {
+    "PayloadTooLargeError": "request body exceeds this route's buffer limit",
+    "GatewayTimeoutError": "the gateway timed out; the request was not processed",
+    "RequestTimeoutError": "the request was not received in time",
+    "NotFoundError": "not found",
+    "GatewayError": "gateway error",
+}
+
+
+def strings_under(node: Any, path: tuple[str, ...] = ()) -> list[tuple[tuple[str, ...], str]]:
+    """Every string in a loaded YAML document, with the keys that lead to it."""
+    if isinstance(node, dict):
+        return [hit for k, v in node.items() for hit in strings_under(v, (*path, str(k)))]
+    if isinstance(node, list):
+        return [hit for v in node for hit in strings_under(v, path)]
+    return [(path, node)] if isinstance(node, str) else []
+
+
+@pytest.mark.parametrize("path", sorted((REPO / "envoy").glob("*.yaml")), ids=lambda p: p.name)
+def test_local_replies_tell_the_client_fixed_text_only(path):
+    # %RESPONSE_CODE_DETAILS% can hold exception class names and the ext_proc state
+    # machine's messages: the access log keeps it, no reply body carries it.
+    manager = hcm_of(yaml.safe_load(path.read_text()))
+    mappers = manager["local_reply_config"]["mappers"]
+    for mapper in mappers:
+        error = mapper["body_format_override"]["json_format"]["error"]
+        assert error["message"] == GENERIC_MESSAGES[error["type"]]
+        assert error["code"] == "%RESPONSE_CODE%"
+        assert "%" not in json.dumps({k: v for k, v in error.items() if k != "code"})
+    assert {m["body_format_override"]["json_format"]["error"]["type"] for m in mappers} == set(
+        GENERIC_MESSAGES
+    )
+    (log,) = manager["access_log"]
+    assert "%RESPONSE_CODE_DETAILS%" in json.dumps(log)
+
+
+@pytest.mark.parametrize(
+    "path",
+    [*sorted((REPO / "envoy").glob("*.yaml")), *sorted((REPO / "deploy").rglob("*.yaml"))],
+    ids=lambda p: p.relative_to(REPO).as_posix(),
+)
+def test_response_code_details_appear_in_access_logs_only(path):
+    for document in yaml.safe_load_all(path.read_text()):
+        for keys, text in strings_under(document):
+            if "%RESPONSE_CODE_DETAILS%" in text:
+                assert any(k in ("access_log", "accessLog") for k in keys), (keys, text)
+
+
 # --- options: each changes what it should, and nothing else --------------------------------
 
 

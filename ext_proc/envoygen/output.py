@@ -361,14 +361,15 @@ def _error_body(message: str, kind: str) -> core.SubstitutionFormatString:
 
 
 def local_reply_config() -> hcm.LocalReplyConfig:
-    """Envoy's own local replies in vLLM's error shape; processor denials untouched."""
+    """Envoy's own local replies in vLLM's error shape; processor denials untouched.
+
+    The client's messages are fixed text: ``%RESPONSE_CODE_DETAILS%`` can hold internal
+    state (exception class names, the ext_proc state machine's messages), so it goes
+    to the access log's ``details`` field only, never into a reply body.
+    """
     specific = (
         (413, "request body exceeds this route's buffer limit", "PayloadTooLargeError"),
-        (
-            504,
-            "the gateway timed out (%RESPONSE_CODE_DETAILS%); the request was not processed",
-            "GatewayTimeoutError",
-        ),
+        (504, "the gateway timed out; the request was not processed", "GatewayTimeoutError"),
         (408, "the request was not received in time", "RequestTimeoutError"),
         # The token endpoints' direct responses (token_endpoint_routes), and a path no
         # route matches; an upstream's own 404 is no local reply and passes unchanged.
@@ -386,9 +387,7 @@ def local_reply_config() -> hcm.LocalReplyConfig:
     mappers.append(
         hcm.ResponseMapper(
             filter=_not_processor_denial(),
-            body_format_override=_error_body(
-                "gateway error: %RESPONSE_CODE_DETAILS%", "GatewayError"
-            ),
+            body_format_override=_error_body("gateway error", "GatewayError"),
         )
     )
     return hcm.LocalReplyConfig(mappers=mappers)
