@@ -6,6 +6,7 @@ import http.client
 import json
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -363,6 +364,17 @@ def test_every_shipped_envoy_config_validates_and_passes_check_envoy(tmp_path):
         assert "0 errors, 0 warnings" in checked.stdout
 
 
+def logged_details(stack: Stack, request_id: str) -> str:
+    """The ``details`` field (%RESPONSE_CODE_DETAILS%) of Envoy's access log line."""
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        for line in stack.logs("envoy").splitlines():
+            if line.startswith("{") and request_id in line:
+                return str(json.loads(line)["details"])
+        time.sleep(0.1)
+    raise AssertionError(f"no access log line for {request_id}")
+
+
 @pytest.mark.parametrize("mode", list(BODY_MODES))
 def test_processor_stopped_means_5xx_and_nothing_upstream(tmp_path, mode):
     stack = Stack(tmp_path, source=BODY_MODES[mode]).start()
@@ -372,10 +384,23 @@ def test_processor_stopped_means_5xx_and_nothing_upstream(tmp_path, mode):
             assert ok.status_code == 200
             stack.clear()
             stack.stop_processor()
-            for path in ("/v1/chat/completions", "/pd/v1/chat/completions"):
-                reply = c.post(stack.url + path, json=chat({"prompt_token_ids": [1]}))
+            for leg, path in enumerate(("/v1/chat/completions", "/pd/v1/chat/completions")):
+                request_id = f"stopped-{mode}-{leg}"
+                reply = c.post(
+                    stack.url + path,
+                    json=chat({"prompt_token_ids": [1]}),
+                    headers={"x-request-id": request_id},
+                )
                 assert 500 <= reply.status_code < 600, reply.text
-                error_of(reply)
+                error = error_of(reply)
+                # The access log has Envoy's details; the client gets fixed text only.
+                details = logged_details(stack, request_id)
+                assert details not in ("", "-", None)
+                assert details not in reply.text
+                assert error["message"] in (
+                    "gateway error",
+                    "the gateway timed out; the request was not processed",
+                )
             reply = c.get(stack.url + "/v1/models")
             if mode == "one-message":
                 # No body, so no message to the processor at all (documented trade-off
