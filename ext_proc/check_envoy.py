@@ -168,7 +168,9 @@ def _check_policy(where: str, policy: RoutePolicy, responds: bool, report: Repor
             "nothing untrusted can reach"
         )
     if policy.action is Action.HONOR and policy.vocab_size is None:
-        report.warnings.append(f"{where}: honor without vocab_size: ids are not bounded")
+        report.warnings.append(
+            f"{where}: honor without vocab_size: ids are bounded by 2**31, not by the vocabulary"
+        )
 
 
 @dataclass

@@ -26,6 +26,7 @@ from typing import Any, Final
 
 import orjson
 
+from ext_proc.errors import BadRequest
 from ext_proc.vllm_request import KV_KEY
 
 PROOF_KEY: Final = "token_policy_proof"
@@ -96,22 +97,27 @@ def prompt_digest(document: Mapping[str, Any], orjson_safe: bool) -> bytes:
 
     The rendering depends only on those fields' values, so both legs agree whatever the
     rest of their bodies hold: orjson (sorted keys) when it renders them exactly, else
-    ``json.dumps`` (NaN, huge integers). A document orjson read has neither (body.py).
+    ``json.dumps`` (NaN, huge integers, nesting deeper than orjson writes). A document
+    orjson read has neither NaN nor huge integers (body.py). Raises ``BadRequest``
+    (``body_too_deep``) past Python's recursion limit, where no rendering exists.
     """
     bound = {k: v for k, v in document.items() if k not in UNBOUND_FIELDS}
     rendered = None
     with contextlib.suppress(TypeError, orjson.JSONEncodeError):
         rendered = b"o" + orjson.dumps(bound, option=orjson.OPT_SORT_KEYS)
-    if rendered is not None and not orjson_safe:
-        try:
-            json.dumps(bound, allow_nan=False)
-        except ValueError:
-            rendered = None  # NaN or infinity: orjson wrote null for it
-    if rendered is None:
-        rendered = (
-            b"j"
-            + json.dumps(bound, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
-        )
+    try:
+        if rendered is not None and not orjson_safe:
+            try:
+                json.dumps(bound, allow_nan=False)
+            except ValueError:
+                rendered = None  # NaN or infinity: orjson wrote null for it
+        if rendered is None:
+            text = json.dumps(bound, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+            rendered = b"j" + text.encode()
+    except RecursionError as exc:
+        raise BadRequest(
+            "request body is nested too deeply to be bound to a proof", reason="body_too_deep"
+        ) from exc
     return hashlib.sha256(rendered).digest()
 
 

@@ -6,7 +6,8 @@ Schema (route ``metadata.filter_metadata[NAMESPACE]``, default namespace
     topology:         aggregated | disaggregated    (default aggregated)
     action:           strip | deny | honor | mint   (default strip when aggregated,
                                                      honor when disaggregated)
-    vocab_size:       positive integer, optional    (ids must be < vocab_size)
+    vocab_size:       positive integer, optional    (ids must be < vocab_size; 2**31
+                                                     without it: vLLM's ids are 32-bit)
     max_ids:          positive integer, optional    (at most this many ids)
     audit:            true | false                  (default false: decisions are logged,
                                                      counted and exported, requests pass)

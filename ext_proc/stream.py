@@ -365,14 +365,12 @@ class Stream:
                 self._decision = policy.Deny(parsed)
                 return None
             return parsed
-        digest = functools.cache(lambda: proof.prompt_digest(parsed.document, parsed.orjson_safe))
-        if self._policy.action is Action.MINT:
-            self._digest = digest()
-        trust = self._trust
-        evidence = policy.Evidence(
-            digest, self._peer, trust.keys(), trust.clock(), trust.clock_skew_seconds
-        )
-        decision = policy.decide(self._policy, parsed.document, evidence)
+        decision = _attempt(self._judge, parsed)
+        if isinstance(decision, Refusal):  # the prompt digest found the body too deep
+            if self._audit and decision.auditable:
+                self._decision = policy.Deny(decision)
+                return None
+            return decision
         self._decision = decision
         if self._audit:
             return None
@@ -382,6 +380,19 @@ class Stream:
             # A body too deep to write back is refused here, like any other refusal.
             return _attempt(body.without, parsed, KV_KEY, decision.keys)
         return None
+
+    def _judge(self, parsed: body.Parsed) -> policy.Decision:
+        """The policy's decision; the prompt digest is rendered only when needed (a
+        proof to check) or kept for the response (a mint route). Rendering it may raise
+        ``BadRequest`` for a body too deep, which ``_attempt`` converts."""
+        digest = functools.cache(lambda: proof.prompt_digest(parsed.document, parsed.orjson_safe))
+        if self._policy.action is Action.MINT:
+            self._digest = digest()
+        trust = self._trust
+        evidence = policy.Evidence(
+            digest, self._peer, trust.keys(), trust.clock(), trust.clock_skew_seconds
+        )
+        return policy.decide(self._policy, parsed.document, evidence)
 
     def _on_response_headers(self, event: Event) -> list[Answer] | Refusal:
         """A mint route's response: its body is signed when it can be (see
@@ -438,7 +449,10 @@ class Stream:
             )
             if params is None:
                 return decision, None
-            return decision, body.write(parsed, {**parsed.document, KV_KEY: params})
+            written = _attempt(body.write, parsed, {**parsed.document, KV_KEY: params})
+            if isinstance(written, Refusal):
+                return policy.Allow("response_too_deep"), None
+            return decision, written
         finally:
             self.close()
 

@@ -3,6 +3,7 @@ import json
 import pytest
 
 from ext_proc import body, proof
+from ext_proc.errors import BadRequest
 
 KEYS = proof.KeySet({"k1": b"k" * 32}, "k1")
 PROMPT = {"model": "m", "messages": [{"role": "user", "content": "héllo"}]}
@@ -128,3 +129,12 @@ def test_a_key_of_another_deployment_with_the_same_id_fails():
 
 def test_no_signing_key_mints_nothing():
     assert proof.mint(proof.KeySet({"k1": b"k" * 32}, None), {"a": 1}, digest(), 1) is None
+
+
+def test_a_prompt_too_deep_to_render_is_a_refusal_not_a_crash():
+    deep: object = 1
+    for _ in range(5000):
+        deep = [deep]
+    with pytest.raises(BadRequest) as caught:
+        proof.prompt_digest({**PROMPT, "x": deep}, False)
+    assert caught.value.reason == "body_too_deep"
