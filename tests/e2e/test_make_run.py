@@ -50,17 +50,22 @@ def handoff_script(output: str) -> str:
     return "set -e\n" + "\n".join(script) + "\n"
 
 
+def wait_ready(run: subprocess.Popen[bytes], log: Path) -> None:
+    """Until make run prints that the stack is up (it fails if the run ends first)."""
+    deadline = time.monotonic() + 60
+    while "Ctrl-C stops everything." not in log.read_text():
+        assert run.poll() is None, log.read_text()
+        assert time.monotonic() < deadline, log.read_text()
+        time.sleep(0.1)
+
+
 def test_make_run_serves_the_routes_and_the_hand_off_and_cleans_up_on_ctrl_c(tmp_path):
     ports = free_ports()
     run = start(tmp_path, ports)
     log = tmp_path / "make-run.log"
     try:
         gateway = f"http://127.0.0.1:{ports['GATEWAY_PORT']}"
-        deadline = time.monotonic() + 60
-        while "Ctrl-C stops everything." not in log.read_text():
-            assert run.poll() is None, log.read_text()
-            assert time.monotonic() < deadline, log.read_text()
-            time.sleep(0.1)
+        wait_ready(run, log)
         (folder,) = leftovers(tmp_path)
         output = log.read_text()
         assert output.count(stack.THROWAWAY_NOTICE + "\n") == 1
@@ -111,11 +116,7 @@ def test_a_configured_key_is_used_and_none_generated(tmp_path):
     run = start(tmp_path, {**ports, stack.PROOF_VARIABLE: proof})
     log = tmp_path / "make-run.log"
     try:
-        deadline = time.monotonic() + 60
-        while "Ctrl-C stops everything." not in log.read_text():
-            assert run.poll() is None, log.read_text()
-            assert time.monotonic() < deadline, log.read_text()
-            time.sleep(0.1)
+        wait_ready(run, log)
         (folder,) = leftovers(tmp_path)
         assert not (folder / "proof.key").exists()
         assert stack.THROWAWAY_NOTICE not in log.read_text()
