@@ -25,7 +25,7 @@ Invariants (fail closed):
   becomes a ``Reject`` answer in ``handle`` and nowhere else;
 - a body mode this machine cannot inspect is a protocol error, never a pass;
 - bytes held for a stream are reserved in the shared budget first and returned by
-  ``close``; only bytes that arrived are reserved, never an announced length;
+  ``close``;
 - audit mode (global, or the route's ``audit: true``) computes and records the same
   decision but forwards the request unchanged; it relaxes only refusals that come from
   inspecting the request (``Refusal.auditable``), never protocol errors, limits,
@@ -205,21 +205,14 @@ class Stream:
         self._reserved = 0
         self._chunks.clear()
 
-    def _too_large(self, total: int) -> Refusal | None:
+    def _reserve(self, total: int) -> Refusal | None:
+        """Make sure ``total`` body bytes are reserved (413 or 503 when impossible)."""
         if total > self._max_body_bytes:
             return PayloadTooLarge(
                 f"request body of {total} bytes or more exceeds the limit of "
                 f"{self._max_body_bytes} bytes",
                 reason="body_too_large",
             ).refusal()
-        return None
-
-    def _reserve(self, total: int) -> Refusal | None:
-        """Make sure ``total`` body bytes, held now, are reserved (413 or 503 when
-        impossible)."""
-        refused = self._too_large(total)
-        if refused is not None:
-            return refused
         extra = total - self._reserved
         if extra > 0:
             if not self._budget.try_acquire(extra):
@@ -279,10 +272,8 @@ class Stream:
             self._held_refusal = checked  # reported at the end of the body, not enforced
         declared = event.values("content-length")
         if len(declared) == 1 and declared[0].isdigit():
-            # Refuse an announced oversized body before it is sent. Nothing is reserved
-            # for bytes that have not arrived: announcements cost a client nothing, so
-            # they must not take the shared budget from others.
-            refused = self._too_large(int(declared[0]))
+            # Refuse an announced oversized or unaffordable body before it is sent.
+            refused = self._reserve(int(declared[0]))
             if refused is not None:
                 return refused
         if self._mode is BodyMode.BUFFERED:

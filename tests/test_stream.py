@@ -335,20 +335,12 @@ def test_exhausted_budget_answers_503_with_retry_after(mode):
     assert budget.used == 0
 
 
-@pytest.mark.parametrize("mode", [BUFFERED, DUPLEX])
-def test_an_announced_body_reserves_nothing_until_it_arrives(mode):
-    # Headers that announce large bodies and never send them cost a client nothing;
-    # they must not take the budget from requests whose bytes did arrive.
-    budget = Budget(100)
-    announced = (*JSON, ("content-length", b"100"))
-    idle = [new(budget=budget) for _ in range(5)]
-    for stream in idle:
-        stream.handle(headers(mode=mode, extra=announced))
-    assert budget.used == 0
-    arriving = new(budget=budget)
-    arriving.handle(headers(mode=mode))
-    out = arriving.handle(RequestBody(IDS.encode(), True))
-    assert not isinstance(out[0], Reject)
+def test_budget_is_reserved_from_content_length_and_released():
+    budget = Budget(1000)
+    stream = new(budget=budget)
+    stream.handle(headers(extra=(*JSON, ("content-length", str(len(IDS)).encode()))))
+    assert budget.used == len(IDS)
+    stream.handle(RequestBody(IDS.encode(), True))
     assert budget.used == 0
 
 
@@ -357,10 +349,8 @@ def test_budget_released_on_every_ending(mode):
     budget = Budget(1000)
     for ending in (TimedOut(), RequestBody(b"not json", True), Unexpected("response_body")):
         stream = new(budget=budget)
-        stream.handle(headers(mode=mode, extra=(*JSON, ("content-length", b"16"))))
-        if mode is DUPLEX:  # a held chunk; a buffered body is held only while decided
-            stream.handle(RequestBody(b"{" * 8, False))
-        assert budget.used == (8 if mode is DUPLEX else 0)
+        stream.handle(headers(mode=mode, extra=(*JSON, ("content-length", b"8"))))
+        assert budget.used == 8
         with contextlib.suppress(ProtocolError):
             stream.handle(ending)
         assert budget.used == 0  # released by the stream itself, not by the caller
@@ -426,9 +416,9 @@ def test_after_reject_late_chunks_and_trailers_are_dropped_unanswered():
 
 def test_rejected_at_headers_then_late_chunks_are_dropped():
     budget = Budget(64)
-    stream = new(limit=64, budget=budget)
+    stream = new(budget=budget)
     actions = stream.handle(headers(mode=DUPLEX, extra=(*JSON, ("content-length", b"100"))))
-    assert error_body(actions)["code"] == 413
+    assert error_body(actions)["code"] == 503
     assert stream.handle(RequestBody(b"x" * 100, True)) == []
     assert budget.used == 0
 
