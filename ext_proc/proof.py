@@ -58,10 +58,6 @@ class KeySet:
     keys: Mapping[str, bytes]
     signing: str | None
 
-    @classmethod
-    def empty(cls) -> KeySet:
-        return cls({}, None)
-
 
 def _b64(raw: bytes) -> str:
     return base64.urlsafe_b64encode(raw).rstrip(b"=").decode("ascii")
