@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from devstack import tokens
-from devstack.upstream import Recorded, openai_response
+from devstack.upstream import ADMIN_PATH, Recorded, Recorder, _respond, openai_response
 
 HELLO = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "héllo"}]
 RENDERED = "<|system|>Be brief.\n<|user|>héllo\n"
@@ -142,3 +142,12 @@ def test_any_body_gets_an_answer(body):
     payload = reply("/v1/chat/completions", body)
     assert payload["prompt_token_ids"] is None
     assert payload["stub_received"]["body"] == body.decode()
+
+
+def test_the_admin_path_counts_recorded_requests_without_their_bodies():
+    recorder = Recorder()
+    for _ in range(3):
+        _respond(recorder, Recorded("POST", "/v1/chat/completions", [], b"{}", b"{}"))
+    admin = Recorded("GET", ADMIN_PATH + "?count", [], b"", b"")
+    assert _respond(recorder, admin) == (200, {"count": 3})
+    assert len(_respond(recorder, Recorded("GET", ADMIN_PATH, [], b"", b""))[1]) == 3

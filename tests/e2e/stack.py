@@ -307,10 +307,15 @@ class Stack:
         for child in self.children.values():
             processes.stop(child)
 
-    def _stub(self, method: str) -> list[dict[str, Any]]:
-        request = urllib.request.Request(f"http://{self.upstream}/__stub__/requests", method=method)
+    def _stub(self, method: str, query: str = "") -> Any:
+        url = f"http://{self.upstream}/__stub__/requests{query}"
+        request = urllib.request.Request(url, method=method)
         with urllib.request.urlopen(request, timeout=5) as reply:
             return json.loads(reply.read())
+
+    def received_count(self) -> int:
+        """How many requests reached the stub, without fetching their bodies."""
+        return int(self._stub("GET", "?count")["count"])
 
     def received(self) -> list[Received]:
         return [

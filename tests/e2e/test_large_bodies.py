@@ -269,7 +269,8 @@ def test_concurrent_large_bodies_keep_processor_memory_bounded(limited):
     )
     assert set(statuses) <= {200, 503}
     assert statuses.count(200) >= ROUNDS
-    assert len(limited.received()) == statuses.count(200)
+    # Counted by the stub: fetching ~140 recorded 1.8 MiB bodies can outlast its timeout.
+    assert limited.received_count() == statuses.count(200)
     # What the processor may hold at once: the 3 MiB budget of accepted bodies, one
     # document being parsed and rewritten (one thread parses), gRPC's buffers for the
     # 16 streams (16 x 1.8 MiB) and allocator retention across gRPC's threads.
