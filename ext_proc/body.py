@@ -10,10 +10,12 @@ Fast path (orjson, several times faster on large bodies). Why it is sound: orjso
 accepts strict RFC 8259 JSON in UTF-8 only, a subset of what ``json.loads`` accepts, and
 on that subset both build the same document (same strings, same duplicate-key rule:
 last wins, correctly rounded floats, exact integers) with one exception: an integer
-literal too large for 64 bits becomes a float in orjson. So orjson is used only when
-the body has no run of 19 or more digits (every integer literal then fits in 64 bits);
-anything orjson refuses (NaN, Infinity, huge exponents, BOMs, UTF-16/32, lone
-surrogates, invalid UTF-8, deep nesting) goes to ``json.loads``, which decides. A
+literal too large for 64 bits becomes a float in orjson. So orjson's reading is kept
+only when the body has no run of 19 or more digits (every integer literal then fits in
+64 bits) or the document it read holds no float at all (no literal overflowed: a run
+inside a string, say a 19-digit id in a prompt, is harmless); anything orjson refuses
+(NaN, Infinity, huge exponents, BOMs, UTF-16/32, lone surrogates, invalid UTF-8, deep
+nesting) goes to ``json.loads``, which decides. A
 document orjson read holds no NaN, no infinity, no oversized integer and no lone
 surrogate, so orjson also writes it back exactly, except that orjson writes at most 254
 levels of nesting though it reads 1024; any other document, and any document orjson
@@ -24,6 +26,12 @@ generated bodies.
 Every document ``parse`` returns is written back or refused: a document too deep even
 for ``json.dumps`` (Python's recursion limit, about 1000 levels) is a 400
 (``body_too_deep``), never an unhandled exception.
+
+Bounded work: the caller limits a body's size and its number of values (``Shape``,
+counted before parsing) and parsing runs on the event loop, so those limits bound the
+CPU one body can take. ``json.loads`` is several times slower per value than orjson on
+some inputs, so it reads only bodies up to ``SLOW_PARSE_MAX_BYTES``; a larger body
+orjson cannot read exactly is refused (413, ``body_needs_slow_parse``), never passed.
 """
 
 from __future__ import annotations
@@ -35,14 +43,36 @@ from typing import Any, Final
 
 import orjson
 
-from ext_proc.errors import BadRequest, UnsupportedMediaType
+from ext_proc.errors import BadRequest, PayloadTooLarge, UnsupportedMediaType
 
 Document = dict[str, Any]
-# An integer literal of 19+ digits may not fit in 64 bits: orjson would read a float.
-# Found as 19 zeros after mapping every digit to "0" and everything else to " " (ten
-# times faster than a regular expression, which retries at every digit).
-_DIGITS_AS_ZEROS: Final = bytes(0x30 if 0x30 <= i <= 0x39 else 0x20 for i in range(256))
+# One pass over the body maps every digit to "0", every byte that can start a JSON
+# value or separate two (``,`` ``:`` ``[`` ``{``) to ",", everything else to " ": an
+# integer literal of 19+ digits (which may not fit in 64 bits: orjson would read a float)
+# is then a run of 19 zeros, and the commas bound the number of values (ten times faster
+# than a regular expression, which retries at every digit).
+_DIGIT, _VALUE = 0x30, 0x2C
+_CLASSES: Final = bytes(
+    _DIGIT if 0x30 <= i <= 0x39 else _VALUE if i in b",:[{" else 0x20 for i in range(256)
+)
 _LONG_RUN: Final = b"0" * 19
+# json.loads reads bodies up to this size (see the module docstring).
+SLOW_PARSE_MAX_BYTES: Final = 4 * 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class Shape:
+    """What the raw bytes say before parsing: an upper bound on the number of JSON
+    values (one more than the separators and openers, strings included) and whether an
+    integer literal may exceed 64 bits."""
+
+    values: int
+    long_digits: bool
+
+
+def scan(raw: bytes) -> Shape:
+    classes = raw.translate(_CLASSES)
+    return Shape(classes.count(b",") + 1, classes.find(_LONG_RUN) != -1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,20 +111,43 @@ def check_headers(content_types: list[bytes], content_encodings: list[bytes]) ->
 _REFUSED: Final = object()
 
 
-def _orjson_loads(raw: bytes) -> Any:
+def _holds_float(document: Any) -> bool:
+    """Whether any value in ``document`` is a float (iterative: any depth)."""
+    pending = [document]
+    while pending:
+        value = pending.pop()
+        if isinstance(value, float):
+            return True
+        if isinstance(value, dict):
+            pending.extend(value.values())
+        elif isinstance(value, list):
+            pending.extend(value)
+    return False
+
+
+def _orjson_loads(raw: bytes, shape: Shape) -> Any:
     """orjson's reading of ``raw``, or ``_REFUSED`` where json.loads must decide."""
-    if raw.translate(_DIGITS_AS_ZEROS).find(_LONG_RUN) != -1:
-        return _REFUSED
     try:
-        return orjson.loads(raw)
+        document = orjson.loads(raw)
     except orjson.JSONDecodeError:
         return _REFUSED
+    if shape.long_digits and _holds_float(document):
+        return _REFUSED  # a float may be an integer literal orjson could not hold
+    return document
 
 
-def parse(raw: bytes) -> Parsed:
-    document = _orjson_loads(raw)
+def parse(raw: bytes, shape: Shape | None = None) -> Parsed:
+    """The document ``json.loads`` reads from ``raw`` (``shape``: ``scan(raw)``)."""
+    document = _orjson_loads(raw, shape if shape is not None else scan(raw))
     orjson_safe = document is not _REFUSED
     if not orjson_safe:
+        if len(raw) > SLOW_PARSE_MAX_BYTES:
+            raise PayloadTooLarge(
+                f"request bodies over {SLOW_PARSE_MAX_BYTES} bytes must be plain UTF-8 "
+                "JSON (no NaN or Infinity, integers beyond 64 bits, byte-order mark, "
+                "UTF-16/32, lone surrogates or nesting beyond 1024 levels)",
+                reason="body_needs_slow_parse",
+            )
         try:
             document = json.loads(raw)
         except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError

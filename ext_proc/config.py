@@ -16,6 +16,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from ext_proc import memory
 from ext_proc.address import HostPort, check_listen
 from ext_proc.route_policy import DEFAULT_NAMESPACE
 from ext_proc.validation import problems
@@ -79,8 +80,14 @@ class Config(BaseModel):
     # Largest request body the processor will parse; larger bodies get a 413. The gRPC
     # receive limit is derived from it so grpcio's 4 MiB default never applies.
     max_body_bytes: int = Field(16 * MiB, gt=0, le=1024 * MiB)
-    # Request-body bytes all streams of this process may hold at once; beyond it new
-    # bodies get a 503 with retry-after. Bounds memory under many concurrent large bodies.
+    # Most JSON values one body may hold (counted from its bytes before parsing: every
+    # , : [ { plus one, strings included); more is a 413 (body_too_complex). Bounds the
+    # memory and CPU parsing one body can take (ext_proc/memory.py).
+    max_json_values: int = Field(262_144, gt=0)
+    # Memory all streams of this process may hold for bodies at once, in the units of
+    # ext_proc/memory.py (a body costs about 12 bytes per byte plus 80 per value);
+    # beyond it new bodies get a 503 with retry-after. Bytes that have not arrived are
+    # not counted.
     inflight_budget_bytes: int = Field(256 * MiB, gt=0)
     # Time from the request headers to the end of the body (slow uploads get a 408).
     body_timeout_seconds: float = Field(60.0, gt=0)
@@ -104,8 +111,13 @@ class Config(BaseModel):
 
     @model_validator(mode="after")
     def _consistent(self) -> Config:
-        if self.inflight_budget_bytes < self.max_body_bytes:
-            raise ValueError("inflight_budget_bytes must be at least max_body_bytes")
+        largest = memory.cost(self.max_body_bytes, self.max_json_values)
+        if self.inflight_budget_bytes < largest:
+            raise ValueError(
+                f"inflight_budget_bytes must hold the largest admissible body: at least "
+                f"{largest} for max_body_bytes {self.max_body_bytes} and max_json_values "
+                f"{self.max_json_values} (ext_proc/memory.py)"
+            )
         if self.workers > 1 and self.listen.startswith("unix:"):
             raise ValueError("workers > 1 needs a TCP listen address (SO_REUSEPORT)")
         return self

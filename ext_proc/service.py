@@ -86,6 +86,7 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc
         """Receive loop: every event goes to the stream machine; its answers go back."""
         stream = Stream(
             max_body_bytes=self._config.max_body_bytes,
+            max_json_values=self._config.max_json_values,
             budget=self.budget,
             namespace=self._config.route_metadata_namespace,
             audit=self._config.audit,
@@ -107,6 +108,8 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc
                 self.metrics.inflight_bytes.set(self.budget.used)
                 for response in responses:
                     yield response
+                # Resumed once gRPC took the last answer: what it carried is not held.
+                stream.sent()
             if stream.waiting_for_body:
                 # Envoy closed its side mid-body. Ending the RPC cleanly now could let a
                 # held request through; end it with an error instead.

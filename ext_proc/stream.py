@@ -24,8 +24,9 @@ Invariants (fail closed):
   validation raise become refusals in ``_attempt`` and nowhere else, and every refusal
   becomes a ``Reject`` answer in ``handle`` and nowhere else;
 - a body mode this machine cannot inspect is a protocol error, never a pass;
-- bytes held for a stream are reserved in the shared budget first and returned by
-  ``close``;
+- what a stream holds is charged to the shared budget (in ``memory``'s units) before
+  it is parsed and refunded by ``close``; nothing is charged for bytes that have not
+  arrived, so announcing a large body costs the gateway nothing;
 - audit mode (global, or the route's ``audit: true``) computes and records the same
   decision but forwards the request unchanged; it relaxes only refusals that come from
   inspecting the request (``Refusal.auditable``), never protocol errors, limits,
@@ -41,7 +42,7 @@ from dataclasses import dataclass
 from enum import Enum, auto
 from typing import Final, ParamSpec, TypeVar
 
-from ext_proc import body, policy, proof, route_policy
+from ext_proc import body, memory, policy, proof, route_policy
 from ext_proc.budget import Budget
 from ext_proc.errors import (
     BadRequest,
@@ -121,6 +122,7 @@ class Stream:
         self,
         *,
         max_body_bytes: int,
+        max_json_values: int = 262_144,
         budget: Budget | None = None,
         namespace: str = route_policy.DEFAULT_NAMESPACE,
         audit: bool = False,
@@ -136,13 +138,16 @@ class Stream:
         self._body_size = 0
         self._held_refusal: Refusal | None = None
         self._max_body_bytes = max_body_bytes
-        self._budget = budget if budget is not None else Budget(max_body_bytes)
+        self._max_json_values = max_json_values
+        self._budget = (
+            budget if budget is not None else Budget(memory.cost(max_body_bytes, max_json_values))
+        )
         self._namespace = namespace
         self._policy = route_policy.DEFAULT_POLICY
         self._mode = BodyMode.NONE
         self._chunks: list[bytes] = []
         self._received = 0
-        self._reserved = 0
+        self._charged = 0
         self._last_chunk: bytes | None = None
         self._trust = trust if trust is not None else Trust()
         self._peer = policy.NO_PEER
@@ -199,29 +204,50 @@ class Stream:
     def _outcome(self, decision: policy.Decision, phase: str) -> Outcome:
         return Outcome(decision, self._audit, self._route, self._body_size, self._request_id, phase)
 
+    def sent(self) -> None:
+        """The edge has sent the answers of the last step. The charge for a body covers
+        its rewrite until then (the rewritten body and its protobuf message are held
+        while gRPC sends them); it is refunded now unless a body is still arriving."""
+        if not self.waiting_for_body:
+            self.close()
+
     def close(self) -> None:
-        """Give back every reserved byte and drop held chunks; safe to call twice."""
-        self._budget.release(self._reserved)
-        self._reserved = 0
+        """Refund everything charged and drop held chunks; safe to call twice."""
+        self._budget.release(self._charged)
+        self._charged = 0
         self._chunks.clear()
 
-    def _reserve(self, total: int) -> Refusal | None:
-        """Make sure ``total`` body bytes are reserved (413 or 503 when impossible)."""
-        if total > self._max_body_bytes:
-            return PayloadTooLarge(
-                f"request body of {total} bytes or more exceeds the limit of "
-                f"{self._max_body_bytes} bytes",
-                reason="body_too_large",
-            ).refusal()
-        extra = total - self._reserved
+    def _too_large(self, size: int) -> Refusal | None:
+        if size <= self._max_body_bytes:
+            return None
+        return PayloadTooLarge(
+            f"request body of {size} bytes or more exceeds the limit of "
+            f"{self._max_body_bytes} bytes",
+            reason="body_too_large",
+        ).refusal()
+
+    def _charge(self, total: int) -> Refusal | None:
+        """Make sure ``total`` is charged to the budget (503 when it cannot be)."""
+        extra = total - self._charged
         if extra > 0:
             if not self._budget.try_acquire(extra):
                 return ServiceUnavailable(
                     "the gateway is holding too many request bodies; retry shortly",
                     reason="inflight_budget_exhausted",
                 ).refusal()
-            self._reserved = total
+            self._charged = total
         return None
+
+    def _admit(self, raw: bytes) -> body.Shape | Refusal:
+        """The shape of a whole body, once its parsed cost is charged (413 for too many
+        values, 503 when the budget cannot hold it)."""
+        shape = body.scan(raw)
+        if shape.values > self._max_json_values:
+            return PayloadTooLarge(
+                f"request body holds more than {self._max_json_values} JSON values",
+                reason="body_too_complex",
+            ).refusal()
+        return self._charge(memory.cost(len(raw), shape.values)) or shape
 
     def _on_headers(self, event: Event) -> list[Answer] | Refusal:
         assert isinstance(event, RequestHeaders)
@@ -272,8 +298,9 @@ class Stream:
             self._held_refusal = checked  # reported at the end of the body, not enforced
         declared = event.values("content-length")
         if len(declared) == 1 and declared[0].isdigit():
-            # Refuse an announced oversized or unaffordable body before it is sent.
-            refused = self._reserve(int(declared[0]))
+            # Refuse an announced oversized body before it is sent. Nothing is charged
+            # for it: an announcement is not bytes held.
+            refused = self._too_large(int(declared[0]))
             if refused is not None:
                 return refused
         if self._mode is BodyMode.BUFFERED:
@@ -284,14 +311,13 @@ class Stream:
 
     def _on_buffered_body(self, event: Event) -> list[Answer] | Refusal:
         assert isinstance(event, RequestBody)
-        refused = self._reserve(len(event.chunk))
+        refused = self._too_large(len(event.chunk))
         if refused is not None:
             return refused
         # This one message is the whole body; end_of_stream is false only when
         # trailers follow.
         self.state = State.DONE if event.end_of_stream else State.EXPECT_TRAILERS
         replacement = self._decide(event.chunk)
-        self.close()
         if isinstance(replacement, Refusal):
             return replacement
         return [ContinueBody(replacement)]
@@ -299,7 +325,9 @@ class Stream:
     def _on_chunk(self, event: Event) -> list[Answer] | Refusal:
         assert isinstance(event, RequestBody)
         self._received += len(event.chunk)
-        refused = self._reserve(max(self._received, self._reserved))
+        refused = self._too_large(self._received) or self._charge(
+            max(memory.held(self._received), self._charged)
+        )
         if refused is not None:
             return refused
         self._chunks.append(event.chunk)
@@ -308,8 +336,8 @@ class Stream:
         self._last_chunk = event.chunk
         self.state = State.DONE
         raw = b"".join(self._chunks)
+        self._chunks.clear()
         replacement = self._decide(raw)
-        self.close()
         if isinstance(replacement, Refusal):
             return replacement
         out = raw if replacement is None else replacement
@@ -359,7 +387,11 @@ class Stream:
         """The body to forward instead of ``raw`` (None: unchanged), or a refusal."""
         self._body_size = len(raw)
         held = self._held_refusal
-        parsed = held if held is not None else _attempt(body.parse, raw)
+        if held is not None:
+            parsed: body.Parsed | Refusal = held
+        else:
+            shape = self._admit(raw)
+            parsed = shape if isinstance(shape, Refusal) else _attempt(body.parse, raw, shape)
         if isinstance(parsed, Refusal):
             if self._audit and parsed.auditable:
                 self._decision = policy.Deny(parsed)
@@ -433,28 +465,26 @@ class Stream:
         return [ContinueResponseBody(None if self._audit else replacement)]
 
     def _mint(self, raw: bytes) -> tuple[policy.Decision, bytes | None]:
+        """The response's decision and its signed body; what it holds stays charged
+        until ``sent``."""
         if self._mint_refused is not None:
             return policy.Allow(self._mint_refused), None
         assert self._digest is not None
-        if self._reserve(len(raw)) is not None:
+        shape = self._too_large(len(raw)) or self._admit(raw)
+        if isinstance(shape, Refusal):
             return policy.Allow("response_not_affordable"), None
-        try:
-            parsed = _attempt(body.parse, raw)
-            if isinstance(parsed, Refusal):
-                return policy.Allow("response_not_json"), None
-            trust = self._trust
-            expiry = int(trust.clock()) + trust.ttl_seconds
-            decision, params = policy.mint_response(
-                parsed.document, self._digest, trust.keys(), expiry
-            )
-            if params is None:
-                return decision, None
-            written = _attempt(body.write, parsed, {**parsed.document, KV_KEY: params})
-            if isinstance(written, Refusal):
-                return policy.Allow("response_too_deep"), None
-            return decision, written
-        finally:
-            self.close()
+        parsed = _attempt(body.parse, raw, shape)
+        if isinstance(parsed, Refusal):
+            return policy.Allow("response_not_json"), None
+        trust = self._trust
+        expiry = int(trust.clock()) + trust.ttl_seconds
+        decision, params = policy.mint_response(parsed.document, self._digest, trust.keys(), expiry)
+        if params is None:
+            return decision, None
+        written = _attempt(body.write, parsed, {**parsed.document, KV_KEY: params})
+        if isinstance(written, Refusal):
+            return policy.Allow("response_too_deep"), None
+        return decision, written
 
 
 _Handler = Callable[[Stream, Event], "list[Answer] | Refusal"]

@@ -16,8 +16,11 @@ class Driven:
         self.stream = Stream(**options)
         self.outcome: Outcome | None = None
 
-    def handle(self, event: Event) -> list[Answer]:
+    def handle(self, event: Event, *, sent: bool = True) -> list[Answer]:
+        """``sent``: the answers went out, as the servicer reports after sending."""
         step = self.stream.handle(event)
+        if sent:
+            self.stream.sent()
         if step.outcome is not None:
             assert self.outcome is None, "a request's outcome is reported once"
             self.outcome = step.outcome

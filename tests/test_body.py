@@ -134,9 +134,12 @@ def test_without_survives_lone_surrogates_and_nan():
         (b'\xef\xbb\xbf{"a": 1}', False),
         (b'{"a": "\\ud800"}', False),
         (b'{"a": 123456789012345678901234567890}', False),
-        (b'{"a": 1234567890123456789}', False),  # 19 digits: json.loads decides
+        (b'{"a": 1234567890123456789}', True),  # 19 digits, within 64 bits: an int
+        (b'{"a": 18446744073709551616}', False),  # 2**64: orjson reads a float
+        (b'{"a": -9223372036854775809}', False),  # below -2**63
         (b'{"a": 123456789012345678}', True),
-        (b'{"a": "0000000000000000000"}', False),  # digits in a string: slower, still exact
+        (b'{"a": "0000000000000000000"}', True),  # a run inside a string, no float
+        (b'{"a": "0000000000000000000", "b": 0.5}', False),  # a float: json.loads decides
     ],
 )
 def test_fast_parser_only_where_it_reads_what_json_loads_reads(raw, fast):

@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from ext_proc import proof
+from ext_proc import body, memory, proof
 from ext_proc.budget import Budget
 from ext_proc.errors import ProtocolError
 from ext_proc.events import (
@@ -44,8 +44,8 @@ def headers(route=AGGREGATED, *, eos=False, mode=BUFFERED, extra=JSON):
     return RequestHeaders(extra, eos, mode, route)
 
 
-def new(limit=1 << 20, budget=None):
-    return Driven(max_body_bytes=limit, budget=budget)
+def new(limit=1 << 20, budget=None, values=262_144):
+    return Driven(max_body_bytes=limit, max_json_values=values, budget=budget)
 
 
 def only(actions):
@@ -262,7 +262,7 @@ def test_duplex_large_body_is_split_into_pieces():
     ids = list(range(40)) * 30000
     data = json.dumps({"kv_transfer_params": {"prompt_token_ids": ids}}).encode()
     assert len(data) > 2 * STREAM_CHUNK
-    stream = new(limit=8 << 20)
+    stream = new(limit=8 << 20, values=2 << 20)
     stream.handle(headers(DISAGGREGATED, mode=DUPLEX))
     out = feed(stream, data, 65536)
     assert len(out) == 1 + -(-len(data) // STREAM_CHUNK)
@@ -321,11 +321,11 @@ def test_body_timeout_answers_408(mode):
 
 @pytest.mark.parametrize("mode", [BUFFERED, DUPLEX])
 def test_exhausted_budget_answers_503_with_retry_after(mode):
-    budget = Budget(100)
+    budget = Budget(400)
     holder = new(budget=budget)
     holder.handle(headers(mode=DUPLEX))
     holder.handle(RequestBody(b"x" * 80, False))
-    assert budget.used == 80
+    assert budget.used == memory.held(80) == 320
     stream = new(budget=budget)
     stream.handle(headers(mode=mode))
     actions = stream.handle(RequestBody(b"y" * 30, mode is BUFFERED))
@@ -335,13 +335,44 @@ def test_exhausted_budget_answers_503_with_retry_after(mode):
     assert budget.used == 0
 
 
-def test_budget_is_reserved_from_content_length_and_released():
-    budget = Budget(1000)
-    stream = new(budget=budget)
-    stream.handle(headers(extra=(*JSON, ("content-length", str(len(IDS)).encode()))))
-    assert budget.used == len(IDS)
-    stream.handle(RequestBody(IDS.encode(), True))
+@pytest.mark.parametrize("mode", [BUFFERED, DUPLEX])
+def test_an_announced_body_is_charged_only_when_it_arrives(mode):
+    # Announcing a large body and never sending it costs the gateway nothing: streams
+    # that only announce cannot starve the ones that send.
+    budget = Budget(memory.cost(1 << 20, 262_144))
+    announced = (*JSON, ("content-length", str(1 << 20).encode()))
+    idle = [new(budget=budget) for _ in range(16)]
+    for stream in idle:
+        stream.handle(headers(mode=mode, extra=announced))
     assert budget.used == 0
+    sender = new(budget=budget)
+    sender.handle(headers(mode=mode, extra=(*JSON, ("content-length", str(len(IDS)).encode()))))
+    out = sender.handle(RequestBody(IDS.encode(), True))
+    assert not isinstance(out[0], Reject)
+    assert budget.peak == memory.cost(len(IDS), body.scan(IDS.encode()).values)
+    assert budget.used == 0
+
+
+@pytest.mark.parametrize("mode", [BUFFERED, DUPLEX])
+def test_a_rewritten_body_stays_charged_until_it_is_sent(mode):
+    # The rewrite and its protobuf message are held while gRPC sends them.
+    budget = Budget(1 << 20)
+    stream = new(budget=budget)
+    stream.handle(headers(mode=mode))
+    stream.handle(RequestBody(IDS.encode(), True), sent=False)
+    assert stream.decision.action == "strip"
+    assert budget.used == memory.cost(len(IDS), body.scan(IDS.encode()).values)
+    stream.stream.sent()
+    assert budget.used == 0
+
+
+def test_a_body_with_too_many_values_is_refused_before_it_is_parsed():
+    stream = new(values=8)
+    stream.handle(headers())
+    refusal = error_body(stream.handle(RequestBody(b'{"a": [1, 2, 3, 4, 5, 6, 7, 8]}', True)))
+    assert refusal["code"] == 413
+    assert "more than 8 JSON values" in refusal["message"]
+    assert stream.decision.reason == "body_too_complex"
 
 
 @pytest.mark.parametrize("mode", [BUFFERED, DUPLEX])
@@ -349,11 +380,14 @@ def test_budget_released_on_every_ending(mode):
     budget = Budget(1000)
     for ending in (TimedOut(), RequestBody(b"not json", True), Unexpected("response_body")):
         stream = new(budget=budget)
-        stream.handle(headers(mode=mode, extra=(*JSON, ("content-length", b"8"))))
-        assert budget.used == 8
+        stream.handle(headers(mode=mode, extra=(*JSON, ("content-length", b"9"))))
+        if mode is DUPLEX:
+            stream.handle(RequestBody(b"{", False))
+            assert budget.used == memory.held(1)
         with contextlib.suppress(ProtocolError):
             stream.handle(ending)
         assert budget.used == 0  # released by the stream itself, not by the caller
+    assert budget.peak > 0
 
 
 # --- message order --------------------------------------------------------------------
@@ -400,7 +434,7 @@ def test_error_state_is_sticky():
 
 def test_after_reject_late_chunks_and_trailers_are_dropped_unanswered():
     # Streamed mode: chunks Envoy read before our ImmediateResponse still arrive.
-    budget = Budget(64)
+    budget = Budget(memory.held(64))
     stream = new(budget=budget)
     assert stream.handle(headers(mode=DUPLEX)) == []  # chunked: no length to reserve
     assert stream.handle(RequestBody(b"x" * 40, False)) == []
@@ -415,10 +449,10 @@ def test_after_reject_late_chunks_and_trailers_are_dropped_unanswered():
 
 
 def test_rejected_at_headers_then_late_chunks_are_dropped():
-    budget = Budget(64)
-    stream = new(budget=budget)
+    budget = Budget(1000)
+    stream = new(limit=64, budget=budget)
     actions = stream.handle(headers(mode=DUPLEX, extra=(*JSON, ("content-length", b"100"))))
-    assert error_body(actions)["code"] == 503
+    assert error_body(actions)["code"] == 413
     assert stream.handle(RequestBody(b"x" * 100, True)) == []
     assert budget.used == 0
 

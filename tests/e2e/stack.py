@@ -288,6 +288,13 @@ class Stack:
         """Start VmHWM afresh at the current RSS (Linux >= 4.0: clear_refs value 5)."""
         Path(f"/proc/{self.children['processor'].pid}/clear_refs").write_text("5")
 
+    def inflight(self) -> float:
+        """The processor's in-flight budget in use (its metrics endpoint)."""
+        with urllib.request.urlopen(f"http://{self.metrics}/metrics", timeout=5) as reply:
+            text = reply.read().decode()
+        (line,) = (x for x in text.splitlines() if x.startswith("ext_proc_inflight_body_bytes "))
+        return float(line.split()[1])
+
     def open_upload(self, length: int, first: bytes) -> socket.socket:
         """Start an HTTP/1.1 POST announcing ``length`` body bytes; send only ``first``."""
         sock = socket.create_connection((self.gateway.host, self.gateway.port), timeout=30)
