@@ -30,8 +30,9 @@ for ``json.dumps`` (Python's recursion limit, about 1000 levels) is a 400
 Bounded work: the caller limits a body's size and its number of values (``Shape``,
 counted before parsing) and parsing runs on the event loop, so those limits bound the
 CPU one body can take. ``json.loads`` is several times slower per value than orjson on
-some inputs, so it reads only bodies up to ``SLOW_PARSE_MAX_BYTES``; a larger body
-orjson cannot read exactly is refused (413, ``body_needs_slow_parse``), never passed.
+some inputs, so it reads only bodies up to ``SLOW_PARSE_MAX_BYTES`` and
+``SLOW_PARSE_MAX_VALUES``; a larger body orjson cannot read exactly is refused (413,
+``body_needs_slow_parse``), never passed.
 """
 
 from __future__ import annotations
@@ -56,8 +57,10 @@ _CLASSES: Final = bytes(
     _DIGIT if 0x30 <= i <= 0x39 else _VALUE if i in b",:[{" else 0x20 for i in range(256)
 )
 _LONG_RUN: Final = b"0" * 19
-# json.loads reads bodies up to this size (see the module docstring).
+# json.loads reads bodies up to this size and number of values (see the module
+# docstring): its cost per value is several times orjson's.
 SLOW_PARSE_MAX_BYTES: Final = 4 * 1024 * 1024
+SLOW_PARSE_MAX_VALUES: Final = 65_536
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,14 +141,16 @@ def _orjson_loads(raw: bytes, shape: Shape) -> Any:
 
 def parse(raw: bytes, shape: Shape | None = None) -> Parsed:
     """The document ``json.loads`` reads from ``raw`` (``shape``: ``scan(raw)``)."""
-    document = _orjson_loads(raw, shape if shape is not None else scan(raw))
+    shape = shape if shape is not None else scan(raw)
+    document = _orjson_loads(raw, shape)
     orjson_safe = document is not _REFUSED
     if not orjson_safe:
-        if len(raw) > SLOW_PARSE_MAX_BYTES:
+        if len(raw) > SLOW_PARSE_MAX_BYTES or shape.values > SLOW_PARSE_MAX_VALUES:
             raise PayloadTooLarge(
-                f"request bodies over {SLOW_PARSE_MAX_BYTES} bytes must be plain UTF-8 "
-                "JSON (no NaN or Infinity, integers beyond 64 bits, byte-order mark, "
-                "UTF-16/32, lone surrogates or nesting beyond 1024 levels)",
+                f"request bodies over {SLOW_PARSE_MAX_BYTES} bytes or "
+                f"{SLOW_PARSE_MAX_VALUES} JSON values must be plain UTF-8 JSON (no NaN or "
+                "Infinity, integers beyond 64 bits, byte-order mark, UTF-16/32, lone "
+                "surrogates or nesting beyond 1024 levels)",
                 reason="body_needs_slow_parse",
             )
         try:

@@ -85,7 +85,7 @@ class Config(BaseModel):
     # memory and CPU parsing one body can take (ext_proc/memory.py).
     max_json_values: int = Field(262_144, gt=0)
     # Memory all streams of this process may hold for bodies at once, in the units of
-    # ext_proc/memory.py (a body costs about 12 bytes per byte plus 80 per value);
+    # ext_proc/memory.py (a body costs 12-20 bytes per byte plus 80 per value);
     # beyond it new bodies get a 503 with retry-after. Bytes that have not arrived are
     # not counted.
     inflight_budget_bytes: int = Field(256 * MiB, gt=0)
@@ -111,7 +111,7 @@ class Config(BaseModel):
 
     @model_validator(mode="after")
     def _consistent(self) -> Config:
-        largest = memory.cost(self.max_body_bytes, self.max_json_values)
+        largest = memory.largest(self.max_body_bytes, self.max_json_values)
         if self.inflight_budget_bytes < largest:
             raise ValueError(
                 f"inflight_budget_bytes must hold the largest admissible body: at least "

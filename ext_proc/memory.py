@@ -1,30 +1,41 @@
 """What a request body costs the processor in memory: the model the budget counts in.
 
 A body of ``size`` bytes holding at most ``values`` JSON values (``body.Shape``) costs at
-most ``cost(size, values)`` bytes of process memory while the processor holds it:
+most ``cost(size, values)`` bytes of process memory from the moment the servicer takes
+it until the answer that carries its rewrite has been handed to gRPC:
 
 - ``COPIES * size`` for the bytes themselves: the gRPC message as bytes, the protobuf
   message, the body taken out of it, and the rewritten body with its response message.
-- ``PARSE_PER_BYTE * size + PER_VALUE * values`` for the parsed document at its peak.
+- ``PARSE_PER_BYTE * size + PER_VALUE * values`` for the parsed document at its peak
+  and its rewrite (``SLOW_PARSE_PER_BYTE`` for bodies json.loads may read).
   A string costs up to 4 bytes per character (one astral character makes CPython store
   the whole string in UCS-4) plus its header; every other value is one Python object
   plus the slot that holds it (an empty list: 56 bytes, 16 of GC header, 8 of slot).
-  Measured peaks (RSS, CPython 3.12, orjson and json.loads alike): 1-2x the body for
-  prose, 4-7x for a string with an astral character, 7x for 7-digit ids, 22x for
-  ``["a","a",...]`` and 25-30x for ``[[],[],...]``, each below this bound
-  (tests/test_memory.py checks the catalogue in a fresh process).
+  Measured peaks (RSS, orjson and json.loads alike): 1-2x the body for prose, 4-7x for
+  a string with an astral character (14x through json.loads and json.dumps), 8x for
+  7-digit ids, 24x for ``["a","a",...]`` and 31x for ``[[],[],...]``, each below this
+  bound (tests/test_memory.py checks the catalogue in a fresh process).
 
 ``values`` is counted from the raw bytes before parsing (``,`` ``:`` ``[`` ``{``, strings
 included, so it never undercounts) and limited per body (``max_json_values``), so the
-cost of the largest admissible body is known before any body arrives: the in-flight
-budget must hold at least one (``config.Config``). The budget is charged before a body
-is parsed and refunded when its stream lets it go; bytes that have not arrived are never
-charged.
+cost of the largest admissible body (``largest``) is known before any body arrives: the
+in-flight budget must hold at least one (``config.Config``). Bytes that have not arrived
+are never charged: a streamed body is charged ``held`` per byte as its chunks arrive,
+then its full cost once whole.
+
+A processor's resident memory is then at most: its baseline (about 60 MiB) + WARM_UP +
+the in-flight budget + the messages gRPC has received that the servicer has not taken
+yet (at most one per open stream, about its size each; the servicer takes them as fast
+as its event loop turns, and a refused body is dropped at once). With the defaults
+(16 MiB bodies, 262,144 values, a 256 MiB budget) a 1 GiB limit leaves about 500 MiB
+for that queue. The CPU one body takes is bounded by the same limits (body.py).
 """
 
 from __future__ import annotations
 
 from typing import Final
+
+from ext_proc.body import SLOW_PARSE_MAX_BYTES
 
 MiB: Final = 1 << 20
 # Once per process, the first burst of concurrent large bodies grows gRPC's transport
@@ -33,7 +44,9 @@ MiB: Final = 1 << 20
 WARM_UP: Final = 160 * MiB
 COPIES: Final = 4
 PARSE_PER_BYTE: Final = 8
-PER_BYTE: Final = COPIES + PARSE_PER_BYTE
+# json.loads (bodies up to body.SLOW_PARSE_MAX_BYTES) and json.dumps build whole
+# strings before encoding them: up to 16 bytes per byte for an astral string.
+SLOW_PARSE_PER_BYTE: Final = 16
 PER_VALUE: Final = 80
 
 
@@ -44,4 +57,10 @@ def held(size: int) -> int:
 
 def cost(size: int, values: int) -> int:
     """The cost of a body of ``size`` bytes and at most ``values`` JSON values, parsed."""
-    return PER_BYTE * size + PER_VALUE * values
+    per_byte = SLOW_PARSE_PER_BYTE if size <= SLOW_PARSE_MAX_BYTES else PARSE_PER_BYTE
+    return (COPIES + per_byte) * size + PER_VALUE * values
+
+
+def largest(max_size: int, max_values: int) -> int:
+    """The cost of the costliest body within the limits."""
+    return max(cost(max_size, max_values), cost(min(max_size, SLOW_PARSE_MAX_BYTES), max_values))

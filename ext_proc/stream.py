@@ -139,9 +139,9 @@ class Stream:
         self._held_refusal: Refusal | None = None
         self._max_body_bytes = max_body_bytes
         self._max_json_values = max_json_values
-        self._budget = (
-            budget if budget is not None else Budget(memory.cost(max_body_bytes, max_json_values))
-        )
+        if budget is None:
+            budget = Budget(memory.largest(max_body_bytes, max_json_values))
+        self._budget = budget
         self._namespace = namespace
         self._policy = route_policy.DEFAULT_POLICY
         self._mode = BodyMode.NONE

@@ -3,7 +3,7 @@ import json
 import pytest
 
 from ext_proc import body
-from ext_proc.errors import BadRequest, Refusal, UnsupportedMediaType
+from ext_proc.errors import BadRequest, PayloadTooLarge, Refusal, UnsupportedMediaType
 from ext_proc.vllm_request import KV_KEY as KV
 from ext_proc.vllm_request import policed_keys
 
@@ -75,7 +75,7 @@ def test_parse_matches_json_loads_on_duplicates_and_encodings():
 
 def test_deep_nesting_refused_not_crashed():
     with pytest.raises(BadRequest):
-        body.parse(b"[" * 200_000 + b"]" * 200_000)
+        body.parse(b"[" * 60_000 + b"]" * 60_000)
 
 
 def test_without_keeps_everything_else():
@@ -215,3 +215,26 @@ def test_beyond_the_recursion_limit_a_rewrite_is_refused_not_raised():
     with pytest.raises(BadRequest) as caught:
         body.without(parsed, KV, None)
     assert caught.value.reason == "body_too_deep"
+
+
+def test_the_slow_parser_reads_only_bodies_with_a_bounded_cost():
+    few = b'{"n": NaN, "a": [' + b"1," * 1000 + b"1]}"
+    assert not body.parse(few).orjson_safe  # json.loads decides
+    many = b'{"n": NaN, "a": [' + b"1," * body.SLOW_PARSE_MAX_VALUES + b"1]}"
+    large = b'{"n": NaN, "a": "' + b"x" * body.SLOW_PARSE_MAX_BYTES + b'"}'
+    for raw in (many, large):
+        with pytest.raises(PayloadTooLarge) as refused:
+            body.parse(raw)
+        assert refused.value.reason == "body_needs_slow_parse"
+    # The same sizes in plain JSON are orjson's: no limit but the caller's.
+    assert body.parse(many.replace(b"NaN", b"0")).orjson_safe
+    assert body.parse(large.replace(b"NaN", b"0")).orjson_safe
+
+
+def test_scan_counts_an_upper_bound_on_the_values():
+    raw = b'{"a": [1, 2, {"b": "x,y:[{"}], "c": 18446744073709551616}'
+    shape = body.scan(raw)
+    assert shape.long_digits
+    # 8 values in the document; the separators inside the string count too.
+    assert shape.values == raw.count(b",") + raw.count(b":") + raw.count(b"[") + raw.count(b"{") + 1
+    assert shape.values >= 8

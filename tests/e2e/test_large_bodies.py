@@ -166,7 +166,7 @@ def test_slow_chunked_upload_within_limits(gateway):
 ROUNDS = 3
 VALUES = 16_384
 # The budget holds exactly one body of the largest admissible cost (ext_proc/memory.py).
-BUDGET = memory.cost(2 * MiB, VALUES)
+BUDGET = memory.largest(2 * MiB, VALUES)
 LIMITS = {
     "max_body_bytes": 2 * MiB,
     "max_json_values": VALUES,
