@@ -95,6 +95,20 @@ def _peer(request: pb.ProcessingRequest) -> Peer:
     return Peer(mtls, tuple(identities)) if mtls else NO_PEER
 
 
+def _preamble(request: pb.ProcessingRequest, keys: AttributeKeys) -> RequestHeaders | None:
+    """The request's headers and route rebuilt from CEL attributes, on the first message
+    of a request whose headers message Envoy skipped; None on any other message."""
+    if not request.HasField("protocol_config"):  # only on the first message of a request
+        return None
+    return RequestHeaders(
+        headers=_headers_from_attributes(request),
+        end_of_stream=False,
+        body_mode=BodyMode(request.protocol_config.request_body_mode),
+        route=_route_metadata(request, keys),
+        peer=_peer(request),
+    )
+
+
 def decode(request: pb.ProcessingRequest, keys: AttributeKeys) -> Event:
     if request.observability_mode:
         # Envoy does not wait for answers in observability mode: nothing could be denied
@@ -112,18 +126,9 @@ def decode(request: pb.ProcessingRequest, keys: AttributeKeys) -> Event:
         )
     if kind == "request_body":
         body = request.request_body
-        preamble = None
-        if request.HasField("protocol_config"):  # only on the first message of a request
-            preamble = RequestHeaders(
-                headers=_headers_from_attributes(request),
-                end_of_stream=False,
-                body_mode=BodyMode(request.protocol_config.request_body_mode),
-                route=_route_metadata(request, keys),
-                peer=_peer(request),
-            )
-        return RequestBody(body.body, body.end_of_stream, preamble)
+        return RequestBody(body.body, body.end_of_stream, _preamble(request, keys))
     if kind == "request_trailers":
-        return RequestTrailers()
+        return RequestTrailers(_preamble(request, keys))
     if kind == "response_headers":
         message = request.response_headers
         return ResponseHeaders(

@@ -73,7 +73,9 @@ class RequestBody:
 
 @dataclass(frozen=True, slots=True)
 class RequestTrailers:
-    pass
+    # Set when the trailers are the first message (headers skipped, no body): the
+    # headers and route rebuilt from CEL attributes, as on RequestBody.
+    preamble: RequestHeaders | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -269,6 +269,19 @@ class Stream:
             return begun
         return self._on_buffered_body(event)
 
+    def _on_headerless_trailers(self, event: Event) -> list[Answer] | Refusal:
+        """request_header_mode SKIP and trailers without a body (HTTP/2): the route is
+        judged from the attributes, then the empty body like any other."""
+        assert isinstance(event, RequestTrailers)
+        if event.preamble is None:
+            raise ProtocolError(
+                "request trailers before request headers", reason="protocol_violation"
+            )
+        begun = self._begin(event.preamble)
+        if isinstance(begun, Refusal):
+            return begun
+        return self._on_trailers_without_body(event)
+
     def _begin(self, event: RequestHeaders) -> list[Answer] | Refusal:
         self._route = event.route.name
         self._peer = event.peer
@@ -494,6 +507,7 @@ _Handler = Callable[[Stream, Event], "list[Answer] | Refusal"]
 _TRANSITIONS: Final[dict[tuple[State, type], tuple[_Handler, State | None]]] = {
     (State.EXPECT_HEADERS, RequestHeaders): (Stream._on_headers, None),
     (State.EXPECT_HEADERS, RequestBody): (Stream._on_headerless_body, None),
+    (State.EXPECT_HEADERS, RequestTrailers): (Stream._on_headerless_trailers, None),
     (State.EXPECT_BODY, RequestBody): (Stream._on_buffered_body, None),
     (State.EXPECT_BODY, RequestTrailers): (Stream._on_trailers_without_body, State.REJECTED),
     (State.EXPECT_BODY, TimedOut): (Stream._on_timeout, State.REJECTED),

@@ -189,6 +189,18 @@ def test_first_body_message_carries_a_preamble_from_attributes():
     )
 
 
+def test_first_trailers_message_carries_a_preamble_from_attributes():
+    request = pb.ProcessingRequest(request_trailers=pb.HttpTrailers())
+    request.protocol_config.request_body_mode = 2
+    event = decode(request, KEYS)
+    assert isinstance(event, RequestTrailers)
+    assert event.preamble is not None
+    assert event.preamble.body_mode is BodyMode.BUFFERED
+    assert decode(pb.ProcessingRequest(request_trailers=pb.HttpTrailers()), KEYS) == (
+        RequestTrailers(None)
+    )
+
+
 def test_later_body_messages_carry_no_preamble():
     request = pb.ProcessingRequest(request_body=pb.HttpBody(body=b"{}", end_of_stream=True))
     assert decode(request, KEYS) == RequestBody(b"{}", True, None)

@@ -569,6 +569,20 @@ def test_headerless_body_without_preamble_or_in_streamed_mode_is_a_protocol_erro
         new().handle(first_body(IDS.encode(), mode=DUPLEX))
 
 
+def test_headerless_trailers_without_a_body_are_an_empty_body_not_a_protocol_error():
+    # One message per request and an HTTP/2 request with trailers and no DATA: the
+    # trailers are the first message, with the attributes.
+    preamble = first_body(b"").preamble
+    stream = new()
+    refusal = error_body(stream.handle(RequestTrailers(preamble)))
+    assert (refusal["code"], refusal["message"]) == (400, "request body is empty")
+    assert stream.state is State.REJECTED
+    bad_route = first_body(b"", route=RouteMetadata({"action": "nope"}, 1.0)).preamble
+    assert error_body(new().handle(RequestTrailers(bad_route)))["code"] == 500
+    with pytest.raises(ProtocolError):  # no attributes: not a first message
+        new().handle(RequestTrailers())
+
+
 def test_headerless_body_then_trailers():
     stream = new()
     stream.handle(first_body(IDS.encode(), eos=False))
