@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-vllm lint typecheck unit e2e bench bench-smoke profile protos envoy-config envoy-configs clean
+.PHONY: run test test-vllm lint typecheck unit e2e hostile bench bench-smoke profile protos envoy-config envoy-configs clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -18,7 +18,7 @@ run: $(STAMP)
 	$(PY) -m devstack
 
 # Every tier; pytest's exit code 5 (nothing collected) fails like any other.
-test: lint typecheck unit e2e bench-smoke test-vllm
+test: lint typecheck unit e2e hostile bench-smoke test-vllm
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check ext_proc devstack tests bench
@@ -28,10 +28,14 @@ typecheck: $(STAMP)
 	$(VENV)/bin/mypy
 
 unit: $(STAMP)
-	$(PY) -m pytest -m "not e2e and not vllm and not bench" -q
+	$(PY) -m pytest -m "not e2e and not hostile and not vllm and not bench" -q
 
 e2e: $(STAMP)
 	$(PY) -m pytest -m e2e -q
+
+# Attacks on availability through the real Envoy (loopback only, bounded in time).
+hostile: $(STAMP)
+	$(PY) -m pytest -m hostile -q -s tests/hostile
 
 # The benchmark (see bench/README.md): nginx and wrk are installed with apt-get when
 # missing. bench-smoke checks that the harness produces results, never a speed.

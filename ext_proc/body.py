@@ -73,9 +73,25 @@ class Shape:
     long_digits: bool
 
 
-def scan(raw: bytes) -> Shape:
-    classes = raw.translate(_CLASSES)
-    return Shape(classes.count(b",") + 1, classes.find(_LONG_RUN) != -1)
+_BLOCK: Final = 1 << 20
+_OVERLAP: Final = len(_LONG_RUN) - 1
+
+
+def scan(raw: bytes, max_values: int | None = None) -> Shape:
+    """The body's shape. With ``max_values``, scanning stops at the first block past it
+    (``values`` then exceeds ``max_values`` but counts only that far): a body refused
+    for its number of values costs at most a block more than the limit allows."""
+    values, long_digits = 1, False
+    for start in range(0, len(raw), _BLOCK):
+        # Each block also maps the bytes just before it, so that a run of digits across
+        # a boundary is found; separators are counted in the block's own bytes only.
+        lead = min(start, _OVERLAP)
+        classes = raw[start - lead : start + _BLOCK].translate(_CLASSES)
+        values += classes.count(b",", lead)
+        long_digits = long_digits or classes.find(_LONG_RUN) != -1
+        if max_values is not None and values > max_values:
+            break
+    return Shape(values, long_digits)
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,12 +23,16 @@ in-flight budget must hold at least one (``config.Config``). Bytes that have not
 are never charged: a streamed body is charged ``held`` per byte as its chunks arrive,
 then its full cost once whole.
 
-A processor's resident memory is then at most: its baseline (about 60 MiB) + WARM_UP +
-the in-flight budget + the messages gRPC has received that the servicer has not taken
-yet (at most one per open stream, about its size each; the servicer takes them as fast
-as its event loop turns, and a refused body is dropped at once). With the defaults
-(16 MiB bodies, 262,144 values, a 256 MiB budget) a 1 GiB limit leaves about 500 MiB
-for that queue. The CPU one body takes is bounded by the same limits (body.py).
+A processor's resident memory is then at most ``resident_bound``: its baseline (about
+60 MiB), WARM_UP, the in-flight budget, the body in the servicer's hands before it is
+admitted or refused (``held`` of the largest body: its copies and the scan's), and the
+messages gRPC has received that the servicer has not taken yet: at most one per open
+stream, about 1.25 times its size each. The servicer takes them as fast as its event
+loop turns and drops a refused body at once, so that queue is what Envoy sends at the
+same moment, itself bounded by what Envoy may buffer (its overload manager's heap
+limit). With the defaults (16 MiB bodies, 262,144 values, a 256 MiB budget) the fixed
+terms come to about 540 MiB; a 1 GiB pod limit leaves room for 24 largest bodies
+arriving at once. The CPU one body takes is bounded by the same limits (body.py).
 """
 
 from __future__ import annotations
@@ -64,3 +68,9 @@ def cost(size: int, values: int) -> int:
 def largest(max_size: int, max_values: int) -> int:
     """The cost of the costliest body within the limits."""
     return max(cost(max_size, max_values), cost(min(max_size, SLOW_PARSE_MAX_BYTES), max_values))
+
+
+def resident_bound(baseline: int, budget: int, max_size: int, queued: int) -> int:
+    """The most a processor holds with ``queued`` bodies of ``max_size`` bytes received
+    by gRPC and not yet taken by the servicer (see the module docstring)."""
+    return baseline + WARM_UP + budget + held(max_size) + queued * max_size * 5 // 4

@@ -241,7 +241,7 @@ class Stream:
     def _admit(self, raw: bytes) -> body.Shape | Refusal:
         """The shape of a whole body, once its parsed cost is charged (413 for too many
         values, 503 when the budget cannot hold it)."""
-        shape = body.scan(raw)
+        shape = body.scan(raw, self._max_json_values)
         if shape.values > self._max_json_values:
             return PayloadTooLarge(
                 f"request body holds more than {self._max_json_values} JSON values",

@@ -238,3 +238,21 @@ def test_scan_counts_an_upper_bound_on_the_values():
     # 8 values in the document; the separators inside the string count too.
     assert shape.values == raw.count(b",") + raw.count(b":") + raw.count(b"[") + raw.count(b"{") + 1
     assert shape.values >= 8
+
+
+@pytest.mark.parametrize("at", [0, 1, 17, 18, 19, (1 << 20) - 10, (1 << 20) - 18, (1 << 20) + 3])
+def test_scan_finds_a_long_run_of_digits_anywhere_even_across_blocks(at):
+    raw = b" " * at + b"1" * 19 + b" " * 40
+    assert body.scan(raw).long_digits
+    assert not body.scan(raw.replace(b"1" * 19, b"1" * 18 + b" ")).long_digits
+
+
+def test_scan_counts_every_separator_once_across_blocks():
+    raw = (b"[1," * 1_000_000)[: 3 << 20]
+    assert body.scan(raw).values == raw.count(b",") + raw.count(b"[") + 1
+
+
+def test_scan_stops_past_the_limit():
+    raw = b"[" + b"1," * (3 << 20) + b"1]"
+    shape = body.scan(raw, 1000)
+    assert 1000 < shape.values <= 1000 + (1 << 20)

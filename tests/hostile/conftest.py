@@ -1,0 +1,34 @@
+"""The hostile-load tier: each test reproduces an attack on the availability of the
+gateway through the real Envoy (loopback only, bounded in count and time) and checks
+that legitimate requests still get their answers."""
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.conftest import BODY_MODES
+from tests.e2e.stack import Stack
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    here = Path(__file__).parent
+    for item in items:
+        if Path(item.fspath).is_relative_to(here):
+            item.add_marker(pytest.mark.hostile)
+
+
+def started(workdir: Path, mode: str) -> Stack:
+    """The shipped configuration in ``mode``, the processor with its default limits."""
+    return Stack(workdir, source=BODY_MODES[mode]).start()
+
+
+@pytest.fixture(scope="module", params=["buffered", "streamed"])
+def shipped(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Stack]:
+    stack = started(tmp_path_factory.mktemp(request.param), request.param)
+    try:
+        yield stack
+    finally:
+        stack.stop()
