@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from devstack import processes
-from ext_proc import check_envoy, envoygen, route_policy
+from ext_proc import check_envoy, envoygen, memory, route_policy
 from ext_proc.attributes import attribute_keys
 from ext_proc.config import Config
 from ext_proc.route_policy import Action, RoutePolicy, Topology
@@ -266,12 +266,15 @@ def test_termination_outlasts_the_drain():
     assert liveness["periodSeconds"] * liveness["failureThreshold"] > drain
 
 
-def test_memory_limit_holds_the_inflight_budget():
+def test_memory_limit_holds_the_memory_model():
     config = processor_config()
     (container,) = one("Deployment")["spec"]["template"]["spec"]["containers"]
     limit = container["resources"]["limits"]["memory"]
     assert limit.endswith("Gi")
-    assert int(limit.removesuffix("Gi")) * 1024**3 >= config.inflight_budget_bytes * 3
+    # Baseline, warm-up, budget, the body being admitted and 16 of the largest bodies
+    # received by gRPC at once (ext_proc/memory.py), per worker.
+    bound = memory.resident_bound(60 << 20, config.inflight_budget_bytes, config.max_body_bytes, 16)
+    assert int(limit.removesuffix("Gi")) * 1024**3 >= bound * config.workers
 
 
 def test_selectors_agree():
