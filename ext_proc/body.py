@@ -32,7 +32,8 @@ counted before parsing) and parsing runs on the event loop, so those limits boun
 CPU one body can take. ``json.loads`` is several times slower per value than orjson on
 some inputs, so it reads only bodies up to ``SLOW_PARSE_MAX_BYTES`` and
 ``SLOW_PARSE_MAX_VALUES``; a larger body orjson cannot read exactly is refused (413,
-``body_needs_slow_parse``), never passed.
+``body_needs_slow_parse``), never passed. json.dumps, which builds the whole text as a
+string first, likewise writes only bodies up to ``SLOW_PARSE_MAX_BYTES``.
 """
 
 from __future__ import annotations
@@ -100,6 +101,8 @@ class Parsed:
     # True when orjson read the body (see the module docstring): orjson can then also
     # write the document back exactly.
     orjson_safe: bool
+    # The size of the body it was read from (json.dumps writes only small ones).
+    size: int = 0
 
 
 def media_type(value: bytes) -> str:
@@ -155,6 +158,15 @@ def _orjson_loads(raw: bytes, shape: Shape) -> Any:
     return document
 
 
+def _needs_slow_parse() -> PayloadTooLarge:
+    return PayloadTooLarge(
+        f"request bodies over {SLOW_PARSE_MAX_BYTES} bytes or {SLOW_PARSE_MAX_VALUES} JSON "
+        "values must be plain UTF-8 JSON (no NaN or Infinity, integers beyond 64 bits, "
+        "byte-order mark, UTF-16/32, lone surrogates or nesting beyond 254 levels)",
+        reason="body_needs_slow_parse",
+    )
+
+
 def parse(raw: bytes, shape: Shape | None = None) -> Parsed:
     """The document ``json.loads`` reads from ``raw`` (``shape``: ``scan(raw)``)."""
     shape = shape if shape is not None else scan(raw)
@@ -162,13 +174,7 @@ def parse(raw: bytes, shape: Shape | None = None) -> Parsed:
     orjson_safe = document is not _REFUSED
     if not orjson_safe:
         if len(raw) > SLOW_PARSE_MAX_BYTES or shape.values > SLOW_PARSE_MAX_VALUES:
-            raise PayloadTooLarge(
-                f"request bodies over {SLOW_PARSE_MAX_BYTES} bytes or "
-                f"{SLOW_PARSE_MAX_VALUES} JSON values must be plain UTF-8 JSON (no NaN or "
-                "Infinity, integers beyond 64 bits, byte-order mark, UTF-16/32, lone "
-                "surrogates or nesting beyond 1024 levels)",
-                reason="body_needs_slow_parse",
-            )
+            raise _needs_slow_parse()
         try:
             document = json.loads(raw)
         except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
@@ -177,7 +183,7 @@ def parse(raw: bytes, shape: Shape | None = None) -> Parsed:
             ) from exc
     if not isinstance(document, dict):
         raise BadRequest("request body must be a JSON object", reason="body_not_object")
-    return Parsed(document, orjson_safe)
+    return Parsed(document, orjson_safe, len(raw))
 
 
 def without(parsed: Parsed, container: str, keys: Iterable[str] | None) -> bytes:
@@ -197,14 +203,17 @@ def without(parsed: Parsed, container: str, keys: Iterable[str] | None) -> bytes
 def write(parsed: Parsed, document: Document) -> bytes:
     """Serialise ``document``, derived from ``parsed`` by adding or removing values
     orjson writes exactly, with the twin of the parser that read ``parsed``; raises
-    ``BadRequest`` (``body_too_deep``) when no writer can nest that deep."""
+    ``BadRequest`` (``body_too_deep``) when no writer can nest that deep, and
+    ``PayloadTooLarge`` (``body_needs_slow_parse``) when only json.dumps could write a
+    body larger than it is allowed (it builds the whole text as a string first)."""
     if parsed.orjson_safe:
         try:
             return orjson.dumps(document)
         except orjson.JSONEncodeError:
             # Only nesting beyond orjson's write limit: every value in a document orjson
             # read is one it can write. json.dumps writes it as json.loads reads it.
-            pass
+            if parsed.size > SLOW_PARSE_MAX_BYTES:
+                raise _needs_slow_parse() from None
     return serialize(document)
 
 

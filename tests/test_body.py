@@ -256,3 +256,15 @@ def test_scan_stops_past_the_limit():
     raw = b"[" + b"1," * (3 << 20) + b"1]"
     shape = body.scan(raw, 1000)
     assert 1000 < shape.values <= 1000 + (1 << 20)
+
+
+def test_json_dumps_writes_only_bodies_small_enough_for_the_slow_path():
+    # 300 levels: orjson reads them and cannot write them back.
+    deep = b'{"d":' + b"[" * 300 + b"0" + b"]" * 300 + b',"kv_transfer_params":{},"a":"'
+    small = body.parse(deep + b"a" * 1000 + b'"}')
+    assert small.orjson_safe
+    assert json.loads(body.without(small, KV, None))["d"] == small.document["d"]
+    large = body.parse(deep + b"a" * body.SLOW_PARSE_MAX_BYTES + b'"}')
+    with pytest.raises(PayloadTooLarge) as refused:
+        body.without(large, KV, None)
+    assert refused.value.reason == "body_needs_slow_parse"
