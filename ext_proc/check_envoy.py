@@ -5,11 +5,12 @@ closed, uses an inspectable body mode and requests every route-metadata attribut
 route's policy metadata is valid (the same validation the processor applies at request
 time); no per-route override (route, virtual host, route configuration or weighted
 cluster) makes the filter fail open; a ``mint`` route sends the processor its response
-headers and buffered response body (docs/trust.md), or nothing is signed. Warnings:
-forwarding routes where no ext_proc filter runs (disabled there, or disabled by default
-and not enabled there: their bodies are not inspected) or carry no policy metadata, and
-``honor`` routes that trust any caller or have no ``vocab_size``. Routes that forward
-nothing (a direct response or a redirect) need neither metadata nor the filter.
+headers and buffered response body (docs/trust.md), or nothing is signed; every
+forwarding route runs an ext_proc filter (one disabled there, or disabled by default and
+not enabled there, forwards bodies nobody inspected, ids included). Warnings: forwarding
+routes without policy metadata, and ``honor`` routes that trust any caller or have no
+``vocab_size``. Routes that forward nothing (a direct response or a redirect) need
+neither metadata nor the filter.
 """
 
 from __future__ import annotations
@@ -205,7 +206,13 @@ def _check_route(
         name for name in manager.filters if _enabled(name, name in manager.on_by_default, levels)
     ]
     if not running:
-        report.warnings.append(f"{where}: no ext_proc filter runs here; bodies are not inspected")
+        # Fail closed: whatever this route forwards reaches the upstream uninspected,
+        # client-chosen kv_transfer_params included.
+        report.errors.append(
+            f"{where}: no ext_proc filter runs on this forwarding route (disabled here or "
+            "not enabled); request bodies would reach the upstream uninspected. Enable the "
+            "filter, or answer the route with a direct_response"
+        )
     namespace = manager.namespace
     policy = route.get("metadata", {}).get("filter_metadata", {}).get(namespace)
     if policy is None:

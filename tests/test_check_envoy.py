@@ -4,7 +4,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ext_proc.check_envoy import check
+from ext_proc.check_envoy import check, main
 
 SHIPPED_DIR = Path(__file__).resolve().parents[1] / "envoy"
 SHIPPED = yaml.safe_load((SHIPPED_DIR / "envoy.yaml").read_text())
@@ -192,20 +192,61 @@ def test_problems_are_errors(change, text):
     assert any(text in error for error in report.errors), report.errors
 
 
-def test_route_without_metadata_and_disabled_filter_are_warnings():
-    def change(config):
-        del route(config, "disaggregated")["metadata"]
-        route(config, "aggregated")["typed_per_filter_config"] = {
-            "envoy.filters.http.ext_proc": {
-                "@type": "type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3."
-                "ExtProcPerRoute",
-                "disabled": True,
+def test_route_without_metadata_is_a_warning():
+    (warning,) = warnings_of(lambda c: route(c, "disaggregated").pop("metadata"))
+    assert "route vllm/disaggregated: no 'ext_proc.token_policy' metadata" in warning
+
+
+NOT_INSPECTED = "no ext_proc filter runs on this forwarding route"
+
+
+@pytest.mark.parametrize(
+    "disable",
+    [
+        lambda r: r.update(typed_per_filter_config=per_route(disabled=True)),
+        # The same through a FilterConfig wrapper.
+        lambda r: r.update(
+            typed_per_filter_config={
+                "envoy.filters.http.ext_proc": {
+                    "@type": "type.googleapis.com/envoy.config.route.v3.FilterConfig",
+                    "disabled": True,
+                }
             }
-        }
+        ),
+    ],
+    ids=["ExtProcPerRoute", "FilterConfig"],
+)
+def test_a_forwarding_route_without_the_filter_is_an_error(disable, tmp_path, capsys):
+    # Its bodies, client-chosen ids included, would reach the upstream uninspected: the
+    # check fails (exit 1), it does not merely warn.
+    def change(config):
+        disable(route(config, "aggregated"))
 
     report = mutated(change)
-    assert report.errors == []
-    assert len(report.warnings) == 2
+    (error,) = report.errors
+    assert error.startswith("http_connection_manager[0] route vllm/aggregated: " + NOT_INSPECTED)
+    assert "direct_response" in error
+    assert not any(NOT_INSPECTED in w for w in report.warnings)
+    config = copy.deepcopy(SHIPPED)
+    change(config)
+    path = tmp_path / "envoy.yaml"
+    path.write_text(yaml.safe_dump(config))
+    assert main(path) == 1
+    out = capsys.readouterr().out
+    assert f"error: http_connection_manager[0] route vllm/aggregated: {NOT_INSPECTED}" in out
+    assert "FAILED" in out
+
+
+def test_a_route_that_forwards_nothing_needs_no_filter():
+    # The shipped token endpoints are direct responses with the filter disabled; a
+    # redirect forwards nothing either.
+    def change(config):
+        entry = route(config, "aggregated")
+        del entry["route"]
+        entry["redirect"] = {"path_redirect": "/v1/"}
+        entry["typed_per_filter_config"] = per_route(disabled=True)
+
+    assert mutated(change).errors == []
 
 
 def test_a_filter_disabled_by_default_runs_only_where_a_route_enables_it():
@@ -232,7 +273,10 @@ def test_a_filter_disabled_by_default_runs_only_where_a_route_enables_it():
             entry.pop("typed_per_filter_config", None)
 
     report = mutated(enable_nowhere)
-    assert any("no ext_proc filter runs here" in w for w in report.warnings)
+    assert {e.split(": ")[0] for e in report.errors if NOT_INSPECTED in e} == {
+        f"http_connection_manager[0] route vllm/{name}"
+        for name in ("prefill", "disaggregated", "aggregated", "default")
+    }
     # ... and a mint route that no filter runs on signs nothing.
     assert any("response is not processed" in e for e in report.errors)
 
@@ -290,6 +334,9 @@ def test_a_forwarding_route_is_reported_where_a_direct_response_is_not():
         token_route["route"] = {"cluster": "aggregated"}
         del token_route["direct_response"]
 
-    warnings = warnings_of(change)
-    assert len(warnings) == 2
-    assert all("token-endpoint-render" in w for w in warnings)
+    report = mutated(change)
+    (error,) = report.errors
+    assert "token-endpoint-render" in error
+    assert NOT_INSPECTED in error
+    (warning,) = report.warnings
+    assert "token-endpoint-render: no 'ext_proc.token_policy' metadata" in warning

@@ -285,6 +285,9 @@ def test_decompressor_runs_before_ext_proc():
     assert names == [envoygen.DECOMPRESSOR_FILTER, envoygen.EXT_PROC_FILTER, envoygen.ROUTER_FILTER]
     typed = filters_of(config)[0]["typed_config"]
     assert typed["decompressor_library"]["name"] == "gzip"
+    # Deflate's largest expansion: the ratio check never truncates a valid body, the
+    # route's buffer limit answers 413 (tests/e2e/test_decompress_limits.py).
+    assert typed["decompressor_library"]["typed_config"]["max_inflate_ratio"] == 1032
     assert typed["request_direction_config"]["common_config"]["enabled"]["default_value"] is True
     assert typed["response_direction_config"]["common_config"]["enabled"]["default_value"] is False
     del filters_of(config)[0]
@@ -456,6 +459,9 @@ INVALID = [
         "listener_tls.cert_file:",
     ),
     (_set("expose_token_endpoints", "no"), "expose_token_endpoints:"),
+    (_set("max_downstream_connections", 0), "max_downstream_connections:"),
+    (_set("max_downstream_connections", "many"), "max_downstream_connections:"),
+    (_set("max_heap_size_bytes", 1024 * 1024), "max_heap_size_bytes:"),
 ]
 
 
@@ -746,3 +752,83 @@ def test_new_policy_fields_are_checked_as_the_processor_reads_them(field, value)
         envoygen.PolicyInput.model_validate({"action": "honor", field: value})
     ((error,),) = [caught.value.errors()]
     assert error["loc"] == (field,)
+
+
+# --- Envoy's edge limits (overload manager, connection buffers, HTTP/2, timeouts) -------------
+
+OVERLOAD_ACTIONS = [
+    ("envoy.overload_actions.shrink_heap", 0.95),
+    ("envoy.overload_actions.stop_accepting_requests", 0.98),
+]
+
+
+def edge_limits(config: dict[str, Any]) -> dict[str, Any]:
+    """What the generator sets for hostile load, as (monitor limits, listener, manager)."""
+    overload = config["overload_manager"]
+    monitors = {m["name"]: m["typed_config"] for m in overload["resource_monitors"]}
+    connections = monitors["envoy.resource_monitors.global_downstream_max_connections"]
+    heap = monitors["envoy.resource_monitors.fixed_heap"]
+    assert connections["@type"].endswith("downstream_connections.v3.DownstreamConnectionsConfig")
+    assert heap["@type"].endswith("fixed_heap.v3.FixedHeapConfig")
+    assert [
+        (a["name"], t["name"], t["threshold"]["value"])
+        for a in overload["actions"]
+        for t in a["triggers"]
+    ] == [(name, "envoy.resource_monitors.fixed_heap", value) for name, value in OVERLOAD_ACTIONS]
+    (listener,) = config["static_resources"]["listeners"]
+    manager = hcm_of(config)
+    return {
+        "connections": connections["max_active_downstream_connections"],
+        "heap": heap["max_heap_size_bytes"],
+        "connection_buffer": listener["per_connection_buffer_limit_bytes"],
+        "http2": manager["http2_protocol_options"],
+        "request_headers_timeout": manager["request_headers_timeout"],
+        "stream_idle_timeout": manager["stream_idle_timeout"],
+    }
+
+
+DEFAULT_EDGE_LIMITS = {
+    "connections": 50_000,
+    "heap": 1024 * 1024 * 1024,
+    "connection_buffer": 32 * 1024,
+    "http2": {
+        "max_concurrent_streams": 100,
+        "initial_stream_window_size": 64 * 1024,
+        "initial_connection_window_size": 1024 * 1024,
+    },
+    "request_headers_timeout": "10s",
+    "stream_idle_timeout": "300s",
+}
+
+
+@pytest.mark.parametrize("path", sorted((REPO / "envoy").glob("*.yaml")), ids=lambda p: p.name)
+def test_every_shipped_config_has_the_edge_limits(path):
+    config = yaml.safe_load(path.read_text())
+    assert edge_limits(config) == DEFAULT_EDGE_LIMITS
+    # The limits leave the processing and the routes alone.
+    assert check(config).errors == []
+
+
+def test_edge_limits_follow_the_input():
+    data = example() | {"max_downstream_connections": 1000, "max_heap_size_bytes": 512 * 1024**2}
+    base, config = generate(example()), generate(data)
+    assert edge_limits(config) == DEFAULT_EDGE_LIMITS | {
+        "connections": 1000,
+        "heap": 512 * 1024**2,
+    }
+    for monitor in config["overload_manager"]["resource_monitors"]:
+        monitor["typed_config"] = {"@type": monitor["typed_config"]["@type"]}
+    for monitor in base["overload_manager"]["resource_monitors"]:
+        monitor["typed_config"] = {"@type": monitor["typed_config"]["@type"]}
+    assert config == base
+
+
+def test_heap_must_hold_the_largest_body():
+    data = example()
+    data["routes"][2]["body_limit_bytes"] = 128 * 1024**2
+    message = (
+        r"max_heap_size_bytes: 134217728 does not exceed the largest body buffer \(134217728\)"
+    )
+    with pytest.raises(envoygen.GeneratorError, match=message):
+        envoygen.load_input(data | {"max_heap_size_bytes": 128 * 1024**2})
+    envoygen.load_input(data | {"max_heap_size_bytes": 256 * 1024**2})

@@ -26,7 +26,10 @@ and writes a whole Envoy bootstrap like ``envoy/envoy.yaml``: the ext_proc filte
 ``failure_mode_allow: false`` and every CEL attribute the processor reads
 (``attributes.attribute_keys``), vLLM-shaped local replies, route policy metadata,
 raised per-route body buffers, an HTTP/2 processor cluster with wide windows and gRPC
-health checks, and a JSON access log. Options: one gRPC message per request
+health checks, a JSON access log, and Envoy's edge limits against hostile load (an
+overload manager capping downstream connections, ``max_downstream_connections``, and
+the heap, ``max_heap_size_bytes``; 32 KiB connection buffers; downstream HTTP/2 stream
+and window limits; a request headers timeout). Options: one gRPC message per request
 (``one_message``), the processor over a Unix socket (``processor: unix:/path``) or TLS
 (``processor_tls``, mutual with a client certificate), a gzip decompressor before
 ext_proc (``decompress_gzip``), the gateway listener over mutual TLS for routes that

@@ -40,7 +40,8 @@ from ext_proc.route_policy import (
 )
 from ext_proc.validation import problems
 
-MiB: Final = 1024 * 1024
+KiB: Final = 1024
+MiB: Final = 1024 * KiB
 # The processor's cluster; no upstream may take its name.
 PROCESSOR_CLUSTER: Final = "ext_proc"
 BASE_KEY: Final = "base"
@@ -209,6 +210,12 @@ class GeneratorInput(BaseModel):
     body_limit_bytes: int = Field(default=16 * MiB, gt=0, le=1024 * MiB)
     route_timeout_seconds: float = Field(default=600.0, gt=0)
     stream_idle_timeout_seconds: float = Field(default=300.0, gt=0)
+    # Envoy's overload manager (docs/operations.md#envoy-edge-limits). Open downstream
+    # connections, all listeners together; one beyond it is closed as it is accepted.
+    max_downstream_connections: int = Field(default=50_000, gt=0)
+    # Envoy's heap (fixed_heap monitor), which holds every buffered request body: at 95%
+    # free memory is returned to the system, at 98% every new request is answered 503.
+    max_heap_size_bytes: int = Field(default=1024 * MiB, ge=64 * MiB)
     # Must equal the processor's route_metadata_namespace.
     namespace: str = Field(default=DEFAULT_NAMESPACE, min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
     # vLLM's token-in endpoints (/inference/, /render, /derender) take ids with no
@@ -282,6 +289,17 @@ class GeneratorInput(BaseModel):
                 )
             names.add(name)
             prefixes.add(entry.prefix)
+        return self
+
+    @model_validator(mode="after")
+    def _heap_holds_a_body(self) -> GeneratorInput:
+        largest = max([self.body_limit_bytes, *(e.body_limit_bytes or 0 for e in self.routes)])
+        if self.max_heap_size_bytes <= largest:
+            raise ValueError(
+                f"max_heap_size_bytes: {self.max_heap_size_bytes} does not exceed the largest "
+                f"body buffer ({largest}); one such request alone would have Envoy answer "
+                "every new request 503"
+            )
         return self
 
     @model_validator(mode="after")

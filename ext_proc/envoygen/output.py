@@ -20,6 +20,7 @@ from ext_proc.envoygen.inputs import (
     PROCESSOR_CLUSTER,
     TOKEN_ENDPOINTS,
     GeneratorInput,
+    KiB,
     ListenerTls,
     MiB,
     ProcessorTls,
@@ -41,6 +42,7 @@ with warnings.catch_warnings():
     from envoy_data_plane.envoy.config.core import v3 as core
     from envoy_data_plane.envoy.config.endpoint import v3 as endpoint
     from envoy_data_plane.envoy.config.listener import v3 as listener
+    from envoy_data_plane.envoy.config.overload import v3 as overload
     from envoy_data_plane.envoy.config.route import v3 as route
     from envoy_data_plane.envoy.extensions.access_loggers.filters.cel import v3 as cel_filter
     from envoy_data_plane.envoy.extensions.access_loggers.stream import v3 as stream_log
@@ -51,6 +53,10 @@ with warnings.catch_warnings():
     from envoy_data_plane.envoy.extensions.filters.network.http_connection_manager import (
         v3 as hcm,
     )
+    from envoy_data_plane.envoy.extensions.resource_monitors.downstream_connections import (
+        v3 as downstream_connections,
+    )
+    from envoy_data_plane.envoy.extensions.resource_monitors.fixed_heap import v3 as fixed_heap
     from envoy_data_plane.envoy.extensions.transport_sockets.tls import v3 as tls
     from envoy_data_plane.envoy.extensions.upstreams.http import v3 as upstream_http
     from envoy_data_plane.envoy.type.matcher import v3 as matcher
@@ -65,6 +71,34 @@ ROUTER_FILTER: Final = "envoy.filters.http.router"
 PER_ROUTE_TYPE: Final = "envoy.extensions.filters.http.ext_proc.v3.ExtProcPerRoute"
 HTTP_OPTIONS: Final = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
 TLS_SOCKET: Final = "envoy.transport_sockets.tls"
+# The overload manager's resource monitors and actions (Envoy's edge best practices).
+CONNECTIONS_MONITOR: Final = "envoy.resource_monitors.global_downstream_max_connections"
+HEAP_MONITOR: Final = "envoy.resource_monitors.fixed_heap"
+HEAP_ACTIONS: Final = {
+    "envoy.overload_actions.shrink_heap": 0.95,
+    "envoy.overload_actions.stop_accepting_requests": 0.98,
+}
+# Each downstream connection's read and write buffers: how much Envoy reads from a client
+# per read() call and holds before it stops reading. Request bodies are held up to the
+# route's request_body_buffer_limit instead (policy_route), which Envoy 1.40 makes the
+# stream's limit, both directions: with this listener limit a 16 MiB - 1 KiB body is
+# still buffered whole over HTTP/1.1 and HTTP/2, and a larger one still gets 413
+# (tests/e2e/test_large_bodies.py, tests/e2e/test_decompress_limits.py). It also bounds
+# what the gzip decompressor inflates at once: GZIP_MAX_INFLATE_RATIO times one read.
+CONNECTION_BUFFER_BYTES: Final = 32 * KiB
+# Deflate's largest possible expansion: a 258-byte copy per two bits of input. Envoy's
+# gzip decompressor stops inflating a read that expands more than max_inflate_ratio
+# times and passes the truncated output on, so the processor would see a body that is
+# not JSON (400) where Envoy should answer 413. At this ratio no valid gzip body is
+# truncated, and the route's buffer limit bounds the inflated size (413).
+GZIP_MAX_INFLATE_RATIO: Final = 1032
+# Downstream HTTP/2 (Envoy's edge best practices): streams per connection and flow
+# control windows; a buffered body still reaches the route's limit, window by window.
+DOWNSTREAM_HTTP2_STREAMS: Final = 100
+DOWNSTREAM_HTTP2_STREAM_WINDOW: Final = 64 * KiB
+DOWNSTREAM_HTTP2_CONNECTION_WINDOW: Final = MiB
+# A client must send its whole request headers within this time.
+REQUEST_HEADERS_TIMEOUT_SECONDS: Final = 10.0
 
 
 def _seconds(value: float) -> datetime.timedelta:
@@ -275,7 +309,10 @@ def gzip_decompressor() -> decompressor.Decompressor:
     """Request bodies only; codings it does not decode keep their header (415)."""
     return decompressor.Decompressor(
         decompressor_library=core.TypedExtensionConfig(
-            name="gzip", typed_config=protobuf.Any.pack(gzip.Gzip(window_bits=15))
+            name="gzip",
+            typed_config=protobuf.Any.pack(
+                gzip.Gzip(window_bits=15, max_inflate_ratio=GZIP_MAX_INFLATE_RATIO)
+            ),
         ),
         request_direction_config=decompressor.DecompressorRequestDirectionConfig(
             common_config=_enabled(True, "request_decompressor_enabled")
@@ -449,6 +486,12 @@ def connection_manager(spec: GeneratorInput) -> hcm.HttpConnectionManager:
         codec_type=hcm.HttpConnectionManagerCodecType.AUTO,
         # Slow uploads are bounded by the processor's body_timeout_seconds (408).
         stream_idle_timeout=_seconds(spec.stream_idle_timeout_seconds),
+        request_headers_timeout=_seconds(REQUEST_HEADERS_TIMEOUT_SECONDS),
+        http2_protocol_options=core.Http2ProtocolOptions(
+            max_concurrent_streams=DOWNSTREAM_HTTP2_STREAMS,
+            initial_stream_window_size=DOWNSTREAM_HTTP2_STREAM_WINDOW,
+            initial_connection_window_size=DOWNSTREAM_HTTP2_CONNECTION_WINDOW,
+        ),
         normalize_path=True,
         merge_slashes=True,
         path_with_escaped_slashes_action=(
@@ -464,13 +507,39 @@ def connection_manager(spec: GeneratorInput) -> hcm.HttpConnectionManager:
     )
 
 
+def _heap_trigger(value: float) -> overload.Trigger:
+    return overload.Trigger(name=HEAP_MONITOR, threshold=overload.ThresholdTrigger(value=value))
+
+
+def overload_manager(spec: GeneratorInput) -> overload.OverloadManager:
+    """Envoy sheds load before it runs out of connections or memory: a connection beyond
+    ``max_downstream_connections`` is closed at accept (a proactive monitor, no action
+    needed); near ``max_heap_size_bytes`` free memory is released, then new requests are
+    answered 503."""
+    connections = downstream_connections.DownstreamConnectionsConfig(
+        max_active_downstream_connections=spec.max_downstream_connections
+    )
+    heap = fixed_heap.FixedHeapConfig(max_heap_size_bytes=spec.max_heap_size_bytes)
+    return overload.OverloadManager(
+        resource_monitors=[
+            overload.ResourceMonitor(
+                name=CONNECTIONS_MONITOR, typed_config=protobuf.Any.pack(connections)
+            ),
+            overload.ResourceMonitor(name=HEAP_MONITOR, typed_config=protobuf.Any.pack(heap)),
+        ],
+        actions=[
+            overload.OverloadAction(name=name, triggers=[_heap_trigger(value)])
+            for name, value in HEAP_ACTIONS.items()
+        ],
+    )
+
+
 def build(spec: GeneratorInput) -> bootstrap.Bootstrap:
     """The whole bootstrap as typed messages."""
     gateway = listener.Listener(
         name="gateway",
         address=_socket(spec.listener_address, spec.listener_port),
-        # Everything that is not a request body on a protected route keeps Envoy's 1 MiB.
-        per_connection_buffer_limit_bytes=MiB,
+        per_connection_buffer_limit_bytes=CONNECTION_BUFFER_BYTES,
         filter_chains=[
             listener.FilterChain(
                 transport_socket=(
@@ -490,6 +559,7 @@ def build(spec: GeneratorInput) -> bootstrap.Bootstrap:
     return bootstrap.Bootstrap(
         admin=bootstrap.Admin(address=_socket("127.0.0.1", spec.admin_port)),
         static_resources=bootstrap.BootstrapStaticResources(listeners=[gateway], clusters=clusters),
+        overload_manager=overload_manager(spec),
     )
 
 
@@ -507,6 +577,13 @@ def _integral(value: Any) -> Any:
 def to_dict(config: bootstrap.Bootstrap) -> dict[str, Any]:
     """proto3 JSON with Envoy's snake_case names, as Envoy's YAML loader reads it."""
     data: dict[str, Any] = _integral(config.to_dict(casing=Casing.SNAKE))
+    # proto3 JSON writes 64-bit integers as strings; the monitors' limits are written as
+    # the numbers they are.
+    for monitor in data.get("overload_manager", {}).get("resource_monitors", []):
+        typed = monitor["typed_config"]
+        for key in ("max_active_downstream_connections", "max_heap_size_bytes"):
+            if key in typed:
+                typed[key] = int(typed[key])
     # proto3 JSON leaves out false; the fail-closed setting is written out anyway.
     for chain in data["static_resources"]["listeners"][0]["filter_chains"]:
         for net_filter in chain["filters"]:
