@@ -83,7 +83,7 @@ class Config(BaseModel):
     # Most JSON values one body may hold (counted from its bytes before parsing: every
     # , : [ { plus one, strings included); more is a 413 (body_too_complex). Bounds the
     # memory and CPU parsing one body can take (ext_proc/memory.py).
-    max_json_values: int = Field(262_144, gt=0)
+    max_json_values: int = Field(memory.MAX_JSON_VALUES, gt=0)
     # Memory all streams of this process may hold for bodies at once, in the units of
     # ext_proc/memory.py (a body costs 12-20 bytes per byte plus 80 per value);
     # beyond it new bodies get a 503 with retry-after. Bytes that have not arrived are

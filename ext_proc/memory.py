@@ -46,6 +46,8 @@ MiB: Final = 1 << 20
 # buffers and the allocator's pools (measured 60-120 MiB with 16 streams of 1.8 MiB);
 # they are reused afterwards. Part of the baseline a pod is sized for.
 WARM_UP: Final = 160 * MiB
+# The default limit on JSON values per body (config max_json_values).
+MAX_JSON_VALUES: Final = 262_144
 COPIES: Final = 4
 PARSE_PER_BYTE: Final = 8
 # json.loads (bodies up to body.SLOW_PARSE_MAX_BYTES) and json.dumps build whole

@@ -122,7 +122,7 @@ class Stream:
         self,
         *,
         max_body_bytes: int,
-        max_json_values: int = 262_144,
+        max_json_values: int = memory.MAX_JSON_VALUES,
         budget: Budget | None = None,
         namespace: str = route_policy.DEFAULT_NAMESPACE,
         audit: bool = False,
