@@ -39,7 +39,7 @@ string first, likewise writes only bodies up to ``SLOW_PARSE_MAX_BYTES``.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -167,14 +167,22 @@ def _needs_slow_parse() -> PayloadTooLarge:
     )
 
 
-def parse(raw: bytes, shape: Shape | None = None) -> Parsed:
-    """The document ``json.loads`` reads from ``raw`` (``shape``: ``scan(raw)``)."""
+def _nothing() -> None:
+    pass
+
+
+def parse(
+    raw: bytes, shape: Shape | None = None, before_slow: Callable[[], None] = _nothing
+) -> Parsed:
+    """The document ``json.loads`` reads from ``raw`` (``shape``: ``scan(raw)``).
+    ``before_slow`` runs before json.loads does (it may raise to refuse the body)."""
     shape = shape if shape is not None else scan(raw)
     document = _orjson_loads(raw, shape)
     orjson_safe = document is not _REFUSED
     if not orjson_safe:
         if len(raw) > SLOW_PARSE_MAX_BYTES or shape.values > SLOW_PARSE_MAX_VALUES:
             raise _needs_slow_parse()
+        before_slow()
         try:
             document = json.loads(raw)
         except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
@@ -186,7 +194,12 @@ def parse(raw: bytes, shape: Shape | None = None) -> Parsed:
     return Parsed(document, orjson_safe, len(raw))
 
 
-def without(parsed: Parsed, container: str, keys: Iterable[str] | None) -> bytes:
+def without(
+    parsed: Parsed,
+    container: str,
+    keys: Iterable[str] | None,
+    before_slow: Callable[[], None] = _nothing,
+) -> bytes:
     """Serialise the document with ``keys`` removed from the object under ``container``
     (``None``: the whole ``container`` removed).
 
@@ -194,18 +207,19 @@ def without(parsed: Parsed, container: str, keys: Iterable[str] | None) -> bytes
     """
     document = parsed.document
     if keys is None:
-        return write(parsed, {k: v for k, v in document.items() if k != container})
+        return write(parsed, {k: v for k, v in document.items() if k != container}, before_slow)
     drop = frozenset(keys)
     inner = {k: v for k, v in document[container].items() if k not in drop}
-    return write(parsed, {**document, container: inner})
+    return write(parsed, {**document, container: inner}, before_slow)
 
 
-def write(parsed: Parsed, document: Document) -> bytes:
+def write(parsed: Parsed, document: Document, before_slow: Callable[[], None] = _nothing) -> bytes:
     """Serialise ``document``, derived from ``parsed`` by adding or removing values
     orjson writes exactly, with the twin of the parser that read ``parsed``; raises
     ``BadRequest`` (``body_too_deep``) when no writer can nest that deep, and
     ``PayloadTooLarge`` (``body_needs_slow_parse``) when only json.dumps could write a
-    body larger than it is allowed (it builds the whole text as a string first)."""
+    body larger than it is allowed (it builds the whole text as a string first).
+    ``before_slow`` runs before json.dumps does (it may raise to refuse the body)."""
     if parsed.orjson_safe:
         try:
             return orjson.dumps(document)
@@ -214,6 +228,7 @@ def write(parsed: Parsed, document: Document) -> bytes:
             # read is one it can write. json.dumps writes it as json.loads reads it.
             if parsed.size > SLOW_PARSE_MAX_BYTES:
                 raise _needs_slow_parse() from None
+    before_slow()
     return serialize(document)
 
 

@@ -7,7 +7,8 @@ it until the answer that carries its rewrite has been handed to gRPC:
 - ``COPIES * size`` for the bytes themselves: the gRPC message as bytes, the protobuf
   message, the body taken out of it, and the rewritten body with its response message.
 - ``PARSE_PER_BYTE * size + PER_VALUE * values`` for the parsed document at its peak
-  and its rewrite (``SLOW_PARSE_PER_BYTE`` for bodies json.loads may read).
+  and its rewrite; ``SLOW_PARSE_PER_BYTE`` instead of ``PARSE_PER_BYTE`` when json.loads
+  reads it or json.dumps writes it (``slow_extra``, charged before either runs).
   A string costs up to 4 bytes per character (one astral character makes CPython store
   the whole string in UCS-4) plus its header; every other value is one Python object
   plus the slot that holds it (an empty list: 56 bytes, 16 of GC header, 8 of slot).
@@ -62,14 +63,21 @@ def held(size: int) -> int:
 
 
 def cost(size: int, values: int) -> int:
-    """The cost of a body of ``size`` bytes and at most ``values`` JSON values, parsed."""
-    per_byte = SLOW_PARSE_PER_BYTE if size <= SLOW_PARSE_MAX_BYTES else PARSE_PER_BYTE
-    return (COPIES + per_byte) * size + PER_VALUE * values
+    """The cost of a body of ``size`` bytes and at most ``values`` JSON values, parsed
+    and written back by orjson."""
+    return (COPIES + PARSE_PER_BYTE) * size + PER_VALUE * values
+
+
+def slow_extra(size: int) -> int:
+    """What json.loads or json.dumps costs on top of ``cost``: charged before either runs
+    (bodies up to body.SLOW_PARSE_MAX_BYTES only)."""
+    return (SLOW_PARSE_PER_BYTE - PARSE_PER_BYTE) * size
 
 
 def largest(max_size: int, max_values: int) -> int:
     """The cost of the costliest body within the limits."""
-    return max(cost(max_size, max_values), cost(min(max_size, SLOW_PARSE_MAX_BYTES), max_values))
+    slow = min(max_size, SLOW_PARSE_MAX_BYTES)
+    return max(cost(max_size, max_values), cost(slow, max_values) + slow_extra(slow))
 
 
 def resident_bound(baseline: int, budget: int, max_size: int, queued: int) -> int:

@@ -228,15 +228,26 @@ class Stream:
 
     def _charge(self, total: int) -> Refusal | None:
         """Make sure ``total`` is charged to the budget (503 when it cannot be)."""
+        try:
+            self._charge_or_raise(total)
+        except ServiceUnavailable as exc:
+            return exc.refusal()
+        return None
+
+    def _charge_or_raise(self, total: int) -> None:
         extra = total - self._charged
         if extra > 0:
             if not self._budget.try_acquire(extra):
-                return ServiceUnavailable(
+                raise ServiceUnavailable(
                     "the gateway is holding too many request bodies; retry shortly",
                     reason="inflight_budget_exhausted",
-                ).refusal()
+                )
             self._charged = total
-        return None
+
+    def _slow_path(self, raw: bytes, shape: body.Shape) -> Callable[[], None]:
+        """Charges what json.loads or json.dumps costs on top, before either runs."""
+        total = memory.cost(len(raw), shape.values) + memory.slow_extra(len(raw))
+        return functools.partial(self._charge_or_raise, total)
 
     def _admit(self, raw: bytes) -> body.Shape | Refusal:
         """The shape of a whole body, once its parsed cost is charged (413 for too many
@@ -400,11 +411,16 @@ class Stream:
         """The body to forward instead of ``raw`` (None: unchanged), or a refusal."""
         self._body_size = len(raw)
         held = self._held_refusal
+        slow: Callable[[], None] = functools.partial(self._charge_or_raise, 0)
         if held is not None:
             parsed: body.Parsed | Refusal = held
         else:
             shape = self._admit(raw)
-            parsed = shape if isinstance(shape, Refusal) else _attempt(body.parse, raw, shape)
+            if isinstance(shape, Refusal):
+                parsed = shape
+            else:
+                slow = self._slow_path(raw, shape)
+                parsed = _attempt(body.parse, raw, shape, slow)
         if isinstance(parsed, Refusal):
             if self._audit and parsed.auditable:
                 self._decision = policy.Deny(parsed)
@@ -423,7 +439,7 @@ class Stream:
             return decision.refusal
         if isinstance(decision, policy.Strip):
             # A body too deep to write back is refused here, like any other refusal.
-            return _attempt(body.without, parsed, KV_KEY, decision.keys)
+            return _attempt(body.without, parsed, KV_KEY, decision.keys, slow)
         return None
 
     def _judge(self, parsed: body.Parsed) -> policy.Decision:
@@ -486,7 +502,8 @@ class Stream:
         shape = self._too_large(len(raw)) or self._admit(raw)
         if isinstance(shape, Refusal):
             return policy.Allow("response_not_affordable"), None
-        parsed = _attempt(body.parse, raw, shape)
+        slow = self._slow_path(raw, shape)
+        parsed = _attempt(body.parse, raw, shape, slow)
         if isinstance(parsed, Refusal):
             return policy.Allow("response_not_json"), None
         trust = self._trust
@@ -494,7 +511,7 @@ class Stream:
         decision, params = policy.mint_response(parsed.document, self._digest, trust.keys(), expiry)
         if params is None:
             return decision, None
-        written = _attempt(body.write, parsed, {**parsed.document, KV_KEY: params})
+        written = _attempt(body.write, parsed, {**parsed.document, KV_KEY: params}, slow)
         if isinstance(written, Refusal):
             return policy.Allow("response_too_deep"), None
         return decision, written

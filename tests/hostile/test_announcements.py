@@ -24,16 +24,20 @@ def test_announced_bodies_never_sent_do_not_starve_others(shipped):
             attacker.open("/v1/chat/completions", [("content-length", str(ANNOUNCED))])
         time.sleep(0.5)  # the headers reached the processor
         held = shipped.inflight()
-        small = post(shipped.url + "/v1/chat/completions", legitimate_chat())
         long_prompt = json.dumps(
             {"model": "tiny", "messages": [{"role": "user", "content": "x" * (3 * MiB // 2)}]}
         ).encode()
+        started = time.perf_counter()
+        small = post(shipped.url + "/v1/chat/completions", legitimate_chat())
+        between = time.perf_counter()
         large = post(shipped.url + "/v1/chat/completions", long_prompt)
+        ended = time.perf_counter()
     finally:
         attacker.close()
     print(
         f"\n{STREAMS} x {ANNOUNCED // MiB} MiB announced: budget in use {held:.0f} bytes; "
-        f"2 KiB request {small[0]}, 1.5 MiB request {large[0]}"
+        f"2 KiB request {small[0]} in {(between - started) * 1000:.0f} ms, "
+        f"1.5 MiB request {large[0]} in {(ended - between) * 1000:.0f} ms"
     )
     assert held == 0
     assert small[0] == 200, small
