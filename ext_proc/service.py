@@ -76,7 +76,13 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc
                 return
             except StopAsyncIteration:
                 return
-            yield decode(request, self._keys)
+            event = decode(request, self._keys)
+            # Neither the message nor the event may outlive its handling: a stream stays
+            # open after its decision (for the whole upstream response) and would keep
+            # the body alive, outside the budget, until then.
+            del request
+            yield event
+            del event
 
     async def Process(  # noqa: N802 - name fixed by the gRPC service
         self,
@@ -106,8 +112,9 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc
                     self._record(step.outcome)
                 usage.busy += time.perf_counter() - started
                 self.metrics.inflight_bytes.set(self.budget.used)
-                for response in responses:
-                    yield response
+                del event, step  # see _events: nothing of the body outlives its answers
+                while responses:
+                    yield responses.pop(0)
                 # Resumed once gRPC took the last answer: what it carried is not held.
                 stream.sent()
             if stream.waiting_for_body:

@@ -3,6 +3,7 @@
 import asyncio
 import gc
 import json
+import tracemalloc
 import types
 
 import grpc
@@ -280,3 +281,42 @@ def test_the_service_runs_on_each_event_loop(event_loop):
     assert code == grpc.StatusCode.OK
     mutation = responses[1].request_body.response.body_mutation
     assert json.loads(mutation.body) == {"messages": []}  # untrusted: the whole object goes
+
+
+def test_nothing_of_a_body_is_held_once_it_is_answered():
+    # The stream stays open after its decision (in a deployment, for the whole upstream
+    # response); the body and its rewrite are out of the budget by then and must not be
+    # kept alive by the servicer either.
+    async def held_while_open() -> int:
+        running = await build(Config.load(listen="127.0.0.1:0"))
+        queue: asyncio.Queue[pb.ProcessingRequest | None] = asyncio.Queue()
+
+        async def requests():
+            while (message := await queue.get()) is not None:
+                yield message
+                del message
+
+        try:
+            async with grpc.aio.insecure_channel(
+                f"127.0.0.1:{running.port}",
+                options=[("grpc.max_send_message_length", 64 * MiB)],
+            ) as channel:
+                call = pb_grpc.ExternalProcessorStub(channel).Process(requests())
+                tracemalloc.start()
+                payload = {"messages": [], "kv_transfer_params": {}, "pad": "x" * (8 * MiB)}
+                await queue.put(headers({"action": "strip"}))
+                await queue.put(body(json.dumps(payload).encode()))
+                del payload
+                kinds = [(await call.read()).WhichOneof("response") for _ in range(2)]
+                assert kinds == ["request_headers", "request_body"]
+                await asyncio.sleep(0.2)
+                gc.collect()
+                held = tracemalloc.get_traced_memory()[0]
+                tracemalloc.stop()
+                await queue.put(None)
+                assert await call.code() == grpc.StatusCode.OK
+        finally:
+            await running.server.stop(None)
+        return held
+
+    assert run(held_while_open()) < MiB
