@@ -1,10 +1,13 @@
 """The request bodies of the matrix: size x decision, built deterministically.
 
-Sizes are exact byte counts (2 KiB, 64 KiB, 1 MiB), reached by padding a user message.
-Ids are carried at each size as a decode request would (at 1 MiB the routes' max_ids,
-128k):
+Sizes are exact byte counts (2 KiB, 64 KiB, 1 MiB), reached by the length of the last
+user message: realistic prompt text (prose, code, quotes, backslashes, tabs, newlines,
+non-ASCII letters, an emoji), so that at 1 MiB ``allow`` is a long prompt, the traffic
+that dominates an inference gateway. Ids are carried at each size as a decode request
+would (at 1 MiB the routes' max_ids, 128k):
 
-- ``allow``: a chat request without ids on the aggregated route ``/v1/``.
+- ``allow``: a chat (system, user, assistant, user) without ids on the aggregated route
+  ``/v1/``.
 - ``strip``: the ids on ``/v1/``; the service removes them and rewrites the body.
 - ``deny``: the ids with a ``true`` in the middle on ``/pd-any/v1/``, a route that
   honors any caller's ids once validated (``trust_any_caller``); the service answers 400.
@@ -65,12 +68,38 @@ class Body:
         return REASONS[self.decision]
 
 
+# What a long prompt is made of (RAG context, code, chat): repeated to the size needed.
+PROMPT_TEXT = (
+    'Context, section 4.2 ("Retries"): a client retries with exponential back-off; '
+    "the gateway answers 503 with retry-after when it sheds load.\n"
+    "```python\ndef backoff(attempt: int) -> float:\n\treturn min(30.0, 0.5 * 2 ** attempt)"
+    "  # C:\\temp\\retries.log\n```\n"
+    "Résumé des étapes, naïve façade; Straße; 東京の天気は晴れ; Ελληνικά; 🙂 fin.\n"
+)
+
+
+def _prompt(size: int) -> str:
+    """Prompt text whose JSON encoding (without quotes) is exactly ``size`` bytes."""
+    text = PROMPT_TEXT * (size // len(_encode(PROMPT_TEXT)) + 1)
+    low, high = 0, len(text)  # the longest prefix that encodes within size
+    while low < high:
+        mid = (low + high + 1) // 2
+        if len(_encode(text[:mid])) - 2 <= size:
+            low = mid
+        else:
+            high = mid - 1
+    prefix = text[:low]
+    return prefix + "x" * (size - (len(_encode(prefix)) - 2))
+
+
 def _document(ids: list[Any] | None, pad: int, proven: bool) -> dict[str, Any]:
     doc: dict[str, Any] = {
         "model": "m",
         "messages": [
-            {"role": "system", "content": "You are a helpful assistant."},
-            {"role": "user", "content": "x" * pad},
+            {"role": "system", "content": "You are a helpful assistant. Cite the context."},
+            {"role": "user", "content": "Why does the client back off?"},
+            {"role": "assistant", "content": "So that a shedding gateway can recover."},
+            {"role": "user", "content": _prompt(pad)},
         ],
         "max_tokens": 16,
     }
@@ -87,8 +116,8 @@ def _document(ids: list[Any] | None, pad: int, proven: bool) -> dict[str, Any]:
     return doc
 
 
-def _encode(doc: dict[str, Any]) -> bytes:
-    return json.dumps(doc, separators=(",", ":")).encode()
+def _encode(doc: Any) -> bytes:
+    return json.dumps(doc, separators=(",", ":"), ensure_ascii=False).encode()
 
 
 def _exact(ids: list[Any] | None, size: int, proven: bool = False) -> bytes:

@@ -294,11 +294,12 @@ def _targets_md(results: dict[str, Any]) -> list[str]:
         "| # | target | arrangement | status | cells met |",
         "|---|---|---|---|---|",
     ]
+    default = {a["name"] for a in results["arrangements"] if a.get("default")}
     for s in results["target_summary"]:
         status = s["status"] if s["status"] != "missed" else "**missed**"
+        name = s["arrangement"] + (" (shipped default)" if s["arrangement"] in default else "")
         lines.append(
-            f"| {s['target']} | {s['title']} | {s['arrangement']} | {status} | "
-            f"{s['cells_met']}/{s['cells']} |"
+            f"| {s['target']} | {s['title']} | {name} | {status} | {s['cells_met']}/{s['cells']} |"
         )
     lines += [
         "",

@@ -211,7 +211,10 @@ def run(plan: Plan, out: Path) -> Path:
     results = {
         "meta": meta,
         "notes": notes,
-        "arrangements": [{"name": a.name, "kind": a.kind, "workers": a.workers} for a in chosen],
+        "arrangements": [
+            {"name": a.name, "kind": a.kind, "workers": a.workers, "default": a.default}
+            for a in chosen
+        ],
         "cells": records,
         "envoy_stats": envoy_stats,
     }

@@ -60,6 +60,12 @@ class Arrangement:
     def polices(self) -> bool:
         return self.kind == "service"
 
+    @property
+    def default(self) -> bool:
+        """The arrangement shipped by default: envoy/envoy.yaml (two messages per
+        request) and one processor."""
+        return self.kind == "service" and self.workers == 1 and self.config == "envoy.yaml"
+
 
 def nginx_conf(workdir: Path, port: int) -> str:
     """A one-process nginx answering every POST with a small JSON 200.

@@ -36,6 +36,8 @@ def test_smoke_run_reports_every_arrangement(tmp_path: Path) -> None:
     results = json.loads((out / "results.json").read_text())
     kinds = {a["kind"] for a in results["arrangements"]}
     assert kinds == set(KINDS)
+    # The shipped arrangement (envoy/envoy.yaml, one processor) is marked, and only it.
+    assert [a["name"] for a in results["arrangements"] if a["default"]] == ["service-w1"]
     names = [a["name"] for a in results["arrangements"]]
     measured = {
         (c["body"], c["decision"], c["concurrency"], c["arrangement"]) for c in results["cells"]

@@ -1,0 +1,27 @@
+"""The matrix's bodies: exact sizes, realistic prompt text, the decisions they intend."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from bench import bodies
+
+
+@pytest.mark.parametrize("size", sorted(bodies.SIZES))
+@pytest.mark.parametrize("decision", bodies.DECISIONS)
+def test_every_body_has_its_exact_size(size, decision):
+    body = bodies.build(size, decision)
+    assert len(body.data) == bodies.SIZES[size]
+    json.loads(body.data)  # valid JSON
+
+
+def test_allow_is_a_long_realistic_prompt_without_ids():
+    doc = json.loads(bodies.build("1m", "allow").data)
+    assert "kv_transfer_params" not in doc
+    prompt = doc["messages"][-1]["content"]
+    assert len(doc["messages"]) == 4
+    assert len(prompt) > 900_000
+    for piece in ("\n", "\t", '"', "\\", "é", "東京", "🙂", "def "):
+        assert piece in prompt
