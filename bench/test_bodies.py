@@ -11,13 +11,13 @@ from bench import bodies
 
 @pytest.mark.parametrize("size", sorted(bodies.SIZES))
 @pytest.mark.parametrize("decision", bodies.DECISIONS)
-def test_every_body_has_its_exact_size(size, decision):
+def test_every_body_has_its_exact_size(size: str, decision: str) -> None:
     body = bodies.build(size, decision)
     assert len(body.data) == bodies.SIZES[size]
     json.loads(body.data)  # valid JSON
 
 
-def test_allow_is_a_long_realistic_prompt_without_ids():
+def test_allow_is_a_long_realistic_prompt_without_ids() -> None:
     doc = json.loads(bodies.build("1m", "allow").data)
     assert "kv_transfer_params" not in doc
     prompt = doc["messages"][-1]["content"]
