@@ -226,15 +226,9 @@ class Stream:
             reason="body_too_large",
         ).refusal()
 
-    def _charge(self, total: int) -> Refusal | None:
-        """Make sure ``total`` is charged to the budget (503 when it cannot be)."""
-        try:
-            self._charge_or_raise(total)
-        except ServiceUnavailable as exc:
-            return exc.refusal()
-        return None
-
-    def _charge_or_raise(self, total: int) -> None:
+    def _charge(self, total: int) -> None:
+        """Make sure ``total`` is charged to the budget (``ServiceUnavailable`` when it
+        cannot be)."""
         extra = total - self._charged
         if extra > 0:
             if not self._budget.try_acquire(extra):
@@ -247,7 +241,7 @@ class Stream:
     def _slow_path(self, raw: bytes, shape: body.Shape) -> Callable[[], None]:
         """Charges what json.loads or json.dumps costs on top, before either runs."""
         total = memory.cost(len(raw), shape.values) + memory.slow_extra(len(raw))
-        return functools.partial(self._charge_or_raise, total)
+        return functools.partial(self._charge, total)
 
     def _admit(self, raw: bytes) -> body.Shape | Refusal:
         """The shape of a whole body, once its parsed cost is charged (413 for too many
@@ -258,7 +252,7 @@ class Stream:
                 f"request body holds more than {self._max_json_values} JSON values",
                 reason="body_too_complex",
             ).refusal()
-        return self._charge(memory.cost(len(raw), shape.values)) or shape
+        return _attempt(self._charge, memory.cost(len(raw), shape.values)) or shape
 
     def _on_headers(self, event: Event) -> list[Answer] | Refusal:
         assert isinstance(event, RequestHeaders)
@@ -349,8 +343,8 @@ class Stream:
     def _on_chunk(self, event: Event) -> list[Answer] | Refusal:
         assert isinstance(event, RequestBody)
         self._received += len(event.chunk)
-        refused = self._too_large(self._received) or self._charge(
-            max(memory.held(self._received), self._charged)
+        refused = self._too_large(self._received) or _attempt(
+            self._charge, memory.held(self._received)
         )
         if refused is not None:
             return refused
@@ -410,28 +404,18 @@ class Stream:
     def _decide(self, raw: bytes) -> bytes | Refusal | None:
         """The body to forward instead of ``raw`` (None: unchanged), or a refusal."""
         self._body_size = len(raw)
-        held = self._held_refusal
-        slow: Callable[[], None] = functools.partial(self._charge_or_raise, 0)
-        if held is not None:
-            parsed: body.Parsed | Refusal = held
-        else:
-            shape = self._admit(raw)
-            if isinstance(shape, Refusal):
-                parsed = shape
-            else:
-                slow = self._slow_path(raw, shape)
-                parsed = _attempt(body.parse, raw, shape, slow)
+        if self._held_refusal is not None:
+            return self._refused(self._held_refusal)
+        shape = self._admit(raw)
+        if isinstance(shape, Refusal):
+            return self._refused(shape)
+        slow = self._slow_path(raw, shape)
+        parsed = _attempt(body.parse, raw, shape, slow)
         if isinstance(parsed, Refusal):
-            if self._audit and parsed.auditable:
-                self._decision = policy.Deny(parsed)
-                return None
-            return parsed
+            return self._refused(parsed)
         decision = _attempt(self._judge, parsed)
         if isinstance(decision, Refusal):  # the prompt digest found the body too deep
-            if self._audit and decision.auditable:
-                self._decision = policy.Deny(decision)
-                return None
-            return decision
+            return self._refused(decision)
         self._decision = decision
         if self._audit:
             return None
@@ -441,6 +425,14 @@ class Stream:
             # A body too deep to write back is refused here, like any other refusal.
             return _attempt(body.without, parsed, KV_KEY, decision.keys, slow)
         return None
+
+    def _refused(self, refusal: Refusal) -> Refusal | None:
+        """``refusal``, or in audit mode, when it comes from inspecting the request, the
+        decision it records while the body passes unchanged (None)."""
+        if self._audit and refusal.auditable:
+            self._decision = policy.Deny(refusal)
+            return None
+        return refusal
 
     def _judge(self, parsed: body.Parsed) -> policy.Decision:
         """The policy's decision; the prompt digest is rendered only when needed (a
