@@ -30,11 +30,15 @@ def stack(
 ) -> Iterator[Stack]:
     source = BODY_MODES[request.param]
     workdir = tmp_path_factory.mktemp(request.param)
-    running = Stack(workdir, source=source, proof_keys={KEY_ID: new_key()}).start()
-    try:
+    with Stack(workdir, source=source, proof_keys={KEY_ID: new_key()}) as running:
         yield running
-    finally:
-        running.stop()
+
+
+@pytest.fixture(scope="module")
+def decompressing(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    """envoy/envoy-decompress.yaml: Envoy's gzip decompressor runs before ext_proc."""
+    with Stack(tmp_path_factory.mktemp("gz"), source=ENVOY / "envoy-decompress.yaml") as running:
+        yield running
 
 
 @pytest.fixture

@@ -200,6 +200,12 @@ class Stack:
     def _log(self, name: str) -> Path:
         return self.workdir / f"{name}.log"
 
+    def __enter__(self) -> Stack:
+        return self.start()
+
+    def __exit__(self, *_: object) -> None:
+        self.stop()
+
     def start(self) -> Stack:
         """Start every process; one failing to start stops those already running."""
         try:

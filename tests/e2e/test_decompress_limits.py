@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import zlib
 from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import pytest
@@ -18,8 +17,6 @@ import pytest
 from tests.e2e.stack import BODY_LIMIT, Stack
 from tests.e2e.test_gateway import PD_KEYS, assert_stripped, chat, error_of, only_request
 
-REPO = Path(__file__).resolve().parents[2]
-DECOMPRESS = REPO / "envoy" / "envoy-decompress.yaml"
 MiB = 1 << 20
 GZIP_JSON = {"content-type": "application/json", "content-encoding": "gzip"}
 PREFIX, SUFFIX = b'{"x":"', b'"}'
@@ -42,15 +39,6 @@ def gzip_of_run(size: int) -> bytes:
 
 def run_document(size: int) -> bytes:
     return PREFIX + b"a" * (size - len(PREFIX) - len(SUFFIX)) + SUFFIX
-
-
-@pytest.fixture(scope="module")
-def decompressing(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    running = Stack(tmp_path_factory.mktemp("decompress"), source=DECOMPRESS).start()
-    try:
-        yield running
-    finally:
-        running.stop()
 
 
 @pytest.fixture

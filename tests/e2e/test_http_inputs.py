@@ -5,26 +5,13 @@ from __future__ import annotations
 import gzip
 import json
 import socket
-from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.e2e.stack import Stack
 from tests.e2e.test_gateway import assert_framing, assert_stripped, chat, error_of
 
-ENVOY = Path(__file__).resolve().parents[2] / "envoy"
 JSON = {"content-type": "application/json"}
-
-
-@pytest.fixture(scope="module")
-def decompressing(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    stack = Stack(tmp_path_factory.mktemp("gz"), source=ENVOY / "envoy-decompress.yaml").start()
-    try:
-        yield stack
-    finally:
-        stack.stop()
 
 
 def test_gzip_body_is_decompressed_before_inspection(decompressing):

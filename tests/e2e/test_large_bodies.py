@@ -179,15 +179,9 @@ LIMITS = {
 # see the headers message: not in the one-message variant.
 @pytest.fixture(scope="module", params=["buffered", "streamed"])
 def limited(request, tmp_path_factory) -> Iterator[Stack]:
-    stack = Stack(
-        tmp_path_factory.mktemp(request.param),
-        source=BODY_MODES[request.param],
-        processor_config=LIMITS,
-    ).start()
-    try:
+    workdir = tmp_path_factory.mktemp(request.param)
+    with Stack(workdir, source=BODY_MODES[request.param], processor_config=LIMITS) as stack:
         yield stack
-    finally:
-        stack.stop()
 
 
 def read_reply(sock: socket.socket) -> tuple[int, dict[str, str], bytes]:

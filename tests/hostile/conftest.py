@@ -18,17 +18,14 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.hostile)
 
 
-def started(workdir: Path, mode: str) -> Stack:
+def shipped_stack(workdir: Path, mode: str) -> Stack:
     """The shipped configuration in ``mode``, the processor with its default limits."""
-    return Stack(workdir, source=BODY_MODES[mode]).start()
+    return Stack(workdir, source=BODY_MODES[mode])
 
 
 @pytest.fixture(scope="module", params=["buffered", "streamed"])
 def shipped(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Stack]:
-    stack = started(tmp_path_factory.mktemp(request.param), request.param)
-    try:
+    with shipped_stack(tmp_path_factory.mktemp(request.param), request.param) as stack:
         yield stack
-    finally:
-        stack.stop()

@@ -10,18 +10,15 @@ import json
 
 import pytest
 
-from tests.hostile.conftest import started
+from tests.hostile.conftest import shipped_stack
 from tests.hostile.h2client import H2
 from tests.hostile.load import post
 
 
 @pytest.fixture(scope="module", params=["buffered", "one-message"])
 def gateway(request, tmp_path_factory):
-    stack = started(tmp_path_factory.mktemp(request.param), request.param)
-    try:
+    with shipped_stack(tmp_path_factory.mktemp(request.param), request.param) as stack:
         yield stack
-    finally:
-        stack.stop()
 
 
 def assert_clean_error(content: bytes, code: int) -> None:

@@ -17,7 +17,7 @@ import pytest
 
 from ext_proc import memory
 from ext_proc.config import Config
-from tests.hostile.conftest import started
+from tests.hostile.conftest import shipped_stack
 from tests.hostile.load import MiB, Timed, attackers, legitimate_chat, post, timed_requests
 
 SIZE = 16 * MiB - 4096  # within the default body limit and Envoy's buffer
@@ -49,11 +49,8 @@ def kubernetes_limit() -> int:
 
 @pytest.fixture(scope="module")
 def buffered(tmp_path_factory):
-    stack = started(tmp_path_factory.mktemp("buffered"), "buffered")
-    try:
+    with shipped_stack(tmp_path_factory.mktemp("buffered"), "buffered") as stack:
         yield stack
-    finally:
-        stack.stop()
 
 
 def test_costliest_bodies_keep_the_processor_within_its_memory_model(buffered):
