@@ -366,15 +366,24 @@ def test_a_rewritten_body_stays_charged_until_it_is_sent(mode):
     assert budget.used == 0
 
 
-def test_the_slow_parser_is_charged_before_it_runs():
+SLOW_BODIES = {
+    # orjson refuses NaN: json.loads reads it; no ids, so nothing is written back.
+    "json.loads": b'{"n": NaN, "messages": []}',
+    # orjson reads 300 levels but writes only 254: json.dumps writes the stripped body.
+    "json.dumps": ('{"d": ' + "[" * 300 + "]" * 300 + ', "kv_transfer_params": {"x": 1}}').encode(),
+}
+
+
+@pytest.mark.parametrize("slow", sorted(SLOW_BODIES))
+def test_the_slow_path_is_charged_before_it_runs(slow):
+    raw = SLOW_BODIES[slow]
     budget = Budget(1 << 20)
     stream = new(budget=budget)
     stream.handle(headers())
-    raw = IDS.replace("{", '{"n": NaN, ', 1).encode()  # orjson refuses NaN
     assert not isinstance(only(stream.handle(RequestBody(raw, True))), Reject)
     shape = body.scan(raw)
     assert budget.peak == memory.cost(len(raw), shape.values) + memory.slow_extra(len(raw))
-    # Not affordable: refused before json.loads runs.
+    # Not affordable: refused before the slow parser or writer runs.
     tight = Budget(memory.cost(len(raw), shape.values))
     stream = new(budget=tight)
     stream.handle(headers())
