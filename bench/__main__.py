@@ -1,4 +1,4 @@
-"""``python -m bench [--smoke] [--out DIR]`` and ``python -m bench profile``."""
+"""``python -m bench [--smoke] [--cells targets] [--out DIR]`` and ``python -m bench profile``."""
 
 from __future__ import annotations
 
@@ -36,6 +36,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--duration", type=int, help="seconds per cell (full 10, smoke 1)")
     parser.add_argument("--warmup", type=int, help="warm-up seconds per cell (full 2, smoke 0)")
+    parser.add_argument(
+        "--cells",
+        choices=("matrix", "targets"),
+        help="matrix: every size x decision x concurrency (the default; --smoke: 6 cells); "
+        "targets: only the cells the targets judge, without the naive arrangement",
+    )
     sizes, decisions = tuple(bodies.SIZES), bodies.DECISIONS
     parser.add_argument("--bodies", type=_list(str, sizes), help="e.g. 2k,64k,1m")
     parser.add_argument("--decisions", type=_list(str, decisions), help="e.g. honor,honor-proven")
@@ -70,9 +76,15 @@ def _scenario(text: str) -> tuple[str, str, int]:
 
 
 def _plan(args: argparse.Namespace) -> run.Plan:
-    if args.smoke and not (args.bodies or args.decisions or args.concurrency):
-        cells = run.smoke_cells()
+    subset = args.bodies or args.decisions or args.concurrency
+    if args.cells == "targets":
+        if subset:
+            raise SystemExit("--cells targets takes no --bodies, --decisions or --concurrency")
+        selection, cells = "targets", run.target_cells()
+    elif args.smoke and not subset and args.cells is None:
+        selection, cells = "smoke", run.smoke_cells()
     else:
+        selection = "matrix"
         cells = run.full_cells(
             args.bodies or tuple(bodies.SIZES),
             args.decisions or bodies.DECISIONS,
@@ -80,7 +92,7 @@ def _plan(args: argparse.Namespace) -> run.Plan:
         )
     seconds = args.duration if args.duration is not None else (1 if args.smoke else 10)
     warmup = args.warmup if args.warmup is not None else (0 if args.smoke else 2)
-    return run.Plan(cells, args.workers, seconds, warmup, args.smoke, args.threads)
+    return run.Plan(cells, args.workers, seconds, warmup, args.smoke, args.threads, selection)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -44,6 +44,14 @@ class Plan:
     warmup: int
     smoke: bool
     threads: int = 1
+    # Which cells: "matrix" (a product of sizes, decisions, concurrencies), "smoke" or
+    # "targets" (what bench/report.py judges; the `naive` arrangement is then skipped,
+    # no target reads it).
+    selection: str = "matrix"
+
+    @property
+    def naive(self) -> bool:
+        return self.selection != "targets"
 
 
 def full_cells(
@@ -58,14 +66,20 @@ def smoke_cells() -> tuple[Cell, ...]:
     return tuple(Cell(*c) for c in SMOKE_CELLS)
 
 
-def arrangements(workers: tuple[int, ...], flag: bool) -> tuple[list[stack.Arrangement], list[str]]:
-    """direct, naive and one service column per worker count the service can run."""
-    chosen = [
-        stack.Arrangement("direct"),
-        stack.Arrangement("naive"),
-        # The floor of one message per request: the naive processor, one-message config.
-        stack.Arrangement("naive", config="envoy-one-message.yaml"),
-    ]
+def target_cells() -> tuple[Cell, ...]:
+    return tuple(Cell(*c) for c in report.TARGET_CELLS)
+
+
+def arrangements(
+    workers: tuple[int, ...], flag: bool, *, naive: bool = True
+) -> tuple[list[stack.Arrangement], list[str]]:
+    """direct, naive (unless told not to), the floor and one service column per worker
+    count the service can run."""
+    chosen = [stack.Arrangement("direct")]
+    if naive:
+        chosen.append(stack.Arrangement("naive"))
+    # The floor of one message per request: the naive processor, one-message config.
+    chosen.append(stack.Arrangement("naive", config="envoy-one-message.yaml"))
     notes: list[str] = []
     for count in workers:
         if count != 1 and not flag:
@@ -88,6 +102,7 @@ def _meta(plan: Plan, paths: dict[str, str], flag: bool) -> dict[str, Any]:
     return {
         "started": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "mode": "smoke" if plan.smoke else "full",
+        "cells": plan.selection,
         "seconds_per_cell": plan.seconds,
         "warmup_seconds": plan.warmup,
         "wrk_threads": plan.threads,
@@ -195,7 +210,7 @@ def run(plan: Plan, out: Path) -> Path:
     paths = tools.ensure_system_tools()
     options = tools.serve_options()
     flag = "--workers" in options
-    chosen, notes = arrangements(plan.workers, flag)
+    chosen, notes = arrangements(plan.workers, flag, naive=plan.naive)
     meta = _meta(plan, paths, flag)
     workdir = Path(tempfile.mkdtemp(prefix="ext_proc-bench-"))
     scripts: dict[tuple[str, str], Path] = {}

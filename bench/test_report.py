@@ -1,0 +1,242 @@
+"""The targets of bench/report.py on synthetic results: no process is started.
+
+Every check is judged on the arrangement marked default against the floor, as a ratio of
+their figures; each case below sits just inside or just outside one threshold.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from bench import report
+
+DEFAULT = "service-w1"
+OTHER = "service-w1-1msg"
+# direct, the floor and the default: each target's checks are exactly met-by-ratio 1.0.
+FIGURES: dict[str, dict[str, float]] = {
+    "direct": {"p50_ms": 0.25, "rps": 20000.0, "envoy_cpu_ms_per_req": 0.05},
+    report.FLOOR: {
+        "p50_ms": 1.25,
+        "rps": 5000.0,
+        "processor_cpu_ms_per_req": 0.3,
+        "envoy_cpu_ms_per_req": 0.2,
+    },
+    DEFAULT: {
+        "p50_ms": 1.25,
+        "rps": 5000.0,
+        "processor_cpu_ms_per_req": 0.3,
+        "envoy_cpu_ms_per_req": 0.2,
+    },
+    # A service column far outside every target: judging it would miss them all.
+    OTHER: {
+        "p50_ms": 90.0,
+        "rps": 10.0,
+        "processor_cpu_ms_per_req": 9.0,
+        "envoy_cpu_ms_per_req": 9.0,
+    },
+}
+KINDS = {"direct": "direct", report.FLOOR: "naive", DEFAULT: "service", OTHER: "service"}
+
+
+def _results(default: str = DEFAULT, cells: tuple[report.Key, ...] = report.TARGET_CELLS) -> Any:
+    records = [
+        {
+            "body": body,
+            "body_bytes": 2048 if body == "2k" else report.MIB,
+            "decision": decision,
+            "concurrency": concurrency,
+            "arrangement": name,
+            "ok": True,
+            **figures,
+        }
+        for body, decision, concurrency in cells
+        for name, figures in FIGURES.items()
+    ]
+    return {
+        "arrangements": [
+            {"name": name, "kind": kind, "workers": None, "default": name == default}
+            for name, kind in KINDS.items()
+        ],
+        "cells": records,
+    }
+
+
+def _set(results: Any, key: report.Key, name: str, **figures: float) -> None:
+    for record in results["cells"]:
+        if (record["body"], record["decision"], record["concurrency"], record["arrangement"]) == (
+            *key,
+            name,
+        ):
+            record.update(figures)
+
+
+def _drop(results: Any, key: report.Key, name: str | None = None) -> None:
+    results["cells"] = [
+        r
+        for r in results["cells"]
+        if (r["body"], r["decision"], r["concurrency"]) != key
+        or (name is not None and r["arrangement"] != name)
+    ]
+
+
+def _judge(results: Any) -> tuple[list[dict[str, Any]], dict[int, str]]:
+    report.enrich(results["cells"])
+    rows = report.target_rows(results)
+    summary = report.target_summary(results, rows)
+    return rows, {s["target"]: s["status"] for s in summary}
+
+
+ALL_MET = {1: "met", 2: "met", 3: "met", 4: "met", 5: "met"}
+# (target, cell, the default's figures there): just inside and just outside its limit.
+EDGES = [
+    (1, ("2k", "allow", 32), {"rps": 4100.0}, {"rps": 3900.0}),  # 0.82x / 0.78x >= 0.8x
+    (
+        1,
+        ("2k", "allow", 32),
+        {"processor_cpu_ms_per_req": 0.38},  # 1.27x <= 1.3x
+        {"processor_cpu_ms_per_req": 0.40},  # 1.33x
+    ),
+    (
+        1,
+        ("2k", "allow", 32),
+        {"envoy_cpu_ms_per_req": 0.226},  # 1.13x <= 1.15x
+        {"envoy_cpu_ms_per_req": 0.234},  # 1.17x
+    ),
+    (2, ("2k", "strip", 32), {"rps": 3300.0}, {"rps": 3200.0}),  # 0.66x / 0.64x >= 0.65x
+    (2, ("2k", "deny", 32), {"rps": 3300.0}, {"rps": 3200.0}),
+    # Added p50 over direct's 0.25 ms; the floor adds 1.0 ms.
+    (3, ("2k", "allow", 1), {"p50_ms": 1.38}, {"p50_ms": 1.42}),  # 1.13x / 1.17x <= 1.15x
+    (4, ("1m", "allow", 1), {"p50_ms": 1.53}, {"p50_ms": 1.57}),  # 1.28x / 1.32x <= 1.3x
+    (5, ("1m", "strip", 1), {"p50_ms": 1.83}, {"p50_ms": 1.87}),  # 1.58x / 1.62x <= 1.6x
+    (5, ("1m", "honor", 1), {"p50_ms": 1.83}, {"p50_ms": 1.87}),
+]
+
+
+def test_every_target_is_met_at_the_floor_and_reads_only_its_cells() -> None:
+    rows, status = _judge(_results())
+    assert status == ALL_MET
+    assert {r["status"] for r in rows} == {"met"}
+    cells = {(body, decision, c) for body, decision, c in report.TARGET_CELLS}
+    assert cells == {
+        ("2k", "allow", 32),
+        ("2k", "strip", 32),
+        ("2k", "deny", 32),
+        ("2k", "allow", 1),
+        ("1m", "allow", 1),
+        ("1m", "strip", 1),
+        ("1m", "honor", 1),
+        ("1m", "honor-proven", 1),
+    }
+
+
+@pytest.mark.parametrize(
+    ("target", "key", "inside", "outside"),
+    EDGES,
+    ids=[f"{t}-{'-'.join(map(str, key))}-{next(iter(a))}" for t, key, a, _ in EDGES],
+)
+def test_each_limit_is_met_inside_and_missed_outside(
+    target: int, key: report.Key, inside: dict[str, float], outside: dict[str, float]
+) -> None:
+    results = _results()
+    _set(results, key, DEFAULT, **inside)
+    assert _judge(results)[1] == ALL_MET
+
+    results = _results()
+    _set(results, key, DEFAULT, **outside)
+    rows, status = _judge(results)
+    assert status == {**ALL_MET, target: "missed"}
+    (missed,) = [r for r in rows if r["status"] == "missed"]
+    assert missed["arrangement"] == DEFAULT
+    assert missed["cell"].startswith(report._cell_name(key))
+
+
+def test_a_row_shows_the_ratio_the_threshold_and_both_figures() -> None:
+    results = _results()
+    _set(results, ("2k", "allow", 32), DEFAULT, rps=3900.0)
+    rows, _ = _judge(results)
+    row = next(r for r in rows if r["target"] == 1 and r["measure"] == "req/s")
+    assert row["value"] == 0.78
+    assert row["threshold"] == ">= 0.80x floor"
+    assert row["detail"] == "3900 vs floor 5000 req/s"
+    assert row["status"] == "missed"
+
+
+def test_a_target_without_its_cell_is_not_measured() -> None:
+    results = _results(cells=tuple(k for k in report.TARGET_CELLS if k != ("1m", "allow", 1)))
+    rows, status = _judge(results)
+    assert status == {**ALL_MET, 4: "not measured"}
+    (row,) = [r for r in rows if r["target"] == 4]
+    assert row["value"] is None
+    assert row["status"] == "not measured"
+
+
+@pytest.mark.parametrize("missing", ["direct", report.FLOOR, DEFAULT])
+def test_a_cell_without_the_floor_direct_or_the_default_is_not_measured(missing: str) -> None:
+    results = _results()
+    _drop(results, ("2k", "allow", 1), missing)
+    _, status = _judge(results)
+    assert status == {**ALL_MET, 3: "not measured"}
+
+
+def test_a_missed_cell_outweighs_a_missing_one() -> None:
+    results = _results()
+    _drop(results, ("1m", "honor", 1))
+    _set(results, ("1m", "strip", 1), DEFAULT, p50_ms=5.0)
+    _, status = _judge(results)
+    assert status == {**ALL_MET, 5: "missed"}
+
+
+def test_a_floor_of_zero_leaves_the_ratio_undetermined() -> None:
+    results = _results()
+    _set(results, ("2k", "allow", 32), report.FLOOR, processor_cpu_ms_per_req=0.0)
+    _, status = _judge(results)
+    assert status == {**ALL_MET, 1: "undetermined"}
+
+
+def test_only_the_default_is_judged() -> None:
+    rows, status = _judge(_results())
+    assert status == ALL_MET  # OTHER misses everything and counts for nothing
+    assert {r["arrangement"] for r in rows} == {DEFAULT}
+
+
+def test_the_default_is_read_from_the_results() -> None:
+    rows, status = _judge(_results(default=OTHER))
+    assert {r["arrangement"] for r in rows} == {OTHER}
+    assert set(status.values()) == {"missed"}
+
+
+def test_without_a_single_default_nothing_is_measured() -> None:
+    results = _results()
+    results["arrangements"][-1]["default"] = True  # two marked
+    _, status = _judge(results)
+    assert set(status.values()) == {"not measured"}
+
+
+def test_honor_proven_is_informational_and_only_when_measured() -> None:
+    proven = ("1m", "honor-proven", 1)
+    results = _results()
+    _set(results, proven, DEFAULT, p50_ms=50.0)
+    rows, status = _judge(results)
+    assert status == ALL_MET
+    (row,) = [r for r in rows if r["informational"]]
+    assert (row["target"], row["status"]) == (5, "missed")
+
+    results = _results()
+    _drop(results, proven)
+    rows, status = _judge(results)
+    assert status == ALL_MET
+    assert not any(r["informational"] for r in rows)
+
+
+def test_markdown_lists_each_target_once_and_marks_informational_rows() -> None:
+    results = _results()
+    results["cells"] = [r for r in results["cells"] if r["arrangement"] != OTHER]
+    report.enrich(results["cells"])
+    results["targets"] = report.target_rows(results)
+    results["target_summary"] = report.target_summary(results, results["targets"])
+    lines = report._targets_md(results)
+    summary = [line for line in lines if line.startswith("| ") and line.count("|") == 5]
+    assert [line.split(" | ")[0] for line in summary[1:]] == [f"| {n}" for n in range(1, 6)]
+    assert sum("(informational)" in line for line in lines) == 1
