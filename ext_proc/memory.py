@@ -59,7 +59,8 @@ PER_VALUE: Final = 80
 
 
 def held(size: int) -> int:
-    """The cost of ``size`` body bytes received and not parsed yet."""
+    """The cost of ``size`` body bytes received and not parsed (yet, or at all: a body
+    forwarded unparsed, ``body.lacks_key``)."""
     return COPIES * size
 
 

@@ -71,6 +71,8 @@ class Deny:
 
 Decision = Allow | Strip | Mint | Deny
 NO_PEER: Final = Peer()
+# The decision for a document without kv_transfer_params (or an empty one).
+NO_PARAMS: Final = Allow("no_transfer_params")
 NO_KEYS: Final = KeySet({}, None)
 
 
@@ -204,7 +206,7 @@ def _untrusted(policy: RoutePolicy, params: dict[str, Any], reason: str, count: 
 def decide(policy: RoutePolicy, document: Document, evidence: Evidence) -> Decision:
     params = document.get(KV_KEY)
     if params is None:
-        return Allow("no_transfer_params")
+        return NO_PARAMS
     if not isinstance(params, dict):
         return Deny(
             bad_request(
@@ -212,7 +214,7 @@ def decide(policy: RoutePolicy, document: Document, evidence: Evidence) -> Decis
             )
         )
     if not params:
-        return Allow("no_transfer_params")
+        return NO_PARAMS
     keys = policed_keys(params)
     count = max((_count(params[key]) for key in keys), default=0)
     reason = _trusted(policy, params, evidence)

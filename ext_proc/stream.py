@@ -406,6 +406,14 @@ class Stream:
         self._body_size = len(raw)
         if self._held_refusal is not None:
             return self._refused(self._held_refusal)
+        if self._policy.action is not Action.MINT and body.lacks_key(raw, KV_KEY):
+            # Nothing to judge or rewrite: the body is forwarded as it came, unparsed
+            # (a mint route parses every request for its prompt digest).
+            refused = _attempt(self._charge, memory.held(len(raw)))
+            if refused is not None:
+                return self._refused(refused)
+            self._decision = policy.NO_PARAMS
+            return None
         shape = self._admit(raw)
         if isinstance(shape, Refusal):
             return self._refused(shape)

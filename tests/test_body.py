@@ -268,3 +268,67 @@ def test_json_dumps_writes_only_bodies_small_enough_for_the_slow_path():
     with pytest.raises(PayloadTooLarge) as refused:
         body.without(large, KV, None)
     assert refused.value.reason == "body_needs_slow_parse"
+
+
+# --- lacks_key: proven from the bytes that json.loads reads no such member -----------
+
+CHAT = {"model": "m", "messages": [{"role": "user", "content": 'é "q" \\ \n 🙂 \u00e9'}]}
+
+
+@pytest.mark.parametrize("ensure_ascii", [False, True])
+@pytest.mark.parametrize("bom", [b"", b"\xef\xbb\xbf"])
+def test_a_chat_without_the_key_lacks_it(ensure_ascii, bom):
+    raw = bom + json.dumps(CHAT, ensure_ascii=ensure_ascii).encode()
+    assert body.lacks_key(raw, KV)
+    assert KV not in json.loads(raw)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        json.dumps({**CHAT, KV: None}),
+        json.dumps({**CHAT, "extra": {KV: {}}}),  # nested: judged by the parse
+        json.dumps({**CHAT, "note": f"what is {KV}?"}),  # in a string: likewise
+    ],
+)
+def test_the_key_written_anywhere_is_not_lacking(text):
+    assert not body.lacks_key(text.encode(), KV)
+
+
+@pytest.mark.parametrize("position", range(len(KV)))
+@pytest.mark.parametrize("spell", ["\\u{:04x}", "\\u{:04X}"])
+def test_any_character_of_the_key_escaped_is_not_lacking(position, spell):
+    key = KV[:position] + spell.format(ord(KV[position])) + KV[position + 1 :]
+    raw = ('{"messages": [], "' + key + '": {"prompt_token_ids": [1]}}').encode()
+    assert KV in json.loads(raw)  # json.loads reads the key
+    assert not body.lacks_key(raw, KV)
+
+
+@pytest.mark.parametrize("encoding", ["utf-16", "utf-16-le", "utf-16-be", "utf-32", "utf-32-le"])
+def test_other_encodings_are_never_proven_from_their_bytes(encoding):
+    raw = json.dumps({**CHAT, KV: {"prompt_token_ids": [1]}}).encode(encoding)
+    assert KV in json.loads(raw)
+    assert not body.lacks_key(raw, KV)
+    assert not body.lacks_key(json.dumps(CHAT).encode(encoding), KV)
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [b"", b"[]", b'"x"', b"null", b'{"messages": [', b"[{}]", b" " * 64 + b"{}", b"{}" + b" " * 64],
+)
+def test_only_what_looks_like_one_object_is_proven(raw):
+    assert not body.lacks_key(raw, KV)
+
+
+def test_an_unreadable_object_without_the_key_lacks_it():
+    # json.loads refuses it (vLLM answers 400): no document, so no such member.
+    raw = b'{"messages": \xff, "n": NaN}'
+    assert body.lacks_key(raw, KV)
+    with pytest.raises(UnicodeDecodeError):
+        json.loads(raw)
+
+
+@pytest.mark.parametrize("key", ['a"b', "a\\b", "a/b", "a b", "é"])
+def test_keys_with_other_spellings_are_not_proven(key):
+    with pytest.raises(ValueError, match="only printable ASCII"):
+        body.lacks_key(b"{}", key)

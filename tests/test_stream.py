@@ -367,8 +367,8 @@ def test_a_rewritten_body_stays_charged_until_it_is_sent(mode):
 
 
 SLOW_BODIES = {
-    # orjson refuses NaN: json.loads reads it; no ids, so nothing is written back.
-    "json.loads": b'{"n": NaN, "messages": []}',
+    # orjson refuses NaN: json.loads reads it; empty parameters, nothing is written back.
+    "json.loads": b'{"n": NaN, "messages": [], "kv_transfer_params": {}}',
     # orjson reads 300 levels but writes only 254: json.dumps writes the stripped body.
     "json.dumps": ('{"d": ' + "[" * 300 + "]" * 300 + ', "kv_transfer_params": {"x": 1}}').encode(),
 }
@@ -394,7 +394,8 @@ def test_the_slow_path_is_charged_before_it_runs(slow):
 def test_a_body_with_too_many_values_is_refused_before_it_is_parsed():
     stream = new(values=8)
     stream.handle(headers())
-    refusal = error_body(stream.handle(RequestBody(b'{"a": [1, 2, 3, 4, 5, 6, 7, 8]}', True)))
+    raw = b'{"a": [1, 2, 3, 4, 5, 6, 7], "kv_transfer_params": {}}'
+    refusal = error_body(stream.handle(RequestBody(raw, True)))
     assert refusal["code"] == 413
     assert "more than 8 JSON values" in refusal["message"]
     assert stream.decision.reason == "body_too_complex"
@@ -612,6 +613,37 @@ def test_headerless_body_then_trailers():
     stream = new()
     stream.handle(first_body(IDS.encode(), eos=False))
     assert stream.handle(RequestTrailers()) == [ContinueTrailers()]
+
+
+# --- a body without the key is forwarded unparsed (body.lacks_key) -----------------
+
+# Neither reader would take it whole (NaN, more values than allowed), yet no spelling
+# of kv_transfer_params is in its bytes: nothing to judge, so it is not parsed.
+UNPARSED = b'{"messages": [1, 2, 3, 4, 5, 6, 7, 8, 9], "n": NaN, "x": [[[[]]]]}'
+
+
+@pytest.mark.parametrize("mode", [BUFFERED, DUPLEX])
+def test_a_body_without_the_key_is_forwarded_unparsed(mode):
+    budget = Budget(1 << 20)
+    stream = Driven(max_body_bytes=1 << 20, max_json_values=8, budget=budget)
+    stream.handle(headers(mode=mode))
+    out = stream.handle(RequestBody(UNPARSED, True))
+    assert out in ([ContinueBody(None)], [ContinueHeaders(), StreamedBody(UNPARSED, True)])
+    assert stream.decision == Allow("no_transfer_params")
+    # Charged as bytes held, not as a parsed document.
+    assert budget.peak == memory.held(len(UNPARSED))
+    # The same body with the key is parsed: too many values.
+    stream = Driven(max_body_bytes=1 << 20, max_json_values=8)
+    stream.handle(headers(mode=mode))
+    raw = UNPARSED[:-1] + b', "kv_transfer_params": null}'
+    assert error_body(stream.handle(RequestBody(raw, True)))["code"] == 413
+
+
+def test_a_mint_route_parses_every_request_for_its_digest():
+    stream = Driven(max_body_bytes=1 << 20)
+    stream.handle(headers(MINT_ROUTE))
+    assert error_body(stream.handle(RequestBody(b'{"messages": [}', True)))["code"] == 400
+    assert stream.decision.reason == "body_not_json"
 
 
 # --- mint routes: the response is signed (docs/trust.md) ---------------------------

@@ -30,14 +30,17 @@ def padded(prefix: bytes) -> bytes:
     return prefix + b',"pad":"' + b"y" * (SIZE - len(prefix) - 10) + b'"}'
 
 
+# Each attacker body names kv_transfer_params (null: nothing to strip), so it is parsed;
+# a body without the key is forwarded unparsed and costs the processor nothing per value.
+KV = b'"kv_transfer_params":null,'
 # 11 million values: refused from its bytes (413 body_too_complex).
-EMPTY_LISTS = b'{"a":[' + b"[]," * (SIZE // 3 - 4) + b"[]]}"
+EMPTY_LISTS = b"{" + KV + b'"a":[' + b"[]," * (SIZE // 3 - 12) + b"[]]}"
 # The costliest admissible body: as many empty lists as max_json_values allows.
-MOST_VALUES = padded(b'{"a":[' + b"[]," * (DEFAULTS.max_json_values // 2 - 8) + b"[]]")
+MOST_VALUES = padded(b"{" + KV + b'"a":[' + b"[]," * (DEFAULTS.max_json_values // 2 - 8) + b"[]]")
 # One astral character: CPython stores the whole string in UCS-4.
-ASTRAL = b'{"a":"\xf0\x9f\x98\x80' + b"a" * (SIZE - 12) + b'"}'
+ASTRAL = b"{" + KV + b'"a":"\xf0\x9f\x98\x80' + b"a" * (SIZE - 12 - len(KV)) + b'"}'
 # json.loads territory: orjson refuses NaN; 4 million floats.
-NAN_FLOATS = b'{"a":[' + b"0.5," * (SIZE // 4 - 8) + b'1],"n":NaN}'
+NAN_FLOATS = b"{" + KV + b'"a":[' + b"0.5," * (SIZE // 4 - 16) + b'1],"n":NaN}'
 # What a long prompt looks like, for comparison.
 PROSE = padded(b'{"model":"tiny","messages":[{"role":"user","content":"Read this."}]')
 
