@@ -135,16 +135,35 @@ def check_headers(content_types: list[bytes], content_encodings: list[bytes]) ->
 # JSON's whitespace, and how far from each end of a body its braces are looked for.
 _WHITESPACE: Final = b" \t\n\r"
 _EDGE: Final = 64
+# How an escape of an ASCII character starts, and how many of them are checked one by
+# one (text escaped to ASCII holds one per accented letter: then one search each).
+_ESCAPE: Final = b"\\u00"
+_ESCAPES_CHECKED: Final = 16
 
 
 @functools.cache
-def _spellings(key: str) -> tuple[bytes, ...]:
-    """Byte strings at least one of which every JSON spelling of ``key`` in UTF-8
-    contains: the key as written, and the start of a ``\\u`` escape of any of its
-    characters (``\\u00`` and the first hex digit of the character's code)."""
+def _spellings(key: str) -> tuple[bytes, tuple[bytes, ...]]:
+    """``key`` as written, and the starts of the ``\\u`` escapes of its characters
+    (``\\u00`` and the first hex digit of the character's code): every JSON spelling
+    of ``key`` in UTF-8 contains the first or one of the others."""
     if not all(0x20 < ord(c) < 0x7F and c not in '"\\/' for c in key):
         raise ValueError(f"{key!r}: only printable ASCII without quote, slash or backslash")
-    return (key.encode(), *sorted({b"\\u00" + f"{ord(c):02x}"[:1].encode() for c in key}))
+    escapes = sorted({_ESCAPE + f"{ord(c):02x}"[:1].encode() for c in key})
+    return key.encode(), tuple(escapes)
+
+
+def _holds_any(raw: bytes, escapes: tuple[bytes, ...]) -> bool:
+    """Whether ``raw`` holds one of ``escapes``, each ``_ESCAPE`` and one more byte. One
+    search finds every ``_ESCAPE`` when there are few (usually none); past
+    ``_ESCAPES_CHECKED`` of them, one search per escape from there."""
+    at = raw.find(_ESCAPE)
+    for _ in range(_ESCAPES_CHECKED):
+        if at == -1:
+            return False
+        if raw.startswith(escapes, at):
+            return True
+        at = raw.find(_ESCAPE, at + 1)
+    return at != -1 and any(raw.find(escape, at) != -1 for escape in escapes)
 
 
 def lacks_key(raw: bytes, key: str) -> bool:
@@ -152,29 +171,32 @@ def lacks_key(raw: bytes, key: str) -> bool:
     ``raw`` can have the member ``key``, and ``raw`` looks like one object (a brace
     first and last). False says nothing: the caller parses.
 
-    Why it is sound. ``json.loads`` decodes bytes in the encoding ``json.detect_encoding``
-    names; only UTF-8 (with or without a byte-order mark) is accepted here, so UTF-16/32
-    bodies, where the key's bytes are interleaved with zeros, are parsed instead. A
-    body that is not valid UTF-8 is refused by ``json.loads`` (vLLM answers 400); in
-    valid UTF-8 a byte below 0x80 stands only for its own ASCII character (overlong
-    forms are invalid), so a character of the key written as itself is its own byte in
-    ``raw``. A JSON string spells a character either as itself or as an escape; the
-    two-character escapes stand for ``"`` ``\\`` ``/`` and control characters, none of
-    which the key holds (``_spellings`` refuses such keys), so any other spelling uses
-    ``\\u00XY`` (a surrogate pair stands for a character beyond ASCII), whose bytes
-    ``\\u00X`` are in ``raw``. Hence a member named ``key``, at any depth and however
-    many times (duplicate keys), puts one of ``_spellings(key)`` in ``raw``; absent all
-    of them, the document holds no such member whatever else it holds. Whether ``raw``
-    is valid JSON is not decided here: vLLM refuses a body it cannot read (400).
-    tests/test_parity_property.py checks the property on generated bodies."""
-    if json.detect_encoding(raw) not in ("utf-8", "utf-8-sig"):
-        return False
+    Why it is sound. ``json.loads`` decodes the bytes in the encoding
+    ``json.detect_encoding`` names, and an object it reads ends with ``}`` (then
+    whitespace). In UTF-16/32 every ASCII character has a zero byte, so such a body
+    begins with a zero or a byte-order mark (big-endian, or any mark) or ends with a
+    zero (little-endian): it never has a brace at both ends, and is parsed instead.
+    What remains is UTF-8, with or without a byte-order mark. A body that is not valid
+    UTF-8 is refused by ``json.loads`` (vLLM answers 400); in valid UTF-8 a byte below
+    0x80 stands only for its own ASCII character (overlong forms are invalid), so a
+    character of the key written as itself is its own byte in ``raw``. A JSON string
+    spells a character either as itself or as an escape; the two-character escapes
+    stand for ``"`` ``\\`` ``/`` and control characters, none of which the key holds
+    (``_spellings`` refuses such keys), so any other spelling uses ``\\u00XY`` (a
+    surrogate pair stands for a character beyond ASCII), whose bytes ``\\u00X`` are in
+    ``raw``. Hence a member named ``key``, at any depth and however many times
+    (duplicate keys), puts one of ``_spellings(key)`` in ``raw``; absent all of them,
+    the document holds no such member whatever else it holds. Whether ``raw`` is valid
+    JSON is not decided here: vLLM refuses a body it cannot read (400).
+    tests/test_parity_property.py checks the property on generated bodies: removing
+    any clause (the braces, the key as written, any escape) makes it fail."""
     start = len(codecs.BOM_UTF8) if raw.startswith(codecs.BOM_UTF8) else 0
     head = raw[start : start + _EDGE].lstrip(_WHITESPACE)
     tail = raw[-_EDGE:].rstrip(_WHITESPACE)
     if not (head.startswith(b"{") and tail.endswith(b"}")):
         return False
-    return not any(spelling in raw for spelling in _spellings(key))
+    written, escapes = _spellings(key)
+    return written not in raw and not _holds_any(raw, escapes)
 
 
 _REFUSED: Final = object()

@@ -332,3 +332,14 @@ def test_an_unreadable_object_without_the_key_lacks_it():
 def test_keys_with_other_spellings_are_not_proven(key):
     with pytest.raises(ValueError, match="only printable ASCII"):
         body.lacks_key(b"{}", key)
+
+
+@pytest.mark.parametrize("accents", [0, 1, 15, 16, 17, 100])
+def test_escapes_of_the_key_are_found_among_any_number_of_other_escapes(accents):
+    accented = json.dumps("é" * accents)  # ensure_ascii: one \u00e9 each
+    assert accented.count("\\u00") == accents
+    assert body.lacks_key(f'{{"m": {accented}}}'.encode(), KV)
+    member = '"kv\\u005ftransfer_params": {"prompt_token_ids": [1]}'
+    for text in (f'{{{member}, "m": {accented}}}', f'{{"m": {accented}, {member}}}'):
+        assert KV in json.loads(text)
+        assert not body.lacks_key(text.encode(), KV)

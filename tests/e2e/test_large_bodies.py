@@ -224,9 +224,12 @@ def test_exhausted_inflight_budget_gets_503_with_retry_after(limited):
             assert time.monotonic() < deadline, limited.inflight()
             time.sleep(0.05)
         with httpx.Client(timeout=30) as c:
-            reply = c.post(  # NaN: json.loads reads it, about 40 MiB, more than is left
+            # NaN: json.loads reads it, about 40 MiB, more than is left (the key makes
+            # it parsed: a body without it would be forwarded unparsed).
+            document = {"n": float("nan"), "x": "y" * (2 * MiB - 1024), KV: None}
+            reply = c.post(
                 limited.url + "/v1/chat/completions",
-                content=json.dumps({"n": float("nan"), "x": "y" * (2 * MiB - 1024)}).encode(),
+                content=json.dumps(document).encode(),
                 headers=JSON,
             )
         assert reply.status_code == 503
