@@ -43,14 +43,16 @@ class AttributeKeys:
 
     fields: Mapping[str, str]
     size: str
+    # Every key the processor reads: ``all()`` and the headers' (for lookups).
+    wanted: frozenset[str]
 
     @classmethod
     def for_namespace(cls, namespace: str = DEFAULT_NAMESPACE) -> AttributeKeys:
         base = f"xds.route_metadata.filter_metadata['{namespace}']"
-        return cls(
-            fields={name: f"{base}.{name}" for name in FIELDS},
-            size=f"size({base})",
-        )
+        fields = {name: f"{base}.{name}" for name in FIELDS}
+        size = f"size({base})"
+        wanted = frozenset((*fields.values(), size, ROUTE_NAME, *PEER.values(), *HEADERS.values()))
+        return cls(fields, size, wanted)
 
     def all(self) -> tuple[str, ...]:
         """Every expression the Envoy filter must list in ``request_attributes``."""

@@ -48,51 +48,42 @@ def _scalar(value: struct_pb2.Value) -> Scalar:
     return "<null>" if kind == "null_value" else f"<{kind}>"
 
 
-def _route_metadata(request: pb.ProcessingRequest, keys: AttributeKeys) -> RouteMetadata:
-    values: dict[str, Scalar] = {}
-    size: float | None = None
-    route_name = ""
-    # Attributes are grouped under the ext_proc filter's configured name; any name will do.
+def _attributes(request: pb.ProcessingRequest, keys: AttributeKeys) -> dict[str, Scalar]:
+    """The attributes this codec reads, by key, in one pass over what Envoy sent.
+    They are grouped under the ext_proc filter's configured name; any name will do."""
+    wanted = keys.wanted
+    found: dict[str, Scalar] = {}
     for group in request.attributes.values():
-        fields = group.fields
-        for field_name, key in keys.fields.items():
-            if key in fields:
-                values[field_name] = _scalar(fields[key])
-        if keys.size in fields:
-            size_value = _scalar(fields[keys.size])
-            size = size_value if isinstance(size_value, float) else float("inf")
-        if attributes.ROUTE_NAME in fields:
-            route_name = str(_scalar(fields[attributes.ROUTE_NAME]))
+        for key, value in group.fields.items():
+            if key in wanted:
+                found[key] = _scalar(value)
+    return found
+
+
+def _route_metadata(found: dict[str, Scalar], keys: AttributeKeys) -> RouteMetadata:
+    values = {name: found[key] for name, key in keys.fields.items() if key in found}
+    size: float | None = None
+    if keys.size in found:
+        size_value = found[keys.size]
+        size = size_value if isinstance(size_value, float) else float("inf")
+    route_name = str(found.get(attributes.ROUTE_NAME, ""))
     return RouteMetadata(values, size, route_name)
 
 
-def _headers_from_attributes(request: pb.ProcessingRequest) -> tuple[tuple[str, bytes], ...]:
-    found: list[tuple[str, bytes]] = []
-    for group in request.attributes.values():
-        for name, key in attributes.HEADERS.items():
-            if key in group.fields:
-                value = _scalar(group.fields[key])
-                if isinstance(value, str):
-                    found.append((name, value.encode("latin-1", "replace")))
-    return tuple(found)
+def _headers_from_attributes(found: dict[str, Scalar]) -> tuple[tuple[str, bytes], ...]:
+    return tuple(
+        (name, value.encode("latin-1", "replace"))
+        for name, key in attributes.HEADERS.items()
+        if isinstance(value := found.get(key), str)
+    )
 
 
-def _peer(request: pb.ProcessingRequest) -> Peer:
+def _peer(found: dict[str, Scalar]) -> Peer:
     """The downstream certificate's identities, when the connection is mutual TLS."""
-    mtls = False
-    identities: list[str] = []
-    for group in request.attributes.values():
-        fields = group.fields
-        key = attributes.PEER["mtls"]
-        if key in fields and _scalar(fields[key]) is True:
-            mtls = True
-        for name in ("uri_san", "dns_san", "subject"):
-            key = attributes.PEER[name]
-            if key in fields:
-                value = _scalar(fields[key])
-                if isinstance(value, str) and value:
-                    identities.append(value)
-    return Peer(mtls, tuple(identities)) if mtls else NO_PEER
+    if found.get(attributes.PEER["mtls"]) is not True:
+        return NO_PEER
+    identities = (found.get(attributes.PEER[name]) for name in ("uri_san", "dns_san", "subject"))
+    return Peer(True, tuple(value for value in identities if isinstance(value, str) and value))
 
 
 def _preamble(request: pb.ProcessingRequest, keys: AttributeKeys) -> RequestHeaders | None:
@@ -100,12 +91,13 @@ def _preamble(request: pb.ProcessingRequest, keys: AttributeKeys) -> RequestHead
     of a request whose headers message Envoy skipped; None on any other message."""
     if not request.HasField("protocol_config"):  # only on the first message of a request
         return None
+    found = _attributes(request, keys)
     return RequestHeaders(
-        headers=_headers_from_attributes(request),
+        headers=_headers_from_attributes(found),
         end_of_stream=False,
         body_mode=BodyMode(request.protocol_config.request_body_mode),
-        route=_route_metadata(request, keys),
-        peer=_peer(request),
+        route=_route_metadata(found, keys),
+        peer=_peer(found),
     )
 
 
@@ -117,12 +109,13 @@ def decode(request: pb.ProcessingRequest, keys: AttributeKeys) -> Event:
     kind = request.WhichOneof("request")
     if kind == "request_headers":
         message = request.request_headers
+        found = _attributes(request, keys)
         return RequestHeaders(
             headers=tuple((h.key, h.raw_value) for h in message.headers.headers),
             end_of_stream=message.end_of_stream,
             body_mode=BodyMode(request.protocol_config.request_body_mode),
-            route=_route_metadata(request, keys),
-            peer=_peer(request),
+            route=_route_metadata(found, keys),
+            peer=_peer(found),
         )
     if kind == "request_body":
         body = request.request_body
