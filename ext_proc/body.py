@@ -46,6 +46,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 import orjson
+import stringzilla
 
 from ext_proc.errors import BadRequest, PayloadTooLarge, UnsupportedMediaType
 
@@ -152,18 +153,25 @@ def _spellings(key: str) -> tuple[bytes, tuple[bytes, ...]]:
     return key.encode(), tuple(escapes)
 
 
+def _find(raw: bytes, needle: bytes, start: int = 0) -> int:
+    """``raw.find(needle, start)`` by stringzilla's SIMD search: several times faster
+    than ``bytes.find`` on prose, where the needle's bytes are frequent."""
+    found: int = stringzilla.find(raw, needle, start)
+    return found
+
+
 def _holds_any(raw: bytes, escapes: tuple[bytes, ...]) -> bool:
     """Whether ``raw`` holds one of ``escapes``, each ``_ESCAPE`` and one more byte. One
     search finds every ``_ESCAPE`` when there are few (usually none); past
     ``_ESCAPES_CHECKED`` of them, one search per escape from there."""
-    at = raw.find(_ESCAPE)
+    at = _find(raw, _ESCAPE)
     for _ in range(_ESCAPES_CHECKED):
         if at == -1:
             return False
         if raw.startswith(escapes, at):
             return True
-        at = raw.find(_ESCAPE, at + 1)
-    return at != -1 and any(raw.find(escape, at) != -1 for escape in escapes)
+        at = _find(raw, _ESCAPE, at + 1)
+    return at != -1 and any(_find(raw, escape, at) != -1 for escape in escapes)
 
 
 def lacks_key(raw: bytes, key: str) -> bool:
@@ -196,7 +204,7 @@ def lacks_key(raw: bytes, key: str) -> bool:
     if not (head.startswith(b"{") and tail.endswith(b"}")):
         return False
     written, escapes = _spellings(key)
-    return written not in raw and not _holds_any(raw, escapes)
+    return _find(raw, written) == -1 and not _holds_any(raw, escapes)
 
 
 _REFUSED: Final = object()
