@@ -36,16 +36,14 @@ from ext_proc.policy import NO_PEER
 from ext_proc.route_policy import Scalar
 
 
-def _scalar(value: struct_pb2.Value) -> Scalar:
-    kind = value.WhichOneof("kind")
-    if kind == "string_value":
-        return str(value.string_value)
-    if kind == "number_value":
-        return float(value.number_value)
-    if kind == "bool_value":
-        return bool(value.bool_value)
+def _scalar(value: object) -> Scalar:
+    """A Struct value as the Python value it holds (Struct's own mapping view)."""
+    if isinstance(value, str | float | bool):
+        return value
     # A list or struct cannot be a policy field; show it as text so the error names it.
-    return "<null>" if kind == "null_value" else f"<{kind}>"
+    if value is None:
+        return "<null>"
+    return "<list_value>" if isinstance(value, struct_pb2.ListValue) else "<struct_value>"
 
 
 def _attributes(request: pb.ProcessingRequest, keys: AttributeKeys) -> dict[str, Scalar]:
@@ -54,7 +52,8 @@ def _attributes(request: pb.ProcessingRequest, keys: AttributeKeys) -> dict[str,
     wanted = keys.wanted
     found: dict[str, Scalar] = {}
     for group in request.attributes.values():
-        for key, value in group.fields.items():
+        # Struct's mapping view converts in C: faster than reading each Value's oneof.
+        for key, value in group.items():
             if key in wanted:
                 found[key] = _scalar(value)
     return found
