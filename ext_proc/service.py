@@ -25,12 +25,31 @@ from ext_proc.budget import Budget
 from ext_proc.codec import decision_metadata, decode, encode
 from ext_proc.config import Config
 from ext_proc.errors import ProtocolError
-from ext_proc.events import Event, Outcome, Step, TimedOut
+from ext_proc.events import (
+    Answer,
+    ContinueBody,
+    ContinueHeaders,
+    ContinueResponseBody,
+    ContinueResponseHeaders,
+    ContinueTrailers,
+    Event,
+    Outcome,
+    Step,
+    TimedOut,
+)
 from ext_proc.keys import KeyRing
 from ext_proc.metrics import Metrics
 from ext_proc.stream import Stream, Trust
 
 log = logging.getLogger("ext_proc.decision")
+# Answers that carry no bytes of their own once their replacement is None.
+_PLAIN = (
+    ContinueHeaders,
+    ContinueBody,
+    ContinueTrailers,
+    ContinueResponseHeaders,
+    ContinueResponseBody,
+)
 
 
 @dataclass(slots=True)
@@ -49,6 +68,8 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc
         self._keys = attribute_keys(config.route_metadata_namespace)
         self.budget = budget if budget is not None else Budget(config.inflight_budget_bytes)
         self.metrics = metrics if metrics is not None else Metrics()
+        # Answers without bytes, by answer and decision (a bounded set: see _encoded).
+        self._shared: dict[tuple[object, ...], pb.ProcessingResponse] = {}
         self._trust = Trust(
             keys=KeyRing(config.proof.keys).current,
             ttl_seconds=config.proof.ttl_seconds,
@@ -160,12 +181,34 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc
     def _answer(self, step: Step) -> list[pb.ProcessingResponse]:
         """The step's answers as protobuf; the last one carries the decision as dynamic
         metadata when this step settled the request."""
-        responses = [encode(answer) for answer in step.answers]
-        if step.outcome is not None and responses:
-            responses[-1].dynamic_metadata.CopyFrom(
-                decision_metadata(self._config.route_metadata_namespace, step.outcome)
-            )
+        answers, outcome = step.answers, step.outcome
+        if not answers:
+            return []
+        responses = [self._encoded(answer, None) for answer in answers[:-1]]
+        responses.append(self._encoded(answers[-1], outcome))
         return responses
+
+    def _encoded(self, answer: Answer, outcome: Outcome | None) -> pb.ProcessingResponse:
+        """``answer`` as protobuf, with ``outcome`` as dynamic metadata. An answer that
+        carries no bytes, with an outcome without ids, is one of few: built once and
+        shared (gRPC only reads a message it sends)."""
+        key: tuple[object, ...] | None = None
+        if isinstance(answer, _PLAIN) and getattr(answer, "replacement", None) is None:
+            if outcome is None:
+                key = (answer,)
+            elif outcome.decision.id_count == 0:
+                decision = outcome.decision
+                key = (answer, outcome.phase, decision.action, decision.reason, outcome.mode)
+        if key is not None and (shared := self._shared.get(key)) is not None:
+            return shared
+        response = encode(answer)
+        if outcome is not None:
+            response.dynamic_metadata.CopyFrom(
+                decision_metadata(self._config.route_metadata_namespace, outcome)
+            )
+        if key is not None:
+            self._shared[key] = response
+        return response
 
     def _record(self, outcome: Outcome) -> None:
         """Count every outcome; log the ones with ids (never the ids, never any text)."""
