@@ -407,6 +407,11 @@ def test_mint_response_signs_the_ids_and_the_connector_keys():
         ({"id": "x", "kv_transfer_params": None}, KEYS, "nothing_to_mint"),
         ({"prompt_token_ids": [1, True]}, KEYS, "response_ids_malformed"),
         ({"prompt_token_ids": [1]}, policy.NO_KEYS, "no_signing_key"),
+        (
+            {"prompt_token_ids": [1], "kv_transfer_params": {"x": float("nan")}},
+            KEYS,
+            "not_renderable",
+        ),
     ],
 )
 def test_mint_response_refuses_to_sign(response, keys, reason):

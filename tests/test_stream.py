@@ -656,9 +656,9 @@ PREFILL = json.dumps(
 OK_JSON = ((":status", b"200"), ("content-type", b"application/json"))
 
 
-def prefill_stream(**options):
+def prefill_stream(limit=1 << 20, **options):
     trust = Trust(keys=lambda: KEYS, clock=lambda: 1000.0, ttl_seconds=60)
-    stream = Driven(max_body_bytes=1 << 20, trust=trust, **options)
+    stream = Driven(max_body_bytes=limit, trust=trust, **options)
     stream.handle(headers(MINT_ROUTE))
     assert stream.handle(RequestBody(PREFILL, True)) == [ContinueBody(None)]
     return stream
@@ -709,6 +709,68 @@ def test_a_response_that_is_not_json_passes_unchanged():
     stream = prefill_stream()
     assert response_outcome(stream, raw=b"{oops") == ContinueResponseBody(None)
     assert stream.outcome.decision == Allow("response_not_json")
+
+
+def test_a_response_whose_parameters_cannot_be_rendered_exactly_passes_unsigned():
+    # orjson refuses NaN, json.loads reads it, and canonical() cannot sign it.
+    budget = Budget(1 << 30)
+    stream = prefill_stream(budget=budget)
+    raw = b'{"prompt_token_ids": [1], "kv_transfer_params": {"x": NaN}}'
+    assert response_outcome(stream, raw=raw) == ContinueResponseBody(None)
+    assert stream.outcome.decision == Allow("not_renderable")
+    assert budget.used == 0
+
+
+PREFILL_COST = memory.cost(len(PREFILL), body.scan(PREFILL).values)
+
+
+def padded(size):
+    """A response the stream would sign, exactly ``size`` bytes long."""
+    head = b'{"prompt_token_ids": [1], "pad": "'
+    return head + b"a" * (size - len(head) - 2) + b'"}'
+
+
+@pytest.mark.parametrize(
+    ("limits", "raw"),
+    [
+        pytest.param({}, padded((1 << 20) + 1), id="over_max_body_bytes"),
+        pytest.param(
+            {"max_json_values": body.scan(PREFILL).values},
+            json.dumps({"prompt_token_ids": list(range(1, 64))}).encode(),
+            id="over_max_json_values",
+        ),
+        pytest.param({"budget_limit": PREFILL_COST}, padded(4 * len(PREFILL)), id="over_budget"),
+    ],
+)
+def test_a_response_the_stream_cannot_afford_passes_unsigned_and_is_never_charged(limits, raw):
+    values = limits.get("max_json_values", memory.MAX_JSON_VALUES)
+    budget = Budget(limits.get("budget_limit", memory.largest(1 << 20, values)))
+    stream = prefill_stream(budget=budget, max_json_values=values)
+    assert response_outcome(stream, raw=raw) == ContinueResponseBody(None)
+    assert stream.outcome.decision == Allow("response_not_affordable")
+    assert budget.peak == PREFILL_COST  # the request's charge; none for the response
+    assert budget.used == 0
+
+
+@pytest.mark.parametrize(
+    ("limit", "raw"),
+    [
+        # orjson reads 1000 levels but writes 254; json.dumps hits the recursion limit.
+        pytest.param(1 << 20, deep(1000), id="past_the_recursion_limit"),
+        # 300 levels in a body json.dumps may not write (over SLOW_PARSE_MAX_BYTES).
+        pytest.param(
+            2 * body.SLOW_PARSE_MAX_BYTES,
+            deep(300).replace(b'"x":', b'"pad":"' + b"a" * body.SLOW_PARSE_MAX_BYTES + b'","x":'),
+            id="over_the_json_dumps_size",
+        ),
+    ],
+)
+def test_a_response_too_deep_to_write_back_passes_unsigned(limit, raw):
+    budget = Budget(memory.largest(limit, memory.MAX_JSON_VALUES))
+    stream = prefill_stream(limit, budget=budget)
+    assert response_outcome(stream, raw=raw) == ContinueResponseBody(None)
+    assert stream.outcome.decision == Allow("response_too_deep")
+    assert budget.used == 0
 
 
 def test_audit_records_the_mint_but_changes_nothing():
