@@ -67,6 +67,19 @@ SLOW_PARSE_MAX_BYTES: Final = 4 * 1024 * 1024
 SLOW_PARSE_MAX_VALUES: Final = 65_536
 
 
+def _find(raw: bytes, needle: bytes, start: int = 0) -> int:
+    """``raw.find(needle, start)`` by stringzilla's SIMD search: several times faster
+    than ``bytes.find`` on prose, where the needle's bytes are frequent."""
+    found: int = stringzilla.find(raw, needle, start)
+    return found
+
+
+def _translate(raw: bytes, table: bytes) -> bytes:
+    """``raw.translate(table)`` by stringzilla's SIMD lookup: several times faster."""
+    out: bytes = stringzilla.translate(raw, table)
+    return out
+
+
 @dataclass(frozen=True, slots=True)
 class Shape:
     """What the raw bytes say before parsing: an upper bound on the number of JSON
@@ -90,7 +103,7 @@ def scan(raw: bytes, max_values: int | None = None) -> Shape:
         # Each block also maps the bytes just before it, so that a run of digits across
         # a boundary is found; separators are counted in the block's own bytes only.
         lead = min(start, _OVERLAP)
-        classes = raw[start - lead : start + _BLOCK].translate(_CLASSES)
+        classes = _translate(raw[start - lead : start + _BLOCK], _CLASSES)
         values += classes.count(b",", lead)
         long_digits = long_digits or classes.find(_LONG_RUN) != -1
         if max_values is not None and values > max_values:
@@ -151,13 +164,6 @@ def _spellings(key: str) -> tuple[bytes, tuple[bytes, ...]]:
         raise ValueError(f"{key!r}: only printable ASCII without quote, slash or backslash")
     escapes = sorted({_ESCAPE + f"{ord(c):02x}"[:1].encode() for c in key})
     return key.encode(), tuple(escapes)
-
-
-def _find(raw: bytes, needle: bytes, start: int = 0) -> int:
-    """``raw.find(needle, start)`` by stringzilla's SIMD search: several times faster
-    than ``bytes.find`` on prose, where the needle's bytes are frequent."""
-    found: int = stringzilla.find(raw, needle, start)
-    return found
 
 
 def _holds_any(raw: bytes, escapes: tuple[bytes, ...]) -> bool:
