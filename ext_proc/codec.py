@@ -6,6 +6,8 @@ state and makes no decisions.
 
 from __future__ import annotations
 
+from typing import Final
+
 from google.protobuf import struct_pb2
 
 from ext_proc import attributes
@@ -35,15 +37,16 @@ from ext_proc.events import (
 from ext_proc.policy import NO_PEER
 from ext_proc.route_policy import Scalar
 
+_SCALARS: Final = frozenset({"string_value", "number_value", "bool_value"})
 
-def _scalar(value: object) -> Scalar:
-    """A Struct value as the Python value it holds (Struct's own mapping view)."""
-    if isinstance(value, str | float | bool):
-        return value
+
+def _scalar(value: struct_pb2.Value) -> Scalar:
+    kind = value.WhichOneof("kind")
+    if kind in _SCALARS:
+        scalar: Scalar = getattr(value, kind)
+        return scalar
     # A list or struct cannot be a policy field; show it as text so the error names it.
-    if value is None:
-        return "<null>"
-    return "<list_value>" if isinstance(value, struct_pb2.ListValue) else "<struct_value>"
+    return "<null>" if kind == "null_value" else f"<{kind}>"
 
 
 def _attributes(request: pb.ProcessingRequest, keys: AttributeKeys) -> dict[str, Scalar]:
@@ -52,8 +55,7 @@ def _attributes(request: pb.ProcessingRequest, keys: AttributeKeys) -> dict[str,
     wanted = keys.wanted
     found: dict[str, Scalar] = {}
     for group in request.attributes.values():
-        # Struct's mapping view converts in C: faster than reading each Value's oneof.
-        for key, value in group.items():
+        for key, value in group.fields.items():
             if key in wanted:
                 found[key] = _scalar(value)
     return found
