@@ -513,7 +513,12 @@ class Stream:
             return decision, None
         written = _attempt(body.write, parsed, {**parsed.document, KV_KEY: params}, slow)
         if isinstance(written, Refusal):
-            return policy.Allow("response_too_deep"), None
+            # Too deep for orjson's writer and past what json.dumps may write, or the
+            # budget cannot hold json.dumps's extra.
+            affordable = written.reason != "inflight_budget_exhausted"
+            return policy.Allow(
+                "response_too_deep" if affordable else "response_not_affordable"
+            ), None
         return decision, written
 
 

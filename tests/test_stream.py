@@ -773,6 +773,17 @@ def test_a_response_too_deep_to_write_back_passes_unsigned(limit, raw):
     assert budget.used == 0
 
 
+def test_a_response_whose_rewrite_the_budget_cannot_hold_passes_unsigned():
+    # 300 levels: orjson reads it, only json.dumps writes it, and its extra charge does
+    # not fit in a budget that holds the parsed response alone.
+    raw = deep(300)
+    budget = Budget(memory.cost(len(raw), body.scan(raw).values))
+    stream = prefill_stream(budget=budget)
+    assert response_outcome(stream, raw=raw) == ContinueResponseBody(None)
+    assert stream.outcome.decision == Allow("response_not_affordable")
+    assert budget.used == 0
+
+
 def test_audit_records_the_mint_but_changes_nothing():
     stream = prefill_stream(audit=True)
     answer = response_outcome(stream, raw=b'{"prompt_token_ids": [1]}')
