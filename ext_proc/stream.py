@@ -446,7 +446,7 @@ class Stream:
         """The policy's decision; the prompt digest is rendered only when needed (a
         proof to check) or kept for the response (a mint route). Rendering it may raise
         ``BadRequest`` for a body too deep, which ``_attempt`` converts."""
-        digest = functools.cache(lambda: proof.prompt_digest(parsed.document, parsed.orjson_safe))
+        digest = _Once(functools.partial(proof.prompt_digest, parsed.document, parsed.orjson_safe))
         if self._policy.action is Action.MINT:
             self._digest = digest()
         trust = self._trust
@@ -520,6 +520,22 @@ class Stream:
                 "response_too_deep" if affordable else "response_not_affordable"
             ), None
         return decision, written
+
+
+class _Once:
+    """``make()`` computed on the first call only (functools.cache builds a whole LRU
+    wrapper, too costly for one call per request)."""
+
+    __slots__ = ("_make", "_value")
+
+    def __init__(self, make: Callable[[], bytes]) -> None:
+        self._make = make
+        self._value: bytes | None = None
+
+    def __call__(self) -> bytes:
+        if self._value is None:
+            self._value = self._make()
+        return self._value
 
 
 _Handler = Callable[[Stream, Event], "list[Answer] | Refusal"]
