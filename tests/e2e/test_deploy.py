@@ -316,13 +316,20 @@ def test_network_policy_admits_only_the_gateway_on_50051():
 # --- the generator -----------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("body_mode", ["buffered", "streamed"])
-def test_generated_config_validates(tmp_path, body_mode):
+ARRANGEMENTS = {
+    "one-message": {},
+    "two-message": {"one_message": False},
+    "streamed": {"one_message": False, "body_mode": "streamed"},
+}
+
+
+@pytest.mark.parametrize("arrangement", list(ARRANGEMENTS))
+def test_generated_config_validates(tmp_path, arrangement):
     data = yaml.safe_load((DEPLOY / "envoy-config.example.yaml").read_text())
-    data["body_mode"] = body_mode
+    data |= ARRANGEMENTS[arrangement]
     data["processor"] = "ext-proc-token-policy-headless.llm-d.svc.cluster.local:50051"
     spec = envoygen.load_input(data)
-    envoy_validate(yaml.safe_load(envoygen.render(spec)), tmp_path, f"generated-{body_mode}")
+    envoy_validate(yaml.safe_load(envoygen.render(spec)), tmp_path, f"generated-{arrangement}")
 
 
 def chat(params: dict[str, Any]) -> dict[str, Any]:
@@ -421,19 +428,22 @@ def test_istio_routes_get_policy_and_buffer_limit():
         if p["applyTo"] == "HTTP_FILTER"
     ]
     (override,) = by_name["llm-d.llama-pd.1"]["typed_per_filter_config"].values()
-    assert_sends_the_response(override, filter_name, by_name["llm-d.llama-pd.1"])
+    assert_sends_the_response(override, filter_name, by_name["llm-d.llama-pd.1"], "SKIP")
     for name in ("llm-d.llama-pd.0", "llm-d.llama.0"):
         assert "typed_per_filter_config" not in by_name[name]
 
 
-def assert_sends_the_response(override: dict[str, Any], name: str, route: dict[str, Any]) -> None:
+def assert_sends_the_response(
+    override: dict[str, Any], name: str, route: dict[str, Any], request_headers: str
+) -> None:
     """``override`` is the mint route's ExtProcPerRoute for filter ``name``: response
-    headers and the buffered response body go to the processor, the request as before."""
+    headers and the buffered response body go to the processor, the request as the
+    filter sends it (``request_headers``: SKIP for one message per request)."""
     assert route["typed_per_filter_config"] == {name: route["typed_per_filter_config"][name]}
     assert override["@type"] == PER_ROUTE
     mode = override["overrides"]["processing_mode"]
     assert mode == {
-        "request_header_mode": "SEND",
+        "request_header_mode": request_headers,
         "response_header_mode": "SEND",
         "request_body_mode": "BUFFERED",
         "response_body_mode": "BUFFERED",
@@ -492,6 +502,8 @@ def test_envoy_gateway_patches_complete_the_filter():
     assert router["name"] == "envoy.filters.http.router"
     typed = ext_proc["typed_config"]
     assert typed["failure_mode_allow"] is False
+    # Two messages: EnvoyExtensionPolicy sends the headers whenever `request` is set.
+    assert typed["processing_mode"]["request_header_mode"] == "SEND"
     assert typed["request_attributes"] == list(attribute_keys().all())
     assert typed["processing_mode"]["request_body_mode"] == "BUFFERED"
     assert typed["processing_mode"]["request_trailer_mode"] == "SEND"
@@ -520,7 +532,7 @@ def test_envoy_gateway_patches_complete_the_filter():
         assert enabling["@type"] == FILTER_CONFIG
         assert not enabling.get("disabled", False)
     (enabling,) = prefill["typed_per_filter_config"].values()
-    assert_sends_the_response(enabling["config"], ext_proc["name"], prefill)
+    assert_sends_the_response(enabling["config"], ext_proc["name"], prefill, "SEND")
     for route in (pd, aggregated):
         (enabling,) = route["typed_per_filter_config"].values()
         assert enabling["config"] == {}
