@@ -16,11 +16,13 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 ENVOY = Path(__file__).resolve().parents[2] / "envoy"
 # The signing key of every `stack` (as a deployment with a mint route has one).
 KEY_ID = "e2e"
-# Every end-to-end test through `stack` runs once per request body mode.
+# Every end-to-end test through `stack` runs once per arrangement of the request's
+# messages: one (headers as attributes, BUFFERED body: the shipped default), two (the
+# headers, then the BUFFERED body), and FULL_DUPLEX_STREAMED (the headers, then chunks).
 BODY_MODES = {
-    "buffered": ENVOY / "envoy.yaml",
+    "one-message": ENVOY / "envoy.yaml",
+    "two-message": ENVOY / "envoy-two-message.yaml",
     "streamed": ENVOY / "envoy-streamed.yaml",
-    "one-message": ENVOY / "envoy-one-message.yaml",
 }
 
 

@@ -403,8 +403,8 @@ def test_processor_stopped_means_5xx_and_nothing_upstream(tmp_path, mode):
                 )
             reply = c.get(stack.url + "/v1/models")
             if mode == "one-message":
-                # No body, so no message to the processor at all (documented trade-off
-                # of that variant): the request cannot carry ids.
+                # No body, so no message to the processor at all (a documented
+                # trade-off of one message per request): the request cannot carry ids.
                 assert reply.status_code == 200
                 assert [(r.method, r.body) for r in stack.received()] == [("GET", b"")]
                 return

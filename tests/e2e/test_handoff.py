@@ -363,7 +363,7 @@ def short_lived(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     """Another deployment: its own key (another id) and proofs that live one second."""
     stack = Stack(
         tmp_path_factory.mktemp("short-lived"),
-        source=BODY_MODES["buffered"],
+        source=BODY_MODES["one-message"],
         proof_keys={"other": new_key()},
         processor_config={"proof": {"ttl_seconds": 1, "clock_skew_seconds": 0}},
     ).start()

@@ -62,7 +62,7 @@ def chat_of_size(size: int) -> dict:
 
 def expect_framing(received, mode: str) -> None:
     assert_framing(received)
-    if mode != "buffered":  # Envoy drops content-length and chunks to HTTP/1 upstreams
+    if mode != "two-message":  # Envoy drops content-length and chunks to HTTP/1 upstreams
         assert received.header("transfer-encoding") == ["chunked"]
     else:
         assert received.header("content-length") == [str(len(received.body))]
@@ -176,8 +176,8 @@ LIMITS = {
 
 
 # Early refusals from the headers (announced size, body timeout) need the processor to
-# see the headers message: not in the one-message variant.
-@pytest.fixture(scope="module", params=["buffered", "streamed"])
+# see the headers message: not in the one-message default.
+@pytest.fixture(scope="module", params=["two-message", "streamed"])
 def limited(request, tmp_path_factory) -> Iterator[Stack]:
     workdir = tmp_path_factory.mktemp(request.param)
     with Stack(workdir, source=BODY_MODES[request.param], processor_config=LIMITS) as stack:
@@ -212,7 +212,7 @@ def test_processor_body_limit_below_envoys_gets_413(limited):
 
 
 def test_exhausted_inflight_budget_gets_503_with_retry_after(limited):
-    if limited.source == BODY_MODES["buffered"]:
+    if limited.source == BODY_MODES["two-message"]:
         pytest.skip("a buffered body reaches the processor whole: no upload can hold part")
     limited.clear()
     # An upload that stops half-way holds what arrived (Envoy forwards about 1 MiB of it
@@ -304,7 +304,7 @@ def test_concurrent_large_bodies_keep_processor_memory_bounded(limited):
 
 
 def test_processor_too_slow_gets_504_json(tmp_path):
-    stack = Stack(tmp_path, source=BODY_MODES["buffered"]).start()
+    stack = Stack(tmp_path, source=BODY_MODES["one-message"]).start()
     processor = stack.children["processor"].pid
     try:
         os.kill(processor, signal.SIGSTOP)

@@ -23,7 +23,7 @@ def shipped_stack(workdir: Path, mode: str) -> Stack:
     return Stack(workdir, source=BODY_MODES[mode])
 
 
-@pytest.fixture(scope="module", params=["buffered", "streamed"])
+@pytest.fixture(scope="module", params=list(BODY_MODES))
 def shipped(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Stack]:

@@ -22,7 +22,7 @@ def test_announced_bodies_never_sent_do_not_starve_others(shipped):
     try:
         for _ in range(STREAMS):
             attacker.open("/v1/chat/completions", [("content-length", str(ANNOUNCED))])
-        time.sleep(0.5)  # the headers reached the processor
+        time.sleep(0.5)  # the headers reached the processor, where they are sent
         held = shipped.inflight()
         long_prompt = json.dumps(
             {"model": "tiny", "messages": [{"role": "user", "content": "x" * (3 * MiB // 2)}]}

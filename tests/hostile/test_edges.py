@@ -15,7 +15,7 @@ from tests.hostile.h2client import H2
 from tests.hostile.load import post
 
 
-@pytest.fixture(scope="module", params=["buffered", "one-message"])
+@pytest.fixture(scope="module", params=["one-message", "two-message"])
 def gateway(request, tmp_path_factory):
     with shipped_stack(tmp_path_factory.mktemp(request.param), request.param) as stack:
         yield stack

@@ -51,20 +51,20 @@ def kubernetes_limit() -> int:
 
 
 @pytest.fixture(scope="module")
-def buffered(tmp_path_factory):
-    with shipped_stack(tmp_path_factory.mktemp("buffered"), "buffered") as stack:
+def gateway(tmp_path_factory):
+    with shipped_stack(tmp_path_factory.mktemp("one-message"), "one-message") as stack:
         yield stack
 
 
-def test_costliest_bodies_keep_the_processor_within_its_memory_model(buffered):
-    url = buffered.url + "/v1/chat/completions"
-    before = buffered.processor_memory_kib()["VmRSS"] << 10
-    buffered.reset_processor_peak()
+def test_costliest_bodies_keep_the_processor_within_its_memory_model(gateway):
+    url = gateway.url + "/v1/chat/completions"
+    before = gateway.processor_memory_kib()["VmRSS"] << 10
+    gateway.reset_processor_peak()
     senders = 12
     bodies = [EMPTY_LISTS, MOST_VALUES, ASTRAL, NAN_FLOATS] * senders
     with ThreadPoolExecutor(max_workers=senders) as pool:
         replies = list(pool.map(lambda data: post(url, data)[0], bodies))
-    peak = buffered.processor_memory_kib()["VmHWM"] << 10
+    peak = gateway.processor_memory_kib()["VmHWM"] << 10
     statuses = {name: replies[i::4] for i, name in enumerate(("lists", "most", "astral", "nan"))}
     # At most one message per stream queued in gRPC (ext_proc/memory.py).
     bound = memory.resident_bound(before, DEFAULTS.inflight_budget_bytes, SIZE, senders)
@@ -82,8 +82,8 @@ def test_costliest_bodies_keep_the_processor_within_its_memory_model(buffered):
     assert peak < kubernetes_limit()
 
 
-def test_costly_bodies_do_not_stall_other_requests(buffered):
-    url = buffered.url + "/v1/chat/completions"
+def test_costly_bodies_do_not_stall_other_requests(gateway):
+    url = gateway.url + "/v1/chat/completions"
 
     def attack(stop: threading.Event) -> None:
         while not stop.is_set():
