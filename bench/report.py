@@ -3,8 +3,8 @@
 Added latency of an arrangement in a cell is ``p50(x) - p50(direct)`` in the same cell
 (same body, route and concurrency). The targets are judged only on the shipped default
 arrangement (the one ``results["arrangements"]`` marks ``"default": true``) against the
-floor ``naive-1msg`` (the naive processor behind the one-message config) measured in the
-same run, as ratios of the default's figure to the floor's:
+floor ``naive-1msg`` (the naive processor behind the same one-message config) measured in
+the same run, as ratios of the default's figure to the floor's:
 
 1. 2 KiB allow, c=32: requests/s >= 0.8x the floor's, processor CPU per request
    <= 1.3x, Envoy CPU per request <= 1.15x;
@@ -317,14 +317,15 @@ def _arrangement_notes(results: dict[str, Any]) -> list[str]:
     notes = {
         "direct": "`direct`: the shipped config with the ext_proc filter removed;",
         "naive": "`naive`: `bench/naive.py`, a grpc.aio processor answering headers and body "
-        "with empty continue responses, no parsing;",
-        FLOOR: f"`{FLOOR}`: the naive processor behind `envoy/envoy-one-message.yaml`: the "
-        "floor, what one grpc.aio round trip per request costs with no work at all, against "
-        "which the targets are judged (it polices nothing; its deny cells are forwarded);",
+        "with empty continue responses, no parsing, behind `envoy/envoy-two-message.yaml` "
+        "(two gRPC messages per request);",
+        FLOOR: f"`{FLOOR}`: the naive processor behind `envoy/envoy.yaml`: the floor, what "
+        "one grpc.aio round trip per request costs with no work at all, against which the "
+        "targets are judged (it polices nothing; its deny cells are forwarded);",
         "service-wN": "`service-wN`: `python -m ext_proc serve` (N workers) behind "
-        "`envoy/envoy.yaml` (headers and body: two gRPC messages per request);",
-        "service-w1-1msg": "`service-w1-1msg`: the same behind `envoy/envoy-one-message.yaml` "
-        "(headers skipped, one gRPC message per request);",
+        "`envoy/envoy.yaml` (headers skipped: one gRPC message per request);",
+        "service-w1-2msg": "`service-w1-2msg`: the same behind `envoy/envoy-two-message.yaml` "
+        "(headers, then body: two gRPC messages per request);",
     }
     if any(re.fullmatch(r"service-w\d+", name) for name in names):
         names.append("service-wN")
@@ -347,8 +348,8 @@ def markdown(results: dict[str, Any]) -> str:
         "warm-up, arrangements measured one after another in rotating order.",
         "",
         "Arrangements, each behind its own Envoy (`--concurrency 1`, rendered from "
-        "`envoy/envoy.yaml`) in front of one nginx answering a small JSON 200 after reading "
-        "the whole body:",
+        "`envoy/envoy.yaml` or the arrangement's config) in front of one nginx answering a "
+        "small JSON 200 after reading the whole body:",
         "",
         *(f"- {text}" for text in _arrangement_notes(results)),
         "",

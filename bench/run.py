@@ -73,13 +73,13 @@ def target_cells() -> tuple[Cell, ...]:
 def arrangements(
     workers: tuple[int, ...], flag: bool, *, naive: bool = True
 ) -> tuple[list[stack.Arrangement], list[str]]:
-    """direct, naive (unless told not to), the floor and one service column per worker
-    count the service can run."""
+    """direct, naive (two messages; unless told not to), the floor, one service column
+    per worker count the service can run, and the service behind two messages."""
     chosen = [stack.Arrangement("direct")]
     if naive:
-        chosen.append(stack.Arrangement("naive"))
-    # The floor of one message per request: the naive processor, one-message config.
-    chosen.append(stack.Arrangement("naive", config="envoy-one-message.yaml"))
+        chosen.append(stack.Arrangement("naive", config=stack.TWO_MESSAGES))
+    # The floor of one message per request: the naive processor behind the default.
+    chosen.append(stack.Arrangement("naive"))
     notes: list[str] = []
     for count in workers:
         if count != 1 and not flag:
@@ -89,8 +89,8 @@ def arrangements(
             )
             continue
         chosen.append(stack.Arrangement("service", count))
-    # One gRPC message per request (envoy/envoy-one-message.yaml), one worker.
-    chosen.append(stack.Arrangement("service", 1, "envoy-one-message.yaml"))
+    # Two gRPC messages per request (envoy/envoy-two-message.yaml), one worker.
+    chosen.append(stack.Arrangement("service", 1, stack.TWO_MESSAGES))
     return chosen, notes
 
 

@@ -1,12 +1,15 @@
 """The processes of one benchmark run: nginx upstream, processors and one Envoy each.
 
-Every arrangement gets its own Envoy (``--concurrency 1``) rendered from the shipped
-``envoy/envoy.yaml`` with ``envoy_config.render``, all in front of one nginx:
+Every arrangement gets its own Envoy (``--concurrency 1``) rendered from a shipped
+config (``envoy/envoy.yaml``, one gRPC message per request, unless the arrangement
+names ``envoy/envoy-two-message.yaml``) with ``envoy_config.render``, all in front of
+one nginx:
 
 - ``direct``: the rendered config with the ext_proc filter removed;
-- ``naive``: the rendered config pointing at ``bench.naive``;
-- ``service-wN``: the rendered config pointing at ``python -m ext_proc serve`` (with
-  ``--workers N`` once the service has that option).
+- ``naive`` (two messages) and ``naive-1msg`` (one, the floor): the rendered config
+  pointing at ``bench.naive``;
+- ``service-wN`` (one message) and ``service-wN-2msg`` (two): the rendered config
+  pointing at ``python -m ext_proc serve --workers N``.
 
 Every config also has ``/pd-any/v1/``: the shipped decode route trusting any caller's
 ids (``trust_any_caller``), for the unproven honor and deny bodies; the service verifies
@@ -40,6 +43,9 @@ EXT_PROC_FILTER = "envoy.filters.http.ext_proc"
 POLICY = "ext_proc.token_policy"
 DECODE_ROUTE = "disaggregated"  # the shipped /pd/v1/ route (honor)
 UPSTREAM_REPLY = b'{"id":"bench","object":"chat.completion","choices":[]}'
+# The shipped default (one gRPC message per request) and the two-message variant.
+DEFAULT_CONFIG = "envoy.yaml"
+TWO_MESSAGES = "envoy-two-message.yaml"
 
 
 @dataclass(frozen=True)
@@ -47,13 +53,17 @@ class Arrangement:
     kind: str  # direct | naive | service
     workers: int | None = None
     # The shipped Envoy config the arrangement runs behind (envoy/<config>).
-    config: str = "envoy.yaml"
+    config: str = DEFAULT_CONFIG
 
     @property
     def name(self) -> str:
         name = self.kind if self.workers is None else f"{self.kind}-w{self.workers}"
-        if self.config == "envoy-one-message.yaml":
+        # `naive` is the two-message naive processor and `naive-1msg` the floor; a
+        # service arrangement is named for the default unless it sends two messages.
+        if self.kind == "naive" and self.config == DEFAULT_CONFIG:
             name += "-1msg"
+        elif self.kind == "service" and self.config == TWO_MESSAGES:
+            name += "-2msg"
         return name
 
     @property
@@ -62,9 +72,9 @@ class Arrangement:
 
     @property
     def default(self) -> bool:
-        """The arrangement shipped by default: envoy/envoy.yaml (two messages per
+        """The arrangement shipped by default: envoy/envoy.yaml (one message per
         request) and one processor."""
-        return self.kind == "service" and self.workers == 1 and self.config == "envoy.yaml"
+        return self.kind == "service" and self.workers == 1 and self.config == DEFAULT_CONFIG
 
 
 def nginx_conf(workdir: Path, port: int) -> str:

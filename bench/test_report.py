@@ -13,7 +13,7 @@ import pytest
 from bench import report
 
 DEFAULT = "service-w1"
-OTHER = "service-w1-1msg"
+OTHER = "service-w1-2msg"
 # direct, the floor and the default: each target's checks are exactly met-by-ratio 1.0.
 FIGURES: dict[str, dict[str, float]] = {
     "direct": {"p50_ms": 0.25, "rps": 20000.0, "envoy_cpu_ms_per_req": 0.05},

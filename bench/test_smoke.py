@@ -40,6 +40,10 @@ def test_smoke_run_reports_every_arrangement(tmp_path: Path) -> None:
     (default,) = [a for a in results["arrangements"] if a["default"]]
     assert default["kind"] == "service"
     names = [a["name"] for a in results["arrangements"]]
+    # Behind envoy/envoy.yaml (one message): the default and the floor; behind
+    # envoy/envoy-two-message.yaml: naive and the service's two-message column.
+    assert default["name"] == "service-w1"
+    assert {"naive", "naive-1msg", "service-w1-2msg"} <= set(names)
     measured = {
         (c["body"], c["decision"], c["concurrency"], c["arrangement"]) for c in results["cells"]
     }
