@@ -208,8 +208,12 @@ def status_of(sock: socket.socket) -> int:
 
 @pytest.fixture
 def draining(tmp_path: Path) -> Iterator[Stack]:
+    """Two messages per request: a stream opens with the headers, so an upload still
+    under way is a stream the draining processor holds (with one message it has none
+    until the body is whole)."""
     config = {"drain_seconds": 1.5, "shutdown_grace_seconds": 10}
-    stack = Stack(tmp_path, processor_config=config).start()
+    source = ENVOY / "envoy-two-message.yaml"
+    stack = Stack(tmp_path, source=source, processor_config=config).start()
     try:
         yield stack
     finally:
