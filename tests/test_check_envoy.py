@@ -76,7 +76,7 @@ def mutated(change):
         (lambda c: ext_proc(c).update(observability_mode=True), "observability_mode"),
         (lambda c: ext_proc(c).update(allow_content_length_header=True), "content_length"),
         (lambda c: ext_proc(c)["processing_mode"].update(request_body_mode="STREAMED"), "STREAMED"),
-        (lambda c: ext_proc(c)["processing_mode"].update(request_header_mode="SKIP"), "SKIP needs"),
+        (lambda c: ext_proc(c)["request_attributes"].pop(), "SKIP needs"),
         (
             lambda c: ext_proc(c)["processing_mode"].update(
                 request_body_mode="FULL_DUPLEX_STREAMED", request_trailer_mode="SKIP"

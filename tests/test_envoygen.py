@@ -114,7 +114,8 @@ def test_fail_closed_filter():
 def test_namespace_follows_input():
     data = example() | {"namespace": "acme.policy"}
     config = generate(data)
-    assert ext_proc_of(config)["request_attributes"] == list(attribute_keys("acme.policy").all())
+    keys = [*attribute_keys("acme.policy").all(), *HEADERS.values()]
+    assert ext_proc_of(config)["request_attributes"] == keys
     assert len(forwarding(config)) == 4
     for entry in forwarding(config).values():
         assert list(entry["metadata"]["filter_metadata"]) == ["acme.policy"]
@@ -252,7 +253,8 @@ def modes_of(config: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def test_streamed_mode():
-    base, config = generate(example()), generate(example() | {"body_mode": "streamed"})
+    two = example() | {"one_message": False}
+    base, config = generate(two), generate(two | {"body_mode": "streamed"})
     for mode in modes_of(config):
         assert mode["request_body_mode"] == "FULL_DUPLEX_STREAMED"
         assert mode["request_trailer_mode"] == "SEND"  # required by Envoy in this mode
@@ -262,7 +264,7 @@ def test_streamed_mode():
 
 
 def test_one_message_skips_the_headers_and_requests_them_as_attributes():
-    base, config = generate(example()), generate(example() | {"one_message": True})
+    base, config = generate(example() | {"one_message": False}), generate(example())
     filt = ext_proc_of(config)
     for mode in modes_of(config):
         assert mode["request_header_mode"] == "SKIP"
@@ -552,8 +554,8 @@ MINT_RESPONSE = {
 
 @pytest.mark.parametrize(
     "options",
-    [{}, {"body_mode": "streamed"}, {"one_message": True}],
-    ids=["buffered", "streamed", "one-message"],
+    [{}, {"one_message": False}, {"one_message": False, "body_mode": "streamed"}],
+    ids=["one-message", "two-message", "streamed"],
 )
 def test_mint_route_processes_the_response_with_the_filters_request_modes(options):
     config = generate(example() | options)
