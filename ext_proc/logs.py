@@ -14,10 +14,23 @@ _STANDARD: Final = frozenset(vars(logging.makeLogRecord({}))) | {"message", "asc
 
 
 class JsonFormatter(logging.Formatter):
+    def __init__(self) -> None:
+        super().__init__()
+        self._second = -1
+        self._stamp = ""
+
+    def _time(self, created: float) -> str:
+        # A decision line is written per stripped or denied request: the date part is
+        # rendered once per second.
+        second = int(created)
+        if second != self._second:
+            self._second = second
+            self._stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
+        return f"{self._stamp}.{int((created - second) * 1000):03d}Z"
+
     def format(self, record: logging.LogRecord) -> str:
         line = {
-            "time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
-            + f".{int(record.msecs):03d}Z",
+            "time": self._time(record.created),
             "level": record.levelname.lower(),
             "logger": record.name,
             "message": record.getMessage(),
@@ -30,6 +43,12 @@ class JsonFormatter(logging.Formatter):
 
 
 def configure(level: str) -> None:
+    # No line shows the caller's source location, thread or process: skip finding them
+    # for every record (a stack walk per decision line).
+    logging._srcfile = None
+    logging.logThreads = False
+    logging.logProcesses = False
+    logging.logMultiprocessing = False
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter())
     root = logging.getLogger()
