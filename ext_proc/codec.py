@@ -50,14 +50,16 @@ def _scalar(value: struct_pb2.Value) -> Scalar:
 
 
 def _attributes(request: pb.ProcessingRequest, keys: AttributeKeys) -> dict[str, Scalar]:
-    """The attributes this codec reads, by key, in one pass over what Envoy sent.
-    They are grouped under the ext_proc filter's configured name; any name will do."""
-    wanted = keys.wanted
+    """The attributes this codec reads, by key. They are grouped under the ext_proc
+    filter's configured name; any name will do."""
     found: dict[str, Scalar] = {}
-    for group in request.attributes.values():
-        for key, value in group.fields.items():
-            if key in wanted:
-                found[key] = _scalar(value)
+    groups = request.attributes
+    # Lookups by key run in C; protobuf's items() and values() views iterate in Python.
+    for name in groups:
+        fields = groups[name].fields
+        for key in keys.wanted:
+            if key in fields:
+                found[key] = _scalar(fields[key])
     return found
 
 
