@@ -192,6 +192,33 @@ def test_request_without_ids_passes_byte_for_byte(gateway, client):
     assert only_request(gateway).body == data
 
 
+def test_a_long_prompt_without_the_key_passes_unparsed_byte_for_byte(gateway, client):
+    # No spelling of kv_transfer_params in its bytes (body.lacks_key): not parsed.
+    text = 'Résumé: "quoted" \\ C:\\temp\n\t🙂 \u00e9 ' * 30_000
+    data = json.dumps({"model": "tiny", "messages": [{"role": "user", "content": text}]}).encode()
+    assert len(data) > 1 << 20
+    reply = client.post(gateway.url + "/v1/chat/completions", content=data, headers=JSON)
+    assert reply.status_code == 200
+    assert only_request(gateway).body == data
+
+
+def test_an_object_without_the_key_is_forwarded_even_unreadable(gateway, client):
+    # Nothing in it could be judged or rewritten; vLLM answers what it cannot read.
+    data = b'{"messages": [}'
+    reply = client.post(gateway.url + "/v1/chat/completions", content=data, headers=JSON)
+    assert reply.status_code == 200
+    assert only_request(gateway).body == data
+
+
+def test_an_escaped_key_is_read_and_stripped(gateway, client):
+    sent = chat({"prompt_token_ids": [1, 2], "k": 0})
+    escaped = json.dumps(sent).replace(f'"{KV}"', '"kv\\u005ftransfer_params"')
+    assert KV not in escaped
+    reply = client.post(gateway.url + "/v1/chat/completions", content=escaped, headers=JSON)
+    assert reply.status_code == 200
+    assert_stripped(json.loads(only_request(gateway).body), sent)
+
+
 @pytest.mark.parametrize("http2", [False, True])
 def test_disaggregated_route_honors_valid_ids_untouched(gateway, http2):
     sent = chat({"prompt_token_ids": [5, 6, 7, 0], **PD_KEYS})
