@@ -13,7 +13,7 @@ is their one source.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Final
 
 from ext_proc.route_policy import DEFAULT_NAMESPACE, FIELDS, Scalar
@@ -44,15 +44,18 @@ class AttributeKeys:
     fields: Mapping[str, str]
     size: str
     # Every key the processor reads: ``all()`` and the headers' (for lookups).
-    wanted: frozenset[str]
+    wanted: frozenset[str] = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "wanted", frozenset((*self.all(), *HEADERS.values())))
 
     @classmethod
     def for_namespace(cls, namespace: str = DEFAULT_NAMESPACE) -> AttributeKeys:
         base = f"xds.route_metadata.filter_metadata['{namespace}']"
-        fields = {name: f"{base}.{name}" for name in FIELDS}
-        size = f"size({base})"
-        wanted = frozenset((*fields.values(), size, ROUTE_NAME, *PEER.values(), *HEADERS.values()))
-        return cls(fields, size, wanted)
+        return cls(
+            fields={name: f"{base}.{name}" for name in FIELDS},
+            size=f"size({base})",
+        )
 
     def all(self) -> tuple[str, ...]:
         """Every expression the Envoy filter must list in ``request_attributes``."""
