@@ -78,6 +78,8 @@ from ext_proc.vllm_request import KV_KEY
 
 # Size of each StreamedBody piece: well under every gRPC message limit on both sides.
 STREAM_CHUNK: Final = 1024 * 1024
+# The reason of the refusal when the in-flight budget cannot hold a body.
+_BUDGET_EXHAUSTED: Final = "inflight_budget_exhausted"
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -234,7 +236,7 @@ class Stream:
             if not self._budget.try_acquire(extra):
                 raise ServiceUnavailable(
                     "the gateway is holding too many request bodies; retry shortly",
-                    reason="inflight_budget_exhausted",
+                    reason=_BUDGET_EXHAUSTED,
                 )
             self._charged = total
 
@@ -515,7 +517,7 @@ class Stream:
         if isinstance(written, Refusal):
             # Too deep for orjson's writer and past what json.dumps may write, or the
             # budget cannot hold json.dumps's extra.
-            affordable = written.reason != "inflight_budget_exhausted"
+            affordable = written.reason != _BUDGET_EXHAUSTED
             return policy.Allow(
                 "response_too_deep" if affordable else "response_not_affordable"
             ), None
