@@ -185,26 +185,27 @@ def test_strip_chunked_upload(gateway, http2, prefix):
     assert_stripped(document, sent, kept_by(prefix, sent[KV]))
 
 
-def test_request_without_ids_passes_byte_for_byte(gateway, client):
-    data = b'{"model": "tiny",  "messages": [{"role": "user", "content": "hi"}], "n": 1.50}'
-    reply = client.post(gateway.url + "/v1/chat/completions", content=data, headers=JSON)
-    assert reply.status_code == 200
-    assert only_request(gateway).body == data
+# A long prompt: no spelling of kv_transfer_params in its bytes (body.lacks_key), so it is
+# not parsed.
+LONG_PROMPT = json.dumps(
+    {
+        "model": "tiny",
+        "messages": [{"role": "user", "content": 'Résumé: "q" \\ C:\\t\n\t🙂 ' * 40_000}],
+    }
+).encode()
 
 
-def test_a_long_prompt_without_the_key_passes_unparsed_byte_for_byte(gateway, client):
-    # No spelling of kv_transfer_params in its bytes (body.lacks_key): not parsed.
-    text = 'Résumé: "quoted" \\ C:\\temp\n\t🙂 \u00e9 ' * 30_000
-    data = json.dumps({"model": "tiny", "messages": [{"role": "user", "content": text}]}).encode()
-    assert len(data) > 1 << 20
-    reply = client.post(gateway.url + "/v1/chat/completions", content=data, headers=JSON)
-    assert reply.status_code == 200
-    assert only_request(gateway).body == data
-
-
-def test_an_object_without_the_key_is_forwarded_even_unreadable(gateway, client):
-    # Nothing in it could be judged or rewritten; vLLM answers what it cannot read.
-    data = b'{"messages": [}'
+@pytest.mark.parametrize(
+    "data",
+    [
+        b'{"model": "tiny",  "messages": [{"role": "user", "content": "hi"}], "n": 1.50}',
+        LONG_PROMPT,
+        # Unreadable, but nothing in it could be judged or rewritten: vLLM answers it.
+        b'{"messages": [}',
+    ],
+    ids=["small", "long_prompt", "unreadable_object"],
+)
+def test_a_body_without_the_key_passes_byte_for_byte(gateway, client, data):
     reply = client.post(gateway.url + "/v1/chat/completions", content=data, headers=JSON)
     assert reply.status_code == 200
     assert only_request(gateway).body == data
