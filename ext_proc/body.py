@@ -41,14 +41,18 @@ from __future__ import annotations
 import codecs
 import functools
 import json
+import re
+import secrets
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Final
 
 import orjson
-import stringzilla
 
+from ext_proc import ids
+from ext_proc.bytescan import count, find, translate
 from ext_proc.errors import BadRequest, PayloadTooLarge, UnsupportedMediaType
+from ext_proc.vllm_request import IDS_KEY, KV_KEY
 
 Document = dict[str, Any]
 # One pass over the body maps every digit to "0", every byte that can start a JSON
@@ -65,19 +69,6 @@ _LONG_RUN: Final = b"0" * 19
 # docstring): its cost per value is several times orjson's.
 SLOW_PARSE_MAX_BYTES: Final = 4 * 1024 * 1024
 SLOW_PARSE_MAX_VALUES: Final = 65_536
-
-
-def _find(raw: bytes, needle: bytes, start: int = 0) -> int:
-    """``raw.find(needle, start)`` by stringzilla's SIMD search: several times faster
-    than ``bytes.find`` on prose, where the needle's bytes are frequent."""
-    found: int = stringzilla.find(raw, needle, start)
-    return found
-
-
-def _translate(raw: bytes, table: bytes) -> bytes:
-    """``raw.translate(table)`` by stringzilla's SIMD lookup: several times faster."""
-    out: bytes = stringzilla.translate(raw, table)
-    return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,9 +94,9 @@ def scan(raw: bytes, max_values: int | None = None) -> Shape:
         # Each block also maps the bytes just before it, so that a run of digits across
         # a boundary is found; separators are counted in the block's own bytes only.
         lead = min(start, _OVERLAP)
-        classes = _translate(raw[start - lead : start + _BLOCK], _CLASSES)
-        values += classes.count(b",", lead)
-        long_digits = long_digits or classes.find(_LONG_RUN) != -1
+        classes = translate(raw[start - lead : start + _BLOCK], _CLASSES)
+        values += count(classes, _VALUE, lead)
+        long_digits = long_digits or find(classes, _LONG_RUN) != -1
         if max_values is not None and values > max_values:
             break
     return Shape(values, long_digits)
@@ -170,14 +161,14 @@ def _holds_any(raw: bytes, escapes: tuple[bytes, ...]) -> bool:
     """Whether ``raw`` holds one of ``escapes``, each ``_ESCAPE`` and one more byte. One
     search finds every ``_ESCAPE`` when there are few (usually none); past
     ``_ESCAPES_CHECKED`` of them, one search per escape from there."""
-    at = _find(raw, _ESCAPE)
+    at = find(raw, _ESCAPE)
     for _ in range(_ESCAPES_CHECKED):
         if at == -1:
             return False
         if raw.startswith(escapes, at):
             return True
-        at = _find(raw, _ESCAPE, at + 1)
-    return at != -1 and any(_find(raw, escape, at) != -1 for escape in escapes)
+        at = find(raw, _ESCAPE, at + 1)
+    return at != -1 and any(find(raw, escape, at) != -1 for escape in escapes)
 
 
 def lacks_key(raw: bytes, key: str) -> bool:
@@ -210,7 +201,7 @@ def lacks_key(raw: bytes, key: str) -> bool:
     if not (head.startswith(b"{") and tail.endswith(b"}")):
         return False
     written, escapes = _spellings(key)
-    return _find(raw, written) == -1 and not _holds_any(raw, escapes)
+    return find(raw, written) == -1 and not _holds_any(raw, escapes)
 
 
 _REFUSED: Final = object()
@@ -254,12 +245,78 @@ def _nothing() -> None:
     pass
 
 
+# Where the ids of a request are lifted out of its bytes (``_lifted``), and from what
+# length of their array on: below it a list is parsed as fast.
+_IDS_MEMBER: Final = b'"' + IDS_KEY.encode() + b'"'
+_AFTER_MEMBER: Final = re.compile(rb"[ \t\n\r]*:[ \t\n\r]*\[")
+LIFT_MIN_BYTES = 16 * 1024
+
+
+def _lifted(raw: bytes, shape: Shape) -> Parsed | None:
+    """The document ``json.loads`` reads from ``raw``, with the array of
+    ``kv_transfer_params.prompt_token_ids`` read by ``ids.read`` and held as
+    ``ids.RawIds`` instead of a list; None when that is not shown (the caller parses
+    the whole body).
+
+    Why it is sound. ``raw`` holds no run of 19 digits (``shape``; otherwise None).
+    The first ``"prompt_token_ids"`` followed by ``:`` and ``[`` gives a span ``S``
+    from that ``[`` to the first ``]`` after it, which ``ids.read`` accepts only when it
+    is one whole JSON array of integers, each of at most 18 digits (ids.py). ``S`` is
+    replaced by ``"N"``, where ``N`` is 128 random bits in hex, drawn for this body;
+    orjson reads the result ``M``, whose runs of digits are those of ``raw`` outside
+    ``S`` (brackets bound ``S``). Suppose ``M``'s document has ``N`` as the value of
+    ``kv_transfer_params.prompt_token_ids``. Only a string token spells ``N``, and
+    the only one in ``M`` is the one put there, unless the client wrote ``N`` itself,
+    which it can only guess (2**-128). So a parser reading ``M`` expects a value at the
+    start of ``S``, reads ``"N"`` there as the value of the member that survives
+    (duplicate keys: the last wins, at both levels) and goes on as after any other
+    value. Reading ``raw``, it reaches the same point in the same state (the bytes
+    before it are the same), reads the array ``S`` as that value and goes on the same
+    way through the same bytes. The document of ``raw`` is therefore the document of
+    ``M`` with ``S``'s list in place of ``N``, and json.loads reads it too: orjson read
+    ``M`` and no integer of ``raw`` exceeds 64 bits (module docstring). In any other
+    case the whole body is parsed as usual. ``S`` and ``M`` are copies of parts of
+    ``raw``, held within the charge for its rewrite (``memory``)."""
+    if shape.long_digits:
+        return None
+    at = find(raw, _IDS_MEMBER)
+    member = _AFTER_MEMBER.match(raw, at + len(_IDS_MEMBER)) if at != -1 else None
+    if member is None:
+        return None
+    start = member.end() - 1
+    end = find(raw, b"]", start)
+    if end - start < LIFT_MIN_BYTES:  # no "]" (end is -1) or a short array
+        return None
+    lifted = ids.read(raw[start : end + 1])
+    if lifted is None:
+        return None
+    nonce = secrets.token_hex(16)
+    document = _orjson_loads(
+        b"".join((raw[:start], b'"', nonce.encode(), b'"', raw[end + 1 :])), shape
+    )
+    params = document.get(KV_KEY) if isinstance(document, dict) else None
+    if not isinstance(params, dict) or params.get(IDS_KEY) != nonce:
+        return None
+    params[IDS_KEY] = lifted
+    return Parsed(document, orjson_safe=True, size=len(raw))
+
+
 def parse(
-    raw: bytes, shape: Shape | None = None, before_slow: Callable[[], None] = _nothing
+    raw: bytes,
+    shape: Shape | None = None,
+    before_slow: Callable[[], None] = _nothing,
+    *,
+    lift_ids: bool = False,
 ) -> Parsed:
     """The document ``json.loads`` reads from ``raw`` (``shape``: ``scan(raw)``).
-    ``before_slow`` runs before json.loads does (it may raise to refuse the body)."""
+    ``before_slow`` runs before json.loads does (it may raise to refuse the body).
+    ``lift_ids``: a long array of ``kv_transfer_params.prompt_token_ids`` may be held
+    as ``ids.RawIds`` (``_lifted``)."""
     shape = shape if shape is not None else scan(raw)
+    if lift_ids:
+        lifted = _lifted(raw, shape)
+        if lifted is not None:
+            return lifted
     document = _orjson_loads(raw, shape)
     orjson_safe = document is not _REFUSED
     if not orjson_safe:
@@ -305,7 +362,10 @@ def write(parsed: Parsed, document: Document, before_slow: Callable[[], None] = 
     ``before_slow`` runs before json.dumps does (it may raise to refuse the body)."""
     if parsed.orjson_safe:
         try:
-            return orjson.dumps(document)
+            # RawIds is a dataclass, which orjson would write as an object.
+            return orjson.dumps(
+                document, default=_verbatim, option=orjson.OPT_PASSTHROUGH_DATACLASS
+            )
         except orjson.JSONEncodeError:
             # Only nesting beyond orjson's write limit: every value in a document orjson
             # read is one it can write. json.dumps writes it as json.loads reads it.
@@ -315,15 +375,34 @@ def write(parsed: Parsed, document: Document, before_slow: Callable[[], None] = 
     return serialize(document)
 
 
+_COMPACT: Final = (",", ":")
+
+
+def _verbatim(value: Any) -> orjson.Fragment:
+    """orjson's hook for ids held as bytes: written as they are."""
+    if isinstance(value, ids.RawIds):
+        return value.fragment()
+    raise TypeError(f"{type(value).__name__} is not JSON")
+
+
+def _listed(value: Any) -> list[int]:
+    """json.dumps's hook for ids held as bytes: written as the list they are."""
+    if isinstance(value, ids.RawIds):
+        return value.to_list()
+    raise TypeError(f"{type(value).__name__} is not JSON")
+
+
 def serialize(document: Document) -> bytes:
     """``json.dumps``: writes NaN, Infinity and integers of any size as ``json.loads``
     reads them; raises ``BadRequest`` (``body_too_deep``) past the recursion limit."""
     try:
         try:
-            return json.dumps(document, ensure_ascii=False, separators=(",", ":")).encode()
+            return json.dumps(
+                document, ensure_ascii=False, separators=_COMPACT, default=_listed
+            ).encode()
         except UnicodeEncodeError:
             # A lone surrogate (legal in JSON escapes) cannot be UTF-8: escape everything.
-            return json.dumps(document, separators=(",", ":")).encode()
+            return json.dumps(document, separators=_COMPACT, default=_listed).encode()
     except RecursionError as exc:
         raise BadRequest(
             "request body is nested too deeply to be forwarded", reason="body_too_deep"

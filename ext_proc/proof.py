@@ -27,10 +27,10 @@ from typing import Any, Final
 import orjson
 
 from ext_proc.errors import BadRequest
-from ext_proc.vllm_request import KV_KEY
+from ext_proc.ids import RawIds
+from ext_proc.vllm_request import IDS_KEY, KV_KEY
 
 PROOF_KEY: Final = "token_policy_proof"
-IDS_KEY: Final = "prompt_token_ids"
 VERSION: Final = "tp1"
 # Fields an orchestrator legitimately changes between the prefill and the decode leg;
 # every other field of the request is bound by the digest.
@@ -80,12 +80,17 @@ def canonical(params: Mapping[str, Any]) -> bytes | None:
         head = json.dumps(
             rest, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False
         ).encode()
-        ids = orjson.dumps(params[IDS_KEY]) if IDS_KEY in params else b"-"
+        ids = _rendered(params[IDS_KEY]) if IDS_KEY in params else b"-"
     except (ValueError, TypeError, RecursionError):
         return None
     if b"null" in ids:
         return None
     return head + b"\n" + ids
+
+
+def _rendered(ids: Any) -> bytes:
+    """The ids as orjson writes them (``RawIds`` hold that text already)."""
+    return ids.text if isinstance(ids, RawIds) else orjson.dumps(ids)
 
 
 def prompt_digest(document: Mapping[str, Any], orjson_safe: bool) -> bytes:

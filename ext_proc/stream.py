@@ -420,7 +420,7 @@ class Stream:
         if isinstance(shape, Refusal):
             return self._refused(shape)
         slow = self._slow_path(raw, shape)
-        parsed = _attempt(body.parse, raw, shape, slow)
+        parsed = _attempt(body.parse, raw, shape, slow, lift_ids=True)
         if isinstance(parsed, Refusal):
             return self._refused(parsed)
         decision = _attempt(self._judge, parsed)

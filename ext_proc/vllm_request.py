@@ -11,8 +11,9 @@ from __future__ import annotations
 from typing import Any, Final
 
 KV_KEY: Final = "kv_transfer_params"
+IDS_KEY: Final = "prompt_token_ids"
 # Keys vLLM's reuse helper reads from kv_transfer_params; both are policed alike.
-POLICED_KEYS: Final = ("prompt_token_ids", "prompt_features")
+POLICED_KEYS: Final = (IDS_KEY, "prompt_features")
 # Content part types that carry text only; anything else makes vLLM ignore reused ids.
 TEXT_PART_TYPES: Final = frozenset({"text", "input_text", "output_text"})
 # Input items (chat messages, responses input) that are text when their content is.

@@ -1,8 +1,9 @@
 import json
 
+import orjson
 import pytest
 
-from ext_proc import body
+from ext_proc import body, ids
 from ext_proc.errors import BadRequest, PayloadTooLarge, Refusal, UnsupportedMediaType
 from ext_proc.vllm_request import KV_KEY as KV
 from ext_proc.vllm_request import policed_keys
@@ -343,3 +344,92 @@ def test_escapes_of_the_key_are_found_among_any_number_of_other_escapes(accents)
     for text in (f'{{{member}, "m": {accented}}}', f'{{"m": {accented}, {member}}}'):
         assert KV in json.loads(text)
         assert not body.lacks_key(text.encode(), KV)
+
+
+# --- ids lifted out of the bytes (body._lifted, ext_proc/ids.py) ------------------
+
+LONG_IDS = [(i * 7919) % 128256 for i in range(4000)]
+
+
+def _resolved(document):
+    """``document`` with lifted ids back as the list they are."""
+    if isinstance(document, dict):
+        return {k: _resolved(v) for k, v in document.items()}
+    if isinstance(document, list):
+        return [_resolved(v) for v in document]
+    return document.to_list() if isinstance(document, ids.RawIds) else document
+
+
+def _lifted_ids(parsed):
+    params = parsed.document.get(KV)
+    value = params.get("prompt_token_ids") if isinstance(params, dict) else None
+    return value if isinstance(value, ids.RawIds) else None
+
+
+@pytest.mark.parametrize("separators", [(",", ":"), (", ", ": ")])
+def test_a_long_array_of_ids_is_read_from_its_bytes(separators):
+    document = {"model": "m", KV: {"prompt_token_ids": LONG_IDS, "remote_port": 1}, "n": 1}
+    raw = json.dumps(document, separators=separators).encode()
+    parsed = body.parse(raw, lift_ids=True)
+    lifted = _lifted_ids(parsed)
+    assert lifted is not None
+    assert lifted.count == len(LONG_IDS)
+    assert parsed.orjson_safe
+    assert _resolved(parsed.document) == json.loads(raw)
+    assert body.without(parsed, KV, ["remote_port"]) == orjson.dumps(
+        {"model": "m", KV: {"prompt_token_ids": LONG_IDS}, "n": 1}
+    )
+
+
+def test_short_arrays_and_parses_without_lifting_keep_lists():
+    raw = json.dumps({KV: {"prompt_token_ids": [1, 2, 3]}}).encode()
+    assert _lifted_ids(body.parse(raw, lift_ids=True)) is None
+    long = json.dumps({KV: {"prompt_token_ids": LONG_IDS}}).encode()
+    assert _lifted_ids(body.parse(long)) is None
+
+
+IDS_TEXT = json.dumps(LONG_IDS, separators=(",", ":"))
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        # The first copy is shadowed: json.loads keeps the last one.
+        f'{{"{KV}": {{"prompt_token_ids": {IDS_TEXT}}}, "{KV}": {{"prompt_token_ids": [1]}}}}',
+        f'{{"{KV}": {{"prompt_token_ids": {IDS_TEXT}, "prompt_token_ids": [1]}}}}',
+        f'{{"{KV}": {{"prompt_token_ids": {IDS_TEXT}, "prompt_token_\\u0069ds": [1]}}}}',
+        # The member is not the one the policy reads.
+        f'{{"messages": [{{"{KV}": {{"prompt_token_ids": {IDS_TEXT}}}}}], "{KV}": {{}}}}',
+        f'{{"prompt_token_ids": {IDS_TEXT}, "{KV}": {{"prompt_token_ids": [2]}}}}',
+        f'{{"{KV}": {{"x": {{"prompt_token_ids": {IDS_TEXT}}}, "prompt_token_ids": [3]}}}}',
+        # In a string: the bytes of a member, not a member.
+        f'{{"content": "\\"prompt_token_ids\\":{IDS_TEXT}", "{KV}": {{"prompt_token_ids": [4]}}}}',
+    ],
+)
+def test_ids_are_lifted_only_from_the_member_json_loads_keeps(text):
+    raw = text.encode()
+    parsed = body.parse(raw, lift_ids=True)
+    assert _resolved(parsed.document) == json.loads(raw)
+
+
+@pytest.mark.parametrize(
+    "ids_text",
+    [
+        IDS_TEXT.replace(",", ",\n", 1),
+        IDS_TEXT.replace(",", ",0", 1),
+        IDS_TEXT.replace(",", ",true,", 1),
+        IDS_TEXT.replace(",", ",1.5,", 1),
+        IDS_TEXT.replace(",", ",99999999999999999999,", 1),
+    ],
+)
+def test_arrays_read_cannot_vouch_for_are_parsed_whole(ids_text):
+    raw = f'{{"{KV}": {{"prompt_token_ids": {ids_text}}}}}'.encode()
+    try:
+        expected = json.loads(raw)
+    except ValueError:
+        with pytest.raises(BadRequest):
+            body.parse(raw, lift_ids=True)
+        return
+    parsed = body.parse(raw, lift_ids=True)
+    assert _lifted_ids(parsed) is None
+    assert parsed.document == expected

@@ -27,6 +27,11 @@ BODIES = {
     "short_strings": "b'{\"a\":[' + b'\"a\",' * (N // 4) + b'\"b\"]}'",
     "token_ids": 'b\'{"kv_transfer_params":{"prompt_token_ids":[\' + b"1234567," * (N // 8)'
     ' + b"1]}}"',
+    # Read from their bytes (body._lifted), the largest found, written back as they came.
+    "token_ids_lifted": 'b\'{"kv_transfer_params":{"prompt_token_ids":[\' + b"1234567," * (N // 8)'
+    ' + b"1]}}"',
+    "short_ids_lifted": 'b\'{"kv_transfer_params":{"prompt_token_ids":[\' + b"7," * (N // 2)'
+    ' + b"1]}}"',
     "floats": 'b\'{"a":[\' + b"0.5," * (N // 4) + b"1]}"',
     # json.loads reads at most SLOW_PARSE_MAX_VALUES values: the rest is one string.
     "nan_slow_parser": 'b\'{"n":NaN,"a":[\' + b"[]," * 32_000 + b\'[]],"s":"\' + b"x" * N'
@@ -50,15 +55,20 @@ def kib(key):
 slow = []
 Path("/proc/self/clear_refs").write_text("5")
 before = kib("VmRSS")
-parsed = body.parse(raw, None, lambda: slow.append(1))
-out = body.without(parsed, "kv_transfer_params", None, lambda: slow.append(1))
+if {lifted}:
+    parsed = body.parse(raw, None, lambda: slow.append(1), lift_ids=True)
+    parsed.document["kv_transfer_params"]["prompt_token_ids"].largest()
+    out = body.without(parsed, "kv_transfer_params", ["x"], lambda: slow.append(1))
+else:
+    parsed = body.parse(raw, None, lambda: slow.append(1))
+    out = body.without(parsed, "kv_transfer_params", None, lambda: slow.append(1))
 print(len(raw), (kib("VmHWM") - before) * 1024, len(slow))
 """
 
 
 @pytest.mark.parametrize("name", sorted(BODIES))
 def test_parsing_and_rewriting_stay_within_the_model(name):
-    probe = PROBE.format(size=SIZE, source=BODIES[name])
+    probe = PROBE.format(size=SIZE, source=BODIES[name], lifted=name.endswith("_lifted"))
     done = subprocess.run(
         [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=120
     )

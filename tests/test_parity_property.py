@@ -3,7 +3,8 @@ document Python's json.loads (vLLM's parser) reads, and what it forwards carries
 untrusted kv_transfer_params (strip) or no policed key (keep_other_keys). A body it
 forwards without parsing (no spelling of the key in its bytes) is one json.loads either
 refuses or reads without the key; disabling any clause of that proof
-(ext_proc/body.py, ``lacks_key``) fails this property."""
+(ext_proc/body.py, ``lacks_key``) fails this property. Ids read from the bytes of their
+array (``body._lifted``) are held to the same properties."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ext_proc import proof
+from ext_proc import body, proof
 from ext_proc.events import (
     BodyMode,
     ContinueBody,
@@ -65,6 +66,15 @@ documents = st.fixed_dictionaries(
         "extra": values,
     },
 )
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _lift_every_array():
+    """Every array of ids is read from its bytes when it can be (body._lifted), not
+    only the long ones: the properties then hold of that reading too."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(body, "LIFT_MIN_BYTES", 0)
+        yield
 
 
 def escape_some(text: str, rng: random.Random) -> str:

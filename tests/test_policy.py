@@ -1,11 +1,13 @@
 import copy
 import json
 
+import orjson
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from ext_proc import body, policy, proof
+from ext_proc import ids as ids_module
 from ext_proc.events import Peer
 from ext_proc.policy import Allow, Deny, Evidence, Mint, Strip
 from ext_proc.route_policy import Action, RoutePolicy, Topology, Unproven
@@ -268,6 +270,15 @@ def test_id_validation_matches_the_plain_definition(route, ids):
         assert isinstance(decision, Deny)
         index = int(decision.refusal.message.split("[", 1)[1].split("]", 1)[0])
         assert type(ids[index]) is not int or ids[index] < 0
+
+
+@pytest.mark.parametrize("route", [HONOR, HONOR_32_BITS, STRIP])
+@given(ids=st.lists(st.integers(0, 2**40), min_size=1, max_size=6))
+def test_ids_read_from_their_bytes_are_judged_as_their_list(route, ids):
+    read = ids_module.read(orjson.dumps(ids))
+    assert read is not None
+    listed = decide(route, doc({"prompt_token_ids": ids, "x": 1}))
+    assert decide(route, doc({"prompt_token_ids": read, "x": 1})) == listed
 
 
 # --- trust: proofs, peers, unproven parameters (docs/trust.md) ---------------------
