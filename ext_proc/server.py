@@ -25,6 +25,7 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from ext_proc import allocator
 from ext_proc._pb import external_processor_pb2 as pb
 from ext_proc._pb import external_processor_pb2_grpc as pb_grpc
 from ext_proc.address import UNIX_PREFIX, HostPort
@@ -212,6 +213,8 @@ class Server:
         # checks the refusal paths).
         gc.freeze()
         gc.set_threshold(GC_THRESHOLD, 20, 20)
+        if not allocator.keep_freed_memory(config.inflight_budget_bytes):
+            log.info("allocator not tuned: large bodies fault their memory in anew")
         if not self.worker and config.metrics_address is not None:
             registry = self.running.processor.metrics.registry
             self.metrics = serve_metrics(config.metrics_address, registry)
