@@ -15,8 +15,9 @@ of it is held, though the stream stays open for the whole upstream response:
   plus the slot that holds it (an empty list: 56 bytes, 16 of GC header, 8 of slot).
   Measured peaks (RSS, orjson and json.loads alike): 1-2x the body for prose, 4-7x for
   a string with an astral character (14x through json.loads and json.dumps), 8x for
-  7-digit ids, 24x for ``["a","a",...]`` and 31x for ``[[],[],...]``, each below this
-  bound (tests/test_memory.py checks the catalogue in a fresh process).
+  7-digit ids (9x read from their bytes, ``body._lifted``), 24x for ``["a","a",...]``
+  and 31x for ``[[],[],...]``, each below this bound (tests/test_memory.py checks the
+  catalogue in a fresh process).
 
 ``values`` is counted from the raw bytes before parsing (``,`` ``:`` ``[`` ``{``, strings
 included, so it never undercounts) and limited per body (``max_json_values``), so the
