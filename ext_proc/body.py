@@ -259,9 +259,10 @@ def _lifted(raw: bytes, shape: Shape) -> Parsed | None:
     the whole body).
 
     Why it is sound. ``raw`` holds no run of 19 digits (``shape``; otherwise None).
-    The first ``"prompt_token_ids"`` followed by ``:`` and ``[`` gives a span ``S``
-    from that ``[`` to the first ``]`` after it, which ``ids.read`` accepts only when it
-    is one whole JSON array of integers, each of at most 18 digits (ids.py). ``S`` is
+    The first ``"prompt_token_ids"`` in ``raw``, when ``:`` and ``[`` follow it, gives
+    a span ``S`` from that ``[`` to the first ``]`` after it, which ``ids.read`` accepts
+    only when it is one whole JSON array of integers, each of at most 18 digits
+    (ids.py). ``S`` is
     replaced by ``"N"``, where ``N`` is 128 random bits in hex, drawn for this body;
     orjson reads the result ``M``, whose runs of digits are those of ``raw`` outside
     ``S`` (brackets bound ``S``). Suppose ``M``'s document has ``N`` as the value of

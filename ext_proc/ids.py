@@ -56,8 +56,8 @@ class RawIds:
     def largest(self) -> tuple[int, int]:
         """The largest id and the index of its first occurrence. Without leading
         zeros, it is among the longest ids; once no run of digits is longer, every run
-        of that length is a whole id, whose digits give its value (ten fit in 64
-        bits)."""
+        of that length is a whole id, whose digits give its value (``MAX_DIGITS`` fit
+        in 64 bits)."""
         digits = _digits(self.text)
         is_digit = digits < 10
         runs, longest = is_digit, 1
