@@ -3,10 +3,10 @@
 A large body passes through a dozen buffers of its size (gRPC's message, the body,
 scans and copies, the rewrite). glibc hands out each buffer over 128 KiB as fresh pages
 from the kernel and returns them when it is freed, so every large request faults in its
-memory page by page again (thousands of page faults for a 1 MiB body, a cost that grows
-with the body). With the two thresholds below, buffers up to 32 MiB come from the heap
-and freed memory is kept up to ``keep`` bytes (the in-flight budget: ``memory`` counts
-it as resident already), so a request reuses what the last one freed.
+memory page by page again, one fault per 4 KiB of every buffer. With the two
+thresholds below, buffers up to 32 MiB come from the heap and freed memory is kept up
+to ``keep`` bytes (the in-flight budget: ``memory`` counts it as resident already), so
+a request reuses what the last one freed.
 
 glibc only: elsewhere (musl) nothing changes and ``keep_freed_memory`` says so.
 """
