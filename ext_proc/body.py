@@ -50,7 +50,7 @@ from typing import Any, Final
 import orjson
 
 from ext_proc import ids
-from ext_proc.bytescan import count, find, translate
+from ext_proc.bytescan import count, find, has_run, translate
 from ext_proc.errors import BadRequest, PayloadTooLarge, UnsupportedMediaType
 from ext_proc.vllm_request import IDS_KEY, KV_KEY
 
@@ -64,7 +64,7 @@ _DIGIT, _VALUE = 0x30, 0x2C
 _CLASSES: Final = bytes(
     _DIGIT if 0x30 <= i <= 0x39 else _VALUE if i in b",:[{" else 0x20 for i in range(256)
 )
-_LONG_RUN: Final = b"0" * 19
+_LONG_DIGITS: Final = 19
 # json.loads reads bodies up to this size and number of values (see the module
 # docstring): its cost per value is several times orjson's.
 SLOW_PARSE_MAX_BYTES: Final = 4 * 1024 * 1024
@@ -82,7 +82,7 @@ class Shape:
 
 
 _BLOCK: Final = 1 << 20
-_OVERLAP: Final = len(_LONG_RUN) - 1
+_OVERLAP: Final = _LONG_DIGITS - 1
 
 
 def scan(raw: bytes, max_values: int | None = None) -> Shape:
@@ -96,7 +96,7 @@ def scan(raw: bytes, max_values: int | None = None) -> Shape:
         lead = min(start, _OVERLAP)
         classes = translate(raw[start - lead : start + _BLOCK], _CLASSES)
         values += count(classes, _VALUE, lead)
-        long_digits = long_digits or find(classes, _LONG_RUN) != -1
+        long_digits = long_digits or has_run(classes, _DIGIT, _LONG_DIGITS)
         if max_values is not None and values > max_values:
             break
     return Shape(values, long_digits)

@@ -30,3 +30,18 @@ def count(raw: bytes, byte: int, start: int = 0) -> int:
     if len(raw) - start < _VECTOR_MIN:
         return raw.count(byte, start)
     return int(np.count_nonzero(np.frombuffer(raw, np.uint8, offset=start) == byte))
+
+
+def has_run(raw: bytes, byte: int, length: int) -> bool:
+    """Whether ``raw`` holds ``length`` copies of ``byte`` in a row (``length`` 15 or
+    more). Such a run starts at most 7 bytes before an 8-byte boundary of ``raw`` and
+    then still covers 8 more bytes: one whole aligned word of ``byte``. A large ``raw``
+    without such a word (a body of short numbers, say) is settled by one vector
+    comparison over its words; otherwise the run is searched for."""
+    if length < 15:
+        raise ValueError(f"a run of {length} may cover no whole word")
+    if len(raw) >= _VECTOR_MIN:
+        words = np.frombuffer(raw, np.uint64, count=len(raw) // 8)
+        if not bool((words == np.uint64(int.from_bytes(bytes([byte]) * 8, "little"))).any()):
+            return False
+    return find(raw, bytes([byte]) * length) != -1
