@@ -5,8 +5,9 @@ about 900 KB. Parsing them into a list of ints and checking that list costs more
 everything else a large body needs, and the policy asks only how many ids there are,
 the largest and where it stands, and (to check a proof) their canonical rendering.
 ``read`` checks the array's form and counts its ids with a few SIMD passes over its
-bytes; ``RawIds.largest`` finds the largest with a few more (numpy). What ``read``
-does not accept, the caller parses like any other array.
+bytes; ``RawIds.reaches`` compares them with a bound and ``RawIds.largest`` finds the
+largest with a few more (numpy). What ``read`` does not accept, the caller parses like
+any other array.
 
 What ``read`` accepts is a strict subset of JSON: ``[``, then integers without a sign,
 fraction, exponent or leading zero, separated by ``,`` or ``, `` (compact, or Python's
@@ -53,6 +54,27 @@ class RawIds:
         ids: list[int] = orjson.loads(self.text)
         return ids
 
+    def reaches(self, bound: int) -> bool:
+        """Whether some id is ``bound`` or more (``bound`` of at most ``MAX_DIGITS``
+        digits). With ``limit = bound - 1`` of ``n`` digits: an id of more than ``n``
+        digits (no leading zeros) is over it; once there is none, every run of ``n``
+        digits is a whole id, and those are compared with ``limit`` digit by digit,
+        keeping the ids equal to it so far (usually none after the first digit)."""
+        limit = str(bound - 1).encode()
+        digits = _digits(self.text)
+        is_digit = digits < 10
+        if bool(_runs(is_digit, len(limit) + 1).any()):
+            return True
+        same = _runs(is_digit, len(limit))
+        for place, digit in enumerate(limit):
+            column = digits[place : place + len(same)]
+            if bool((same & (column > digit - _ZERO)).any()):
+                return True
+            same = same & (column == digit - _ZERO)
+            if not same.any():
+                return False
+        return False
+
     def largest(self) -> tuple[int, int]:
         """The largest id and the index of its first occurrence. Without leading
         zeros, it is among the longest ids; once no run of digits is longer, every run
@@ -90,6 +112,16 @@ _CLASSES: Final = bytes(
 )
 # An empty item (two commas, or one at either end) or a leading zero, in those classes.
 _NOT_JSON: Final = (b",,", b",zz", b",zd")
+
+
+def _runs(is_digit: NDArray[np.bool_], length: int) -> NDArray[np.bool_]:
+    """Where a run of at least ``length`` digits starts (``length - 1`` fewer places
+    than ``is_digit``), by doubling: a run of 2k digits is two runs of k."""
+    runs, covered = is_digit, 1
+    while covered < length:
+        step = min(covered, length - covered)
+        runs, covered = runs[:-step] & runs[step:], covered + step
+    return runs
 
 
 def read(span: bytes) -> RawIds | None:

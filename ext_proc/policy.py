@@ -110,10 +110,12 @@ def _invalid_ids(key: str, value: Any, policy: RoutePolicy) -> Refusal | None:
     vocab_size (or, when it is unset, below 2**31), at most max_ids of them."""
     param = f"{KV_KEY}.{key}"
     if isinstance(value, RawIds):
-        # Non-empty non-negative ints, read from the bytes (ids.py).
-        return _too_many(param, value.count, policy) or _out_of_vocab(
-            param, *value.largest(), policy
-        )
+        # Non-empty non-negative ints, read from the bytes (ids.py); the largest is
+        # looked for only to name it in a refusal.
+        too_many = _too_many(param, value.count, policy)
+        if too_many is not None or not value.reaches(_bound(policy)):
+            return too_many
+        return _out_of_vocab(param, *value.largest(), policy)
     if not isinstance(value, list) or not value:
         return bad_request(
             f"{param} must be a non-empty list of integers", reason="ids_malformed", param=param
@@ -153,25 +155,23 @@ def _too_many(param: str, count: int, policy: RoutePolicy) -> Refusal | None:
     return None
 
 
+def _bound(policy: RoutePolicy) -> int:
+    """The least id the route refuses."""
+    return policy.vocab_size if policy.vocab_size is not None else _TOKEN_ID_BOUND
+
+
 def _out_of_vocab(param: str, highest: int, index: int, policy: RoutePolicy) -> Refusal | None:
     """The refusal when ``highest``, the largest id (first at ``index``), is not a token
     of the route's vocabulary."""
+    if highest < _bound(policy):
+        return None
     if policy.vocab_size is not None:
-        if highest >= policy.vocab_size:
-            return bad_request(
-                f"{param}[{index}] = {highest} is outside the vocabulary "
-                f"(size {policy.vocab_size})",
-                reason="ids_out_of_vocab",
-                param=param,
-            )
-    elif highest >= _TOKEN_ID_BOUND:
-        return bad_request(
-            f"{param}[{index}] = {highest} is not a token id "
-            f"(token ids are below 2**31 = {_TOKEN_ID_BOUND})",
-            reason="ids_out_of_vocab",
-            param=param,
-        )
-    return None
+        why = f"is outside the vocabulary (size {policy.vocab_size})"
+    else:
+        why = f"is not a token id (token ids are below 2**31 = {_TOKEN_ID_BOUND})"
+    return bad_request(
+        f"{param}[{index}] = {highest} {why}", reason="ids_out_of_vocab", param=param
+    )
 
 
 def _first_malformed(value: list[Any]) -> int | None:

@@ -116,3 +116,27 @@ def test_written_back_as_orjson_writes_the_list():
     read = ids.read(b"[1, 20, 300]")
     assert read is not None
     assert orjson.dumps({"a": read.fragment()}) == b'{"a":[1,20,300]}'
+
+
+@given(
+    st.lists(
+        st.one_of(st.integers(0, 300), st.integers(0, 10**7), st.integers(0, 10**12)),
+        min_size=1,
+        max_size=60,
+    ),
+    st.one_of(st.integers(1, 400), st.integers(1, 10**8), st.integers(1, 10**ids.MAX_DIGITS - 1)),
+)
+def test_reaches_says_whether_some_id_is_the_bound_or_more(values, bound):
+    read = ids.read(orjson.dumps(values))
+    assert read is not None
+    assert read.reaches(bound) is (max(values) >= bound)
+
+
+@pytest.mark.parametrize("bound", [262144, 128256, 10, 1000, 2**31])
+def test_ids_next_to_the_bound_on_either_side(bound):
+    # Every digit of the bound's predecessor, from the first to the last, is the one
+    # where an id just above it differs: all of them are found.
+    below = [bound - 1, bound - 2, bound // 10, 0]
+    assert not ids.read(orjson.dumps(below)).reaches(bound)
+    for above in (bound, bound + 1, bound * 10, bound + 10 ** (len(str(bound)) - 2)):
+        assert ids.read(orjson.dumps([*below, above, *below])).reaches(bound)

@@ -57,6 +57,7 @@ Path("/proc/self/clear_refs").write_text("5")
 before = kib("VmRSS")
 if {lifted}:
     parsed = body.parse(raw, None, lambda: slow.append(1), lift_ids=True)
+    parsed.document["kv_transfer_params"]["prompt_token_ids"].reaches(1234567)
     parsed.document["kv_transfer_params"]["prompt_token_ids"].largest()
     out = body.without(parsed, "kv_transfer_params", ["x"], lambda: slow.append(1))
 else:
