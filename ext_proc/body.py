@@ -64,7 +64,8 @@ _DIGIT, _VALUE = 0x30, 0x2C
 _CLASSES: Final = bytes(
     _DIGIT if 0x30 <= i <= 0x39 else _VALUE if i in b",:[{" else 0x20 for i in range(256)
 )
-_LONG_DIGITS: Final = 19
+# Every integer of up to ids.MAX_DIGITS digits fits in 64 bits; one digit more may not.
+_LONG_DIGITS: Final = ids.MAX_DIGITS + 1
 # json.loads reads bodies up to this size and number of values (see the module
 # docstring): its cost per value is several times orjson's.
 SLOW_PARSE_MAX_BYTES: Final = 4 * 1024 * 1024

@@ -55,11 +55,11 @@ class RawIds:
         return ids
 
     def reaches(self, bound: int) -> bool:
-        """Whether some id is ``bound`` or more (``bound`` of at most ``MAX_DIGITS``
-        digits). With ``limit = bound - 1`` of ``n`` digits: an id of more than ``n``
-        digits (no leading zeros) is over it; once there is none, every run of ``n``
-        digits is a whole id, and those are compared with ``limit`` digit by digit,
-        keeping the ids equal to it so far (usually none after the first digit)."""
+        """Whether some id is ``bound`` (positive) or more. With ``limit = bound - 1``
+        of ``n`` digits: an id of more than ``n`` digits (no leading zeros) is over it;
+        once there is none, every run of ``n`` digits is a whole id, and those are
+        compared with ``limit`` digit by digit, keeping the ids equal to it so far
+        (usually none after the first digit)."""
         limit = str(bound - 1).encode()
         digits = _digits(self.text)
         is_digit = digits < 10

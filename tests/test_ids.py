@@ -140,3 +140,10 @@ def test_ids_next_to_the_bound_on_either_side(bound):
     assert not ids.read(orjson.dumps(below)).reaches(bound)
     for above in (bound, bound + 1, bound * 10, bound + 10 ** (len(str(bound)) - 2)):
         assert ids.read(orjson.dumps([*below, above, *below])).reaches(bound)
+
+
+def test_a_bound_longer_than_any_id_is_reached_by_none():
+    read = ids.read(orjson.dumps([5, 10**ids.MAX_DIGITS - 1]))
+    assert read is not None
+    assert not read.reaches(10**30)
+    assert read.reaches(10**ids.MAX_DIGITS - 1)
