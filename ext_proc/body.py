@@ -122,8 +122,15 @@ def check_headers(content_types: list[bytes], content_encodings: list[bytes]) ->
 
     Only ``application/json`` is inspected, because vLLM's JSON routes refuse every
     other media type; anything else on a protected route is refused here too, so no
-    body slips by under another label. A compressed body cannot be inspected.
+    body slips by under another label. A compressed body cannot be inspected. Headers
+    that pass are remembered (a few spellings carry almost every request); refusals
+    are not.
     """
+    _check_headers(tuple(content_types), tuple(content_encodings))
+
+
+@functools.lru_cache(maxsize=256)
+def _check_headers(content_types: tuple[bytes, ...], content_encodings: tuple[bytes, ...]) -> None:
     if len(content_types) != 1 or media_type(content_types[0]) != "application/json":
         shown = b", ".join(content_types).decode("latin-1") or "none"
         raise UnsupportedMediaType(

@@ -1,11 +1,13 @@
 """Translation between ext_proc protobuf messages and the core's events and answers.
 
-The only module besides the servicer that touches generated protobuf code. It holds no
-state and makes no decisions.
+The only module besides the servicer that touches generated protobuf code. It makes no
+decisions; its one state is ``Decoder``'s memo of what a route's attributes read as.
 """
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from typing import Final
 
 from google.protobuf import struct_pb2
@@ -38,6 +40,9 @@ from ext_proc.policy import NO_PEER
 from ext_proc.route_policy import Scalar
 
 _SCALARS: Final = frozenset({"string_value", "number_value", "bool_value"})
+_REQUEST_ID: Final = attributes.HEADERS["x-request-id"]
+# Distinct preambles remembered (routes x header variants seen).
+PREAMBLE_MEMO: Final = 1024
 
 
 def _scalar(value: struct_pb2.Value) -> Scalar:
@@ -104,12 +109,22 @@ def _preamble(request: pb.ProcessingRequest, keys: AttributeKeys) -> RequestHead
     )
 
 
+_Preamble = Callable[[pb.ProcessingRequest], RequestHeaders | None]
+
+
 def decode(request: pb.ProcessingRequest, keys: AttributeKeys) -> Event:
+    return _decode(request, functools.partial(_preamble, keys=keys), keys)
+
+
+def _decode(request: pb.ProcessingRequest, preamble: _Preamble, keys: AttributeKeys) -> Event:
     if request.observability_mode:
         # Envoy does not wait for answers in observability mode: nothing could be denied
         # or stripped, so the stream is refused rather than silently failing open.
         return Unexpected("observability_mode")
     kind = request.WhichOneof("request")
+    if kind == "request_body":
+        body = request.request_body
+        return RequestBody(body.body, body.end_of_stream, preamble(request))
     if kind == "request_headers":
         message = request.request_headers
         found = _attributes(request, keys)
@@ -120,11 +135,8 @@ def decode(request: pb.ProcessingRequest, keys: AttributeKeys) -> Event:
             route=_route_metadata(found, keys),
             peer=_peer(found),
         )
-    if kind == "request_body":
-        body = request.request_body
-        return RequestBody(body.body, body.end_of_stream, _preamble(request, keys))
     if kind == "request_trailers":
-        return RequestTrailers(_preamble(request, keys))
+        return RequestTrailers(preamble(request))
     if kind == "response_headers":
         message = request.response_headers
         return ResponseHeaders(
@@ -133,6 +145,63 @@ def decode(request: pb.ProcessingRequest, keys: AttributeKeys) -> Event:
     if kind == "response_body":
         return ResponseBody(request.response_body.body, request.response_body.end_of_stream)
     return Unexpected(kind or "empty")
+
+
+class Decoder:
+    """``decode`` with a bounded memo of preambles, for one servicer.
+
+    Every request of a route carries the same attributes but for its x-request-id, and
+    reading them field by field costs several times what the rest of an allowed
+    request does. The memo is keyed by the exact bytes of the attributes (map entries
+    in sorted order) with the x-request-id taken out, so what it returns is what
+    ``decode`` would have read; the request id is added back to the headers, last, as
+    ``decode`` places it. Taking it out changes ``request``: a message is decoded once.
+    Keys are client-influenced (the content-type header), so the memo is emptied when
+    full: a miss costs only the uncached reading.
+    """
+
+    def __init__(self, keys: AttributeKeys, size: int = PREAMBLE_MEMO) -> None:
+        self._keys = keys
+        self._size = size
+        self._memo: dict[tuple[object, ...], RequestHeaders] = {}
+
+    def __call__(self, request: pb.ProcessingRequest) -> Event:
+        return _decode(request, self._preamble, self._keys)
+
+    def _preamble(self, request: pb.ProcessingRequest) -> RequestHeaders | None:
+        if not request.HasField("protocol_config"):
+            return None
+        request_id: str | None = None
+        parts: list[object] = [request.protocol_config.request_body_mode]
+        groups = request.attributes
+        for name in groups:
+            struct = groups[name]
+            fields = struct.fields
+            if _REQUEST_ID in fields:
+                value = fields[_REQUEST_ID]
+                # As _attributes reads it: the last group's value, a string or nothing.
+                request_id = (
+                    value.string_value if value.WhichOneof("kind") == "string_value" else None
+                )
+                del fields[_REQUEST_ID]
+            parts += (name, struct.SerializeToString(deterministic=True))
+        key = tuple(parts)
+        cached = self._memo.get(key)
+        if cached is None:
+            cached = _preamble(request, self._keys)
+            assert cached is not None
+            if len(self._memo) >= self._size:
+                self._memo.clear()
+            self._memo[key] = cached
+        if request_id is None:
+            return cached
+        return RequestHeaders(
+            (*cached.headers, ("x-request-id", request_id.encode("latin-1", "replace"))),
+            cached.end_of_stream,
+            cached.body_mode,
+            cached.route,
+            cached.peer,
+        )
 
 
 def decision_metadata(namespace: str, outcome: Outcome) -> struct_pb2.Struct:

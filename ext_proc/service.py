@@ -9,10 +9,9 @@ uninspected.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import grpc
@@ -22,7 +21,7 @@ from ext_proc._pb import external_processor_pb2 as pb
 from ext_proc._pb import external_processor_pb2_grpc as pb_grpc
 from ext_proc.attributes import attribute_keys
 from ext_proc.budget import Budget
-from ext_proc.codec import decision_metadata, decode, encode
+from ext_proc.codec import Decoder, decision_metadata, encode
 from ext_proc.config import Config
 from ext_proc.errors import ProtocolError
 from ext_proc.events import (
@@ -65,7 +64,7 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc
         self, config: Config, budget: Budget | None = None, metrics: Metrics | None = None
     ) -> None:
         self._config = config
-        self._keys = attribute_keys(config.route_metadata_namespace)
+        self._decode = Decoder(attribute_keys(config.route_metadata_namespace))
         self.budget = budget if budget is not None else Budget(config.inflight_budget_bytes)
         self.metrics = metrics if metrics is not None else Metrics()
         # Answers without bytes, by answer and decision (a bounded set: see _encoded).
@@ -76,41 +75,36 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc
             clock_skew_seconds=config.proof.clock_skew_seconds,
         )
 
-    async def _events(
-        self, requests: AsyncIterator[pb.ProcessingRequest], stream: Stream
-    ) -> AsyncIterator[Event]:
-        """Decoded events; ``TimedOut`` once the body takes longer than allowed."""
-        loop = asyncio.get_running_loop()
-        deadline: float | None = None
-        while True:
-            if deadline is None and stream.waiting_for_body:
-                deadline = loop.time() + self._config.body_timeout_seconds
-            try:
-                if stream.waiting_for_body:
-                    # Unlike wait_for, timeout_at creates no task.
-                    async with asyncio.timeout_at(deadline):
-                        request = await anext(requests)
-                else:  # no timer to arm and cancel for every other message
-                    request = await anext(requests)
-            except TimeoutError:
-                yield TimedOut()
-                return
-            except StopAsyncIteration:
-                return
-            event = decode(request, self._keys)
-            # Neither the message nor the event may outlive its handling: a stream stays
-            # open after its decision (for the whole upstream response) and would keep
-            # the body alive, outside the budget, until then.
-            del request
-            yield event
-            del event
+    async def _next(
+        self,
+        context: grpc.aio.ServicerContext[pb.ProcessingRequest, pb.ProcessingResponse],
+        deadline: float | None,
+    ) -> Event | None:
+        """The next message's event; ``TimedOut`` once the body takes longer than
+        allowed; None at the end of the stream."""
+        try:
+            if deadline is None:  # no timer to arm and cancel for every other message
+                request = await context.read()
+            else:
+                # Unlike wait_for, timeout_at creates no task.
+                async with asyncio.timeout_at(deadline):
+                    request = await context.read()
+        except TimeoutError:
+            return TimedOut()
+        if request is grpc.aio.EOF:
+            return None
+        # The message is dropped on return: a stream stays open after its decision (for
+        # the whole upstream response) and must not keep the body alive until then.
+        return self._decode(request)
 
     async def Process(  # noqa: N802 - name fixed by the gRPC service
         self,
         request_iterator: AsyncIterator[pb.ProcessingRequest],
         context: grpc.aio.ServicerContext[pb.ProcessingRequest, pb.ProcessingResponse],
-    ) -> AsyncIterator[pb.ProcessingResponse]:
-        """Receive loop: every event goes to the stream machine; its answers go back."""
+    ) -> None:
+        """One request's stream, counted while open and by how it ended; its bytes are
+        always released. Messages are read and answers written through ``context``
+        (one coroutine, no generator layers): ``request_iterator`` stays unread."""
         stream = Stream(
             max_body_bytes=self._config.max_body_bytes,
             max_json_values=self._config.max_json_values,
@@ -119,49 +113,11 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc
             audit=self._config.audit,
             trust=self._trust,
         )
-        with self._accounted(stream) as usage:
-            async for event in self._events(aiter(request_iterator), stream):
-                started = time.perf_counter()
-                try:
-                    step = stream.handle(event)
-                except ProtocolError as exc:
-                    await self._abort(context, stream, str(exc))
-                    return
-                responses = self._answer(step)
-                if step.outcome is not None:
-                    usage.outcome = step.outcome
-                    self._record(step.outcome)
-                usage.busy += time.perf_counter() - started
-                self.metrics.inflight_bytes.set(self.budget.used)
-                del event, step  # see _events: nothing of the body outlives its answers
-                while responses:
-                    yield responses.pop(0)
-                # Resumed once gRPC took the last answer: what it carried is not held.
-                stream.sent()
-            if stream.waiting_for_body:
-                # Envoy closed its side mid-body. Ending the RPC cleanly now could let a
-                # held request through; end it with an error instead.
-                await self._abort(context, stream, "stream ended before the end of the body")
-
-    async def _abort(
-        self,
-        context: grpc.aio.ServicerContext[pb.ProcessingRequest, pb.ProcessingResponse],
-        stream: Stream,
-        reason: str,
-    ) -> None:
-        """End the RPC with an error status: Envoy fails the request closed."""
-        self.metrics.stream_errors.labels("protocol_violation").inc()
-        log.warning("protocol error", extra={"request_id": stream.request_id, "reason": reason})
-        await context.abort(grpc.StatusCode.FAILED_PRECONDITION, reason)
-
-    @contextlib.contextmanager
-    def _accounted(self, stream: Stream) -> Iterator[_Usage]:
-        """Count the stream while it is open and how it ended; always release its bytes."""
         metrics = self.metrics
         metrics.inflight_streams.inc()
         usage = _Usage()
         try:
-            yield usage
+            await self._converse(context, stream, usage)
         except asyncio.CancelledError:
             metrics.stream_errors.labels("cancelled").inc()
             raise
@@ -177,6 +133,57 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc
             metrics.inflight_bytes.set(self.budget.used)
             if usage.outcome is not None:
                 metrics.observe_processing(usage.outcome.route, usage.busy)
+
+    async def _converse(
+        self,
+        context: grpc.aio.ServicerContext[pb.ProcessingRequest, pb.ProcessingResponse],
+        stream: Stream,
+        usage: _Usage,
+    ) -> None:
+        """Receive loop: every event goes to the stream machine; its answers go back."""
+        deadline: float | None = None
+        while True:
+            if deadline is None and stream.waiting_for_body:
+                deadline = asyncio.get_running_loop().time() + self._config.body_timeout_seconds
+            event = await self._next(context, deadline)
+            if event is None:
+                break
+            started = time.perf_counter()
+            try:
+                step = stream.handle(event)
+            except ProtocolError as exc:
+                await self._abort(context, stream, str(exc))
+                return
+            responses = self._answer(step)
+            if step.outcome is not None:
+                usage.outcome = step.outcome
+                self._record(step.outcome)
+            usage.busy += time.perf_counter() - started
+            if stream.waiting_for_body:  # a body held across messages shows in the gauge
+                self.metrics.inflight_bytes.set(self.budget.used)
+            timed_out = isinstance(event, TimedOut)
+            del event, step  # nothing of the body outlives its answers
+            while responses:
+                await context.write(responses.pop(0))
+            # Resumed once gRPC took the last answer: what it carried is not held.
+            stream.sent()
+            if timed_out:  # the refusal is sent; nothing more is read
+                return
+        if stream.waiting_for_body:
+            # Envoy closed its side mid-body. Ending the RPC cleanly now could let a held
+            # request through; end it with an error instead.
+            await self._abort(context, stream, "stream ended before the end of the body")
+
+    async def _abort(
+        self,
+        context: grpc.aio.ServicerContext[pb.ProcessingRequest, pb.ProcessingResponse],
+        stream: Stream,
+        reason: str,
+    ) -> None:
+        """End the RPC with an error status: Envoy fails the request closed."""
+        self.metrics.stream_errors.labels("protocol_violation").inc()
+        log.warning("protocol error", extra={"request_id": stream.request_id, "reason": reason})
+        await context.abort(grpc.StatusCode.FAILED_PRECONDITION, reason)
 
     def _answer(self, step: Step) -> list[pb.ProcessingResponse]:
         """The step's answers as protobuf; the last one carries the decision as dynamic

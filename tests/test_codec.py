@@ -1,9 +1,10 @@
+import pytest
 from google.protobuf import struct_pb2
 from google.protobuf.json_format import MessageToDict
 
 from ext_proc import attributes
 from ext_proc._pb import external_processor_pb2 as pb
-from ext_proc.codec import decision_metadata, decode, encode
+from ext_proc.codec import Decoder, decision_metadata, decode, encode
 from ext_proc.errors import bad_request
 from ext_proc.events import (
     BodyMode,
@@ -226,3 +227,76 @@ def test_decision_metadata_names_what_was_decided_never_the_ids():
             "response_mode": "enforce",
         }
     }
+
+
+def _headerless_body(attrs: dict[str, object], *, filter_name: str = "f") -> pb.ProcessingRequest:
+    """A first body message with headers skipped: the preamble from ``attrs``."""
+    request = pb.ProcessingRequest(request_body=pb.HttpBody(body=b"{}", end_of_stream=True))
+    request.protocol_config.request_body_mode = 2
+    request.attributes[filter_name].update(attrs)
+    return request
+
+
+ROUTE_ATTRS = {
+    KEYS.fields["action"]: "strip",
+    KEYS.size: 1,
+    "xds.route_name": "aggregated",
+    attributes.HEADERS["content-type"]: "application/json",
+}
+
+
+@pytest.mark.parametrize(
+    "attrs",
+    [
+        {**ROUTE_ATTRS, attributes.HEADERS["x-request-id"]: "req-1"},
+        ROUTE_ATTRS,
+        {**ROUTE_ATTRS, attributes.HEADERS["x-request-id"]: 7},  # not a string: no header
+        {**ROUTE_ATTRS, attributes.HEADERS["x-request-id"]: "caf\u00e9 \u2603"},
+        {attributes.HEADERS["x-request-id"]: "only-the-id"},
+        {},
+    ],
+)
+def test_decoder_reads_what_decode_reads(attrs):
+    decoder = Decoder(KEYS)
+    for _ in range(3):  # a miss, then hits of the memo
+        assert decoder(_headerless_body(attrs)) == decode(_headerless_body(attrs), KEYS)
+
+
+def test_decoder_memo_tells_apart_what_differs_and_shares_the_rest():
+    decoder = Decoder(KEYS)
+    first = decoder(_headerless_body({**ROUTE_ATTRS, attributes.HEADERS["x-request-id"]: "a"}))
+    second = decoder(_headerless_body({**ROUTE_ATTRS, attributes.HEADERS["x-request-id"]: "b"}))
+    assert first.preamble.values("x-request-id") == [b"a"]
+    assert second.preamble.values("x-request-id") == [b"b"]
+    assert first.preamble.route is second.preamble.route  # one reading per route
+    other = {**ROUTE_ATTRS, KEYS.fields["action"]: "deny"}
+    assert decoder(_headerless_body(other)).preamble.route.values == {"action": "deny"}
+    gzip = {**ROUTE_ATTRS, attributes.HEADERS["content-encoding"]: "gzip"}
+    assert decoder(_headerless_body(gzip)).preamble.values("content-encoding") == [b"gzip"]
+    # The same attributes under another filter name read the same, keyed apart.
+    renamed = decoder(_headerless_body(ROUTE_ATTRS, filter_name="g"))
+    assert renamed == decode(_headerless_body(ROUTE_ATTRS, filter_name="g"), KEYS)
+
+
+def test_decoder_reads_the_last_group_like_decode():
+    def two_groups() -> pb.ProcessingRequest:
+        request = _headerless_body({**ROUTE_ATTRS, attributes.HEADERS["x-request-id"]: "a"})
+        request.attributes["z"].update({attributes.HEADERS["x-request-id"]: "z"})
+        return request
+
+    assert Decoder(KEYS)(two_groups()) == decode(two_groups(), KEYS)
+
+
+def test_decoder_memo_is_bounded():
+    decoder = Decoder(KEYS, size=4)
+    for n in range(10):
+        attrs = {**ROUTE_ATTRS, attributes.HEADERS["content-type"]: f"application/json; v={n}"}
+        assert decoder(_headerless_body(attrs)) == decode(_headerless_body(attrs), KEYS)
+        assert len(decoder._memo) <= 4
+
+
+def test_decoder_later_messages_are_not_memoized():
+    decoder = Decoder(KEYS)
+    body = pb.ProcessingRequest(request_body=pb.HttpBody(body=b"x", end_of_stream=False))
+    assert decoder(body) == RequestBody(b"x", False)
+    assert not decoder._memo
