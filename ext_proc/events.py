@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import TYPE_CHECKING
 
+from ext_proc import route_policy
 from ext_proc.errors import Refusal
 from ext_proc.route_policy import Scalar
 
@@ -39,6 +40,11 @@ class RouteMetadata:
     values: Mapping[str, Scalar] = field(default_factory=dict)
     size: float | None = None
     name: str = ""  # the route's name, for metrics and logs
+    # ``values`` as ``route_policy.parse_items`` reads them, made once per reading.
+    items: route_policy.Items = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "items", route_policy.items_of(self.values))
 
 
 @dataclass(frozen=True, slots=True)

@@ -69,23 +69,32 @@ class Metrics:
         # Labelled children by label values: labels() validates and locks on every call.
         # Bounded: routes come from the Envoy config, actions, reasons and modes from
         # this package.
-        self._children: dict[tuple[object, ...], Any] = {}
+        self._decided: dict[tuple[str, ...], tuple[Any, Any]] = {}
+        self._processing: dict[str, Any] = {}
 
-    def _child(self, metric: Counter | Histogram, *values: str) -> Any:
-        key = (id(metric), *values)
-        child = self._children.get(key)
-        if child is None:
-            child = self._children[key] = metric.labels(*values)
-        return child
-
-    def decided(self, route: str, action: str, reason: str, mode: str) -> None:
-        self._child(self.decisions, route, action, reason, mode).inc()
-
-    def observe_body(self, route: str, size: int) -> None:
-        self._child(self.body_bytes, route).observe(size)
+    def decided(self, route: str, action: str, reason: str, mode: str, body_size: int) -> None:
+        """Count one decision; a request's body size is observed too (0: none)."""
+        key = (route, action, reason, mode)
+        children = self._decided.get(key)
+        if children is None:
+            children = self._decided[key] = (
+                self.decisions.labels(route, action, reason, mode),
+                self.body_bytes.labels(route),
+            )
+        children[0].inc()
+        if body_size:
+            children[1].observe(body_size)
 
     def observe_processing(self, route: str, seconds: float) -> None:
-        self._child(self.processing_seconds, route).observe(seconds)
+        child = self._processing.get(route)
+        if child is None:
+            child = self._processing[route] = self.processing_seconds.labels(route)
+        child.observe(seconds)
+
+    def sample(self, streams: int, held: int) -> None:
+        """Set the in-flight gauges (sampled, not updated on every request)."""
+        self.inflight_streams.set(streams)
+        self.inflight_bytes.set(held)
 
 
 class Endpoint:

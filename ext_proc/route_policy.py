@@ -172,15 +172,23 @@ def parse(
     ``RoutePolicyError`` naming the bad field; never guesses. Every request of a route
     carries the same metadata, so valid results are cached (errors are not).
     """
-    # The key carries each value's type: True == 1.0 in Python, but not here.
-    key = tuple((name, type(value).__name__, value) for name, value in values.items())
-    return _parse(key, size, namespace)
+    return parse_items(items_of(values), size, namespace)
+
+
+Items = tuple[tuple[str, str, Scalar], ...]
+
+
+def items_of(values: Mapping[str, Scalar]) -> Items:
+    """``values`` as the key ``parse_items`` caches on. The key carries each value's
+    type: True == 1.0 in Python, but not here."""
+    return tuple((name, type(value).__name__, value) for name, value in values.items())
 
 
 @functools.lru_cache(maxsize=1024)
-def _parse(
-    items: tuple[tuple[str, str, Scalar], ...], size: float | None, namespace: str
+def parse_items(
+    items: Items, size: float | None, namespace: str = DEFAULT_NAMESPACE
 ) -> RoutePolicy:
+    """``parse`` of the values ``items_of`` made ``items`` from."""
     values = {name: value for name, _, value in items}
     if size is None and not values:
         return DEFAULT_POLICY

@@ -35,6 +35,8 @@ from ext_proc.service import ExternalProcessor
 
 log = logging.getLogger("ext_proc.server")
 GC_THRESHOLD = 20_000  # CPython's default is 700
+# How often the in-flight gauges are read: a request costs no gauge update.
+SAMPLE_SECONDS = 1.0
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["ExternalProcessor"].full_name
 
 
@@ -167,6 +169,7 @@ class Server:
         self.forced = asyncio.Event()
         self.running: Running | None = None
         self.metrics: Endpoint | None = None
+        self.sampler: asyncio.Task[None] | None = None
 
     def on_signal(self) -> None:
         # Handlers only set flags; the phases do the work.
@@ -218,6 +221,7 @@ class Server:
         if not self.worker and config.metrics_address is not None:
             registry = self.running.processor.metrics.registry
             self.metrics = serve_metrics(config.metrics_address, registry)
+        self.sampler = asyncio.ensure_future(self._sample(self.running.processor))
         log.info(
             "serving",
             extra={
@@ -229,6 +233,12 @@ class Server:
                 "proof_keys": len(config.proof.keys),
             },
         )
+
+    @staticmethod
+    async def _sample(processor: ExternalProcessor) -> None:
+        while True:
+            processor.sample_metrics()
+            await asyncio.sleep(SAMPLE_SECONDS)
 
     async def serve(self) -> None:
         await self.stopping.wait()
@@ -267,6 +277,8 @@ class Server:
 
     async def _close(self) -> None:
         """On every exit path: nothing left listening (idempotent after a clean stop)."""
+        if self.sampler is not None:
+            self.sampler.cancel()
         if self.running is not None:
             await self.running.server.stop(None)
         if self.metrics is not None:

@@ -67,6 +67,7 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc
         self._decode = Decoder(attribute_keys(config.route_metadata_namespace))
         self.budget = budget if budget is not None else Budget(config.inflight_budget_bytes)
         self.metrics = metrics if metrics is not None else Metrics()
+        self.open_streams = 0  # sampled into the metrics (see sample_metrics)
         # Answers without bytes, by answer and decision (a bounded set: see _encoded).
         self._shared: dict[tuple[object, ...], pb.ProcessingResponse] = {}
         self._trust = Trust(
@@ -74,6 +75,10 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc
             ttl_seconds=config.proof.ttl_seconds,
             clock_skew_seconds=config.proof.clock_skew_seconds,
         )
+
+    def sample_metrics(self) -> None:
+        """The in-flight gauges, now."""
+        self.metrics.sample(self.open_streams, self.budget.used)
 
     async def _next(
         self,
@@ -114,7 +119,7 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc
             trust=self._trust,
         )
         metrics = self.metrics
-        metrics.inflight_streams.inc()
+        self.open_streams += 1
         usage = _Usage()
         try:
             await self._converse(context, stream, usage)
@@ -129,8 +134,7 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc
             raise
         finally:
             stream.close()
-            metrics.inflight_streams.dec()
-            metrics.inflight_bytes.set(self.budget.used)
+            self.open_streams -= 1
             if usage.outcome is not None:
                 metrics.observe_processing(usage.outcome.route, usage.busy)
 
@@ -159,8 +163,6 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc
                 usage.outcome = step.outcome
                 self._record(step.outcome)
             usage.busy += time.perf_counter() - started
-            if stream.waiting_for_body:  # a body held across messages shows in the gauge
-                self.metrics.inflight_bytes.set(self.budget.used)
             timed_out = isinstance(event, TimedOut)
             del event, step  # nothing of the body outlives its answers
             while responses:
@@ -220,9 +222,8 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc
     def _record(self, outcome: Outcome) -> None:
         """Count every outcome; log the ones with ids (never the ids, never any text)."""
         decision = outcome.decision
-        self.metrics.decided(outcome.route, decision.action, decision.reason, outcome.mode)
-        if outcome.body_size and outcome.phase == "request":
-            self.metrics.observe_body(outcome.route, outcome.body_size)
+        size = outcome.body_size if outcome.phase == "request" else 0
+        self.metrics.decided(outcome.route, decision.action, decision.reason, outcome.mode, size)
         if isinstance(decision, policy.Allow) and decision.id_count == 0:
             return
         log.info(

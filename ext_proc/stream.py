@@ -39,7 +39,7 @@ import functools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from enum import Enum, auto
+from enum import IntEnum, auto
 from typing import Final, ParamSpec, TypeVar
 
 from ext_proc import body, memory, policy, proof, route_policy
@@ -85,7 +85,7 @@ P = ParamSpec("P")
 T = TypeVar("T")
 
 
-class State(Enum):
+class State(IntEnum):  # hashed in C: the transition table is keyed by it
     EXPECT_HEADERS = auto()
     EXPECT_BODY = auto()  # BUFFERED: the whole body comes in one message
     STREAMING = auto()  # FULL_DUPLEX_STREAMED: accumulating chunks
@@ -119,6 +119,32 @@ def _attempt(call: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T | Ref
 
 class Stream:
     """Processes one HTTP request's ext_proc messages."""
+
+    __slots__ = (
+        "_audit",
+        "_body_size",
+        "_budget",
+        "_charged",
+        "_chunks",
+        "_decision",
+        "_digest",
+        "_held_refusal",
+        "_last_chunk",
+        "_max_body_bytes",
+        "_max_json_values",
+        "_mint_refused",
+        "_mode",
+        "_namespace",
+        "_peer",
+        "_policy",
+        "_received",
+        "_reported",
+        "_request_id",
+        "_response_decision",
+        "_route",
+        "_trust",
+        "state",
+    )
 
     def __init__(
         self,
@@ -290,10 +316,12 @@ class Stream:
         return self._on_trailers_without_body(event)
 
     def _begin(self, event: RequestHeaders) -> list[Answer] | Refusal:
-        self._route = event.route.name
+        route = event.route
+        self._route = route.name
         self._peer = event.peer
-        self._request_id = b"".join(event.values("x-request-id")).decode("latin-1")
-        parsed = _attempt(route_policy.parse, event.route.values, event.route.size, self._namespace)
+        found = _checked_headers(event.headers)
+        self._request_id = b"".join(found["x-request-id"]).decode("latin-1")
+        parsed = _attempt(route_policy.parse_items, route.items, route.size, self._namespace)
         if isinstance(parsed, Refusal):
             return parsed
         self._policy = parsed
@@ -309,14 +337,12 @@ class Stream:
                 reason="unsupported_body_mode",
             )
         self._mode = event.body_mode
-        checked = _attempt(
-            body.check_headers, event.values("content-type"), event.values("content-encoding")
-        )
+        checked = _attempt(body.check_headers, found["content-type"], found["content-encoding"])
         if isinstance(checked, Refusal):
             if not (self._audit and checked.auditable):
                 return checked
             self._held_refusal = checked  # reported at the end of the body, not enforced
-        declared = event.values("content-length")
+        declared = found["content-length"]
         if len(declared) == 1 and declared[0].isdigit():
             # Refuse an announced oversized body before it is sent. Nothing is charged
             # for it: an announcement is not bytes held.
@@ -340,7 +366,7 @@ class Stream:
         replacement = self._decide(event.chunk)
         if isinstance(replacement, Refusal):
             return replacement
-        return [ContinueBody(replacement)]
+        return [_UNCHANGED if replacement is None else ContinueBody(replacement)]
 
     def _on_chunk(self, event: Event) -> list[Answer] | Refusal:
         assert isinstance(event, RequestBody)
@@ -522,6 +548,20 @@ class Stream:
                 "response_too_deep" if affordable else "response_not_affordable"
             ), None
         return decision, written
+
+
+_UNCHANGED: Final = ContinueBody()
+# The request headers the stream reads.
+_CHECKED: Final = ("x-request-id", "content-type", "content-encoding", "content-length")
+
+
+def _checked_headers(headers: tuple[tuple[str, bytes], ...]) -> dict[str, list[bytes]]:
+    """The values of each of ``_CHECKED`` in order, in one pass over the headers."""
+    found: dict[str, list[bytes]] = {name: [] for name in _CHECKED}
+    for key, value in headers:
+        if key in found:
+            found[key].append(value)
+    return found
 
 
 class _Once:
