@@ -41,8 +41,11 @@ from ext_proc.route_policy import Scalar
 
 _SCALARS: Final = frozenset({"string_value", "number_value", "bool_value"})
 _REQUEST_ID: Final = attributes.HEADERS["x-request-id"]
-# Distinct preambles remembered (routes x header variants seen).
+# Distinct preambles remembered (routes x header variants seen), and the largest
+# attributes remembered: header values are the client's, up to Envoy's header limit, so
+# only small ones are kept and the memo stays within a few MiB.
 PREAMBLE_MEMO: Final = 1024
+PREAMBLE_MEMO_BYTES: Final = 2048
 
 
 def _scalar(value: struct_pb2.Value) -> Scalar:
@@ -157,7 +160,8 @@ class Decoder:
     ``decode`` would have read; the request id is added back to the headers, last, as
     ``decode`` places it. Taking it out changes ``request``: a message is decoded once.
     Keys are client-influenced (the content-type header), so the memo is emptied when
-    full: a miss costs only the uncached reading.
+    full and attributes over ``PREAMBLE_MEMO_BYTES`` are never kept: a miss costs only
+    the uncached reading.
     """
 
     def __init__(self, keys: AttributeKeys, size: int = PREAMBLE_MEMO) -> None:
@@ -173,6 +177,7 @@ class Decoder:
             return None
         request_id: str | None = None
         parts: list[object] = [request.protocol_config.request_body_mode]
+        size = 0
         groups = request.attributes
         for name in groups:
             struct = groups[name]
@@ -184,15 +189,18 @@ class Decoder:
                     value.string_value if value.WhichOneof("kind") == "string_value" else None
                 )
                 del fields[_REQUEST_ID]
-            parts += (name, struct.SerializeToString(deterministic=True))
+            serialized = struct.SerializeToString(deterministic=True)
+            size += len(name) + len(serialized)
+            parts += (name, serialized)
         key = tuple(parts)
         cached = self._memo.get(key)
         if cached is None:
             cached = _preamble(request, self._keys)
             assert cached is not None
-            if len(self._memo) >= self._size:
-                self._memo.clear()
-            self._memo[key] = cached
+            if size <= PREAMBLE_MEMO_BYTES:
+                if len(self._memo) >= self._size:
+                    self._memo.clear()
+                self._memo[key] = cached
         if request_id is None:
             return cached
         return RequestHeaders(

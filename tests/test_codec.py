@@ -300,3 +300,11 @@ def test_decoder_later_messages_are_not_memoized():
     body = pb.ProcessingRequest(request_body=pb.HttpBody(body=b"x", end_of_stream=False))
     assert decoder(body) == RequestBody(b"x", False)
     assert not decoder._memo
+
+
+def test_decoder_keeps_no_large_attributes():
+    decoder = Decoder(KEYS)
+    large = {**ROUTE_ATTRS, attributes.HEADERS["content-type"]: "application/json" + " " * 4096}
+    for _ in range(2):
+        assert decoder(_headerless_body(large)) == decode(_headerless_body(large), KEYS)
+    assert not decoder._memo
