@@ -353,3 +353,43 @@ def test_answers_without_bytes_are_shared_only_with_the_same_decision():
     assert answered(ContinueBody(b"{}"), stripped) is not answered(ContinueBody(b"{}"), stripped)
     honored = outcome(Allow("trusted_proof", 3))
     assert answered(ContinueBody(None), honored) is not answered(ContinueBody(None), honored)
+
+
+def test_the_in_flight_gauges_read_open_streams_and_held_bytes_when_sampled():
+    async def scenario():
+        running = await build(Config.load(listen="127.0.0.1:0"))
+        processor, registry = running.processor, running.processor.metrics.registry
+        release = asyncio.Event()
+
+        async def messages():
+            first = headers()
+            first.protocol_config.request_body_mode = 4  # FULL_DUPLEX_STREAMED: chunks held
+            yield first
+            yield body(b'{"a": ', eos=False)
+            await release.wait()
+
+        def gauges() -> tuple[float | None, float | None]:
+            processor.sample_metrics()
+            return (
+                registry.get_sample_value("ext_proc_inflight_streams"),
+                registry.get_sample_value("ext_proc_inflight_body_bytes"),
+            )
+
+        try:
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{running.port}") as channel:
+                call = pb_grpc.ExternalProcessorStub(channel).Process(messages())
+                while processor.budget.used == 0:
+                    await asyncio.sleep(0.01)
+                during = gauges()
+                release.set()
+                call.cancel()
+            while processor.open_streams:
+                await asyncio.sleep(0.01)
+            return during, gauges()
+        finally:
+            await running.server.stop(None)
+
+    during, after = run(scenario())
+    assert during[0] == 1
+    assert during[1] > 0
+    assert after == (0, 0)
