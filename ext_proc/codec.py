@@ -212,11 +212,14 @@ class Decoder:
         )
 
 
-def decision_metadata(namespace: str, outcome: Outcome) -> struct_pb2.Struct:
+def decision_metadata(
+    namespace: str, outcome: Outcome, into: struct_pb2.Struct | None = None
+) -> struct_pb2.Struct:
     """What the policy did, as Envoy dynamic metadata under ``namespace`` (for access
-    logs and later filters); a response outcome's keys start with ``response_``. Never
-    the ids themselves."""
-    struct = struct_pb2.Struct()
+    logs and later filters), written into ``into`` (a response's ``dynamic_metadata``)
+    or a new Struct; a response outcome's keys start with ``response_``. Never the ids
+    themselves."""
+    struct = struct_pb2.Struct() if into is None else into
     # Field by field: Struct.update walks Python dicts in pure Python, 5x slower.
     fields = struct.fields[namespace].struct_value.fields
     prefix = "" if outcome.phase == "request" else f"{outcome.phase}_"

@@ -8,11 +8,12 @@ on plain values.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import TYPE_CHECKING
+
+import orjson
 
 from ext_proc import route_policy
 from ext_proc.errors import Refusal
@@ -174,7 +175,8 @@ class Reject:
 
     @classmethod
     def of(cls, refusal: Refusal) -> Reject:
-        """vLLM's error shape, so OpenAI clients parse the denial like any vLLM error."""
+        """vLLM's error shape, so OpenAI clients parse the denial like any vLLM error;
+        compact JSON in UTF-8, as vLLM's own error responses are written."""
         payload = {
             "error": {
                 "message": refusal.message,
@@ -186,9 +188,7 @@ class Reject:
         headers: tuple[tuple[str, bytes], ...] = ()
         if refusal.retry_after is not None:
             headers = (("retry-after", str(refusal.retry_after).encode()),)
-        return cls(
-            refusal.status, json.dumps(payload).encode(), f"token_policy_{refusal.reason}", headers
-        )
+        return cls(refusal.status, orjson.dumps(payload), f"token_policy_{refusal.reason}", headers)
 
 
 Answer = (

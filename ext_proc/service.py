@@ -212,8 +212,8 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc
             return shared
         response = encode(answer)
         if outcome is not None:
-            response.dynamic_metadata.CopyFrom(
-                decision_metadata(self._config.route_metadata_namespace, outcome)
+            decision_metadata(
+                self._config.route_metadata_namespace, outcome, response.dynamic_metadata
             )
         if key is not None:
             self._shared[key] = response
