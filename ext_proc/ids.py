@@ -35,8 +35,9 @@ MAX_DIGITS: Final = 18
 _ZERO: Final = np.uint8(ord("0"))
 # A comma, once a digit's value is taken from every byte (it wraps).
 _COMMA: Final = np.uint8(ord(",") - ord("0") + 256)
-_SPACED: Final = b", "
+_SPACE: Final = np.uint8(ord(" "))
 _COMMA_CLASS: Final = ord(",")
+_COMMA_BYTE: Final = np.uint8(ord(","))
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,11 +125,27 @@ def _runs(is_digit: NDArray[np.bool_], length: int) -> NDArray[np.bool_]:
     return runs
 
 
+def _compact(span: bytes) -> bytes | None:
+    """``span`` without the space after each comma (Python's ``json.dumps`` default);
+    None when a space stands anywhere else (``read`` would refuse it). Once every space
+    is known to follow a comma, deleting them all (``bytes.translate``) is the same as
+    replacing each ", ", at a third of ``bytes.replace``'s cost on many separators."""
+    if find(span, b" ") == -1:
+        return span
+    raw = np.frombuffer(span, np.uint8)
+    spaces = raw == _SPACE
+    if bool(spaces[0]) or bool((spaces[1:] & (raw[:-1] != _COMMA_BYTE)).any()):
+        return None
+    return span.translate(None, b" ")
+
+
 def read(span: bytes) -> RawIds | None:
     """``span`` (from ``[`` to the first ``]`` after it) as ids, when it is an array of
     the form the module docstring describes; None otherwise. ``span`` must hold no run
     of more than ``MAX_DIGITS`` digits (the caller knows: ``body.scan``)."""
-    text = span.replace(_SPACED, b",") if b" " in span else span
+    text = _compact(span)
+    if text is None:
+        return None
     if len(text) < 3 or text[0] != ord("[") or text[-1] != ord("]"):
         return None
     classes = translate(memoryview(text)[1:-1], _CLASSES)
