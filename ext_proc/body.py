@@ -91,11 +91,12 @@ def scan(raw: bytes, max_values: int | None = None) -> Shape:
     (``values`` then exceeds ``max_values`` but counts only that far): a body refused
     for its number of values costs at most a block more than the limit allows."""
     values, long_digits = 1, False
+    view = memoryview(raw)  # blocks are mapped from views: no copy of the body
     for start in range(0, len(raw), _BLOCK):
         # Each block also maps the bytes just before it, so that a run of digits across
         # a boundary is found; separators are counted in the block's own bytes only.
         lead = min(start, _OVERLAP)
-        classes = translate(raw[start - lead : start + _BLOCK], _CLASSES)
+        classes = translate(view[start - lead : start + _BLOCK], _CLASSES)
         values += count(classes, _VALUE, lead)
         long_digits = long_digits or has_run(classes, _DIGIT, _LONG_DIGITS)
         if max_values is not None and values > max_values:
