@@ -36,8 +36,7 @@ _ZERO: Final = np.uint8(ord("0"))
 # A comma, once a digit's value is taken from every byte (it wraps).
 _COMMA: Final = np.uint8(ord(",") - ord("0") + 256)
 _SPACE: Final = np.uint8(ord(" "))
-_COMMA_CLASS: Final = ord(",")
-_COMMA_BYTE: Final = np.uint8(ord(","))
+_COMMA_CLASS: Final = ord(",")  # a comma's class is the comma itself
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,7 +133,7 @@ def _compact(span: bytes) -> bytes | None:
         return span
     raw = np.frombuffer(span, np.uint8)
     spaces = raw == _SPACE
-    if bool(spaces[0]) or bool((spaces[1:] & (raw[:-1] != _COMMA_BYTE)).any()):
+    if bool(spaces[0]) or bool((spaces[1:] & (raw[:-1] != _COMMA_CLASS)).any()):
         return None
     return span.translate(None, b" ")
 

@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from enum import IntEnum, auto
 from typing import Final, ParamSpec, TypeVar
 
-from ext_proc import body, memory, policy, proof, route_policy
+from ext_proc import attributes, body, memory, policy, proof, route_policy
 from ext_proc.budget import Budget
 from ext_proc.errors import (
     BadRequest,
@@ -551,8 +551,8 @@ class Stream:
 
 
 _UNCHANGED: Final = ContinueBody()
-# The request headers the stream reads.
-_CHECKED: Final = ("x-request-id", "content-type", "content-encoding", "content-length")
+# The request headers the stream reads: those the attribute contract names.
+_CHECKED: Final = tuple(attributes.HEADERS)
 
 
 def _checked_headers(headers: tuple[tuple[str, bytes], ...]) -> dict[str, list[bytes]]:
