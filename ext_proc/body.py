@@ -123,15 +123,22 @@ def check_headers(content_types: list[bytes], content_encodings: list[bytes]) ->
 
     Only ``application/json`` is inspected, because vLLM's JSON routes refuse every
     other media type; anything else on a protected route is refused here too, so no
-    body slips by under another label. A compressed body cannot be inspected. Headers
-    that pass are remembered (a few spellings carry almost every request); refusals
-    are not.
+    body slips by under another label. A compressed body cannot be inspected. Short
+    headers that pass are remembered (a few spellings carry almost every request);
+    refusals and long values (the client's, up to Envoy's header limit) are not.
     """
-    _check_headers(tuple(content_types), tuple(content_encodings))
+    headers = (tuple(content_types), tuple(content_encodings))
+    if sum(map(len, content_types)) + sum(map(len, content_encodings)) <= _HEADERS_REMEMBERED:
+        _check_remembered(*headers)
+    else:
+        _check(*headers)
 
 
-@functools.lru_cache(maxsize=256)
-def _check_headers(content_types: tuple[bytes, ...], content_encodings: tuple[bytes, ...]) -> None:
+# The longest content headers remembered: 256 of them stay within 64 KiB.
+_HEADERS_REMEMBERED: Final = 256
+
+
+def _check(content_types: tuple[bytes, ...], content_encodings: tuple[bytes, ...]) -> None:
     if len(content_types) != 1 or media_type(content_types[0]) != "application/json":
         shown = b", ".join(content_types).decode("latin-1") or "none"
         raise UnsupportedMediaType(
@@ -144,6 +151,9 @@ def _check_headers(content_types: tuple[bytes, ...], content_encodings: tuple[by
             "compressed request bodies (content-encoding) are not accepted on this route",
             reason="content_encoding",
         )
+
+
+_check_remembered = functools.lru_cache(maxsize=256)(_check)
 
 
 # JSON's whitespace, and how far from each end of a body its braces are looked for.

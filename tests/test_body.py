@@ -433,3 +433,18 @@ def test_arrays_read_cannot_vouch_for_are_parsed_whole(ids_text):
     parsed = body.parse(raw, lift_ids=True)
     assert _lifted_ids(parsed) is None
     assert parsed.document == expected
+
+
+def test_passing_content_headers_are_remembered_only_when_short():
+    body._check_remembered.cache_clear()
+    body.check_headers([b"application/json"], [b"identity"])
+    assert body._check_remembered.cache_info().currsize == 1
+    long_type = b"application/json; x=" + b"a" * 4096
+    body.check_headers([long_type], [])
+    body.check_headers([b"application/json"], [b" " * 4096])
+    assert body._check_remembered.cache_info().currsize == 1
+    with pytest.raises(UnsupportedMediaType):  # refusals are never remembered
+        body.check_headers([b"text/plain"], [])
+    with pytest.raises(UnsupportedMediaType):
+        body.check_headers([b"text/plain"], [])
+    assert body._check_remembered.cache_info().currsize == 1
