@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import sys
 import time
+from collections.abc import Mapping
 from typing import Final
 
 import orjson
@@ -28,18 +29,89 @@ class JsonFormatter(logging.Formatter):
             self._stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
         return f"{self._stamp}.{int((created - second) * 1000):03d}Z"
 
-    def format(self, record: logging.LogRecord) -> str:
-        line = {
-            "time": self._time(record.created),
-            "level": record.levelname.lower(),
-            "logger": record.name,
-            "message": record.getMessage(),
+    def line(
+        self,
+        created: float,
+        level: str,
+        logger: str,
+        message: str,
+        fields: Mapping[str, object],
+        *,
+        exception: str | None = None,
+    ) -> str:
+        """One log line: the time, level, logger and message, then ``fields``."""
+        line: dict[str, object] = {
+            "time": self._time(created),
+            "level": level,
+            "logger": logger,
+            "message": message,
         }
-        line.update({k: v for k, v in vars(record).items() if k not in _STANDARD})
-        if record.exc_info:
-            line["exception"] = self.formatException(record.exc_info)
+        line.update(fields)
+        if exception:
+            line["exception"] = exception
         # orjson: a decision line is written per stripped or denied request.
         return orjson.dumps(line, default=str).decode()
+
+    def format(self, record: logging.LogRecord) -> str:
+        fields = {k: v for k, v in vars(record).items() if k not in _STANDARD}
+        exception = self.formatException(record.exc_info) if record.exc_info else None
+        return self.line(
+            record.created,
+            record.levelname.lower(),
+            record.name,
+            record.getMessage(),
+            fields,
+            exception=exception,
+        )
+
+
+class JsonHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """Writes JSON lines to a stream; ``info`` hands it lines without a LogRecord."""
+
+    def write_line(self, logger: str, message: str, fields: Mapping[str, object]) -> None:
+        formatter = self.formatter
+        assert isinstance(formatter, JsonFormatter)
+        line = formatter.line(time.time(), "info", logger, message, fields)
+        with self.lock:  # type: ignore[union-attr]  # created by Handler.__init__
+            self.stream.write(line + self.terminator)
+            self.stream.flush()
+
+
+def _sole_handler(logger: logging.Logger) -> JsonHandler | None:
+    """The JSON handler when it is the only one an INFO line of ``logger`` reaches,
+    with no filter on the way; None otherwise (another handler, a filter, a formatter
+    of someone else's: the line then takes the logging machinery)."""
+    found: JsonHandler | None = None
+    node: logging.Logger | None = logger
+    while node is not None:
+        if node.filters:
+            return None
+        for handler in node.handlers:
+            if (
+                found is not None
+                or type(handler) is not JsonHandler
+                or handler.filters
+                or handler.level > logging.INFO
+                or type(handler.formatter) is not JsonFormatter
+            ):
+                return None
+            found = handler
+        node = node.parent if node.propagate else None
+    return found
+
+
+def info(logger: logging.Logger, message: str, fields: Mapping[str, object]) -> None:
+    """``logger.info(message, extra=fields)``. When the line reaches the JSON handler
+    alone, it is written straight to it, the same line without building a LogRecord or
+    walking the handler chain (a quarter of the cost: one is written per stripped or
+    denied request)."""
+    if not logger.isEnabledFor(logging.INFO):
+        return
+    handler = _sole_handler(logger)
+    if handler is None:
+        logger.info(message, extra=fields)
+    else:
+        handler.write_line(logger.name, message, fields)
 
 
 def configure(level: str) -> None:
@@ -49,7 +121,7 @@ def configure(level: str) -> None:
     logging.logThreads = False
     logging.logProcesses = False
     logging.logMultiprocessing = False
-    handler = logging.StreamHandler(sys.stderr)
+    handler = JsonHandler(sys.stderr)
     handler.setFormatter(JsonFormatter())
     root = logging.getLogger()
     root.handlers[:] = [handler]

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import grpc
 
-from ext_proc import policy
+from ext_proc import logs, policy
 from ext_proc._pb import external_processor_pb2 as pb
 from ext_proc._pb import external_processor_pb2_grpc as pb_grpc
 from ext_proc.attributes import attribute_keys
@@ -226,9 +226,10 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc
         self.metrics.decided(outcome.route, decision.action, decision.reason, outcome.mode, size)
         if isinstance(decision, policy.Allow) and decision.id_count == 0:
             return
-        log.info(
+        logs.info(
+            log,
             "decision",
-            extra={
+            {
                 "request_id": outcome.request_id,
                 "route": outcome.route,
                 "action": decision.action,
