@@ -239,15 +239,18 @@ def _set(mutation: pb.HeaderMutation, key: str, value: bytes) -> None:
     option.append_action = option.OVERWRITE_IF_EXISTS_OR_ADD
 
 
-def _continue_body(common: pb.CommonResponse, replacement: bytes | None) -> None:
+def _continue_body(
+    common: pb.CommonResponse, replacement: bytes | None, length_header: bool = True
+) -> None:
     common.SetInParent()
     if replacement is not None:
         common.status = common.CONTINUE_AND_REPLACE
         common.body_mutation.body = replacement
-        # Buffered mode with headers already seen (request or response): Envoy forwards
-        # the original content-length unless told otherwise, and answers 500 on the
-        # mismatch.
-        _set(common.header_mutation, "content-length", str(len(replacement)).encode())
+        if length_header:
+            # Buffered mode with headers already seen (request or response): Envoy
+            # forwards the original content-length unless told otherwise, and answers
+            # 500 on the mismatch.
+            _set(common.header_mutation, "content-length", str(len(replacement)).encode())
 
 
 def encode(answer: Answer) -> pb.ProcessingResponse:
@@ -255,7 +258,7 @@ def encode(answer: Answer) -> pb.ProcessingResponse:
     if isinstance(answer, ContinueHeaders):
         response.request_headers.SetInParent()
     elif isinstance(answer, ContinueBody):
-        _continue_body(response.request_body.response, answer.replacement)
+        _continue_body(response.request_body.response, answer.replacement, answer.length_header)
     elif isinstance(answer, StreamedBody):
         streamed = response.request_body.response.body_mutation.streamed_response
         streamed.body = answer.chunk

@@ -134,9 +134,12 @@ class ContinueHeaders:
 
 @dataclass(frozen=True, slots=True)
 class ContinueBody:
-    """Let the body through; ``replacement`` (with its content-length) when rewritten."""
+    """Let the body through; ``replacement`` when rewritten, with its content-length
+    unless ``length_header`` is false: Envoy applies no header mutation to a body whose
+    headers it skipped (request_header_mode SKIP), and drops content-length itself."""
 
     replacement: bytes | None = None
+    length_header: bool = True
 
 
 @dataclass(frozen=True, slots=True)

@@ -366,7 +366,9 @@ class Stream:
         replacement = self._decide(event.chunk)
         if isinstance(replacement, Refusal):
             return replacement
-        return [_UNCHANGED if replacement is None else ContinueBody(replacement)]
+        if replacement is None:
+            return [_UNCHANGED]
+        return [ContinueBody(replacement, length_header=event.preamble is None)]
 
     def _on_chunk(self, event: Event) -> list[Answer] | Refusal:
         assert isinstance(event, RequestBody)

@@ -147,6 +147,14 @@ def test_encode_replaced_body_sets_content_length_as_raw_value():
     assert option.header.value == ""
 
 
+def test_encode_replaced_body_of_skipped_headers_has_no_header_mutation():
+    response = encode(ContinueBody(b'{"a":1}', length_header=False))
+    common = response.request_body.response
+    assert common.status == common.CONTINUE_AND_REPLACE
+    assert common.body_mutation.body == b'{"a":1}'
+    assert not common.HasField("header_mutation")
+
+
 def test_encode_reject():
     response = encode(Reject(400, b'{"error":{}}', "token_policy_x"))
     immediate = response.immediate_response

@@ -82,6 +82,7 @@ def test_strip_flow():
     action = only(stream.handle(RequestBody(IDS.encode(), True)))
     assert isinstance(action, ContinueBody)
     assert json.loads(action.replacement) == STRIPPED
+    assert action.length_header  # the headers Envoy holds get the new content-length
     assert isinstance(stream.decision, Strip)
     assert stream.state is State.DONE
 
@@ -570,6 +571,8 @@ def test_headerless_body_is_decided_in_one_message():
     (action,) = stream.handle(first_body(IDS.encode()))
     assert isinstance(action, ContinueBody)
     assert json.loads(action.replacement) == STRIPPED
+    # Envoy skipped the headers: it applies no header mutation and drops content-length.
+    assert not action.length_header
     assert stream.state is State.DONE
     assert stream.route_name == ""
 
