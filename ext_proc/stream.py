@@ -271,16 +271,18 @@ class Stream:
         total = memory.cost(len(raw), shape.values) + memory.slow_extra(len(raw))
         return functools.partial(self._charge, total)
 
-    def _admit(self, raw: bytes) -> body.Shape | Refusal:
-        """The shape of a whole body, once its parsed cost is charged (413 for too many
-        values, 503 when the budget cannot hold it)."""
+    def _admit(self, raw: bytes) -> body.Shape:
+        """The shape of a whole body, once its parsed cost is charged (raises
+        ``PayloadTooLarge`` for too many values, ``ServiceUnavailable`` when the budget
+        cannot hold it)."""
         shape = body.scan(raw, self._max_json_values)
         if shape.values > self._max_json_values:
-            return PayloadTooLarge(
+            raise PayloadTooLarge(
                 f"request body holds more than {self._max_json_values} JSON values",
                 reason="body_too_complex",
-            ).refusal()
-        return _attempt(self._charge, memory.cost(len(raw), shape.values)) or shape
+            )
+        self._charge(memory.cost(len(raw), shape.values))
+        return shape
 
     def _on_headers(self, event: Event) -> list[Answer] | Refusal:
         assert isinstance(event, RequestHeaders)
@@ -436,32 +438,30 @@ class Stream:
         self._body_size = len(raw)
         if self._held_refusal is not None:
             return self._refused(self._held_refusal)
+        result = _attempt(self._inspect, raw)
+        return self._refused(result) if isinstance(result, Refusal) else result
+
+    def _inspect(self, raw: bytes) -> bytes | Refusal | None:
+        """``_decide``'s work: the policy's refusal is returned, the refusals of
+        charging, parsing, the prompt digest (a body too deep) and rewriting (a body too
+        deep to write back) are raised."""
         if self._policy.action is not Action.MINT and body.lacks_key(raw, KV_KEY):
             # Nothing to judge or rewrite: the body is forwarded as it came, unparsed
             # (a mint route parses every request for its prompt digest).
-            refused = _attempt(self._charge, memory.held(len(raw)))
-            if refused is not None:
-                return self._refused(refused)
+            self._charge(memory.held(len(raw)))
             self._decision = policy.NO_PARAMS
             return None
         shape = self._admit(raw)
-        if isinstance(shape, Refusal):
-            return self._refused(shape)
         slow = self._slow_path(raw, shape)
-        parsed = _attempt(body.parse, raw, shape, slow, lift_ids=True)
-        if isinstance(parsed, Refusal):
-            return self._refused(parsed)
-        decision = _attempt(self._judge, parsed)
-        if isinstance(decision, Refusal):  # the prompt digest found the body too deep
-            return self._refused(decision)
+        parsed = body.parse(raw, shape, slow, lift_ids=True)
+        decision = self._judge(parsed)
         self._decision = decision
         if self._audit:
             return None
         if isinstance(decision, policy.Deny):
             return decision.refusal
         if isinstance(decision, policy.Strip):
-            # A body too deep to write back is refused here, like any other refusal.
-            return _attempt(body.without, parsed, KV_KEY, decision.keys, slow)
+            return body.without(parsed, KV_KEY, decision.keys, slow)
         return None
 
     def _refused(self, refusal: Refusal) -> Refusal | None:
@@ -475,7 +475,7 @@ class Stream:
     def _judge(self, parsed: body.Parsed) -> policy.Decision:
         """The policy's decision; the prompt digest is rendered only when needed (a
         proof to check) or kept for the response (a mint route). Rendering it may raise
-        ``BadRequest`` for a body too deep, which ``_attempt`` converts."""
+        ``BadRequest`` for a body too deep."""
         digest = _Once(functools.partial(proof.prompt_digest, parsed.document, parsed.orjson_safe))
         if self._policy.action is Action.MINT:
             self._digest = digest()
@@ -529,7 +529,8 @@ class Stream:
         if self._mint_refused is not None:
             return policy.Allow(self._mint_refused), None
         assert self._digest is not None
-        shape = self._too_large(len(raw)) or self._admit(raw)
+        too_large = self._too_large(len(raw))
+        shape = too_large if too_large is not None else _attempt(self._admit, raw)
         if isinstance(shape, Refusal):
             return policy.Allow("response_not_affordable"), None
         slow = self._slow_path(raw, shape)
