@@ -25,7 +25,7 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from ext_proc import allocator
+from ext_proc import allocator, logs
 from ext_proc._pb import external_processor_pb2 as pb
 from ext_proc._pb import external_processor_pb2_grpc as pb_grpc
 from ext_proc.address import UNIX_PREFIX, HostPort
@@ -236,8 +236,11 @@ class Server:
 
     @staticmethod
     async def _sample(processor: ExternalProcessor) -> None:
+        """Every ``SAMPLE_SECONDS``: the in-flight gauges are sampled and the batched
+        log lines written."""
         while True:
             processor.sample_metrics()
+            logs.flush()
             await asyncio.sleep(SAMPLE_SECONDS)
 
     async def serve(self) -> None:
@@ -283,6 +286,7 @@ class Server:
             await self.running.server.stop(None)
         if self.metrics is not None:
             await asyncio.to_thread(self.metrics.close)
+        logs.flush()
 
 
 def run(config: Config, *, worker: bool = False) -> int:

@@ -33,7 +33,8 @@ def test_lines_carry_the_time_to_the_millisecond_and_the_extra_fields():
 
 @pytest.fixture
 def configured(monkeypatch):
-    """logs.configure() writing to a buffer; the root logger restored afterwards."""
+    """logs.configure() writing to a buffer; the root logger restored afterwards. Call
+    ``alone()`` first in the test: pytest adds its own handler for the test's call."""
     root = logging.getLogger()
     saved = root.handlers[:], root.level
     buffer = io.StringIO()
@@ -44,6 +45,12 @@ def configured(monkeypatch):
     root.setLevel(saved[1])
 
 
+def alone():
+    """The JSON handler as the root logger's only one (as the command line leaves it)."""
+    root = logging.getLogger()
+    root.handlers[:] = [h for h in root.handlers if type(h) is logs.JsonHandler]
+
+
 FIELDS = {"request_id": "r-1", "route": "aggregated", "action": "strip", "id_count": 3}
 
 
@@ -52,6 +59,7 @@ def lines(buffer):
 
 
 def test_info_writes_what_the_logging_machinery_writes(configured):
+    alone()
     log = logging.getLogger("ext_proc.decision")
     logs.info(log, "decision", FIELDS)
     log.info("decision", extra=FIELDS)
@@ -64,6 +72,7 @@ def test_info_writes_what_the_logging_machinery_writes(configured):
 
 
 def test_info_goes_through_logging_when_another_handler_or_a_filter_is_on_the_way(configured):
+    alone()
     log = logging.getLogger("ext_proc.decision")
     seen = []
     extra = logging.Handler()
@@ -72,15 +81,70 @@ def test_info_goes_through_logging_when_another_handler_or_a_filter_is_on_the_wa
     logs.info(log, "decision", FIELDS)
     assert [r.route for r in seen] == ["aggregated"]
     logging.getLogger().removeHandler(extra)
+    second = logs.JsonHandler(io.StringIO())
+    second.setFormatter(JsonFormatter())
+    logging.getLogger().addHandler(second)
+    logs.info(log, "decision", FIELDS)
+    assert [line["route"] for line in lines(second.stream)] == ["aggregated"]
+    logging.getLogger().removeHandler(second)
     log.addFilter(lambda record: False)
     try:
         logs.info(log, "decision", FIELDS)
     finally:
         log.filters.clear()
-    assert len(lines(configured)) == 1  # the first line only: the filter dropped the second
+    logs.flush()
+    assert len(lines(configured)) == 2  # the filter dropped the third line
 
 
 def test_info_respects_the_level(configured):
+    alone()
     logging.getLogger().setLevel("WARNING")
     logs.info(logging.getLogger("ext_proc.decision"), "decision", FIELDS)
+    assert configured.getvalue() == ""
+
+
+def test_lines_from_info_are_batched_until_flushed(configured):
+    alone()
+    log = logging.getLogger("ext_proc.decision")
+    logs.info(log, "decision", FIELDS)
+    logs.info(log, "decision", {**FIELDS, "request_id": "r-2"})
+    assert configured.getvalue() == ""
+    logs.flush()
+    assert [line["request_id"] for line in lines(configured)] == ["r-1", "r-2"]
+
+
+def test_a_batch_is_written_before_any_other_record(configured):
+    alone()
+    logs.info(logging.getLogger("ext_proc.decision"), "decision", FIELDS)
+    logging.getLogger("ext_proc.server").warning("forced stop")
+    assert [line["message"] for line in lines(configured)] == ["decision", "forced stop"]
+
+
+def test_a_batch_is_written_once_full_or_once_its_first_line_waited(configured, monkeypatch):
+    alone()
+    log = logging.getLogger("ext_proc.decision")
+    for _ in range(logs.BATCH_LINES - 1):
+        logs.info(log, "decision", FIELDS)
+    assert configured.getvalue() == ""
+    logs.info(log, "decision", FIELDS)
+    assert len(lines(configured)) == logs.BATCH_LINES
+    now = time.time()
+    monkeypatch.setattr(logs.time, "time", lambda: now)
+    logs.info(log, "decision", FIELDS)
+    assert len(lines(configured)) == logs.BATCH_LINES
+    monkeypatch.setattr(logs.time, "time", lambda: now + logs.FLUSH_SECONDS)
+    logs.info(log, "decision", FIELDS)
+    assert len(lines(configured)) == logs.BATCH_LINES + 2
+
+
+def test_a_failing_stream_loses_the_batch_without_raising(configured, monkeypatch):
+    alone()
+    monkeypatch.setattr(logging, "raiseExceptions", False)
+    logs.info(logging.getLogger("ext_proc.decision"), "decision", FIELDS)
+    (handler,) = logging.getLogger().handlers
+    handler.stream = io.StringIO()
+    handler.stream.close()  # writing raises ValueError
+    logs.flush()  # reported by logging, not raised
+    handler.stream = configured
+    logs.flush()
     assert configured.getvalue() == ""

@@ -52,9 +52,18 @@ def access_log(stack: Stack, request_id: str) -> dict:
     raise AssertionError(f"no access log line for {request_id}")
 
 
-def decision_logs(stack: Stack) -> list[dict]:
-    lines = [json.loads(x) for x in stack.logs("processor").splitlines() if x.startswith("{")]
-    return [line for line in lines if line.get("message") == "decision"]
+def decision_logs(stack: Stack, request_ids: set[str]) -> list[dict]:
+    """The processor's decision lines, once those of ``request_ids`` are among them
+    (they are written in batches, within a second)."""
+    deadline = time.monotonic() + 5
+    while True:
+        lines = [json.loads(x) for x in stack.logs("processor").splitlines() if x[:1] == "{"]
+        decisions = [line for line in lines if line.get("message") == "decision"]
+        if request_ids <= {d.get("request_id") for d in decisions}:
+            return decisions
+        if time.monotonic() > deadline:
+            raise AssertionError(f"no decision line for {request_ids}")
+        time.sleep(0.1)
 
 
 # One request per outcome: (path, kv_transfer_params, status, route, action, reason, ids).
@@ -108,7 +117,9 @@ def test_decisions_are_counted_logged_and_in_the_access_log(gateway):
     assert received["decisions-none"] == sent["none"]
 
     # A decision log line for every outcome but an allow without ids.
-    decisions = decision_logs(gateway)
+    decisions = decision_logs(
+        gateway, {f"decisions-{name}" for name in DECISIONS} - {"decisions-none"}
+    )
     for name, (_, _, _, route, action, reason, count) in DECISIONS.items():
         logged = [d for d in decisions if d["request_id"] == f"decisions-{name}"]
         if name == "none":
