@@ -63,9 +63,11 @@ class RawIds:
         limit = str(bound - 1).encode()
         digits = _digits(self.text)
         is_digit = digits < 10
-        if bool(_runs(is_digit, len(limit) + 1).any()):
-            return True
         same = _runs(is_digit, len(limit))
+        if not same.any():  # every id is shorter than the limit
+            return False
+        if bool((same[:-1] & is_digit[len(limit) :]).any()):  # one is longer
+            return True
         for place, digit in enumerate(limit):
             column = digits[place : place + len(same)]
             if bool((same & (column > digit - _ZERO)).any()):
