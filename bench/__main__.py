@@ -34,8 +34,11 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--smoke", action="store_true", help="a tiny subset, ~1 s per cell (for CI)"
     )
-    parser.add_argument("--duration", type=int, help="seconds per cell (full 10, smoke 1)")
-    parser.add_argument("--warmup", type=int, help="warm-up seconds per cell (full 2, smoke 0)")
+    parser.add_argument("--duration", type=int, help="seconds per round (full 4, smoke 1)")
+    parser.add_argument("--warmup", type=int, help="warm-up seconds per round (full 1, smoke 0)")
+    parser.add_argument(
+        "--rounds", type=int, help="rounds per cell, every arrangement once each (full 3, smoke 1)"
+    )
     parser.add_argument(
         "--cells",
         choices=("matrix", "targets"),
@@ -90,9 +93,21 @@ def _plan(args: argparse.Namespace) -> run.Plan:
             args.decisions or bodies.DECISIONS,
             args.concurrency or run.CONCURRENCY,
         )
-    seconds = args.duration if args.duration is not None else (1 if args.smoke else 10)
-    warmup = args.warmup if args.warmup is not None else (0 if args.smoke else 2)
-    return run.Plan(cells, args.workers, seconds, warmup, args.smoke, args.threads, selection)
+    seconds = args.duration if args.duration is not None else (1 if args.smoke else 4)
+    warmup = args.warmup if args.warmup is not None else (0 if args.smoke else 1)
+    rounds = args.rounds if args.rounds is not None else (1 if args.smoke else 3)
+    if rounds < 1:
+        raise SystemExit("--rounds must be 1 or more")
+    return run.Plan(
+        cells,
+        args.workers,
+        seconds,
+        warmup,
+        args.smoke,
+        threads=args.threads,
+        selection=selection,
+        rounds=rounds,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

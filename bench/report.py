@@ -201,6 +201,9 @@ def _check(
     ratio = a / b if a is not None and b is not None and b > 0 else None
     digits = measure.digits
     detail = f"{_num(a, digits)} vs floor {_num(b, digits)} {measure.unit}"
+    per_round = _round_ratios(measure, mine, floor, group.get("direct"))
+    if len(per_round) > 1:
+        detail += " (rounds " + ", ".join(f"{r:.2f}x" for r in per_round) + ")"
     if missing:
         status, detail = "not measured", "not measured: " + ", ".join(missing)
     elif ratio is None:
@@ -222,9 +225,33 @@ def _check(
         "floor_value": b,
         "unit": measure.unit,
         "detail": detail,
+        "rounds": per_round,
         "status": status,
         "informational": informational,
     }
+
+
+def _round_ratios(
+    measure: Measure, mine: Record | None, floor: Record | None, direct: Record | None
+) -> list[float]:
+    """The default's figure over the floor's in each round (the arrangements' rounds
+    are paired by their order); empty when a record has no rounds."""
+    if mine is None or floor is None or "rounds" not in mine or "rounds" not in floor:
+        return []
+    if measure is ADDED_P50:
+        if direct is None or "rounds" not in direct:
+            return []
+        base = [r["p50_ms"] for r in direct["rounds"]]
+        a = [r["p50_ms"] - d for r, d in zip(mine["rounds"], base, strict=False)]
+        b = [r["p50_ms"] - d for r, d in zip(floor["rounds"], base, strict=False)]
+    else:
+        a = [r.get(measure.field) for r in mine["rounds"]]
+        b = [r.get(measure.field) for r in floor["rounds"]]
+    return [
+        round(x / y, 3)
+        for x, y in zip(a, b, strict=False)
+        if x is not None and y is not None and y > 0
+    ]
 
 
 def target_rows(results: dict[str, Any]) -> list[Record]:
@@ -343,9 +370,12 @@ def markdown(results: dict[str, Any]) -> str:
         "",
         f"Started {meta['started']} on {meta['cpus']} CPUs ({meta['machine']}); "
         f"Python {meta['python']}; {meta['envoy']}; {meta['nginx']}; {meta['wrk']}.",
-        f"Each cell: {meta['seconds_per_cell']} s of closed-loop HTTP/1.1 keep-alive load "
-        f"from wrk ({meta['wrk_threads']} thread) after {meta['warmup_seconds']} s of "
-        "warm-up, arrangements measured one after another in rotating order.",
+        f"Each cell: {meta.get('rounds', 1)} round(s), each arrangement once per round: "
+        f"{meta['seconds_per_cell']} s of closed-loop HTTP/1.1 keep-alive load from wrk "
+        f"({meta['wrk_threads']} thread) after {meta['warmup_seconds']} s of warm-up, "
+        "arrangements one after another in an order that rotates from round to round. "
+        "Each figure is the median over the rounds; the targets also show each round's "
+        "ratio (the arrangements of one round ran within seconds of each other).",
         "",
         "Arrangements, each behind its own Envoy (`--concurrency 1`, rendered from "
         "`envoy/envoy.yaml` or the arrangement's config) in front of one nginx answering a "

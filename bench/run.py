@@ -7,6 +7,7 @@ import itertools
 import os
 import platform
 import shutil
+import statistics
 import sys
 import tempfile
 from collections import Counter
@@ -40,10 +41,13 @@ class Cell:
 class Plan:
     cells: tuple[Cell, ...]
     workers: tuple[int, ...]
-    seconds: int
-    warmup: int
+    seconds: int  # per round
+    warmup: int  # per round
     smoke: bool
     threads: int = 1
+    # Each cell is measured in rounds, every arrangement once per round, and reported by
+    # its medians: a drift of the shared machine then moves every arrangement alike.
+    rounds: int = 1
     # Which cells: "matrix" (a product of sizes, decisions, concurrencies), "smoke" or
     # "targets" (what bench/report.py judges; the `naive` arrangement is then skipped,
     # no target reads it).
@@ -105,6 +109,7 @@ def _meta(plan: Plan, paths: dict[str, str], flag: bool) -> dict[str, Any]:
         "cells": plan.selection,
         "seconds_per_cell": plan.seconds,
         "warmup_seconds": plan.warmup,
+        "rounds": plan.rounds,
         "wrk_threads": plan.threads,
         "cpus": os.cpu_count(),
         "machine": platform.platform(),
@@ -133,6 +138,57 @@ def _decided(before: Counter[str] | None, after: Counter[str] | None) -> str | N
     return ",".join(sorted((after - before).elements())) or "no decision"
 
 
+# Per round: the fields that take the median over the rounds, those that add up, and the
+# one kept round by round in the record (with the CPU fields) to show the spread.
+_MEDIAN = ("rps", "p50_ms", "p90_ms", "p99_ms", "mean_ms")
+_SUM = ("requests", "seconds", "non_2xx", "socket_errors")
+_ROUND = ("rps", "p50_ms")
+
+
+def combine(rounds: list[dict[str, Any]]) -> dict[str, Any]:
+    """One arrangement's measurements of one cell, a dict per round (``Measurement``
+    fields and CPU per request), as one: medians, totals, the largest latency, and
+    each round's figures under ``rounds``."""
+    cpu_fields = sorted(k for k in rounds[0] if k.endswith("_cpu_ms_per_req"))
+    combined: dict[str, Any] = {}
+    for field in (*_MEDIAN, *cpu_fields):
+        combined[field] = round(statistics.median(r[field] for r in rounds), 4)
+    for field in _SUM:
+        combined[field] = sum(r[field] for r in rounds)
+    combined["max_ms"] = max(r["max_ms"] for r in rounds)
+    combined["rounds"] = [{k: r[k] for k in (*_ROUND, *cpu_fields)} for r in rounds]
+    return combined
+
+
+def _round(
+    bench: stack.BenchStack,
+    plan: Plan,
+    wrk: str,
+    name: str,
+    *,
+    url: str,
+    lua: Path,
+    concurrency: int,
+) -> dict[str, Any]:
+    """One arrangement under load for one round: its measurement and CPU per request."""
+    if plan.warmup:
+        load.run(wrk, url, lua, concurrency=concurrency, seconds=plan.warmup, threads=plan.threads)
+    pids = _pids(bench, name)
+    before = {role: cpu.tree_seconds(pid) for role, pid in pids.items()}
+    result = load.run(
+        wrk, url, lua, concurrency=concurrency, seconds=plan.seconds, threads=plan.threads
+    )
+    return {
+        **result.as_dict(),
+        **{
+            f"{role}_cpu_ms_per_req": round(
+                1000 * (cpu.tree_seconds(pid) - before[role]) / max(result.requests, 1), 4
+            )
+            for role, pid in pids.items()
+        },
+    }
+
+
 def _measure(
     bench: stack.BenchStack,
     plan: Plan,
@@ -144,42 +200,28 @@ def _measure(
     for number, cell in enumerate(plan.cells):
         body = bodies.build(cell.body, cell.decision)
         lua = scripts[cell.body, cell.decision]
-        # Rotate the order so no arrangement always runs first after a change of body.
-        turn = number % len(names)
-        for name in names[turn:] + names[:turn]:
+        probes = {}
+        for name in names:
             running = bench.running[name]
-            url = running.url(body.path)
-            expected = body.expected_status(running.arrangement.polices)
             before_probe = running.decisions()
             status = stack.probe(running.gateway, body.path, body.data)
-            decided = _decided(before_probe, running.decisions())
-            if plan.warmup:
-                load.run(
-                    wrk,
-                    url,
-                    lua,
-                    concurrency=cell.concurrency,
-                    seconds=plan.warmup,
-                    threads=plan.threads,
+            probes[name] = status, _decided(before_probe, running.decisions())
+        rounds: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
+        for turn in range(number, number + plan.rounds):
+            # Rotate the order so no arrangement always runs first after a change of body.
+            start = turn % len(names)
+            for name in names[start:] + names[:start]:
+                url = bench.running[name].url(body.path)
+                rounds[name].append(
+                    _round(bench, plan, wrk, name, url=url, lua=lua, concurrency=cell.concurrency)
                 )
-            pids = _pids(bench, name)
-            before = {role: cpu.tree_seconds(pid) for role, pid in pids.items()}
-            result = load.run(
-                wrk,
-                url,
-                lua,
-                concurrency=cell.concurrency,
-                seconds=plan.seconds,
-                threads=plan.threads,
-            )
-            cpu_ms = {
-                f"{role}_cpu_ms_per_req": round(
-                    1000 * (cpu.tree_seconds(pid) - before[role]) / max(result.requests, 1), 4
-                )
-                for role, pid in pids.items()
-            }
-            wrong = result.requests - result.non_2xx if expected >= 400 else result.non_2xx
-            ok = status == expected and wrong == 0 and result.socket_errors == 0
+        for name in names:
+            expected = body.expected_status(bench.running[name].arrangement.polices)
+            status, decided = probes[name]
+            result = combine(rounds[name])
+            requests, non_2xx = result["requests"], result["non_2xx"]
+            wrong = requests - non_2xx if expected >= 400 else non_2xx
+            ok = status == expected and wrong == 0 and result["socket_errors"] == 0
             ok = ok and decided in (None, body.expected_reason)
             records.append(
                 {
@@ -194,14 +236,13 @@ def _measure(
                     "probe_status": status,
                     "probe_reason": decided,
                     "ok": ok,
-                    **result.as_dict(),
-                    **cpu_ms,
+                    **result,
                 }
             )
             _log(
                 f"{cell.body:>3} {cell.decision:<12} c={cell.concurrency:<2} {name:<10} "
-                f"p50 {result.p50_ms:8.3f} ms  p99 {result.p99_ms:8.3f} ms  "
-                f"{result.rps:9.1f} req/s{'' if ok else '  (unexpected answers)'}"
+                f"p50 {result['p50_ms']:8.3f} ms  p99 {result['p99_ms']:8.3f} ms  "
+                f"{result['rps']:9.1f} req/s{'' if ok else '  (unexpected answers)'}"
             )
     return records
 
@@ -219,7 +260,10 @@ def run(plan: Plan, out: Path) -> Path:
         path.write_bytes(bodies.build(size, decision).data)
         scripts[size, decision] = load.script(workdir, path)
     names = [a.name for a in chosen]
-    _log(f"{len(plan.cells)} cells x {names}, {plan.seconds} s each; logs in {workdir}")
+    _log(
+        f"{len(plan.cells)} cells x {names}, {plan.rounds} round(s) of {plan.seconds} s each; "
+        f"logs in {workdir}"
+    )
     with stack.BenchStack(workdir, paths["nginx"], chosen, serve_options=options) as bench:
         records = _measure(bench, plan, paths["wrk"], scripts, names)
         envoy_stats = {name: bench.running[name].stats() for name in names}

@@ -163,6 +163,25 @@ def test_a_row_shows_the_ratio_the_threshold_and_both_figures() -> None:
     assert row["status"] == "missed"
 
 
+def test_a_row_shows_each_rounds_ratio_paired_by_round() -> None:
+    results = _results()
+    key = ("2k", "strip", 32)
+    _set(results, key, DEFAULT, rounds=[{"rps": 3000.0}, {"rps": 3300.0}])
+    _set(results, key, report.FLOOR, rounds=[{"rps": 5000.0}, {"rps": 5500.0}])
+    _set(results, ("1m", "honor", 1), DEFAULT, rounds=[{"p50_ms": 2.25}, {"p50_ms": 1.75}])
+    _set(results, ("1m", "honor", 1), report.FLOOR, rounds=[{"p50_ms": 1.25}, {"p50_ms": 1.5}])
+    _set(results, ("1m", "honor", 1), "direct", rounds=[{"p50_ms": 0.25}, {"p50_ms": 0.5}])
+    rows, _ = _judge(results)
+    strip = next(r for r in rows if r["cell"] == "2 KiB strip c=32")
+    assert strip["rounds"] == [0.6, 0.6]
+    assert strip["detail"].endswith("(rounds 0.60x, 0.60x)")
+    honor = next(r for r in rows if r["cell"].startswith("1 MiB honor c=1"))
+    assert honor["rounds"] == [2.0, 1.25]  # each round's added p50 over its own direct
+    allow = next(r for r in rows if r["cell"] == "2 KiB allow c=1")
+    assert allow["rounds"] == []  # records without rounds: nothing to pair
+    assert "rounds" not in allow["detail"]
+
+
 def test_a_target_without_its_cell_is_not_measured() -> None:
     results = _results(cells=tuple(k for k in report.TARGET_CELLS if k != ("1m", "allow", 1)))
     rows, status = _judge(results)

@@ -1,0 +1,49 @@
+"""How bench/run.py folds an arrangement's rounds into one record (no process)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from bench import run
+
+
+def _round(rps: float, p50: float, processor: float, requests: int) -> dict[str, Any]:
+    return {
+        "requests": requests,
+        "seconds": 4.0,
+        "rps": rps,
+        "p50_ms": p50,
+        "p90_ms": p50 * 2,
+        "p99_ms": p50 * 3,
+        "mean_ms": p50,
+        "max_ms": p50 * 10,
+        "non_2xx": 1,
+        "socket_errors": 0,
+        "processor_cpu_ms_per_req": processor,
+        "envoy_cpu_ms_per_req": processor / 2,
+    }
+
+
+def test_rounds_fold_into_medians_totals_and_the_largest_latency() -> None:
+    rounds = [_round(100, 3.0, 0.5, 400), _round(300, 1.0, 0.1, 1200), _round(200, 2.0, 0.3, 800)]
+    combined = run.combine(rounds)
+    assert (combined["rps"], combined["p50_ms"], combined["p99_ms"]) == (200, 2.0, 6.0)
+    assert combined["processor_cpu_ms_per_req"] == 0.3
+    assert combined["envoy_cpu_ms_per_req"] == 0.15
+    assert (combined["requests"], combined["seconds"], combined["non_2xx"]) == (2400, 12.0, 3)
+    assert combined["max_ms"] == 30.0
+    assert [r["rps"] for r in combined["rounds"]] == [100, 300, 200]
+    assert combined["rounds"][0] == {
+        "rps": 100,
+        "p50_ms": 3.0,
+        "processor_cpu_ms_per_req": 0.5,
+        "envoy_cpu_ms_per_req": 0.25,
+    }
+
+
+def test_one_round_is_its_own_record() -> None:
+    (only,) = rounds = [_round(100, 3.0, 0.5, 400)]
+    combined = run.combine(rounds)
+    assert {k: combined[k] for k in only if k != "seconds"} == {
+        k: v for k, v in only.items() if k != "seconds"
+    }
