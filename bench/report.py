@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import re
+import statistics
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
@@ -199,11 +200,16 @@ def _check(
     a = None if mine is None else mine.get(measure.field)
     b = None if floor is None else floor.get(measure.field)
     ratio = a / b if a is not None and b is not None and b > 0 else None
+    per_round = _round_ratios(measure, mine, floor, group.get("direct"))
+    if per_round:
+        # Rounds pair figures measured seconds apart: the median of their ratios is
+        # what a drift of the machine moves least.
+        ratio = statistics.median(per_round)
     digits = measure.digits
     detail = f"{_num(a, digits)} vs floor {_num(b, digits)} {measure.unit}"
-    per_round = _round_ratios(measure, mine, floor, group.get("direct"))
     if len(per_round) > 1:
-        detail += " (rounds " + ", ".join(f"{r:.2f}x" for r in per_round) + ")"
+        detail = "medians " + detail
+        detail += "; rounds " + ", ".join(f"{r:.2f}x" for r in per_round)
     if missing:
         status, detail = "not measured", "not measured: " + ", ".join(missing)
     elif ratio is None:
@@ -235,21 +241,26 @@ def _round_ratios(
     measure: Measure, mine: Record | None, floor: Record | None, direct: Record | None
 ) -> list[float]:
     """The default's figure over the floor's in each round (the arrangements' rounds
-    are paired by their order); empty when a record has no rounds."""
+    are paired by their order); empty when a record has no rounds or they differ in
+    number."""
     if mine is None or floor is None or "rounds" not in mine or "rounds" not in floor:
+        return []
+    if len(mine["rounds"]) != len(floor["rounds"]):
         return []
     if measure is ADDED_P50:
         if direct is None or "rounds" not in direct:
             return []
+        if len(direct["rounds"]) != len(mine["rounds"]):
+            return []
         base = [r["p50_ms"] for r in direct["rounds"]]
-        a = [r["p50_ms"] - d for r, d in zip(mine["rounds"], base, strict=False)]
-        b = [r["p50_ms"] - d for r, d in zip(floor["rounds"], base, strict=False)]
+        a = [r["p50_ms"] - d for r, d in zip(mine["rounds"], base, strict=True)]
+        b = [r["p50_ms"] - d for r, d in zip(floor["rounds"], base, strict=True)]
     else:
         a = [r.get(measure.field) for r in mine["rounds"]]
         b = [r.get(measure.field) for r in floor["rounds"]]
     return [
         round(x / y, 3)
-        for x, y in zip(a, b, strict=False)
+        for x, y in zip(a, b, strict=True)
         if x is not None and y is not None and y > 0
     ]
 
@@ -437,7 +448,9 @@ def _targets_md(results: dict[str, Any]) -> list[str]:
         "",
         f"Judged only on the shipped default arrangement ({judged}) against the floor "
         f"`{FLOOR}` measured in the same run: each value is the default's figure over the "
-        "floor's. Added p50 = p50 minus `direct`'s p50 in the same cell. A target is met "
+        "floor's, measured in rounds: the median of the rounds' ratios (the figures "
+        "shown are the medians of each). Added p50 = p50 minus `direct`'s p50 in the "
+        "same cell (and round). A target is met "
         "when every check of it is and missed when any is; it is not measured when a "
         "cell it needs was not measured in this run (`python -m bench --cells targets` "
         "measures them all). Informational rows count for nothing.",
