@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import select
 import sys
 import time
 from collections.abc import Mapping
@@ -96,17 +97,31 @@ class JsonHandler(logging.StreamHandler):  # type: ignore[type-arg]
                 self._flush_stream()
 
     def _write_pending(self) -> None:
-        """Write the waiting lines (the caller holds the lock). A stream that fails
-        loses them, reported the way logging reports a failed record; the caller is not
+        """Write the waiting lines (the caller holds the lock), in writes of whole lines
+        of at most ``PIPE_BUF`` bytes: a pipe takes such a write in one piece, so the
+        lines of several workers sharing one never interleave. A stream that fails loses
+        the lines, reported the way logging reports a failed record; the caller is not
         disturbed."""
-        if not self._pending:
-            return
-        batch = self.terminator.join(self._pending) + self.terminator
+        chunk: list[str] = []
+        size = 0
+        for line in self._pending:
+            length = (len(line) if line.isascii() else len(line.encode())) + 1
+            if chunk and size + length > select.PIPE_BUF:
+                self._write(chunk)
+                chunk, size = [], 0
+            chunk.append(line)
+            size += length
         self._pending.clear()
+        if chunk:
+            self._write(chunk)
+
+    def _write(self, lines: list[str]) -> None:
+        text = self.terminator.join(lines) + self.terminator
         try:
-            self.stream.write(batch)
+            self.stream.write(text)
+            self.stream.flush()
         except Exception:  # noqa: BLE001 - logging never raises into its caller
-            self.handleError(logging.makeLogRecord({"msg": batch}))
+            self.handleError(logging.makeLogRecord({"msg": text}))
 
     def _flush_stream(self) -> None:
         try:

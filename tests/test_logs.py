@@ -2,6 +2,7 @@ import io
 import json
 import logging
 import re
+import select
 import time
 
 import pytest
@@ -148,3 +149,27 @@ def test_a_failing_stream_loses_the_batch_without_raising(configured, monkeypatc
     handler.stream = configured
     logs.flush()
     assert configured.getvalue() == ""
+
+
+def test_a_batch_is_written_in_whole_lines_of_at_most_a_pipes_atomic_write(configured):
+    alone()
+    writes = []
+
+    class Recording(io.StringIO):
+        def write(self, text):
+            writes.append(text)
+            return super().write(text)
+
+    (handler,) = logging.getLogger().handlers
+    handler.stream = Recording()
+    log = logging.getLogger("ext_proc.decision")
+    for number in range(100):
+        # Two bytes per é: a chunk measured in characters would run over.
+        logs.info(log, "decision", {**FIELDS, "request_id": f"r-{number}-" + "é" * 40})
+    logs.flush()
+    assert len(writes) > 1
+    for text in writes:
+        assert text.endswith("\n")
+        assert len(text.encode()) <= select.PIPE_BUF
+    written = [json.loads(line)["request_id"] for line in "".join(writes).splitlines()]
+    assert written == [f"r-{number}-" + "é" * 40 for number in range(100)]
