@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import shutil
 import signal
 import socket
@@ -17,7 +18,7 @@ import time
 import urllib.request
 from collections.abc import Mapping
 from pathlib import Path
-from typing import IO
+from typing import IO, Final
 
 LOCAL = "127.0.0.1"
 
@@ -38,8 +39,32 @@ def describe(process: subprocess.Popen[bytes]) -> str:
     return " ".join([Path(args[0]).name, *args[1:4]])
 
 
+# Where the kernel takes the local ports of outgoing connections. A port handed out
+# from inside that range can be taken by any connection between the pick and the bind
+# (Envoy then fails with "address already in use"), so ports come from below it.
+_EPHEMERAL: Final = Path("/proc/sys/net/ipv4/ip_local_port_range")
+_BELOW_EPHEMERAL: Final = 8192  # how many ports below the range are picked from
+_handed_out: set[int] = set()
+
+
+def _ephemeral_start() -> int:
+    try:
+        return int(_EPHEMERAL.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768  # Linux's default
+
+
 def free_port() -> int:
-    with socket.socket() as sock:
+    """A port no listener holds now, below the ephemeral range and not handed out
+    before by this process (two stacks starting together never share one)."""
+    start = _ephemeral_start()
+    low = max(1024, start - _BELOW_EPHEMERAL)
+    for _ in range(1000):
+        port = random.randrange(low, start)  # noqa: S311 - a port, not a secret
+        if port not in _handed_out and port_is_free(port):
+            _handed_out.add(port)
+            return port
+    with socket.socket() as sock:  # everything below taken: let the kernel choose
         sock.bind((LOCAL, 0))
         return int(sock.getsockname()[1])
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import os
 import re
@@ -17,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from devstack import envoy_config, stack
+from devstack import envoy_config, processes, stack
 from ext_proc.address import HostPort
 
 REPO = Path(__file__).resolve().parents[1]
@@ -36,11 +35,7 @@ def taken() -> Iterator[int]:
 
 def free_ports() -> dict[str, str]:
     """A distinct free port for each variable."""
-    with contextlib.ExitStack() as held:
-        socks = [held.enter_context(socket.socket()) for _ in VARIABLES]
-        for sock in socks:
-            sock.bind(("127.0.0.1", 0))
-        return {name: str(s.getsockname()[1]) for name, s in zip(VARIABLES, socks, strict=True)}
+    return {name: str(processes.free_port()) for name in VARIABLES}
 
 
 def make_run(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
@@ -238,3 +233,14 @@ def test_the_printed_hand_off_is_four_lines_through_both_legs():
 def test_check_ports_accepts_free_distinct_ports():
     ports = {name: HostPort("127.0.0.1", int(port)) for name, port in free_ports().items()}
     stack.check_ports(ports)
+
+
+def test_free_ports_come_from_below_the_ephemeral_range_and_never_twice():
+    start = processes._ephemeral_start()
+    ports = [processes.free_port() for _ in range(50)]
+    assert len(set(ports)) == len(ports)
+    assert all(1024 <= port < start for port in ports)
+    for port in ports[:5]:  # each can be listened on
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", port))
+            sock.listen()
