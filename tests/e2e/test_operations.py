@@ -10,7 +10,7 @@ import signal
 import socket
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Set
 from pathlib import Path
 
 import grpc
@@ -52,9 +52,9 @@ def access_log(stack: Stack, request_id: str) -> dict:
     raise AssertionError(f"no access log line for {request_id}")
 
 
-def decision_logs(stack: Stack, request_ids: set[str]) -> list[dict]:
+def decision_logs(stack: Stack, request_ids: Set[str] = frozenset()) -> list[dict]:
     """The processor's decision lines, once those of ``request_ids`` are among them
-    (they are written in batches, within a second)."""
+    (they are written in batches, within a second); without any, the lines now."""
     deadline = time.monotonic() + 5
     while True:
         lines = [json.loads(x) for x in stack.logs("processor").splitlines() if x[:1] == "{"]
