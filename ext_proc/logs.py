@@ -75,8 +75,8 @@ BATCH_LINES: Final = 256
 
 class JsonHandler(logging.StreamHandler):  # type: ignore[type-arg]
     """Writes JSON lines to a stream. Lines from ``info`` are batched: one system call
-    per batch instead of one per line, which is most of what a line costs. Any other
-    record is written at once, after the lines waiting before it."""
+    per 4 KiB of lines instead of one per line, which is most of what a line costs. Any
+    other record is written at once, after the lines waiting before it."""
 
     def __init__(self, stream: TextIO) -> None:
         super().__init__(stream)
@@ -94,7 +94,6 @@ class JsonHandler(logging.StreamHandler):  # type: ignore[type-arg]
             self._pending.append(line)
             if len(self._pending) >= BATCH_LINES or now - self._first >= FLUSH_SECONDS:
                 self._write_pending()
-                self._flush_stream()
 
     def _write_pending(self) -> None:
         """Write the waiting lines (the caller holds the lock), in writes of whole lines
@@ -116,18 +115,13 @@ class JsonHandler(logging.StreamHandler):  # type: ignore[type-arg]
             self._write(chunk)
 
     def _write(self, lines: list[str]) -> None:
+        """One write of ``lines``, flushed at once: each chunk is its own system call."""
         text = self.terminator.join(lines) + self.terminator
         try:
             self.stream.write(text)
             self.stream.flush()
         except Exception:  # noqa: BLE001 - logging never raises into its caller
             self.handleError(logging.makeLogRecord({"msg": text}))
-
-    def _flush_stream(self) -> None:
-        try:
-            super().flush()
-        except Exception:  # noqa: BLE001 - as above
-            self.handleError(logging.makeLogRecord({"msg": "flush"}))
 
     def emit(self, record: logging.LogRecord) -> None:
         with self.lock:  # type: ignore[union-attr]  # an RLock: handle() holds it already
