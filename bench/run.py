@@ -138,8 +138,8 @@ def _decided(before: Counter[str] | None, after: Counter[str] | None) -> str | N
     return ",".join(sorted((after - before).elements())) or "no decision"
 
 
-# Per round: the fields that take the median over the rounds, those that add up, and the
-# one kept round by round in the record (with the CPU fields) to show the spread.
+# Per round: the fields that take the median over the rounds, those that add up, and
+# those kept round by round in the record (with the CPU fields) to show the spread.
 _MEDIAN = ("rps", "p50_ms", "p90_ms", "p99_ms", "mean_ms")
 _SUM = ("requests", "seconds", "non_2xx", "socket_errors")
 _ROUND = ("rps", "p50_ms")
