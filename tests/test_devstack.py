@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import itertools
 import os
 import re
 import shlex
@@ -244,3 +245,12 @@ def test_free_ports_come_from_below_the_ephemeral_range_and_never_twice():
         with socket.socket() as sock:
             sock.bind(("127.0.0.1", port))
             sock.listen()
+
+
+def test_a_port_handed_out_once_is_not_handed_out_again(monkeypatch):
+    start = processes._ephemeral_start()
+    first = processes.free_port()
+    # The same pick twice, then any other.
+    again = itertools.chain([first, first], range(start - 1, 1024, -1))
+    monkeypatch.setattr(processes.random, "randrange", lambda low, high: next(again))
+    assert processes.free_port() != first
