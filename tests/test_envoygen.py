@@ -783,6 +783,7 @@ def edge_limits(config: dict[str, Any]) -> dict[str, Any]:
         "connections": connections["max_active_downstream_connections"],
         "heap": heap["max_heap_size_bytes"],
         "connection_buffer": listener["per_connection_buffer_limit_bytes"],
+        "http1": manager.get("http_protocol_options"),
         "http2": manager["http2_protocol_options"],
         "request_headers_timeout": manager["request_headers_timeout"],
         "stream_idle_timeout": manager["stream_idle_timeout"],
@@ -793,6 +794,8 @@ DEFAULT_EDGE_LIMITS = {
     "connections": 50_000,
     "heap": 1024 * 1024 * 1024,
     "connection_buffer": 32 * 1024,
+    # keep_alive_after_denial: a well-framed request's 400 leaves the connection open.
+    "http1": {"override_stream_error_on_invalid_http_message": True},
     "http2": {
         "max_concurrent_streams": 100,
         "initial_stream_window_size": 64 * 1024,
@@ -822,6 +825,13 @@ def test_edge_limits_follow_the_input():
         monitor["typed_config"] = {"@type": monitor["typed_config"]["@type"]}
     for monitor in base["overload_manager"]["resource_monitors"]:
         monitor["typed_config"] = {"@type": monitor["typed_config"]["@type"]}
+    assert config == base
+
+
+def test_connections_close_after_denials_on_request():
+    base, config = generate(example()), generate(example() | {"keep_alive_after_denial": False})
+    assert edge_limits(config) == DEFAULT_EDGE_LIMITS | {"http1": None}
+    hcm_of(base).pop("http_protocol_options")
     assert config == base
 
 

@@ -221,6 +221,10 @@ class GeneratorInput(BaseModel):
     # vLLM's token-in endpoints (/inference/, /render, /derender) take ids with no
     # template; false (the default) answers them with a 404 before any other route.
     expose_token_endpoints: bool = False
+    # An HTTP/1.1 connection stays open after a 400 Envoy answers itself to a whole,
+    # well-framed request (every denial of the processor is one), as after vLLM's own
+    # 400s; false closes it, Envoy's default. A framing error closes it either way.
+    keep_alive_after_denial: bool = True
     upstreams: dict[str, HostPort] = Field(min_length=1)
     routes: list[RouteInput] = Field(min_length=1)
 

@@ -487,6 +487,15 @@ def connection_manager(spec: GeneratorInput) -> hcm.HttpConnectionManager:
         # Slow uploads are bounded by the processor's body_timeout_seconds (408).
         stream_idle_timeout=_seconds(spec.stream_idle_timeout_seconds),
         request_headers_timeout=_seconds(REQUEST_HEADERS_TIMEOUT_SECONDS),
+        # Envoy closes an HTTP/1.1 connection after any 400 it answers itself unless
+        # this is set; its HTTP/1 codec closes the connection on a framing error (a bad
+        # header, chunk or content-length, content-length with transfer-encoding) in any
+        # case, so only whole, well-framed requests keep it. HTTP/2 is unaffected.
+        http_protocol_options=core.Http1ProtocolOptions(
+            override_stream_error_on_invalid_http_message=True
+        )
+        if spec.keep_alive_after_denial
+        else None,
         http2_protocol_options=core.Http2ProtocolOptions(
             max_concurrent_streams=DOWNSTREAM_HTTP2_STREAMS,
             initial_stream_window_size=DOWNSTREAM_HTTP2_STREAM_WINDOW,

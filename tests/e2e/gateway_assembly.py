@@ -4,8 +4,9 @@ Neither Istio nor Envoy Gateway runs here, so the tests rebuild what each contro
 would hand Envoy from our manifests and give that to the real ``envoy --mode validate``:
 
 - Istio: the EnvoyFilter's CLUSTER value, its HTTP_FILTER value (first in the chain,
-  then the router) and its HTTP_ROUTE MERGE values merged into routes with the matched
-  names, as istiod does.
+  then the router), its HTTP_ROUTE MERGE values merged into routes with the matched
+  names and its NETWORK_FILTER MERGE values into the connection manager, as istiod
+  does.
 - Envoy Gateway: the ext_proc filter, cluster and routes that Envoy Gateway's
   translator (v1.9: internal/xds/translator/extproc.go, route naming in
   internal/gatewayapi) generates from the EnvoyExtensionPolicy and HTTPRoutes, then
@@ -62,7 +63,9 @@ def bootstrap(
     http_filters: list[dict[str, Any]],
     route_config: dict[str, Any],
     clusters: list[dict[str, Any]],
+    manager: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
+    """``manager``: further fields of the connection manager."""
     return {
         "admin": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": 0}}},
         "static_resources": {
@@ -79,6 +82,7 @@ def bootstrap(
                                     "stat_prefix": "gateway",
                                     "route_config": route_config,
                                     "http_filters": http_filters,
+                                    **(manager or {}),
                                 },
                             }
                         ]
@@ -137,7 +141,14 @@ def istio_bootstrap(envoy_filter: dict[str, Any]) -> dict[str, Any]:
         "virtual_hosts": [{"name": "gateway", "domains": ["*"], "routes": routes}],
     }
     clusters = [*clusters, _cluster("upstream", "upstream.invalid", 8000)]
-    return bootstrap("gateway", [*first, ROUTER], route_config, clusters)
+    manager: dict[str, Any] = {}
+    for patch in patches:
+        if patch["applyTo"] == "NETWORK_FILTER":
+            assert patch["patch"]["operation"] == "MERGE"
+            typed = dict(patch["patch"]["value"]["typed_config"])
+            assert typed.pop("@type") == HCM
+            manager = deep_merge(manager, typed)
+    return bootstrap("gateway", [*first, ROUTER], route_config, clusters, manager)
 
 
 # --- Envoy Gateway -----------------------------------------------------------------------

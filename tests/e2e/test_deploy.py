@@ -453,6 +453,18 @@ def assert_sends_the_response(
     assert "failure_mode_allow" not in override["overrides"]
 
 
+def test_istio_keeps_connections_after_denials():
+    """As the shipped Envoy configs (keep_alive_after_denial)."""
+    config = gateway_assembly.istio_bootstrap(istio_filter())
+    hcm = config["static_resources"]["listeners"][0]["default_filter_chain"]["filters"][0]
+    shipped = yaml.safe_load((REPO / "envoy" / "envoy.yaml").read_text())
+    (listener,) = shipped["static_resources"]["listeners"]
+    (chain,) = listener["filter_chains"]
+    (manager,) = chain["filters"]
+    options = manager["typed_config"]["http_protocol_options"]
+    assert hcm["typed_config"]["http_protocol_options"] == options
+
+
 def test_istio_envoy_config_passes_check_envoy():
     report = check_envoy.check(gateway_assembly.istio_bootstrap(istio_filter()))
     assert (report.errors, report.warnings, report.routes) == ([], [], 3)
