@@ -297,7 +297,7 @@ def _lifted(raw: bytes, shape: Shape) -> Parsed | None:
     ``M`` and no integer of ``raw`` exceeds 64 bits (module docstring). In any other
     case the whole body is parsed as usual. ``S`` and ``M`` are copies of parts of
     ``raw``, held within the charge for its rewrite (``memory``)."""
-    if shape.long_digits:
+    if shape.long_digits or len(raw) < LIFT_MIN_BYTES:  # no array that long fits
         return None
     at = find(raw, _IDS_MEMBER)
     member = _AFTER_MEMBER.match(raw, at + len(_IDS_MEMBER)) if at != -1 else None
