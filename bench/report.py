@@ -207,9 +207,13 @@ def _check(
         ratio = statistics.median(per_round)
     digits = measure.digits
     detail = f"{_num(a, digits)} vs floor {_num(b, digits)} {measure.unit}"
+    rounds_met = sum(measure.met(r, limit) for r in per_round)
     if len(per_round) > 1:
+        # How many rounds met the threshold: a check whose rounds split lies within
+        # the machine's noise of it.
         detail = "medians " + detail
         detail += "; rounds " + ", ".join(f"{r:.2f}x" for r in per_round)
+        detail += f" ({rounds_met} of {len(per_round)} met)"
     if missing:
         status, detail = "not measured", "not measured: " + ", ".join(missing)
     elif ratio is None:
@@ -232,6 +236,7 @@ def _check(
         "unit": measure.unit,
         "detail": detail,
         "rounds": per_round,
+        "rounds_met": rounds_met,
         "status": status,
         "informational": informational,
     }

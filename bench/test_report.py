@@ -176,12 +176,15 @@ def test_a_row_shows_each_rounds_ratio_paired_by_round() -> None:
     assert strip["rounds"] == [0.6, 0.6]
     # Judged on the rounds' ratios, not on the medians' (1.0 here: the figures differ).
     assert (strip["value"], strip["status"]) == (0.6, "missed")
-    assert strip["detail"] == "medians 5000 vs floor 5000 req/s; rounds 0.60x, 0.60x"
+    assert strip["detail"] == ("medians 5000 vs floor 5000 req/s; rounds 0.60x, 0.60x (0 of 2 met)")
     honor = next(r for r in rows if r["cell"].startswith("1 MiB honor c=1"))
     assert honor["rounds"] == [2.0, 1.25]  # each round's added p50 over its own direct
     assert honor["value"] == 1.625
+    assert (honor["rounds_met"], honor["status"]) == (1, "missed")
+    assert honor["detail"].endswith("rounds 2.00x, 1.25x (1 of 2 met)")
     allow = next(r for r in rows if r["cell"] == "2 KiB allow c=1")
     assert allow["rounds"] == []  # records without rounds: nothing to pair
+    assert allow["rounds_met"] == 0
     assert "rounds" not in allow["detail"]
 
 
