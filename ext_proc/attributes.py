@@ -27,12 +27,18 @@ HEADERS: Final = {
     for name in ("content-type", "content-encoding", "content-length", "x-request-id")
 }
 
+# The request's path without its query (after Envoy's normalisation, before the route's
+# rewrite): with the route's rewrite it names the API the upstream serves.
+PATH: Final = "request.url_path"
+
 # The downstream peer's certificate (docs/trust.md): a route's ``peers`` are matched
-# against these when the connection is mutual TLS.
+# against its identities when the connection is mutual TLS and Envoy validated the
+# certificate. Every SAN is read from the certificate itself (``peer``): Envoy's SAN
+# attributes name only the first of each type.
 PEER: Final = {
     "mtls": "connection.mtls",
-    "uri_san": "connection.uri_san_peer_certificate",
-    "dns_san": "connection.dns_san_peer_certificate",
+    "validated": "connection.peer_certificate_valid",
+    "certificate": "connection.peer_certificate",
     "subject": "connection.subject_peer_certificate",
 }
 
@@ -59,7 +65,7 @@ class AttributeKeys:
 
     def all(self) -> tuple[str, ...]:
         """Every expression the Envoy filter must list in ``request_attributes``."""
-        return (*self.fields.values(), self.size, ROUTE_NAME, *PEER.values())
+        return (*self.fields.values(), self.size, ROUTE_NAME, PATH, *PEER.values())
 
 
 def attribute_keys(namespace: str = DEFAULT_NAMESPACE) -> AttributeKeys:

@@ -12,7 +12,7 @@ from typing import Final
 
 from google.protobuf import struct_pb2
 
-from ext_proc import attributes
+from ext_proc import attributes, peer
 from ext_proc._pb import external_processor_pb2 as pb
 from ext_proc.attributes import AttributeKeys
 from ext_proc.events import (
@@ -36,7 +36,6 @@ from ext_proc.events import (
     StreamedBody,
     Unexpected,
 )
-from ext_proc.policy import NO_PEER
 from ext_proc.route_policy import Scalar
 
 _SCALARS: Final = frozenset({"string_value", "number_value", "bool_value"})
@@ -90,11 +89,16 @@ def _headers_from_attributes(found: dict[str, Scalar]) -> tuple[tuple[str, bytes
 
 
 def _peer(found: dict[str, Scalar]) -> Peer:
-    """The downstream certificate's identities, when the connection is mutual TLS."""
-    if found.get(attributes.PEER["mtls"]) is not True:
-        return NO_PEER
-    identities = (found.get(attributes.PEER[name]) for name in ("uri_san", "dns_san", "subject"))
-    return Peer(True, tuple(value for value in identities if isinstance(value, str) and value))
+    """The downstream certificate's identities (``peer.identify``)."""
+    return peer.identify(*(found.get(attributes.PEER[name]) for name in _PEER_ATTRIBUTES))
+
+
+_PEER_ATTRIBUTES: Final = ("mtls", "validated", "certificate", "subject")
+
+
+def _path(found: dict[str, Scalar]) -> str:
+    value = found.get(attributes.PATH)
+    return value if isinstance(value, str) else ""
 
 
 def _preamble(request: pb.ProcessingRequest, keys: AttributeKeys) -> RequestHeaders | None:
@@ -109,6 +113,8 @@ def _preamble(request: pb.ProcessingRequest, keys: AttributeKeys) -> RequestHead
         body_mode=BodyMode(request.protocol_config.request_body_mode),
         route=_route_metadata(found, keys),
         peer=_peer(found),
+        path=_path(found),
+        routed=True,
     )
 
 
@@ -137,6 +143,7 @@ def _decode(request: pb.ProcessingRequest, preamble: _Preamble, keys: AttributeK
             body_mode=BodyMode(request.protocol_config.request_body_mode),
             route=_route_metadata(found, keys),
             peer=_peer(found),
+            path=_path(found),
         )
     if kind == "request_trailers":
         return RequestTrailers(preamble(request))
@@ -209,6 +216,8 @@ class Decoder:
             cached.body_mode,
             cached.route,
             cached.peer,
+            cached.path,
+            cached.routed,
         )
 
 

@@ -53,8 +53,13 @@ class Peer:
     """The downstream peer's certificate, as Envoy reports it (docs/trust.md)."""
 
     mtls: bool = False
-    # URI SAN, DNS SAN and subject, where the certificate has them.
-    identities: tuple[str, ...] = ()
+    # The first URI SAN, the first DNS SAN and the subject, each with its type, where
+    # the certificate has them (what Envoy's CEL exposes; docs/trust.md).
+    identities: tuple[route_policy.Identity, ...] = ()
+
+
+# The peer of a connection that is not mutual TLS: it identifies nobody.
+NO_PEER = Peer()
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +69,12 @@ class RequestHeaders:
     body_mode: BodyMode
     route: RouteMetadata
     peer: Peer = Peer()
+    # The request's path without its query (Envoy's ``request.url_path``).
+    path: str = ""
+    # Whether ``path`` is already the upstream path: Envoy evaluates the attributes of
+    # a request whose headers message it skips after its router has applied the
+    # route's rewrite; with the headers message it evaluates them before.
+    routed: bool = False
 
     def values(self, name: str) -> list[bytes]:
         return [value for key, value in self.headers if key == name]

@@ -14,8 +14,12 @@ Schema (route ``metadata.filter_metadata[NAMESPACE]``, default namespace
     unproven:         strip | deny                  (honor and mint: what unproven
                                                      kv_transfer_params get; default strip)
     keep_other_keys:  true | false                  (stripping keeps the non-policed keys)
-    peers:            "id | id | ..."               (honor and mint: trusted mTLS peers)
+    peers:            "type:id | type:id | ..."     (honor and mint: trusted mTLS peers;
+                                                     type uri, dns or subject)
     trust_any_caller: true | false                  (honor: validated ids from anyone)
+    match_prefix:     "/pd/v1/"                     (with prefix_rewrite: the route's
+    prefix_rewrite:   "/v1/"                         path prefix and what replaces it
+                                                     upstream; both or neither)
 
 docs/trust.md explains the trust model these fields select.
 
@@ -56,6 +60,19 @@ class Unproven(StrEnum):
     DENY = "deny"
 
 
+class IdentityType(StrEnum):
+    """Which part of a peer's certificate an identity names (docs/trust.md)."""
+
+    URI = "uri"  # a URI SAN (a SPIFFE id)
+    DNS = "dns"  # a DNS SAN
+    SUBJECT = "subject"  # the subject's distinguished name
+
+
+# A peer identity: its type and its value, matched only against the same part of a
+# certificate.
+Identity = tuple[IdentityType, str]
+
+
 @dataclass(frozen=True, slots=True)
 class RoutePolicy:
     topology: Topology = Topology.AGGREGATED
@@ -65,8 +82,10 @@ class RoutePolicy:
     audit: bool = False
     unproven: Unproven = Unproven.STRIP
     keep_other_keys: bool = False
-    peers: frozenset[str] = frozenset()
+    peers: frozenset[Identity] = frozenset()
     trust_any_caller: bool = False
+    match_prefix: str | None = None
+    prefix_rewrite: str | None = None
 
     @property
     def untrusted_denied(self) -> bool:
@@ -74,6 +93,19 @@ class RoutePolicy:
         if self.action is Action.DENY:
             return True
         return self.action in (Action.HONOR, Action.MINT) and self.unproven is Unproven.DENY
+
+    def upstream_path(self, path: str, routed: bool = False) -> str | None:
+        """The path the upstream receives for a request path, after the route's prefix
+        rewrite (``routed``: ``path`` is that already); None when ``path`` does not
+        begin with the route's ``match_prefix`` (``prefix_rewrite`` when routed): the
+        metadata does not describe the route that matched."""
+        if self.match_prefix is None or self.prefix_rewrite is None:
+            return path
+        if routed:
+            return path if path.startswith(self.prefix_rewrite) else None
+        if not path.startswith(self.match_prefix):
+            return None
+        return self.prefix_rewrite + path[len(self.match_prefix) :]
 
 
 DEFAULT_POLICY: Final = RoutePolicy()
@@ -126,22 +158,36 @@ def _flag(name: str, value: Scalar, namespace: str) -> bool:
 
 
 # An identity as Envoy renders a certificate's URI SAN, DNS SAN or subject: printable
-# ASCII without "|", which separates identities (subjects contain commas and spaces).
-_IDENTITY = re.compile(r"[!-{}~]([ !-{}~]{0,510}[!-{}~])?")
+# ASCII without "|", which separates identities (subjects contain commas and spaces),
+# after its type and a colon.
+_IDENTITY = re.compile(r"(uri|dns|subject):([!-{}~]([ !-{}~]{0,510}[!-{}~])?)")
 PEER_SEPARATOR: Final = "|"
 
 
-def _peers(value: Scalar, namespace: str) -> frozenset[str]:
-    """Identities separated by "|" (CEL carries no lists)."""
+def _peers(value: Scalar, namespace: str) -> frozenset[Identity]:
+    """Typed identities separated by "|" (CEL carries no lists)."""
     names = value.split(PEER_SEPARATOR) if isinstance(value, str) else []
-    names = [name.strip() for name in names]
-    if not names or not all(_IDENTITY.fullmatch(name) for name in names):
+    matches = [_IDENTITY.fullmatch(name.strip()) for name in names]
+    if not matches or None in matches:
         raise _invalid(
-            f"field '{namespace}.peers' is {value!r}; expected identities (URI SAN, "
-            "DNS SAN or certificate subject) separated by '|'",
+            f"field '{namespace}.peers' is {value!r}; expected typed identities "
+            "(uri:<URI SAN>, dns:<DNS SAN> or subject:<certificate subject>) separated by '|'",
             f"{namespace}.peers",
         )
-    return frozenset(names)
+    return frozenset((IdentityType(m.group(1)), m.group(2)) for m in matches if m is not None)
+
+
+# A path prefix as a route matches it and as its rewrite replaces it.
+_PATH_PREFIX = re.compile(r"/[!-~]{0,1023}")
+
+
+def _path_prefix(name: str, value: Scalar, namespace: str) -> str:
+    if not (isinstance(value, str) and _PATH_PREFIX.fullmatch(value)):
+        raise _invalid(
+            f"field '{namespace}.{name}' is {value!r}; expected a path prefix starting with '/'",
+            f"{namespace}.{name}",
+        )
+    return value
 
 
 # Fields that mean something only for some actions; elsewhere they are a mistake.
@@ -149,6 +195,9 @@ _APPLIES_TO: Final = {
     "unproven": (Action.HONOR, Action.MINT),
     "peers": (Action.HONOR, Action.MINT),
     "trust_any_caller": (Action.HONOR,),
+    # Never on a mint route: a caller's kept keys reach the prefill server, whose
+    # response could echo them into what the gateway signs.
+    "keep_other_keys": (Action.STRIP, Action.DENY, Action.HONOR),
 }
 
 
@@ -219,10 +268,23 @@ def parse_items(
     if "unproven" in values:
         unproven = _choice(Unproven, "unproven", values["unproven"], namespace)
     peers = _peers(values["peers"], namespace) if "peers" in values else frozenset()
+    rewrite = {
+        name: _path_prefix(name, values[name], namespace)
+        for name in ("match_prefix", "prefix_rewrite")
+        if name in values
+    }
+    if len(rewrite) == 1:
+        (given_name,) = rewrite
+        raise _invalid(
+            f"field '{namespace}.{given_name}' needs its twin: match_prefix and "
+            "prefix_rewrite describe a route's rewrite together",
+            f"{namespace}.{given_name}",
+        )
     given = {
         "unproven": "unproven" in values,
         "peers": bool(peers),
         "trust_any_caller": flags.get("trust_any_caller", False),
+        "keep_other_keys": flags.get("keep_other_keys", False),
     }
     _check_applies(action, given, namespace)
     return RoutePolicy(
@@ -235,4 +297,6 @@ def parse_items(
         keep_other_keys=flags.get("keep_other_keys", False),
         peers=peers,
         trust_any_caller=flags.get("trust_any_caller", False),
+        match_prefix=rewrite.get("match_prefix"),
+        prefix_rewrite=rewrite.get("prefix_rewrite"),
     )

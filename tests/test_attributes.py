@@ -1,6 +1,6 @@
 import pytest
 
-from ext_proc.attributes import HEADERS, PEER, ROUTE_NAME, as_cel, attribute_keys
+from ext_proc.attributes import HEADERS, PATH, PEER, ROUTE_NAME, as_cel, attribute_keys
 from ext_proc.route_policy import FIELDS
 
 
@@ -8,10 +8,13 @@ def test_attribute_keys_follow_namespace():
     keys = attribute_keys("my.ns")
     assert keys.fields["action"] == "xds.route_metadata.filter_metadata['my.ns'].action"
     assert keys.size == "size(xds.route_metadata.filter_metadata['my.ns'])"
-    assert len(keys.all()) == len(FIELDS) + 2 + len(PEER)
+    assert len(keys.all()) == len(FIELDS) + 3 + len(PEER)
     assert keys.all()[len(FIELDS) + 1] == ROUTE_NAME == "xds.route_name"
+    assert keys.all()[len(FIELDS) + 2] == PATH == "request.url_path"
     assert keys.all()[-len(PEER) :] == tuple(PEER.values())
-    assert PEER["uri_san"] == "connection.uri_san_peer_certificate"
+    # Every SAN is read from the certificate: Envoy's SAN attributes name only the first.
+    assert PEER["certificate"] == "connection.peer_certificate"
+    assert PEER["validated"] == "connection.peer_certificate_valid"
 
 
 def test_every_policy_field_has_an_attribute():

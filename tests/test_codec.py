@@ -25,7 +25,9 @@ from ext_proc.events import (
     Unexpected,
 )
 from ext_proc.policy import Deny, Mint, Strip
+from ext_proc.route_policy import IdentityType
 from tests.messages import KEYS, headers_request
+from tests.x509 import pem
 
 
 def test_decode_headers_with_route_attributes():
@@ -94,14 +96,28 @@ def test_decode_response_headers_and_body():
 def test_decode_the_mtls_peer():
     peer = {
         attributes.PEER["mtls"]: True,
-        attributes.PEER["uri_san"]: "spiffe://td/router",
+        attributes.PEER["validated"]: True,
+        attributes.PEER["certificate"]: pem(uris=("spiffe://td/a", "spiffe://td/router")),
         attributes.PEER["subject"]: "CN=router",
     }
     event = decode(headers_request(peer), KEYS)
-    assert event.peer == Peer(True, ("spiffe://td/router", "CN=router"))
-    # Identities without mutual TLS identify nobody.
-    event = decode(headers_request({attributes.PEER["uri_san"]: "spiffe://td/router"}), KEYS)
+    assert event.peer == Peer(
+        True,
+        (
+            (IdentityType.URI, "spiffe://td/a"),
+            (IdentityType.URI, "spiffe://td/router"),
+            (IdentityType.SUBJECT, "CN=router"),
+        ),
+    )
+    # A certificate without mutual TLS identifies nobody.
+    event = decode(headers_request({**peer, attributes.PEER["mtls"]: False}), KEYS)
     assert event.peer == Peer()
+
+
+def test_decode_the_request_path():
+    event = decode(headers_request({attributes.PATH: "/pd/v1/chat/completions"}), KEYS)
+    assert event.path == "/pd/v1/chat/completions"
+    assert decode(headers_request({}), KEYS).path == ""
 
 
 def test_encode_a_rewritten_response_body_sets_its_length():
@@ -182,6 +198,7 @@ def test_first_body_message_carries_a_preamble_from_attributes():
             KEYS.fields["action"]: "deny",
             KEYS.size: 1,
             "xds.route_name": "r",
+            "request.url_path": "/v1/chat/completions",
         }
     )
     request.attributes["envoy.filters.http.ext_proc"].CopyFrom(struct)
@@ -194,6 +211,9 @@ def test_first_body_message_carries_a_preamble_from_attributes():
             end_of_stream=False,
             body_mode=BodyMode.BUFFERED,
             route=RouteMetadata({"action": "deny"}, 1.0, "r"),
+            path="/v1/chat/completions",
+            # Without a headers message Envoy evaluated them after routing.
+            routed=True,
         ),
     )
 

@@ -4,6 +4,7 @@ from ext_proc.errors import RoutePolicyError
 from ext_proc.route_policy import (
     DEFAULT_POLICY,
     Action,
+    IdentityType,
     RoutePolicy,
     Topology,
     Unproven,
@@ -95,13 +96,16 @@ def test_trust_fields():
         {
             "action": "honor",
             "unproven": "deny",
-            "peers": "spiffe://td/ns/llm-d/sa/router | CN=router, O=acme",
+            "peers": "uri:spiffe://td/ns/llm-d/sa/router | subject:CN=router, O=acme",
             "keep_other_keys": True,
         },
         4.0,
     )
     assert policy.unproven is Unproven.DENY
-    assert policy.peers == {"spiffe://td/ns/llm-d/sa/router", "CN=router, O=acme"}
+    assert policy.peers == {
+        (IdentityType.URI, "spiffe://td/ns/llm-d/sa/router"),
+        (IdentityType.SUBJECT, "CN=router, O=acme"),
+    }
     assert policy.keep_other_keys
     assert policy.untrusted_denied
     assert parse({"action": "honor", "trust_any_caller": True}, 2.0).trust_any_caller
@@ -114,7 +118,16 @@ def test_trust_fields():
     ("values", "field"),
     [
         ({"action": "strip", "unproven": "deny"}, "unproven"),
-        ({"action": "deny", "peers": "spiffe://x"}, "peers"),
+        ({"action": "deny", "peers": "uri:spiffe://x"}, "peers"),
+        ({"action": "honor", "peers": "spiffe://x"}, "peers"),  # untyped
+        ({"action": "honor", "peers": "uri:spiffe://x | router.local"}, "peers"),
+        ({"action": "honor", "peers": "san:spiffe://x"}, "peers"),
+        ({"action": "honor", "peers": "uri:"}, "peers"),
+        ({"action": "mint", "keep_other_keys": True}, "keep_other_keys"),
+        ({"match_prefix": "/pd/v1/"}, "match_prefix"),
+        ({"prefix_rewrite": "/v1/"}, "prefix_rewrite"),
+        ({"match_prefix": "pd/", "prefix_rewrite": "/v1/"}, "match_prefix"),
+        ({"match_prefix": "/pd/", "prefix_rewrite": 1.0}, "prefix_rewrite"),
         ({"action": "mint", "trust_any_caller": True}, "trust_any_caller"),
         ({"action": "honor", "unproven": "allow"}, "unproven"),
         ({"action": "honor", "peers": "a||b"}, "peers"),
@@ -128,3 +141,14 @@ def test_trust_fields_are_validated(values, field):
     with pytest.raises(RoutePolicyError) as caught:
         parse(values, float(len(values)))
     assert caught.value.param == f"ext_proc.token_policy.{field}"
+
+
+def test_the_rewrite_gives_the_upstream_path():
+    policy = parse({"match_prefix": "/pd/prefill/v1/", "prefix_rewrite": "/v1/"}, 2.0)
+    assert policy.upstream_path("/pd/prefill/v1/chat/completions") == "/v1/chat/completions"
+    assert policy.upstream_path("/pd/prefill/v1/") == "/v1/"
+    # A path the route's prefix does not cover: the metadata describes another route.
+    assert policy.upstream_path("/pd/v1/chat/completions") is None
+    assert policy.upstream_path("/PD/prefill/v1/chat/completions") is None
+    # Without a rewrite the upstream path is the request's.
+    assert DEFAULT_POLICY.upstream_path("/pd/v1/chat/completions") == "/pd/v1/chat/completions"
