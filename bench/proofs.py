@@ -21,10 +21,10 @@ EXPIRY: Final = 4_102_444_800  # 2100-01-01: unexpired whenever the run happens
 _KEYS: Final = proof.KeySet({KEY_ID: SECRET}, KEY_ID)
 
 
-def sign(document: dict[str, Any]) -> str:
+def sign(document: dict[str, Any], endpoint: str = "/v1/chat/completions") -> str:
     """The proof the gateway would have minted for ``document``'s transfer parameters
-    (without a proof) on its prefill leg."""
-    digest = proof.prompt_digest(document, orjson_safe=False)
+    (without a proof) on its prefill leg, for ``endpoint`` (the upstream path)."""
+    digest = proof.prompt_digest(document, orjson_safe=False, endpoint=endpoint)
     token = proof.mint(_KEYS, document[KV_KEY], digest, EXPIRY)
     if token is None:
         raise ValueError("the transfer parameters cannot be signed")

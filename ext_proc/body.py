@@ -52,7 +52,7 @@ import orjson
 from ext_proc import ids
 from ext_proc.bytescan import count, find, has_run, translate
 from ext_proc.errors import BadRequest, PayloadTooLarge, UnsupportedMediaType
-from ext_proc.vllm_request import IDS_KEY, KV_KEY
+from ext_proc.vllm_request import IDS_KEY, KV_KEY, Path
 
 Document = dict[str, Any]
 # One pass over the body maps every digit to "0", every byte that can start a JSON
@@ -214,13 +214,35 @@ def lacks_key(raw: bytes, key: str) -> bool:
     JSON is not decided here: vLLM refuses a body it cannot read (400).
     tests/test_parity_property.py checks the property on generated bodies: removing
     any clause (the braces, the key as written, any escape) makes it fail."""
-    start = len(codecs.BOM_UTF8) if raw.startswith(codecs.BOM_UTF8) else 0
-    head = raw[start : start + _EDGE].lstrip(_WHITESPACE)
-    tail = raw[-_EDGE:].rstrip(_WHITESPACE)
-    if not (head.startswith(b"{") and tail.endswith(b"}")):
+    if not _braced(raw):
         return False
     written, escapes = _spellings(key)
     return find(raw, written) == -1 and not _holds_any(raw, escapes)
+
+
+def members_at_most(raw: bytes, key: str, limit: int) -> bool:
+    """True only when the document ``json.loads`` reads from ``raw`` has at most
+    ``limit`` members named ``key``, at any depth and duplicates counted. False says
+    nothing.
+
+    Why it is sound: as in ``lacks_key``, every member named ``key`` in a braced UTF-8
+    body spells it as written or with an escape; members written as themselves are
+    distinct occurrences of the key in ``raw`` (a key cannot overlap itself inside two
+    member names: they are separate string tokens), so without any escape their
+    number is at most the number of occurrences."""
+    if not _braced(raw):
+        return False
+    written, escapes = _spellings(key)
+    return raw.count(written) <= limit and not _holds_any(raw, escapes)
+
+
+def _braced(raw: bytes) -> bool:
+    """Whether ``raw``, after an optional UTF-8 byte-order mark and whitespace, starts
+    with a brace and ends with one (``lacks_key`` says why that rules out UTF-16/32)."""
+    start = len(codecs.BOM_UTF8) if raw.startswith(codecs.BOM_UTF8) else 0
+    head = raw[start : start + _EDGE].lstrip(_WHITESPACE)
+    tail = raw[-_EDGE:].rstrip(_WHITESPACE)
+    return head.startswith(b"{") and tail.endswith(b"}")
 
 
 _REFUSED: Final = object()
@@ -356,21 +378,40 @@ def parse(
 
 def without(
     parsed: Parsed,
-    container: str,
-    keys: Iterable[str] | None,
+    paths: Iterable[Path],
     before_slow: Callable[[], None] = _nothing,
 ) -> bytes:
-    """Serialise the document with ``keys`` removed from the object under ``container``
-    (``None``: the whole ``container`` removed).
+    """Serialise the document with the member at each of ``paths`` removed (object
+    keys, and list indexes on the way; a path that names nothing is skipped).
 
-    Every other key keeps its value and position; the document is not modified.
+    Every other member keeps its value and position; the document is not modified:
+    only the objects and lists on the way to a removed member are copied.
     """
-    document = parsed.document
-    if keys is None:
-        return write(parsed, {k: v for k, v in document.items() if k != container}, before_slow)
-    drop = frozenset(keys)
-    inner = {k: v for k, v in document[container].items() if k not in drop}
-    return write(parsed, {**document, container: inner}, before_slow)
+    document: Any = dict(parsed.document)
+    for path in paths:
+        container = document
+        for step in path[:-1]:
+            child = _child(container, step)
+            if child is None:
+                break
+            copied = dict(child) if isinstance(child, dict) else list(child)
+            container[step] = copied
+            container = copied
+        else:
+            if isinstance(container, dict):
+                container.pop(path[-1], None)
+    return write(parsed, document, before_slow)
+
+
+def _child(container: Any, step: str | int) -> dict[str, Any] | list[Any] | None:
+    """The object or list at ``step`` of ``container``; None when there is none."""
+    if isinstance(container, dict) and isinstance(step, str):
+        child = container.get(step)
+    elif isinstance(container, list) and isinstance(step, int) and 0 <= step < len(container):
+        child = container[step]
+    else:
+        return None
+    return child if isinstance(child, dict | list) else None
 
 
 def write(parsed: Parsed, document: Document, before_slow: Callable[[], None] = _nothing) -> bytes:

@@ -19,11 +19,18 @@ import orjson
 from ext_proc import proof
 from ext_proc.body import Document
 from ext_proc.errors import Refusal, bad_request
-from ext_proc.events import Peer
+from ext_proc.events import NO_PEER, Peer
 from ext_proc.ids import RawIds
 from ext_proc.proof import PROOF_KEY, KeySet
 from ext_proc.route_policy import Action, RoutePolicy
-from ext_proc.vllm_request import IDS_KEY, KV_KEY, ignores_reused_ids, policed_keys
+from ext_proc.vllm_request import (
+    IDS_KEY,
+    KV_KEY,
+    Path,
+    ignores_reused_ids,
+    other_carriers,
+    policed_keys,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,16 +45,25 @@ class Allow:
 @dataclass(frozen=True, slots=True)
 class Strip:
     """Forward the body with ``keys`` removed from kv_transfer_params (None: the whole
-    object). ``honored``: the parameters are trusted and only the proof goes."""
+    object) and the ``carriers`` (other members carrying transfer parameters) removed.
+    ``honored``: the parameters are trusted and only the proof goes."""
 
     keys: tuple[str, ...] | None
     reason: str
     id_count: int
     honored: bool = False
+    carriers: tuple[Path, ...] = ()
 
     @property
     def action(self) -> str:
         return "honor" if self.honored else "strip"
+
+    @property
+    def paths(self) -> tuple[Path, ...]:
+        """Every member the forwarded body goes without."""
+        if self.keys is None:
+            return ((KV_KEY,), *self.carriers)
+        return (*((KV_KEY, key) for key in self.keys), *self.carriers)
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,7 +87,6 @@ class Deny:
 
 
 Decision = Allow | Strip | Mint | Deny
-NO_PEER: Final = Peer()
 # The decision for a document without kv_transfer_params (or an empty one).
 NO_PARAMS: Final = Allow("no_transfer_params")
 NO_KEYS: Final = KeySet({}, None)
@@ -191,17 +206,25 @@ def _malformed(param: str, index: int) -> Refusal:
     )
 
 
-def _trusted(policy: RoutePolicy, params: dict[str, Any], evidence: Evidence) -> str:
-    """Why the parameters are trusted ("trusted_*"), or why they are not."""
+def _trusted_caller(policy: RoutePolicy, evidence: Evidence) -> str:
+    """Why the caller is trusted ("trusted_*"), or why it is not: whatever it sends is
+    then trusted only where a proof covers it."""
     if policy.action not in (Action.HONOR, Action.MINT):
         return "denied_by_policy" if policy.action is Action.DENY else "stripped_by_policy"
     if policy.action is Action.HONOR and policy.trust_any_caller:
         return "trusted_any_caller"
     peer = evidence.peer
+    # An identity matches only one of its own type (a DNS SAN never stands for a URI SAN).
     if policy.peers and peer.mtls and not policy.peers.isdisjoint(peer.identities):
         return "trusted_peer"
-    if policy.action is Action.MINT:
-        return "peer_not_listed" if policy.peers else "unproven"
+    return "peer_not_listed" if policy.peers else "unproven"
+
+
+def _trusted(policy: RoutePolicy, params: dict[str, Any], evidence: Evidence) -> str:
+    """Why the parameters are trusted ("trusted_*"), or why they are not."""
+    caller = _trusted_caller(policy, evidence)
+    if caller.startswith("trusted_") or policy.action is not Action.HONOR:
+        return caller
     why = proof.verify(evidence.keys, params, evidence.digest(), evidence.now, evidence.skew)
     if why is None:
         return "trusted_proof"
@@ -224,7 +247,44 @@ def _untrusted(policy: RoutePolicy, params: dict[str, Any], reason: str, count: 
     return Strip(drop, reason, count) if drop else Allow("no_reused_ids")
 
 
-def decide(policy: RoutePolicy, document: Document, evidence: Evidence) -> Decision:
+def decide(
+    policy: RoutePolicy,
+    document: Document,
+    evidence: Evidence,
+    carriers: tuple[Path, ...] | None = None,
+) -> Decision:
+    """The decision for a request ``document``. ``carriers``: its other members that
+    carry transfer parameters (``vllm_request.other_carriers``), when the caller has
+    shown there are none cheaply; None: looked for here."""
+    decision = _decide_params(policy, document, evidence)
+    found = other_carriers(document) if carriers is None else carriers
+    if not found or isinstance(decision, Deny):
+        return decision
+    # Only the top-level kv_transfer_params can be proven; every other carrier is
+    # trusted only from a trusted caller, and untrusted like a client's parameters.
+    caller = _trusted_caller(policy, evidence)
+    if caller.startswith("trusted_"):
+        return decision
+    if policy.untrusted_denied:
+        param = ".".join(map(str, found[0]))
+        return Deny(
+            bad_request(f"{param} is not accepted on this route", reason=caller, param=param),
+            decision.id_count,
+        )
+    if isinstance(decision, Strip):
+        return Strip(
+            decision.keys,
+            decision.reason,
+            decision.id_count,
+            decision.honored,
+            (*decision.carriers, *found),
+        )
+    reason = caller if decision is NO_PARAMS else decision.reason
+    return Strip((), reason, decision.id_count, carriers=found)
+
+
+def _decide_params(policy: RoutePolicy, document: Document, evidence: Evidence) -> Decision:
+    """The decision on the top-level kv_transfer_params alone."""
     params = document.get(KV_KEY)
     if params is None:
         return NO_PARAMS

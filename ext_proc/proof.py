@@ -28,15 +28,17 @@ import orjson
 
 from ext_proc.errors import BadRequest
 from ext_proc.ids import RawIds
-from ext_proc.vllm_request import IDS_KEY, KV_KEY
+from ext_proc.vllm_request import EC_KEY, IDS_KEY, KV_KEY
 
 PROOF_KEY: Final = "token_policy_proof"
 VERSION: Final = "tp1"
-# Fields an orchestrator legitimately changes between the prefill and the decode leg;
-# every other field of the request is bound by the digest.
+# Fields an orchestrator legitimately changes between the prefill and the decode leg
+# (the transfer parameters are each leg's own); every other field of the request is
+# bound by the digest.
 UNBOUND_FIELDS: Final = frozenset(
     {
         KV_KEY,
+        EC_KEY,
         "max_tokens",
         "max_completion_tokens",
         "min_tokens",
@@ -67,6 +69,12 @@ def _unb64(text: str) -> bytes:
     return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
 
 
+def _canonical(text: str) -> bool:
+    """Whether ``text`` is the one unpadded base64url spelling of its bytes (43
+    characters hold 32 bytes and 2 spare bits, which must be zero)."""
+    return _b64(_unb64(text)) == text
+
+
 def canonical(params: Mapping[str, Any]) -> bytes | None:
     """The parameters (without the proof) as signed bytes; None when not renderable.
 
@@ -93,8 +101,11 @@ def _rendered(ids: Any) -> bytes:
     return ids.text if isinstance(ids, RawIds) else orjson.dumps(ids)
 
 
-def prompt_digest(document: Mapping[str, Any], orjson_safe: bool) -> bytes:
-    """SHA-256 of the request's prompt-defining fields (all but ``UNBOUND_FIELDS``).
+def prompt_digest(document: Mapping[str, Any], orjson_safe: bool, endpoint: str) -> bytes:
+    """SHA-256 of the API the request is for (``endpoint``, the upstream path after the
+    route's rewrite, as vLLM routes it) and of the request's prompt-defining fields
+    (all but ``UNBOUND_FIELDS``): a proof minted for one endpoint is a
+    ``prompt_mismatch`` on any other, whose rendering of the same fields differs.
 
     The rendering depends only on those fields' values, so both legs agree whatever the
     rest of their bodies hold: orjson (sorted keys) when it renders them exactly, else
@@ -119,7 +130,9 @@ def prompt_digest(document: Mapping[str, Any], orjson_safe: bool) -> bytes:
         raise BadRequest(
             "request body is nested too deeply to be bound to a proof", reason="body_too_deep"
         ) from exc
-    return hashlib.sha256(rendered).digest()
+    named = endpoint.encode("utf-8", "surrogatepass")
+    # The endpoint's length first: no endpoint and rendering run into another pair.
+    return hashlib.sha256(b"%d:%s" % (len(named), named) + rendered).digest()
 
 
 def _mac(key: bytes, key_id: str, expiry: str, digest: str, body: bytes) -> bytes:
@@ -152,6 +165,8 @@ def verify(
     if match is None:
         return "proof_malformed"
     key_id, expiry, shown, mac = match.groups()
+    if not (_canonical(shown) and _canonical(mac)):
+        return "proof_malformed"
     key = keys.keys.get(key_id)
     if key is None:
         return "proof_unknown_key"

@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from enum import IntEnum, auto
 from typing import Final, ParamSpec, TypeVar
 
-from ext_proc import attributes, body, memory, policy, proof, route_policy
+from ext_proc import attributes, body, memory, policy, proof, route_policy, vllm_request
 from ext_proc.budget import Budget
 from ext_proc.errors import (
     BadRequest,
@@ -51,9 +51,11 @@ from ext_proc.errors import (
     ProtocolError,
     Refusal,
     RequestTimeout,
+    RoutePolicyError,
     ServiceUnavailable,
 )
 from ext_proc.events import (
+    NO_PEER,
     Answer,
     BodyMode,
     ContinueBody,
@@ -74,7 +76,7 @@ from ext_proc.events import (
     TimedOut,
 )
 from ext_proc.route_policy import Action
-from ext_proc.vllm_request import KV_KEY
+from ext_proc.vllm_request import CARRIER_NAMES, EC_KEY, KV_KEY
 
 # Size of each StreamedBody piece: well under every gRPC message limit on both sides.
 STREAM_CHUNK: Final = 1024 * 1024
@@ -128,6 +130,7 @@ class Stream:
         "_chunks",
         "_decision",
         "_digest",
+        "_endpoint",
         "_held_refusal",
         "_last_chunk",
         "_max_body_bytes",
@@ -178,7 +181,10 @@ class Stream:
         self._charged = 0
         self._last_chunk: bytes | None = None
         self._trust = trust if trust is not None else Trust()
-        self._peer = policy.NO_PEER
+        self._peer = NO_PEER
+        # The API the upstream serves the request on (the path after the route's
+        # rewrite, as vLLM routes it); a proof binds it.
+        self._endpoint = ""
         # The request's prompt digest, kept on a mint route for the response.
         self._digest: bytes | None = None
         self._response_decision: policy.Decision | None = None
@@ -328,6 +334,16 @@ class Stream:
             return parsed
         self._policy = parsed
         self._audit = self._audit or parsed.audit
+        upstream = parsed.upstream_path(event.path, event.routed)
+        if upstream is None:
+            field = "prefix_rewrite" if event.routed else "match_prefix"
+            return RoutePolicyError(
+                f"invalid route policy metadata: the request path does not begin with the "
+                f"route's {field} {getattr(parsed, field)!r}",
+                reason="invalid_route_policy",
+                param=f"{self._namespace}.{field}",
+            ).refusal()
+        self._endpoint = vllm_request.endpoint(upstream)
         if event.end_of_stream:
             self.state = State.DONE
             self._decision = policy.Allow("no_body")
@@ -445,7 +461,9 @@ class Stream:
         """``_decide``'s work: the policy's refusal is returned, the refusals of
         charging, parsing, the prompt digest (a body too deep) and rewriting (a body too
         deep to write back) are raised."""
-        if self._policy.action is not Action.MINT and body.lacks_key(raw, KV_KEY):
+        if self._policy.action is not Action.MINT and all(
+            body.lacks_key(raw, name) for name in CARRIER_NAMES
+        ):
             # Nothing to judge or rewrite: the body is forwarded as it came, unparsed
             # (a mint route parses every request for its prompt digest).
             self._charge(memory.held(len(raw)))
@@ -454,14 +472,19 @@ class Stream:
         shape = self._admit(raw)
         slow = self._slow_path(raw, shape)
         parsed = body.parse(raw, shape, slow, lift_ids=True)
-        decision = self._judge(parsed)
+        # No member but the top-level kv_transfer_params is named as a carrier when the
+        # bytes spell no other name of one (then no carrier is looked for).
+        alone = body.members_at_most(
+            raw, KV_KEY, int(KV_KEY in parsed.document)
+        ) and body.lacks_key(raw, EC_KEY)
+        decision = self._judge(parsed, alone)
         self._decision = decision
         if self._audit:
             return None
         if isinstance(decision, policy.Deny):
             return decision.refusal
         if isinstance(decision, policy.Strip):
-            return body.without(parsed, KV_KEY, decision.keys, slow)
+            return body.without(parsed, decision.paths, slow)
         return None
 
     def _refused(self, refusal: Refusal) -> Refusal | None:
@@ -472,18 +495,31 @@ class Stream:
             return None
         return refusal
 
-    def _judge(self, parsed: body.Parsed) -> policy.Decision:
+    def _judge(self, parsed: body.Parsed, alone: bool) -> policy.Decision:
         """The policy's decision; the prompt digest is rendered only when needed (a
-        proof to check) or kept for the response (a mint route). Rendering it may raise
-        ``BadRequest`` for a body too deep."""
-        digest = _Once(functools.partial(proof.prompt_digest, parsed.document, parsed.orjson_safe))
+        proof to check) or kept for the response (a mint route on an endpoint it may
+        sign). ``alone``: no member but the top-level kv_transfer_params is named as a
+        carrier. Rendering the digest may raise ``BadRequest`` for a body too deep."""
+        digest = _Once(
+            functools.partial(
+                proof.prompt_digest, parsed.document, parsed.orjson_safe, self._endpoint
+            )
+        )
         if self._policy.action is Action.MINT:
-            self._digest = digest()
+            if self._endpoint in vllm_request.MINT_ENDPOINTS:
+                self._digest = digest()
+            else:
+                self._mint_refused = "endpoint_not_mintable"
         trust = self._trust
         evidence = policy.Evidence(
             digest, self._peer, trust.keys(), trust.clock(), trust.clock_skew_seconds
         )
-        return policy.decide(self._policy, parsed.document, evidence)
+        decision = policy.decide(self._policy, parsed.document, evidence, () if alone else None)
+        if self._digest is not None and not alone and not decision.reason.startswith("trusted_"):
+            # A member named as a carrier somewhere else in a caller's request: its
+            # content could come back in the response's parameters (docs/trust.md).
+            self._digest, self._mint_refused = None, "request_may_echo"
+        return decision
 
     def _on_response_headers(self, event: Event) -> list[Answer] | Refusal:
         """A mint route's response: its body is signed when it can be (see
@@ -499,7 +535,11 @@ class Stream:
         return [ContinueResponseHeaders()]
 
     def _mint_blocker(self, event: ResponseHeaders) -> str | None:
-        if self._policy.action is not Action.MINT or self._digest is None:
+        if self._policy.action is not Action.MINT:
+            return "not_minted_on_this_route"
+        if self._mint_refused is not None:
+            return self._mint_refused  # decided with the request (its endpoint)
+        if self._digest is None:
             return "not_minted_on_this_route"
         if event.values(":status") != [b"200"]:
             return "response_not_ok"

@@ -9,8 +9,40 @@ messages instead when the request echoes or carries non-text content.
 from __future__ import annotations
 
 from typing import Any, Final
+from urllib.parse import unquote
 
 KV_KEY: Final = "kv_transfer_params"
+# Encoder-cache transfer parameters: read by vLLM's EC connectors like KV_KEY by its KV
+# connectors (docs/trust.md lists every carrier).
+EC_KEY: Final = "ec_transfer_params"
+# The member names vLLM reads transfer parameters from: every carrier ends in one.
+CARRIER_NAMES: Final = (KV_KEY, EC_KEY)
+# A step of a carrier's path that stands for every item of a list.
+EVERY: Final = "*"
+# Every request member vLLM reads transfer parameters from, besides the top-level
+# kv_transfer_params (which a proof covers): docs/trust.md#carriers names the vLLM code
+# that reads each.
+CARRIERS: Final = (
+    (EC_KEY,),
+    # SamplingParams.extra_args: the dict the engine reads both from.
+    ("vllm_xargs", KV_KEY),
+    ("vllm_xargs", EC_KEY),
+    # /inference/v1/generate (token in, token out).
+    ("sampling_params", "extra_args", KV_KEY),
+    ("sampling_params", "extra_args", EC_KEY),
+    # /v1/chat/completions/derender and /v1/completions/derender: copied into the
+    # response's own transfer parameters.
+    ("generate_response", KV_KEY),
+    ("generate_response", EC_KEY),
+    ("generate_responses", EVERY, KV_KEY),
+    ("generate_responses", EVERY, EC_KEY),
+)
+# The upstream endpoints whose response a mint route signs: their returned ids and
+# connector parameters come from the server's own rendering and KV connector, never
+# from the request (docs/trust.md gives the argument for each).
+MINT_ENDPOINTS: Final = frozenset({"/v1/chat/completions"})
+
+Path = tuple[str | int, ...]
 IDS_KEY: Final = "prompt_token_ids"
 # Keys vLLM's reuse helper reads from kv_transfer_params; both are policed alike.
 POLICED_KEYS: Final = (IDS_KEY, "prompt_features")
@@ -59,3 +91,43 @@ def ignores_reused_ids(document: dict[str, Any]) -> bool:
             if item.get("type", "message") not in _TEXT_ITEM_TYPES:
                 return True
     return False
+
+
+def other_carriers(document: dict[str, Any]) -> tuple[Path, ...]:
+    """The paths of ``CARRIERS`` present in ``document`` with a value other than null,
+    list items by index."""
+    found: list[Path] = []
+    for carrier in CARRIERS:
+        found += _present(document, carrier)
+    return tuple(found)
+
+
+def _present(value: Any, carrier: tuple[str, ...]) -> list[Path]:
+    """Where ``carrier`` leads in ``value``: each step a member name, or ``EVERY`` item
+    of a list (the Python loop runs only over a wildcard's list)."""
+    reached: list[tuple[Path, Any]] = [((), value)]
+    for depth, step in enumerate(carrier):
+        last = depth == len(carrier) - 1
+        following: list[tuple[Path, Any]] = []
+        for path, node in reached:
+            if step == EVERY:
+                if isinstance(node, list):
+                    following += (
+                        ((*path, index), item)
+                        for index, item in enumerate(node)
+                        if isinstance(item, dict)
+                    )
+            elif isinstance(node, dict):
+                item = node.get(step)
+                if item is not None and (last or isinstance(item, dict | list)):
+                    following.append(((*path, step), item))
+        reached = following
+    return [path for path, _ in reached]
+
+
+def endpoint(upstream_path: str) -> str:
+    """The API an upstream path names, as vLLM's router reads it: percent-decoded
+    (uvicorn decodes the path before Starlette routes it), one final newline dropped
+    (Starlette matches a route's pattern with ``$``, which also matches before one)."""
+    decoded = unquote(upstream_path)
+    return decoded[:-1] if decoded.endswith("\n") else decoded

@@ -95,7 +95,9 @@ def test_without_keeps_everything_else():
         "tail": None,
     }
     original = json.loads(json.dumps(document))
-    out = body.without(body.Parsed(document, False), KV, ("prompt_token_ids", "prompt_features"))
+    out = body.without(
+        body.Parsed(document, False), [(KV, key) for key in ("prompt_token_ids", "prompt_features")]
+    )
     assert document == original  # input not mutated
     parsed = json.loads(out)
     expected = dict(original)
@@ -118,7 +120,7 @@ def test_without_survives_lone_surrogates_and_nan():
     document = body.parse(
         b'{"s": "\\ud800", "n": NaN, "kv_transfer_params": {"prompt_token_ids": [1]}}'
     )
-    out = body.without(document, KV, ("prompt_token_ids",))
+    out = body.without(document, [(KV, "prompt_token_ids")])
     again = json.loads(out)
     assert again["s"] == "\ud800"
     assert again["n"] != again["n"]
@@ -155,7 +157,7 @@ def test_fast_parser_only_where_it_reads_what_json_loads_reads(raw, fast):
 
 def test_big_integers_keep_their_exact_value_through_a_rewrite():
     raw = b'{"n": 123456789012345678901234567890, "kv_transfer_params": {"prompt_token_ids": [1]}}'
-    out = json.loads(body.without(body.parse(raw), KV, ("prompt_token_ids",)))
+    out = json.loads(body.without(body.parse(raw), [(KV, "prompt_token_ids")]))
     assert out["n"] == 123456789012345678901234567890
     assert type(out["n"]) is int
 
@@ -165,7 +167,7 @@ def test_fast_writer_round_trips_through_json_loads():
     raw = json.dumps({**document, "kv_transfer_params": {"prompt_token_ids": [1]}}).encode()
     parsed = body.parse(raw)
     assert parsed.orjson_safe
-    out = json.loads(body.without(parsed, KV, ("prompt_token_ids",)))
+    out = json.loads(body.without(parsed, [(KV, "prompt_token_ids")]))
     assert json.dumps(out) == json.dumps({**json.loads(raw), "kv_transfer_params": {}})
 
 
@@ -181,7 +183,7 @@ def test_nesting_orjson_cannot_write_is_written_by_json_dumps(depth):
     raw = nested(depth)
     parsed = body.parse(raw)
     assert parsed.orjson_safe
-    out = body.without(parsed, KV, None)
+    out = body.without(parsed, [(KV,)])
     expected = {k: v for k, v in json.loads(raw).items() if k != KV}
     assert json.loads(out) == expected
 
@@ -191,7 +193,7 @@ def test_every_document_read_is_written_back_or_refused_as_too_deep(depth):
     raw = nested(depth)
     parsed = body.parse(raw)  # orjson reads up to 1024 levels
     try:
-        out: bytes | Refusal = body.without(parsed, KV, ("prompt_token_ids",))
+        out: bytes | Refusal = body.without(parsed, [(KV, "prompt_token_ids")])
     except BadRequest as exc:
         out = exc.refusal()
     if isinstance(out, Refusal):
@@ -214,7 +216,7 @@ def test_beyond_the_recursion_limit_a_rewrite_is_refused_not_raised():
     # Read by json.loads (a NaN elsewhere), written by json.dumps alone.
     parsed = body.Parsed({"n": float("nan"), "x": document, KV: {}}, orjson_safe=False)
     with pytest.raises(BadRequest) as caught:
-        body.without(parsed, KV, None)
+        body.without(parsed, [(KV,)])
     assert caught.value.reason == "body_too_deep"
 
 
@@ -264,10 +266,10 @@ def test_json_dumps_writes_only_bodies_small_enough_for_the_slow_path():
     deep = b'{"d":' + b"[" * 300 + b"0" + b"]" * 300 + b',"kv_transfer_params":{},"a":"'
     small = body.parse(deep + b"a" * 1000 + b'"}')
     assert small.orjson_safe
-    assert json.loads(body.without(small, KV, None))["d"] == small.document["d"]
+    assert json.loads(body.without(small, [(KV,)]))["d"] == small.document["d"]
     large = body.parse(deep + b"a" * body.SLOW_PARSE_MAX_BYTES + b'"}')
     with pytest.raises(PayloadTooLarge) as refused:
-        body.without(large, KV, None)
+        body.without(large, [(KV,)])
     assert refused.value.reason == "body_needs_slow_parse"
 
 
@@ -376,7 +378,7 @@ def test_a_long_array_of_ids_is_read_from_its_bytes(separators):
     assert lifted.count == len(LONG_IDS)
     assert parsed.orjson_safe
     assert _resolved(parsed.document) == json.loads(raw)
-    assert body.without(parsed, KV, ["remote_port"]) == orjson.dumps(
+    assert body.without(parsed, [(KV, "remote_port")]) == orjson.dumps(
         {"model": "m", KV: {"prompt_token_ids": LONG_IDS}, "n": 1}
     )
 
@@ -448,3 +450,51 @@ def test_passing_content_headers_are_remembered_only_when_short():
     with pytest.raises(UnsupportedMediaType):
         body.check_headers([b"text/plain"], [])
     assert body._check_remembered.cache_info().currsize == 1
+
+
+def test_without_removes_members_at_any_path_and_copies_only_their_way():
+    document = {
+        "a": {"kv_transfer_params": 1, "keep": 2},
+        "list": [{"kv_transfer_params": 3}, {"other": 4}],
+        "b": [1, 2],
+        "kv_transfer_params": {"x": 1},
+    }
+    parsed = body.Parsed(json.loads(json.dumps(document)), True)
+    paths = [
+        ("a", "kv_transfer_params"),
+        ("list", 0, "kv_transfer_params"),
+        ("missing", "kv_transfer_params"),  # names nothing: skipped
+        ("b", 5, "x"),  # an index past the end
+        ("b", 0, "x"),  # a scalar on the way
+    ]
+    out = json.loads(body.without(parsed, paths))
+    assert out == {
+        "a": {"keep": 2},
+        "list": [{}, {"other": 4}],
+        "b": [1, 2],
+        "kv_transfer_params": {"x": 1},
+    }
+    assert parsed.document == document  # not modified
+    assert list(out) == list(document)  # positions kept
+
+
+@pytest.mark.parametrize(
+    ("text", "limit", "expected"),
+    [
+        ('{"kv_transfer_params": {}}', 1, True),
+        ('{"kv_transfer_params": {}}', 0, False),
+        ('{"a": {"kv_transfer_params": 1}, "kv_transfer_params": {}}', 1, False),
+        ('{"a": "kv_transfer_params", "kv_transfer_params": {}}', 1, False),  # in a string
+        ('{"kv\\u005ftransfer_params": {}}', 1, False),  # an escape: no count proves it
+        ('{"m": "\\u00e9", "kv_transfer_params": {}}', 1, True),  # not the key's
+        ("[1]", 5, False),  # not braced
+    ],
+)
+def test_members_at_most_counts_every_spelling(text, limit, expected):
+    assert body.members_at_most(text.encode(), KV, limit) is expected
+
+
+def test_members_at_most_never_proves_a_utf16_body():
+    raw = json.dumps({"a": {"kv_transfer_params": 1}}).encode("utf-16")
+    assert not body.members_at_most(raw, KV, 0)
+    assert json.loads(raw)["a"]["kv_transfer_params"] == 1

@@ -59,10 +59,10 @@ if {lifted}:
     parsed = body.parse(raw, None, lambda: slow.append(1), lift_ids=True)
     parsed.document["kv_transfer_params"]["prompt_token_ids"].reaches(1234567)
     parsed.document["kv_transfer_params"]["prompt_token_ids"].largest()
-    out = body.without(parsed, "kv_transfer_params", ["x"], lambda: slow.append(1))
+    out = body.without(parsed, [("kv_transfer_params", "x")], lambda: slow.append(1))
 else:
     parsed = body.parse(raw, None, lambda: slow.append(1))
-    out = body.without(parsed, "kv_transfer_params", None, lambda: slow.append(1))
+    out = body.without(parsed, [("kv_transfer_params",)], lambda: slow.append(1))
 print(len(raw), (kib("VmHWM") - before) * 1024, len(slow))
 """
 

@@ -28,7 +28,7 @@ from ext_proc.events import (
     StreamedBody,
 )
 from ext_proc.stream import Trust
-from ext_proc.vllm_request import POLICED_KEYS
+from ext_proc.vllm_request import CARRIER_NAMES, CARRIERS, EVERY, POLICED_KEYS
 from tests.driver import Driven
 
 KV = "kv_transfer_params"
@@ -47,11 +47,11 @@ scalars = st.one_of(
     st.floats(allow_nan=False),
     st.text(max_size=8),
 )
+# Member names include the carriers of transfer parameters, at any depth.
+names = st.one_of(st.text(max_size=6), st.sampled_from(CARRIER_NAMES))
 values = st.recursive(
     scalars,
-    lambda inner: st.one_of(
-        st.lists(inner, max_size=4), st.dictionaries(st.text(max_size=6), inner, max_size=4)
-    ),
+    lambda inner: st.one_of(st.lists(inner, max_size=4), st.dictionaries(names, inner, max_size=4)),
     max_leaves=12,
 )
 id_lists = st.lists(st.integers(-5, 1200), max_size=6)
@@ -64,6 +64,11 @@ documents = st.fixed_dictionaries(
         "echo": st.booleans(),
         "model": st.text(max_size=5),
         "extra": values,
+        "ec_transfer_params": values,
+        "vllm_xargs": st.dictionaries(st.sampled_from([*CARRIER_NAMES, "x"]), values),
+        "sampling_params": st.fixed_dictionaries({"extra_args": values}),
+        "generate_response": values,
+        "generate_responses": st.lists(values, max_size=3),
     },
 )
 
@@ -115,6 +120,12 @@ def variants(document: dict[str, Any], seed: int) -> bytes:
         )
         text = text.replace(f'"{KV}"', f'"{spelled}"')
     if rng.random() < 0.3:
+        # One character of every other carrier's name escaped.
+        for name in CARRIER_NAMES[1:]:
+            at = rng.randrange(len(name))
+            spelled = name[:at] + f"\\u{ord(name[at]):04x}" + name[at + 1 :]
+            text = text.replace(f'"{name}"', f'"{spelled}"')
+    if rng.random() < 0.3:
         # Many escapes of other characters before the key (text escaped to ASCII).
         text = '{"pad": "' + "\\u00e9" * rng.choice([15, 16, 17, 40]) + '", ' + text[1:]
     if rng.random() < 0.3:
@@ -138,7 +149,7 @@ def run(
 ) -> Reject | bytes | None:
     """The gateway's answer: a Reject, the bytes it forwards, or None for unchanged."""
     stream = stream or Driven(max_body_bytes=1 << 20)
-    first = stream.handle(RequestHeaders(HEADERS, False, mode, route))
+    first = stream.handle(RequestHeaders(HEADERS, False, mode, route, path=CHAT_PATH))
     if mode is BodyMode.BUFFERED:
         assert first == [ContinueHeaders()]
         (action,) = stream.handle(RequestBody(raw, True))
@@ -161,6 +172,29 @@ def policed(document: Any) -> dict[str, Any]:
     if not isinstance(params, dict):
         return {}
     return {key: params[key] for key in POLICED_KEYS if key in params}
+
+
+def carried(document: Any) -> list[tuple[Any, str]]:
+    """Each member (its object and name) at one of vLLM's carrier paths
+    (vllm_request.CARRIERS), not null: matched here step by step, recursively."""
+
+    def follow(node: Any, steps: tuple[str, ...]) -> list[tuple[Any, str]]:
+        step, rest = steps[0], steps[1:]
+        if step == EVERY:
+            items = node if isinstance(node, list) else []
+            return [hit for item in items if isinstance(item, dict) for hit in follow(item, rest)]
+        if not isinstance(node, dict) or node.get(step) is None:
+            return []
+        return [(node, step)] if not rest else follow(node[step], rest)
+
+    return [hit for carrier in CARRIERS for hit in follow(document, carrier)]
+
+
+def without_carriers(document: Any) -> Any:
+    copied = json.loads(json.dumps(document))
+    for holder, key in carried(copied):
+        del holder[key]
+    return copied
 
 
 def same(a: Any, b: Any) -> bool:
@@ -191,16 +225,17 @@ def test_gateway_denies_or_agrees_with_json_loads(document, seed, route, mode):
             assert not seen.get("kv_transfer_params")
         if route is KEEP:
             assert policed(seen) == {}
+        if route is not HONOR:  # HONOR trusts any caller, its carriers too
+            assert carried(seen) == []
         return
     forwarded = json.loads(answer)
     assert policed(forwarded) == {}
-    expected = dict(seen)
-    if route is STRIP:
+    expected = dict(seen) if route is HONOR else without_carriers(seen)
+    params = seen.get("kv_transfer_params")
+    if params and route is STRIP:
         del expected["kv_transfer_params"]
-    else:
-        expected["kv_transfer_params"] = {
-            k: v for k, v in seen["kv_transfer_params"].items() if k not in POLICED_KEYS
-        }
+    elif params:
+        expected["kv_transfer_params"] = {k: v for k, v in params.items() if k not in POLICED_KEYS}
     assert same(forwarded, expected)
 
 
@@ -225,11 +260,12 @@ def test_honored_ids_are_valid_in_json_loads_view(document, seed, mode):
 KEYS = proof.KeySet({"k1": b"k" * 32}, "k1")
 PROVEN_ROUTE = RouteMetadata({"topology": "disaggregated", "vocab_size": "1000"}, 2.0)
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hï"}]}
+CHAT_PATH = "/v1/chat/completions"
 
 
 def proven(ids: list[int]) -> dict[str, Any]:
     minted = {"prompt_token_ids": ids}
-    token = proof.mint(KEYS, minted, proof.prompt_digest(CHAT, True), 2_000_000_000)
+    token = proof.mint(KEYS, minted, proof.prompt_digest(CHAT, True, CHAT_PATH), 2_000_000_000)
     return {**minted, proof.PROOF_KEY: token}
 
 

@@ -10,7 +10,7 @@ from ext_proc import body, policy, proof
 from ext_proc import ids as ids_module
 from ext_proc.events import Peer
 from ext_proc.policy import Allow, Deny, Evidence, Mint, Strip
-from ext_proc.route_policy import Action, RoutePolicy, Topology, Unproven
+from ext_proc.route_policy import Action, IdentityType, RoutePolicy, Topology, Unproven
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 STRIP = RoutePolicy(Topology.AGGREGATED, Action.STRIP)
@@ -291,12 +291,12 @@ NOW = 1_000_000.0
 def proven_params(document, **extra):
     """What a mint route signs for ``document``'s prompt: ids plus a proof."""
     minted = {"prompt_token_ids": [1, 2, 3], **extra}
-    digest = proof.prompt_digest(document, True)
+    digest = proof.prompt_digest(document, True, "/v1/chat/completions")
     return {**minted, proof.PROOF_KEY: proof.mint(KEYS, minted, digest, int(NOW) + 60)}
 
 
 def verified(route, document, *, peer=policy.NO_PEER, now=NOW, keys=KEYS):
-    digest = proof.prompt_digest(document, True)
+    digest = proof.prompt_digest(document, True, "/v1/chat/completions")
     return decide(route, document, Evidence(lambda: digest, peer, keys, now, 5.0))
 
 
@@ -342,6 +342,9 @@ def test_fields_an_orchestrator_changes_between_legs_keep_the_proof():
     prefill = doc(max_tokens=1, stream=False, return_token_ids=True)
     decode = doc(proven_params(prefill), max_tokens=200, stream=True, stream_options={})
     assert verified(PROVEN, decode).reason == "trusted_proof"
+    # The encoder-cache parameters are each leg's own too (removed here: a client's).
+    decode["ec_transfer_params"] = {"x": 1}
+    assert verified(PROVEN, decode).reason == "trusted_proof"
 
 
 def test_an_expired_proof_or_an_unknown_key_is_unproven():
@@ -360,21 +363,22 @@ def test_a_rotated_key_still_verifies_what_it_signed():
 
 def test_proven_ids_are_still_validated():
     minted = {"prompt_token_ids": [1, 500]}
-    digest = proof.prompt_digest(doc(), True)
+    digest = proof.prompt_digest(doc(), True, "/v1/chat/completions")
     params = {**minted, proof.PROOF_KEY: proof.mint(KEYS, minted, digest, int(NOW) + 60)}
     assert verified(PROVEN, doc(params)).reason == "ids_out_of_vocab"
 
 
-PEERS = RoutePolicy(Topology.DISAGGREGATED, Action.HONOR, peers=frozenset({"spiffe://td/router"}))
+ROUTER = (IdentityType.URI, "spiffe://td/router")
+PEERS = RoutePolicy(Topology.DISAGGREGATED, Action.HONOR, peers=frozenset({ROUTER}))
 
 
 def test_a_listed_mtls_peer_is_trusted_and_others_are_not():
     document = doc({"prompt_token_ids": [1, 2], "remote_port": 5600})
-    listed = Peer(True, ("spiffe://td/router",))
+    listed = Peer(True, (ROUTER,))
     assert verified(PEERS, document, peer=listed) == Allow("trusted_peer", 2)
-    other = Peer(True, ("spiffe://td/client",))
+    other = Peer(True, ((IdentityType.URI, "spiffe://td/client"),))
     assert verified(PEERS, document, peer=other) == Strip(None, "peer_not_listed", 2)
-    not_mtls = Peer(False, ("spiffe://td/router",))
+    not_mtls = Peer(False, (ROUTER,))
     assert verified(PEERS, document, peer=not_mtls).reason == "peer_not_listed"
 
 
@@ -390,10 +394,8 @@ def test_keep_other_keys_removes_only_the_policed_keys_and_the_proof():
 def test_mint_route_requests_are_untrusted_unless_from_a_listed_peer():
     mint = RoutePolicy(Topology.DISAGGREGATED, Action.MINT)
     assert verified(mint, doc({"do_remote_decode": True})) == Strip(None, "unproven", 0)
-    from_router = RoutePolicy(
-        Topology.DISAGGREGATED, Action.MINT, peers=frozenset({"spiffe://td/router"})
-    )
-    router = Peer(True, ("spiffe://td/router",))
+    from_router = RoutePolicy(Topology.DISAGGREGATED, Action.MINT, peers=frozenset({ROUTER}))
+    router = Peer(True, (ROUTER,))
     assert verified(from_router, doc({"do_remote_decode": True}), peer=router) == Allow(
         "trusted_peer", 0
     )
@@ -401,7 +403,7 @@ def test_mint_route_requests_are_untrusted_unless_from_a_listed_peer():
 
 def test_mint_response_signs_the_ids_and_the_connector_keys():
     response = {"id": "x", "prompt_token_ids": [5, 6], "kv_transfer_params": {"remote_port": 7}}
-    digest = proof.prompt_digest(doc(), True)
+    digest = proof.prompt_digest(doc(), True, "/v1/chat/completions")
     decision, params = policy.mint_response(response, digest, KEYS, int(NOW) + 60)
     assert decision == Mint("minted", 2)
     assert params is not None
@@ -427,3 +429,94 @@ def test_mint_response_signs_the_ids_and_the_connector_keys():
 )
 def test_mint_response_refuses_to_sign(response, keys, reason):
     assert policy.mint_response(response, b"\0" * 32, keys, 1) == (Allow(reason), None)
+
+
+def test_an_identity_matches_only_one_of_its_own_type():
+    document = doc({"prompt_token_ids": [1, 2]})
+    # A DNS SAN or a subject that reads like the router's URI SAN is not the router.
+    for kind in (IdentityType.DNS, IdentityType.SUBJECT):
+        spoof = Peer(True, ((kind, "spiffe://td/router"),))
+        assert verified(PEERS, document, peer=spoof) == Strip(None, "peer_not_listed", 2)
+    by_dns = RoutePolicy(
+        Topology.DISAGGREGATED, Action.HONOR, peers=frozenset({(IdentityType.DNS, "r.local")})
+    )
+    dns = Peer(True, ((IdentityType.URI, "spiffe://td/x"), (IdentityType.DNS, "r.local")))
+    assert verified(by_dns, document, peer=dns) == Allow("trusted_peer", 2)
+    uri = Peer(True, ((IdentityType.URI, "r.local"),))
+    assert verified(by_dns, document, peer=uri).reason == "peer_not_listed"
+
+
+# --- other carriers of transfer parameters (docs/trust.md#carriers) -----------------
+
+EC = {"consumer_zmq": "tcp://10.0.0.9:5555"}
+CARRIED = [
+    ({"ec_transfer_params": EC}, ("ec_transfer_params",)),
+    ({"vllm_xargs": {"kv_transfer_params": "x"}}, ("vllm_xargs", "kv_transfer_params")),
+    ({"vllm_xargs": {"ec_transfer_params": [1]}}, ("vllm_xargs", "ec_transfer_params")),
+    (
+        {"sampling_params": {"extra_args": {"kv_transfer_params": {"remote_port": 1}}}},
+        ("sampling_params", "extra_args", "kv_transfer_params"),
+    ),
+    (
+        {"generate_response": {"kv_transfer_params": {"prompt_token_ids": [1]}}},
+        ("generate_response", "kv_transfer_params"),
+    ),
+    (
+        {"generate_responses": [{}, {"kv_transfer_params": {"remote_host": "h"}}]},
+        ("generate_responses", 1, "kv_transfer_params"),
+    ),
+]
+
+
+@pytest.mark.parametrize(("extra", "path"), CARRIED)
+def test_every_carrier_is_removed_from_an_untrusted_caller(extra, path):
+    document = doc(**extra)
+    for route, reason in [(STRIP, "stripped_by_policy"), (PROVEN, "unproven")]:
+        decision = verified(route, document)
+        assert decision == Strip((), reason, 0, carriers=(path,))
+        assert decision.paths == (path,)
+    denied = decide(DENY, document)
+    assert isinstance(denied, Deny)
+    assert denied.refusal.param == ".".join(map(str, path))
+    assert denied.reason == "denied_by_policy"
+    unproven_deny = RoutePolicy(Topology.DISAGGREGATED, Action.HONOR, unproven=Unproven.DENY)
+    assert verified(unproven_deny, document).reason == "unproven"
+
+
+@pytest.mark.parametrize(("extra", "path"), CARRIED)
+def test_a_proof_covers_only_the_top_level_parameters(extra, path):
+    document = doc(proven_params(doc(**extra)), **extra)
+    decision = verified(PROVEN, document)
+    assert decision == Strip((proof.PROOF_KEY,), "trusted_proof", 3, True, (path,))
+    assert decision.paths == (("kv_transfer_params", proof.PROOF_KEY), path)
+
+
+@pytest.mark.parametrize(("extra", "path"), CARRIED)
+def test_a_trusted_caller_keeps_every_carrier(extra, path):
+    document = doc({"prompt_token_ids": [1, 2]}, **extra)
+    assert verified(PEERS, document, peer=Peer(True, (ROUTER,))) == Allow("trusted_peer", 2)
+    assert decide(HONOR, document) == Allow(HONORED, 2)
+
+
+def test_carriers_join_the_removal_of_the_parameters():
+    document = doc({"prompt_token_ids": [1, 2]}, ec_transfer_params=EC)
+    assert decide(STRIP, document) == Strip(
+        None, "stripped_by_policy", 2, carriers=(("ec_transfer_params",),)
+    )
+    assert decide(STRIP, document).paths == (("kv_transfer_params",), ("ec_transfer_params",))
+    # A denial of the parameters themselves stands.
+    assert decide(DENY, document).refusal.param == "kv_transfer_params.prompt_token_ids"
+
+
+def test_null_carriers_and_members_inside_the_parameters_are_not_carriers():
+    assert decide(STRIP, doc(ec_transfer_params=None, vllm_xargs={"kv_transfer_params": None}))
+    assert decide(STRIP, doc(ec_transfer_params=None)) == Allow("no_transfer_params")
+    # Inside the top-level object, a member is the object's (signed or removed whole).
+    inner = {"ec_transfer_params": EC, "prompt_token_ids": [1]}
+    assert verified(PROVEN, doc(inner)) == Strip(None, "proof_missing", 1)
+
+
+def test_carriers_given_by_the_caller_are_taken_as_they_are():
+    document = doc(ec_transfer_params=EC)
+    assert policy.decide(STRIP, document, EVIDENCE, ()) == Allow("no_transfer_params")
+    assert policy.decide(STRIP, document, EVIDENCE, None).reason == "stripped_by_policy"

@@ -9,8 +9,11 @@ KEYS = proof.KeySet({"k1": b"k" * 32}, "k1")
 PROMPT = {"model": "m", "messages": [{"role": "user", "content": "héllo"}]}
 
 
-def digest(document=PROMPT, orjson_safe=True):
-    return proof.prompt_digest(document, orjson_safe)
+CHAT_PATH = "/v1/chat/completions"
+
+
+def digest(document=PROMPT, orjson_safe=True, endpoint=CHAT_PATH):
+    return proof.prompt_digest(document, orjson_safe, endpoint)
 
 
 def minted(params, expiry=100):
@@ -136,5 +139,40 @@ def test_a_prompt_too_deep_to_render_is_a_refusal_not_a_crash():
     for _ in range(5000):
         deep = [deep]
     with pytest.raises(BadRequest) as caught:
-        proof.prompt_digest({**PROMPT, "x": deep}, False)
+        proof.prompt_digest({**PROMPT, "x": deep}, False, CHAT_PATH)
     assert caught.value.reason == "body_too_deep"
+
+
+def test_a_proof_is_bound_to_the_endpoint_it_was_minted_for():
+    params = minted({"prompt_token_ids": [1, 2]})
+    assert proof.verify(KEYS, params, digest(), now=0, skew=0) is None
+    for other in ("/v1/messages", "/v1/responses", "/v1/completions", "/v1/chat/completions/"):
+        assert proof.verify(KEYS, params, digest(endpoint=other), 0, 0) == "prompt_mismatch"
+
+
+def test_endpoint_and_prompt_cannot_run_into_each_other():
+    # Length-prefixed: moving bytes between the endpoint and the fields changes the digest.
+    assert digest({}, endpoint="/v1/a") != digest({}, endpoint="/v1/a" + "o{}")
+    assert proof.prompt_digest({}, True, "/a") != proof.prompt_digest({}, True, "/a\n")
+
+
+def _respell_last(text: str) -> list[str]:
+    """Every other base64url character that decodes ``text`` to the same bytes."""
+    alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_"
+    head = text[:-1]
+    same = proof._unb64(text)
+    return [head + c for c in alphabet if c != text[-1] and proof._unb64(head + c) == same]
+
+
+def test_only_the_canonical_base64_of_a_proof_is_accepted():
+    params = minted({"prompt_token_ids": [1, 2]})
+    version, key_id, expiry, shown, mac = params[proof.PROOF_KEY].split(".")
+    respelled_macs = _respell_last(mac)
+    respelled_digests = _respell_last(shown)
+    assert len(respelled_macs) == 3  # 43 characters carry 2 spare bits: 4 spellings
+    assert len(respelled_digests) == 3
+    for fields in [(shown, m) for m in respelled_macs] + [(d, mac) for d in respelled_digests]:
+        token = ".".join((version, key_id, expiry, *fields))
+        assert proof.verify(KEYS, {**params, proof.PROOF_KEY: token}, digest(), 0, 0) == (
+            "proof_malformed"
+        )

@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from ext_proc import body, memory, proof
+from ext_proc import body, memory, proof, vllm_request
 from ext_proc.budget import Budget
 from ext_proc.errors import ProtocolError
 from ext_proc.events import (
@@ -40,8 +40,12 @@ BUFFERED = BodyMode.BUFFERED
 DUPLEX = BodyMode.FULL_DUPLEX_STREAMED
 
 
-def headers(route=AGGREGATED, *, eos=False, mode=BUFFERED, extra=JSON):
-    return RequestHeaders(extra, eos, mode, route)
+# The path every test request is for (the upstream path: test routes rewrite nothing).
+CHAT_PATH = "/v1/chat/completions"
+
+
+def headers(route=AGGREGATED, *, eos=False, mode=BUFFERED, extra=JSON, path=CHAT_PATH):
+    return RequestHeaders(extra, eos, mode, route, path=path)
 
 
 def new(limit=1 << 20, budget=None, values=262_144):
@@ -563,7 +567,9 @@ def test_audit_never_relaxes_limits_protocol_or_configuration():
 
 
 def first_body(data, route=AGGREGATED, extra=JSON, mode=BUFFERED, eos=True):
-    return RequestBody(data, eos, RequestHeaders(extra, False, mode, route))
+    # Envoy evaluated a skipped headers message's attributes after routing.
+    preamble = RequestHeaders(extra, False, mode, route, path=CHAT_PATH, routed=True)
+    return RequestBody(data, eos, preamble)
 
 
 def test_headerless_body_is_decided_in_one_message():
@@ -688,7 +694,7 @@ def test_mint_signs_the_response_parameters():
     params = minted.pop("kv_transfer_params")
     assert minted == {"id": "c", "prompt_token_ids": [3, 4]}
     assert params["prompt_token_ids"] == [3, 4]
-    digest = proof.prompt_digest(json.loads(PREFILL), True)
+    digest = proof.prompt_digest(json.loads(PREFILL), True, CHAT_PATH)
     assert proof.verify(KEYS, params, digest, now=1000.0, skew=0) is None
     assert params[proof.PROOF_KEY].split(".")[2] == "1060"  # clock + ttl
 
@@ -847,3 +853,176 @@ def test_deep_bodies_on_trust_routes_are_decided_or_refused_never_raised(route, 
         assert only(out).details == "token_policy_body_too_deep"
     else:
         assert isinstance(only(out), ContinueBody)
+
+
+# --- endpoints: where a mint route signs, what a proof is bound to ----------------------
+
+SIGNED_RESPONSE = json.dumps({"id": "c", "prompt_token_ids": [3, 4]}).encode()
+REWRITTEN_MINT = RouteMetadata(
+    {
+        "topology": "disaggregated",
+        "action": "mint",
+        "match_prefix": "/pd/prefill/v1/",
+        "prefix_rewrite": "/v1/",
+    },
+    4.0,
+)
+
+
+@pytest.mark.parametrize(
+    ("route", "path", "minted"),
+    [
+        (MINT_ROUTE, "/v1/chat/completions", True),
+        (REWRITTEN_MINT, "/pd/prefill/v1/chat/completions", True),
+        (REWRITTEN_MINT, "/pd/prefill/v1/chat/%63ompletions", True),  # vLLM decodes it
+        # Endpoints that can echo the request, or whose ids are the request's.
+        (MINT_ROUTE, "/v1/chat/completions/derender", False),
+        (MINT_ROUTE, "/v1/completions/derender", False),
+        (MINT_ROUTE, "/v1/chat/completions/render", False),
+        (MINT_ROUTE, "/v1/completions", False),
+        (MINT_ROUTE, "/inference/v1/generate", False),
+        (MINT_ROUTE, "/tokenize", False),
+        (MINT_ROUTE, "/v1/messages", False),
+        (MINT_ROUTE, "/v1/responses", False),
+        (REWRITTEN_MINT, "/pd/prefill/v1/chat/completions/derender", False),
+        # Without the rewrite metadata the route's own path is not chat completions.
+        (MINT_ROUTE, "/pd/prefill/v1/chat/completions", False),
+    ],
+)
+def test_a_mint_route_signs_only_chat_completions(route, path, minted):
+    trust = Trust(keys=lambda: KEYS, clock=lambda: 1000.0, ttl_seconds=60)
+    stream = Driven(max_body_bytes=1 << 20, trust=trust)
+    stream.handle(headers(route, path=path))
+    assert stream.handle(RequestBody(PREFILL, True)) == [ContinueBody(None)]
+    answer = response_outcome(stream, raw=SIGNED_RESPONSE)
+    if minted:
+        assert stream.outcome.decision == Mint("minted", 2)
+        assert answer.replacement is not None
+    else:
+        assert stream.outcome.decision == Allow("endpoint_not_mintable")
+        assert answer.replacement is None
+
+
+def test_a_path_outside_the_routes_match_prefix_is_invalid_metadata():
+    stream = new()
+    (answer,) = stream.handle(headers(REWRITTEN_MINT, path="/pd/v1/chat/completions"))
+    assert isinstance(answer, Reject)
+    assert answer.status == 500
+    assert answer.details == "token_policy_invalid_route_policy"
+    assert b"match_prefix" in answer.body
+
+
+def test_a_proof_minted_for_chat_completions_is_a_mismatch_elsewhere():
+    trust = Trust(keys=lambda: KEYS, clock=lambda: 1000.0, ttl_seconds=60)
+    stream = Driven(max_body_bytes=1 << 20, trust=trust)
+    stream.handle(headers(MINT_ROUTE))
+    stream.handle(RequestBody(PREFILL, True))
+    answer = response_outcome(stream, raw=SIGNED_RESPONSE)
+    params = json.loads(answer.replacement)["kv_transfer_params"]
+    decode = {**json.loads(PREFILL), "kv_transfer_params": params}
+    honor = RouteMetadata({"topology": "disaggregated", "action": "honor"}, 2.0)
+    for path, reason in [
+        ("/v1/chat/completions", "trusted_proof"),
+        ("/v1/messages", "prompt_mismatch"),
+        ("/v1/responses", "prompt_mismatch"),
+    ]:
+        stream = Driven(max_body_bytes=1 << 20, trust=trust)
+        stream.handle(headers(honor, path=path))
+        stream.handle(RequestBody(json.dumps(decode).encode(), True))
+        assert stream.outcome.decision.reason == reason
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {"ec_transfer_params": {"consumer_zmq": "tcp://10.0.0.9:1"}},
+        {"vllm_xargs": {"kv_transfer_params": "x", "n": 1}},
+        {"vllm_xargs": {"ec_transfer_params": [1]}},
+    ],
+)
+def test_other_carriers_are_found_and_removed(extra):
+    raw = json.dumps({"messages": [], **extra}).encode()
+    stream = new()
+    stream.handle(headers())
+    (answer,) = stream.handle(RequestBody(raw, True))
+    assert isinstance(answer, ContinueBody)
+    assert answer.replacement is not None
+    forwarded = json.loads(answer.replacement)
+    assert "ec_transfer_params" not in forwarded
+    assert "kv_transfer_params" not in forwarded.get("vllm_xargs", {})
+    assert stream.outcome.decision.reason == "stripped_by_policy"
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        # A member named as a carrier where vLLM reads none: its content could still
+        # come back in a response, so nothing the response carries is signed.
+        {"messages": [{"role": "user", "content": "hi", "kv_transfer_params": {"a": 1}}]},
+        {"metadata": {"ec_transfer_params": {"a": 1}}},
+        # Only the bytes are read for this: a prompt that names the key blocks it too.
+        {"messages": [{"role": "user", "content": "what is kv_transfer_params?"}]},
+        # Two top-level members of the name (the last wins in vLLM's reading).
+        "duplicate",
+    ],
+)
+def test_a_mint_route_signs_nothing_for_a_request_that_names_a_carrier_elsewhere(extra):
+    trust = Trust(keys=lambda: KEYS, clock=lambda: 1000.0, ttl_seconds=60)
+    stream = Driven(max_body_bytes=1 << 20, trust=trust)
+    stream.handle(headers(MINT_ROUTE))
+    if extra == "duplicate":
+        raw = b'{"kv_transfer_params": {"x": 1}, "messages": [], "kv_transfer_params": {}}'
+    else:
+        raw = json.dumps({**json.loads(PREFILL), **extra}).encode()
+    (answer,) = stream.handle(RequestBody(raw, True))
+    assert isinstance(answer, ContinueBody)
+    answer = response_outcome(stream, raw=SIGNED_RESPONSE)
+    assert stream.outcome.decision == Allow("request_may_echo")
+    assert answer.replacement is None
+
+
+def test_a_mint_route_signs_for_a_request_with_only_its_own_parameters():
+    trust = Trust(keys=lambda: KEYS, clock=lambda: 1000.0, ttl_seconds=60)
+    stream = Driven(max_body_bytes=1 << 20, trust=trust)
+    stream.handle(headers(MINT_ROUTE))
+    raw = json.dumps({**json.loads(PREFILL), "kv_transfer_params": {"do_remote_decode": True}})
+    stream.handle(RequestBody(raw.encode(), True))
+    response_outcome(stream, raw=SIGNED_RESPONSE)
+    assert stream.outcome.decision == Mint("minted", 2)
+
+
+def test_one_message_per_request_gets_the_path_after_the_rewrite():
+    # Without the headers message, Envoy's attributes already show the upstream path.
+    trust = Trust(keys=lambda: KEYS, clock=lambda: 1000.0, ttl_seconds=60)
+    for path, routed, minted in [
+        ("/v1/chat/completions", True, True),
+        ("/pd/prefill/v1/chat/completions", False, True),
+        ("/v1/chat/completions/derender", True, False),
+    ]:
+        stream = Driven(max_body_bytes=1 << 20, trust=trust)
+        preamble = RequestHeaders(JSON, False, BUFFERED, REWRITTEN_MINT, path=path, routed=routed)
+        assert stream.handle(RequestBody(PREFILL, True, preamble)) == [
+            ContinueBody(None, length_header=True)
+        ]
+        response_outcome(stream, raw=SIGNED_RESPONSE)
+        assert stream.outcome.decision.action == ("mint" if minted else "allow")
+    # A routed path the rewrite cannot have produced: the metadata is not this route's.
+    stream = new()
+    preamble = RequestHeaders(JSON, False, BUFFERED, REWRITTEN_MINT, path="/x/v1", routed=True)
+    (answer,) = stream.handle(RequestBody(PREFILL, True, preamble))
+    assert isinstance(answer, Reject)
+    assert b"prefix_rewrite" in answer.body
+
+
+@pytest.mark.parametrize(
+    ("path", "expected"),
+    [
+        ("/v1/chat/completions", "/v1/chat/completions"),
+        ("/v1/chat/%63ompletions", "/v1/chat/completions"),
+        ("/v1/chat/completions%0A", "/v1/chat/completions"),  # Starlette's $ ignores it
+        ("/v1/chat/completions%0A%0A", "/v1/chat/completions\n"),
+        ("/v1/chat/completions%2Fderender", "/v1/chat/completions/derender"),
+    ],
+)
+def test_the_endpoint_is_the_path_as_vllm_routes_it(path, expected):
+    assert vllm_request.endpoint(path) == expected
