@@ -35,6 +35,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from bench import bodies, proofs
 from devstack import envoy_config, processes
+from ext_proc import envoygen
 from ext_proc.address import HostPort
 
 REPO = Path(__file__).resolve().parents[1]
@@ -291,6 +292,8 @@ def _add_any_caller_route(config: dict[str, Any]) -> None:
     extra["name"] = "disaggregated-any-caller"
     extra["match"] = {"prefix": bodies.ANY_CALLER_ROUTE}
     extra["metadata"]["filter_metadata"][POLICY]["trust_any_caller"] = True
+    # Its metadata states its own prefix, not the copied route's.
+    envoygen.state_rewrite(extra, POLICY)
     routes.insert(index, extra)
 
 

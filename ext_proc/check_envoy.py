@@ -7,14 +7,24 @@ time); no per-route override (route, virtual host, route configuration or weight
 cluster) makes the filter fail open; a ``mint`` route sends the processor its response
 headers and buffered response body (docs/trust.md), or nothing is signed; every
 forwarding route runs an ext_proc filter (one disabled there, or disabled by default and
-not enabled there, forwards bodies nobody inspected, ids included). Warnings: forwarding
-routes without policy metadata, and ``honor`` routes that trust any caller or have no
+not enabled there, forwards bodies nobody inspected, ids included); a ``mint`` or
+``honor`` route with a ``prefix_rewrite`` tells the processor about it in its metadata
+(``match_prefix`` and ``prefix_rewrite`` equal to the route's match prefix and rewrite,
+or the processor binds proofs to the wrong endpoint), and rewrites no other way; no
+route forwards a path that reaches one of vLLM's token-in or echo endpoints upstream
+(``token_endpoints``): Envoy's first-match route selection is simulated, per virtual
+host, for probe paths made from every route's prefix and rewrite, after the connection
+manager has normalised the path as the upstream will decode it (``normalize_path``, and
+escaped slashes unescaped or refused). Warnings: forwarding
+routes without policy metadata, ``strip`` or ``deny`` routes with a rewrite their
+metadata does not state, and ``honor`` routes that trust any caller or have no
 ``vocab_size``. Routes that forward nothing (a direct response or a redirect) need
 neither metadata nor the filter.
 """
 
 from __future__ import annotations
 
+import re
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -26,6 +36,7 @@ import yaml
 from ext_proc.attributes import HEADERS, as_cel, attribute_keys
 from ext_proc.errors import RoutePolicyError
 from ext_proc.route_policy import DEFAULT_NAMESPACE, FIELDS, Action, RoutePolicy, parse
+from ext_proc.token_endpoints import is_token_path, probe_suffixes
 
 EXT_PROC = "type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor"
 PER_ROUTE = "type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExtProcPerRoute"
@@ -232,6 +243,198 @@ def _check_route(
         for name in running
     )
     _check_policy(where, parsed, responds, report)
+    _check_rewrite(where, route, parsed, report)
+
+
+# Path rewrites the processor cannot follow from route metadata.
+_OTHER_REWRITES = ("regex_rewrite", "path_rewrite_policy")
+
+
+def _check_rewrite(where: str, route: dict[str, Any], policy: RoutePolicy, report: Report) -> None:
+    """The processor learns the upstream path from ``match_prefix`` and ``prefix_rewrite``
+    (``RoutePolicy.upstream_path``): on ``mint`` and ``honor`` routes, where proofs are
+    bound to that path, a rewrite it is not told about, or cannot follow, is an error."""
+    action = route["route"]
+    binding = policy.action in (Action.MINT, Action.HONOR)
+    problems = report.errors if binding else report.warnings
+    given = (policy.match_prefix, policy.prefix_rewrite)
+    other = [key for key in _OTHER_REWRITES if key in action]
+    if other:
+        bound = " (proofs are bound to it)" if binding else ""
+        problems.append(
+            f"{where}: {other[0]} is not supported on a {policy.action.value} route: the "
+            f"processor cannot know the path the upstream receives{bound}. Use a prefix "
+            "match with prefix_rewrite, stated in match_prefix and prefix_rewrite"
+        )
+        return
+    rewrite = action.get("prefix_rewrite") or None
+    match = route.get("match", {})
+    prefix = match.get("prefix", match.get("path_separated_prefix"))
+    if rewrite is None:
+        if given != (None, None):
+            report.errors.append(
+                f"{where}: metadata match_prefix {given[0]!r} and prefix_rewrite "
+                f"{given[1]!r} describe a rewrite this route does not make; the processor "
+                "would compute the wrong upstream path. Remove them"
+            )
+        return
+    if prefix is None:
+        problems.append(
+            f"{where}: prefix_rewrite with a {', '.join(match) or 'missing'} matcher is not "
+            f"supported on a {policy.action.value} route (the processor follows prefix "
+            "rewrites of prefix matches only)"
+        )
+        return
+    expected = (prefix, rewrite)
+    if given == expected:
+        return
+    fields = f"match_prefix {prefix!r} and prefix_rewrite {rewrite!r}"
+    if given == (None, None):
+        problems.append(
+            f"{where}: the route rewrites {prefix!r} to {rewrite!r} but its metadata lacks "
+            f"{fields}; the processor would take the downstream path for the upstream "
+            + ("one and bind proofs to the wrong endpoint" if binding else "one")
+        )
+        return
+    report.errors.append(
+        f"{where}: metadata match_prefix {given[0]!r} and prefix_rewrite {given[1]!r} "
+        f"differ from the route's {fields}; the processor would compute the wrong "
+        "upstream path (or refuse every request)"
+    )
+
+
+# Route conditions beside the path: a route with one matches only some requests.
+_CONDITIONS = (
+    "headers",
+    "query_parameters",
+    "grpc",
+    "runtime_fraction",
+    "tls_context",
+    "dynamic_metadata",
+    "filter_state",
+    "cel_matcher",
+)
+# Path matchers simulated here; another (connect_matcher, path_match_policy) is not.
+_PREFIXES = ("prefix", "path_separated_prefix")
+
+
+def _bare(path: str) -> str:
+    return path.partition("?")[0]
+
+
+def _selects(route: dict[str, Any], path: str) -> bool | None:
+    """Whether Envoy selects ``route`` for ``path`` by its path matcher (after the
+    connection manager's normalisation); None when it cannot be told here: an unknown
+    matcher, or a condition beside the path."""
+    match = route.get("match", {})
+    if not isinstance(match, dict) or any(key in match for key in _CONDITIONS):
+        return None
+    sensitive = match.get("case_sensitive", True)
+
+    def same(value: str) -> str:
+        return value if sensitive else value.lower()
+
+    bare = _bare(path)
+    if "prefix" in match:
+        return same(path).startswith(same(match["prefix"]))
+    if "path_separated_prefix" in match:
+        value = same(match["path_separated_prefix"])
+        return same(bare) == value or same(bare).startswith(f"{value}/")
+    if "path" in match:
+        return same(bare) == same(match["path"])
+    regex = match.get("safe_regex", {}).get("regex") if "safe_regex" in match else None
+    if isinstance(regex, str):
+        try:
+            return re.fullmatch(regex, bare) is not None
+        except re.error:
+            return None
+    return None
+
+
+def _upstream(route: dict[str, Any], path: str) -> str | None:
+    """The path a forwarding ``route`` sends upstream for ``path``; None when unknown."""
+    action, match, bare = route["route"], route.get("match", {}), _bare(path)
+    if action.get("prefix_rewrite"):
+        matched = next((match[k] for k in _PREFIXES if k in match), None)
+        if matched is None:
+            return None
+        return str(action["prefix_rewrite"]) + bare[len(str(matched)) :]
+    if "regex_rewrite" in action:
+        rewrite = action["regex_rewrite"]
+        try:
+            return re.sub(rewrite["pattern"]["regex"], rewrite["substitution"], bare)
+        except (re.error, KeyError, TypeError):
+            return None
+    return None if "path_rewrite_policy" in action else bare
+
+
+def _probes(routes: list[dict[str, Any]]) -> dict[str, str]:
+    """Downstream paths that reach a token endpoint upstream through one of ``routes``
+    (its prefix, then what makes its rewrite a token endpoint), each with the label of
+    the route it was made from."""
+    out: dict[str, str] = {}
+    for position, route in enumerate(routes):
+        match = route.get("match", {})
+        label = route.get("name") or f"#{position}"
+        if "path" in match:
+            out.setdefault(match["path"], label)
+        prefix = next((match[k] for k in _PREFIXES if k in match), None)
+        if not isinstance(prefix, str):
+            continue
+        rewrite = route.get("route", {}).get("prefix_rewrite") or prefix
+        for suffix in probe_suffixes(rewrite):
+            out.setdefault(prefix + suffix, label)
+    return out
+
+
+def _check_token_endpoints(where: str, routes: list[dict[str, Any]], report: Report) -> None:
+    """No route Envoy would select (the first whose matcher matches) forwards a probe
+    path to a token-in or echo endpoint. A route whose selection cannot be told counts
+    as selected when it forwards, and as not selected when it does not."""
+    forwarded: dict[str, list[str]] = {}
+    for probe, origin in _probes(routes).items():
+        for position, route in enumerate(routes):
+            selected = _selects(route, probe)
+            if selected is False or (selected is None and "route" not in route):
+                continue
+            if "route" in route:
+                upstream = _upstream(route, probe)
+                if upstream is None or is_token_path(upstream):
+                    label = route.get("name") or f"#{position}"
+                    shown = "unknown" if upstream is None else repr(upstream)
+                    note = "" if selected else ", if its matcher matches"
+                    forwarded.setdefault(label, []).append(
+                        f"{probe!r} (upstream {shown}, made from route {origin}{note})"
+                    )
+            break
+    for label, paths in forwarded.items():
+        more = f" and {len(paths) - 1} more" if len(paths) > 1 else ""
+        report.errors.append(
+            f"{where}/{label}: forwards {paths[0]}{more} to a vLLM token-in or echo "
+            "endpoint (ids in without a template, or request content echoed); answer "
+            "those paths with a direct_response before this route"
+        )
+
+
+# What the connection manager must do to the path before routes match, so that route
+# matches see the path the upstream decodes (uvicorn percent-decodes it).
+_UNESCAPING = ("UNESCAPE_AND_REDIRECT", "UNESCAPE_AND_FORWARD", "REJECT_REQUEST")
+
+
+def _check_path_handling(where: str, manager: dict[str, Any], report: Report) -> None:
+    if manager.get("normalize_path") is not True:
+        report.errors.append(
+            f"{where}: normalize_path is not true: route matches see dot segments and "
+            "escaped letters the upstream resolves ('/v1/chat/completions/%64erender' "
+            "reaches derender). Set normalize_path: true"
+        )
+    action = manager.get("path_with_escaped_slashes_action", "KEEP_UNCHANGED")
+    if action not in _UNESCAPING:
+        report.errors.append(
+            f"{where}: path_with_escaped_slashes_action {action} keeps '%2F' in the path "
+            "routes match while the upstream decodes it ('/pd/v1/chat/completions%2Fderender' "
+            f"reaches derender). Use one of {', '.join(_UNESCAPING)}"
+        )
 
 
 def check(config: Any, namespace: str = DEFAULT_NAMESPACE) -> Report:
@@ -253,6 +456,7 @@ def check(config: Any, namespace: str = DEFAULT_NAMESPACE) -> Report:
         }
         for ext_proc in ext_procs:
             _check_filter(f"{where} filter {ext_proc.get('name')}", ext_proc, namespace, report)
+        _check_path_handling(where, manager, report)
         checked = _Manager(
             namespace,
             requested,
@@ -268,7 +472,8 @@ def check(config: Any, namespace: str = DEFAULT_NAMESPACE) -> Report:
             host = vhost.get("typed_per_filter_config", {})
             for name, per_route in _per_route(host):
                 _check_override(label, name, per_route, requested, report)
-            for position, route in enumerate(vhost.get("routes", [])):
+            listed = [r for r in vhost.get("routes", []) if isinstance(r, dict)]
+            for position, route in enumerate(listed):
                 route_label = route.get("name") or f"#{position}"
                 _check_route(
                     f"{where} route {vhost.get('name')}/{route_label}",
@@ -277,6 +482,7 @@ def check(config: Any, namespace: str = DEFAULT_NAMESPACE) -> Report:
                     checked,
                     report,
                 )
+            _check_token_endpoints(f"{where} route {vhost.get('name')}", listed, report)
     return report
 
 

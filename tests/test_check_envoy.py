@@ -47,13 +47,13 @@ def per_route(**config):
 
 def test_shipped_config_is_clean():
     report = check(SHIPPED)
-    assert (report.errors, report.warnings, report.routes) == ([], [], 7)
+    assert (report.errors, report.warnings, report.routes) == ([], [], 9)
     # Among them: a mint route, an honor route, and direct responses without metadata
     # or the filter (the token endpoints), none of which is reported.
     assert policy(SHIPPED, "prefill")["action"] == "mint"
     assert policy(SHIPPED, "disaggregated")["action"] == "honor"
     direct = [r for r in routes(SHIPPED) if "direct_response" in r]
-    assert len(direct) == 3
+    assert len(direct) == 5
     assert all("metadata" not in r and "typed_per_filter_config" in r for r in direct)
 
 
@@ -340,3 +340,290 @@ def test_a_forwarding_route_is_reported_where_a_direct_response_is_not():
     assert NOT_INSPECTED in error
     (warning,) = report.warnings
     assert "token-endpoint-render: no 'ext_proc.token_policy' metadata" in warning
+
+
+# --- a route's rewrite, as the processor must know it ---------------------------------------
+
+
+def test_mint_and_honor_routes_must_state_their_rewrite():
+    def unstated(name):
+        def change(config):
+            for key in ("match_prefix", "prefix_rewrite"):
+                policy(config, name).pop(key)
+
+        return change
+
+    (error,) = mutated(unstated("prefill")).errors
+    assert error == (
+        "http_connection_manager[0] route vllm/prefill: the route rewrites '/pd/prefill/v1/' "
+        "to '/v1/' but its metadata lacks match_prefix '/pd/prefill/v1/' and prefix_rewrite "
+        "'/v1/'; the processor would take the downstream path for the upstream one and "
+        "bind proofs to the wrong endpoint"
+    )
+    (error,) = mutated(unstated("disaggregated")).errors
+    assert "vllm/disaggregated: the route rewrites '/pd/v1/' to '/v1/'" in error
+
+
+@pytest.mark.parametrize(
+    ("fields", "rewrite"),
+    [
+        ({"match_prefix": "/pd/", "prefix_rewrite": "/"}, "/v1/"),
+        ({"match_prefix": "/pd/v1/", "prefix_rewrite": "/v1/"}, "/v2/"),
+    ],
+)
+def test_a_stated_rewrite_must_be_the_routes(fields, rewrite):
+    def change(config):
+        policy(config, "disaggregated").update(fields)
+        route(config, "disaggregated")["route"]["prefix_rewrite"] = rewrite
+
+    (error,) = mutated(change).errors
+    assert "vllm/disaggregated: metadata match_prefix" in error
+    assert f"differ from the route's match_prefix '/pd/v1/' and prefix_rewrite {rewrite!r}" in error
+
+
+def test_a_stated_rewrite_the_route_does_not_make_is_an_error():
+    def change(config):
+        policy(config, "aggregated").update(match_prefix="/v1/", prefix_rewrite="/v2/")
+
+    (error,) = mutated(change).errors
+    assert (
+        "vllm/aggregated: metadata match_prefix '/v1/' and prefix_rewrite '/v2/' describe" in error
+    )
+
+
+@pytest.mark.parametrize(
+    ("change", "text"),
+    [
+        (
+            lambda r: r["route"].update(
+                regex_rewrite={"pattern": {"regex": "^/pd/v1/"}, "substitution": "/v1/"}
+            ),
+            "regex_rewrite is not supported on a honor route",
+        ),
+        (
+            lambda r: r.update(match={"path": "/pd/v1/chat/completions"}),
+            "prefix_rewrite with a path matcher is not supported on a honor route",
+        ),
+        (
+            lambda r: r.update(match={"safe_regex": {"regex": "/pd/v1/.*"}}),
+            "prefix_rewrite with a safe_regex matcher is not supported on a honor route",
+        ),
+    ],
+)
+def test_rewrites_the_processor_cannot_follow_are_errors(change, text):
+    def mutate(config):
+        entry = route(config, "disaggregated")
+        change(entry)
+        if "regex_rewrite" in entry["route"]:
+            del entry["route"]["prefix_rewrite"]
+
+    report = mutated(mutate)
+    assert any(text in e for e in report.errors), report.errors
+
+
+def test_a_strip_route_with_an_unstated_rewrite_is_a_warning():
+    def change(config):
+        route(config, "aggregated")["route"]["prefix_rewrite"] = "/v1/x/"
+
+    (warning,) = warnings_of(change)
+    assert (
+        "vllm/aggregated: the route rewrites '/v1/' to '/v1/x/' but its metadata lacks" in warning
+    )
+    assert "bind proofs" not in warning
+
+
+def test_a_path_separated_prefix_rewrite_is_followed():
+    # As Envoy Gateway and Istio write a Gateway API PathPrefix and ReplacePrefixMatch.
+    def change(config):
+        entry = route(config, "disaggregated")
+        entry["match"] = {"path_separated_prefix": "/pd/v1"}
+        entry["route"]["prefix_rewrite"] = "/v1"
+        policy(config, "disaggregated").update(match_prefix="/pd/v1", prefix_rewrite="/v1")
+
+    assert warnings_of(change) == []
+
+
+# --- no route forwards a token-in or echo endpoint ------------------------------------------
+
+
+def without(*names):
+    def change(config):
+        entries = routes(config)
+        entries[:] = [r for r in entries if r.get("name") not in names]
+
+    return change
+
+
+def forwarding_errors(report):
+    """The errors of routes that forward a token endpoint, by route name."""
+    return {
+        e.split(": forwards ")[0].rsplit("/", 1)[1]: e for e in report.errors if ": forwards " in e
+    }
+
+
+def test_the_shipped_config_before_the_echo_route_forwarded_render_paths():
+    # The 404s of the root prefixes alone: each policy route passes its own render and
+    # derender paths to vLLM, rewritten.
+    errors = forwarding_errors(mutated(without("token-endpoint-echo")))
+    assert set(errors) == {"prefill", "disaggregated", "aggregated", "default"}
+    assert errors["disaggregated"].startswith(
+        "http_connection_manager[0] route vllm/disaggregated: forwards "
+        "'/pd/v1/chat/completions/render' (upstream '/v1/chat/completions/render', made "
+        "from route disaggregated) and "
+    )
+    assert "to a vLLM token-in or echo endpoint" in errors["disaggregated"]
+    assert "'/pd/prefill/v1/chat/completions/render'" in errors["prefill"]
+
+
+@pytest.mark.parametrize(
+    ("regex", "probe"),
+    [
+        # Case-sensitive: upper-case spellings pass.
+        (".*/(de)?render/?(%0[aA])?", "/pd/prefill/v1/CHAT/COMPLETIONS/RENDER"),
+        # No trailing slash, no escaped newline, no derender.
+        ("(?i).*/(de)?render(%0a)?", "/pd/prefill/v1/chat/completions/render/"),
+        ("(?i).*/(de)?render/?", "/pd/prefill/v1/chat/completions/render%0A"),
+        ("(?i).*/render/?(%0a)?", "/pd/prefill/v1/chat/completions/derender"),
+    ],
+)
+def test_a_narrower_echo_route_is_caught(regex, probe):
+    def change(config):
+        route(config, "token-endpoint-echo")["match"]["safe_regex"]["regex"] = regex
+
+    errors = forwarding_errors(mutated(change))
+    assert f"route vllm/prefill: forwards {probe!r} (upstream " in errors["prefill"], errors
+
+
+def test_case_variants_are_probed():
+    def change(config):
+        route(config, "token-endpoint-echo")["match"]["safe_regex"]["regex"] = ".*/(de)?render/?"
+
+    errors = forwarding_errors(mutated(change))
+    assert "'/V1/CHAT/COMPLETIONS/RENDER'" in errors["default"]
+
+
+def test_the_token_in_api_is_probed():
+    errors = forwarding_errors(mutated(without("token-endpoint-inference")))
+    assert set(errors) == {"default"}
+    assert (
+        "forwards '/inference/v1/generate' (upstream '/inference/v1/generate'" in errors["default"]
+    )
+
+
+def test_the_first_matching_route_decides():
+    def last(config):
+        entries = routes(config)
+        echo = route(config, "token-endpoint-echo")
+        entries.remove(echo)
+        entries.append(echo)
+
+    assert set(forwarding_errors(mutated(last))) == {
+        "prefill",
+        "disaggregated",
+        "aggregated",
+        "default",
+    }
+
+
+def test_a_route_rewritten_onto_the_token_in_api_is_probed():
+    def change(config):
+        entry = copy.deepcopy(route(config, "default"))
+        entry.update(name="pd-root", match={"prefix": "/pd/"})
+        entry["route"]["prefix_rewrite"] = "/"
+        policy_fields = entry["metadata"]["filter_metadata"]["ext_proc.token_policy"]
+        policy_fields.update(match_prefix="/pd/", prefix_rewrite="/")
+        routes(config).insert(5, entry)
+
+    errors = forwarding_errors(mutated(change))
+    assert set(errors) == {"pd-root"}
+    assert (
+        "forwards '/pd/inference/v1/generate' (upstream '/inference/v1/generate'"
+        in (errors["pd-root"])
+    )
+
+
+def test_a_conditional_404_does_not_count_and_a_conditional_route_may_forward():
+    def conditional_404(config):
+        route(config, "token-endpoint-echo")["match"]["headers"] = [
+            {"name": "x-block", "present_match": True}
+        ]
+
+    assert "disaggregated" in forwarding_errors(mutated(conditional_404))
+
+    def conditional_route(config):
+        entry = copy.deepcopy(route(config, "default"))
+        entry.update(name="by-header", match={"prefix": "/", "headers": [{"name": "x-a"}]})
+        routes(config).insert(0, entry)
+
+    errors = forwarding_errors(mutated(conditional_route))
+    assert set(errors) == {"by-header"}
+    assert "if its matcher matches" in errors["by-header"]
+
+
+def test_a_path_separated_prefix_route_is_probed():
+    def change(config):
+        without("token-endpoint-echo")(config)
+        entry = route(config, "disaggregated")
+        entry["match"] = {"path_separated_prefix": "/pd/v1"}
+        entry["route"]["prefix_rewrite"] = "/v1"
+        policy(config, "disaggregated").update(match_prefix="/pd/v1", prefix_rewrite="/v1")
+
+    assert (
+        "forwards '/pd/v1/chat/completions/render' (upstream '/v1/chat/completions/render'"
+        in (forwarding_errors(mutated(change))["disaggregated"])
+    )
+
+
+@pytest.mark.parametrize("path", sorted(SHIPPED_DIR.glob("*.yaml")), ids=lambda p: p.name)
+def test_the_configs_shipped_before_the_echo_route_fail(path):
+    # What every shipped config was before the render and derender paths were closed
+    # wherever they occur: the policy routes forward them.
+    config = yaml.safe_load(path.read_text())
+    without("token-endpoint-echo")(config)
+    assert set(forwarding_errors(check(config))) >= {"prefill", "disaggregated"}
+
+
+# --- the routes the end-to-end stack adds ----------------------------------------------------
+
+
+def test_the_end_to_end_stacks_routes_state_their_own_rewrites():
+    # tests/e2e/stack.py puts test routes before the shipped forwarding ones, after the
+    # token endpoint 404s: each states its own prefix and rewrite.
+    from tests.e2e import stack  # noqa: PLC0415 - the end-to-end helpers, not needed above
+
+    config = copy.deepcopy(SHIPPED)
+    added = stack.extra_routes()
+    stack.add_routes(routes(config), added)
+    for entry in added:
+        fields = entry.get("metadata", {}).get("filter_metadata", {}).get("ext_proc.token_policy")
+        if fields is not None:
+            assert fields["match_prefix"] == entry["match"]["prefix"], entry["name"]
+            assert fields["prefix_rewrite"] == entry["route"]["prefix_rewrite"], entry["name"]
+    # Only the routes whose metadata is invalid on purpose (bad-*) are errors.
+    report = check(config)
+    assert [e for e in report.errors if "invalid route policy metadata" not in e] == []
+
+
+@pytest.mark.parametrize(
+    ("change", "text"),
+    [
+        (lambda m: m.pop("normalize_path"), "normalize_path is not true"),
+        (lambda m: m.update(normalize_path=False), "normalize_path is not true"),
+        (
+            lambda m: m.pop("path_with_escaped_slashes_action"),
+            "path_with_escaped_slashes_action KEEP_UNCHANGED keeps '%2F'",
+        ),
+        (
+            lambda m: m.update(path_with_escaped_slashes_action="KEEP_UNCHANGED"),
+            "path_with_escaped_slashes_action KEEP_UNCHANGED keeps '%2F'",
+        ),
+    ],
+)
+def test_route_matches_must_see_the_path_the_upstream_decodes(change, text):
+    (error,) = mutated(lambda c: change(hcm(c))).errors
+    assert error.startswith(f"http_connection_manager[0]: {text}")
+
+
+@pytest.mark.parametrize("action", ["UNESCAPE_AND_FORWARD", "REJECT_REQUEST"])
+def test_escaped_slashes_may_also_be_forwarded_unescaped_or_refused(action):
+    assert mutated(lambda c: hcm(c).update(path_with_escaped_slashes_action=action)).errors == []

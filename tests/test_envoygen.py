@@ -12,7 +12,7 @@ import pydantic
 import pytest
 import yaml
 
-from ext_proc import envoygen, route_policy
+from ext_proc import envoygen, route_policy, token_endpoints
 from ext_proc.attributes import HEADERS, attribute_keys
 from ext_proc.check_envoy import check
 from ext_proc.route_policy import Action, Topology
@@ -133,12 +133,30 @@ def test_routes_carry_policy_and_body_limit():
     assert pd["request_body_buffer_limit"] == 16 * 1024 * 1024
     assert by_name["aggregated"]["request_body_buffer_limit"] == 1024
     assert "prefix_rewrite" not in by_name["aggregated"]["route"]
-    # What the processor reads back, field by field, the way CEL renders values.
+    # What the processor reads back, field by field, the way CEL renders values; a
+    # rewritten route's prefix and rewrite come with it.
     for entry, expected in (
-        (pd, route_policy.RoutePolicy(Topology.DISAGGREGATED, Action.HONOR, 262144, 131072)),
+        (
+            pd,
+            route_policy.RoutePolicy(
+                Topology.DISAGGREGATED,
+                Action.HONOR,
+                262144,
+                131072,
+                match_prefix="/pd/v1/",
+                prefix_rewrite="/v1/",
+            ),
+        ),
         (
             by_name["prefill"],
-            route_policy.RoutePolicy(Topology.DISAGGREGATED, Action.MINT, 262144, 131072),
+            route_policy.RoutePolicy(
+                Topology.DISAGGREGATED,
+                Action.MINT,
+                262144,
+                131072,
+                match_prefix="/pd/prefill/v1/",
+                prefix_rewrite="/v1/",
+            ),
         ),
         (by_name["aggregated"], route_policy.RoutePolicy(Topology.AGGREGATED, Action.STRIP)),
     ):
@@ -460,7 +478,20 @@ INVALID = [
         _set("listener_tls", {"cert_file": "c", "key_file": "/k", "client_ca_file": "/a"}),
         "listener_tls.cert_file:",
     ),
-    (_set("expose_token_endpoints", "no"), "expose_token_endpoints:"),
+    # The rewrite's metadata comes from the route's prefix and prefix_rewrite only.
+    (
+        _set("routes.1.policy.match_prefix", "/pd/v1/"),
+        "routes.1.policy.match_prefix: Value error, written from the route's prefix",
+    ),
+    (
+        _set("routes.2.policy.prefix_rewrite", "/v1/"),
+        "routes.2.policy.prefix_rewrite: Value error, written from the route's prefix",
+    ),
+    (_set("routes.1.prefix_rewrite", "v1/"), "routes.1.prefix_rewrite:"),
+    # A rewrite the processor could not read back (not a printable path prefix).
+    (_set("routes.1.prefix_rewrite", "/v1 x/"), "routes.1: Value error, invalid route policy"),
+    # keep_other_keys cannot go on a mint route (route_policy).
+    (_set("routes.0.policy.keep_other_keys", True), "routes.0.policy"),
     (_set("max_downstream_connections", 0), "max_downstream_connections:"),
     (_set("max_downstream_connections", "many"), "max_downstream_connections:"),
     (_set("max_heap_size_bytes", 1024 * 1024), "max_heap_size_bytes:"),
@@ -597,35 +628,136 @@ def test_mint_route_buffer_holds_a_prefill_response():
     envoygen.load_input(data | {"body_limit_bytes": 1024 * 1024})
 
 
-# --- vLLM's token-in endpoints ----------------------------------------------------------------
+# --- vLLM's token-in and echo endpoints ------------------------------------------------------
 
 NOT_FOUND = {"error": {"message": "not found", "type": "NotFoundError", "param": None, "code": 404}}
+DISABLED = {"@type": f"type.googleapis.com/{envoygen.PER_ROUTE_TYPE}", "disabled": True}
+# The matches every config has, before every policy route (ext_proc.token_endpoints).
+TOKEN_MATCHES = [
+    {"safe_regex": {"regex": token_endpoints.ECHO_REGEX}},
+    {"prefix": "/inference/", "case_sensitive": False},
+    {"path": "/inference", "case_sensitive": False},
+    {"prefix": "/render", "case_sensitive": False},
+    {"prefix": "/derender", "case_sensitive": False},
+]
+
+
+def not_found_routes(config: dict[str, Any]) -> list[dict[str, Any]]:
+    """The leading direct responses, checked for what every one must be."""
+    (vhost,) = hcm_of(config)["route_config"]["virtual_hosts"]
+    leading = []
+    for entry in vhost["routes"]:
+        if "route" in entry:
+            break
+        assert entry["name"].startswith(envoygen.RESERVED_ROUTE_PREFIX)
+        assert entry["direct_response"] == {"status": 404}
+        # Nothing is forwarded, so the processor is not asked.
+        assert entry["typed_per_filter_config"] == {envoygen.EXT_PROC_FILTER: DISABLED}
+        leading.append(entry)
+    assert not [r for r in vhost["routes"][len(leading) :] if "route" not in r]
+    return leading
 
 
 def test_token_endpoints_are_answered_404_before_every_route():
     config = generate(example())
-    (vhost,) = hcm_of(config)["route_config"]["virtual_hosts"]
-    first = vhost["routes"][:3]
-    assert [r["match"] for r in first] == [
-        {"prefix": "/inference/", "case_sensitive": False},
-        {"prefix": "/render", "case_sensitive": False},
-        {"prefix": "/derender", "case_sensitive": False},
-    ]
-    for entry in first:
-        assert entry["direct_response"] == {"status": 404}
-        assert "route" not in entry
-        # Nothing is forwarded, so the processor is not asked.
-        assert entry["typed_per_filter_config"][envoygen.EXT_PROC_FILTER] == {
-            "@type": f"type.googleapis.com/{envoygen.PER_ROUTE_TYPE}",
-            "disabled": True,
-        }
-    # The path is normalised before any route matches: "//render", "/./render" and
-    # "/v1/..%2Frender" reach these routes (tests/e2e/test_token_endpoints.py).
+    assert [r["match"] for r in not_found_routes(config)] == TOKEN_MATCHES
+    # The path is normalised before any route matches: "//render", "/./render",
+    # "/%72ender" and "/v1/..%2Frender" reach these routes
+    # (tests/e2e/test_token_endpoints.py).
     manager = hcm_of(config)
     assert manager["normalize_path"] is True
     assert manager["merge_slashes"] is True
     assert manager["path_with_escaped_slashes_action"] == "UNESCAPE_AND_REDIRECT"
     assert check(config).warnings == []
+
+
+ECHO_PATHS = [
+    ("/render", True),
+    ("/derender", True),
+    ("/v1/chat/completions/render", True),
+    ("/v1/completions/derender/", True),
+    ("/pd/v1/chat/completions/DeRender", True),
+    ("/v1/messages/RENDER", True),
+    # The upstream percent-decodes "%0A"; Starlette's "$" matches before it.
+    ("/v1/chat/completions/render%0A", True),
+    ("/v1/chat/completions/render/%0a", True),
+    ("/v1/chat/completions/render/x", False),
+    ("/v1/chat/completions/prerender", False),
+    ("/v1/chat/completions/render.json", False),
+    ("/v1/chat/completions/render%0D%0A", False),
+    ("/v1/chat/completions", False),
+]
+
+
+@pytest.mark.parametrize(("path", "closed"), ECHO_PATHS)
+def test_the_echo_regex_closes_a_last_render_or_derender_segment(path, closed):
+    # Python's re and Envoy's RE2 read this pattern alike (tests/e2e checks RE2's side).
+    assert token_endpoints.Match("regex", token_endpoints.ECHO_REGEX).matches(path) is closed
+    assert token_endpoints.is_token_path(path) is closed
+
+
+def routes_with(*extra: dict[str, Any]) -> dict[str, Any]:
+    data = example()
+    data["routes"][:0] = list(extra)
+    return data
+
+
+def test_a_rewrite_onto_the_token_in_api_gets_its_own_404s():
+    # "/pd/" rewritten to "/": "/pd/inference/v1/generate" is /inference/v1/generate
+    # upstream. "/x" rewritten to "/v1/": "/xrender" is /v1/render upstream.
+    data = routes_with(
+        {"name": "pd-root", "prefix": "/pd/", "prefix_rewrite": "/", "upstream": "aggregated"},
+        {"name": "glued", "prefix": "/x", "prefix_rewrite": "/v1/", "upstream": "aggregated"},
+    )
+    config = generate(data)
+    derived = not_found_routes(config)[len(TOKEN_MATCHES) :]
+    assert {r["name"]: r["match"] for r in derived} == {
+        "token-endpoint-pd-root-0": {"prefix": "/pd/inference/", "case_sensitive": False},
+        "token-endpoint-pd-root-1": {"path": "/pd/inference", "case_sensitive": False},
+        "token-endpoint-glued-0": {"safe_regex": {"regex": "(?i)/xrender/?(%0a)?"}},
+        "token-endpoint-glued-1": {"safe_regex": {"regex": "(?i)/xderender/?(%0a)?"}},
+    }
+    assert check(config).errors == []
+    # Without them, those paths would reach vLLM: check-envoy says so.
+    (vhost,) = hcm_of(config)["route_config"]["virtual_hosts"]
+    vhost["routes"] = [r for r in vhost["routes"] if r not in derived]
+    errors = check(config).errors
+    assert any("pd-root: forwards '/pd/inference/v1/generate'" in e for e in errors), errors
+    assert any("glued: forwards '/xrender'" in e for e in errors), errors
+
+
+def test_shipped_routes_need_no_404s_of_their_own():
+    # /pd/v1/ and /pd/prefill/v1/ are rewritten to /v1/: the echo regex covers them.
+    assert len(not_found_routes(generate(example()))) == len(TOKEN_MATCHES)
+    unrewritten = routes_with({"prefix": "/v2/", "upstream": "aggregated"})
+    assert len(not_found_routes(generate(unrewritten))) == len(TOKEN_MATCHES)
+
+
+def test_token_endpoints_cannot_be_exposed():
+    # Gone: the token endpoints are answered 404 whatever the input says.
+    with pytest.raises(envoygen.GeneratorError, match="expose_token_endpoints: Extra inputs"):
+        envoygen.load_input(example() | {"expose_token_endpoints": True})
+
+
+@pytest.mark.parametrize("prefix", ["/inference/v1/", "/render", "/derender/x", "/Render/x"])
+def test_a_route_under_a_token_endpoint_is_refused(prefix):
+    data = routes_with({"prefix": prefix, "upstream": "aggregated"})
+    with pytest.raises(envoygen.GeneratorError, match=r"routes\.0\.prefix: .* token endpoint"):
+        envoygen.load_input(data)
+
+
+@pytest.mark.parametrize("rewrite", ["/inference/", "/Inference/v1/"])
+def test_a_route_rewritten_into_the_token_in_api_is_refused(rewrite):
+    data = routes_with({"prefix": "/gen/", "prefix_rewrite": rewrite, "upstream": "aggregated"})
+    with pytest.raises(envoygen.GeneratorError, match=r"routes\.0\.prefix_rewrite: .* token-in"):
+        envoygen.load_input(data)
+
+
+def test_token_endpoint_names_are_reserved():
+    data = example()
+    data["routes"][2]["name"] = "token-endpoint-v1"
+    with pytest.raises(envoygen.GeneratorError, match=r"routes\.2\.name: .* reserved"):
+        envoygen.load_input(data)
 
 
 def test_local_404_has_vllms_error_shape():
@@ -637,29 +769,63 @@ def test_local_404_has_vllms_error_shape():
     assert error == NOT_FOUND["error"] | {"code": "%RESPONSE_CODE%"}
 
 
-def test_token_endpoints_exposed_on_request():
-    base, config = generate(example()), generate(example() | {"expose_token_endpoints": True})
-    assert list(routes_of(config)) == list(forwarding(base))
-    (vhost,) = hcm_of(base)["route_config"]["virtual_hosts"]
-    del vhost["routes"][:3]
-    assert config == base
+# --- a route's rewrite in its policy metadata ---------------------------------------------------
 
 
-@pytest.mark.parametrize("prefix", ["/inference/v1/", "/render", "/derender/x"])
-def test_a_route_under_a_token_endpoint_needs_it_exposed(prefix):
+@pytest.mark.parametrize("path", sorted(INPUTS.glob("*.yaml")), ids=lambda p: p.name)
+def test_rewritten_routes_state_their_rewrite(path):
+    spec = envoygen.load_input(envoygen.read_input(path))
+    config = envoygen.to_dict(envoygen.build(spec))
+    routes = forwarding(config)
+    assert any("prefix_rewrite" in r["route"] for r in routes.values())
+    for entry in routes.values():
+        fields = entry["metadata"]["filter_metadata"]["ext_proc.token_policy"]
+        rewrite = entry["route"].get("prefix_rewrite")
+        stated = {k: fields[k] for k in envoygen.REWRITE_FIELDS if k in fields}
+        if rewrite is None:
+            assert stated == {}, entry["name"]
+        else:
+            assert stated == {"match_prefix": entry["match"]["prefix"], "prefix_rewrite": rewrite}
+            # What the processor makes of it: the upstream's path.
+            policy = route_policy.parse(
+                {k: v if isinstance(v, bool) else str(v) for k, v in fields.items()},
+                float(len(fields)),
+            )
+            assert policy.upstream_path(entry["match"]["prefix"] + "chat/completions") == (
+                rewrite + "chat/completions"
+            )
+
+
+def test_rewrite_fields_follow_the_route_input():
     data = example()
-    data["routes"].insert(0, {"prefix": prefix, "upstream": "aggregated"})
-    with pytest.raises(envoygen.GeneratorError, match=r"routes\.0\.prefix: .* token endpoint"):
-        envoygen.load_input(data)
-    routes = routes_of(generate(data | {"expose_token_endpoints": True}))
-    assert routes["aggregated-0"]["match"] == {"prefix": prefix}
+    data["routes"][1] |= {"prefix": "/decode/v1/", "prefix_rewrite": "/v2/"}
+    data["routes"][2]["prefix_rewrite"] = "/v1/x/"
+    routes = forwarding(generate(data))
+    for name, prefix, rewrite in (
+        ("disaggregated", "/decode/v1/", "/v2/"),
+        ("aggregated", "/v1/", "/v1/x/"),
+    ):
+        fields = routes[name]["metadata"]["filter_metadata"]["ext_proc.token_policy"]
+        assert (fields["match_prefix"], fields["prefix_rewrite"]) == (prefix, rewrite)
+        assert routes[name]["route"]["prefix_rewrite"] == rewrite
+    assert envoygen.rewrite_fields("/a/", None) == {}
+    assert envoygen.rewrite_fields("/a/", "/b/") == {"match_prefix": "/a/", "prefix_rewrite": "/b/"}
 
 
-def test_token_endpoint_names_are_reserved():
-    data = example()
-    data["routes"][2]["name"] = "token-endpoint-render"
-    with pytest.raises(envoygen.GeneratorError, match=r"routes\.2\.name: .* reserved"):
-        envoygen.load_input(data)
+def test_a_copied_route_states_its_own_rewrite():
+    # What the end-to-end and benchmark stacks do to routes they copy or build.
+    original = forwarding(generate(example()))["disaggregated"]
+    copied = copy.deepcopy(original)
+    copied["match"] = {"prefix": "/pd-any/v1/"}
+    envoygen.state_rewrite(copied)
+    fields = copied["metadata"]["filter_metadata"]["ext_proc.token_policy"]
+    assert (fields["match_prefix"], fields["prefix_rewrite"]) == ("/pd-any/v1/", "/v1/")
+    del copied["route"]["prefix_rewrite"]
+    envoygen.state_rewrite(copied)
+    assert not set(envoygen.REWRITE_FIELDS) & set(fields)
+    bare = {"match": {"prefix": "/x/"}, "route": {"prefix_rewrite": "/"}}
+    envoygen.state_rewrite(bare)
+    assert bare == {"match": {"prefix": "/x/"}, "route": {"prefix_rewrite": "/"}}
 
 
 # --- the gateway listener over mutual TLS -----------------------------------------------------
@@ -703,7 +869,7 @@ def test_shipped_internal_listener_trusts_its_orchestrator():
     routes = forwarding(config)
     for name in ("prefill", "disaggregated"):
         fields = routes[name]["metadata"]["filter_metadata"]["ext_proc.token_policy"]
-        assert fields["peers"] == "spiffe://cluster.local/ns/llm-d/sa/router"
+        assert fields["peers"] == "uri:spiffe://cluster.local/ns/llm-d/sa/router"
         assert "trust_any_caller" not in fields
     # Apart from the listener and the peers, the shipped base.
     base = generate(example())
@@ -715,7 +881,7 @@ def test_shipped_internal_listener_trusts_its_orchestrator():
 
 def test_peers_need_the_mutual_tls_listener():
     data = example()
-    data["routes"][1]["policy"]["peers"] = "spiffe://cluster.local/ns/llm-d/sa/router"
+    data["routes"][1]["policy"]["peers"] = "uri:spiffe://cluster.local/ns/llm-d/sa/router"
     with pytest.raises(envoygen.GeneratorError, match=r"routes\.1\.policy\.peers: needs listener"):
         envoygen.load_input(data)
     envoygen.load_input(data | {"listener_tls": LISTENER_TLS})
@@ -735,7 +901,7 @@ def test_shipped_decode_route_honors_only_what_the_deployment_produced():
 @pytest.mark.parametrize(
     ("policy", "field"),
     [
-        ({"action": "strip", "peers": "spiffe://a/b"}, "peers"),
+        ({"action": "strip", "peers": "uri:spiffe://a/b"}, "peers"),
         ({"action": "mint", "trust_any_caller": True}, "trust_any_caller"),
         ({"topology": "aggregated", "unproven": "deny"}, "unproven"),
     ],
@@ -747,7 +913,13 @@ def test_policy_fields_that_need_another_action(policy, field):
 
 @pytest.mark.parametrize(
     ("field", "value"),
-    [("peers", "a|"), ("unproven", "allow"), ("trust_any_caller", "yes")],
+    [
+        ("peers", "uri:a|"),
+        # Untyped: which part of the certificate would it name?
+        ("peers", "spiffe://cluster.local/ns/llm-d/sa/router"),
+        ("unproven", "allow"),
+        ("trust_any_caller", "yes"),
+    ],
 )
 def test_new_policy_fields_are_checked_as_the_processor_reads_them(field, value):
     with pytest.raises(pydantic.ValidationError) as caught:

@@ -37,8 +37,12 @@ trust listed peers (``listener_tls``); ``description`` becomes the header commen
 
 A route whose policy action is ``mint`` (the prefill leg) gets an ``ExtProcPerRoute``
 override that also sends the response headers and the buffered response body to the
-processor. vLLM's token-in endpoints (``/inference/``, ``/render``, ``/derender``) are
-answered 404 before every route unless ``expose_token_endpoints`` is true.
+processor. A route with a ``prefix_rewrite`` carries it in its policy metadata too
+(``match_prefix``, ``prefix_rewrite``: ``rewrite_fields``), so the processor knows the
+path the upstream receives. vLLM's token-in and echo endpoints (``/inference/``, any
+path whose last segment is ``render`` or ``derender``), as each route's upstream would
+see them after its rewrite, are answered 404 before every route
+(``ext_proc.token_endpoints``).
 
 ``inputs`` validates the description, ``output`` builds the typed Envoy messages and the
 YAML, ``cli`` is the command. Every ``envoy/*.yaml`` is generated from
@@ -49,12 +53,15 @@ from ext_proc.envoygen.cli import generate, main
 from ext_proc.envoygen.inputs import (
     MINT_BUFFER_MIN,
     PROCESSOR_CLUSTER,
-    TOKEN_ENDPOINTS,
+    RESERVED_ROUTE_PREFIX,
+    REWRITE_FIELDS,
     GeneratorError,
     GeneratorInput,
     PolicyInput,
     load_input,
     read_input,
+    rewrite_fields,
+    state_rewrite,
 )
 from ext_proc.envoygen.output import (
     DECOMPRESSOR_FILTER,
@@ -77,9 +84,10 @@ __all__ = [
     "PER_ROUTE_TYPE",
     "PROCESSOR_CLUSTER",
     "PROCESSOR_SERVICE",
+    "RESERVED_ROUTE_PREFIX",
+    "REWRITE_FIELDS",
     "ROUTER_FILTER",
     "TLS_SOCKET",
-    "TOKEN_ENDPOINTS",
     "GeneratorError",
     "GeneratorInput",
     "PolicyInput",
@@ -89,5 +97,7 @@ __all__ = [
     "main",
     "read_input",
     "render",
+    "rewrite_fields",
+    "state_rewrite",
     "to_dict",
 ]

@@ -8,7 +8,7 @@ keys apply unless the file gives them again. The shipped configurations are one 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Final, Literal
@@ -38,6 +38,7 @@ from ext_proc.route_policy import (
     Scalar,
     parse,
 )
+from ext_proc.token_endpoints import ROOT, reaches_only
 from ext_proc.validation import problems
 
 KiB: Final = 1024
@@ -45,15 +46,11 @@ MiB: Final = 1024 * KiB
 # The processor's cluster; no upstream may take its name.
 PROCESSOR_CLUSTER: Final = "ext_proc"
 BASE_KEY: Final = "base"
-# vLLM's token-in endpoints (ids in, no chat template: nothing to police) by route name.
-# Prefixes, so sub-paths are covered; the connection manager normalises the path
-# (normalize_path, merge_slashes, escaped slashes unescaped) before routes match, so
-# "//render" or "/v1/../render" reach these routes too.
-TOKEN_ENDPOINTS: Final = {
-    "token-endpoint-inference": "/inference/",
-    "token-endpoint-render": "/render",
-    "token-endpoint-derender": "/derender",
-}
+# Routes the generator names itself (the token endpoints' 404s) begin with this.
+RESERVED_ROUTE_PREFIX: Final = "token-endpoint"
+# The route policy fields a route's prefix and prefix_rewrite give (rewrite_fields),
+# never written by hand.
+REWRITE_FIELDS: Final = ("match_prefix", "prefix_rewrite")
 # A mint route buffers the prefill response under the route's request_body_buffer_limit
 # (Envoy 1.40 applies it to the stream, both directions; beyond it: a 500). vLLM's
 # response with 128k prompt ids is about 1 MiB.
@@ -102,6 +99,10 @@ class PolicyFields(BaseModel):
         # the error names the field; which fields go with which action is checked on
         # the whole policy below.
         name = info.field_name
+        if value is not None and name in REWRITE_FIELDS:
+            raise ValueError(
+                "written from the route's prefix and prefix_rewrite, not given in its policy"
+            )
         if value is not None and name is not None:
             beside = {} if name == "action" else {"action": Action.HONOR.value}
             try:
@@ -119,16 +120,46 @@ class PolicyFields(BaseModel):
         return self
 
     def metadata(self) -> dict[str, Any]:
-        """The route's ``filter_metadata`` entry: the given fields, and the topology.
+        """The given fields, and the topology (the route adds its rewrite's fields).
 
         Every route states its topology, given or not: the default action follows it.
         """
         return {"topology": DEFAULT_POLICY.topology.value} | self.model_dump(exclude_none=True)
 
     def read(self) -> RoutePolicy:
-        """The policy as the processor reads the route's metadata."""
-        fields = self.metadata()
-        return parse({name: as_cel(value) for name, value in fields.items()}, len(fields))
+        """The policy as the processor reads these fields."""
+        return read_metadata(self.metadata())
+
+
+def read_metadata(fields: Mapping[str, Any]) -> RoutePolicy:
+    """Route policy metadata as the processor reads it (through CEL attributes)."""
+    return parse({name: as_cel(value) for name, value in fields.items()}, len(fields))
+
+
+def rewrite_fields(prefix: str, prefix_rewrite: str | None) -> dict[str, str]:
+    """The policy metadata that tells the processor a route's prefix rewrite, so it knows
+    the path the upstream receives (``RoutePolicy.upstream_path``): the route's own
+    match prefix and rewrite, nothing for a route without a rewrite. Every route that
+    carries policy metadata takes these from its own match and action, in the
+    generator and wherever a route is built or copied."""
+    if prefix_rewrite is None:
+        return {}
+    return {"match_prefix": prefix, "prefix_rewrite": prefix_rewrite}
+
+
+def state_rewrite(route: MutableMapping[str, Any], namespace: str = DEFAULT_NAMESPACE) -> None:
+    """An Envoy route (as loaded from YAML) made to state its own rewrite: its policy
+    metadata's ``match_prefix`` and ``prefix_rewrite`` replaced by ``rewrite_fields`` of
+    its ``match.prefix`` and ``route.prefix_rewrite``. For routes built or copied outside
+    the generator (test and benchmark routes); a route without policy metadata is left
+    alone."""
+    fields = route.get("metadata", {}).get("filter_metadata", {}).get(namespace)
+    if not isinstance(fields, MutableMapping):
+        return
+    for name in REWRITE_FIELDS:
+        fields.pop(name, None)
+    rewrite = route.get("route", {}).get("prefix_rewrite") or None
+    fields.update(rewrite_fields(route["match"]["prefix"], rewrite))
 
 
 # One field per route_policy.FIELDS entry, so the policy's field list has one source.
@@ -152,6 +183,23 @@ class RouteInput(BaseModel):
     policy: PolicyInput = PolicyInput()
     # Largest request body held for inspection on this route (413 beyond it).
     body_limit_bytes: int | None = Field(default=None, gt=0, le=1024 * MiB)
+
+    @model_validator(mode="after")
+    def _metadata_valid(self) -> RouteInput:
+        # The rewrite's fields beside the policy's, as the processor reads them.
+        try:
+            self.read()
+        except RoutePolicyError as exc:
+            raise ValueError(exc.message) from None
+        return self
+
+    def metadata(self) -> dict[str, Any]:
+        """The route's ``filter_metadata`` entry: its policy and its rewrite's fields."""
+        return self.policy.metadata() | rewrite_fields(self.prefix, self.prefix_rewrite)
+
+    def read(self) -> RoutePolicy:
+        """The route's policy as the processor reads its metadata."""
+        return read_metadata(self.metadata())
 
 
 class ProcessorTls(BaseModel):
@@ -218,9 +266,6 @@ class GeneratorInput(BaseModel):
     max_heap_size_bytes: int = Field(default=1024 * MiB, ge=64 * MiB)
     # Must equal the processor's route_metadata_namespace.
     namespace: str = Field(default=DEFAULT_NAMESPACE, min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
-    # vLLM's token-in endpoints (/inference/, /render, /derender) take ids with no
-    # template; false (the default) answers them with a 404 before any other route.
-    expose_token_endpoints: bool = False
     # An HTTP/1.1 connection stays open after a 400 Envoy answers itself to a whole,
     # well-framed request (every denial of the processor is one), as after vLLM's own
     # 400s; false closes it, Envoy's default. A framing error closes it either way.
@@ -270,13 +315,22 @@ class GeneratorInput(BaseModel):
                     f"({', '.join(sorted(self.upstreams))})"
                 )
             name = route_name(entry, index)
-            if name in TOKEN_ENDPOINTS:
-                raise ValueError(f"{where}.name: {name!r} is reserved for a token endpoint")
-            closed = [p for p in TOKEN_ENDPOINTS.values() if entry.prefix.startswith(p)]
-            if closed and not self.expose_token_endpoints:
+            if name.startswith(RESERVED_ROUTE_PREFIX):
+                raise ValueError(f"{where}.name: {name!r} is reserved for the token endpoints")
+            closed = [
+                m.value
+                for m in ROOT
+                if m.kind == "prefix" and entry.prefix.lower().startswith(m.value.lower())
+            ]
+            if closed:
                 raise ValueError(
-                    f"{where}.prefix: {entry.prefix!r} is a token endpoint ({closed[0]}), "
-                    "answered 404 unless expose_token_endpoints is true"
+                    f"{where}.prefix: {entry.prefix!r} is under a token endpoint "
+                    f"({closed[0]}), answered 404 before every route"
+                )
+            if reaches_only(entry.prefix, entry.prefix_rewrite):
+                raise ValueError(
+                    f"{where}.prefix_rewrite: {entry.prefix_rewrite!r} sends every path of "
+                    "the route to vLLM's token-in API, answered 404 before every route"
                 )
             if name in names:
                 raise ValueError(f"{where}.name: {name!r} is used by an earlier route")
@@ -286,7 +340,7 @@ class GeneratorInput(BaseModel):
                     "so this route could never be reached"
                 )
             limit = entry.body_limit_bytes or self.body_limit_bytes
-            if entry.policy.read().action is Action.MINT and limit < MINT_BUFFER_MIN:
+            if entry.read().action is Action.MINT and limit < MINT_BUFFER_MIN:
                 raise ValueError(
                     f"{where}.body_limit_bytes: {limit} is below {MINT_BUFFER_MIN} (a mint "
                     "route's buffer limit bounds the prefill response as well)"
@@ -311,7 +365,7 @@ class GeneratorInput(BaseModel):
         # Without a verified client certificate no request has a peer identity: a route
         # listing peers would never trust one, which is safe but not what was meant.
         for index, entry in enumerate(self.routes):
-            if entry.policy.read().peers and self.listener_tls is None:
+            if entry.read().peers and self.listener_tls is None:
                 raise ValueError(
                     f"routes.{index}.policy.peers: needs listener_tls (client certificates "
                     "identify the peers)"

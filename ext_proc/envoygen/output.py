@@ -18,7 +18,7 @@ from ext_proc.address import HostPort
 from ext_proc.attributes import HEADERS, attribute_keys
 from ext_proc.envoygen.inputs import (
     PROCESSOR_CLUSTER,
-    TOKEN_ENDPOINTS,
+    RESERVED_ROUTE_PREFIX,
     GeneratorInput,
     KiB,
     ListenerTls,
@@ -29,6 +29,7 @@ from ext_proc.envoygen.inputs import (
     route_name,
 )
 from ext_proc.route_policy import Action
+from ext_proc.token_endpoints import ECHO_REGEX, ROOT, Match, rewritten_into
 
 with warnings.catch_warnings():
     # envoy-data-plane 2.2 decorates classmethods with @model_validator(mode="after"),
@@ -434,23 +435,54 @@ def _per_route(config: ext_proc.ExtProcPerRoute) -> dict[str, protobuf.Any]:
     return {EXT_PROC_FILTER: protobuf.Any.pack(config)}
 
 
-def token_endpoint_routes() -> list[route.Route]:
-    """vLLM's token-in endpoints answered 404 in vLLM's error shape, nothing forwarded.
+def _not_found(name: str, match: route.RouteMatch) -> route.Route:
+    return route.Route(
+        name=name,
+        match=match,
+        direct_response=route.DirectResponseAction(status=404),
+        typed_per_filter_config=_per_route(ext_proc.ExtProcPerRoute(disabled=True)),
+    )
+
+
+def _match(found: Match) -> route.RouteMatch:
+    # Any case: a server that matched paths case-insensitively is closed too.
+    if found.kind == "prefix":
+        return route.RouteMatch(prefix=found.value, case_sensitive=False)
+    if found.kind == "path":
+        return route.RouteMatch(path=found.value, case_sensitive=False)
+    return route.RouteMatch(safe_regex=matcher.RegexMatcher(regex=found.value))
+
+
+# The root matches' route names.
+_ROOT_NAMES: Final = ("inference", "inference-path", "render", "derender")
+
+
+def token_endpoint_routes(spec: GeneratorInput) -> list[route.Route]:
+    """vLLM's token-in and echo endpoints (``ext_proc.token_endpoints``), as the upstream
+    would see them after each route's rewrite, answered 404 in vLLM's error shape with
+    nothing forwarded: a render or derender last segment anywhere (one RE2 regex on the
+    normalised path without its query string), the root prefixes, then each policy
+    route's downstream paths that its rewrite sends there.
 
     The processor is skipped: the router answers before any upstream is contacted, so
     there is nothing to inspect. The body is the local reply mappers' business
     (``local_reply_config``), which would otherwise replace it.
     """
-    return [
-        route.Route(
-            name=name,
-            # Any case: a server that matched paths case-insensitively is closed too.
-            match=route.RouteMatch(prefix=prefix, case_sensitive=False),
-            direct_response=route.DirectResponseAction(status=404),
-            typed_per_filter_config=_per_route(ext_proc.ExtProcPerRoute(disabled=True)),
-        )
-        for name, prefix in TOKEN_ENDPOINTS.items()
+    out = [_not_found(f"{RESERVED_ROUTE_PREFIX}-echo", _match(Match("regex", ECHO_REGEX)))]
+    out += [
+        _not_found(f"{RESERVED_ROUTE_PREFIX}-{name}", _match(found))
+        for name, found in zip(_ROOT_NAMES, ROOT, strict=True)
     ]
+    seen: set[tuple[str, str]] = set()
+    for index, entry in enumerate(spec.routes):
+        derived = rewritten_into(entry.prefix, entry.prefix_rewrite)
+        for number, found in enumerate(derived):
+            key = (found.kind, found.value.lower())
+            if key not in seen:
+                seen.add(key)
+                name = f"{RESERVED_ROUTE_PREFIX}-{route_name(entry, index)}-{number}"
+                out.append(_not_found(name, _match(found)))
+    return out
 
 
 def policy_route(spec: GeneratorInput, entry: RouteInput, index: int) -> route.Route:
@@ -459,12 +491,12 @@ def policy_route(spec: GeneratorInput, entry: RouteInput, index: int) -> route.R
         prefix_rewrite=entry.prefix_rewrite or "",
         timeout=_seconds(spec.route_timeout_seconds),
     )
-    minting = entry.policy.read().action is Action.MINT
+    minting = entry.read().action is Action.MINT
     return route.Route(
         name=route_name(entry, index),
         match=route.RouteMatch(prefix=entry.prefix),
         route=action,
-        metadata=core.Metadata(filter_metadata={spec.namespace: _struct(entry.policy.metadata())}),
+        metadata=core.Metadata(filter_metadata={spec.namespace: _struct(entry.metadata())}),
         # BUFFERED: Envoy holds the whole body up to this limit (413 beyond). Envoy 1.40
         # sets it as the stream's buffer limit, so it also bounds a mint route's buffered
         # response (500 response_payload_too_large beyond; inputs.MINT_BUFFER_MIN); the
@@ -475,7 +507,7 @@ def policy_route(spec: GeneratorInput, entry: RouteInput, index: int) -> route.R
 
 
 def routes(spec: GeneratorInput) -> list[route.Route]:
-    out = [] if spec.expose_token_endpoints else token_endpoint_routes()
+    out = token_endpoint_routes(spec)
     out += [policy_route(spec, entry, index) for index, entry in enumerate(spec.routes)]
     return out
 

@@ -3,14 +3,23 @@
 Neither Istio nor Envoy Gateway runs here, so the tests rebuild what each control plane
 would hand Envoy from our manifests and give that to the real ``envoy --mode validate``:
 
-- Istio: the EnvoyFilter's CLUSTER value, its HTTP_FILTER value (first in the chain,
-  then the router), its HTTP_ROUTE MERGE values merged into routes with the matched
-  names and its NETWORK_FILTER MERGE values into the connection manager, as istiod
-  does.
-- Envoy Gateway: the ext_proc filter, cluster and routes that Envoy Gateway's
-  translator (v1.9: internal/xds/translator/extproc.go, route naming in
-  internal/gatewayapi) generates from the EnvoyExtensionPolicy and HTTPRoutes, then
-  the EnvoyPatchPolicy's JSON patches applied to them.
+- Istio: the routes istiod makes of the HTTPRoutes (named
+  ``<namespace>.<HTTPRoute name>.<rule index>``), the EnvoyFilter's CLUSTER value, its
+  HTTP_FILTER value (first in the chain, then the router), its HTTP_ROUTE MERGE values
+  merged into routes with the matched names (or every route), its HTTP_ROUTE
+  INSERT_FIRST values put before them, and its NETWORK_FILTER MERGE values into the
+  connection manager, as istiod does (pilot/pkg/networking/core/envoyfilter).
+- Envoy Gateway: the ext_proc filter, cluster, connection manager and routes that Envoy
+  Gateway's translator (v1.9: internal/xds/translator/extproc.go, listener.go,
+  route.go, route naming in internal/gatewayapi) generates from the
+  EnvoyExtensionPolicy and HTTPRoutes, then the EnvoyPatchPolicy's JSON patches applied
+  to them.
+
+Both write a Gateway API ``PathPrefix`` match as ``path_separated_prefix`` without its
+trailing "/" (``/`` stays a ``prefix``) and a ``ReplacePrefixMatch`` rewrite as
+``prefix_rewrite`` without its trailing "/" (Envoy Gateway: route.go
+buildXdsRouteMatch, buildXdsURLRewriteAction; Istio: conversion.go
+createRewriteFilter, route.go), and order the routes longest path first.
 
 These are emulations of the two control planes, written from their sources; they check
 that every piece of Envoy configuration we ship is valid for Envoy and that the patches
@@ -94,6 +103,39 @@ def bootstrap(
     }
 
 
+def gateway_api_route(
+    name: str, rule: dict[str, Any], match: dict[str, Any], cluster: str
+) -> dict[str, Any]:
+    """One Envoy route for one match of an HTTPRoute rule, as Istio and Envoy Gateway
+    write a PathPrefix match and a ReplacePrefixMatch rewrite (the module docstring)."""
+    path = match["path"]
+    assert path.get("type", "PathPrefix") == "PathPrefix", path
+    value = path["value"]
+    route_match = {"prefix": "/"} if value == "/" else {"path_separated_prefix": value.rstrip("/")}
+    action: dict[str, Any] = {"cluster": cluster}
+    for found in rule.get("filters", []):
+        if found["type"] != "URLRewrite":
+            continue
+        modifier = found["urlRewrite"]["path"]
+        assert modifier["type"] == "ReplacePrefixMatch", modifier
+        replacement = modifier["replacePrefixMatch"].rstrip("/")
+        # Both write "/" as a regex rewrite instead (envoy#26055); not emulated here.
+        assert replacement, "a rewrite to '/' is not emulated"
+        action["prefix_rewrite"] = replacement
+    entry = {"name": name, "match": route_match}
+    if rule.get("backendRefs"):
+        entry["route"] = action
+    else:
+        # No backend: the rule forwards nothing (Gateway API: a 404).
+        entry["direct_response"] = {"status": 404}
+    return entry
+
+
+def _longest_path_first(entry: dict[str, Any]) -> int:
+    match = entry["match"]
+    return -len(match.get("path_separated_prefix", match.get("prefix", "")))
+
+
 def deep_merge(base: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
     """Istio's MERGE: proto merge semantics for the maps and messages we use."""
     out = copy.deepcopy(base)
@@ -108,7 +150,25 @@ def deep_merge(base: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
 # --- Istio -----------------------------------------------------------------------------
 
 
-def istio_bootstrap(envoy_filter: dict[str, Any]) -> dict[str, Any]:
+# istiod's connection manager path handling by default (meshConfig pathNormalization
+# BASE): normalised, slashes not merged, escaped slashes kept unchanged.
+ISTIO_PATH_DEFAULTS = {"normalize_path": True, "path_with_escaped_slashes_action": "KEEP_UNCHANGED"}
+
+
+def istio_routes(httproutes: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The Envoy routes istiod makes of ``httproutes``, to the cluster ``upstream``."""
+    out = []
+    for httproute in httproutes:
+        meta = httproute["metadata"]
+        for index, rule in enumerate(httproute["spec"]["rules"]):
+            name = f"{meta['namespace']}.{meta['name']}.{index}"
+            out += [gateway_api_route(name, rule, m, "upstream") for m in rule["matches"]]
+    return sorted(out, key=_longest_path_first)
+
+
+def istio_bootstrap(
+    envoy_filter: dict[str, Any], httproutes: list[dict[str, Any]]
+) -> dict[str, Any]:
     patches = envoy_filter["spec"]["configPatches"]
     clusters = [p["patch"]["value"] for p in patches if p["applyTo"] == "CLUSTER"]
     first = [
@@ -117,31 +177,30 @@ def istio_bootstrap(envoy_filter: dict[str, Any]) -> dict[str, Any]:
         if p["applyTo"] == "HTTP_FILTER" and p["patch"]["operation"] == "INSERT_FIRST"
     ]
     route_patches = [p for p in patches if p["applyTo"] == "HTTP_ROUTE"]
-    named = [
-        p["match"]["routeConfiguration"]["vhost"]["route"]["name"]
-        for p in route_patches
-        if "routeConfiguration" in p["match"]
-    ]
     routes = []
-    for index, name in enumerate(named):
-        entry: dict[str, Any] = {
-            "name": name,
-            "match": {"prefix": f"/route{index}/"},
-            "route": {"cluster": "upstream"},
-        }
+    # The routes first: merges apply to those that exist, then the inserts.
+    for generated in istio_routes(httproutes):
+        entry = generated
         for patch in route_patches:
+            if patch["patch"]["operation"] != "MERGE":
+                continue
             route_match = patch["match"].get("routeConfiguration", {})
             wanted = route_match.get("vhost", {}).get("route", {}).get("name")
-            if wanted in (None, name):
-                assert patch["patch"]["operation"] == "MERGE"
+            if wanted in (None, entry["name"]):
                 entry = deep_merge(entry, patch["patch"]["value"])
         routes.append(entry)
+    for patch in route_patches:
+        if patch["patch"]["operation"] == "INSERT_FIRST":
+            assert "routeConfiguration" not in patch["match"], "only unconditional inserts"
+            routes.insert(0, copy.deepcopy(patch["patch"]["value"]))
+        else:
+            assert patch["patch"]["operation"] == "MERGE", patch["patch"]["operation"]
     route_config = {
         "name": "gateway",
         "virtual_hosts": [{"name": "gateway", "domains": ["*"], "routes": routes}],
     }
     clusters = [*clusters, _cluster("upstream", "upstream.invalid", 8000)]
-    manager: dict[str, Any] = {}
+    manager: dict[str, Any] = dict(ISTIO_PATH_DEFAULTS)
     for patch in patches:
         if patch["applyTo"] == "NETWORK_FILTER":
             assert patch["patch"]["operation"] == "MERGE"
@@ -261,41 +320,46 @@ def eg_routes(httproutes: list[dict[str, Any]], filter_names: list[str]) -> list
     out = []
     for httproute in httproutes:
         meta = httproute["metadata"]
+        cluster = f"httproute/{meta['namespace']}/{meta['name']}"
         for rule_index, rule in enumerate(httproute["spec"]["rules"]):
             for match_index, match in enumerate(rule["matches"]):
                 name = (
                     f"httproute/{meta['namespace']}/{meta['name']}/rule/{rule_index}"
                     f"/match/{match_index}/*"
                 )
-                out.append(
-                    {
-                        "name": name,
-                        "match": {"prefix": match["path"]["value"]},
-                        "route": {"cluster": f"httproute/{meta['namespace']}/{meta['name']}"},
-                        "metadata": {
-                            "filter_metadata": {
-                                "envoy-gateway": {
-                                    "resources": [
-                                        {
-                                            "kind": "HTTPRoute",
-                                            "name": meta["name"],
-                                            "namespace": meta["namespace"],
-                                        }
-                                    ]
+                entry = gateway_api_route(name, rule, match, cluster)
+                entry["metadata"] = {
+                    "filter_metadata": {
+                        "envoy-gateway": {
+                            "resources": [
+                                {
+                                    "kind": "HTTPRoute",
+                                    "name": meta["name"],
+                                    "namespace": meta["namespace"],
                                 }
-                            }
-                        },
-                        "typed_per_filter_config": {
-                            f: {
-                                "@type": "type.googleapis.com/envoy.config.route.v3.FilterConfig",
-                                "config": {},
-                            }
-                            for f in filter_names
-                        },
+                            ]
+                        }
                     }
-                )
+                }
+                entry["typed_per_filter_config"] = {
+                    f: {
+                        "@type": "type.googleapis.com/envoy.config.route.v3.FilterConfig",
+                        "config": {},
+                    }
+                    for f in filter_names
+                }
+                out.append(entry)
     # Gateway API precedence: the longest path prefix first.
-    return sorted(out, key=lambda r: -len(r["match"]["prefix"]))
+    return sorted(out, key=_longest_path_first)
+
+
+# Envoy Gateway's connection manager path handling (listener.go, with the
+# ClientTrafficPolicy defaults: slashes merged, escaped slashes unescaped and redirected).
+EG_PATH_SETTINGS = {
+    "normalize_path": True,
+    "merge_slashes": True,
+    "path_with_escaped_slashes_action": "UNESCAPE_AND_REDIRECT",
+}
 
 
 _FILTER = re.compile(r"^\.\.(\w+)\[\?\(@\.name=='([^']*)'\)\]((?:\.\w+)*)$")
@@ -341,10 +405,20 @@ def apply_patch(resource: dict[str, Any], operation: dict[str, Any]) -> None:
     for found in targets:
         holder = found
         for part in parents:
-            holder = holder[part]
+            holder = holder[int(part)] if isinstance(holder, list) else holder[part]
+        value = copy.deepcopy(operation["value"])
+        if isinstance(holder, list):
+            # RFC 6902: "add" inserts before the index ("-": at the end).
+            if operation["op"] != "add":
+                raise ValueError("only 'add' into a list is emulated")
+            index = len(holder) if last == "-" else int(last)
+            if not 0 <= index <= len(holder):
+                raise LookupError(f"add: {operation['path']} is out of range")
+            holder.insert(index, value)
+            continue
         if operation["op"] == "replace" and last not in holder:
             raise LookupError(f"replace: {operation['path']} does not exist")
-        holder[last] = copy.deepcopy(operation["value"])
+        holder[last] = value
 
 
 def envoy_gateway_bootstrap(
@@ -365,7 +439,9 @@ def envoy_gateway_bootstrap(
         )
         for r in httproutes
     ]
-    config = bootstrap(listener_name, [*filters, ROUTER], route_config, clusters)
+    config = bootstrap(
+        listener_name, [*filters, ROUTER], route_config, clusters, dict(EG_PATH_SETTINGS)
+    )
     (listener,) = config["static_resources"]["listeners"]
     for patch in patch_policy["spec"]["jsonPatches"]:
         kind = patch["type"].rsplit(".", 1)[-1]

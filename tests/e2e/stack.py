@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import base64
-import copy
 import json
 import os
 import secrets
@@ -18,6 +17,7 @@ from typing import Any
 import yaml
 
 from devstack import envoy_config, processes
+from ext_proc import envoygen
 from ext_proc.address import HostPort
 
 LOCAL = "127.0.0.1"
@@ -38,18 +38,30 @@ class Received:
 
 
 def route(name: str, prefix: str, policy: dict[str, Any]) -> dict[str, Any]:
-    """A test route to the aggregated cluster, ``prefix`` rewritten to ``/v1/``."""
-    return {
+    """A test route to the aggregated cluster, ``prefix`` rewritten to ``/v1/``; its
+    policy metadata states that rewrite (``envoygen.state_rewrite``)."""
+    entry = {
         "name": name,
         "match": {"prefix": prefix},
         "route": {"cluster": "aggregated", "prefix_rewrite": "/v1/"},
-        "metadata": {"filter_metadata": {"ext_proc.token_policy": policy}},
+        "metadata": {"filter_metadata": {"ext_proc.token_policy": dict(policy)}},
         "request_body_buffer_limit": BODY_LIMIT,
     }
+    envoygen.state_rewrite(entry)
+    return entry
 
 
 def extra_routes() -> list[dict[str, Any]]:
-    """Test-only routes placed before the shipped routes."""
+    """Test-only routes placed before the shipped routes, each stating its rewrite in
+    its policy metadata as the generator's routes do (``envoygen.state_rewrite``)."""
+    routes = _extra_routes()
+    for entry in routes:
+        envoygen.state_rewrite(entry)
+    return routes
+
+
+def _extra_routes() -> list[dict[str, Any]]:
+    # route() states its own rewrite; the routes written out here are stated above.
     return [
         route("deny", "/deny/v1/", {"topology": "aggregated", "action": "deny"}),
         # Honor routes that trust any caller (docs/trust.md), so a client's ids are
@@ -112,24 +124,17 @@ def extra_routes() -> list[dict[str, Any]]:
     ]
 
 
+def add_routes(routes: list[dict[str, Any]], added: list[dict[str, Any]]) -> None:
+    """``added`` before the shipped forwarding routes, after the shipped token endpoint
+    404s (direct responses), which stay first as in every shipped config."""
+    first = next((i for i, r in enumerate(routes) if "direct_response" not in r), len(routes))
+    routes[first:first] = added
+
+
 def new_key() -> bytes:
     """A signing key: 32 random bytes, hex-encoded (a key file's surrounding whitespace
     is ignored, so raw bytes could lose some)."""
     return secrets.token_hex(32).encode()
-
-
-def prefill_variants(shipped: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Test-only copies of the shipped prefill (mint) route, response processing and
-    all: ``/pd/prefill-keep/v1/`` keeps a client's connector keys (``keep_other_keys``).
-    None when the config has no prefill route."""
-    found = [r for r in shipped if r.get("name") == "prefill"]
-    if not found:
-        return []
-    keep = copy.deepcopy(found[0])
-    keep["name"] = "prefill-keep"
-    keep["match"] = {"prefix": "/pd/prefill-keep/v1/"}
-    keep["metadata"]["filter_metadata"]["ext_proc.token_policy"]["keep_other_keys"] = True
-    return [keep]
 
 
 OPTIONS = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
@@ -239,7 +244,7 @@ class Stack:
         )
         hcm = config["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]
         (vhost,) = hcm["typed_config"]["route_config"]["virtual_hosts"]
-        vhost["routes"][:0] = [*self.routes, *prefill_variants(vhost["routes"])]
+        add_routes(vhost["routes"], self.routes)
         config["static_resources"]["clusters"].append(_h2_cluster(self.upstream))
         path = envoy_config.write(config, self.workdir / "envoy.yaml")
         envoy = processes.start(processes.envoy_args(path, self.admin.port), self._log("envoy"))

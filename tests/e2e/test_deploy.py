@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from devstack import processes
-from ext_proc import check_envoy, envoygen, memory, route_policy
+from ext_proc import check_envoy, envoygen, memory, route_policy, token_endpoints
 from ext_proc.attributes import attribute_keys
 from ext_proc.config import Config
 from ext_proc.route_policy import Action, RoutePolicy, Topology
@@ -394,6 +394,69 @@ def istio_filter() -> dict[str, Any]:
     return doc
 
 
+def httproutes() -> list[dict[str, Any]]:
+    """The example HTTPRoutes, which both Istio and Envoy Gateway serve."""
+    return documents(DEPLOY / "envoy-gateway" / "httproutes.yaml")
+
+
+def istio_bootstrap(envoy_filter: dict[str, Any] | None = None) -> dict[str, Any]:
+    return gateway_assembly.istio_bootstrap(envoy_filter or istio_filter(), httproutes())
+
+
+def routes_of(config: dict[str, Any]) -> list[dict[str, Any]]:
+    hcm = config["static_resources"]["listeners"][0]["default_filter_chain"]["filters"][0]
+    routes: list[dict[str, Any]] = hcm["typed_config"]["route_config"]["virtual_hosts"][0]["routes"]
+    return routes
+
+
+def manager_of(config: dict[str, Any]) -> dict[str, Any]:
+    manager: dict[str, Any] = config["static_resources"]["listeners"][0]["default_filter_chain"][
+        "filters"
+    ][0]["typed_config"]
+    return manager
+
+
+def shipped_manager() -> dict[str, Any]:
+    shipped = yaml.safe_load((REPO / "envoy" / "envoy.yaml").read_text())
+    (listener,) = shipped["static_resources"]["listeners"]
+    (chain,) = listener["filter_chains"]
+    (manager,) = chain["filters"]
+    typed: dict[str, Any] = manager["typed_config"]
+    return typed
+
+
+# The rewrites of the example HTTPRoutes, as Istio and Envoy Gateway write them.
+PD_REWRITES = {
+    "llama-pd.0": {"match_prefix": "/pd/v1", "prefix_rewrite": "/v1"},
+    "llama-pd.1": {"match_prefix": "/pd/prefill/v1", "prefix_rewrite": "/v1"},
+}
+
+
+def generated_not_found_routes() -> list[dict[str, Any]]:
+    """The generator's token endpoint 404s for routes shaped as the HTTPRoutes (/pd/v1/
+    and /pd/prefill/v1/ rewritten to /v1/, and /), without the per-filter config."""
+    data = yaml.safe_load((DEPLOY / "envoy-config.example.yaml").read_text())
+    config = envoygen.to_dict(envoygen.build(envoygen.load_input(data)))
+    routes = config["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0][
+        "typed_config"
+    ]["route_config"]["virtual_hosts"][0]["routes"]
+    return [
+        {k: v for k, v in r.items() if k != "typed_per_filter_config"}
+        for r in routes
+        if "direct_response" in r
+    ]
+
+
+def test_httproutes_need_no_404s_beyond_the_generators():
+    # No HTTPRoute rewrites onto the token-in API: the regex and the root prefixes cover
+    # every path its routes reach (the deploy 404s below are those).
+    for route in gateway_assembly.istio_routes(httproutes()):
+        match = route["match"]
+        prefix = match.get("path_separated_prefix", match.get("prefix"))
+        rewrite = route.get("route", {}).get("prefix_rewrite")
+        assert token_endpoints.rewritten_into(prefix, rewrite) == (), route["name"]
+
+
 def test_istio_filter_is_first_and_fails_closed():
     patches = istio_filter()["spec"]["configPatches"]
     (http_filter,) = [p for p in patches if p["applyTo"] == "HTTP_FILTER"]
@@ -410,17 +473,25 @@ def test_istio_filter_is_first_and_fails_closed():
 
 
 def test_istio_routes_get_policy_and_buffer_limit():
-    config = gateway_assembly.istio_bootstrap(istio_filter())
-    hcm = config["static_resources"]["listeners"][0]["default_filter_chain"]["filters"][0]
-    routes = hcm["typed_config"]["route_config"]["virtual_hosts"][0]["routes"]
+    routes = [r for r in routes_of(istio_bootstrap()) if "route" in r]
     policies = {r["name"]: policy_from(r["metadata"]["filter_metadata"][NAMESPACE]) for r in routes}
     assert policies == {
-        "llm-d.llama-pd.0": RoutePolicy(Topology.DISAGGREGATED, Action.HONOR, 128256, 131072),
-        "llm-d.llama-pd.1": RoutePolicy(Topology.DISAGGREGATED, Action.MINT, 128256, 131072),
+        "llm-d.llama-pd.0": RoutePolicy(
+            Topology.DISAGGREGATED, Action.HONOR, 128256, 131072, **PD_REWRITES["llama-pd.0"]
+        ),
+        "llm-d.llama-pd.1": RoutePolicy(
+            Topology.DISAGGREGATED, Action.MINT, 128256, 131072, **PD_REWRITES["llama-pd.1"]
+        ),
         "llm-d.llama.0": RoutePolicy(Topology.AGGREGATED, Action.STRIP),
     }
     assert {r["request_body_buffer_limit"] for r in routes} == {16 * 1024 * 1024}
     by_name = {r["name"]: r for r in routes}
+    # The metadata states each route's rewrite (check-envoy compares them too).
+    for name in ("llm-d.llama-pd.0", "llm-d.llama-pd.1"):
+        entry = by_name[name]
+        stated = entry["metadata"]["filter_metadata"][NAMESPACE]
+        assert stated["match_prefix"] == entry["match"]["path_separated_prefix"]
+        assert stated["prefix_rewrite"] == entry["route"]["prefix_rewrite"]
     # Only the prefill (mint) route sends the response to the processor.
     (filter_name,) = [
         p["patch"]["value"]["name"]
@@ -431,6 +502,24 @@ def test_istio_routes_get_policy_and_buffer_limit():
     assert_sends_the_response(override, filter_name, by_name["llm-d.llama-pd.1"], "SKIP")
     for name in ("llm-d.llama-pd.0", "llm-d.llama.0"):
         assert "typed_per_filter_config" not in by_name[name]
+
+
+def test_istio_answers_the_token_endpoints_as_the_generator_does():
+    routes = routes_of(istio_bootstrap())
+    (filter_name,) = [
+        p["patch"]["value"]["name"]
+        for p in istio_filter()["spec"]["configPatches"]
+        if p["applyTo"] == "HTTP_FILTER"
+    ]
+    inserted = [r for r in routes if "direct_response" in r]
+    # Before every route Istio makes of the HTTPRoutes, the filter disabled on each.
+    assert routes[: len(inserted)] == inserted
+    for entry in inserted:
+        assert entry.pop("typed_per_filter_config") == {
+            filter_name: {"@type": PER_ROUTE, "disabled": True}
+        }
+    key = json.dumps
+    assert sorted(map(key, inserted)) == sorted(map(key, generated_not_found_routes()))
 
 
 def assert_sends_the_response(
@@ -453,25 +542,80 @@ def assert_sends_the_response(
     assert "failure_mode_allow" not in override["overrides"]
 
 
-def test_istio_keeps_connections_after_denials():
-    """As the shipped Envoy configs (keep_alive_after_denial)."""
-    config = gateway_assembly.istio_bootstrap(istio_filter())
-    hcm = config["static_resources"]["listeners"][0]["default_filter_chain"]["filters"][0]
-    shipped = yaml.safe_load((REPO / "envoy" / "envoy.yaml").read_text())
-    (listener,) = shipped["static_resources"]["listeners"]
-    (chain,) = listener["filter_chains"]
-    (manager,) = chain["filters"]
-    options = manager["typed_config"]["http_protocol_options"]
-    assert hcm["typed_config"]["http_protocol_options"] == options
+PATH_SETTINGS = ("normalize_path", "merge_slashes", "path_with_escaped_slashes_action")
+
+
+def test_istio_connection_manager_is_the_shipped_one():
+    """As the shipped Envoy configs: keep_alive_after_denial, and the path normalised
+    (escaped slashes included, which Istio keeps by default) before routes match."""
+    manager, shipped = manager_of(istio_bootstrap()), shipped_manager()
+    assert manager["http_protocol_options"] == shipped["http_protocol_options"]
+    for key in PATH_SETTINGS:
+        assert manager[key] == shipped[key], key
 
 
 def test_istio_envoy_config_passes_check_envoy():
-    report = check_envoy.check(gateway_assembly.istio_bootstrap(istio_filter()))
-    assert (report.errors, report.warnings, report.routes) == ([], [], 3)
+    report = check_envoy.check(istio_bootstrap())
+    assert (report.errors, report.warnings, report.routes) == ([], [], 8)
+
+
+def patch_of(
+    envoy_filter: dict[str, Any], apply_to: str, name: str | None = None
+) -> dict[str, Any]:
+    """The one patch of ``envoy_filter`` that applies to ``apply_to`` (and whose value,
+    or whose matched route, is called ``name``)."""
+    (found,) = [
+        p
+        for p in envoy_filter["spec"]["configPatches"]
+        if p["applyTo"] == apply_to
+        and name
+        in (
+            None,
+            p["patch"]["value"].get("name"),
+            p["match"].get("routeConfiguration", {}).get("vhost", {}).get("route", {}).get("name"),
+        )
+    ]
+    return found
+
+
+def _keep_escaped_slashes(envoy_filter: dict[str, Any]) -> None:
+    typed = patch_of(envoy_filter, "NETWORK_FILTER")["patch"]["value"]["typed_config"]
+    del typed["path_with_escaped_slashes_action"]  # Istio's default stays: KEEP_UNCHANGED
+
+
+def _no_echo_route(envoy_filter: dict[str, Any]) -> None:
+    envoy_filter["spec"]["configPatches"].remove(
+        patch_of(envoy_filter, "HTTP_ROUTE", "token-endpoint-echo")
+    )
+
+
+def _unstated_rewrite(envoy_filter: dict[str, Any]) -> None:
+    value = patch_of(envoy_filter, "HTTP_ROUTE", "llm-d.llama-pd.1")["patch"]["value"]
+    for key in envoygen.REWRITE_FIELDS:
+        del value["metadata"]["filter_metadata"][NAMESPACE][key]
+
+
+@pytest.mark.parametrize(
+    ("change", "error"),
+    [
+        # Istio's default: escaped slashes kept, and vLLM's server decodes "%2F".
+        (_keep_escaped_slashes, "path_with_escaped_slashes_action KEEP_UNCHANGED"),
+        # Without the echo route, the P/D routes pass render paths to vLLM.
+        (_no_echo_route, "llm-d.llama-pd.0: forwards '/pd/v1/chat/completions/render'"),
+        # Without the stated rewrite, proofs would be bound to the downstream path.
+        (_unstated_rewrite, "llm-d.llama-pd.1: the route rewrites '/pd/prefill/v1' to '/v1'"),
+    ],
+    ids=["escaped-slashes", "echo-route", "rewrite-metadata"],
+)
+def test_check_envoy_catches_an_istio_filter_without_each_part(change, error):
+    envoy_filter = istio_filter()
+    change(envoy_filter)
+    errors = check_envoy.check(istio_bootstrap(envoy_filter)).errors
+    assert any(error in e for e in errors), errors
 
 
 def test_istio_envoy_config_validates(tmp_path):
-    envoy_validate(gateway_assembly.istio_bootstrap(istio_filter()), tmp_path, "istio")
+    envoy_validate(istio_bootstrap(), tmp_path, "istio")
 
 
 # --- Envoy Gateway -----------------------------------------------------------------------
@@ -482,7 +626,7 @@ def envoy_gateway_bootstrap() -> dict[str, Any]:
     (extension,) = documents(eg / "extension-policy.yaml")
     (patch,) = documents(eg / "patch-policy.yaml")
     return gateway_assembly.envoy_gateway_bootstrap(
-        extension, patch, documents(eg / "httproutes.yaml"), "llm-d/inference-gateway/http"
+        extension, patch, httproutes(), "llm-d/inference-gateway/http"
     )
 
 
@@ -520,20 +664,25 @@ def test_envoy_gateway_patches_complete_the_filter():
     assert typed["processing_mode"]["request_body_mode"] == "BUFFERED"
     assert typed["processing_mode"]["request_trailer_mode"] == "SEND"
     assert typed["grpc_service"]["envoy_grpc"]["max_receive_message_length"] == 64 * 1024**2
-    routes = hcm["typed_config"]["route_config"]["virtual_hosts"][0]["routes"]
+    routes = [r for r in routes_of(config) if "route" in r]
     by_name = {r["name"]: r for r in routes}
     pd = by_name["httproute/llm-d/llama-pd/rule/0/match/0/*"]
     prefill = by_name["httproute/llm-d/llama-pd/rule/1/match/0/*"]
     aggregated = by_name["httproute/llm-d/llama/rule/0/match/0/*"]
     assert policy_from(pd["metadata"]["filter_metadata"][NAMESPACE]) == RoutePolicy(
-        Topology.DISAGGREGATED, Action.HONOR, 128256, 131072
+        Topology.DISAGGREGATED, Action.HONOR, 128256, 131072, **PD_REWRITES["llama-pd.0"]
     )
     assert policy_from(prefill["metadata"]["filter_metadata"][NAMESPACE]) == RoutePolicy(
-        Topology.DISAGGREGATED, Action.MINT, 128256, 131072
+        Topology.DISAGGREGATED, Action.MINT, 128256, 131072, **PD_REWRITES["llama-pd.1"]
     )
     assert policy_from(aggregated["metadata"]["filter_metadata"][NAMESPACE]) == RoutePolicy(
         Topology.AGGREGATED, Action.STRIP
     )
+    # The stated rewrites are the routes' (Envoy Gateway drops the trailing "/").
+    for entry in (pd, prefill):
+        stated = entry["metadata"]["filter_metadata"][NAMESPACE]
+        assert stated["match_prefix"] == entry["match"]["path_separated_prefix"]
+        assert stated["prefix_rewrite"] == entry["route"]["prefix_rewrite"]
     # Envoy Gateway's own metadata survives the patch.
     assert "envoy-gateway" in pd["metadata"]["filter_metadata"]
     assert {r["request_body_buffer_limit"] for r in routes} == {16 * 1024 * 1024}
@@ -548,6 +697,21 @@ def test_envoy_gateway_patches_complete_the_filter():
     for route in (pd, aggregated):
         (enabling,) = route["typed_per_filter_config"].values()
         assert enabling["config"] == {}
+
+
+def test_envoy_gateway_answers_the_token_endpoints_as_the_generator_does():
+    routes = routes_of(envoy_gateway_bootstrap())
+    inserted = [r for r in routes if "direct_response" in r]
+    # First in the virtual host, in the generator's order; Envoy Gateway's filter is
+    # disabled unless a route enables it, and these do not.
+    assert routes[: len(inserted)] == inserted
+    assert inserted == generated_not_found_routes()
+
+
+def test_envoy_gateway_normalises_paths_as_the_shipped_configs():
+    manager, shipped = manager_of(envoy_gateway_bootstrap()), shipped_manager()
+    for key in PATH_SETTINGS:
+        assert manager[key] == shipped[key], key
 
 
 def test_envoy_gateway_patch_with_a_wrong_name_is_caught():
@@ -567,3 +731,21 @@ def test_envoy_gateway_envoy_config_passes_check_envoy():
     report = check_envoy.check(envoy_gateway_bootstrap())
     assert report.errors == []
     assert report.warnings == []
+    assert report.routes == 8
+
+
+def test_check_envoy_catches_a_patch_policy_without_the_404s():
+    eg = DEPLOY / "envoy-gateway"
+    (extension,) = documents(eg / "extension-policy.yaml")
+    (patch,) = documents(eg / "patch-policy.yaml")
+    patch["spec"]["jsonPatches"] = [
+        p for p in patch["spec"]["jsonPatches"] if "virtual_hosts" not in p["operation"]["jsonPath"]
+    ]
+    config = gateway_assembly.envoy_gateway_bootstrap(
+        extension, patch, httproutes(), "llm-d/inference-gateway/http"
+    )
+    errors = check_envoy.check(config).errors
+    assert any(
+        "llama-pd/rule/0/match/0/*: forwards '/pd/v1/chat/completions/render'" in e for e in errors
+    )
+    assert any("llama/rule/0/match/0/*: forwards '/inference/v1/generate'" in e for e in errors)
