@@ -29,7 +29,6 @@ from tests.e2e.test_gateway import chat, only_request
 from tests.e2e.test_operations import access_log
 
 PREFILL = "/pd/prefill/v1/chat/completions"
-PREFILL_KEEP = "/pd/prefill-keep/v1/chat/completions"  # keep_other_keys (tests/e2e/stack.py)
 DECODE = "/pd/v1/chat/completions"
 UPSTREAM_PATH = "/v1/chat/completions"
 PROOF = re.compile(
@@ -329,30 +328,9 @@ def test_a_proxy_prefill_request_from_a_client_loses_its_connector_keys(gateway,
     assert set(params) == {"prompt_token_ids", "token_policy_proof"}
 
 
-def test_connector_parameters_are_signed_and_honored_with_the_ids(gateway, client):
-    # A prefill route that keeps a client's connector keys (keep_other_keys): the
-    # upstream acts as a KV producer and returns where its blocks are.
-    sent = prefill_body(kv_transfer_params=PREFILL_REQUEST_PARAMS)
-    reply = post(client, gateway, PREFILL_KEEP, sent)
-    _received, document = sent_upstream(gateway)
-    assert document["kv_transfer_params"] == PREFILL_REQUEST_PARAMS
-    params = reply.json()["kv_transfer_params"]
-    ids = reply.json()["prompt_token_ids"]
-    assert params == {
-        **tokens.CONNECTOR_REPLY,
-        "prompt_token_ids": ids,
-        "token_policy_proof": params["token_policy_proof"],
-    }
-    gateway.clear()
-    post(client, gateway, DECODE, chat(params))
-    _received, document = sent_upstream(gateway)
-    assert document["kv_transfer_params"] == {**tokens.CONNECTOR_REPLY, "prompt_token_ids": ids}
-    # A changed connector key (where the decode server fetches blocks from) voids it.
-    gateway.clear()
-    redirected = chat({**params, "remote_host": "169.254.169.254"})
-    rid = request_id()
-    post(client, gateway, DECODE, redirected, rid)
-    assert_not_honored(gateway, redirected, rid, "proof_bad_signature")
+# A listed peer's prefill leg, whose connector keys are kept and signed: see
+# tests/e2e/test_peer_identity.py. keep_other_keys, which kept a client's keys, is
+# invalid on a mint route (docs/trust.md).
 
 
 # --- proofs across deployments and time --------------------------------------------------

@@ -12,8 +12,9 @@ from pathlib import Path
 import httpx
 import pytest
 
+from devstack import tokens
 from tests.e2e import certs
-from tests.e2e.stack import Stack
+from tests.e2e.stack import Stack, new_key
 from tests.e2e.test_operations import access_log
 
 SOURCE = Path(__file__).resolve().parents[2] / "envoy" / "envoy-internal-mtls.yaml"
@@ -33,19 +34,48 @@ def cert_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
         "extendedKeyUsage=clientAuth\n",
         ca="clients-ca",
     )
+    # The router's SPIFFE id as a DNS SAN: an identity of another type.
+    certs._issue(
+        directory,
+        "dns-spoof",
+        "/CN=spoof",
+        f"subjectAltName=DNS:{certs.ROUTER}\nextendedKeyUsage=clientAuth\n",
+        ca="clients-ca",
+    )
+    # The router's SPIFFE id as the second of two URI SANs.
+    certs._issue(
+        directory,
+        "second-uri",
+        "/CN=second",
+        "subjectAltName=URI:spiffe://cluster.local/ns/llm-d/sa/other,"
+        f"URI:{certs.ROUTER}\nextendedKeyUsage=clientAuth\n",
+        ca="clients-ca",
+    )
     return directory
 
 
 @pytest.fixture(scope="module")
 def internal(cert_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    stack = Stack(tmp_path_factory.mktemp("peer"), source=SOURCE, cert_dir=cert_dir).start()
+    stack = Stack(
+        tmp_path_factory.mktemp("peer"),
+        source=SOURCE,
+        cert_dir=cert_dir,
+        proof_keys={"e2e": new_key()},
+    ).start()
     try:
         yield stack
     finally:
         stack.stop()
 
 
-def post(stack: Stack, cert_dir: Path, name: str, path: str, request_id: str) -> httpx.Response:
+def post(
+    stack: Stack,
+    cert_dir: Path,
+    name: str,
+    path: str,
+    request_id: str,
+    body: dict[str, object] | None = None,
+) -> httpx.Response:
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
     context.load_verify_locations(cert_dir / "ca.crt")
     context.check_hostname = False  # the certificate names gateway.local; we dial 127.0.0.1
@@ -53,7 +83,7 @@ def post(stack: Stack, cert_dir: Path, name: str, path: str, request_id: str) ->
     with httpx.Client(verify=context, timeout=20) as client:
         return client.post(
             f"https://{stack.gateway}{path}",
-            content=json.dumps({**CHAT, "kv_transfer_params": PARAMS}),
+            content=json.dumps(body or {**CHAT, "kv_transfer_params": PARAMS}),
             headers={"content-type": "application/json", "x-request-id": request_id},
         )
 
@@ -73,3 +103,63 @@ def test_a_listed_peer_is_honored_and_another_client_is_not(internal, cert_dir, 
     (received,) = internal.received()
     assert "kv_transfer_params" not in json.loads(received.body)
     assert access_log(internal, "peer-stranger")["policy_reason"] == "peer_not_listed"
+
+
+@pytest.mark.parametrize("path", ["/pd/v1/chat/completions", "/pd/prefill/v1/chat/completions"])
+@pytest.mark.parametrize(
+    ("name", "reason"),
+    [
+        # A DNS SAN that reads like the router's URI SAN is not the router.
+        ("dns-spoof", "peer_not_listed"),
+        # Every URI SAN counts, not only the first Envoy's CEL names.
+        ("second-uri", "trusted_peer"),
+    ],
+)
+def test_identities_match_by_type_and_every_san_counts(internal, cert_dir, path, name, reason):
+    internal.clear()
+    reply = post(internal, cert_dir, name, path, f"peer-{name}")
+    assert reply.status_code == 200, reply.text
+    (received,) = internal.received()
+    forwarded = json.loads(received.body).get("kv_transfer_params")
+    assert forwarded == (PARAMS if reason == "trusted_peer" else None)
+    assert access_log(internal, f"peer-{name}")["policy_reason"] == reason
+
+
+def test_a_listed_peers_prefill_leg_moves_connector_keys_signed(internal, cert_dir):
+    # The orchestrator's prefill request keeps its connector keys (a listed peer), so the
+    # upstream answers as a KV producer; the connector's reply is signed, honored on the
+    # decode leg from any client, and void once a connector key is changed.
+    internal.clear()
+    ask = {
+        "do_remote_decode": True,
+        "do_remote_prefill": False,
+        "remote_engine_id": None,
+        "remote_block_ids": None,
+        "remote_host": None,
+        "remote_port": None,
+    }
+    prefill = {**CHAT, "max_tokens": 1, "return_token_ids": True, "kv_transfer_params": ask}
+    reply = post(internal, cert_dir, "router", "/pd/prefill/v1/chat/completions", "pd-1", prefill)
+    assert reply.status_code == 200, reply.text
+    (received,) = internal.received()
+    assert json.loads(received.body)["kv_transfer_params"] == ask
+    params = reply.json()["kv_transfer_params"]
+    assert {k: v for k, v in params.items() if k != "token_policy_proof"} == {
+        **tokens.CONNECTOR_REPLY,
+        "prompt_token_ids": reply.json()["prompt_token_ids"],
+    }
+    decode = {**CHAT, "kv_transfer_params": params}
+    internal.clear()
+    reply = post(internal, cert_dir, "stranger", "/pd/v1/chat/completions", "pd-2", decode)
+    assert reply.status_code == 200, reply.text
+    (received,) = internal.received()
+    forwarded = json.loads(received.body)["kv_transfer_params"]
+    assert forwarded == {k: v for k, v in params.items() if k != "token_policy_proof"}
+    assert access_log(internal, "pd-2")["policy_reason"] == "trusted_proof"
+    internal.clear()
+    redirected = {**CHAT, "kv_transfer_params": {**params, "remote_host": "169.254.169.254"}}
+    reply = post(internal, cert_dir, "stranger", "/pd/v1/chat/completions", "pd-3", redirected)
+    assert reply.status_code == 200, reply.text
+    (received,) = internal.received()
+    assert "kv_transfer_params" not in json.loads(received.body)
+    assert access_log(internal, "pd-3")["policy_reason"] == "proof_bad_signature"
