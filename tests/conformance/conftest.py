@@ -19,6 +19,9 @@ DENY = "/deny"  # aggregated, action deny
 DECODE = "/pdv"  # the decode leg: honor, the tiny vocabulary; a client's ids untrusted
 ANY_CALLER = "/pdany"  # honor from any caller (trust_any_caller): the ids only validated
 MINT = "/mint"  # the prefill leg: mint, the response signed
+# A mint route placed before the gateway's token endpoint 404s: render and derender
+# reach vLLM through it, as through an operator's config without those rules.
+UNGUARDED_MINT = "/unguarded-mint"
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -32,7 +35,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 @pytest.fixture(scope="session")
 def vllm() -> Iterator[str]:
     # Fails loudly (never skips) when vLLM cannot be installed or started.
-    with vllm_env.run_vllm(processes.free_port()) as base_url:
+    # --enable-scale-out adds vLLM's render, derender and token-in endpoints (and
+    # nothing else): the gateway is tested against the server that echoes most.
+    with vllm_env.run_vllm(processes.free_port(), extra_args=["--enable-scale-out"]) as base_url:
         yield base_url
 
 
@@ -58,9 +63,11 @@ def gateway(vllm: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sta
         route("pd-any-caller", f"{ANY_CALLER}/v1/", {**decode, "trust_any_caller": True}),
         mint_route("mint", f"{MINT}/v1/", {**decode, "action": "mint"}),
     ]
+    unguarded = mint_route("unguarded-mint", f"{UNGUARDED_MINT}/v1/", {**decode, "action": "mint"})
     stack = Stack(
         tmp_path_factory.mktemp("vllm-stack"),
         routes=routes,
+        unguarded=[unguarded],
         real_upstream=address,
         proof_keys={KEY_ID: new_key()},
     )

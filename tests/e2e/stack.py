@@ -185,6 +185,9 @@ class Stack:
     children: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     source: Path = envoy_config.SHIPPED
     routes: list[dict[str, Any]] = field(default_factory=extra_routes)
+    # Routes placed before even the token endpoint 404s: an operator's config that
+    # forwards what the shipped ones answer (the processor's own defences alone).
+    unguarded: list[dict[str, Any]] = field(default_factory=list)
     # A real server for both routes instead of the recording stub (conformance tier).
     real_upstream: HostPort | None = None
     # Processor configuration (YAML keys) for this stack; defaults otherwise.
@@ -245,6 +248,7 @@ class Stack:
         hcm = config["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]
         (vhost,) = hcm["typed_config"]["route_config"]["virtual_hosts"]
         add_routes(vhost["routes"], self.routes)
+        vhost["routes"][:0] = self.unguarded
         config["static_resources"]["clusters"].append(_h2_cluster(self.upstream))
         path = envoy_config.write(config, self.workdir / "envoy.yaml")
         envoy = processes.start(processes.envoy_args(path, self.admin.port), self._log("envoy"))
