@@ -15,6 +15,7 @@ import pytest
 from devstack import tokens
 from tests.e2e import certs
 from tests.e2e.stack import Stack, new_key
+from tests.e2e.test_handoff import PREFILL_REQUEST_PARAMS
 from tests.e2e.test_operations import access_log
 
 SOURCE = Path(__file__).resolve().parents[2] / "envoy" / "envoy-internal-mtls.yaml"
@@ -130,14 +131,7 @@ def test_a_listed_peers_prefill_leg_moves_connector_keys_signed(internal, cert_d
     # upstream answers as a KV producer; the connector's reply is signed, honored on the
     # decode leg from any client, and void once a connector key is changed.
     internal.clear()
-    ask = {
-        "do_remote_decode": True,
-        "do_remote_prefill": False,
-        "remote_engine_id": None,
-        "remote_block_ids": None,
-        "remote_host": None,
-        "remote_port": None,
-    }
+    ask = PREFILL_REQUEST_PARAMS
     prefill = {**CHAT, "max_tokens": 1, "return_token_ids": True, "kv_transfer_params": ask}
     reply = post(internal, cert_dir, "router", "/pd/prefill/v1/chat/completions", "pd-1", prefill)
     assert reply.status_code == 200, reply.text
