@@ -50,7 +50,7 @@ from typing import Any, Final
 import orjson
 
 from ext_proc import ids
-from ext_proc.bytescan import count, find, has_run, translate
+from ext_proc.bytescan import count, find, has_run, occurrences, translate
 from ext_proc.errors import BadRequest, PayloadTooLarge, UnsupportedMediaType
 from ext_proc.vllm_request import IDS_KEY, KV_KEY, Path
 
@@ -214,26 +214,34 @@ def lacks_key(raw: bytes, key: str) -> bool:
     JSON is not decided here: vLLM refuses a body it cannot read (400).
     tests/test_parity_property.py checks the property on generated bodies: removing
     any clause (the braces, the key as written, any escape) makes it fail."""
-    if not _braced(raw):
-        return False
-    written, escapes = _spellings(key)
-    return find(raw, written) == -1 and not _holds_any(raw, escapes)
+    counted = spelled(raw, (key,))
+    return counted is not None and counted[key] == 0
 
 
-def members_at_most(raw: bytes, key: str, limit: int) -> bool:
-    """True only when the document ``json.loads`` reads from ``raw`` has at most
-    ``limit`` members named ``key``, at any depth and duplicates counted. False says
-    nothing.
+# How far ``spelled`` counts: none, one, or more.
+SPELLED_MOST: Final = 2
+
+
+def spelled(raw: bytes, keys: Iterable[str]) -> dict[str, int] | None:
+    """For each of ``keys``, how many times ``raw`` writes it as itself, up to
+    ``SPELLED_MOST``: no fewer than the members so named in the document ``json.loads``
+    reads from ``raw``, at any depth, duplicates counted. None when that cannot be told
+    from the bytes (``raw`` is not braced, or holds an escape that may spell a
+    character of a key).
 
     Why it is sound: as in ``lacks_key``, every member named ``key`` in a braced UTF-8
     body spells it as written or with an escape; members written as themselves are
-    distinct occurrences of the key in ``raw`` (a key cannot overlap itself inside two
-    member names: they are separate string tokens), so without any escape their
-    number is at most the number of occurrences."""
+    distinct string tokens, so without any escape of the key's characters their number
+    is at most the number of (non-overlapping) occurrences of the key in ``raw``."""
     if not _braced(raw):
-        return False
-    written, escapes = _spellings(key)
-    return raw.count(written) <= limit and not _holds_any(raw, escapes)
+        return None
+    counts: dict[str, int] = {}
+    escapes: set[bytes] = set()
+    for key in keys:
+        written, spellings = _spellings(key)
+        escapes.update(spellings)
+        counts[key] = occurrences(raw, written, SPELLED_MOST)
+    return None if _holds_any(raw, tuple(sorted(escapes))) else counts
 
 
 def _braced(raw: bytes) -> bool:

@@ -19,6 +19,16 @@ def find(raw: bytes, needle: bytes, start: int = 0) -> int:
     return found
 
 
+def occurrences(raw: bytes, needle: bytes, most: int) -> int:
+    """``min(raw.count(needle), most)``: non-overlapping occurrences, searched for only
+    until ``most`` are found."""
+    found, at = 0, 0
+    while found < most and (at := find(raw, needle, at)) != -1:
+        found += 1
+        at += len(needle)
+    return found
+
+
 def translate(raw: bytes | memoryview, table: bytes) -> bytes:
     """``bytes(raw).translate(table)``."""
     out: bytes = stringzilla.translate(raw, table)

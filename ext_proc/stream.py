@@ -461,9 +461,9 @@ class Stream:
         """``_decide``'s work: the policy's refusal is returned, the refusals of
         charging, parsing, the prompt digest (a body too deep) and rewriting (a body too
         deep to write back) are raised."""
-        if self._policy.action is not Action.MINT and all(
-            body.lacks_key(raw, name) for name in CARRIER_NAMES
-        ):
+        # How often the bytes name each carrier (None: they cannot tell).
+        named = body.spelled(raw, CARRIER_NAMES)
+        if self._policy.action is not Action.MINT and named is not None and not any(named.values()):
             # Nothing to judge or rewrite: the body is forwarded as it came, unparsed
             # (a mint route parses every request for its prompt digest).
             self._charge(memory.held(len(raw)))
@@ -474,9 +474,9 @@ class Stream:
         parsed = body.parse(raw, shape, slow, lift_ids=True)
         # No member but the top-level kv_transfer_params is named as a carrier when the
         # bytes spell no other name of one (then no carrier is looked for).
-        alone = body.members_at_most(
-            raw, KV_KEY, int(KV_KEY in parsed.document)
-        ) and body.lacks_key(raw, EC_KEY)
+        alone = (
+            named is not None and named[KV_KEY] <= (KV_KEY in parsed.document) and not named[EC_KEY]
+        )
         decision = self._judge(parsed, alone)
         self._decision = decision
         if self._audit:

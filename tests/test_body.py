@@ -490,11 +490,12 @@ def test_without_removes_members_at_any_path_and_copies_only_their_way():
         ("[1]", 5, False),  # not braced
     ],
 )
-def test_members_at_most_counts_every_spelling(text, limit, expected):
-    assert body.members_at_most(text.encode(), KV, limit) is expected
+def test_spelled_counts_every_spelling(text, limit, expected):
+    counted = body.spelled(text.encode(), (KV,))
+    assert (counted is not None and counted[KV] <= limit) is expected
 
 
-def test_members_at_most_never_proves_a_utf16_body():
+def test_spelled_never_counts_a_utf16_body():
     raw = json.dumps({"a": {"kv_transfer_params": 1}}).encode("utf-16")
-    assert not body.members_at_most(raw, KV, 0)
+    assert body.spelled(raw, (KV,)) is None
     assert json.loads(raw)["a"]["kv_transfer_params"] == 1

@@ -41,3 +41,12 @@ def test_a_run_is_found_wherever_it_lies_against_the_words(size, length):
 def test_runs_too_short_to_cover_a_word_are_refused():
     with pytest.raises(ValueError, match="no whole word"):
         bytescan.has_run(b"", ord("0"), 14)
+
+
+@pytest.mark.parametrize("most", [0, 1, 2, 5])
+@pytest.mark.parametrize(
+    "raw", [b"", b"ab", b"abab", b"aaaa", b"xabyabzab", b"ab" * 1000, b"x" * 20000 + b"ab"]
+)
+@pytest.mark.parametrize("needle", [b"ab", b"aa"])
+def test_occurrences_is_count_capped(raw, needle, most):
+    assert bytescan.occurrences(raw, needle, most) == min(raw.count(needle), most)
