@@ -393,17 +393,23 @@ def without(
     keys, and list indexes on the way; a path that names nothing is skipped).
 
     Every other member keeps its value and position; the document is not modified:
-    only the objects and lists on the way to a removed member are copied.
+    only the objects and lists on the way to a removed member are copied, each once
+    however many paths lead through it (many items of one list cost one copy of it).
     """
     document: Any = dict(parsed.document)
+    # Each container copied so far, by the id of the original and of the copy.
+    copies: dict[int, Any] = {id(parsed.document): document, id(document): document}
     for path in paths:
         container = document
         for step in path[:-1]:
             child = _child(container, step)
             if child is None:
                 break
-            copied = dict(child) if isinstance(child, dict) else list(child)
-            container[step] = copied
+            copied = copies.get(id(child))
+            if copied is None:
+                copied = dict(child) if isinstance(child, dict) else list(child)
+                copies[id(child)] = copies[id(copied)] = copied
+                container[step] = copied
             container = copied
         else:
             if isinstance(container, dict):

@@ -26,6 +26,7 @@ from ext_proc.route_policy import Action, RoutePolicy
 from ext_proc.vllm_request import (
     IDS_KEY,
     KV_KEY,
+    MAX_CARRIERS,
     Path,
     ignores_reused_ids,
     other_carriers,
@@ -257,7 +258,7 @@ def decide(
     carry transfer parameters (``vllm_request.other_carriers``), when the caller has
     shown there are none cheaply; None: looked for here."""
     decision = _decide_params(policy, document, evidence)
-    found = other_carriers(document) if carriers is None else carriers
+    found = other_carriers(document, MAX_CARRIERS + 1) if carriers is None else carriers
     if not found or isinstance(decision, Deny):
         return decision
     # Only the top-level kv_transfer_params can be proven; every other carrier is
@@ -265,6 +266,14 @@ def decide(
     caller = _trusted_caller(policy, evidence)
     if caller.startswith("trusted_"):
         return decision
+    if len(found) > MAX_CARRIERS:
+        return Deny(
+            bad_request(
+                f"request carries more than {MAX_CARRIERS} members of transfer parameters",
+                reason="carriers_too_many",
+            ),
+            decision.id_count,
+        )
     if policy.untrusted_denied:
         param = ".".join(map(str, found[0]))
         return Deny(

@@ -8,6 +8,8 @@ messages instead when the request echoes or carries non-text content.
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Iterator
 from typing import Any, Final
 from urllib.parse import unquote
 
@@ -19,6 +21,9 @@ EC_KEY: Final = "ec_transfer_params"
 CARRIER_NAMES: Final = (KV_KEY, EC_KEY)
 # A step of a carrier's path that stands for every item of a list.
 EVERY: Final = "*"
+# The most carriers one request may have removed: each is removed by Python code, and
+# no client of vLLM sends more than a few (one derender request may nest a list).
+MAX_CARRIERS: Final = 64
 # Every request member vLLM reads transfer parameters from, besides the top-level
 # kv_transfer_params (which a proof covers): docs/trust.md#carriers names the vLLM code
 # that reads each.
@@ -93,36 +98,31 @@ def ignores_reused_ids(document: dict[str, Any]) -> bool:
     return False
 
 
-def other_carriers(document: dict[str, Any]) -> tuple[Path, ...]:
+def other_carriers(document: dict[str, Any], most: int) -> tuple[Path, ...]:
     """The paths of ``CARRIERS`` present in ``document`` with a value other than null,
-    list items by index."""
-    found: list[Path] = []
-    for carrier in CARRIERS:
-        found += _present(document, carrier)
-    return tuple(found)
+    list items by index; at most ``most`` of them (the search stops there)."""
+    found = itertools.chain.from_iterable(_present(document, c, ()) for c in CARRIERS)
+    return tuple(itertools.islice(found, most))
 
 
-def _present(value: Any, carrier: tuple[str, ...]) -> list[Path]:
-    """Where ``carrier`` leads in ``value``: each step a member name, or ``EVERY`` item
-    of a list (the Python loop runs only over a wildcard's list)."""
-    reached: list[tuple[Path, Any]] = [((), value)]
-    for depth, step in enumerate(carrier):
-        last = depth == len(carrier) - 1
-        following: list[tuple[Path, Any]] = []
-        for path, node in reached:
-            if step == EVERY:
-                if isinstance(node, list):
-                    following += (
-                        ((*path, index), item)
-                        for index, item in enumerate(node)
-                        if isinstance(item, dict)
-                    )
-            elif isinstance(node, dict):
-                item = node.get(step)
-                if item is not None and (last or isinstance(item, dict | list)):
-                    following.append(((*path, step), item))
-        reached = following
-    return [path for path, _ in reached]
+def _present(value: Any, carrier: tuple[str, ...], path: Path) -> Iterator[Path]:
+    """Where ``carrier`` leads in ``value`` (below ``path``): each step a member name,
+    or ``EVERY`` item of a list. A list is searched in one comprehension for the items
+    that hold the next member: Python code then runs only for those."""
+    step, rest = carrier[0], carrier[1:]
+    if step == EVERY:
+        if type(value) is list and rest:
+            name = rest[0]
+            holding = [i for i, item in enumerate(value) if type(item) is dict and name in item]
+            for index in holding:
+                yield from _present(value[index], rest, (*path, index))
+    elif type(value) is dict:
+        item = value.get(step)
+        if item is not None:
+            if not rest:
+                yield (*path, step)
+            elif type(item) in (dict, list):
+                yield from _present(item, rest, (*path, step))
 
 
 def endpoint(upstream_path: str) -> str:

@@ -11,6 +11,7 @@ from ext_proc import ids as ids_module
 from ext_proc.events import Peer
 from ext_proc.policy import Allow, Deny, Evidence, Mint, Strip
 from ext_proc.route_policy import Action, IdentityType, RoutePolicy, Topology, Unproven
+from ext_proc.vllm_request import MAX_CARRIERS
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 STRIP = RoutePolicy(Topology.AGGREGATED, Action.STRIP)
@@ -520,3 +521,15 @@ def test_carriers_given_by_the_caller_are_taken_as_they_are():
     document = doc(ec_transfer_params=EC)
     assert policy.decide(STRIP, document, EVIDENCE, ()) == Allow("no_transfer_params")
     assert policy.decide(STRIP, document, EVIDENCE, None).reason == "stripped_by_policy"
+
+
+def test_a_request_with_too_many_carriers_is_refused_not_rewritten():
+    many = [{"kv_transfer_params": {"remote_port": i}} for i in range(MAX_CARRIERS + 1)]
+    decision = decide(STRIP, doc(generate_responses=many))
+    assert isinstance(decision, Deny)
+    assert (decision.reason, decision.refusal.status) == ("carriers_too_many", 400)
+    # At the limit they are removed; from a trusted caller they are kept, however many.
+    at_limit = decide(STRIP, doc(generate_responses=many[:MAX_CARRIERS]))
+    assert isinstance(at_limit, Strip)
+    assert len(at_limit.carriers) == MAX_CARRIERS
+    assert decide(HONOR, doc(generate_responses=many)) == Allow("no_transfer_params")
