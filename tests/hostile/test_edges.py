@@ -74,3 +74,21 @@ def test_trailers_without_a_body_are_a_bad_request(gateway):
     assert reply.status == 400, reply.body
     assert_clean_error(reply.body, 400)
     assert json.loads(reply.body)["error"]["message"] == "request body is empty"
+
+
+def test_a_body_of_many_carriers_is_refused_at_once(gateway):
+    # Every item of a derender-style list names a carrier: removing each would be
+    # Python work per item (once quadratic). Refused with a clean 400 instead, nothing
+    # forwarded, and a plain request right after it is answered.
+    gateway.clear()
+    for count in (65, 87_000):
+        items = ",".join(['{"kv_transfer_params":0}'] * count)
+        data = ('{"model":"tiny","messages":[],"generate_responses":[' + items + "]}").encode()
+        status, content = post(gateway.url + "/v1/chat/completions", data)
+        print(f"\n{count} carriers, {len(data)} bytes: {status}")
+        assert status == 400, content[:200]
+        assert_clean_error(content, 400)
+        assert json.loads(content)["error"]["message"].startswith("request carries more than")
+    assert gateway.received() == []
+    plain = json.dumps({"model": "tiny", "messages": [{"role": "user", "content": "hi"}]})
+    assert post(gateway.url + "/v1/chat/completions", plain.encode())[0] == 200
