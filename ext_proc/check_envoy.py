@@ -37,6 +37,7 @@ from ext_proc.attributes import HEADERS, as_cel, attribute_keys
 from ext_proc.errors import RoutePolicyError
 from ext_proc.route_policy import DEFAULT_NAMESPACE, FIELDS, Action, RoutePolicy, parse
 from ext_proc.token_endpoints import is_token_path, probe_suffixes
+from ext_proc.vllm_request import endpoint
 
 EXT_PROC = "type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor"
 PER_ROUTE = "type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExtProcPerRoute"
@@ -224,6 +225,18 @@ def _check_route(
             "not enabled); request bodies would reach the upstream uninspected. Enable the "
             "filter, or answer the route with a direct_response"
         )
+    # A weighted cluster's own configuration is the most specific of all: one that
+    # turns the filter off forwards its share of the route's requests uninspected.
+    for cluster in route["route"].get("weighted_clusters", {}).get("clusters", []):
+        inner = cluster.get("typed_per_filter_config", {}) if isinstance(cluster, dict) else {}
+        if running and not any(
+            _enabled(name, name in manager.on_by_default, [inner, *levels])
+            for name in manager.filters
+        ):
+            report.errors.append(
+                f"{where}: no ext_proc filter runs for weighted cluster "
+                f"{cluster.get('name')!r}; its requests would reach the upstream uninspected"
+            )
     namespace = manager.namespace
     policy = route.get("metadata", {}).get("filter_metadata", {}).get(namespace)
     if policy is None:
@@ -261,10 +274,11 @@ def _check_rewrite(where: str, route: dict[str, Any], policy: RoutePolicy, repor
     other = [key for key in _OTHER_REWRITES if key in action]
     if other:
         bound = " (proofs are bound to it)" if binding else ""
-        problems.append(
-            f"{where}: {other[0]} is not supported on a {policy.action.value} route: the "
-            f"processor cannot know the path the upstream receives{bound}. Use a prefix "
-            "match with prefix_rewrite, stated in match_prefix and prefix_rewrite"
+        report.errors.append(
+            f"{where}: {other[0]} is not supported: neither the processor{bound} nor this "
+            "check can tell the path the upstream receives, so a token-in or echo endpoint "
+            "could be reached through it. Use a prefix match with prefix_rewrite, stated "
+            "in match_prefix and prefix_rewrite"
         )
         return
     rewrite = action.get("prefix_rewrite") or None
@@ -382,7 +396,8 @@ def _probes(routes: list[dict[str, Any]]) -> dict[str, str]:
         if not isinstance(prefix, str):
             continue
         rewrite = route.get("route", {}).get("prefix_rewrite") or prefix
-        for suffix in probe_suffixes(rewrite):
+        # The upstream decodes what the rewrite writes ("/%69nference/" is /inference/).
+        for suffix in probe_suffixes(endpoint(rewrite)):
             out.setdefault(prefix + suffix, label)
     return out
 
@@ -463,12 +478,23 @@ def check(config: Any, namespace: str = DEFAULT_NAMESPACE) -> Report:
             {str(f.get("name")): f["typed_config"] for f in ext_procs},
             {str(f.get("name")) for f in ext_procs if not f.get("disabled", False)},
         )
+        for unseen in ("rds", "scoped_routes"):
+            if unseen in manager:
+                report.errors.append(
+                    f"{where}: routes come from {unseen}: this check cannot see them (give "
+                    "the connection manager its route_config inline to check it)"
+                )
         route_config = manager.get("route_config", {})
         top = route_config.get("typed_per_filter_config", {})
         for name, per_route in _per_route(top):
             _check_override(f"{where} route_config", name, per_route, requested, report)
         for vhost in route_config.get("virtual_hosts", []):
             label = f"{where} virtual_host {vhost.get('name')}"
+            if "matcher" in vhost:
+                report.errors.append(
+                    f"{label}: routes chosen by a matcher tree: this check cannot see which "
+                    "routes forward what; use routes"
+                )
             host = vhost.get("typed_per_filter_config", {})
             for name, per_route in _per_route(host):
                 _check_override(label, name, per_route, requested, report)

@@ -23,6 +23,8 @@ import re
 from dataclasses import dataclass
 from typing import Final, Literal
 
+from ext_proc.vllm_request import endpoint
+
 # vLLM's token-in API: everything under it, and the bare path.
 INFERENCE: Final = "/inference"
 # Last path segments whose endpoints echo request content.
@@ -51,8 +53,9 @@ KNOWN: Final = (
 
 
 def is_token_path(path: str) -> bool:
-    """Whether an upstream path (query string ignored) is a token-in or echo endpoint."""
-    bare = path.partition("?")[0].lower()
+    """Whether an upstream path (query string ignored) is a token-in or echo endpoint,
+    read as vLLM routes it (percent-decoded, a final newline dropped)."""
+    bare = endpoint(path.partition("?")[0]).lower()
     return bare == INFERENCE or bare.startswith(f"{INFERENCE}/") or bool(_ECHO.fullmatch(bare))
 
 

@@ -398,7 +398,7 @@ def test_a_stated_rewrite_the_route_does_not_make_is_an_error():
             lambda r: r["route"].update(
                 regex_rewrite={"pattern": {"regex": "^/pd/v1/"}, "substitution": "/v1/"}
             ),
-            "regex_rewrite is not supported on a honor route",
+            "regex_rewrite is not supported",
         ),
         (
             lambda r: r.update(match={"path": "/pd/v1/chat/completions"}),
@@ -627,3 +627,78 @@ def test_route_matches_must_see_the_path_the_upstream_decodes(change, text):
 @pytest.mark.parametrize("action", ["UNESCAPE_AND_FORWARD", "REJECT_REQUEST"])
 def test_escaped_slashes_may_also_be_forwarded_unescaped_or_refused(action):
     assert mutated(lambda c: hcm(c).update(path_with_escaped_slashes_action=action)).errors == []
+
+
+@pytest.mark.parametrize("name", ["aggregated", "disaggregated"])
+def test_a_regex_rewrite_is_an_error_on_any_forwarding_route(name):
+    # Nobody can tell where it sends a path: /legacy/inference/v1/generate, say.
+    def change(config):
+        entry = route(config, name)
+        entry["route"].pop("prefix_rewrite", None)
+        entry["route"]["regex_rewrite"] = {
+            "pattern": {"regex": "^/legacy/"},
+            "substitution": "/",
+        }
+
+    report = mutated(change)
+    assert any("regex_rewrite is not supported" in e for e in report.errors), report.errors
+
+
+@pytest.mark.parametrize(
+    ("prefix", "rewrite", "probe"),
+    [
+        ("/gen/", "/%69nference/v1/", "/gen/generate"),
+        ("/s/", "/v1/chat/completions/%72ender/", "/s/"),
+    ],
+)
+def test_a_rewrite_into_a_token_endpoint_spelled_with_escapes_is_caught(prefix, rewrite, probe):
+    # The upstream percent-decodes the path: what the rewrite writes is judged decoded.
+    def change(config):
+        entry = copy.deepcopy(route(config, "aggregated"))
+        entry["name"] = "escaped"
+        entry["match"] = {"prefix": prefix}
+        entry["route"]["prefix_rewrite"] = rewrite
+        # After the token endpoint 404s, which answer every other probe of it.
+        listed = routes(config)
+        first = next(i for i, r in enumerate(listed) if "direct_response" not in r)
+        listed.insert(first, entry)
+
+    report = mutated(change)
+    (error,) = [e for e in report.errors if "vllm/escaped" in e]
+    assert f"forwards {probe!r}" in error
+
+
+def test_a_weighted_cluster_that_disables_the_filter_is_an_error():
+    def change(config):
+        entry = route(config, "aggregated")
+        cluster = entry["route"].pop("cluster")
+        entry["route"]["weighted_clusters"] = {
+            "clusters": [
+                {"name": cluster, "weight": 50},
+                {
+                    "name": cluster,
+                    "weight": 50,
+                    "typed_per_filter_config": {
+                        "envoy.filters.http.ext_proc": {"@type": PER_ROUTE, "disabled": True}
+                    },
+                },
+            ]
+        }
+
+    report = mutated(change)
+    assert any("weighted cluster" in e for e in report.errors), report.errors
+
+
+def test_routes_this_check_cannot_see_are_errors():
+    def rds(config):
+        manager = hcm(config)
+        manager.pop("route_config")
+        manager["rds"] = {"route_config_name": "r", "config_source": {"ads": {}}}
+
+    assert any("routes come from rds" in e for e in mutated(rds).errors)
+
+    def matcher(config):
+        (vhost,) = hcm(config)["route_config"]["virtual_hosts"]
+        vhost["matcher"] = {"matcher_tree": {}}
+
+    assert any("matcher tree" in e for e in mutated(matcher).errors)

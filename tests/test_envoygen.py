@@ -460,6 +460,8 @@ INVALID = [
     (_set("routes", []), "routes:"),
     (_set("routes.1.upstream", "agregated"), "routes.1.upstream: 'agregated' is not one of"),
     (_set("routes.0.prefix", "pd/v1/"), "routes.0.prefix:"),
+    (_set("routes.0.prefix", "/pd/%761/"), "routes.0.prefix:"),  # the upstream decodes it
+    (_set("routes.1.prefix_rewrite", "/%69nference/v1/"), "routes.1.prefix_rewrite:"),
     (_set("routes.3.prefix", "/v1/"), "routes.3.prefix: '/v1/' is matched by an earlier route"),
     (_set("routes.3.name", "aggregated"), "routes.3.name: 'aggregated' is used by an earlier"),
     (_set("routes.1.policy.action", "allow"), "routes.1.policy.action:"),

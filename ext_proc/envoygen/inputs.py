@@ -177,8 +177,10 @@ class RouteInput(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
 
     name: str | None = Field(default=None, pattern=_NAME.pattern)
-    prefix: str = Field(pattern=r"^/")
-    prefix_rewrite: str | None = Field(default=None, pattern=r"^/")
+    # No percent-escapes: the upstream decodes them, so a prefix or rewrite holding one
+    # names another path than it reads as ("/%69nference/" is /inference/).
+    prefix: str = Field(pattern=r"^/[^%]*$")
+    prefix_rewrite: str | None = Field(default=None, pattern=r"^/[^%]*$")
     upstream: str
     policy: PolicyInput = PolicyInput()
     # Largest request body held for inspection on this route (413 beyond it).
