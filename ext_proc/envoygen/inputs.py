@@ -8,7 +8,7 @@ keys apply unless the file gives them again. The shipped configurations are one 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Callable, Mapping, MutableMapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Final, Literal
@@ -105,18 +105,12 @@ class PolicyFields(BaseModel):
             )
         if value is not None and name is not None:
             beside = {} if name == "action" else {"action": Action.HONOR.value}
-            try:
-                parse(beside | {name: as_cel(value)}, None)
-            except RoutePolicyError as exc:
-                raise ValueError(exc.message) from None
+            _as_input_error(parse, beside | {name: as_cel(value)}, None)
         return value
 
     @model_validator(mode="after")
     def _consistent(self) -> PolicyFields:
-        try:
-            self.read()
-        except RoutePolicyError as exc:
-            raise ValueError(exc.message) from None
+        _as_input_error(self.read)
         return self
 
     def metadata(self) -> dict[str, Any]:
@@ -129,6 +123,15 @@ class PolicyFields(BaseModel):
     def read(self) -> RoutePolicy:
         """The policy as the processor reads these fields."""
         return read_metadata(self.metadata())
+
+
+def _as_input_error(read: Callable[..., RoutePolicy], *args: Any) -> None:
+    """``read(*args)``, its ``RoutePolicyError`` raised as the ``ValueError`` pydantic
+    reports against the input field being validated."""
+    try:
+        read(*args)
+    except RoutePolicyError as exc:
+        raise ValueError(exc.message) from None
 
 
 def read_metadata(fields: Mapping[str, Any]) -> RoutePolicy:
@@ -189,10 +192,7 @@ class RouteInput(BaseModel):
     @model_validator(mode="after")
     def _metadata_valid(self) -> RouteInput:
         # The rewrite's fields beside the policy's, as the processor reads them.
-        try:
-            self.read()
-        except RoutePolicyError as exc:
-            raise ValueError(exc.message) from None
+        _as_input_error(self.read)
         return self
 
     def metadata(self) -> dict[str, Any]:
