@@ -29,11 +29,11 @@ for ``json.dumps`` (Python's recursion limit, about 1000 levels) is a 400
 
 Bounded work: the caller limits a body's size and its number of values (``Shape``,
 counted before parsing) and parsing runs on the event loop, so those limits bound the
-CPU one body can take. ``json.loads`` is several times slower per value than orjson on
-some inputs, so it reads only bodies up to ``SLOW_PARSE_MAX_BYTES`` and
-``SLOW_PARSE_MAX_VALUES``; a larger body orjson cannot read exactly is refused (413,
-``body_needs_slow_parse``), never passed. json.dumps, which builds the whole text as a
-string first, likewise writes only bodies up to ``SLOW_PARSE_MAX_BYTES``.
+CPU one body can take. ``json.loads`` and ``json.dumps`` cost several times orjson's
+per value, so this module never runs them on its own: ``parse`` and ``write`` return
+None where only they can read or write a body, and the caller decides whether it may
+(``memory.slow_allowed``), charges what they cost, and calls ``parse_slow`` or
+``serialize`` (``admission``).
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ import functools
 import json
 import re
 import secrets
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -51,7 +51,7 @@ import orjson
 
 from ext_proc import ids
 from ext_proc.bytescan import count, find, has_run, occurrences, translate
-from ext_proc.errors import BadRequest, PayloadTooLarge, UnsupportedMediaType
+from ext_proc.errors import BadRequest, UnsupportedMediaType
 from ext_proc.vllm_request import IDS_KEY, KV_KEY, Path
 
 Document = dict[str, Any]
@@ -66,10 +66,6 @@ _CLASSES: Final = bytes(
 )
 # Every integer of up to ids.MAX_DIGITS digits fits in 64 bits; one digit more may not.
 _LONG_DIGITS: Final = ids.MAX_DIGITS + 1
-# json.loads reads bodies up to this size and number of values (see the module
-# docstring): its cost per value is several times orjson's.
-SLOW_PARSE_MAX_BYTES: Final = 4 * 1024 * 1024
-SLOW_PARSE_MAX_VALUES: Final = 65_536
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,8 +106,10 @@ class Parsed:
     # True when orjson read the body (see the module docstring): orjson can then also
     # write the document back exactly.
     orjson_safe: bool
-    # The size of the body it was read from (json.dumps writes only small ones).
+    # The size of the body it was read from and its number of values (``Shape``): what
+    # writing it back with json.dumps costs.
     size: int = 0
+    values: int = 0
 
 
 def media_type(value: bytes) -> str:
@@ -281,19 +279,6 @@ def _orjson_loads(raw: bytes, shape: Shape) -> Any:
     return document
 
 
-def _needs_slow_parse() -> PayloadTooLarge:
-    return PayloadTooLarge(
-        f"request bodies over {SLOW_PARSE_MAX_BYTES} bytes or {SLOW_PARSE_MAX_VALUES} JSON "
-        "values must be plain UTF-8 JSON (no NaN or Infinity, integers beyond 64 bits, "
-        "byte-order mark, UTF-16/32, lone surrogates or nesting beyond 254 levels)",
-        reason="body_needs_slow_parse",
-    )
-
-
-def _nothing() -> None:
-    pass
-
-
 # Where the ids of a request are lifted out of its bytes (``_lifted``), and from what
 # length of their array on: below it a list is parsed as fast.
 _IDS_MEMBER: Final = b'"' + IDS_KEY.encode() + b'"'
@@ -303,13 +288,13 @@ LIFT_MIN_BYTES = 16 * 1024
 
 def _lifted(raw: bytes, shape: Shape) -> Parsed | None:
     """The document ``json.loads`` reads from ``raw``, with the array of
-    ``kv_transfer_params.prompt_token_ids`` read by ``ids.read`` and held as
-    ``ids.RawIds`` instead of a list; None when that is not shown (the caller parses
+    ``kv_transfer_params.prompt_token_ids`` read by ``ids.Ids.read`` and held as
+    ``ids.Ids`` instead of a list; None when that is not shown (the caller parses
     the whole body).
 
     Why it is sound. ``raw`` holds no run of 19 digits (``shape``; otherwise None).
     The first ``"prompt_token_ids"`` in ``raw``, when ``:`` and ``[`` follow it, gives
-    a span ``S`` from that ``[`` to the first ``]`` after it, which ``ids.read`` accepts
+    a span ``S`` from that ``[`` to the first ``]`` after it, which ``ids.Ids.read`` accepts
     only when it is one whole JSON array of integers, each of at most 18 digits
     (ids.py). ``S`` is
     replaced by ``"N"``, where ``N`` is 128 random bits in hex, drawn for this body;
@@ -337,7 +322,7 @@ def _lifted(raw: bytes, shape: Shape) -> Parsed | None:
     end = find(raw, b"]", start)
     if end - start < LIFT_MIN_BYTES:  # no "]" (end is -1) or a short array
         return None
-    lifted = ids.read(raw[start : end + 1])
+    lifted = ids.Ids.read(raw[start : end + 1])
     if lifted is None:
         return None
     nonce = secrets.token_hex(16)
@@ -348,49 +333,45 @@ def _lifted(raw: bytes, shape: Shape) -> Parsed | None:
     if not isinstance(params, dict) or params.get(IDS_KEY) != nonce:
         return None
     params[IDS_KEY] = lifted
-    return Parsed(document, orjson_safe=True, size=len(raw))
+    return Parsed(document, True, len(raw), shape.values)
 
 
-def parse(
-    raw: bytes,
-    shape: Shape | None = None,
-    before_slow: Callable[[], None] = _nothing,
-    *,
-    lift_ids: bool = False,
-) -> Parsed:
-    """The document ``json.loads`` reads from ``raw`` (``shape``: ``scan(raw)``).
-    ``before_slow`` runs before json.loads does (it may raise to refuse the body).
+def parse(raw: bytes, shape: Shape | None = None, *, lift_ids: bool = False) -> Parsed | None:
+    """The document ``json.loads`` reads from ``raw`` (``shape``: ``scan(raw)``), when
+    orjson reads it exactly; None when only ``parse_slow`` can (module docstring).
     ``lift_ids``: a long array of ``kv_transfer_params.prompt_token_ids`` may be held
-    as ``ids.RawIds`` (``_lifted``)."""
+    as ``ids.Ids`` (``_lifted``). Raises ``BadRequest`` for a document that is not an
+    object."""
     shape = shape if shape is not None else scan(raw)
     if lift_ids:
         lifted = _lifted(raw, shape)
         if lifted is not None:
             return lifted
     document = _orjson_loads(raw, shape)
-    orjson_safe = document is not _REFUSED
-    if not orjson_safe:
-        if len(raw) > SLOW_PARSE_MAX_BYTES or shape.values > SLOW_PARSE_MAX_VALUES:
-            raise _needs_slow_parse()
-        before_slow()
-        try:
-            document = json.loads(raw)
-        except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
-            raise BadRequest(
-                f"request body is not valid JSON: {exc}", reason="body_not_json"
-            ) from exc
+    if document is _REFUSED:
+        return None
+    return _object(document, True, len(raw), shape)
+
+
+def parse_slow(raw: bytes, shape: Shape | None = None) -> Parsed:
+    """The document ``json.loads`` reads from ``raw``; raises ``BadRequest`` when it
+    reads none, or not an object."""
+    try:
+        document = json.loads(raw)
+    except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
+        raise BadRequest(f"request body is not valid JSON: {exc}", reason="body_not_json") from exc
+    return _object(document, False, len(raw), shape if shape is not None else scan(raw))
+
+
+def _object(document: Any, orjson_safe: bool, size: int, shape: Shape) -> Parsed:
     if not isinstance(document, dict):
         raise BadRequest("request body must be a JSON object", reason="body_not_object")
-    return Parsed(document, orjson_safe, len(raw))
+    return Parsed(document, orjson_safe, size, shape.values)
 
 
-def without(
-    parsed: Parsed,
-    paths: Iterable[Path],
-    before_slow: Callable[[], None] = _nothing,
-) -> bytes:
-    """Serialise the document with the member at each of ``paths`` removed (object
-    keys, and list indexes on the way; a path that names nothing is skipped).
+def removed(parsed: Parsed, paths: Iterable[Path]) -> Document:
+    """The document with the member at each of ``paths`` removed (object keys, and list
+    indexes on the way; a path that names nothing is skipped), for ``write``.
 
     Every other member keeps its value and position; the document is not modified:
     only the objects and lists on the way to a removed member are copied, each once
@@ -414,7 +395,8 @@ def without(
         else:
             if isinstance(container, dict):
                 container.pop(path[-1], None)
-    return write(parsed, document, before_slow)
+    result: Document = document
+    return result
 
 
 def _child(container: Any, step: str | int) -> dict[str, Any] | list[Any] | None:
@@ -428,43 +410,21 @@ def _child(container: Any, step: str | int) -> dict[str, Any] | list[Any] | None
     return child if isinstance(child, dict | list) else None
 
 
-def write(parsed: Parsed, document: Document, before_slow: Callable[[], None] = _nothing) -> bytes:
-    """Serialise ``document``, derived from ``parsed`` by adding or removing values
-    orjson writes exactly, with the twin of the parser that read ``parsed``; raises
-    ``BadRequest`` (``body_too_deep``) when no writer can nest that deep, and
-    ``PayloadTooLarge`` (``body_needs_slow_parse``) when only json.dumps could write a
-    body larger than it is allowed (it builds the whole text as a string first).
-    ``before_slow`` runs before json.dumps does (it may raise to refuse the body)."""
-    if parsed.orjson_safe:
-        try:
-            # RawIds is a dataclass, which orjson would write as an object.
-            return orjson.dumps(
-                document, default=_verbatim, option=orjson.OPT_PASSTHROUGH_DATACLASS
-            )
-        except orjson.JSONEncodeError:
-            # Only nesting beyond orjson's write limit: every value in a document orjson
-            # read is one it can write. json.dumps writes it as json.loads reads it.
-            if parsed.size > SLOW_PARSE_MAX_BYTES:
-                raise _needs_slow_parse() from None
-    before_slow()
-    return serialize(document)
+def write(parsed: Parsed, document: Document) -> bytes | None:
+    """``document``, derived from ``parsed`` by adding or removing values orjson writes
+    exactly, as orjson writes it when ``parsed`` was read by orjson and is not nested
+    beyond what orjson writes; None when only ``serialize`` (json.dumps) can write it."""
+    if not parsed.orjson_safe:
+        return None
+    try:
+        return orjson.dumps(document, default=ids.written)
+    except orjson.JSONEncodeError:
+        # Only nesting beyond orjson's write limit: every value in a document orjson
+        # read is one it can write. json.dumps writes it as json.loads reads it.
+        return None
 
 
 _COMPACT: Final = (",", ":")
-
-
-def _verbatim(value: Any) -> orjson.Fragment:
-    """orjson's hook for ids held as bytes: written as they are."""
-    if isinstance(value, ids.RawIds):
-        return value.fragment()
-    raise TypeError(f"{type(value).__name__} is not JSON")
-
-
-def _listed(value: Any) -> list[int]:
-    """json.dumps's hook for ids held as bytes: written as the list they are."""
-    if isinstance(value, ids.RawIds):
-        return value.to_list()
-    raise TypeError(f"{type(value).__name__} is not JSON")
 
 
 def serialize(document: Document) -> bytes:
@@ -473,11 +433,11 @@ def serialize(document: Document) -> bytes:
     try:
         try:
             return json.dumps(
-                document, ensure_ascii=False, separators=_COMPACT, default=_listed
+                document, ensure_ascii=False, separators=_COMPACT, default=ids.listed
             ).encode()
         except UnicodeEncodeError:
             # A lone surrogate (legal in JSON escapes) cannot be UTF-8: escape everything.
-            return json.dumps(document, separators=_COMPACT, default=_listed).encode()
+            return json.dumps(document, separators=_COMPACT, default=ids.listed).encode()
     except RecursionError as exc:
         raise BadRequest(
             "request body is nested too deeply to be forwarded", reason="body_too_deep"

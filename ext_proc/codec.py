@@ -33,6 +33,7 @@ from ext_proc.events import (
     ResponseBody,
     ResponseHeaders,
     RouteMetadata,
+    Step,
     StreamedBody,
     Unexpected,
 )
@@ -289,3 +290,51 @@ def encode(answer: Answer) -> pb.ProcessingResponse:
     else:  # pragma: no cover - Answer is a closed union
         raise TypeError(f"not an answer: {answer!r}")
     return response
+
+
+# Answers that carry no bytes of their own once their replacement is None.
+_PLAIN: Final = (
+    ContinueHeaders,
+    ContinueBody,
+    ContinueTrailers,
+    ContinueResponseHeaders,
+    ContinueResponseBody,
+)
+
+
+class Encoder:
+    """A step's answers as protobuf, for one servicer. The last answer of a step that
+    settled a phase carries the decision as dynamic metadata (``decision_metadata``).
+
+    An answer that carries no bytes, with an outcome without ids, is one of few (answer
+    kind x phase x action x reason x mode): each is built once and shared, since gRPC
+    only reads a message it sends."""
+
+    def __init__(self, namespace: str) -> None:
+        self._namespace = namespace
+        self._shared: dict[tuple[object, ...], pb.ProcessingResponse] = {}
+
+    def __call__(self, step: Step) -> list[pb.ProcessingResponse]:
+        answers, outcome = step.answers, step.outcome
+        if not answers:
+            return []
+        responses = [self._encoded(answer, None) for answer in answers[:-1]]
+        responses.append(self._encoded(answers[-1], outcome))
+        return responses
+
+    def _encoded(self, answer: Answer, outcome: Outcome | None) -> pb.ProcessingResponse:
+        key: tuple[object, ...] | None = None
+        if isinstance(answer, _PLAIN) and getattr(answer, "replacement", None) is None:
+            if outcome is None:
+                key = (answer,)
+            elif outcome.decision.id_count == 0:
+                decision = outcome.decision
+                key = (answer, outcome.phase, decision.action, decision.reason, outcome.mode)
+        if key is not None and (shared := self._shared.get(key)) is not None:
+            return shared
+        response = encode(answer)
+        if outcome is not None:
+            decision_metadata(self._namespace, outcome, response.dynamic_metadata)
+        if key is not None:
+            self._shared[key] = response
+        return response

@@ -3,8 +3,8 @@
 A ``Refusal`` is what the client is told when a request is refused: a frozen value
 (status, type, reason, message, param) that decisions and answers carry. Exceptions
 exist only between the place that detects a problem while parsing or validating
-(``HttpError`` subclasses) and ``HttpError.refusal()``, called at one place in the
-stream machine; no exception is ever kept. A ``ProtocolError`` (Envoy broke the
+(``HttpError`` subclasses) and ``attempt``, the one place they become values; no
+exception is ever kept. A ``ProtocolError`` (Envoy broke the
 ext_proc message order) is not a refusal: it ends the gRPC stream with an error, which
 Envoy turns into a 5xx with ``failure_mode_allow: false``. Nothing in the service
 answers "continue" on an error.
@@ -12,8 +12,12 @@ answers "continue" on an error.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, ParamSpec, TypeVar
+
+P = ParamSpec("P")
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,3 +111,16 @@ class RoutePolicyError(HttpError):
 
 class ProtocolError(ExtProcError):
     """Envoy sent a message the stream cannot accept in its current state."""
+
+    # The request's x-request-id, when the stream knew it (for the edge's log line).
+    request_id: str = ""
+
+
+def attempt(call: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T | Refusal:
+    """``call``'s result, or the refusal it raised: the one place an ``HttpError``
+    becomes a value. The exception is dropped here, so no traceback (which references
+    the stream and the body) outlives the call."""
+    try:
+        return call(*args, **kwargs)
+    except HttpError as exc:
+        return exc.refusal()

@@ -11,16 +11,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import IntEnum
-from typing import TYPE_CHECKING
 
 import orjson
 
 from ext_proc import route_policy
+from ext_proc.decisions import Decision
 from ext_proc.errors import Refusal
 from ext_proc.route_policy import Scalar
-
-if TYPE_CHECKING:  # policy's decisions name events' Peer; only annotations here
-    from ext_proc.policy import Decision
 
 
 class BodyMode(IntEnum):
@@ -235,7 +232,16 @@ class Outcome:
 
 @dataclass(frozen=True, slots=True)
 class Step:
-    """The answers to one event, and the outcome when this event settled the request."""
+    """Everything the edge learns from one event: the answers, the outcome when this
+    event settled a phase, and what to do next."""
 
     answers: list[Answer]
     outcome: Outcome | None = None
+    # A body is still arriving: the edge times it, and ending the RPC now must not let
+    # the request through.
+    waiting_for_body: bool = False
+    # Budget bytes the answers carry, handed over by the stream: the edge releases them
+    # (``Budget.release``) once the answers are sent, or the RPC ends.
+    held: int = 0
+    # The request's x-request-id once its headers are in (for logs).
+    request_id: str = ""

@@ -9,7 +9,8 @@ of it is held, though the stream stays open for the whole upstream response:
   message, the body taken out of it, and the rewritten body with its response message.
 - ``PARSE_PER_BYTE * size + PER_VALUE * values`` for the parsed document at its peak
   and its rewrite; ``SLOW_PARSE_PER_BYTE`` instead of ``PARSE_PER_BYTE`` when json.loads
-  reads it or json.dumps writes it (``slow_extra``, charged before either runs).
+  reads it or json.dumps writes it (``slow_extra``, charged before either runs; only
+  for bodies within ``slow_allowed``).
   A string costs up to 4 bytes per character (one astral character makes CPython store
   the whole string in UCS-4) plus its header; every other value is one Python object
   plus the slot that holds it (an empty list: 56 bytes, 16 of GC header, 8 of slot).
@@ -42,9 +43,12 @@ from __future__ import annotations
 
 from typing import Final
 
-from ext_proc.body import SLOW_PARSE_MAX_BYTES
-
 MiB: Final = 1 << 20
+# json.loads reads bodies up to this size and number of values, and json.dumps writes
+# bodies up to this size (body.py says when they must): their cost per value is several
+# times orjson's, in time and in memory (``slow_extra``).
+SLOW_PARSE_MAX_BYTES: Final = 4 * MiB
+SLOW_PARSE_MAX_VALUES: Final = 65_536
 # Once per process, the first burst of concurrent large bodies grows gRPC's transport
 # buffers and the allocator's pools (measured 60-120 MiB with 16 streams of 1.8 MiB);
 # they are reused afterwards. Part of the baseline a pod is sized for.
@@ -53,7 +57,7 @@ WARM_UP: Final = 160 * MiB
 MAX_JSON_VALUES: Final = 262_144
 COPIES: Final = 4
 PARSE_PER_BYTE: Final = 8
-# json.loads (bodies up to body.SLOW_PARSE_MAX_BYTES) and json.dumps build whole
+# json.loads (bodies up to SLOW_PARSE_MAX_BYTES) and json.dumps build whole
 # strings before encoding them: up to 16 bytes per byte for an astral string.
 SLOW_PARSE_PER_BYTE: Final = 16
 PER_VALUE: Final = 80
@@ -73,8 +77,14 @@ def cost(size: int, values: int) -> int:
 
 def slow_extra(size: int) -> int:
     """What json.loads or json.dumps costs on top of ``cost``: charged before either runs
-    (bodies up to body.SLOW_PARSE_MAX_BYTES only)."""
+    (bodies up to SLOW_PARSE_MAX_BYTES only)."""
     return (SLOW_PARSE_PER_BYTE - PARSE_PER_BYTE) * size
+
+
+def slow_allowed(size: int, values: int) -> bool:
+    """Whether json.loads may read (or json.dumps write) a body of ``size`` bytes and at
+    most ``values`` JSON values."""
+    return size <= SLOW_PARSE_MAX_BYTES and values <= SLOW_PARSE_MAX_VALUES
 
 
 def largest(max_size: int, max_values: int) -> int:

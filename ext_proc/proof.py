@@ -20,14 +20,15 @@ import hashlib
 import hmac
 import json
 import re
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
 import orjson
 
 from ext_proc.errors import BadRequest
-from ext_proc.ids import RawIds
+from ext_proc.ids import Ids
 from ext_proc.vllm_request import EC_KEY, IDS_KEY, KV_KEY
 
 PROOF_KEY: Final = "token_policy_proof"
@@ -61,6 +62,19 @@ class KeySet:
     signing: str | None
 
 
+# No keys: nothing is minted and every proof names an unknown key.
+NO_KEYS: Final = KeySet({}, None)
+
+
+@dataclass(frozen=True, slots=True)
+class Trust:
+    """What proofs need from outside a stream: the current keys and the clock (their
+    lifetime and skew are the configuration's, ``config.Proof``)."""
+
+    keys: Callable[[], KeySet] = lambda: NO_KEYS
+    clock: Callable[[], float] = time.time
+
+
 def _b64(raw: bytes) -> str:
     return base64.urlsafe_b64encode(raw).rstrip(b"=").decode("ascii")
 
@@ -88,17 +102,12 @@ def canonical(params: Mapping[str, Any]) -> bytes | None:
         head = json.dumps(
             rest, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False
         ).encode()
-        ids = _rendered(params[IDS_KEY]) if IDS_KEY in params else b"-"
+        ids = Ids.of(params[IDS_KEY]).text if IDS_KEY in params else b"-"
     except (ValueError, TypeError, RecursionError):
         return None
     if b"null" in ids:
         return None
     return head + b"\n" + ids
-
-
-def _rendered(ids: Any) -> bytes:
-    """The ids as orjson writes them (``RawIds`` hold that text already)."""
-    return ids.text if isinstance(ids, RawIds) else orjson.dumps(ids)
 
 
 def prompt_digest(document: Mapping[str, Any], orjson_safe: bool, endpoint: str) -> bytes:

@@ -6,8 +6,9 @@ Schema (route ``metadata.filter_metadata[NAMESPACE]``, default namespace
     topology:         aggregated | disaggregated    (default aggregated)
     action:           strip | deny | honor | mint   (default strip when aggregated,
                                                      honor when disaggregated)
-    vocab_size:       positive integer, optional    (ids must be < vocab_size; 2**31
-                                                     without it: vLLM's ids are 32-bit)
+    vocab_size:       positive integer, optional    (ids must be < vocab_size, at most
+                                                     2**31 and 2**31 without it: vLLM's
+                                                     ids are 32-bit)
     max_ids:          positive integer, optional    (at most this many ids)
     audit:            true | false                  (default false: decisions are logged,
                                                      counted and exported, requests pass)
@@ -38,6 +39,7 @@ from enum import StrEnum
 from typing import Final, TypeVar
 
 from ext_proc.errors import RoutePolicyError
+from ext_proc.vllm_request import TOKEN_ID_BOUND
 
 DEFAULT_NAMESPACE: Final = "ext_proc.token_policy"
 _DECIMAL = re.compile(r"[1-9][0-9]{0,17}")
@@ -259,6 +261,12 @@ def parse_items(
         for name in ("vocab_size", "max_ids")
         if name in values
     }
+    if limits.get("vocab_size", 0) > TOKEN_ID_BOUND:
+        raise _invalid(
+            f"field '{namespace}.vocab_size' is {limits['vocab_size']}; vLLM's token ids "
+            f"are 32-bit: at most {TOKEN_ID_BOUND}",
+            f"{namespace}.vocab_size",
+        )
     flags = {
         name: _flag(name, values[name], namespace)
         for name in ("audit", "keep_other_keys", "trust_any_caller")

@@ -16,39 +16,22 @@ from dataclasses import dataclass
 
 import grpc
 
-from ext_proc import logs, policy
+from ext_proc import logs
 from ext_proc._pb import external_processor_pb2 as pb
 from ext_proc._pb import external_processor_pb2_grpc as pb_grpc
 from ext_proc.attributes import attribute_keys
 from ext_proc.budget import Budget
-from ext_proc.codec import Decoder, decision_metadata, encode
+from ext_proc.codec import Decoder, Encoder
 from ext_proc.config import Config
+from ext_proc.decisions import Allow
 from ext_proc.errors import ProtocolError
-from ext_proc.events import (
-    Answer,
-    ContinueBody,
-    ContinueHeaders,
-    ContinueResponseBody,
-    ContinueResponseHeaders,
-    ContinueTrailers,
-    Event,
-    Outcome,
-    Step,
-    TimedOut,
-)
+from ext_proc.events import Event, Outcome, TimedOut
 from ext_proc.keys import KeyRing
 from ext_proc.metrics import Metrics
-from ext_proc.stream import Stream, Trust
+from ext_proc.proof import Trust
+from ext_proc.stream import Stream
 
 log = logging.getLogger("ext_proc.decision")
-# Answers that carry no bytes of their own once their replacement is None.
-_PLAIN = (
-    ContinueHeaders,
-    ContinueBody,
-    ContinueTrailers,
-    ContinueResponseHeaders,
-    ContinueResponseBody,
-)
 
 
 @dataclass(slots=True)
@@ -57,6 +40,7 @@ class _Usage:
 
     outcome: Outcome | None = None
     busy: float = 0.0  # processor time spent on this request
+    request_id: str = ""  # the request's x-request-id once its headers are in (for logs)
 
 
 class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
@@ -65,16 +49,11 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc
     ) -> None:
         self._config = config
         self._decode = Decoder(attribute_keys(config.route_metadata_namespace))
+        self._encode = Encoder(config.route_metadata_namespace)
         self.budget = budget if budget is not None else Budget(config.inflight_budget_bytes)
         self.metrics = metrics if metrics is not None else Metrics()
         self.open_streams = 0  # sampled into the metrics (see sample_metrics)
-        # Answers without bytes, by answer and decision (a bounded set: see _encoded).
-        self._shared: dict[tuple[object, ...], pb.ProcessingResponse] = {}
-        self._trust = Trust(
-            keys=KeyRing(config.proof.keys).current,
-            ttl_seconds=config.proof.ttl_seconds,
-            clock_skew_seconds=config.proof.clock_skew_seconds,
-        )
+        self._trust = Trust(keys=KeyRing(config.proof.keys).current)
 
     def sample_metrics(self) -> None:
         """The in-flight gauges, now."""
@@ -110,14 +89,7 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc
         """One request's stream, counted while open and by how it ended; its bytes are
         always released. Messages are read and answers written through ``context``
         (one coroutine, no generator layers): ``request_iterator`` stays unread."""
-        stream = Stream(
-            max_body_bytes=self._config.max_body_bytes,
-            max_json_values=self._config.max_json_values,
-            budget=self.budget,
-            namespace=self._config.route_metadata_namespace,
-            audit=self._config.audit,
-            trust=self._trust,
-        )
+        stream = Stream(self._config, self.budget, self._trust)
         metrics = self.metrics
         self.open_streams += 1
         usage = _Usage()
@@ -130,7 +102,7 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc
             raise  # an error status this servicer chose; already counted
         except Exception:
             metrics.stream_errors.labels("internal").inc()
-            log.exception("internal error", extra={"request_id": stream.request_id})
+            log.exception("internal error", extra={"request_id": usage.request_id})
             raise
         finally:
             stream.close()
@@ -144,10 +116,12 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc
         stream: Stream,
         usage: _Usage,
     ) -> None:
-        """Receive loop: every event goes to the stream machine; its answers go back."""
+        """Receive loop: every event goes to the stream machine; its answers go back.
+        Everything the loop needs to know comes with the step."""
         deadline: float | None = None
+        waiting = False
         while True:
-            if deadline is None and stream.waiting_for_body:
+            if deadline is None and waiting:
                 deadline = asyncio.get_running_loop().time() + self._config.body_timeout_seconds
             event = await self._next(context, deadline)
             if event is None:
@@ -156,75 +130,48 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc
             try:
                 step = stream.handle(event)
             except ProtocolError as exc:
-                await self._abort(context, stream, str(exc))
+                await self._abort(context, exc.request_id, str(exc))
                 return
-            responses = self._answer(step)
+            responses = self._encode(step)
             if step.outcome is not None:
                 usage.outcome = step.outcome
                 self._record(step.outcome)
             usage.busy += time.perf_counter() - started
+            usage.request_id = step.request_id
             timed_out = isinstance(event, TimedOut)
+            waiting, held = step.waiting_for_body, step.held
             del event, step  # nothing of the body outlives its answers
-            while responses:
-                await context.write(responses.pop(0))
-            # Resumed once gRPC took the last answer: what it carried is not held.
-            stream.sent()
+            try:
+                while responses:
+                    await context.write(responses.pop(0))
+            finally:
+                # Once gRPC took the last answer (or the RPC ended), what the answers
+                # carried is not held.
+                self.budget.release(held)
             if timed_out:  # the refusal is sent; nothing more is read
                 return
-        if stream.waiting_for_body:
+        if waiting:
             # Envoy closed its side mid-body. Ending the RPC cleanly now could let a held
             # request through; end it with an error instead.
-            await self._abort(context, stream, "stream ended before the end of the body")
+            await self._abort(context, usage.request_id, "stream ended before the end of the body")
 
     async def _abort(
         self,
         context: grpc.aio.ServicerContext[pb.ProcessingRequest, pb.ProcessingResponse],
-        stream: Stream,
+        request_id: str,
         reason: str,
     ) -> None:
         """End the RPC with an error status: Envoy fails the request closed."""
         self.metrics.stream_errors.labels("protocol_violation").inc()
-        log.warning("protocol error", extra={"request_id": stream.request_id, "reason": reason})
+        log.warning("protocol error", extra={"request_id": request_id, "reason": reason})
         await context.abort(grpc.StatusCode.FAILED_PRECONDITION, reason)
-
-    def _answer(self, step: Step) -> list[pb.ProcessingResponse]:
-        """The step's answers as protobuf; the last one carries the decision as dynamic
-        metadata when this step settled the request."""
-        answers, outcome = step.answers, step.outcome
-        if not answers:
-            return []
-        responses = [self._encoded(answer, None) for answer in answers[:-1]]
-        responses.append(self._encoded(answers[-1], outcome))
-        return responses
-
-    def _encoded(self, answer: Answer, outcome: Outcome | None) -> pb.ProcessingResponse:
-        """``answer`` as protobuf, with ``outcome`` as dynamic metadata. An answer that
-        carries no bytes, with an outcome without ids, is one of few: built once and
-        shared (gRPC only reads a message it sends)."""
-        key: tuple[object, ...] | None = None
-        if isinstance(answer, _PLAIN) and getattr(answer, "replacement", None) is None:
-            if outcome is None:
-                key = (answer,)
-            elif outcome.decision.id_count == 0:
-                decision = outcome.decision
-                key = (answer, outcome.phase, decision.action, decision.reason, outcome.mode)
-        if key is not None and (shared := self._shared.get(key)) is not None:
-            return shared
-        response = encode(answer)
-        if outcome is not None:
-            decision_metadata(
-                self._config.route_metadata_namespace, outcome, response.dynamic_metadata
-            )
-        if key is not None:
-            self._shared[key] = response
-        return response
 
     def _record(self, outcome: Outcome) -> None:
         """Count every outcome; log the ones with ids (never the ids, never any text)."""
         decision = outcome.decision
         size = outcome.body_size if outcome.phase == "request" else 0
         self.metrics.decided(outcome.route, decision.action, decision.reason, outcome.mode, size)
-        if isinstance(decision, policy.Allow) and decision.id_count == 0:
+        if isinstance(decision, Allow) and decision.id_count == 0:
             return
         logs.info(
             log,

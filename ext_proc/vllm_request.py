@@ -14,6 +14,9 @@ from typing import Any, Final
 from urllib.parse import unquote
 
 KV_KEY: Final = "kv_transfer_params"
+# vLLM's token ids are 32-bit signed: no id at or above this bound is a token of any
+# model, and no route's vocabulary is larger.
+TOKEN_ID_BOUND: Final = 2**31
 # Encoder-cache transfer parameters: read by vLLM's EC connectors like KV_KEY by its KV
 # connectors (docs/trust.md lists every carrier).
 EC_KEY: Final = "ec_transfer_params"

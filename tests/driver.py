@@ -4,27 +4,57 @@ from __future__ import annotations
 
 from typing import Any
 
-from ext_proc.events import Answer, Event, Outcome
-from ext_proc.policy import Decision
+from ext_proc import memory
+from ext_proc.budget import Budget
+from ext_proc.config import Config
+from ext_proc.decisions import Decision
+from ext_proc.events import Answer, Event, Outcome, Step
+from ext_proc.proof import Trust
 from ext_proc.stream import State, Stream
 
 
-class Driven:
-    """``handle`` returns the answers; the one outcome is kept (a second one fails)."""
+def config(**fields: Any) -> Config:
+    """A processor configuration for tests: the defaults, with ``fields``, and a budget
+    that holds the largest body unless one is given."""
+    largest = memory.largest(
+        fields.get("max_body_bytes", 16 << 20), fields.get("max_json_values", 262_144)
+    )
+    fields.setdefault("inflight_budget_bytes", largest)
+    return Config.model_validate(fields)
 
-    def __init__(self, **options: Any) -> None:
-        self.stream = Stream(**options)
+
+class Driven:
+    """``handle`` returns the answers; the last outcome is kept (a phase reported twice
+    fails)."""
+
+    def __init__(
+        self, *, budget: Budget | None = None, trust: Trust | None = None, **fields: Any
+    ) -> None:
+        self.config = config(**fields)
+        self.budget = budget if budget is not None else Budget(self.config.inflight_budget_bytes)
+        self.stream = Stream(self.config, self.budget, trust)
         self.outcome: Outcome | None = None
+        self.last: Step | None = None
+        self._held = 0  # what the last step's answers carry, until they are "sent"
+        self._phases: set[str] = set()
 
     def handle(self, event: Event, *, sent: bool = True) -> list[Answer]:
-        """``sent``: the answers went out, as the servicer reports after sending."""
-        step = self.stream.handle(event)
+        """``sent``: the answers went out, and the servicer released what they held."""
+        self.release()
+        step = self.last = self.stream.handle(event)
+        self._held = step.held
         if sent:
-            self.stream.sent()
+            self.release()
         if step.outcome is not None:
-            assert self.outcome is None, "a request's outcome is reported once"
+            assert step.outcome.phase not in self._phases, "each phase is reported once"
+            self._phases.add(step.outcome.phase)
             self.outcome = step.outcome
         return step.answers
+
+    def release(self) -> None:
+        """What the last answers carried, released as the servicer does once sent."""
+        self.budget.release(self._held)
+        self._held = 0
 
     @property
     def state(self) -> State:
@@ -32,7 +62,7 @@ class Driven:
 
     @property
     def waiting_for_body(self) -> bool:
-        return self.stream.waiting_for_body
+        return self.last is not None and self.last.waiting_for_body
 
     @property
     def decision(self) -> Decision | None:
@@ -49,4 +79,5 @@ class Driven:
         return self.outcome.route
 
     def close(self) -> None:
+        self.release()
         self.stream.close()

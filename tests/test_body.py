@@ -4,9 +4,10 @@ import orjson
 import pytest
 
 from ext_proc import body, ids
-from ext_proc.errors import BadRequest, PayloadTooLarge, Refusal, UnsupportedMediaType
+from ext_proc.errors import BadRequest, Refusal, UnsupportedMediaType
 from ext_proc.vllm_request import KV_KEY as KV
 from ext_proc.vllm_request import policed_keys
+from tests.parsing import read, rewritten
 
 
 @pytest.mark.parametrize(
@@ -60,23 +61,23 @@ def test_identity_encoding_accepted(encodings):
 )
 def test_unreadable_or_non_object_bodies_refused(raw):
     with pytest.raises(BadRequest):
-        body.parse(raw)
+        read(raw)
 
 
 def test_parse_matches_json_loads_on_duplicates_and_encodings():
     raw = b'{"kv_transfer_params": {"prompt_token_ids": [1]}, "kv_transfer_params": {"x": 1}}'
-    assert body.parse(raw).document == {"kv_transfer_params": {"x": 1}}
+    assert read(raw).document == {"kv_transfer_params": {"x": 1}}
     utf16 = json.dumps({"kv_transfer_params": {"prompt_token_ids": [5]}}).encode("utf-16")
-    parsed = body.parse(utf16)
+    parsed = read(utf16)
     assert policed_keys(parsed.document["kv_transfer_params"]) == ("prompt_token_ids",)
     escaped = b'{"kv_transfer_params": {"\\u0070rompt_token_ids": [5]}}'
-    parsed = body.parse(escaped)
+    parsed = read(escaped)
     assert policed_keys(parsed.document["kv_transfer_params"]) == ("prompt_token_ids",)
 
 
 def test_deep_nesting_refused_not_crashed():
     with pytest.raises(BadRequest):
-        body.parse(b"[" * 60_000 + b"]" * 60_000)
+        read(b"[" * 60_000 + b"]" * 60_000)
 
 
 def test_without_keeps_everything_else():
@@ -95,7 +96,7 @@ def test_without_keeps_everything_else():
         "tail": None,
     }
     original = json.loads(json.dumps(document))
-    out = body.without(
+    out = rewritten(
         body.Parsed(document, False), [(KV, key) for key in ("prompt_token_ids", "prompt_features")]
     )
     assert document == original  # input not mutated
@@ -117,10 +118,8 @@ def test_without_keeps_everything_else():
 
 
 def test_without_survives_lone_surrogates_and_nan():
-    document = body.parse(
-        b'{"s": "\\ud800", "n": NaN, "kv_transfer_params": {"prompt_token_ids": [1]}}'
-    )
-    out = body.without(document, [(KV, "prompt_token_ids")])
+    document = read(b'{"s": "\\ud800", "n": NaN, "kv_transfer_params": {"prompt_token_ids": [1]}}')
+    out = rewritten(document, [(KV, "prompt_token_ids")])
     again = json.loads(out)
     assert again["s"] == "\ud800"
     assert again["n"] != again["n"]
@@ -146,7 +145,7 @@ def test_without_survives_lone_surrogates_and_nan():
     ],
 )
 def test_fast_parser_only_where_it_reads_what_json_loads_reads(raw, fast):
-    parsed = body.parse(raw)
+    parsed = read(raw)
     assert parsed.orjson_safe is fast
     assert json.dumps(parsed.document) == json.dumps(json.loads(raw))
     assert all(
@@ -157,7 +156,7 @@ def test_fast_parser_only_where_it_reads_what_json_loads_reads(raw, fast):
 
 def test_big_integers_keep_their_exact_value_through_a_rewrite():
     raw = b'{"n": 123456789012345678901234567890, "kv_transfer_params": {"prompt_token_ids": [1]}}'
-    out = json.loads(body.without(body.parse(raw), [(KV, "prompt_token_ids")]))
+    out = json.loads(rewritten(read(raw), [(KV, "prompt_token_ids")]))
     assert out["n"] == 123456789012345678901234567890
     assert type(out["n"]) is int
 
@@ -165,9 +164,9 @@ def test_big_integers_keep_their_exact_value_through_a_rewrite():
 def test_fast_writer_round_trips_through_json_loads():
     document = {"f": 0.1, "g": -0.0, "h": 5e-324, "s": "ü\u0000\n✓", "i": -(2**59)}
     raw = json.dumps({**document, "kv_transfer_params": {"prompt_token_ids": [1]}}).encode()
-    parsed = body.parse(raw)
+    parsed = read(raw)
     assert parsed.orjson_safe
-    out = json.loads(body.without(parsed, [(KV, "prompt_token_ids")]))
+    out = json.loads(rewritten(parsed, [(KV, "prompt_token_ids")]))
     assert json.dumps(out) == json.dumps({**json.loads(raw), "kv_transfer_params": {}})
 
 
@@ -181,9 +180,9 @@ def nested(depth: int) -> bytes:
 def test_nesting_orjson_cannot_write_is_written_by_json_dumps(depth):
     # orjson reads 1024 levels but writes 254: past that, json.dumps writes the rewrite.
     raw = nested(depth)
-    parsed = body.parse(raw)
+    parsed = read(raw)
     assert parsed.orjson_safe
-    out = body.without(parsed, [(KV,)])
+    out = rewritten(parsed, [(KV,)])
     expected = {k: v for k, v in json.loads(raw).items() if k != KV}
     assert json.loads(out) == expected
 
@@ -191,9 +190,9 @@ def test_nesting_orjson_cannot_write_is_written_by_json_dumps(depth):
 @pytest.mark.parametrize("depth", [254, 255, 1000, 1023])
 def test_every_document_read_is_written_back_or_refused_as_too_deep(depth):
     raw = nested(depth)
-    parsed = body.parse(raw)  # orjson reads up to 1024 levels
+    parsed = read(raw)  # orjson reads up to 1024 levels
     try:
-        out: bytes | Refusal = body.without(parsed, [(KV, "prompt_token_ids")])
+        out: bytes | Refusal = rewritten(parsed, [(KV, "prompt_token_ids")])
     except BadRequest as exc:
         out = exc.refusal()
     if isinstance(out, Refusal):
@@ -216,22 +215,8 @@ def test_beyond_the_recursion_limit_a_rewrite_is_refused_not_raised():
     # Read by json.loads (a NaN elsewhere), written by json.dumps alone.
     parsed = body.Parsed({"n": float("nan"), "x": document, KV: {}}, orjson_safe=False)
     with pytest.raises(BadRequest) as caught:
-        body.without(parsed, [(KV,)])
+        rewritten(parsed, [(KV,)])
     assert caught.value.reason == "body_too_deep"
-
-
-def test_the_slow_parser_reads_only_bodies_with_a_bounded_cost():
-    few = b'{"n": NaN, "a": [' + b"1," * 1000 + b"1]}"
-    assert not body.parse(few).orjson_safe  # json.loads decides
-    many = b'{"n": NaN, "a": [' + b"1," * body.SLOW_PARSE_MAX_VALUES + b"1]}"
-    large = b'{"n": NaN, "a": "' + b"x" * body.SLOW_PARSE_MAX_BYTES + b'"}'
-    for raw in (many, large):
-        with pytest.raises(PayloadTooLarge) as refused:
-            body.parse(raw)
-        assert refused.value.reason == "body_needs_slow_parse"
-    # The same sizes in plain JSON are orjson's: no limit but the caller's.
-    assert body.parse(many.replace(b"NaN", b"0")).orjson_safe
-    assert body.parse(large.replace(b"NaN", b"0")).orjson_safe
 
 
 def test_scan_counts_an_upper_bound_on_the_values():
@@ -259,18 +244,6 @@ def test_scan_stops_past_the_limit():
     raw = b"[" + b"1," * (3 << 20) + b"1]"
     shape = body.scan(raw, 1000)
     assert 1000 < shape.values <= 1000 + (1 << 20)
-
-
-def test_json_dumps_writes_only_bodies_small_enough_for_the_slow_path():
-    # 300 levels: orjson reads them and cannot write them back.
-    deep = b'{"d":' + b"[" * 300 + b"0" + b"]" * 300 + b',"kv_transfer_params":{},"a":"'
-    small = body.parse(deep + b"a" * 1000 + b'"}')
-    assert small.orjson_safe
-    assert json.loads(body.without(small, [(KV,)]))["d"] == small.document["d"]
-    large = body.parse(deep + b"a" * body.SLOW_PARSE_MAX_BYTES + b'"}')
-    with pytest.raises(PayloadTooLarge) as refused:
-        body.without(large, [(KV,)])
-    assert refused.value.reason == "body_needs_slow_parse"
 
 
 # --- lacks_key: proven from the bytes that json.loads reads no such member -----------
@@ -359,35 +332,35 @@ def _resolved(document):
         return {k: _resolved(v) for k, v in document.items()}
     if isinstance(document, list):
         return [_resolved(v) for v in document]
-    return document.to_list() if isinstance(document, ids.RawIds) else document
+    return document.to_list() if isinstance(document, ids.Ids) else document
 
 
 def _lifted_ids(parsed):
     params = parsed.document.get(KV)
     value = params.get("prompt_token_ids") if isinstance(params, dict) else None
-    return value if isinstance(value, ids.RawIds) else None
+    return value if isinstance(value, ids.Ids) else None
 
 
 @pytest.mark.parametrize("separators", [(",", ":"), (", ", ": ")])
 def test_a_long_array_of_ids_is_read_from_its_bytes(separators):
     document = {"model": "m", KV: {"prompt_token_ids": LONG_IDS, "remote_port": 1}, "n": 1}
     raw = json.dumps(document, separators=separators).encode()
-    parsed = body.parse(raw, lift_ids=True)
+    parsed = read(raw, lift_ids=True)
     lifted = _lifted_ids(parsed)
     assert lifted is not None
     assert lifted.count == len(LONG_IDS)
     assert parsed.orjson_safe
     assert _resolved(parsed.document) == json.loads(raw)
-    assert body.without(parsed, [(KV, "remote_port")]) == orjson.dumps(
+    assert rewritten(parsed, [(KV, "remote_port")]) == orjson.dumps(
         {"model": "m", KV: {"prompt_token_ids": LONG_IDS}, "n": 1}
     )
 
 
 def test_short_arrays_and_parses_without_lifting_keep_lists():
     raw = json.dumps({KV: {"prompt_token_ids": [1, 2, 3]}}).encode()
-    assert _lifted_ids(body.parse(raw, lift_ids=True)) is None
+    assert _lifted_ids(read(raw, lift_ids=True)) is None
     long = json.dumps({KV: {"prompt_token_ids": LONG_IDS}}).encode()
-    assert _lifted_ids(body.parse(long)) is None
+    assert _lifted_ids(read(long)) is None
 
 
 IDS_TEXT = json.dumps(LONG_IDS, separators=(",", ":"))
@@ -410,7 +383,7 @@ IDS_TEXT = json.dumps(LONG_IDS, separators=(",", ":"))
 )
 def test_ids_are_lifted_only_from_the_member_json_loads_keeps(text):
     raw = text.encode()
-    parsed = body.parse(raw, lift_ids=True)
+    parsed = read(raw, lift_ids=True)
     assert _resolved(parsed.document) == json.loads(raw)
 
 
@@ -430,9 +403,9 @@ def test_arrays_read_cannot_vouch_for_are_parsed_whole(ids_text):
         expected = json.loads(raw)
     except ValueError:
         with pytest.raises(BadRequest):
-            body.parse(raw, lift_ids=True)
+            read(raw, lift_ids=True)
         return
-    parsed = body.parse(raw, lift_ids=True)
+    parsed = read(raw, lift_ids=True)
     assert _lifted_ids(parsed) is None
     assert parsed.document == expected
 
@@ -467,7 +440,7 @@ def test_without_removes_members_at_any_path_and_copies_only_their_way():
         ("b", 5, "x"),  # an index past the end
         ("b", 0, "x"),  # a scalar on the way
     ]
-    out = json.loads(body.without(parsed, paths))
+    out = json.loads(rewritten(parsed, paths))
     assert out == {
         "a": {"keep": 2},
         "list": [{}, {"other": 4}],

@@ -4,7 +4,8 @@ from google.protobuf.json_format import MessageToDict
 
 from ext_proc import attributes
 from ext_proc._pb import external_processor_pb2 as pb
-from ext_proc.codec import Decoder, decision_metadata, decode, encode
+from ext_proc.codec import Decoder, Encoder, decision_metadata, decode, encode
+from ext_proc.decisions import Allow, Deny, Mint, Strip
 from ext_proc.errors import bad_request
 from ext_proc.events import (
     BodyMode,
@@ -22,9 +23,9 @@ from ext_proc.events import (
     ResponseBody,
     ResponseHeaders,
     RouteMetadata,
+    Step,
     Unexpected,
 )
-from ext_proc.policy import Deny, Mint, Strip
 from ext_proc.route_policy import IdentityType
 from tests.messages import KEYS, headers_request
 from tests.x509 import pem
@@ -336,3 +337,30 @@ def test_decoder_keeps_no_large_attributes():
     for _ in range(2):
         assert decoder(_headerless_body(large)) == decode(_headerless_body(large), KEYS)
     assert not decoder._memo
+
+
+def test_answers_without_bytes_are_shared_only_with_the_same_decision():
+    namespace = "ext_proc.token_policy"
+    encoder = Encoder(namespace)
+
+    def outcome(decision, request_id="r"):
+        return Outcome(decision, False, "route", 10, request_id, "request")
+
+    def answered(answer, settled):
+        (response,) = encoder(Step([answer], settled))
+        expected = encode(answer)
+        if settled is not None:
+            expected.dynamic_metadata.CopyFrom(decision_metadata(namespace, settled))
+        assert response == expected  # whatever is shared, it is what would be built
+        return response
+
+    plain = answered(ContinueBody(None), outcome(Allow("no_transfer_params")))
+    assert answered(ContinueBody(None), outcome(Allow("no_transfer_params"), "s")) is plain
+    other = answered(ContinueBody(None), outcome(Allow("no_body")))
+    assert other is not plain
+    assert answered(ContinueHeaders(), None) is answered(ContinueHeaders(), None)
+    # A replacement body or a decision with ids is built for its request alone.
+    stripped = outcome(Strip(None, "stripped_by_policy", 0))
+    assert answered(ContinueBody(b"{}"), stripped) is not answered(ContinueBody(b"{}"), stripped)
+    honored = outcome(Allow("trusted_proof", 3))
+    assert answered(ContinueBody(None), honored) is not answered(ContinueBody(None), honored)

@@ -1,4 +1,6 @@
 import re
+import subprocess
+import sys
 
 import pytest
 
@@ -90,3 +92,14 @@ def test_check_config_command(tmp_path):
     bad.write_text("workers: 0\n")
     assert main(["check-config", str(good)]) == 0
     assert main(["check-config", str(bad)]) == 1
+
+
+def test_loading_the_configuration_imports_no_parser():
+    # The memory model's limits live with the model: the config needs no body parser.
+    probe = (
+        "import sys, ext_proc.config; "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in "
+        "('numpy', 'orjson', 'stringzilla', 'grpc') or m in ('ext_proc.body', 'ext_proc.ids')))"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]"

@@ -44,26 +44,28 @@ BODIES = {
 PROBE = """
 import sys
 from pathlib import Path
-from ext_proc import body
+from ext_proc import admission, body, memory
+from ext_proc.budget import Account, Budget
 N = {size}
 raw = {source}
+account = Account(Budget(1 << 40))
 
 def kib(key):
     status = Path("/proc/self/status").read_text()
     return int(next(x for x in status.splitlines() if x.startswith(key)).split()[1])
 
-slow = []
 Path("/proc/self/clear_refs").write_text("5")
 before = kib("VmRSS")
 if {lifted}:
-    parsed = body.parse(raw, None, lambda: slow.append(1), lift_ids=True)
-    parsed.document["kv_transfer_params"]["prompt_token_ids"].reaches(1234567)
-    parsed.document["kv_transfer_params"]["prompt_token_ids"].largest()
-    out = body.without(parsed, [("kv_transfer_params", "x")], lambda: slow.append(1))
+    parsed = admission.parse(raw, body.scan(raw), account, lift_ids=True)
+    parsed.document["kv_transfer_params"]["prompt_token_ids"].fault(1)  # reached: then the largest
+    out = admission.without(parsed, (("kv_transfer_params", "x"),), account)
 else:
-    parsed = body.parse(raw, None, lambda: slow.append(1))
-    out = body.without(parsed, [("kv_transfer_params",)], lambda: slow.append(1))
-print(len(raw), (kib("VmHWM") - before) * 1024, len(slow))
+    parsed = admission.parse(raw, body.scan(raw), account)
+    out = admission.without(parsed, (("kv_transfer_params",),), account)
+peak = (kib("VmHWM") - before) * 1024
+# json.loads read it or json.dumps wrote it: their extra was charged.
+print(len(raw), peak, int(account.held > memory.cost(len(raw), body.scan(raw).values)))
 """
 
 

@@ -27,7 +27,7 @@ from ext_proc.events import (
     RouteMetadata,
     StreamedBody,
 )
-from ext_proc.stream import Trust
+from ext_proc.proof import Trust
 from ext_proc.vllm_request import CARRIER_NAMES, CARRIERS, EVERY, POLICED_KEYS
 from tests.driver import Driven
 

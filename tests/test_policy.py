@@ -6,12 +6,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ext_proc import body, policy, proof
 from ext_proc import ids as ids_module
+from ext_proc import policy, proof
 from ext_proc.events import Peer
 from ext_proc.policy import Allow, Deny, Evidence, Mint, Strip
 from ext_proc.route_policy import Action, IdentityType, RoutePolicy, Topology, Unproven
 from ext_proc.vllm_request import MAX_CARRIERS
+from tests.parsing import read
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 STRIP = RoutePolicy(Topology.AGGREGATED, Action.STRIP)
@@ -223,7 +224,7 @@ def test_without_a_vocabulary_ids_below_2_31_are_honored():
 
 def test_a_4300_digit_id_read_from_the_body_is_refused():
     raw = b'{"kv_transfer_params": {"prompt_token_ids": [1, ' + b"9" * 4300 + b"]}}"
-    decision = decide(HONOR_UNLIMITED, body.parse(raw).document)
+    decision = decide(HONOR_UNLIMITED, read(raw).document)
     assert isinstance(decision, Deny)
     assert decision.reason == "ids_out_of_vocab"
 
@@ -231,7 +232,7 @@ def test_a_4300_digit_id_read_from_the_body_is_refused():
 @pytest.mark.parametrize("encoding", ["utf-8", "utf-16", "utf-32"])
 def test_a_boolean_id_is_denied_in_every_encoding_json_loads_reads(encoding):
     raw = json.dumps({"kv_transfer_params": {"prompt_token_ids": [1, True]}}).encode(encoding)
-    decision = decide(HONOR, body.parse(raw).document)
+    decision = decide(HONOR, read(raw).document)
     assert isinstance(decision, Deny)
     assert decision.reason == "ids_malformed"
 
@@ -276,7 +277,7 @@ def test_id_validation_matches_the_plain_definition(route, ids):
 @pytest.mark.parametrize("route", [HONOR, HONOR_32_BITS, STRIP])
 @given(ids=st.lists(st.integers(0, 2**40), min_size=1, max_size=6))
 def test_ids_read_from_their_bytes_are_judged_as_their_list(route, ids):
-    read = ids_module.read(orjson.dumps(ids))
+    read = ids_module.Ids.read(orjson.dumps(ids))
     assert read is not None
     listed = decide(route, doc({"prompt_token_ids": ids, "x": 1}))
     assert decide(route, doc({"prompt_token_ids": read, "x": 1})) == listed

@@ -2,8 +2,9 @@ import json
 
 import pytest
 
-from ext_proc import body, proof
+from ext_proc import proof
 from ext_proc.errors import BadRequest
+from tests.parsing import read
 
 KEYS = proof.KeySet({"k1": b"k" * 32}, "k1")
 PROMPT = {"model": "m", "messages": [{"role": "user", "content": "héllo"}]}
@@ -72,10 +73,10 @@ def test_digest_binds_every_prompt_field_but_the_unbound_ones():
 
 def test_digest_is_the_same_whichever_parser_read_the_document():
     raw = json.dumps({**PROMPT, "kv_transfer_params": {"n": 10**30}}).encode()
-    parsed = body.parse(raw)
+    parsed = read(raw)
     assert not parsed.orjson_safe  # a huge integer elsewhere: json.loads read it
     assert digest(parsed.document, parsed.orjson_safe) == digest()
-    utf16 = body.parse(json.dumps(PROMPT).encode("utf-16"))
+    utf16 = read(json.dumps(PROMPT).encode("utf-16"))
     assert digest(utf16.document, utf16.orjson_safe) == digest()
 
 

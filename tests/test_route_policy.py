@@ -152,3 +152,9 @@ def test_the_rewrite_gives_the_upstream_path():
     assert policy.upstream_path("/PD/prefill/v1/chat/completions") is None
     # Without a rewrite the upstream path is the request's.
     assert DEFAULT_POLICY.upstream_path("/pd/v1/chat/completions") == "/pd/v1/chat/completions"
+
+
+def test_no_vocabulary_is_larger_than_vllms_token_ids():
+    assert parse({"vocab_size": str(2**31)}, 1.0) == RoutePolicy(vocab_size=2**31)
+    with pytest.raises(RoutePolicyError, match="32-bit"):
+        parse({"vocab_size": str(2**31 + 1)}, 1.0)

@@ -12,12 +12,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from ext_proc._pb import external_processor_pb2 as pb
 from ext_proc._pb import external_processor_pb2_grpc as pb_grpc
-from ext_proc.codec import decision_metadata, encode
 from ext_proc.config import Config
-from ext_proc.events import ContinueBody, ContinueHeaders, Outcome, Step
-from ext_proc.policy import Allow, Strip
 from ext_proc.server import SERVICE_NAME, build, loop_factory
-from ext_proc.service import ExternalProcessor
 from ext_proc.stream import Stream
 from tests.messages import headers_request, route_attributes
 
@@ -324,35 +320,6 @@ def test_nothing_of_a_body_is_held_once_it_is_answered():
         return held
 
     assert run(held_while_open()) < MiB
-
-
-def test_answers_without_bytes_are_shared_only_with_the_same_decision():
-    config = Config.load(listen="127.0.0.1:0")
-    servicer = ExternalProcessor(config)
-
-    def outcome(decision, request_id="r"):
-        return Outcome(decision, False, "route", 10, request_id, "request")
-
-    def answered(answer, settled):
-        (response,) = servicer._answer(Step([answer], settled))
-        expected = encode(answer)
-        if settled is not None:
-            expected.dynamic_metadata.CopyFrom(
-                decision_metadata(config.route_metadata_namespace, settled)
-            )
-        assert response == expected  # whatever is shared, it is what would be built
-        return response
-
-    plain = answered(ContinueBody(None), outcome(Allow("no_transfer_params")))
-    assert answered(ContinueBody(None), outcome(Allow("no_transfer_params"), "s")) is plain
-    other = answered(ContinueBody(None), outcome(Allow("no_body")))
-    assert other is not plain
-    assert answered(ContinueHeaders(), None) is answered(ContinueHeaders(), None)
-    # A replacement body or a decision with ids is built for its request alone.
-    stripped = outcome(Strip(None, "stripped_by_policy", 0))
-    assert answered(ContinueBody(b"{}"), stripped) is not answered(ContinueBody(b"{}"), stripped)
-    honored = outcome(Allow("trusted_proof", 3))
-    assert answered(ContinueBody(None), honored) is not answered(ContinueBody(None), honored)
 
 
 def test_the_in_flight_gauges_read_open_streams_and_held_bytes_when_sampled():

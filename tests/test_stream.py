@@ -25,7 +25,8 @@ from ext_proc.events import (
     Unexpected,
 )
 from ext_proc.policy import Allow, Deny, Mint, Strip
-from ext_proc.stream import STREAM_CHUNK, State, Trust
+from ext_proc.proof import Trust
+from ext_proc.stream import STREAM_CHUNK, State
 from tests.driver import Driven
 
 JSON = (("content-type", b"application/json"), ("x-request-id", b"r1"))
@@ -367,7 +368,7 @@ def test_a_rewritten_body_stays_charged_until_it_is_sent(mode):
     stream.handle(RequestBody(IDS.encode(), True), sent=False)
     assert stream.decision.action == "strip"
     assert budget.used == memory.cost(len(IDS), body.scan(IDS.encode()).values)
-    stream.stream.sent()
+    stream.release()
     assert budget.used == 0
 
 
@@ -666,7 +667,7 @@ OK_JSON = ((":status", b"200"), ("content-type", b"application/json"))
 
 
 def prefill_stream(limit=1 << 20, **options):
-    trust = Trust(keys=lambda: KEYS, clock=lambda: 1000.0, ttl_seconds=60)
+    trust = Trust(keys=lambda: KEYS, clock=lambda: 1000.0)
     stream = Driven(max_body_bytes=limit, trust=trust, **options)
     stream.handle(headers(MINT_ROUTE))
     assert stream.handle(RequestBody(PREFILL, True)) == [ContinueBody(None)]
@@ -768,8 +769,8 @@ def test_a_response_the_stream_cannot_afford_passes_unsigned_and_is_never_charge
         pytest.param(1 << 20, deep(1000), id="past_the_recursion_limit"),
         # 300 levels in a body json.dumps may not write (over SLOW_PARSE_MAX_BYTES).
         pytest.param(
-            2 * body.SLOW_PARSE_MAX_BYTES,
-            deep(300).replace(b'"x":', b'"pad":"' + b"a" * body.SLOW_PARSE_MAX_BYTES + b'","x":'),
+            2 * memory.SLOW_PARSE_MAX_BYTES,
+            deep(300).replace(b'"x":', b'"pad":"' + b"a" * memory.SLOW_PARSE_MAX_BYTES + b'","x":'),
             id="over_the_json_dumps_size",
         ),
     ],
@@ -890,7 +891,7 @@ REWRITTEN_MINT = RouteMetadata(
     ],
 )
 def test_a_mint_route_signs_only_chat_completions(route, path, minted):
-    trust = Trust(keys=lambda: KEYS, clock=lambda: 1000.0, ttl_seconds=60)
+    trust = Trust(keys=lambda: KEYS, clock=lambda: 1000.0)
     stream = Driven(max_body_bytes=1 << 20, trust=trust)
     stream.handle(headers(route, path=path))
     assert stream.handle(RequestBody(PREFILL, True)) == [ContinueBody(None)]
@@ -913,7 +914,7 @@ def test_a_path_outside_the_routes_match_prefix_is_invalid_metadata():
 
 
 def test_a_proof_minted_for_chat_completions_is_a_mismatch_elsewhere():
-    trust = Trust(keys=lambda: KEYS, clock=lambda: 1000.0, ttl_seconds=60)
+    trust = Trust(keys=lambda: KEYS, clock=lambda: 1000.0)
     stream = Driven(max_body_bytes=1 << 20, trust=trust)
     stream.handle(headers(MINT_ROUTE))
     stream.handle(RequestBody(PREFILL, True))
@@ -967,7 +968,7 @@ def test_other_carriers_are_found_and_removed(extra):
     ],
 )
 def test_a_mint_route_signs_nothing_for_a_request_that_names_a_carrier_elsewhere(extra):
-    trust = Trust(keys=lambda: KEYS, clock=lambda: 1000.0, ttl_seconds=60)
+    trust = Trust(keys=lambda: KEYS, clock=lambda: 1000.0)
     stream = Driven(max_body_bytes=1 << 20, trust=trust)
     stream.handle(headers(MINT_ROUTE))
     if extra == "duplicate":
@@ -982,7 +983,7 @@ def test_a_mint_route_signs_nothing_for_a_request_that_names_a_carrier_elsewhere
 
 
 def test_a_mint_route_signs_for_a_request_with_only_its_own_parameters():
-    trust = Trust(keys=lambda: KEYS, clock=lambda: 1000.0, ttl_seconds=60)
+    trust = Trust(keys=lambda: KEYS, clock=lambda: 1000.0)
     stream = Driven(max_body_bytes=1 << 20, trust=trust)
     stream.handle(headers(MINT_ROUTE))
     raw = json.dumps({**json.loads(PREFILL), "kv_transfer_params": {"do_remote_decode": True}})
@@ -993,7 +994,7 @@ def test_a_mint_route_signs_for_a_request_with_only_its_own_parameters():
 
 def test_one_message_per_request_gets_the_path_after_the_rewrite():
     # Without the headers message, Envoy's attributes already show the upstream path.
-    trust = Trust(keys=lambda: KEYS, clock=lambda: 1000.0, ttl_seconds=60)
+    trust = Trust(keys=lambda: KEYS, clock=lambda: 1000.0)
     for path, routed, minted in [
         ("/v1/chat/completions", True, True),
         ("/pd/prefill/v1/chat/completions", False, True),

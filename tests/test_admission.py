@@ -1,0 +1,106 @@
+import json
+
+import pytest
+
+from ext_proc import admission, body, memory
+from ext_proc.budget import Account, Budget
+from ext_proc.errors import PayloadTooLarge, ServiceUnavailable
+from ext_proc.vllm_request import KV_KEY as KV
+
+
+def account(limit=1 << 40):
+    return Account(Budget(limit))
+
+
+def test_a_body_is_charged_its_parsed_cost_before_it_is_parsed():
+    raw = b'{"a": [1, 2, 3], "kv_transfer_params": {"x": 1}}'
+    held = account()
+    shape = admission.admit(raw, held, 100)
+    assert held.held == memory.cost(len(raw), shape.values)
+    # A budget that cannot hold it refuses it before anything is parsed.
+    with pytest.raises(ServiceUnavailable):
+        admission.admit(raw, account(memory.cost(len(raw), shape.values) - 1), 100)
+
+
+def test_too_many_values_are_refused_before_anything_is_held():
+    held = account()
+    with pytest.raises(PayloadTooLarge) as refused:
+        admission.admit(b'{"a": [1, 2, 3, 4, 5]}', held, 4)
+    assert refused.value.reason == "body_too_complex"
+    assert held.held == 0
+
+
+def test_the_size_limit():
+    admission.check_size(10, 10)
+    with pytest.raises(PayloadTooLarge) as refused:
+        admission.check_size(11, 10)
+    assert refused.value.reason == "body_too_large"
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        # orjson refuses NaN: json.loads reads it.
+        b'{"n": NaN, "kv_transfer_params": {}}',
+        # orjson reads 300 levels but writes only 254: json.dumps writes the rewrite.
+        b'{"d": ' + b"[" * 300 + b"]" * 300 + b', "kv_transfer_params": {"x": 1}}',
+    ],
+)
+def test_the_slow_path_is_charged_once_before_it_runs(raw):
+    held = account()
+    shape = admission.admit(raw, held, 100_000)
+    parsed = admission.parse(raw, shape, held)
+    out = admission.without(parsed, ((KV,),), held)
+    assert KV not in json.loads(out)
+    # One allowance covers json.loads and json.dumps.
+    assert held.held == memory.cost(len(raw), shape.values) + memory.slow_extra(len(raw))
+    # Not affordable: refused before the slow parser or writer runs.
+    tight = account(memory.cost(len(raw), shape.values))
+    shape = admission.admit(raw, tight, 100_000)
+    parsed = body.parse(raw, shape)
+    slow = (
+        (lambda: admission.parse(raw, shape, tight))
+        if parsed is None
+        else (lambda: admission.without(parsed, ((KV,),), tight))
+    )
+    with pytest.raises(ServiceUnavailable):
+        slow()
+
+
+def test_orjsons_readings_cost_nothing_more():
+    raw = b'{"a": 1, "kv_transfer_params": {"x": 1}}'
+    held = account()
+    shape = admission.admit(raw, held, 100)
+    parsed = admission.parse(raw, shape, held)
+    admission.without(parsed, ((KV, "x"),), held)
+    assert held.held == memory.cost(len(raw), shape.values)
+
+
+def test_the_slow_parser_reads_only_bodies_with_a_bounded_cost():
+    few = b'{"n": NaN, "a": [' + b"1," * 1000 + b"1]}"
+    assert not admission.parse(few, body.scan(few), account()).orjson_safe  # json.loads
+    many = b'{"n": NaN, "a": [' + b"1," * memory.SLOW_PARSE_MAX_VALUES + b"1]}"
+    large = b'{"n": NaN, "a": "' + b"x" * memory.SLOW_PARSE_MAX_BYTES + b'"}'
+    for raw in (many, large):
+        held = account()
+        with pytest.raises(PayloadTooLarge) as refused:
+            admission.parse(raw, body.scan(raw), held)
+        assert refused.value.reason == "body_needs_slow_parse"
+        assert held.held == 0
+    # The same sizes in plain JSON are orjson's: no limit but the caller's.
+    for raw in (many.replace(b"NaN", b"0"), large.replace(b"NaN", b"0")):
+        assert admission.parse(raw, body.scan(raw), account()).orjson_safe
+
+
+def test_json_dumps_writes_only_bodies_small_enough_for_the_slow_path():
+    # 300 levels: orjson reads them and cannot write them back.
+    deep = b'{"d":' + b"[" * 300 + b"0" + b"]" * 300 + b',"kv_transfer_params":{},"a":"'
+    small_raw = deep + b"a" * 1000 + b'"}'
+    small = admission.parse(small_raw, body.scan(small_raw), account())
+    assert small.orjson_safe
+    assert json.loads(admission.without(small, ((KV,),), account()))["d"] == small.document["d"]
+    large_raw = deep + b"a" * memory.SLOW_PARSE_MAX_BYTES + b'"}'
+    large = admission.parse(large_raw, body.scan(large_raw), account())
+    with pytest.raises(PayloadTooLarge) as refused:
+        admission.without(large, ((KV,),), account())
+    assert refused.value.reason == "body_needs_slow_parse"
