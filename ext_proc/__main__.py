@@ -10,6 +10,10 @@ from ext_proc import logs
 from ext_proc.config import Config, ConfigError
 
 LEVELS = ["debug", "info", "warning", "error"]
+# `envoy-config` runs on the optional extra of that name (pyproject.toml); these are the
+# modules it brings that the generator imports. `serve` needs none of them.
+GENERATOR_EXTRA = "ext-proc-token-policy[envoy-config]"
+GENERATOR_MODULES = frozenset({"envoy_data_plane", "betterproto2", "dateutil"})
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -30,7 +34,9 @@ def _parser() -> argparse.ArgumentParser:
     check_envoy.add_argument("file", type=Path)
     check_envoy.add_argument("--namespace", help="route metadata namespace")
     commands.add_parser(
-        "envoy-config", help="write a fail-closed Envoy bootstrap from a short YAML input"
+        "envoy-config",
+        help="write a fail-closed Envoy bootstrap from a short YAML input "
+        f"(needs {GENERATOR_EXTRA})",
     )
     return parser
 
@@ -58,13 +64,27 @@ def _serve(args: argparse.Namespace) -> int:
     return run(config)
 
 
+def _envoy_config(argv: list[str]) -> int:
+    try:
+        from ext_proc import envoygen
+    except ModuleNotFoundError as exc:
+        missing = (exc.name or "").partition(".")[0]
+        if missing not in GENERATOR_MODULES:
+            raise
+        print(
+            f"envoy-config: the generator needs the optional 'envoy-config' dependencies "
+            f"(no module named {missing!r}): pip install '{GENERATOR_EXTRA}'",
+            file=sys.stderr,
+        )
+        return 2
+    # Its own parser: options may come before or after the input file.
+    return envoygen.main(argv)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["envoy-config"]:
-        # Its own parser: options may come before or after the input file.
-        from ext_proc import envoygen
-
-        return envoygen.main(argv[1:])
+        return _envoy_config(argv[1:])
     args = _parser().parse_args(argv)
     if args.command == "serve":
         return _serve(args)

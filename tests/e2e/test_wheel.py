@@ -1,5 +1,7 @@
 """The wheel alone: built from the sources the image copies, installed with its declared
-dependencies into a fresh virtual environment and run from outside the checkout."""
+dependencies into a fresh virtual environment and run from outside the checkout; once
+as the image installs it (no extras: it serves, and ``envoy-config`` names the extra it
+needs), once with the ``envoy-config`` extra (the generator runs)."""
 
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from devstack import processes
+from ext_proc import envoygen
 
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.timeout(900)
@@ -42,9 +45,7 @@ def clean_env() -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def python(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The interpreter of a fresh virtual environment holding only the wheel and its
-    declared dependencies."""
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("wheel")
     source = root / "source"  # what deploy/Dockerfile copies, nothing else
     source.mkdir()
@@ -57,12 +58,32 @@ def python(tmp_path_factory: pytest.TempPathFactory) -> Path:
     )
     assert built.returncode == 0, built.stdout + built.stderr
     (wheel,) = (root / "dist").glob("*.whl")
-    created = run([sys.executable, "-m", "venv", root / "venv"], root)
+    return wheel
+
+
+def install(root: Path, requirement: str) -> Path:
+    """The interpreter of a fresh virtual environment in ``root`` holding only
+    ``requirement`` and its declared dependencies (no bytecode: imports compile it)."""
+    created = run([sys.executable, "-m", "venv", "--without-pip", root / "venv"], root)
     assert created.returncode == 0, created.stderr
     python = root / "venv" / "bin" / "python"
-    installed = run([python, "-m", "pip", "install", "--quiet", wheel], root)
+    # This interpreter's pip installs into the new environment: no pip to bootstrap there.
+    args = [sys.executable, "-m", "pip", "--python", python, "install", "--quiet"]
+    installed = run([*args, "--no-compile", requirement], root)
     assert installed.returncode == 0, installed.stdout + installed.stderr
     return python
+
+
+@pytest.fixture(scope="module")
+def python(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The wheel as deploy/Dockerfile installs it: without extras."""
+    return install(tmp_path_factory.mktemp("plain"), str(wheel))
+
+
+@pytest.fixture(scope="module")
+def generator_python(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The wheel with the ``envoy-config`` extra (the Envoy config generator's models)."""
+    return install(tmp_path_factory.mktemp("generator"), f"{wheel}[envoy-config]")
 
 
 def test_the_package_comes_from_the_wheel(python, tmp_path):
@@ -72,9 +93,13 @@ def test_the_package_comes_from_the_wheel(python, tmp_path):
     assert "include-system-site-packages = false" in (python.parents[1] / "pyvenv.cfg").read_text()
 
 
-# h2 is absent from the list: envoy-data-plane's betterproto2[all] brings it.
-@pytest.mark.parametrize("module", ["h11", "devstack", "bench", "pytest", "httpx"])
-def test_development_modules_are_not_installed(python, tmp_path, module):
+DEVELOPMENT = ["h11", "devstack", "bench", "pytest", "httpx"]
+# Only the envoy-config extra brings these (grpclib and h2: envoy-data-plane's betterproto2[all]).
+GENERATOR = ["envoy_data_plane", "betterproto2", "grpclib", "h2"]
+
+
+@pytest.mark.parametrize("module", [*DEVELOPMENT, *GENERATOR])
+def test_development_and_generator_modules_are_not_installed(python, tmp_path, module):
     result = run([python, "-c", f"import {module}"], tmp_path)
     assert result.returncode == 1
     assert f"No module named '{module}'" in result.stderr
@@ -105,17 +130,37 @@ def test_serve_answers_health_checks_and_stops_on_sigterm(python, tmp_path):
     assert "Traceback" not in log.read_text()
 
 
-def test_check_envoy_envoy_config_and_check_config_run_from_the_wheel(python, tmp_path):
+def test_check_envoy_and_check_config_run_without_the_extra(python, tmp_path):
     checked = run(
         [python, "-m", "ext_proc", "check-envoy", REPO / "envoy" / "envoy.yaml"], tmp_path
     )
     assert checked.returncode == 0, checked.stdout + checked.stderr
-    example = REPO / "deploy" / "envoy-config.example.yaml"
-    out = tmp_path / "envoy.yaml"
-    generated = run([python, "-m", "ext_proc", "envoy-config", example, "-o", out], tmp_path)
-    assert generated.returncode == 0, generated.stdout + generated.stderr
-    assert "static_resources" in out.read_text()
     config = tmp_path / "processor.yaml"
     config.write_text("log_level: info\n")
     checked = run([python, "-m", "ext_proc", "check-config", config], tmp_path)
     assert (checked.returncode, checked.stdout) == (0, f"{config}: OK\n")
+
+
+EXAMPLE = REPO / "deploy" / "envoy-config.example.yaml"
+
+
+def test_envoy_config_without_the_extra_names_it_in_one_line(python, tmp_path):
+    out = tmp_path / "envoy.yaml"
+    generated = run([python, "-m", "ext_proc", "envoy-config", EXAMPLE, "-o", out], tmp_path)
+    assert generated.returncode == 2, generated.stdout + generated.stderr
+    assert generated.stdout == ""
+    (line,) = generated.stderr.splitlines()
+    assert line.startswith("envoy-config: ")
+    assert line.endswith("pip install 'ext-proc-token-policy[envoy-config]'")
+    assert not out.exists()
+
+
+def test_envoy_config_runs_with_the_extra(generator_python, tmp_path):
+    out = tmp_path / "envoy.yaml"
+    generated = run(
+        [generator_python, "-m", "ext_proc", "envoy-config", EXAMPLE, "-o", out], tmp_path
+    )
+    assert generated.returncode == 0, generated.stdout + generated.stderr
+    # What the checkout's generator writes from the same input.
+    assert out.read_text() == envoygen.generate(EXAMPLE)
+    assert "static_resources" in out.read_text()
