@@ -46,6 +46,8 @@ _REQUEST_ID: Final = attributes.HEADERS["x-request-id"]
 # only small ones are kept and the memo stays within a few MiB.
 PREAMBLE_MEMO: Final = 1024
 PREAMBLE_MEMO_BYTES: Final = 2048
+# Distinct decisions whose dynamic metadata is remembered (``Encoder``).
+METADATA_MEMO: Final = 4096
 
 
 def _scalar(value: struct_pb2.Value) -> Scalar:
@@ -313,6 +315,7 @@ class Encoder:
     def __init__(self, namespace: str) -> None:
         self._namespace = namespace
         self._shared: dict[tuple[object, ...], pb.ProcessingResponse] = {}
+        self._structs: dict[tuple[object, ...], struct_pb2.Struct] = {}
 
     def __call__(self, step: Step) -> list[pb.ProcessingResponse]:
         answers, outcome = step.answers, step.outcome
@@ -334,7 +337,19 @@ class Encoder:
             return shared
         response = encode(answer)
         if outcome is not None:
-            decision_metadata(self._namespace, outcome, response.dynamic_metadata)
+            response.dynamic_metadata.CopyFrom(self._metadata(outcome))
         if key is not None:
             self._shared[key] = response
         return response
+
+    def _metadata(self, outcome: Outcome) -> struct_pb2.Struct:
+        """``decision_metadata`` for ``outcome``, built once per distinct decision
+        (the id count is the client's: the memo is emptied when full)."""
+        decision = outcome.decision
+        key = (outcome.phase, decision.action, decision.reason, decision.id_count, outcome.mode)
+        struct = self._structs.get(key)
+        if struct is None:
+            if len(self._structs) >= METADATA_MEMO:
+                self._structs.clear()
+            struct = self._structs[key] = decision_metadata(self._namespace, outcome)
+        return struct

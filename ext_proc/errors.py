@@ -38,10 +38,6 @@ class Refusal:
     retry_after: int | None = None
 
 
-def bad_request(message: str, *, reason: str, param: str | None = None) -> Refusal:
-    return BadRequest(message, reason=reason, param=param).refusal()
-
-
 class ExtProcError(Exception):
     """Base of every error the service raises on purpose."""
 
@@ -76,6 +72,20 @@ class BadRequest(HttpError):
     status = 400
     error_type = "BadRequestError"
     auditable = True
+
+
+def bad_request(message: str, *, reason: str, param: str | None = None) -> Refusal:
+    """``BadRequest(...).refusal()``, without building the exception (one per denied
+    request)."""
+    return Refusal(
+        BadRequest.status,
+        BadRequest.error_type,
+        reason,
+        message,
+        param,
+        BadRequest.auditable,
+        BadRequest.retry_after,
+    )
 
 
 class UnsupportedMediaType(HttpError):

@@ -45,6 +45,17 @@ class Evidence:
     skew: float = 0.0
 
 
+def _no_digest() -> bytes:
+    raise AssertionError("a strip or deny route weighs no evidence")
+
+
+# The evidence of a request on a route that weighs none: strip and deny decide on the
+# route alone (``_trusted_caller``), so nothing is gathered for them.
+NO_EVIDENCE: Final = Evidence(_no_digest)
+# The actions whose decisions read the evidence.
+WEIGHS_EVIDENCE: Final = frozenset({Action.HONOR, Action.MINT})
+
+
 # Response ids are the deployment's own; only their shape is checked before signing.
 _ANY_IDS: Final = RoutePolicy()
 

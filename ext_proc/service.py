@@ -53,6 +53,8 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc
         self.budget = budget if budget is not None else Budget(config.inflight_budget_bytes)
         self.metrics = metrics if metrics is not None else Metrics()
         self.open_streams = 0  # sampled into the metrics (see sample_metrics)
+        # Envoy cancels a stream whenever a client goes away: counted without a lookup.
+        self._cancelled = self.metrics.stream_errors.labels("cancelled")
         self._trust = Trust(keys=KeyRing(config.proof.keys).current)
 
     def sample_metrics(self) -> None:
@@ -96,7 +98,7 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc
         try:
             await self._converse(context, stream, usage)
         except asyncio.CancelledError:
-            metrics.stream_errors.labels("cancelled").inc()
+            self._cancelled.inc()
             raise
         except grpc.aio.AbortError:
             raise  # an error status this servicer chose; already counted

@@ -509,6 +509,9 @@ class Stream:
         proof to check) or kept for the response (a mint route on an endpoint it may
         sign). ``alone``: no member but the top-level kv_transfer_params is named as a
         carrier. Rendering the digest may raise ``BadRequest`` for a body too deep."""
+        carriers = () if alone else None
+        if self._policy.action not in policy.WEIGHS_EVIDENCE:
+            return policy.decide(self._policy, parsed.document, policy.NO_EVIDENCE, carriers)
         digest = _Once(
             functools.partial(
                 proof.prompt_digest, parsed.document, parsed.orjson_safe, self._endpoint
@@ -520,7 +523,7 @@ class Stream:
         evidence = policy.Evidence(
             digest, self._peer, trust.keys(), trust.clock(), self._config.proof.clock_skew_seconds
         )
-        decision = policy.decide(self._policy, parsed.document, evidence, () if alone else None)
+        decision = policy.decide(self._policy, parsed.document, evidence, carriers)
         self._pending = mint.judged(pending, decision, alone)
         return decision
 

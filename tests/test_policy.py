@@ -534,3 +534,17 @@ def test_a_request_with_too_many_carriers_is_refused_not_rewritten():
     assert isinstance(at_limit, Strip)
     assert len(at_limit.carriers) == MAX_CARRIERS
     assert decide(HONOR, doc(generate_responses=many)) == Allow("no_transfer_params")
+
+
+@pytest.mark.parametrize("action", [Action.STRIP, Action.DENY])
+def test_strip_and_deny_routes_weigh_no_evidence(action):
+    route = RoutePolicy(Topology.DISAGGREGATED, action)
+    assert action not in policy.WEIGHS_EVIDENCE
+    document = doc({"prompt_token_ids": [1, 2]})
+    document["vllm_xargs"] = {"kv_transfer_params": {"x": 1}}
+    peer = Peer(True, (ROUTER,))
+    full = Evidence(lambda: b"d" * 32, peer, KEYS, NOW, 5.0)
+    # The same decision with no evidence at all: none of it is read.
+    assert policy.decide(route, document, policy.NO_EVIDENCE) == policy.decide(
+        route, document, full
+    )
