@@ -322,7 +322,8 @@ def _lifted(raw: bytes, shape: Shape) -> Parsed | None:
     end = find(raw, b"]", start)
     if end - start < LIFT_MIN_BYTES:  # no "]" (end is -1) or a short array
         return None
-    lifted = ids.Ids.read(raw[start : end + 1])
+    # No run of digits in ``raw`` is longer than ids.MAX_DIGITS (``shape``).
+    lifted = ids.Ids.read(raw[start : end + 1], runs_checked=True)
     if lifted is None:
         return None
     nonce = secrets.token_hex(16)

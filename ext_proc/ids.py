@@ -84,12 +84,14 @@ class Ids:
         return f"Ids(count={self.count})"
 
     @classmethod
-    def read(cls, span: bytes) -> Ids | None:
+    def read(cls, span: bytes, *, runs_checked: bool = False) -> Ids | None:
         """The ids ``span`` (from ``[`` to the first ``]`` after it) holds when it is a
         well-formed array, with or without a space after each comma; None otherwise:
-        the caller parses it like any other JSON."""
+        the caller parses it like any other JSON. ``runs_checked``: the caller has
+        shown that no run of digits in ``span`` is longer than ``MAX_DIGITS`` (a pass
+        over the bytes saved)."""
         text = _compact(span)
-        if text is None or not _well_formed(text):
+        if text is None or not _well_formed(text, runs_checked=runs_checked):
             return None
         return cls(count(text, _COMMA_CLASS, 1) + 1, text, _READ)
 
@@ -240,8 +242,9 @@ _DIGIT_RUNS: Final = bytes(0x30 if 0x30 <= i <= 0x39 else 0x20 for i in range(25
 _NOT_JSON: Final = (b",,", b",zz", b",zd")
 
 
-def _well_formed(text: bytes) -> bool:
-    """Whether ``text`` is a well-formed array (module docstring)."""
+def _well_formed(text: bytes, *, runs_checked: bool = False) -> bool:
+    """Whether ``text`` is a well-formed array (module docstring); ``runs_checked``:
+    no run of digits in it is longer than ``MAX_DIGITS``, as the caller has shown."""
     if len(text) < 3 or text[0] != ord("[") or text[-1] != ord("]"):
         return False
     inner = memoryview(text)[1:-1]
@@ -250,8 +253,10 @@ def _well_formed(text: bytes) -> bool:
         return False
     if classes.endswith(b",") or any(find(classes, pattern) != -1 for pattern in _NOT_JSON):
         return False
-    return len(classes) <= MAX_DIGITS or not has_run(
-        translate(inner, _DIGIT_RUNS), 0x30, MAX_DIGITS + 1
+    return (
+        runs_checked
+        or len(classes) <= MAX_DIGITS
+        or not has_run(translate(inner, _DIGIT_RUNS), 0x30, MAX_DIGITS + 1)
     )
 
 
