@@ -8,12 +8,13 @@ stream, and the budget is charged before any memory is taken, never after.
 
 from __future__ import annotations
 
-from typing import Final
+from collections.abc import Mapping
+from typing import Any, Final
 
 from ext_proc import body, memory
 from ext_proc.budget import Account
 from ext_proc.errors import PayloadTooLarge
-from ext_proc.vllm_request import Path
+from ext_proc.vllm_request import KV_KEY, Path
 
 
 def check_size(size: int, limit: int) -> None:
@@ -65,9 +66,18 @@ def write(parsed: body.Parsed, document: body.Document, account: Account) -> byt
     return body.serialize(document)
 
 
-def without(parsed: body.Parsed, paths: tuple[Path, ...], account: Account) -> bytes:
-    """The body with the members at ``paths`` removed (``body.removed``)."""
-    return write(parsed, body.removed(parsed, paths), account)
+def without(
+    parsed: body.Parsed,
+    paths: tuple[Path, ...],
+    account: Account,
+    kv_transfer_params: Mapping[str, Any] | None = None,
+) -> bytes:
+    """The body with the members at ``paths`` removed (``body.removed``), and then
+    ``kv_transfer_params`` (values orjson writes exactly) written when given."""
+    document = body.removed(parsed, paths)
+    if kv_transfer_params is not None:
+        document[KV_KEY] = dict(kv_transfer_params)
+    return write(parsed, document, account)
 
 
 def _slow_cost(size: int, values: int) -> int:

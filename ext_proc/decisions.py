@@ -4,7 +4,7 @@ the stream enforces and the edge reports. No behaviour beyond naming the action.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar, Final
+from typing import Any, ClassVar, Final
 
 from ext_proc.errors import Refusal
 from ext_proc.vllm_request import KV_KEY, Path
@@ -23,13 +23,16 @@ class Allow:
 class Strip:
     """Forward the body with ``keys`` removed from kv_transfer_params (None: the whole
     object) and the ``carriers`` (other members carrying transfer parameters) removed.
-    ``honored``: the parameters are trusted and only the proof goes."""
+    ``honored``: the parameters are trusted and only the proof goes. ``connector``: the
+    kv_transfer_params then written in their place (a mint route's connector request),
+    as pairs."""
 
     keys: tuple[str, ...] | None
     reason: str
     id_count: int
     honored: bool = False
     carriers: tuple[Path, ...] = ()
+    connector: tuple[tuple[str, Any], ...] | None = None
 
     @property
     def action(self) -> str:

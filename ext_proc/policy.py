@@ -143,6 +143,27 @@ def decide(
     """The decision for a request ``document``. ``carriers``: its other members that
     carry transfer parameters (``vllm_request.other_carriers``), when the caller has
     shown there are none cheaply; None: looked for here."""
+    decision = _decide_carriers(policy, document, evidence, carriers)
+    if policy.connector is None or isinstance(decision, Deny):
+        return decision
+    if _trusted_caller(policy, evidence).startswith("trusted_"):
+        return decision  # a listed peer's own parameters are its own
+    # Whatever the caller sent goes; the route's connector request is written instead,
+    # so no caller steers the prefill server's connector and none need be trusted.
+    if isinstance(decision, Strip):
+        return Strip(
+            None, decision.reason, decision.id_count, False, decision.carriers, policy.connector
+        )
+    return Strip(None, "connector_written", decision.id_count, connector=policy.connector)
+
+
+def _decide_carriers(
+    policy: RoutePolicy,
+    document: Document,
+    evidence: Evidence,
+    carriers: tuple[Path, ...] | None,
+) -> Decision:
+    """The decision on every carrier of transfer parameters (``decide``)."""
     decision = _decide_params(policy, document, evidence)
     found = other_carriers(document, MAX_CARRIERS + 1) if carriers is None else carriers
     if not found or isinstance(decision, Deny):

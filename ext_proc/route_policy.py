@@ -21,6 +21,9 @@ Schema (route ``metadata.filter_metadata[NAMESPACE]``, default namespace
     match_prefix:     "/pd/v1/"                     (with prefix_rewrite: the route's
     prefix_rewrite:   "/v1/"                         path prefix and what replaces it
                                                      upstream; both or neither)
+    connector:        nixl | '{"k": v, ...}'        (mint: the kv_transfer_params every
+                                                     untrusted caller's request is sent
+                                                     with, by connector name or as JSON)
 
 docs/trust.md explains the trust model these fields select.
 
@@ -32,6 +35,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -39,7 +43,7 @@ from enum import StrEnum
 from typing import Final, TypeVar
 
 from ext_proc.errors import RoutePolicyError
-from ext_proc.vllm_request import TOKEN_ID_BOUND
+from ext_proc.vllm_request import CONNECTOR_REQUESTS, POLICED_KEYS, TOKEN_ID_BOUND
 
 DEFAULT_NAMESPACE: Final = "ext_proc.token_policy"
 _DECIMAL = re.compile(r"[1-9][0-9]{0,17}")
@@ -88,6 +92,9 @@ class RoutePolicy:
     trust_any_caller: bool = False
     match_prefix: str | None = None
     prefix_rewrite: str | None = None
+    # Mint: the kv_transfer_params every request from a caller the route does not trust
+    # is forwarded with (what the prefill server's KV connector needs), as pairs.
+    connector: tuple[tuple[str, Scalar], ...] | None = None
 
     @property
     def untrusted_denied(self) -> bool:
@@ -192,6 +199,33 @@ def _path_prefix(name: str, value: Scalar, namespace: str) -> str:
     return value
 
 
+def _connector(value: Scalar, namespace: str) -> tuple[tuple[str, Scalar], ...]:
+    """A connector's name (``CONNECTOR_REQUESTS``) or a JSON object of scalars: the
+    kv_transfer_params written into a mint route's requests. Never the policed keys:
+    ids are the prefill server's to produce."""
+    request: object = None
+    if isinstance(value, str):
+        request = CONNECTOR_REQUESTS.get(value)
+        if request is None and value.startswith("{"):
+            try:
+                request = json.loads(value)
+            except ValueError:
+                request = None
+    if (
+        isinstance(request, dict)
+        and request
+        and all(isinstance(v, str | int | float | bool) or v is None for v in request.values())
+        and not any(key in request for key in POLICED_KEYS)
+    ):
+        return tuple((str(key), item) for key, item in request.items())
+    raise _invalid(
+        f"field '{namespace}.connector' is {value!r}; expected a connector's name "
+        f"({', '.join(CONNECTOR_REQUESTS)}) or a JSON object of scalars without "
+        f"{' or '.join(POLICED_KEYS)}",
+        f"{namespace}.connector",
+    )
+
+
 # Fields that mean something only for some actions; elsewhere they are a mistake.
 _APPLIES_TO: Final = {
     "unproven": (Action.HONOR, Action.MINT),
@@ -200,7 +234,14 @@ _APPLIES_TO: Final = {
     # Never on a mint route: a caller's kept keys reach the prefill server, whose
     # response could echo them into what the gateway signs.
     "keep_other_keys": (Action.STRIP, Action.DENY, Action.HONOR),
+    "connector": (Action.MINT,),
 }
+
+
+def admitting(name: str) -> Action:
+    """An action on which the field ``name`` is valid (honor admits all but a few)."""
+    allowed = _APPLIES_TO.get(name, (Action.HONOR,))
+    return Action.HONOR if Action.HONOR in allowed else allowed[0]
 
 
 def _check_applies(action: Action, given: Mapping[str, bool], namespace: str) -> None:
@@ -288,7 +329,9 @@ def parse_items(
             "prefix_rewrite describe a route's rewrite together",
             f"{namespace}.{given_name}",
         )
+    connector = _connector(values["connector"], namespace) if "connector" in values else None
     given = {
+        "connector": connector is not None,
         "unproven": "unproven" in values,
         "peers": bool(peers),
         "trust_any_caller": flags.get("trust_any_caller", False),
@@ -307,4 +350,5 @@ def parse_items(
         trust_any_caller=flags.get("trust_any_caller", False),
         match_prefix=rewrite.get("match_prefix"),
         prefix_rewrite=rewrite.get("prefix_rewrite"),
+        connector=connector,
     )

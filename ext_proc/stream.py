@@ -481,7 +481,8 @@ class Stream:
         if enforced and isinstance(decision, Strip) and parsed is not None:
             # Rewriting may refuse: a body too deep to write back, or json.dumps's extra
             # beyond the budget.
-            return attempt(admission.without, parsed, decision.paths, self._account)
+            connector = None if decision.connector is None else dict(decision.connector)
+            return attempt(admission.without, parsed, decision.paths, self._account, connector)
         return None
 
     def _inspect(self, raw: bytes) -> tuple[Decision, body.Parsed | None]:

@@ -50,6 +50,20 @@ CARRIERS: Final = (
 # from the request (docs/trust.md gives the argument for each).
 MINT_ENDPOINTS: Final = frozenset({"/v1/chat/completions"})
 
+# What a prefill request's kv_transfer_params ask of a server's KV connector, by the
+# connector's name (a mint route's ``connector``): vLLM's NixlConnector keeps the
+# prompt's blocks for a decode server to read and answers with where to read them.
+CONNECTOR_REQUESTS: Final = {
+    "nixl": {
+        "do_remote_decode": True,
+        "do_remote_prefill": False,
+        "remote_engine_id": None,
+        "remote_block_ids": None,
+        "remote_host": None,
+        "remote_port": None,
+    },
+}
+
 Path = tuple[str | int, ...]
 IDS_KEY: Final = "prompt_token_ids"
 # Keys vLLM's reuse helper reads from kv_transfer_params; both are policed alike.

@@ -12,7 +12,7 @@ import pydantic
 import pytest
 import yaml
 
-from ext_proc import envoygen, route_policy, token_endpoints
+from ext_proc import envoygen, route_policy, token_endpoints, vllm_request
 from ext_proc.attributes import HEADERS, attribute_keys
 from ext_proc.check_envoy import check
 from ext_proc.route_policy import Action, Topology
@@ -156,6 +156,7 @@ def test_routes_carry_policy_and_body_limit():
                 131072,
                 match_prefix="/pd/prefill/v1/",
                 prefix_rewrite="/v1/",
+                connector=tuple(vllm_request.CONNECTOR_REQUESTS["nixl"].items()),
             ),
         ),
         (by_name["aggregated"], route_policy.RoutePolicy(Topology.AGGREGATED, Action.STRIP)),

@@ -548,3 +548,62 @@ def test_strip_and_deny_routes_weigh_no_evidence(action):
     assert policy.decide(route, document, policy.NO_EVIDENCE) == policy.decide(
         route, document, full
     )
+
+
+NIXL_REQUEST = RoutePolicy(
+    Topology.DISAGGREGATED,
+    Action.MINT,
+    peers=frozenset({ROUTER}),
+    connector=(("do_remote_decode", True), ("remote_host", None)),
+)
+
+
+@pytest.mark.parametrize(
+    ("params", "expected"),
+    [
+        (None, Strip(None, "connector_written", 0, connector=NIXL_REQUEST.connector)),
+        ({}, Strip(None, "connector_written", 0, connector=NIXL_REQUEST.connector)),
+        (
+            {"remote_host": "evil.example", "do_remote_decode": True},
+            Strip(None, "peer_not_listed", 0, connector=NIXL_REQUEST.connector),
+        ),
+        (
+            {"prompt_token_ids": [1, 2]},
+            Strip(None, "peer_not_listed", 2, connector=NIXL_REQUEST.connector),
+        ),
+    ],
+)
+def test_a_mint_route_writes_its_connector_request_for_an_untrusted_caller(params, expected):
+    document = doc() if params is None else doc(params)
+    assert verified(NIXL_REQUEST, document) == expected
+
+
+def test_a_listed_peers_own_parameters_are_kept_and_nothing_written():
+    router = Peer(True, (ROUTER,))
+    own = doc({"do_remote_decode": True, "remote_host": "10.0.0.7"})
+    assert verified(NIXL_REQUEST, own, peer=router) == Allow("trusted_peer", 0)
+    assert verified(NIXL_REQUEST, doc(), peer=router) == policy.NO_PARAMS
+
+
+def test_other_carriers_go_and_the_connector_request_is_written():
+    document = doc({"remote_port": 1})
+    document["vllm_xargs"] = {"kv_transfer_params": {"remote_port": 2}}
+    decision = verified(NIXL_REQUEST, document)
+    assert decision == Strip(
+        None,
+        "peer_not_listed",
+        0,
+        carriers=(("vllm_xargs", "kv_transfer_params"),),
+        connector=NIXL_REQUEST.connector,
+    )
+    assert decision.paths == (("kv_transfer_params",), ("vllm_xargs", "kv_transfer_params"))
+
+
+def test_unproven_deny_on_a_connector_route_still_denies():
+    route = RoutePolicy(
+        Topology.DISAGGREGATED,
+        Action.MINT,
+        unproven=Unproven.DENY,
+        connector=NIXL_REQUEST.connector,
+    )
+    assert isinstance(verified(route, doc({"remote_port": 1})), Deny)

@@ -158,3 +158,55 @@ def test_no_vocabulary_is_larger_than_vllms_token_ids():
     assert parse({"vocab_size": str(2**31)}, 1.0) == RoutePolicy(vocab_size=2**31)
     with pytest.raises(RoutePolicyError, match="32-bit"):
         parse({"vocab_size": str(2**31 + 1)}, 1.0)
+
+
+NIXL = (
+    ("do_remote_decode", True),
+    ("do_remote_prefill", False),
+    ("remote_engine_id", None),
+    ("remote_block_ids", None),
+    ("remote_host", None),
+    ("remote_port", None),
+)
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ("nixl", NIXL),
+        (
+            '{"do_remote_decode": true, "x": 5, "y": "z"}',
+            (("do_remote_decode", True), ("x", 5), ("y", "z")),
+        ),
+    ],
+)
+def test_a_mint_route_names_its_connector_request(value, expected):
+    policy = parse({"action": "mint", "connector": value}, 2.0)
+    assert policy.connector == expected
+    assert isinstance(dict(policy.connector).get("x", 5), int)  # a port stays an int
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        "mooncake",
+        "{}",
+        "[1]",
+        "{not json",
+        '{"a": {"b": 1}}',
+        '{"a": [1]}',
+        '{"prompt_token_ids": [1]}',
+        '{"prompt_features": null}',
+        True,
+        5.0,
+    ],
+)
+def test_a_connector_request_is_a_known_name_or_an_object_of_scalars(value):
+    with pytest.raises(RoutePolicyError, match="connector"):
+        parse({"action": "mint", "connector": value}, 2.0)
+
+
+@pytest.mark.parametrize("action", ["strip", "deny", "honor"])
+def test_only_a_mint_route_writes_a_connector_request(action):
+    with pytest.raises(RoutePolicyError, match="applies only to action mint"):
+        parse({"action": action, "connector": "nixl"}, 2.0)

@@ -1027,3 +1027,35 @@ def test_one_message_per_request_gets_the_path_after_the_rewrite():
 )
 def test_the_endpoint_is_the_path_as_vllm_routes_it(path, expected):
     assert vllm_request.endpoint(path) == expected
+
+
+NIXL_ROUTE = RouteMetadata(
+    {"topology": "disaggregated", "action": "mint", "connector": "nixl"}, 3.0
+)
+
+
+@pytest.mark.parametrize("mode", [BUFFERED, DUPLEX])
+@pytest.mark.parametrize(
+    "params", [None, {"remote_host": "10.0.0.7", "do_remote_decode": True, "prompt_token_ids": [1]}]
+)
+def test_a_connector_route_forwards_its_connector_request_and_signs_the_answer(mode, params):
+    trust = Trust(keys=lambda: KEYS, clock=lambda: 1000.0)
+    stream = Driven(max_body_bytes=1 << 20, trust=trust)
+    stream.handle(headers(NIXL_ROUTE, mode=mode))
+    sent = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
+    if params is not None:
+        sent["kv_transfer_params"] = params
+    answers = stream.handle(RequestBody(json.dumps(sent).encode(), True))
+    forwarded = json.loads(streamed(answers) if mode is DUPLEX else only(answers).replacement)
+    assert forwarded["kv_transfer_params"] == vllm_request.CONNECTOR_REQUESTS["nixl"]
+    assert {k: v for k, v in forwarded.items() if k != "kv_transfer_params"} == {
+        k: v for k, v in sent.items() if k != "kv_transfer_params"
+    }
+    assert stream.decision.action == "strip"
+    assert stream.decision.reason == ("connector_written" if params is None else "unproven")
+    reply = {"prompt_token_ids": [5], "kv_transfer_params": {"remote_engine_id": "e"}}
+    answer = response_outcome(stream, raw=json.dumps(reply).encode())
+    minted = json.loads(answer.replacement)["kv_transfer_params"]
+    assert minted["remote_engine_id"] == "e"
+    assert minted["prompt_token_ids"] == [5]
+    assert stream.outcome.decision == Mint("minted", 1)

@@ -36,6 +36,7 @@ from ext_proc.route_policy import (
     Action,
     RoutePolicy,
     Scalar,
+    admitting,
     parse,
 )
 from ext_proc.token_endpoints import ROOT, reaches_only
@@ -95,16 +96,16 @@ class PolicyFields(BaseModel):
     @field_validator("*")
     @classmethod
     def _as_the_processor_reads_it(cls, value: Scalar | int, info: ValidationInfo) -> object:
-        # Each value on its own, beside the action that admits every field (honor), so
-        # the error names the field; which fields go with which action is checked on
-        # the whole policy below.
+        # Each value on its own, beside an action that admits the field, so the error
+        # names the field; which fields go with which action is checked on the whole
+        # policy below.
         name = info.field_name
         if value is not None and name in REWRITE_FIELDS:
             raise ValueError(
                 "written from the route's prefix and prefix_rewrite, not given in its policy"
             )
         if value is not None and name is not None:
-            beside = {} if name == "action" else {"action": Action.HONOR.value}
+            beside = {} if name == "action" else {"action": admitting(name).value}
             _as_input_error(parse, beside | {name: as_cel(value)}, None)
         return value
 

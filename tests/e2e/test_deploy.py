@@ -22,6 +22,7 @@ from ext_proc import check_envoy, envoygen, memory, route_policy, token_endpoint
 from ext_proc.attributes import attribute_keys
 from ext_proc.config import Config
 from ext_proc.route_policy import Action, RoutePolicy, Topology
+from ext_proc.vllm_request import CONNECTOR_REQUESTS
 from tests.e2e import gateway_assembly
 from tests.e2e.stack import Stack, new_key
 from tests.filters import assert_fails_closed
@@ -426,6 +427,8 @@ def shipped_manager() -> dict[str, Any]:
 
 
 # The rewrites of the example HTTPRoutes, as Istio and Envoy Gateway write them.
+# The connector request the prefill routes write (connector: nixl).
+NIXL = tuple(CONNECTOR_REQUESTS["nixl"].items())
 PD_REWRITES = {
     "llama-pd.0": {"match_prefix": "/pd/v1", "prefix_rewrite": "/v1"},
     "llama-pd.1": {"match_prefix": "/pd/prefill/v1", "prefix_rewrite": "/v1"},
@@ -480,7 +483,12 @@ def test_istio_routes_get_policy_and_buffer_limit():
             Topology.DISAGGREGATED, Action.HONOR, 128256, 131072, **PD_REWRITES["llama-pd.0"]
         ),
         "llm-d.llama-pd.1": RoutePolicy(
-            Topology.DISAGGREGATED, Action.MINT, 128256, 131072, **PD_REWRITES["llama-pd.1"]
+            Topology.DISAGGREGATED,
+            Action.MINT,
+            128256,
+            131072,
+            **PD_REWRITES["llama-pd.1"],
+            connector=NIXL,
         ),
         "llm-d.llama.0": RoutePolicy(Topology.AGGREGATED, Action.STRIP),
     }
@@ -673,7 +681,12 @@ def test_envoy_gateway_patches_complete_the_filter():
         Topology.DISAGGREGATED, Action.HONOR, 128256, 131072, **PD_REWRITES["llama-pd.0"]
     )
     assert policy_from(prefill["metadata"]["filter_metadata"][NAMESPACE]) == RoutePolicy(
-        Topology.DISAGGREGATED, Action.MINT, 128256, 131072, **PD_REWRITES["llama-pd.1"]
+        Topology.DISAGGREGATED,
+        Action.MINT,
+        128256,
+        131072,
+        **PD_REWRITES["llama-pd.1"],
+        connector=NIXL,
     )
     assert policy_from(aggregated["metadata"]["filter_metadata"][NAMESPACE]) == RoutePolicy(
         Topology.AGGREGATED, Action.STRIP

@@ -125,19 +125,27 @@ def assert_not_honored(stack: Stack, sent: dict[str, Any], rid: str, reason: str
 # --- the prefill leg ---------------------------------------------------------------------
 
 
+def without_params(document: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in document.items() if k != "kv_transfer_params"}
+
+
 def test_prefill_response_carries_signed_ids(gateway, client):
-    # The client's own parameters (a P/D proxy's, with ids) are untrusted: removed.
+    # The client's own parameters (a P/D proxy's, with ids) are untrusted: removed, and
+    # the route's connector request (connector: nixl) written in their place.
     sent = prefill_body(kv_transfer_params={**PREFILL_REQUEST_PARAMS, "prompt_token_ids": [9]})
     before = int(time.time())
     reply = post(client, gateway, PREFILL, sent)
     _received, document = sent_upstream(gateway)
-    assert document == {k: v for k, v in sent.items() if k != "kv_transfer_params"}
+    assert without_params(document) == without_params(sent)
+    assert document["kv_transfer_params"] == PREFILL_REQUEST_PARAMS
 
     payload = reply.json()
     ids = tokens.prompt_ids(UPSTREAM_PATH, document)
     assert payload["prompt_token_ids"] == ids
     params = payload["kv_transfer_params"]
-    assert list(params) == ["prompt_token_ids", "token_policy_proof"]
+    # The connector's answer (where to read the blocks) and the ids, signed.
+    assert list(params) == [*tokens.CONNECTOR_REPLY, "prompt_token_ids", "token_policy_proof"]
+    assert {k: params[k] for k in tokens.CONNECTOR_REPLY} == tokens.CONNECTOR_REPLY
     assert params["prompt_token_ids"] == ids
     proof = params["token_policy_proof"]
     assert proof.startswith("tp1.")
@@ -160,11 +168,12 @@ def test_prefill_proofs_bind_the_prompt(gateway, client):
     assert proof_parts(again)[2] == digest
 
 
-def test_a_response_without_ids_or_parameters_is_not_minted(gateway, client):
+def test_without_ids_asked_the_connectors_parameters_alone_are_signed(gateway, client):
     reply = post(client, gateway, PREFILL, chat(max_tokens=1))  # no return_token_ids
     payload = reply.json()
     assert payload["prompt_token_ids"] is None
-    assert payload["kv_transfer_params"] is None
+    params = payload["kv_transfer_params"]
+    assert list(params) == [*tokens.CONNECTOR_REPLY, "token_policy_proof"]
 
 
 # --- the decode leg ----------------------------------------------------------------------
@@ -178,10 +187,9 @@ def test_decode_honors_the_signed_ids_without_the_proof(gateway, client):
     rid = request_id()
     reply = post(client, gateway, DECODE, sent, rid)
     _received, document = sent_upstream(gateway)
-    assert document["kv_transfer_params"] == {"prompt_token_ids": ids}
-    assert {k: v for k, v in document.items() if k != "kv_transfer_params"} == {
-        k: v for k, v in sent.items() if k != "kv_transfer_params"
-    }
+    # What the decode server's connector needs, the proof gone.
+    assert document["kv_transfer_params"] == {**tokens.CONNECTOR_REPLY, "prompt_token_ids": ids}
+    assert without_params(document) == without_params(sent)
     assert reply.json()["usage"]["prompt_tokens"] == len(ids)  # the stand-in ran on them
     line = access_log(gateway, rid)
     assert line["policy_action"] == "honor", line
@@ -201,7 +209,11 @@ def test_fields_an_orchestrator_changes_keep_the_proof_valid(gateway, client, ch
     params = minted(client, gateway)
     post(client, gateway, DECODE, chat(params, **change))
     _received, document = sent_upstream(gateway)
-    assert document["kv_transfer_params"] == {"prompt_token_ids": params["prompt_token_ids"]}
+    assert document["kv_transfer_params"] == without_proof(params)
+
+
+def without_proof(params: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in params.items() if k != "token_policy_proof"}
 
 
 def tampered_ids(params: dict[str, Any]) -> dict[str, Any]:
@@ -309,7 +321,11 @@ def test_client_parameters_are_removed_on_every_route(gateway, client, path):
     reply = post(client, gateway, path, sent)
     (received,) = gateway.received()
     document = json.loads(received.body)
-    assert document == {k: v for k, v in sent.items() if k != "kv_transfer_params"}
+    assert without_params(document) == without_params(sent)
+    # Nothing of the client's: on the prefill route, the route's connector request.
+    assert document.get("kv_transfer_params") == (
+        PREFILL_REQUEST_PARAMS if path == PREFILL else None
+    )
     # The stand-in ran on the rendered prompt, not on the client's ids.
     assert reply.json()["usage"]["prompt_tokens"] == len(tokens.prompt_ids(path, document))
 
@@ -317,15 +333,18 @@ def test_client_parameters_are_removed_on_every_route(gateway, client, path):
 # --- a connector-style hand-off ----------------------------------------------------------
 
 
-def test_a_proxy_prefill_request_from_a_client_loses_its_connector_keys(gateway, client):
-    # From an untrusted client, do_remote_decode is stripped like every other key
-    # (it would make a producer hold KV blocks and return internal addresses), so the
-    # upstream answers as a server asked for no transfer: only the ids are signed.
-    sent = prefill_body(kv_transfer_params=PREFILL_REQUEST_PARAMS)
-    params = post(client, gateway, PREFILL, sent).json()["kv_transfer_params"]
+def test_a_clients_connector_keys_are_replaced_by_the_routes_connector_request(gateway, client):
+    # From an untrusted client nothing of its parameters reaches the prefill server (its
+    # remote_host and remote_port would steer the connector): the route writes the
+    # connector request itself, so the KV cache moves without trusting the client.
+    evil = {**PREFILL_REQUEST_PARAMS, "remote_host": "10.0.0.7", "remote_port": 22}
+    params = post(client, gateway, PREFILL, prefill_body(kv_transfer_params=evil)).json()[
+        "kv_transfer_params"
+    ]
     _received, document = sent_upstream(gateway)
-    assert "kv_transfer_params" not in document
-    assert set(params) == {"prompt_token_ids", "token_policy_proof"}
+    assert document["kv_transfer_params"] == PREFILL_REQUEST_PARAMS
+    assert {k: params[k] for k in tokens.CONNECTOR_REPLY} == tokens.CONNECTOR_REPLY
+    assert set(params) == {*tokens.CONNECTOR_REPLY, "prompt_token_ids", "token_policy_proof"}
 
 
 # A listed peer's prefill leg, whose connector keys are kept and signed: see

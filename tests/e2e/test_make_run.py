@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 import yaml
 
-from devstack import processes, stack
+from devstack import processes, stack, tokens
 from tests.test_devstack import REPO, VARIABLES, free_ports
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
@@ -90,14 +90,14 @@ def test_make_run_serves_the_routes_and_the_hand_off_and_cleans_up_on_ctrl_c(tmp
         assert pasted.returncode == 0, pasted.stderr
         shown, decoded = pasted.stdout.splitlines()
         params = json.loads(shown)
-        assert set(params) == {"prompt_token_ids", "token_policy_proof"}
+        # The route wrote the connector request: the stand-in answered as NIXL does.
+        assert set(params) == {*tokens.CONNECTOR_REPLY, "prompt_token_ids", "token_policy_proof"}
         assert params["token_policy_proof"].startswith(f"tp1.{stack.THROWAWAY_KEY_ID}.")
-        # The decode leg reached the stand-in with the signed ids and without the proof.
+        # The decode leg reached the stand-in with the signed parameters (the
+        # connector's and the ids) and without the proof.
         decode = json.loads(json.loads(decoded)["stub_received"]["body"])
-        assert decode == {
-            **CHAT,
-            "kv_transfer_params": {"prompt_token_ids": params["prompt_token_ids"]},
-        }
+        signed = {k: v for k, v in params.items() if k != "token_policy_proof"}
+        assert decode == {**CHAT, "kv_transfer_params": signed}
         os.kill(run.pid, signal.SIGINT)
         assert run.wait(timeout=30) == 0
     finally:

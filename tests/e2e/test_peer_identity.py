@@ -13,6 +13,7 @@ import httpx
 import pytest
 
 from devstack import tokens
+from ext_proc.vllm_request import CONNECTOR_REQUESTS
 from tests.e2e import certs
 from tests.e2e.stack import Stack, new_key
 from tests.e2e.test_handoff import PREFILL_REQUEST_PARAMS
@@ -102,8 +103,14 @@ def test_a_listed_peer_is_honored_and_another_client_is_not(internal, cert_dir, 
     reply = post(internal, cert_dir, "stranger", path, "peer-stranger")
     assert reply.status_code == 200, reply.text
     (received,) = internal.received()
-    assert "kv_transfer_params" not in json.loads(received.body)
+    # Nothing of the stranger's; on the prefill route, the route's connector request.
+    assert json.loads(received.body).get("kv_transfer_params") == unlisted(path)
     assert access_log(internal, "peer-stranger")["policy_reason"] == "peer_not_listed"
+
+
+def unlisted(path: str) -> dict[str, object] | None:
+    """What an unlisted caller's request reaches the upstream with on ``path``."""
+    return CONNECTOR_REQUESTS["nixl"] if path.startswith("/pd/prefill/") else None
 
 
 @pytest.mark.parametrize("path", ["/pd/v1/chat/completions", "/pd/prefill/v1/chat/completions"])
@@ -122,7 +129,7 @@ def test_identities_match_by_type_and_every_san_counts(internal, cert_dir, path,
     assert reply.status_code == 200, reply.text
     (received,) = internal.received()
     forwarded = json.loads(received.body).get("kv_transfer_params")
-    assert forwarded == (PARAMS if reason == "trusted_peer" else None)
+    assert forwarded == (PARAMS if reason == "trusted_peer" else unlisted(path))
     assert access_log(internal, f"peer-{name}")["policy_reason"] == reason
 
 
