@@ -275,8 +275,7 @@ class Stream:
         elif self._decision is not None and not self._reported:
             self._reported = True
             outcome = self._outcome(self._decision, "request")
-        final = self.state is State.REJECTED
-        return Step(answers, outcome, waiting, held, self._request_id, final)
+        return Step(answers, outcome, waiting, held, self._request_id)
 
     def _outcome(self, decision: Decision, phase: str) -> Outcome:
         return Outcome(decision, self._audit, self._route, self._body_size, self._request_id, phase)
