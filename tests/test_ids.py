@@ -3,7 +3,7 @@ import json
 
 import orjson
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ext_proc.ids import MAX_BOUND, MAX_DIGITS, Fault, Ids, Kind, listed, written
@@ -75,6 +75,7 @@ def spellings(value):
         yield orjson.dumps(value)
 
 
+@settings(deadline=None)  # numpy warms up on the first example: no timing here
 @given(VALUES)
 def test_both_constructions_give_the_same_count_text_and_verdict(value):
     parsed = Ids.of(value)
@@ -94,6 +95,7 @@ def test_both_constructions_give_the_same_count_text_and_verdict(value):
                 assert read.fault(bound) == parsed.fault(bound)
 
 
+@settings(deadline=None)  # numpy warms up on the first example: no timing here
 @given(
     st.lists(
         st.one_of(st.integers(0, 300), st.integers(0, 10**MAX_DIGITS - 1)),
@@ -174,6 +176,7 @@ def test_anything_else_is_left_to_the_parser(span):
     assert Ids.read(span) is None
 
 
+@settings(deadline=None)  # numpy warms up on the first example: no timing here
 @given(
     st.lists(
         st.one_of(st.integers(0, 300), st.integers(0, 10**MAX_DIGITS - 1)),
