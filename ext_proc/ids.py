@@ -111,6 +111,19 @@ class Ids:
             self._text = orjson.dumps(self._items)
         return self._text
 
+    @property
+    def signed(self) -> bytes | None:
+        """The text a proof signs: the canonical text, None where it does not stand
+        for the value (orjson writes NaN and infinities as null) or cannot be written.
+        Ids read from the bytes are well-formed: their text as it is."""
+        if self._items is _READ:
+            return self._text
+        try:
+            text = self.text
+        except TypeError:
+            return None
+        return None if b"null" in text else text
+
     def to_list(self) -> Any:
         """The value as ``json.loads`` reads it (ids read from bytes: their list)."""
         return orjson.loads(self.text) if self._items is _READ else self._items

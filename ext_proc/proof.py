@@ -89,25 +89,25 @@ def _canonical(text: str) -> bool:
     return _b64(_unb64(text)) == text
 
 
-def canonical(params: Mapping[str, Any]) -> bytes | None:
-    """The parameters (without the proof) as signed bytes; None when not renderable.
+def canonical(params: Mapping[str, Any]) -> tuple[bytes, bytes] | None:
+    """The parameters (without the proof) as signed bytes, in two parts signed as
+    ``head + b"\\n" + ids``; None when not renderable.
 
     Everything but the ids through ``json.dumps`` (sorted keys, ASCII, NaN refused, so
-    equal documents and only they give equal bytes); the ids, the bulk, through orjson,
-    which renders ints, bools and floats distinctly. orjson writes NaN and infinities as
-    null, so ids containing null are not renderable: minted ids never hold one.
+    equal documents and only they give equal bytes); the ids, the bulk, as their
+    canonical text (``Ids.signed``): for ids read from the body, that text is taken from
+    the body's bytes, not rendered again. The head is ASCII JSON without a newline, so
+    the parts are told apart; the signed bytes are those the two parts joined make.
     """
     rest = {k: v for k, v in params.items() if k not in (IDS_KEY, PROOF_KEY)}
     try:
         head = json.dumps(
             rest, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False
         ).encode()
-        ids = Ids.of(params[IDS_KEY]).text if IDS_KEY in params else b"-"
     except (ValueError, TypeError, RecursionError):
         return None
-    if b"null" in ids:
-        return None
-    return head + b"\n" + ids
+    ids = Ids.of(params[IDS_KEY]).signed if IDS_KEY in params else b"-"
+    return None if ids is None else (head, ids)
 
 
 def prompt_digest(document: Mapping[str, Any], orjson_safe: bool, endpoint: str) -> bytes:
@@ -144,9 +144,13 @@ def prompt_digest(document: Mapping[str, Any], orjson_safe: bool, endpoint: str)
     return hashlib.sha256(b"%d:%s" % (len(named), named) + rendered).digest()
 
 
-def _mac(key: bytes, key_id: str, expiry: str, digest: str, body: bytes) -> bytes:
-    message = f"{VERSION}\n{key_id}\n{expiry}\n{digest}\n".encode() + body
-    return hmac.new(key, message, hashlib.sha256).digest()
+def _mac(key: bytes, key_id: str, expiry: str, digest: str, body: tuple[bytes, bytes]) -> bytes:
+    mac = hmac.new(key, f"{VERSION}\n{key_id}\n{expiry}\n{digest}\n".encode(), hashlib.sha256)
+    head, ids = body
+    mac.update(head)
+    mac.update(b"\n")
+    mac.update(ids)  # fed as it is: the ids are most of the message
+    return mac.digest()
 
 
 def mint(keys: KeySet, params: Mapping[str, Any], digest: bytes, expiry: int) -> str | None:

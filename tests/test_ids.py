@@ -261,3 +261,15 @@ def test_a_caller_that_checked_the_runs_of_digits_saves_the_pass():
     # The caller's word is taken (body.scan has shown no such run in a body it lifts).
     assert Ids.read(long, runs_checked=True) is not None
     assert Ids.read(b"[1, 2]", runs_checked=True).count == 2
+
+
+def test_what_a_proof_signs_is_the_canonical_text_or_nothing():
+    read = Ids.read(b"[1, 20,300]")
+    assert read is not None
+    assert read.signed == b"[1,20,300]"
+    assert Ids.of([1, 20, 300]).signed == b"[1,20,300]"
+    assert Ids.of([True, 2.5]).signed == b"[true,2.5]"  # signed as written: no valid ids
+    # orjson writes NaN and infinities as null: the text would not be the value.
+    assert Ids.of([1, float("nan")]).signed is None
+    assert Ids.of([1, float("inf")]).signed is None
+    assert Ids.of([2**64]).signed is None  # orjson cannot write it
