@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-vllm lint typecheck unit e2e hostile bench bench-smoke profile protos envoy-config envoy-configs clean
+.PHONY: run test test-vllm test-pd pd-pair lint typecheck unit e2e hostile bench bench-smoke profile protos envoy-config envoy-configs clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -18,7 +18,7 @@ run: $(STAMP)
 	$(PY) -m devstack
 
 # Every tier; pytest's exit code 5 (nothing collected) fails like any other.
-test: lint typecheck unit e2e hostile bench-smoke test-vllm
+test: lint typecheck unit e2e hostile bench-smoke test-vllm test-pd
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check ext_proc devstack tests bench
@@ -28,7 +28,7 @@ typecheck: $(STAMP)
 	$(VENV)/bin/mypy
 
 unit: $(STAMP)
-	$(PY) -m pytest -m "not e2e and not hostile and not vllm and not bench" -q
+	$(PY) -m pytest -m "not e2e and not hostile and not vllm and not bench and not pd" -q
 
 e2e: $(STAMP)
 	$(PY) -m pytest -m e2e -q
@@ -52,6 +52,16 @@ profile: $(STAMP)
 # environment under $${EXT_PROC_CACHE:-~/.cache/ext-proc}, a tiny model built locally).
 test-vllm: $(STAMP)
 	$(PY) -m pytest -m vllm -q tests/conformance
+
+# A real prefill/decode pair (two vLLM CPU servers with NixlConnector; nixl installed into
+# the same cached environment) behind make run: the KV cache moves only for parameters
+# the gateway signed (tests/pd).
+test-pd: $(STAMP)
+	$(PY) -m pytest -m pd -q tests/pd
+
+# The same pair in the foreground (PREFILL_PORT 8100, DECODE_PORT 8200), for make run.
+pd-pair: $(STAMP)
+	$(PY) -m tests.pd.pair
 
 # Regenerate ext_proc/_pb from protos/ (wire-compatible subsets of the Envoy ext_proc
 # API); tests/test_protos.py checks them against the upstream descriptors.

@@ -41,10 +41,12 @@ _CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 _STRIPPED = json.dumps({**_CHAT, "kv_transfer_params": {"prompt_token_ids": [1, 2, 3], "x": 1}})
 _PREFILL = json.dumps({**_CHAT, "max_tokens": 1, "return_token_ids": True})
 # The decode request: the same chat with the prefill response's kv_transfer_params,
-# copied verbatim as an orchestrator does.
-# (JSON of strings alone is a Python literal too; double quotes keep the shell quoting plain.)
+# copied verbatim as an orchestrator does; a few tokens, so that it stays short on a real
+# CPU pair too. (JSON of strings and integers is a Python literal too; double quotes keep
+# the shell quoting plain.)
+DECODE_CHAT = {**_CHAT, "max_tokens": 16}
 _DECODE = (
-    f"import json, sys; chat = {json.dumps(_CHAT)}; "
+    f"import json, sys; chat = {json.dumps(DECODE_CHAT)}; "
     'chat["kv_transfer_params"] = json.load(sys.stdin)["kv_transfer_params"]; '
     "print(json.dumps(chat))"
 )

@@ -24,7 +24,7 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 from devstack import processes
@@ -71,7 +71,7 @@ def log_dir() -> Path:
 
 
 @contextlib.contextmanager
-def _cache_lock() -> Iterator[None]:
+def cache_lock() -> Iterator[None]:
     """Serialise provisioning between concurrent processes (e.g. xdist workers)."""
     root = cache_dir()
     root.mkdir(parents=True, exist_ok=True)
@@ -83,10 +83,16 @@ def _cache_lock() -> Iterator[None]:
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
-def _run(cmd: Sequence[str | os.PathLike[str]], env: dict[str, str] | None = None) -> None:
+def run(cmd: Sequence[str | os.PathLike[str]], env: dict[str, str] | None = None) -> None:
     """Run a command with its output sent to our stderr (fd 2); raise on failure."""
     _log("$ " + " ".join(str(c) for c in cmd))
     subprocess.run([str(c) for c in cmd], check=True, stdout=2, stderr=2, env=env)
+
+
+def output(cmd: Sequence[str | os.PathLike[str]]) -> str:
+    """A command's standard output, stripped; raise on failure."""
+    done = subprocess.run([str(c) for c in cmd], check=True, capture_output=True, text=True)
+    return done.stdout.strip()
 
 
 def _base_python() -> str:
@@ -100,7 +106,7 @@ def ensure_venv() -> Path:
     records what was installed; without a matching stamp the venv is rebuilt
     from scratch (so an interrupted install is redone).
     """
-    with _cache_lock():
+    with cache_lock():
         vdir, py = venv_dir(), venv_python()
         stamp = vdir / ".ext-proc-installed"
         if py.exists() and stamp.exists() and stamp.read_text() == VENV_STAMP_TEXT:
@@ -110,10 +116,10 @@ def ensure_venv() -> Path:
             shutil.rmtree(vdir)
         started = time.monotonic()
         _log(f"creating venv {vdir} and installing {VLLM_REQUIREMENT} (several GB, minutes)")
-        _run([_base_python(), "-m", "venv", vdir])
-        _run([py, "-m", "pip", "install", "--progress-bar", "off", VLLM_REQUIREMENT])
-        _run([py, "-m", "pip", "uninstall", "-y", *UNINSTALL_AFTER])
-        _run(
+        run([_base_python(), "-m", "venv", vdir])
+        run([py, "-m", "pip", "install", "--progress-bar", "off", VLLM_REQUIREMENT])
+        run([py, "-m", "pip", "uninstall", "-y", *UNINSTALL_AFTER])
+        run(
             [
                 py,
                 "-c",
@@ -152,7 +158,7 @@ def model_vocab_size(mdir: Path | None = None) -> int:
 def ensure_model() -> Path:
     """Return the tiny model's directory, building it (in the venv) if needed."""
     py = ensure_venv()
-    with _cache_lock():
+    with cache_lock():
         final = model_dir()
         if _model_is_complete(final):
             return final
@@ -161,7 +167,7 @@ def ensure_model() -> Path:
             if stale.exists():
                 shutil.rmtree(stale)
         _log(f"building tiny model into {final}")
-        _run(
+        run(
             [
                 py,
                 BUILD_SCRIPT,
@@ -194,6 +200,7 @@ def run_vllm(
     *,
     timeout: float = 600.0,
     extra_args: Sequence[str] = (),
+    env: Mapping[str, str] | None = None,
 ) -> Iterator[str]:
     """Run ``vllm.entrypoints.openai.api_server`` on 127.0.0.1:port serving ``tiny``.
 
@@ -201,13 +208,45 @@ def run_vllm(
     the tail of the server log, if the server exits or is not healthy within
     ``timeout`` seconds.  On exit the server's process group is killed and reaped.
     """
+    with run_servers([(port, extra_args, env or {})], timeout=timeout) as ((base_url, _),):
+        yield base_url
+
+
+@contextlib.contextmanager
+def run_servers(
+    servers: Sequence[tuple[int, Sequence[str], Mapping[str, str]]], *, timeout: float = 600.0
+) -> Iterator[list[tuple[str, int]]]:
+    """Run one server per ``(port, extra_args, env)``, all started before any is waited
+    for (their start-ups overlap); yields each one's base URL and process group (its
+    API server's pid). Raises as ``run_vllm``."""
     py = ensure_venv()
     mdir = ensure_model()
-    if not processes.port_is_free(port):
-        raise RuntimeError(f"port {port} on 127.0.0.1 is already in use")
+    for port, _, _ in servers:
+        if not processes.port_is_free(port):
+            raise RuntimeError(f"port {port} on 127.0.0.1 is already in use")
     log_dir().mkdir(parents=True, exist_ok=True)
-    log_path = log_dir() / f"vllm-{port}.log"
-    cmd = [
+    started = time.monotonic()
+    running: list[tuple[int, subprocess.Popen[bytes], Path]] = []
+    try:
+        for port, extra_args, env in servers:
+            log_path = log_dir() / f"vllm-{port}.log"
+            log_path.unlink(missing_ok=True)  # the launcher appends; a log is one run's
+            _log(f"starting vLLM on http://127.0.0.1:{port} (log: {log_path})")
+            command = [*_command(py, mdir, port), *extra_args]
+            proc = processes.start(command, log_path, env={**_environment(), **env})
+            running.append((port, proc, log_path))
+        for port, proc, log_path in running:
+            _wait_healthy(port, proc, log_path, started + timeout)
+        _log(f"vLLM healthy after {time.monotonic() - started:.0f}s")
+        yield [(f"http://127.0.0.1:{port}", proc.pid) for port, proc, _ in running]
+    finally:
+        # Engine-core / worker children may outlive the API process: stop kills the group.
+        for _, proc, _ in running:
+            processes.stop(proc, grace=20.0)
+
+
+def _command(py: Path, mdir: Path, port: int) -> list[str]:
+    return [
         str(py),
         "-m",
         "vllm.entrypoints.openai.api_server",
@@ -223,9 +262,11 @@ def run_vllm(
         str(MAX_MODEL_LEN),
         "--dtype",
         "bfloat16",
-        *extra_args,
     ]
-    env = {
+
+
+def _environment() -> dict[str, str]:
+    return {
         **os.environ,
         "HF_HUB_OFFLINE": "1",
         "TRANSFORMERS_OFFLINE": "1",
@@ -233,28 +274,24 @@ def run_vllm(
         "VLLM_NO_USAGE_STATS": "1",
         "DO_NOT_TRACK": "1",
     }
-    base_url = f"http://127.0.0.1:{port}"
-    _log(f"starting vLLM on {base_url} (log: {log_path})")
-    started = time.monotonic()
-    log_path.unlink(missing_ok=True)  # the launcher appends; a log is one run's
-    proc = processes.start(cmd, log_path, env=env)
+
+
+def _wait_healthy(
+    port: int, proc: subprocess.Popen[bytes], log_path: Path, deadline: float
+) -> None:
     try:
-        try:
-            processes.wait_for_http(port, "/health", proc, timeout=timeout, interval=1.0)
-        except processes.ChildExited as exc:
-            raise RuntimeError(
-                f"vLLM exited with code {exc.returncode} before becoming healthy; "
-                f"log {log_path}:\n" + _tail(log_path)
-            ) from None
-        except TimeoutError:
-            raise RuntimeError(
-                f"vLLM not healthy after {timeout:.0f}s; log {log_path}:\n" + _tail(log_path)
-            ) from None
-        _log(f"vLLM healthy after {time.monotonic() - started:.0f}s")
-        yield base_url
-    finally:
-        # Engine-core / worker children may outlive the API process: stop kills the group.
-        processes.stop(proc, grace=20.0)
+        processes.wait_for_http(
+            port, "/health", proc, timeout=max(1.0, deadline - time.monotonic()), interval=1.0
+        )
+    except processes.ChildExited as exc:
+        raise RuntimeError(
+            f"vLLM exited with code {exc.returncode} before becoming healthy; "
+            f"log {log_path}:\n" + _tail(log_path)
+        ) from None
+    except TimeoutError:
+        raise RuntimeError(
+            f"vLLM on port {port} not healthy in time; log {log_path}:\n" + _tail(log_path)
+        ) from None
 
 
 def main() -> int:

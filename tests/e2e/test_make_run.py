@@ -97,7 +97,7 @@ def test_make_run_serves_the_routes_and_the_hand_off_and_cleans_up_on_ctrl_c(tmp
         # connector's and the ids) and without the proof.
         decode = json.loads(json.loads(decoded)["stub_received"]["body"])
         signed = {k: v for k, v in params.items() if k != "token_policy_proof"}
-        assert decode == {**CHAT, "kv_transfer_params": signed}
+        assert decode == {**stack.DECODE_CHAT, "kv_transfer_params": signed}
         os.kill(run.pid, signal.SIGINT)
         assert run.wait(timeout=30) == 0
     finally:

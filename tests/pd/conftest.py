@@ -1,0 +1,77 @@
+"""The prefill/decode tier: a real NIXL pair behind ``make run`` with the shipped config.
+
+Each vLLM server sits behind a ``Recorder``: the tests see exactly what the gateway
+forwarded to it. The pair is the session's; tests read the decode server's counters
+before and after what they send, so they run one at a time (pytest's default)."""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from devstack import processes
+from ext_proc.address import HostPort
+from tests.e2e.test_make_run import start, wait_ready
+from tests.pd import pair as pd_pair
+from tests.pd.recorder import Recorder
+from tests.test_devstack import free_ports
+
+RESULTS: list[str] = []
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    here = Path(__file__).parent
+    for item in items:
+        if Path(item.fspath).is_relative_to(here):
+            item.add_marker(pytest.mark.pd)
+            item.add_marker(pytest.mark.timeout(900))
+
+
+@pytest.fixture(scope="session")
+def pair() -> Iterator[pd_pair.Pair]:
+    # Fails loudly (never skips) when vLLM or nixl cannot be installed or started.
+    with pd_pair.run_pair(processes.free_port(), processes.free_port()) as running:
+        yield running
+
+
+class Gateway:
+    def __init__(self, url: str, prefill: Recorder, decode: Recorder, output: Path) -> None:
+        self.url = url
+        self.prefill = prefill  # what reached the prefill server
+        self.decode = decode  # what reached the decode server
+        self.output = output  # make run's output
+
+
+@pytest.fixture(scope="session")
+def gateway(pair: pd_pair.Pair, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
+    """``make run`` (the shipped Envoy config) with both legs pointed at the pair."""
+    tmp = tmp_path_factory.mktemp("pd-make-run")
+    prefill = Recorder(HostPort.parse(pair.prefill.removeprefix("http://")))
+    decode = Recorder(HostPort.parse(pair.decode.removeprefix("http://")))
+    with prefill.running(), decode.running():
+        ports = free_ports()
+        upstreams = {
+            "PREFILL_UPSTREAM": str(prefill.address),
+            "DISAGGREGATED_UPSTREAM": str(decode.address),
+            "AGGREGATED_UPSTREAM": str(decode.address),
+        }
+        run = start(tmp, {**ports, **upstreams})
+        log = tmp / "make-run.log"
+        try:
+            wait_ready(run, log)
+            yield Gateway(f"http://127.0.0.1:{ports['GATEWAY_PORT']}", prefill, decode, log)
+            os.kill(run.pid, signal.SIGINT)
+            run.wait(timeout=30)
+        finally:
+            processes.stop(run)
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if RESULTS:
+        terminalreporter.write_sep("-", "prefill/decode hand-offs through the gateway")
+        for line in RESULTS:
+            terminalreporter.write_line(line)

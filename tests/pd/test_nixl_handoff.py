@@ -1,0 +1,252 @@
+"""The prefill/decode hand-off through the gateway, against a real NIXL pair.
+
+The oracle is the decode server's own counters: ``external`` prompt tokens (their KV
+read from the prefill server) and the bytes NIXL moved, against ``local`` ones
+(recomputed). The recorders show what reached each server.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import statistics
+import subprocess
+import time
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.e2e.test_make_run import handoff_script
+from tests.pd.conftest import RESULTS, Gateway
+from tests.pd.pair import KvCounters, Pair
+
+CHAT = "/v1/chat/completions"
+PREFILL = "/pd/prefill" + CHAT
+DECODE = "/pd" + CHAT
+# What every P/D orchestrator sends on the prefill leg.
+ORCHESTRATOR = {
+    "do_remote_decode": True,
+    "do_remote_prefill": False,
+    "remote_engine_id": None,
+    "remote_block_ids": None,
+    "remote_host": None,
+    "remote_port": None,
+}
+# The connector's keys a prefill response carries for the decode server.
+CONNECTOR_KEYS = {"do_remote_prefill", "remote_engine_id", "remote_block_ids", "remote_host"}
+WORDS = ("alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india")
+_prompts = itertools.count()
+
+
+def messages() -> list[dict[str, str]]:
+    """A prompt of a few hundred tokens no earlier request shared (no prefix cache
+    hit on either server)."""
+    n = next(_prompts)
+    words = " ".join(WORDS[(n + i) % len(WORDS)] for i in range(40))
+    return [{"role": "user", "content": f"hand-off {n} {time.time_ns()} {words}"}]
+
+
+def post(gateway: Gateway, path: str, body: dict[str, Any]) -> httpx.Response:
+    return httpx.post(gateway.url + path, json=body, timeout=120)
+
+
+def prefill(gateway: Gateway, chat: list[dict[str, str]], params: Any = ORCHESTRATOR) -> Any:
+    # return_token_ids: the minted parameters carry the prompt's ids too, as in make run's
+    # example, and the decode server runs on them.
+    body: dict[str, Any] = {
+        "model": "tiny",
+        "messages": chat,
+        "max_tokens": 1,
+        "return_token_ids": True,
+    }
+    if params is not None:
+        body["kv_transfer_params"] = params
+    reply = post(gateway, PREFILL, body)
+    assert reply.status_code == 200, reply.text
+    minted = reply.json()["kv_transfer_params"]
+    assert set(minted) >= CONNECTOR_KEYS, minted
+    assert minted["token_policy_proof"].startswith("tp1.")
+    return minted
+
+
+def settled(pair: Pair, before: KvCounters, prompt_tokens: int) -> KvCounters:
+    """The counters' change once the decode server published the request's prompt
+    tokens (its metrics follow its responses by a moment)."""
+    deadline = time.monotonic() + 10
+    while True:
+        delta = pair.kv_counters() - before
+        if delta.external + delta.local >= prompt_tokens or time.monotonic() > deadline:
+            return delta
+        time.sleep(0.1)
+
+
+def decode(
+    gateway: Gateway, pair: Pair, chat: list[dict[str, str]], params: Any
+) -> tuple[KvCounters, int, float]:
+    """The decode leg: the counters' change, the prompt's tokens and the leg's seconds."""
+    before = pair.kv_counters()
+    started = time.monotonic()
+    body = {"model": "tiny", "messages": chat, "max_tokens": 8, "kv_transfer_params": params}
+    reply = post(gateway, DECODE, body)
+    seconds = time.monotonic() - started
+    assert reply.status_code == 200, reply.text
+    tokens = reply.json()["usage"]["prompt_tokens"]
+    return settled(pair, before, tokens), tokens, seconds
+
+
+def assert_moved(delta: KvCounters, tokens: int) -> None:
+    assert delta.external == tokens, delta
+    assert delta.local == 0, delta
+    assert delta.nixl_bytes > 0, delta
+
+
+def assert_recomputed(delta: KvCounters, tokens: int) -> None:
+    assert delta.external == 0, delta
+    assert delta.nixl_bytes == 0, delta
+    assert delta.local == tokens, delta
+
+
+def test_the_printed_hand_off_moves_the_kv_cache(gateway: Gateway, pair: Pair) -> None:
+    """make run's hand-off, pasted as printed: its prefill request carries no transfer
+    parameters; the route writes the connector request and the KV cache moves."""
+    gateway.prefill.clear()
+    gateway.decode.clear()
+    before = pair.kv_counters()
+    pasted = subprocess.run(
+        ["bash", "-c", handoff_script(gateway.output.read_text())],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=300,
+    )
+    assert pasted.returncode == 0, pasted.stderr
+    shown, decoded = pasted.stdout.splitlines()
+    assert set(json.loads(shown)) >= CONNECTOR_KEYS
+    tokens = json.loads(decoded)["usage"]["prompt_tokens"]
+    assert_moved(settled(pair, before, tokens), tokens)
+    assert b'"do_remote_decode":true' in gateway.prefill.received()
+    assert b"token_policy_proof" not in gateway.decode.received()
+
+
+def test_a_clients_connector_keys_never_reach_the_prefill_server(
+    gateway: Gateway, pair: Pair
+) -> None:
+    chat = messages()
+    steering = {
+        "do_remote_decode": True,
+        "do_remote_prefill": True,
+        "remote_engine_id": "client-chosen-engine",
+        "remote_block_ids": [7, 8, 9],
+        "remote_host": "203.0.113.77",
+        "remote_port": 47931,
+    }
+    gateway.prefill.clear()
+    minted = prefill(gateway, chat, steering)
+    forwarded = gateway.prefill.received()
+    for value in (b"client-chosen-engine", b"203.0.113.77", b"47931", b"[7,8,9]"):
+        assert value not in forwarded
+    assert b'"do_remote_decode":true' in forwarded
+    assert minted["remote_host"] == "127.0.0.1"  # the prefill server's own side channel
+    delta, tokens, _ = decode(gateway, pair, chat, minted)
+    assert_moved(delta, tokens)
+
+
+def _shifted(blocks: list[Any]) -> list[Any]:
+    """Each block id one further (the ids come in one list per KV cache group)."""
+    return [_shifted(b) if isinstance(b, list) else b + 1 for b in blocks]
+
+
+def _other_blocks(params: dict[str, Any]) -> dict[str, Any]:
+    return {**params, "remote_block_ids": _shifted(params["remote_block_ids"])}
+
+
+@pytest.mark.parametrize(
+    "tamper",
+    [
+        pytest.param(_other_blocks, id="other-blocks"),
+        pytest.param(lambda p: {**p, "remote_port": p["remote_port"] + 1}, id="other-port"),
+        pytest.param(lambda p: {**p, "remote_host": "127.0.0.2"}, id="other-host"),
+        pytest.param(
+            lambda p: {k: v for k, v in p.items() if k != "token_policy_proof"}, id="no-proof"
+        ),
+        pytest.param(
+            lambda p: {**p, "prompt_token_ids": p["prompt_token_ids"][1:]}, id="other-ids"
+        ),
+    ],
+)
+def test_tampered_parameters_move_nothing(gateway: Gateway, pair: Pair, tamper: Any) -> None:
+    """Tampered parameters reach the decode server as nothing (it recomputes); the same
+    parameters untouched then move blocks, which were there all along (only those past
+    what the recomputation left in the decode server's prefix cache)."""
+    chat = messages()
+    minted = prefill(gateway, chat)
+    gateway.decode.clear()
+    delta, tokens, _ = decode(gateway, pair, chat, tamper(minted))
+    assert_recomputed(delta, tokens)
+    assert b"kv_transfer_params" not in gateway.decode.received()
+    delta, tokens, _ = decode(gateway, pair, chat, minted)
+    assert delta.external > 0, delta
+    assert delta.nixl_bytes > 0, delta
+    assert delta.local == 0, delta
+
+
+def test_a_proof_for_another_prompt_moves_nothing(gateway: Gateway, pair: Pair) -> None:
+    minted = prefill(gateway, messages())
+    other = messages()
+    delta, tokens, _ = decode(gateway, pair, other, minted)
+    assert_recomputed(delta, tokens)
+
+
+def test_twenty_hand_offs_each_move_the_kv_cache(gateway: Gateway, pair: Pair) -> None:
+    """Timed for the record (the summary), never asserted on: a shared machine's speed
+    says nothing about the code."""
+    legs, totals = [], []
+    for _ in range(20):
+        chat = messages()
+        started = time.monotonic()
+        minted = prefill(gateway, chat)
+        delta, tokens, seconds = decode(gateway, pair, chat, minted)
+        totals.append(time.monotonic() - started)
+        legs.append(seconds)
+        assert_moved(delta, tokens)
+    RESULTS.append(f"through the gateway, decode leg (s): {_spread(legs)}")
+    RESULTS.append(f"through the gateway, whole hand-off (s): {_spread(totals)}")
+    # The same hand-offs straight to the pair, for comparison: what the servers take.
+    legs, totals = [], []
+    for _ in range(20):
+        chat = messages()
+        started = time.monotonic()
+        body = {
+            "model": "tiny",
+            "messages": chat,
+            "max_tokens": 1,
+            "kv_transfer_params": ORCHESTRATOR,
+        }
+        reply = httpx.post(pair.prefill + CHAT, json=body, timeout=120)
+        assert reply.status_code == 200, reply.text
+        before = pair.kv_counters()
+        leg = time.monotonic()
+        body = {
+            "model": "tiny",
+            "messages": chat,
+            "max_tokens": 8,
+            "kv_transfer_params": reply.json()["kv_transfer_params"],
+        }
+        reply = httpx.post(pair.decode + CHAT, json=body, timeout=120)
+        assert reply.status_code == 200, reply.text
+        legs.append(time.monotonic() - leg)
+        totals.append(time.monotonic() - started)
+        tokens = reply.json()["usage"]["prompt_tokens"]
+        assert_moved(settled(pair, before, tokens), tokens)
+    RESULTS.append(f"straight to the pair, decode leg (s): {_spread(legs)}")
+    RESULTS.append(f"straight to the pair, whole hand-off (s): {_spread(totals)}")
+
+
+def _spread(values: list[float]) -> str:
+    ordered = sorted(values)
+    p90 = ordered[int(0.9 * (len(ordered) - 1))]
+    return (
+        f"n={len(values)} min {ordered[0]:.3f} median {statistics.median(ordered):.3f} "
+        f"p90 {p90:.3f} max {ordered[-1]:.3f}"
+    )
