@@ -17,6 +17,7 @@ from typing import Any
 import httpx
 import pytest
 
+from ext_proc.vllm_request import CONNECTOR_REQUESTS
 from tests.e2e.test_make_run import handoff_script
 from tests.pd.conftest import RESULTS, Gateway
 from tests.pd.pair import KvCounters, Pair
@@ -25,14 +26,7 @@ CHAT = "/v1/chat/completions"
 PREFILL = "/pd/prefill" + CHAT
 DECODE = "/pd" + CHAT
 # What every P/D orchestrator sends on the prefill leg.
-ORCHESTRATOR = {
-    "do_remote_decode": True,
-    "do_remote_prefill": False,
-    "remote_engine_id": None,
-    "remote_block_ids": None,
-    "remote_host": None,
-    "remote_port": None,
-}
+ORCHESTRATOR = CONNECTOR_REQUESTS["nixl"]
 # The connector's keys a prefill response carries for the decode server.
 CONNECTOR_KEYS = {"do_remote_prefill", "remote_engine_id", "remote_block_ids", "remote_host"}
 WORDS = ("alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india")
