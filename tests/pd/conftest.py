@@ -39,8 +39,11 @@ def pair() -> Iterator[pd_pair.Pair]:
 
 
 class Gateway:
-    def __init__(self, url: str, prefill: Recorder, decode: Recorder, output: Path) -> None:
+    def __init__(
+        self, url: str, metrics: str, prefill: Recorder, decode: Recorder, output: Path
+    ) -> None:
         self.url = url
+        self.metrics = metrics  # the processor's Prometheus endpoint
         self.prefill = prefill  # what reached the prefill server
         self.decode = decode  # what reached the decode server
         self.output = output  # make run's output
@@ -63,7 +66,13 @@ def gateway(pair: pd_pair.Pair, tmp_path_factory: pytest.TempPathFactory) -> Ite
         log = tmp / "make-run.log"
         try:
             wait_ready(run, log)
-            yield Gateway(f"http://127.0.0.1:{ports['GATEWAY_PORT']}", prefill, decode, log)
+            yield Gateway(
+                f"http://127.0.0.1:{ports['GATEWAY_PORT']}",
+                f"http://127.0.0.1:{ports['METRICS_PORT']}/metrics",
+                prefill,
+                decode,
+                log,
+            )
             os.kill(run.pid, signal.SIGINT)
             run.wait(timeout=30)
         finally:

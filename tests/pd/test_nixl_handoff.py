@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 import statistics
 import subprocess
 import time
+from collections import Counter
 from typing import Any
 
 import httpx
@@ -101,12 +103,26 @@ def assert_recomputed(delta: KvCounters, tokens: int) -> None:
     assert delta.local == tokens, delta
 
 
+_DECISIONS = re.compile(r"^ext_proc_decisions_total\{([^}]*)\} ([0-9.e+]+)$", re.M)
+_LABEL = re.compile(r'(\w+)="([^"]*)"')
+
+
+def decisions(gateway: Gateway) -> Counter[tuple[str, str, str]]:
+    """The processor's decisions so far: (route, action, reason) -> count."""
+    counts: Counter[tuple[str, str, str]] = Counter()
+    for labels, value in _DECISIONS.findall(httpx.get(gateway.metrics, timeout=10).text):
+        label = dict(_LABEL.findall(labels))
+        counts[label["route"], label["action"], label["reason"]] += int(float(value))
+    return counts
+
+
 def test_the_printed_hand_off_moves_the_kv_cache(gateway: Gateway, pair: Pair) -> None:
     """make run's hand-off, pasted as printed: its prefill request carries no transfer
     parameters; the route writes the connector request and the KV cache moves."""
     gateway.prefill.clear()
     gateway.decode.clear()
     before = pair.kv_counters()
+    decided = decisions(gateway)
     pasted = subprocess.run(
         ["bash", "-c", handoff_script(gateway.output.read_text())],
         capture_output=True,
@@ -118,9 +134,26 @@ def test_the_printed_hand_off_moves_the_kv_cache(gateway: Gateway, pair: Pair) -
     shown, decoded = pasted.stdout.splitlines()
     assert set(json.loads(shown)) >= CONNECTOR_KEYS
     tokens = json.loads(decoded)["usage"]["prompt_tokens"]
-    assert_moved(settled(pair, before, tokens), tokens)
+    delta = settled(pair, before, tokens)
+    assert_moved(delta, tokens)
     assert b'"do_remote_decode":true' in gateway.prefill.received()
     assert b"token_policy_proof" not in gateway.decode.received()
+    # One decision per leg: the prefill request, its response, the decode request.
+    legs = decisions(gateway) - decided
+    assert legs == Counter(
+        {
+            ("prefill", "strip", "connector_written"): 1,
+            ("prefill", "mint", "minted"): 1,
+            ("disaggregated", "honor", "trusted_proof"): 1,
+        }
+    ), legs
+    RESULTS.append(
+        "make run's printed hand-off: decisions "
+        + ", ".join(f"{route} {action}/{reason}" for route, action, reason in legs)
+        + f"; decode server: external_kv_transfer +{delta.external:.0f}, "
+        f"local_compute +{delta.local:.0f}, nixl bytes +{delta.nixl_bytes:.0f} "
+        f"({tokens} prompt tokens)"
+    )
 
 
 def test_a_clients_connector_keys_never_reach_the_prefill_server(
