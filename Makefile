@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-vllm test-pd pd-pair lint typecheck unit e2e hostile bench bench-smoke profile protos envoy-config envoy-configs clean
+.PHONY: run test test-vllm test-pd pd-pair rules monitoring-rules lint typecheck unit e2e hostile bench bench-smoke profile protos envoy-config envoy-configs clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -62,6 +62,15 @@ test-pd: $(STAMP)
 # The same pair in the foreground (PREFILL_PORT 8100, DECODE_PORT 8200), for make run.
 pd-pair: $(STAMP)
 	$(PY) -m tests.pd.pair
+
+# promtool's checks and unit tests of the alerts and recording rules (part of e2e too;
+# promtool comes from Debian's prometheus package, installed with apt-get when missing).
+rules: $(STAMP)
+	$(PY) -m pytest -m e2e -q tests/e2e/test_monitoring.py
+
+# Regenerate deploy/kubernetes/monitoring/prometheusrule.yaml from deploy/monitoring/rules.yaml.
+monitoring-rules: $(STAMP)
+	$(PY) -m devstack monitoring
 
 # Regenerate ext_proc/_pb from protos/ (wire-compatible subsets of the Envoy ext_proc
 # API); tests/test_protos.py checks them against the upstream descriptors.

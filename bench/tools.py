@@ -28,10 +28,17 @@ def which(command: str) -> str | None:
 
 def ensure_system_tools() -> dict[str, str]:
     """Absolute paths of nginx and wrk, installing their packages first if needed."""
-    missing = sorted({SYSTEM_TOOLS[c] for c in SYSTEM_TOOLS if which(c) is None})
+    return ensure_tools(SYSTEM_TOOLS)
+
+
+def ensure_tools(tools: dict[str, str]) -> dict[str, str]:
+    """Absolute paths of ``tools`` (command -> Debian package), installing the packages
+    of those missing first (as root, with apt-get; otherwise ``ToolError`` says what to
+    run)."""
+    missing = sorted({tools[c] for c in tools if which(c) is None})
     if missing:
         _apt_install(missing)
-    found = {command: which(command) for command in SYSTEM_TOOLS}
+    found = {command: which(command) for command in tools}
     absent = [command for command, path in found.items() if path is None]
     if absent:
         raise ToolError(f"still missing after apt-get install: {', '.join(absent)}")
@@ -46,7 +53,7 @@ def _apt_install(packages: list[str]) -> None:
             "as root (the harness installs them itself only when it runs as root)"
         )
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    print(f"bench: installing {', '.join(packages)} with apt-get", file=sys.stderr, flush=True)
+    print(f"installing {', '.join(packages)} with apt-get", file=sys.stderr, flush=True)
     subprocess.run([apt, "update", "-qq"], check=True, env=env)
     subprocess.run(
         [apt, "install", "-y", "-qq", "--no-install-recommends", *packages],

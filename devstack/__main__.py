@@ -1,5 +1,6 @@
 """``python -m devstack``: the local stack behind ``make run``;
-``python -m devstack upstream --listen HOST:PORT``: the recording stand-in alone."""
+``python -m devstack upstream --listen HOST:PORT``: the recording stand-in alone;
+``python -m devstack monitoring``: the PrometheusRule generated from the rules file."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import asyncio
 import sys
 from pathlib import Path
 
-from devstack import stack, upstream
+from devstack import monitoring, stack, upstream
 from ext_proc.address import HostPort
 
 
@@ -18,6 +19,7 @@ def _parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command")
     stand_in = commands.add_parser("upstream", help="run the recording stand-in upstream")
     stand_in.add_argument("--listen", type=HostPort.parse, default=HostPort("127.0.0.1", 8081))
+    commands.add_parser("monitoring", help="write deploy/kubernetes/monitoring/prometheusrule.yaml")
     return parser
 
 
@@ -25,6 +27,9 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "upstream":
         asyncio.run(upstream.serve_forever(args.listen))
+        return 0
+    if args.command == "monitoring":
+        monitoring.write()
         return 0
     return stack.run(args.config)
 

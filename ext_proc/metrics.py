@@ -60,6 +60,12 @@ class Metrics:
             registry=self.registry,
             multiprocess_mode="livesum",
         )
+        self.inflight_limit = Gauge(
+            "ext_proc_inflight_budget_limit_bytes",
+            "The in-flight budget: request-body bytes that may be held at once (503 beyond).",
+            registry=self.registry,
+            multiprocess_mode="livesum",
+        )
         self.stream_errors = Counter(
             "ext_proc_stream_errors",
             "Streams ended with an error: protocol_violation, internal, cancelled.",
@@ -91,10 +97,11 @@ class Metrics:
             child = self._processing[route] = self.processing_seconds.labels(route)
         child.observe(seconds)
 
-    def sample(self, streams: int, held: int) -> None:
+    def sample(self, streams: int, held: int, limit: int) -> None:
         """Set the in-flight gauges (sampled, not updated on every request)."""
         self.inflight_streams.set(streams)
         self.inflight_bytes.set(held)
+        self.inflight_limit.set(limit)
 
 
 class Endpoint:

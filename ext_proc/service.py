@@ -59,7 +59,7 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc
 
     def sample_metrics(self) -> None:
         """The in-flight gauges, now."""
-        self.metrics.sample(self.open_streams, self.budget.used)
+        self.metrics.sample(self.open_streams, self.budget.used, self.budget.limit)
 
     async def _next(
         self,

@@ -69,12 +69,14 @@ def test_processing_time_is_observed_per_route(metrics):
 
 
 def test_sample_sets_the_inflight_gauges(metrics):
-    metrics.sample(5, 4096)
+    metrics.sample(5, 4096, 1 << 20)
     assert value(metrics, "ext_proc_inflight_streams") == 5
     assert value(metrics, "ext_proc_inflight_body_bytes") == 4096
-    metrics.sample(2, 0)  # set, not added
+    assert value(metrics, "ext_proc_inflight_budget_limit_bytes") == 1 << 20
+    metrics.sample(2, 0, 1 << 20)  # set, not added
     assert value(metrics, "ext_proc_inflight_streams") == 2
     assert value(metrics, "ext_proc_inflight_body_bytes") == 0
+    assert value(metrics, "ext_proc_inflight_budget_limit_bytes") == 1 << 20
 
 
 def test_stream_errors_are_counted_by_kind(metrics):
@@ -106,7 +108,7 @@ metrics = Metrics()
 metrics.decided("r", "deny", "ids_denied", "enforce", 2048)
 metrics.observe_processing("r", 0.001)
 metrics.stream_errors.labels("internal").inc()
-metrics.sample(int(sys.argv[1]), int(sys.argv[2]))
+metrics.sample(int(sys.argv[1]), int(sys.argv[2]), 4096)
 print(os.getpid())
 """
 
@@ -138,10 +140,12 @@ def test_the_aggregate_sums_every_workers_samples_and_drops_a_dead_workers_gauge
     # Live sums: one value for the service, not one per pid.
     assert get("ext_proc_inflight_streams") == 7
     assert get("ext_proc_inflight_body_bytes") == 1020
+    assert get("ext_proc_inflight_budget_limit_bytes") == 8192  # each worker's budget
     # What the supervisor does when a worker dies: its gauges go, its counts stay.
     multiprocess.mark_process_dead(pids[0], str(tmp_path))
     assert get("ext_proc_inflight_streams") == 4
     assert get("ext_proc_inflight_body_bytes") == 20
+    assert get("ext_proc_inflight_budget_limit_bytes") == 4096
     assert get("ext_proc_decisions_total", DENY) == 2
 
 
@@ -161,7 +165,7 @@ def parse(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
 
 def test_the_endpoint_serves_the_registry_as_text_exposition(metrics):
     metrics.decided("r", "deny", "ids_denied", "enforce", 2048)
-    metrics.sample(1, 2048)
+    metrics.sample(1, 2048, 4096)
     endpoint = serve_metrics(HostPort("127.0.0.1", 0), metrics.registry)
     try:
         assert endpoint.port > 0

@@ -31,6 +31,9 @@ REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy"
 KUBE = DEPLOY / "kubernetes"
 MANIFESTS = sorted(DEPLOY.rglob("*.yaml"))
+# YAML under deploy/ that is not a Kubernetes object: the Envoy generator's example
+# input, and the Prometheus rules file (tests/e2e/test_monitoring.py checks it).
+NOT_KUBERNETES = frozenset({"envoy-config.example.yaml", "monitoring/rules.yaml"})
 # Kubernetes minor version the core objects are checked against (kubernetes-validate
 # ships its schemas; grpc probes are GA since 1.27, PDB unhealthyPodEvictionPolicy 1.31).
 KUBE_VERSION = "1.31.0"
@@ -102,7 +105,7 @@ def test_manifest_parses(path):
     assert docs, f"{path} holds no document"
     for doc in docs:
         assert isinstance(doc, dict)
-        if path.name != "envoy-config.example.yaml":
+        if path.relative_to(DEPLOY).as_posix() not in NOT_KUBERNETES:
             assert {"apiVersion", "kind"} <= set(doc), f"{path}: not a Kubernetes object"
 
 
@@ -240,6 +243,7 @@ def test_deployment():
         "0.0.0.0:50051",
     ]
     assert {"name": "grpc", "containerPort": 50051, "protocol": "TCP"} in container["ports"]
+    assert {"name": "metrics", "containerPort": 9464, "protocol": "TCP"} in container["ports"]
     for probe in ("readinessProbe", "livenessProbe", "startupProbe"):
         assert container[probe]["grpc"] == {"port": 50051}, probe
     security = container["securityContext"]
@@ -303,15 +307,18 @@ def test_selectors_agree():
     assert one("PodDisruptionBudget")["spec"]["minAvailable"] >= 1
 
 
-def test_network_policy_admits_only_the_gateway_on_50051():
+def test_network_policy_admits_only_the_gateway_on_50051_and_prometheus_on_9464():
     spec = one("NetworkPolicy")["spec"]
     assert spec["policyTypes"] == ["Ingress", "Egress"]
     assert spec["egress"] == []
-    (rule,) = spec["ingress"]
-    assert rule["ports"] == [{"protocol": "TCP", "port": 50051}]
-    (peer,) = rule["from"]
+    grpc, metrics = spec["ingress"]
+    assert grpc["ports"] == [{"protocol": "TCP", "port": 50051}]
+    (peer,) = grpc["from"]
     assert peer["podSelector"]["matchLabels"], "an empty selector would admit every pod"
     assert peer["namespaceSelector"]["matchLabels"]
+    assert metrics["ports"] == [{"protocol": "TCP", "port": 9464}]
+    (peer,) = metrics["from"]
+    assert peer["podSelector"]["matchLabels"] == {"app.kubernetes.io/name": "prometheus"}
 
 
 # --- the generator -----------------------------------------------------------------------
