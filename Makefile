@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-vllm test-pd pd-pair rules monitoring-rules lint typecheck unit e2e hostile bench bench-smoke profile protos envoy-config envoy-configs clean
+.PHONY: run test test-vllm test-pd pd-pair rules monitoring-rules dashboard lint typecheck unit e2e hostile bench bench-smoke profile protos envoy-config envoy-configs clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -71,6 +71,10 @@ rules: $(STAMP)
 # Regenerate deploy/kubernetes/monitoring/prometheusrule.yaml from deploy/monitoring/rules.yaml.
 monitoring-rules: $(STAMP)
 	$(PY) -m devstack monitoring
+
+# Regenerate deploy/monitoring/dashboard.json (Grafana) from devstack/dashboard.py.
+dashboard: $(STAMP)
+	$(PY) -m devstack dashboard
 
 # Regenerate ext_proc/_pb from protos/ (wire-compatible subsets of the Envoy ext_proc
 # API); tests/test_protos.py checks them against the upstream descriptors.

@@ -1,6 +1,7 @@
 """``python -m devstack``: the local stack behind ``make run``;
 ``python -m devstack upstream --listen HOST:PORT``: the recording stand-in alone;
-``python -m devstack monitoring``: the PrometheusRule generated from the rules file."""
+``python -m devstack monitoring``: the PrometheusRule generated from the rules file;
+``python -m devstack dashboard``: the Grafana dashboard (deploy/monitoring/dashboard.json)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import asyncio
 import sys
 from pathlib import Path
 
-from devstack import monitoring, stack, upstream
+from devstack import dashboard, monitoring, stack, upstream
 from ext_proc.address import HostPort
 
 
@@ -20,6 +21,7 @@ def _parser() -> argparse.ArgumentParser:
     stand_in = commands.add_parser("upstream", help="run the recording stand-in upstream")
     stand_in.add_argument("--listen", type=HostPort.parse, default=HostPort("127.0.0.1", 8081))
     commands.add_parser("monitoring", help="write deploy/kubernetes/monitoring/prometheusrule.yaml")
+    commands.add_parser("dashboard", help="write deploy/monitoring/dashboard.json")
     return parser
 
 
@@ -30,6 +32,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.command == "monitoring":
         monitoring.write()
+        return 0
+    if args.command == "dashboard":
+        dashboard.write()
         return 0
     return stack.run(args.config)
 
