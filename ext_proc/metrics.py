@@ -17,6 +17,7 @@ from ext_proc.address import HostPort
 from ext_proc.config import ConfigError
 
 # Body sizes from 1 KiB to 64 MiB, processing times from 50 µs to 5 s.
+STREAM_ERROR_KINDS: Final = ("protocol_violation", "internal", "cancelled")
 BODY_BUCKETS: Final = tuple(float(1024 * 4**i) for i in range(9))
 TIME_BUCKETS: Final = (
     0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
@@ -72,6 +73,10 @@ class Metrics:
             ["kind"],
             registry=self.registry,
         )
+        # Every kind exported from the start, at 0: a ratio of errors (and an alert on
+        # it) then has a value before the first error, not no series at all.
+        for kind in STREAM_ERROR_KINDS:
+            self.stream_errors.labels(kind)
         # Labelled children by label values: labels() validates and locks on every call.
         # Bounded: routes come from the Envoy config, actions, reasons and modes from
         # this package.

@@ -79,6 +79,11 @@ def test_sample_sets_the_inflight_gauges(metrics):
     assert value(metrics, "ext_proc_inflight_budget_limit_bytes") == 1 << 20
 
 
+def test_every_stream_error_kind_is_exported_at_zero_before_the_first(metrics):
+    for kind in ("protocol_violation", "internal", "cancelled"):
+        assert value(metrics, "ext_proc_stream_errors_total", kind=kind) == 0
+
+
 def test_stream_errors_are_counted_by_kind(metrics):
     metrics.stream_errors.labels("cancelled").inc()
     metrics.stream_errors.labels("cancelled").inc()

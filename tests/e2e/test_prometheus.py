@@ -27,6 +27,7 @@ from bench import tools
 from devstack import monitoring, processes
 from tests.e2e.conftest import KEY_ID
 from tests.e2e.stack import Stack, new_key
+from tests.e2e.test_dashboard import expressions, series_names, substituted
 from tests.e2e.test_gateway import chat
 from tests.e2e.test_handoff import DECODE, PREFILL, proof_parts, sign
 
@@ -222,7 +223,8 @@ def test_the_series_rules_and_alerts_are_what_the_traffic_implies(monitored):
     assert running.query(f'ext_proc:processing_seconds:p99_5m{{job="{JOB}"}}')
     ratio = running.value(f'ext_proc:inflight_budget:ratio{{job="{JOB}"}}')
     assert 0 <= ratio < 0.5
-    assert running.value(f'ext_proc:stream_errors:ratio_rate5m{{job="{JOB}"}}') == 0
+    (errors,) = running.query(f'ext_proc:stream_errors:ratio_rate5m{{job="{JOB}"}}')
+    assert float(errors["value"][1]) == 0
     # The alerts the traffic implies, and only those.
     implied = {
         ("ExtProcProofForgery", "disaggregated", "proof_bad_signature"),
@@ -235,6 +237,19 @@ def test_the_series_rules_and_alerts_are_what_the_traffic_implies(monitored):
     assert {a for a in running.firing() if a[0] != "ExtProcSlowDecisions"} == implied
     # Envoy's own series are there for the same routes.
     assert running.query('envoy_cluster_upstream_rq_xx{job="envoy"}')
+
+
+def test_every_dashboard_query_runs_on_the_series_the_stack_exports(monitored):
+    """Each panel's query, its variables given values, runs on this Prometheus, and every
+    series it names exists here (the processor's, the rules', Envoy's)."""
+    stack, running = monitored
+    drive(stack)
+    for expr in expressions():
+        query = substituted(expr)
+        running.query(query)  # a query Prometheus refuses fails here
+        for name in series_names(query):
+            present = f'count({{__name__="{name}"}})'
+            running.until(lambda p=present: running.value(p) > 0, f"{name} (in {expr})")
 
 
 def _workers(stack: Stack) -> set[int]:
