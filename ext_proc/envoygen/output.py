@@ -215,6 +215,9 @@ def processor_cluster(spec: GeneratorInput) -> cluster.Cluster:
             core.HealthCheck(
                 timeout=_seconds(1),
                 interval=_seconds(2),
+                # Checked as often when no request flows (Envoy's default is a minute): an
+                # idle gateway knows at once which replicas are draining or gone.
+                no_traffic_interval=_seconds(2),
                 unhealthy_threshold=2,
                 healthy_threshold=1,
                 grpc_health_check=core.HealthCheckGrpcHealthCheck(service_name=PROCESSOR_SERVICE),

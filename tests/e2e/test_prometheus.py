@@ -271,7 +271,7 @@ def _workers(stack: Stack) -> set[int]:
 def test_a_restarted_worker_loses_no_count_and_a_stopped_processor_fires_down(monitored):
     """With workers, one killed and restarted by the supervisor: the service's counts go
     on from where they were (no counter reset). Then, with or without workers, the
-    processor stopped: its target is down and ExtProcDown fires."""
+    processor stopped: its target is down and Envoy sees no replica ready."""
     stack, running = monitored
     total = f'sum(ext_proc_decisions_total{{job="{JOB}"}})'
     drive(stack)
@@ -292,6 +292,12 @@ def test_a_restarted_worker_loses_no_count_and_a_stopped_processor_fires_down(mo
     assert running.value(f'sum(resets(ext_proc_decisions_total{{job="{JOB}"}}[5m]))') == 0
     # The processor gone: its target is down and the alert fires.
     stack.stop_processor()
-    running.until(
-        lambda: ("ExtProcDown",) in running.firing(), "ExtProcDown after the processor stopped"
-    )
+    # Its target is down, and Envoy's health checks find no replica ready (Envoy checks
+    # an idle cluster only once a minute: the requests, failed closed, are traffic).
+    down = {("ExtProcDown",), ("ExtProcNoneReady",)}
+
+    def alerted() -> bool:
+        assert post(stack, AGGREGATED, chat()).status_code >= 500  # fail closed
+        return down <= running.firing()
+
+    running.until(alerted, f"{down} after the processor stopped")
