@@ -3,6 +3,7 @@ from pathlib import Path
 
 import pytest
 
+from bench import tools
 from tests.e2e.stack import Stack, new_key
 
 
@@ -34,6 +35,12 @@ def stack(
     workdir = tmp_path_factory.mktemp(request.param)
     with Stack(workdir, source=source, proof_keys={KEY_ID: new_key()}) as running:
         yield running
+
+
+@pytest.fixture(scope="session")
+def promtool() -> str:
+    """promtool, from Debian's prometheus package (installed with apt-get if missing)."""
+    return tools.ensure_tools({"promtool": "prometheus"})["promtool"]
 
 
 @pytest.fixture(scope="module")

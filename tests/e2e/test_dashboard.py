@@ -10,10 +10,8 @@ import re
 import subprocess
 from typing import Any
 
-import pytest
 import yaml
 
-from bench import tools
 from devstack import dashboard, monitoring
 from ext_proc.metrics import Metrics
 
@@ -77,11 +75,6 @@ _LABEL_LIST = re.compile(r"\b(by|without|on|ignoring|group_left|group_right)\s*\
 _MATCHERS = re.compile(r"\{[^}]*\}")
 _RANGE = re.compile(r"\[[^\]]*\]")
 _IDENTIFIER = re.compile(r"(?<![\w:.])[A-Za-z_:][\w:]*")
-
-
-@pytest.fixture(scope="module")
-def promtool() -> str:
-    return tools.ensure_tools({"promtool": "prometheus"})["promtool"]
 
 
 def committed() -> dict[str, Any]:

@@ -22,11 +22,6 @@ OPERATIONS = REPO / "docs" / "operations.md"
 JOB = "ext-proc-token-policy"
 
 
-@pytest.fixture(scope="module")
-def promtool() -> str:
-    return tools.ensure_tools({"promtool": "prometheus"})["promtool"]
-
-
 def rules() -> dict[str, Any]:
     loaded: dict[str, Any] = yaml.safe_load(monitoring.RULES.read_text())
     return loaded
