@@ -123,7 +123,12 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc
         deadline: float | None = None
         waiting = False
         while True:
-            if deadline is None and waiting:
+            # The body timer runs from the first message that waits for a body until the
+            # body is decided; after that the stream stays open for the whole upstream
+            # response, as long as it takes.
+            if not waiting:
+                deadline = None
+            elif deadline is None:
                 deadline = asyncio.get_running_loop().time() + self._config.body_timeout_seconds
             event = await self._next(context, deadline)
             if event is None:

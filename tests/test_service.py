@@ -172,6 +172,34 @@ def test_body_timeout_answers_408_on_the_stream():
     assert responses[1].immediate_response.status.code == 408
 
 
+def test_a_decided_stream_stays_open_past_the_body_timeout():
+    """Envoy keeps a stream open for the whole upstream response once the body is
+    decided; the body timeout ends with the body, not with the stream (a long
+    generation must not be failed closed after the request was forwarded)."""
+
+    async def scenario():
+        config = Config.load(listen="127.0.0.1:0", body_timeout_seconds=0.3)
+        running = await build(config)
+        server, port = running.server, running.port
+
+        async def messages():
+            yield headers()
+            yield body(b'{"messages": []}')
+            await asyncio.sleep(1.0)  # the upstream response takes its time
+
+        try:
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+                call = pb_grpc.ExternalProcessorStub(channel).Process(messages())
+                responses = [r async for r in call]
+                return responses, await call.code()
+        finally:
+            await server.stop(None)
+
+    responses, code = run(scenario())
+    assert code == grpc.StatusCode.OK
+    assert [r.WhichOneof("response") for r in responses] == ["request_headers", "request_body"]
+
+
 def test_streamed_mode_over_a_real_stream():
     first = headers()
     first.protocol_config.request_body_mode = 4  # FULL_DUPLEX_STREAMED
