@@ -180,6 +180,19 @@ def _respond(recorder: Recorder, record: Recorded) -> tuple[int, Any]:
     return 200, openai_response(record)
 
 
+# A request header that makes the stand-in answer that many seconds late (at most a
+# minute): an upstream response slower than the processor's timeouts.
+DELAY_HEADER = "x-stub-delay-seconds"
+
+
+def _delay(record: Recorded) -> float:
+    values = [v for k, v in record.headers if k.lower() == DELAY_HEADER]
+    try:
+        return min(60.0, max(0.0, float(values[0]))) if values else 0.0
+    except ValueError:
+        return 0.0
+
+
 async def _serve_http1(
     recorder: Recorder, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, raw: bytes
 ) -> None:
@@ -208,6 +221,7 @@ async def _serve_http1(
             )
             pending.clear()
             status, payload = _respond(recorder, record)
+            await asyncio.sleep(_delay(record))
             data = json.dumps(payload).encode()
             headers = [("content-type", "application/json"), ("content-length", str(len(data)))]
             writer.write(conn.send(h11.Response(status_code=status, headers=headers)))

@@ -13,6 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
+from devstack import upstream
 from ext_proc import memory
 from tests.e2e.conftest import BODY_MODES
 from tests.e2e.stack import Stack
@@ -22,6 +23,7 @@ from tests.e2e.test_gateway import (
     TRUSTED,
     assert_framing,
     assert_stripped,
+    chat,
     error_of,
     kept_by,
     only_request,
@@ -255,6 +257,22 @@ def test_slow_body_gets_408_and_nothing_upstream(limited):
     assert headers["content-type"] == "application/json"
     assert json.loads(body)["error"]["code"] == 408
     assert limited.received() == []
+
+
+def test_an_upstream_slower_than_the_body_timeout_is_answered(limited):
+    """The body timeout (2 s here) covers the request's body alone: once decided, the
+    request's stream stays open for the whole upstream response."""
+    limited.clear()
+    body = json.dumps(chat(kv_transfer_params={"prompt_token_ids": [1, 2]})).encode()
+    reply = httpx.post(
+        limited.url + "/v1/chat/completions",
+        content=body,
+        headers={**JSON, upstream.DELAY_HEADER: "3"},
+        timeout=30,
+    )
+    assert reply.status_code == 200, reply.text
+    (received,) = limited.received()
+    assert "kv_transfer_params" not in json.loads(received.body)
 
 
 def test_concurrent_large_bodies_keep_processor_memory_bounded(limited):
