@@ -245,3 +245,6 @@ class Step:
     held: int = 0
     # The request's x-request-id once its headers are in (for logs).
     request_id: str = ""
+    # The request is answered for good (an ImmediateResponse): nothing more is read, and
+    # the edge may end the RPC once the answers are sent.
+    final: bool = False

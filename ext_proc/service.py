@@ -145,8 +145,7 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc
                 self._record(step.outcome)
             usage.busy += time.perf_counter() - started
             usage.request_id = step.request_id
-            timed_out = isinstance(event, TimedOut)
-            waiting, held = step.waiting_for_body, step.held
+            waiting, held, final = step.waiting_for_body, step.held, step.final
             del event, step  # nothing of the body outlives its answers
             try:
                 while responses:
@@ -155,7 +154,10 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc
                 # Once gRPC took the last answer (or the RPC ended), what the answers
                 # carried is not held.
                 self.budget.release(held)
-            if timed_out:  # the refusal is sent; nothing more is read
+            if final:
+                # The request is answered (Envoy ended it with the local reply): the RPC
+                # ends now rather than wait for Envoy to cancel it. Late chunks Envoy
+                # had read are not read.
                 return
         if waiting:
             # Envoy closed its side mid-body. Ending the RPC cleanly now could let a held

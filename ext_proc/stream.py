@@ -275,7 +275,8 @@ class Stream:
         elif self._decision is not None and not self._reported:
             self._reported = True
             outcome = self._outcome(self._decision, "request")
-        return Step(answers, outcome, waiting, held, self._request_id)
+        final = self.state is State.REJECTED
+        return Step(answers, outcome, waiting, held, self._request_id, final)
 
     def _outcome(self, decision: Decision, phase: str) -> Outcome:
         return Outcome(decision, self._audit, self._route, self._body_size, self._request_id, phase)

@@ -388,3 +388,43 @@ def test_the_in_flight_gauges_read_open_streams_and_held_bytes_when_sampled():
     assert during[0] == 1
     assert during[1] > 0
     assert after == (0, 0)
+
+
+def test_after_a_refusal_the_rpc_ends_without_waiting_for_envoy():
+    # Envoy ends the request with the local reply and would cancel the stream: the
+    # servicer ends it first, cleanly, and counts no error.
+    async def scenario():
+        running = await build(Config.load(listen="127.0.0.1:0"))
+        release = asyncio.Event()
+        payload = {"kv_transfer_params": {"prompt_token_ids": [1, True]}}
+
+        async def messages():
+            yield headers({"topology": "disaggregated", "trust_any_caller": True})
+            yield body(json.dumps(payload).encode())
+            await release.wait()  # Envoy's side stays open
+
+        try:
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{running.port}") as channel:
+                call = pb_grpc.ExternalProcessorStub(channel).Process(messages())
+                responses = [r async for r in call]
+                code = await call.code()
+                release.set()
+            errors = running.processor.metrics.stream_errors
+            return (
+                responses,
+                code,
+                sum(
+                    errors.labels(kind)._value.get()
+                    for kind in ("cancelled", "internal", "protocol_violation")
+                ),
+            )
+        finally:
+            await running.server.stop(None)
+
+    responses, code, errors = run(scenario())
+    assert code == grpc.StatusCode.OK
+    assert [r.WhichOneof("response") for r in responses] == [
+        "request_headers",
+        "immediate_response",
+    ]
+    assert errors == 0
