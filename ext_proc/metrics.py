@@ -16,8 +16,9 @@ from prometheus_client.multiprocess import MultiProcessCollector
 from ext_proc.address import HostPort
 from ext_proc.config import ConfigError
 
-# Body sizes from 1 KiB to 64 MiB, processing times from 50 µs to 5 s.
+# How a stream can end in error (``ext_proc_stream_errors_total``'s kind label).
 STREAM_ERROR_KINDS: Final = ("protocol_violation", "internal", "cancelled")
+# Body sizes from 1 KiB to 64 MiB, processing times from 50 µs to 5 s.
 BODY_BUCKETS: Final = tuple(float(1024 * 4**i) for i in range(9))
 TIME_BUCKETS: Final = (
     0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,

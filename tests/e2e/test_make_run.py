@@ -50,6 +50,21 @@ def handoff_script(output: str) -> str:
     return "set -e\n" + "\n".join(script) + "\n"
 
 
+def pasted_handoff(output: str, timeout: float = 60) -> tuple[str, str]:
+    """The hand-off pasted into a shell as printed: the minted parameters it shows and
+    the decode leg's reply (it must exit 0)."""
+    pasted = subprocess.run(
+        ["bash", "-c", handoff_script(output)],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=timeout,
+    )
+    assert pasted.returncode == 0, pasted.stderr
+    shown, decoded = pasted.stdout.splitlines()
+    return shown, decoded
+
+
 def wait_ready(run: subprocess.Popen[bytes], log: Path) -> None:
     """Until make run prints that the stack is up (it fails if the run ends first)."""
     deadline = time.monotonic() + 60
@@ -80,15 +95,7 @@ def test_make_run_serves_the_routes_and_the_hand_off_and_cleans_up_on_ctrl_c(tmp
             assert received == CHAT
             metrics = client.get(f"http://127.0.0.1:{ports['METRICS_PORT']}/metrics")
             assert metrics.status_code == 200
-        pasted = subprocess.run(
-            ["bash", "-c", handoff_script(output)],
-            capture_output=True,
-            text=True,
-            check=False,
-            timeout=60,
-        )
-        assert pasted.returncode == 0, pasted.stderr
-        shown, decoded = pasted.stdout.splitlines()
+        shown, decoded = pasted_handoff(output)
         params = json.loads(shown)
         # The route wrote the connector request: the stand-in answered as NIXL does.
         assert set(params) == {*tokens.CONNECTOR_REPLY, "prompt_token_ids", "token_policy_proof"}

@@ -11,7 +11,6 @@ import itertools
 import json
 import re
 import statistics
-import subprocess
 import time
 from collections import Counter
 from typing import Any
@@ -19,16 +18,17 @@ from typing import Any
 import httpx
 import pytest
 
-from ext_proc.vllm_request import CONNECTOR_REQUESTS
-from tests.e2e.test_make_run import handoff_script
+from tests.e2e.test_handoff import PREFILL_REQUEST_PARAMS
+from tests.e2e.test_make_run import pasted_handoff
 from tests.pd.conftest import RESULTS, Gateway
 from tests.pd.pair import KvCounters, Pair
 
 CHAT = "/v1/chat/completions"
 PREFILL = "/pd/prefill" + CHAT
 DECODE = "/pd" + CHAT
-# What every P/D orchestrator sends on the prefill leg.
-ORCHESTRATOR = CONNECTOR_REQUESTS["nixl"]
+# What every P/D orchestrator sends on the prefill leg (the tests' own statement of it,
+# not the package's connector request: an oracle apart from the code under test).
+ORCHESTRATOR = PREFILL_REQUEST_PARAMS
 # The connector's keys a prefill response carries for the decode server.
 CONNECTOR_KEYS = {"do_remote_prefill", "remote_engine_id", "remote_block_ids", "remote_host"}
 WORDS = ("alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india")
@@ -123,15 +123,7 @@ def test_the_printed_hand_off_moves_the_kv_cache(gateway: Gateway, pair: Pair) -
     gateway.decode.clear()
     before = pair.kv_counters()
     decided = decisions(gateway)
-    pasted = subprocess.run(
-        ["bash", "-c", handoff_script(gateway.output.read_text())],
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=300,
-    )
-    assert pasted.returncode == 0, pasted.stderr
-    shown, decoded = pasted.stdout.splitlines()
+    shown, decoded = pasted_handoff(gateway.output.read_text(), timeout=300)
     assert set(json.loads(shown)) >= CONNECTOR_KEYS
     tokens = json.loads(decoded)["usage"]["prompt_tokens"]
     delta = settled(pair, before, tokens)
