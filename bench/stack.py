@@ -40,7 +40,6 @@ from ext_proc.address import HostPort
 
 REPO = Path(__file__).resolve().parents[1]
 LOCAL = "127.0.0.1"
-EXT_PROC_FILTER = "envoy.filters.http.ext_proc"
 POLICY = "ext_proc.token_policy"
 DECODE_ROUTE = "disaggregated"  # the shipped /pd/v1/ route (honor)
 UPSTREAM_REPLY = b'{"id":"bench","object":"chat.completion","choices":[]}'
@@ -298,11 +297,17 @@ def _add_any_caller_route(config: dict[str, Any]) -> None:
 
 
 def _remove_ext_proc(config: dict[str, Any]) -> None:
+    """Envoy direct: the ext_proc filter goes, and with it the buffer filter that holds
+    the request for it (one message), whose cost is the processor's arrangement's."""
     hcm = _hcm(config)
-    before = len(hcm["http_filters"])
-    hcm["http_filters"] = [f for f in hcm["http_filters"] if f["name"] != EXT_PROC_FILTER]
-    if len(hcm["http_filters"]) != before - 1:
+    before = [f["name"] for f in hcm["http_filters"]]
+    if before.count(envoygen.EXT_PROC_FILTER) != 1:
         raise ValueError("the shipped config no longer has exactly one ext_proc filter")
+    hcm["http_filters"] = [
+        f
+        for f in hcm["http_filters"]
+        if f["name"] not in (envoygen.EXT_PROC_FILTER, envoygen.BUFFER_FILTER)
+    ]
 
 
 def probe(gateway: HostPort, path: str, body: bytes) -> int:

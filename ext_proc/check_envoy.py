@@ -42,6 +42,9 @@ from ext_proc.vllm_request import endpoint
 EXT_PROC = "type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor"
 PER_ROUTE = "type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExtProcPerRoute"
 FILTER_CONFIG = "type.googleapis.com/envoy.config.route.v3.FilterConfig"
+BUFFER = "type.googleapis.com/envoy.extensions.filters.http.buffer.v3.Buffer"
+BUFFER_PER_ROUTE = "type.googleapis.com/envoy.extensions.filters.http.buffer.v3.BufferPerRoute"
+BUFFER_NAME = "envoy.filters.http.buffer"
 HCM = (
     "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3."
     "HttpConnectionManager"
@@ -150,22 +153,93 @@ def _enabled(name: str, by_default: bool, levels: list[dict[str, Any]]) -> bool:
     return by_default
 
 
-def _responds(mode: dict[str, Any], levels: list[dict[str, Any]], name: str) -> bool:
-    """Whether filter ``name``, whose own processing mode is ``mode``, sends the response
-    to the processor on a route whose typed_per_filter_config, most specific first, are
-    ``levels``. As Envoy merges them: the most specific ``disabled`` or
+def _mode_on_route(
+    mode: dict[str, Any], levels: list[dict[str, Any]], name: str
+) -> dict[str, Any] | None:
+    """The processing mode of filter ``name``, whose own mode is ``mode``, on a route
+    whose typed_per_filter_config, most specific first, are ``levels``; None where it is
+    disabled. As Envoy merges them: the most specific ``disabled`` or
     ``overrides.processing_mode`` decides."""
     for level in levels:
         config = dict(_per_route(level)).get(name)
         if config is None:
             continue
         if config.get("disabled"):
-            return False
+            return None
         overrides = config.get("overrides", {})
         if "processing_mode" in overrides:
-            mode = overrides["processing_mode"]
-            break
-    return all(mode.get(key) == value for key, value in MINT_RESPONSE.items())
+            return dict(overrides["processing_mode"])
+    return mode
+
+
+def _responds(mode: dict[str, Any], levels: list[dict[str, Any]], name: str) -> bool:
+    """Whether filter ``name`` sends the response to the processor on the route."""
+    effective = _mode_on_route(mode, levels, name)
+    return effective is not None and all(
+        effective.get(key) == value for key, value in MINT_RESPONSE.items()
+    )
+
+
+def _hold_on_route(hold: _Hold, levels: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The buffer filter's settings (a ``Buffer``) on a route, as Envoy picks them: the
+    most specific ``BufferPerRoute`` or ``FilterConfig``; None where it does not run."""
+    for level in levels:
+        given = level.get(hold.name) if isinstance(level, dict) else None
+        if not isinstance(given, dict):
+            continue
+        if given.get("@type") == FILTER_CONFIG:
+            if given.get("disabled"):
+                return None
+            given = given.get("config") or {}
+            if not isinstance(given, dict) or given.get("@type") != BUFFER_PER_ROUTE:
+                return hold.config  # an empty wrapper enables the filter as configured
+        if given.get("@type") == BUFFER_PER_ROUTE:
+            if given.get("disabled"):
+                return None
+            if isinstance(given.get("buffer"), dict):
+                return dict(given["buffer"])
+    return None if hold.off_by_default else hold.config
+
+
+def _check_hold(
+    where: str,
+    route: dict[str, Any],
+    levels: list[dict[str, Any]],
+    *,
+    running: list[str],
+    manager: _Manager,
+    report: Report,
+) -> None:
+    """Whatever skips the request headers (one message per request) passes them on at
+    once, and the router would open the upstream request before the decision: a buffer
+    filter after it must hold the request until the body has been let through."""
+    for name in running:
+        mode = _mode_on_route(manager.filters[name].get("processing_mode", {}), levels, name)
+        if mode is None or mode.get("request_header_mode", "SEND") != "SKIP":
+            continue
+        after = manager.positions[name]
+        holds = [
+            (hold, settings)
+            for hold in manager.holds
+            if hold.position > after and (settings := _hold_on_route(hold, levels)) is not None
+        ]
+        if not holds:
+            report.errors.append(
+                f"{where}: {name} skips the request headers (one message) and no buffer "
+                "filter after it holds the request here: the upstream request opens, "
+                "headers sent, before the decision, for refused requests and slow uploads "
+                f"alike. Put {BUFFER_NAME} after it (docs/body-modes.md)"
+            )
+            continue
+        limit = route.get("request_body_buffer_limit")
+        for hold, settings in holds:
+            held = settings.get("max_request_bytes")
+            if limit is not None and held is not None and int(held) != int(limit):
+                report.warnings.append(
+                    f"{where}: {hold.name} max_request_bytes {held} replaces this route's "
+                    f"request_body_buffer_limit {limit} (give the route a BufferPerRoute "
+                    "with its own limit)"
+                )
 
 
 def _check_policy(where: str, policy: RoutePolicy, responds: bool, report: Report) -> None:
@@ -196,6 +270,19 @@ class _Manager:
     filters: dict[str, dict[str, Any]]
     # Filters that run unless a route says otherwise (HttpFilter.disabled false).
     on_by_default: set[str]
+    # Each ext_proc filter's place in the filter chain, and the buffer filters'.
+    positions: dict[str, int]
+    holds: list[_Hold]
+
+
+@dataclass(frozen=True)
+class _Hold:
+    """A buffer filter of the chain: it holds a request until its whole body is there."""
+
+    name: str
+    position: int
+    config: dict[str, Any]
+    off_by_default: bool
 
 
 def _check_route(
@@ -225,6 +312,7 @@ def _check_route(
             "not enabled); request bodies would reach the upstream uninspected. Enable the "
             "filter, or answer the route with a direct_response"
         )
+    _check_hold(where, route, levels, running=running, manager=manager, report=report)
     # A weighted cluster's own configuration is the most specific of all: one that
     # turns the filter off forwards its share of the route's requests uninspected.
     for cluster in route["route"].get("weighted_clusters", {}).get("clusters", []):
@@ -477,6 +565,12 @@ def check(config: Any, namespace: str = DEFAULT_NAMESPACE) -> Report:
             requested,
             {str(f.get("name")): f["typed_config"] for f in ext_procs},
             {str(f.get("name")) for f in ext_procs if not f.get("disabled", False)},
+            {str(f.get("name")): filters.index(f) for f in ext_procs},
+            [
+                _Hold(str(f.get("name")), position, f["typed_config"], bool(f.get("disabled")))
+                for position, f in enumerate(filters)
+                if f.get("typed_config", {}).get("@type") == BUFFER
+            ],
         )
         for unseen in ("rds", "scoped_routes"):
             if unseen in manager:

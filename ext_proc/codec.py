@@ -117,7 +117,6 @@ def _preamble(request: pb.ProcessingRequest, keys: AttributeKeys) -> RequestHead
         route=_route_metadata(found, keys),
         peer=_peer(found),
         path=_path(found),
-        routed=True,
     )
 
 
@@ -220,7 +219,6 @@ class Decoder:
             cached.route,
             cached.peer,
             cached.path,
-            cached.routed,
         )
 
 

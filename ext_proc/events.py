@@ -66,12 +66,11 @@ class RequestHeaders:
     body_mode: BodyMode
     route: RouteMetadata
     peer: Peer = Peer()
-    # The request's path without its query (Envoy's ``request.url_path``).
+    # The request's path without its query (Envoy's ``request.url_path``), as the
+    # client sent it: Envoy evaluates the attributes before its router applies the
+    # route's rewrite, with the headers message and without it (one message: the buffer
+    # filter after ext_proc keeps the headers from the router until the decision).
     path: str = ""
-    # Whether ``path`` is already the upstream path: Envoy evaluates the attributes of
-    # a request whose headers message it skips after its router has applied the
-    # route's rewrite; with the headers message it evaluates them before.
-    routed: bool = False
 
     def values(self, name: str) -> list[bytes]:
         return [value for key, value in self.headers if key == name]

@@ -103,15 +103,12 @@ class RoutePolicy:
             return True
         return self.action in (Action.HONOR, Action.MINT) and self.unproven is Unproven.DENY
 
-    def upstream_path(self, path: str, routed: bool = False) -> str | None:
+    def upstream_path(self, path: str) -> str | None:
         """The path the upstream receives for a request path, after the route's prefix
-        rewrite (``routed``: ``path`` is that already); None when ``path`` does not
-        begin with the route's ``match_prefix`` (``prefix_rewrite`` when routed): the
-        metadata does not describe the route that matched."""
+        rewrite; None when ``path`` does not begin with the route's ``match_prefix``:
+        the metadata does not describe the route that matched."""
         if self.match_prefix is None or self.prefix_rewrite is None:
             return path
-        if routed:
-            return path if path.startswith(self.prefix_rewrite) else None
         if not path.startswith(self.match_prefix):
             return None
         return self.prefix_rewrite + path[len(self.match_prefix) :]

@@ -354,14 +354,13 @@ class Stream:
             return parsed
         self._policy = parsed
         self._audit = self._audit or parsed.audit
-        upstream = parsed.upstream_path(event.path, event.routed)
+        upstream = parsed.upstream_path(event.path)
         if upstream is None:
-            field = "prefix_rewrite" if event.routed else "match_prefix"
             return RoutePolicyError(
                 f"invalid route policy metadata: the request path does not begin with the "
-                f"route's {field} {getattr(parsed, field)!r}",
+                f"route's match_prefix {parsed.match_prefix!r}",
                 reason="invalid_route_policy",
-                param=f"{config.route_metadata_namespace}.{field}",
+                param=f"{config.route_metadata_namespace}.match_prefix",
             ).refusal()
         self._endpoint = vllm_request.endpoint(upstream)
         return None

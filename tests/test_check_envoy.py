@@ -702,3 +702,107 @@ def test_routes_this_check_cannot_see_are_errors():
         vhost["matcher"] = {"matcher_tree": {}}
 
     assert any("matcher tree" in e for e in mutated(matcher).errors)
+
+
+# --- the request held until the decision (one message) -----------------------------------
+
+BUFFER = "envoy.filters.http.buffer"
+BUFFER_PER_ROUTE = "type.googleapis.com/envoy.extensions.filters.http.buffer.v3.BufferPerRoute"
+FILTER_CONFIG = "type.googleapis.com/envoy.config.route.v3.FilterConfig"
+HELD = "skips the request headers (one message)"
+
+
+def filter_names(config):
+    return [f["name"] for f in hcm(config)["http_filters"]]
+
+
+def _move_hold_before_ext_proc(config):
+    filters = hcm(config)["http_filters"]
+    filters.insert(0, filters.pop(filter_names(config).index(BUFFER)))
+
+
+def _hold(config, name, value):
+    route(config, name)["typed_per_filter_config"][BUFFER] = value
+
+
+@pytest.mark.parametrize(
+    ("change", "routes_held"),
+    [
+        # No buffer filter: every forwarding route opens the upstream before the decision.
+        (lambda c: hcm(c)["http_filters"].pop(filter_names(c).index(BUFFER)), []),
+        # Before ext_proc it holds the request for nothing: ext_proc still passes the
+        # headers on to the router first.
+        (_move_hold_before_ext_proc, []),
+        # Off on one route, by its own settings or a FilterConfig wrapper.
+        (
+            lambda c: _hold(c, "aggregated", {"@type": BUFFER_PER_ROUTE, "disabled": True}),
+            ["prefill", "disaggregated", "default"],
+        ),
+        (
+            lambda c: _hold(c, "default", {"@type": FILTER_CONFIG, "disabled": True}),
+            ["prefill", "disaggregated", "aggregated"],
+        ),
+        # Off by default and not enabled on the routes.
+        (
+            lambda c: [
+                hcm(c)["http_filters"][filter_names(c).index(BUFFER)].update(disabled=True),
+                [r.get("typed_per_filter_config", {}).pop(BUFFER, None) for r in routes(c)],
+            ],
+            [],
+        ),
+    ],
+    ids=["absent", "before-ext-proc", "off-on-a-route", "off-by-wrapper", "off-by-default"],
+)
+def test_one_message_without_a_hold_is_an_error(change, routes_held):
+    report = mutated(change)
+    unheld = {e.split("route vllm/")[1].split(":")[0] for e in report.errors if HELD in e}
+    forwarding = {r["name"] for r in routes(SHIPPED) if "route" in r}
+    assert unheld == forwarding - set(routes_held)
+    assert len(report.errors) == len(unheld)
+
+
+def test_a_hold_enabled_by_an_empty_wrapper_counts():
+    def change(config):
+        hcm(config)["http_filters"][filter_names(config).index(BUFFER)]["disabled"] = True
+        for entry in routes(config):
+            if "route" in entry:
+                entry["typed_per_filter_config"][BUFFER] = {"@type": FILTER_CONFIG}
+
+    report = mutated(change)
+    assert report.errors == []
+    # The filter's own max_request_bytes then replaces each route's limit: equal here.
+    assert report.warnings == []
+
+
+def test_a_hold_whose_limit_differs_from_the_route_is_a_warning():
+    report = mutated(
+        lambda c: _hold(
+            c, "aggregated", {"@type": BUFFER_PER_ROUTE, "buffer": {"max_request_bytes": 1024}}
+        )
+    )
+    assert report.errors == []
+    (warning,) = report.warnings
+    assert "vllm/aggregated" in warning
+    assert "max_request_bytes 1024 replaces this route's request_body_buffer_limit" in warning
+
+
+def test_two_messages_need_no_hold():
+    two = yaml.safe_load((SHIPPED_DIR / "envoy-two-message.yaml").read_text())
+    assert BUFFER not in filter_names(two)
+    assert check(two).errors == []
+    # A route that overrides the mode to one message needs one.
+    mode = route(two, "aggregated").setdefault("typed_per_filter_config", {})
+    mode["envoy.filters.http.ext_proc"] = {
+        "@type": PER_ROUTE,
+        "overrides": {
+            "processing_mode": {
+                **ext_proc(two)["processing_mode"],
+                "request_header_mode": "SKIP",
+            }
+        },
+    }
+    ext_proc(two)["request_attributes"] = ext_proc(SHIPPED)["request_attributes"]
+    errors = check(two).errors
+    assert len(errors) == 1
+    assert "vllm/aggregated" in errors[0]
+    assert HELD in errors[0]

@@ -213,8 +213,6 @@ def test_first_body_message_carries_a_preamble_from_attributes():
             body_mode=BodyMode.BUFFERED,
             route=RouteMetadata({"action": "deny"}, 1.0, "r"),
             path="/v1/chat/completions",
-            # Without a headers message Envoy evaluated them after routing.
-            routed=True,
         ),
     )
 

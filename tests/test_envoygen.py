@@ -42,7 +42,8 @@ def hcm_of(config: dict[str, Any]) -> dict[str, Any]:
 
 def ext_proc_of(config: dict[str, Any]) -> dict[str, Any]:
     filters = hcm_of(config)["http_filters"]
-    assert [f["name"] for f in filters] == [envoygen.EXT_PROC_FILTER, envoygen.ROUTER_FILTER]
+    names = [f["name"] for f in filters if f["name"] != envoygen.BUFFER_FILTER]
+    assert names == [envoygen.EXT_PROC_FILTER, envoygen.ROUTER_FILTER]
     return filters[0]["typed_config"]
 
 
@@ -292,7 +293,60 @@ def test_one_message_skips_the_headers_and_requests_them_as_attributes():
     assert filt["request_attributes"] == [*attribute_keys().all(), *HEADERS.values()]
     assert check(config).errors == []
     filt["request_attributes"] = list(attribute_keys().all())
+    without_hold(config)
     assert config == base
+
+
+def without_hold(config: dict[str, Any]) -> None:
+    """Remove the buffer filter and its per-route settings."""
+    hcm_of(config)["http_filters"] = [
+        f for f in filters_of(config) if f["name"] != envoygen.BUFFER_FILTER
+    ]
+    for entry in hcm_of(config)["route_config"]["virtual_hosts"][0]["routes"]:
+        per_filter = entry.get("typed_per_filter_config", {})
+        per_filter.pop(envoygen.BUFFER_FILTER, None)
+        if not per_filter:
+            entry.pop("typed_per_filter_config", None)
+
+
+BUFFER_PER_ROUTE = "type.googleapis.com/envoy.extensions.filters.http.buffer.v3.BufferPerRoute"
+
+
+def test_one_message_holds_the_request_until_the_decision():
+    data = example()
+    data["routes"][1]["body_limit_bytes"] = 4 * 1024 * 1024
+    config = generate(data)
+    names = [f["name"] for f in filters_of(config)]
+    # Right after ext_proc: the router gets the headers only once the body is let through.
+    assert names == [envoygen.EXT_PROC_FILTER, envoygen.BUFFER_FILTER, envoygen.ROUTER_FILTER]
+    assert filters_of(config)[1]["typed_config"]["max_request_bytes"] == 16 * 1024 * 1024
+    for name, entry in routes_of(config).items():
+        hold = entry["typed_per_filter_config"][envoygen.BUFFER_FILTER]
+        assert hold["@type"] == BUFFER_PER_ROUTE
+        if "direct_response" in entry:
+            assert hold == {"@type": BUFFER_PER_ROUTE, "disabled": True}, name
+        else:
+            # The filter would set the stream's limit to its own: each route restates its.
+            limit = entry["request_body_buffer_limit"]
+            assert hold["buffer"] == {"max_request_bytes": limit}, name
+    limits = {e["request_body_buffer_limit"] for e in routes_of(config).values() if "route" in e}
+    assert limits == {16 * 1024 * 1024, 4 * 1024 * 1024}
+    assert check(config).errors == []
+    # Without it, check-envoy refuses the config: the upstream would open before the decision.
+    without_hold(config)
+    errors = check(config).errors
+    assert errors
+    assert all("skips the request headers (one message)" in e for e in errors)
+
+
+@pytest.mark.parametrize(
+    "arrangement", [{"one_message": False}, {"one_message": False, "body_mode": "streamed"}]
+)
+def test_header_messages_hold_the_request_at_ext_proc(arrangement):
+    # The headers answer holds the request: no buffer filter is needed.
+    config = generate(example() | arrangement)
+    assert envoygen.BUFFER_FILTER not in [f["name"] for f in filters_of(config)]
+    assert check(config).errors == []
 
 
 def test_one_message_needs_buffered_bodies():
@@ -303,7 +357,12 @@ def test_one_message_needs_buffered_bodies():
 def test_decompressor_runs_before_ext_proc():
     base, config = generate(example()), generate(example() | {"decompress_gzip": True})
     names = [f["name"] for f in filters_of(config)]
-    assert names == [envoygen.DECOMPRESSOR_FILTER, envoygen.EXT_PROC_FILTER, envoygen.ROUTER_FILTER]
+    assert names == [
+        envoygen.DECOMPRESSOR_FILTER,
+        envoygen.EXT_PROC_FILTER,
+        envoygen.BUFFER_FILTER,
+        envoygen.ROUTER_FILTER,
+    ]
     typed = filters_of(config)[0]["typed_config"]
     assert typed["decompressor_library"]["name"] == "gzip"
     # Deflate's largest expansion: the ratio check never truncates a valid body, the
@@ -597,7 +656,7 @@ def test_mint_route_processes_the_response_with_the_filters_request_modes(option
     assert filter_mode["response_header_mode"] == "SKIP"
     assert "response_body_mode" not in filter_mode  # NONE: proto3 JSON leaves it out
     per_route = routes_of(config)["prefill"]["typed_per_filter_config"]
-    assert list(per_route) == [envoygen.EXT_PROC_FILTER]
+    assert set(per_route) - {envoygen.BUFFER_FILTER} == {envoygen.EXT_PROC_FILTER}
     override = per_route[envoygen.EXT_PROC_FILTER]
     assert override["@type"] == f"type.googleapis.com/{envoygen.PER_ROUTE_TYPE}"
     # Only the mode is overridden: failure_mode_allow stays the filter's false.
@@ -613,7 +672,11 @@ def test_only_mint_routes_override_the_filter():
     data = example()
     data["routes"][2]["policy"] = {"topology": "aggregated", "action": "mint"}
     config = generate(data)
-    overridden = [n for n, r in forwarding(config).items() if "typed_per_filter_config" in r]
+    overridden = [
+        n
+        for n, r in forwarding(config).items()
+        if envoygen.EXT_PROC_FILTER in r.get("typed_per_filter_config", {})
+    ]
     assert overridden == ["prefill", "aggregated"]
 
 
@@ -635,6 +698,7 @@ def test_mint_route_buffer_holds_a_prefill_response():
 
 NOT_FOUND = {"error": {"message": "not found", "type": "NotFoundError", "param": None, "code": 404}}
 DISABLED = {"@type": f"type.googleapis.com/{envoygen.PER_ROUTE_TYPE}", "disabled": True}
+NOT_HELD = {"@type": BUFFER_PER_ROUTE, "disabled": True}
 # The matches every config has, before every policy route (ext_proc.token_endpoints).
 TOKEN_MATCHES = [
     {"safe_regex": {"regex": token_endpoints.ECHO_REGEX}},
@@ -654,8 +718,10 @@ def not_found_routes(config: dict[str, Any]) -> list[dict[str, Any]]:
             break
         assert entry["name"].startswith(envoygen.RESERVED_ROUTE_PREFIX)
         assert entry["direct_response"] == {"status": 404}
-        # Nothing is forwarded, so the processor is not asked.
-        assert entry["typed_per_filter_config"] == {envoygen.EXT_PROC_FILTER: DISABLED}
+        # Nothing is forwarded, so the processor is not asked and nothing is held.
+        per_filter = dict(entry["typed_per_filter_config"])
+        assert per_filter.pop(envoygen.EXT_PROC_FILTER) == DISABLED
+        assert per_filter in ({}, {envoygen.BUFFER_FILTER: NOT_HELD})
         leading.append(entry)
     assert not [r for r in vhost["routes"][len(leading) :] if "route" not in r]
     return leading

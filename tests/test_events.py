@@ -96,7 +96,7 @@ def test_response_headers_values_keeps_order_and_duplicates():
 def test_request_headers_defaults():
     event = RequestHeaders((), True, BodyMode.NONE, RouteMetadata())
     assert event.peer == NO_PEER
-    assert (event.path, event.routed) == ("", False)
+    assert event.path == ""
 
 
 def test_route_metadata_items_are_made_from_its_values():

@@ -569,7 +569,7 @@ def test_audit_never_relaxes_limits_protocol_or_configuration():
 
 def first_body(data, route=AGGREGATED, extra=JSON, mode=BUFFERED, eos=True):
     # Envoy evaluated a skipped headers message's attributes after routing.
-    preamble = RequestHeaders(extra, False, mode, route, path=CHAT_PATH, routed=True)
+    preamble = RequestHeaders(extra, False, mode, route, path=CHAT_PATH)
     return RequestBody(data, eos, preamble)
 
 
@@ -992,27 +992,27 @@ def test_a_mint_route_signs_for_a_request_with_only_its_own_parameters():
     assert stream.outcome.decision == Mint("minted", 2)
 
 
-def test_one_message_per_request_gets_the_path_after_the_rewrite():
-    # Without the headers message, Envoy's attributes already show the upstream path.
+def test_one_message_per_request_gets_the_path_before_the_rewrite():
+    # The buffer filter keeps the headers from the router: the attributes show the
+    # path the client sent, rewritten by the processor as the router will.
     trust = Trust(keys=lambda: KEYS, clock=lambda: 1000.0)
-    for path, routed, minted in [
-        ("/v1/chat/completions", True, True),
-        ("/pd/prefill/v1/chat/completions", False, True),
-        ("/v1/chat/completions/derender", True, False),
+    for path, minted in [
+        ("/pd/prefill/v1/chat/completions", True),
+        ("/pd/prefill/v1/chat/completions/derender", False),
     ]:
         stream = Driven(max_body_bytes=1 << 20, trust=trust)
-        preamble = RequestHeaders(JSON, False, BUFFERED, REWRITTEN_MINT, path=path, routed=routed)
+        preamble = RequestHeaders(JSON, False, BUFFERED, REWRITTEN_MINT, path=path)
         assert stream.handle(RequestBody(PREFILL, True, preamble)) == [
             ContinueBody(None, length_header=True)
         ]
         response_outcome(stream, raw=SIGNED_RESPONSE)
         assert stream.outcome.decision.action == ("mint" if minted else "allow")
-    # A routed path the rewrite cannot have produced: the metadata is not this route's.
+    # An already rewritten path: the metadata does not describe the route that matched.
     stream = new()
-    preamble = RequestHeaders(JSON, False, BUFFERED, REWRITTEN_MINT, path="/x/v1", routed=True)
+    preamble = RequestHeaders(JSON, False, BUFFERED, REWRITTEN_MINT, path="/v1/chat/completions")
     (answer,) = stream.handle(RequestBody(PREFILL, True, preamble))
     assert isinstance(answer, Reject)
-    assert b"prefix_rewrite" in answer.body
+    assert b"match_prefix" in answer.body
 
 
 @pytest.mark.parametrize(

@@ -25,7 +25,7 @@ OK_RESPONSE = ((":status", b"200"), ("content-type", b"application/json"))
 
 
 def headers(mode=BodyMode.BUFFERED, *, eos=False):
-    return RequestHeaders(JSON, eos, mode, ROUTE, path="/v1/chat/completions", routed=True)
+    return RequestHeaders(JSON, eos, mode, ROUTE, path="/v1/chat/completions")
 
 
 # One event of each kind, as the table reads it.

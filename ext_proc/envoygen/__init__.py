@@ -64,6 +64,7 @@ from ext_proc.envoygen.inputs import (
     state_rewrite,
 )
 from ext_proc.envoygen.output import (
+    BUFFER_FILTER,
     DECOMPRESSOR_FILTER,
     EXT_PROC_FILTER,
     HTTP_OPTIONS,
@@ -77,6 +78,7 @@ from ext_proc.envoygen.output import (
 )
 
 __all__ = [
+    "BUFFER_FILTER",
     "DECOMPRESSOR_FILTER",
     "EXT_PROC_FILTER",
     "HTTP_OPTIONS",

@@ -57,6 +57,8 @@ REWRITE_FIELDS: Final = ("match_prefix", "prefix_rewrite")
 # response with 128k prompt ids is about 1 MiB.
 MINT_BUFFER_MIN: Final = 2 * MiB
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
+# A lower-case HTTP header name (RFC 9110 token), not a pseudo-header.
+_HEADER_NAME = re.compile(r"^[a-z0-9!#$%&'*+.^_`|~-]+$")
 
 
 class GeneratorError(Exception):
@@ -185,6 +187,12 @@ class RouteInput(BaseModel):
     # names another path than it reads as ("/%69nference/" is /inference/).
     prefix: str = Field(pattern=r"^/[^%]*$")
     prefix_rewrite: str | None = Field(default=None, pattern=r"^/[^%]*$")
+    # Request headers the route also matches, each by its exact value (e.g. llm-d's
+    # EPP-Profile for the coordinator's legs). A condition, not a credential: clients
+    # can send any header, so every route's policy must hold for any client.
+    headers: dict[Annotated[str, Field(pattern=_HEADER_NAME.pattern)], str] = Field(
+        default_factory=dict
+    )
     upstream: str
     policy: PolicyInput = PolicyInput()
     # Largest request body held for inspection on this route (413 beyond it).
@@ -309,7 +317,7 @@ class GeneratorInput(BaseModel):
     @model_validator(mode="after")
     def _routes_consistent(self) -> GeneratorInput:
         names: set[str] = set()
-        prefixes: set[str] = set()
+        earlier: list[RouteInput] = []
         for index, entry in enumerate(self.routes):
             where = f"routes.{index}"
             if entry.upstream not in self.upstreams:
@@ -337,7 +345,10 @@ class GeneratorInput(BaseModel):
                 )
             if name in names:
                 raise ValueError(f"{where}.name: {name!r} is used by an earlier route")
-            if entry.prefix in prefixes:
+            if any(
+                e.prefix == entry.prefix and e.headers.items() <= entry.headers.items()
+                for e in earlier
+            ):
                 raise ValueError(
                     f"{where}.prefix: {entry.prefix!r} is matched by an earlier route, "
                     "so this route could never be reached"
@@ -349,7 +360,7 @@ class GeneratorInput(BaseModel):
                     "route's buffer limit bounds the prefill response as well)"
                 )
             names.add(name)
-            prefixes.add(entry.prefix)
+            earlier.append(entry)
         return self
 
     @model_validator(mode="after")

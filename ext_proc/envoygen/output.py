@@ -48,6 +48,7 @@ with warnings.catch_warnings():
     from envoy_data_plane.envoy.extensions.access_loggers.filters.cel import v3 as cel_filter
     from envoy_data_plane.envoy.extensions.access_loggers.stream import v3 as stream_log
     from envoy_data_plane.envoy.extensions.compression.gzip.decompressor import v3 as gzip
+    from envoy_data_plane.envoy.extensions.filters.http.buffer import v3 as buffer
     from envoy_data_plane.envoy.extensions.filters.http.decompressor import v3 as decompressor
     from envoy_data_plane.envoy.extensions.filters.http.ext_proc import v3 as ext_proc
     from envoy_data_plane.envoy.extensions.filters.http.router import v3 as router
@@ -67,6 +68,7 @@ with warnings.catch_warnings():
 PROCESSOR_SERVICE: Final = "envoy.service.ext_proc.v3.ExternalProcessor"
 HCM_NAME: Final = "envoy.filters.network.http_connection_manager"
 DECOMPRESSOR_FILTER: Final = "envoy.filters.http.decompressor"
+BUFFER_FILTER: Final = "envoy.filters.http.buffer"
 EXT_PROC_FILTER: Final = "envoy.filters.http.ext_proc"
 ROUTER_FILTER: Final = "envoy.filters.http.router"
 PER_ROUTE_TYPE: Final = "envoy.extensions.filters.http.ext_proc.v3.ExtProcPerRoute"
@@ -327,6 +329,16 @@ def gzip_decompressor() -> decompressor.Decompressor:
     )
 
 
+def hold_request(limit: int) -> buffer.BufferPerRoute:
+    """The buffer filter's settings on a route whose body may hold up to ``limit``.
+
+    The filter sets the stream's buffer limit to its own ``max_request_bytes`` when the
+    headers pass it, which would replace the route's ``request_body_buffer_limit`` under
+    which ext_proc buffers: each route states its own limit again here.
+    """
+    return buffer.BufferPerRoute(buffer=buffer.Buffer(max_request_bytes=limit))
+
+
 def http_filters(spec: GeneratorInput) -> list[hcm.HttpFilter]:
     filters = []
     if spec.decompress_gzip:
@@ -339,6 +351,22 @@ def http_filters(spec: GeneratorInput) -> list[hcm.HttpFilter]:
     filters.append(
         hcm.HttpFilter(name=EXT_PROC_FILTER, typed_config=protobuf.Any.pack(ext_proc_filter(spec)))
     )
+    if spec.one_message:
+        # The request is held here until ext_proc has let the whole body through: with
+        # the headers message skipped, ext_proc passes the headers on at once, and the
+        # router would open the upstream request (and send the headers) before the
+        # decision, for refused requests and slow uploads alike. Held, the upstream sees
+        # nothing of a refused request, a slow upload takes no upstream request, and the
+        # body arrives with its content-length (the filter adds it). Two messages and
+        # FULL_DUPLEX_STREAMED hold the headers at ext_proc until the processor answers.
+        filters.append(
+            hcm.HttpFilter(
+                name=BUFFER_FILTER,
+                typed_config=protobuf.Any.pack(
+                    buffer.Buffer(max_request_bytes=spec.body_limit_bytes)
+                ),
+            )
+        )
     filters.append(
         hcm.HttpFilter(name=ROUTER_FILTER, typed_config=protobuf.Any.pack(router.Router()))
     )
@@ -434,16 +462,26 @@ def local_reply_config() -> hcm.LocalReplyConfig:
     return hcm.LocalReplyConfig(mappers=mappers)
 
 
-def _per_route(config: ext_proc.ExtProcPerRoute) -> dict[str, protobuf.Any]:
-    return {EXT_PROC_FILTER: protobuf.Any.pack(config)}
+def _per_route(
+    spec: GeneratorInput,
+    config: ext_proc.ExtProcPerRoute | None,
+    hold: buffer.BufferPerRoute | None,
+) -> dict[str, protobuf.Any]:
+    out = {} if config is None else {EXT_PROC_FILTER: protobuf.Any.pack(config)}
+    if spec.one_message and hold is not None:
+        out[BUFFER_FILTER] = protobuf.Any.pack(hold)
+    return out
 
 
-def _not_found(name: str, match: route.RouteMatch) -> route.Route:
+def _not_found(spec: GeneratorInput, name: str, match: route.RouteMatch) -> route.Route:
+    # Nothing to hold: the router answers without an upstream.
     return route.Route(
         name=name,
         match=match,
         direct_response=route.DirectResponseAction(status=404),
-        typed_per_filter_config=_per_route(ext_proc.ExtProcPerRoute(disabled=True)),
+        typed_per_filter_config=_per_route(
+            spec, ext_proc.ExtProcPerRoute(disabled=True), buffer.BufferPerRoute(disabled=True)
+        ),
     )
 
 
@@ -471,9 +509,9 @@ def token_endpoint_routes(spec: GeneratorInput) -> list[route.Route]:
     there is nothing to inspect. The body is the local reply mappers' business
     (``local_reply_config``), which would otherwise replace it.
     """
-    out = [_not_found(f"{RESERVED_ROUTE_PREFIX}-echo", _match(Match("regex", ECHO_REGEX)))]
+    out = [_not_found(spec, f"{RESERVED_ROUTE_PREFIX}-echo", _match(Match("regex", ECHO_REGEX)))]
     out += [
-        _not_found(f"{RESERVED_ROUTE_PREFIX}-{name}", _match(found))
+        _not_found(spec, f"{RESERVED_ROUTE_PREFIX}-{name}", _match(found))
         for name, found in zip(_ROOT_NAMES, ROOT, strict=True)
     ]
     seen: set[tuple[str, str]] = set()
@@ -484,7 +522,7 @@ def token_endpoint_routes(spec: GeneratorInput) -> list[route.Route]:
             if key not in seen:
                 seen.add(key)
                 name = f"{RESERVED_ROUTE_PREFIX}-{route_name(entry, index)}-{number}"
-                out.append(_not_found(name, _match(found)))
+                out.append(_not_found(spec, name, _match(found)))
     return out
 
 
@@ -495,17 +533,26 @@ def policy_route(spec: GeneratorInput, entry: RouteInput, index: int) -> route.R
         timeout=_seconds(spec.route_timeout_seconds),
     )
     minting = entry.read().action is Action.MINT
+    limit = entry.body_limit_bytes or spec.body_limit_bytes
     return route.Route(
         name=route_name(entry, index),
-        match=route.RouteMatch(prefix=entry.prefix),
+        match=route.RouteMatch(
+            prefix=entry.prefix,
+            headers=[
+                route.HeaderMatcher(name=name, string_match=matcher.StringMatcher(exact=value))
+                for name, value in entry.headers.items()
+            ],
+        ),
         route=action,
         metadata=core.Metadata(filter_metadata={spec.namespace: _struct(entry.metadata())}),
         # BUFFERED: Envoy holds the whole body up to this limit (413 beyond). Envoy 1.40
         # sets it as the stream's buffer limit, so it also bounds a mint route's buffered
         # response (500 response_payload_too_large beyond; inputs.MINT_BUFFER_MIN); the
         # listener's per_connection_buffer_limit_bytes does not.
-        request_body_buffer_limit=entry.body_limit_bytes or spec.body_limit_bytes,
-        typed_per_filter_config=_per_route(mint_override(spec)) if minting else {},
+        request_body_buffer_limit=limit,
+        typed_per_filter_config=_per_route(
+            spec, mint_override(spec) if minting else None, hold_request(limit)
+        ),
     )
 
 

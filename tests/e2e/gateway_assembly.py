@@ -5,7 +5,8 @@ would hand Envoy from our manifests and give that to the real ``envoy --mode val
 
 - Istio: the routes istiod makes of the HTTPRoutes (named
   ``<namespace>.<HTTPRoute name>.<rule index>``), the EnvoyFilter's CLUSTER value, its
-  HTTP_FILTER value (first in the chain, then the router), its HTTP_ROUTE MERGE values
+  HTTP_FILTER values (INSERT_FIRST, INSERT_AFTER a named filter, in patch order, before
+  the router), its HTTP_ROUTE MERGE values
   merged into routes with the matched names (or every route), its HTTP_ROUTE
   INSERT_FIRST values put before them, and its NETWORK_FILTER MERGE values into the
   connection manager, as istiod does (pilot/pkg/networking/core/envoyfilter).
@@ -16,8 +17,9 @@ would hand Envoy from our manifests and give that to the real ``envoy --mode val
   to them.
 
 Both write a Gateway API ``PathPrefix`` match as ``path_separated_prefix`` without its
-trailing "/" (``/`` stays a ``prefix``) and a ``ReplacePrefixMatch`` rewrite as
-``prefix_rewrite`` without its trailing "/" (Envoy Gateway: route.go
+trailing "/" (``/`` stays a ``prefix``), an ``Exact`` header match as a header matcher,
+and a ``ReplacePrefixMatch`` rewrite as ``prefix_rewrite`` without its trailing "/"
+(Envoy Gateway: route.go
 buildXdsRouteMatch, buildXdsURLRewriteAction; Istio: conversion.go
 createRewriteFilter, route.go), and order the routes longest path first.
 
@@ -122,6 +124,12 @@ def gateway_api_route(
         # Both write "/" as a regex rewrite instead (envoy#26055); not emulated here.
         assert replacement, "a rewrite to '/' is not emulated"
         action["prefix_rewrite"] = replacement
+    headers = match.get("headers", [])
+    assert all(h.get("type", "Exact") == "Exact" for h in headers), headers
+    if headers:
+        route_match["headers"] = [
+            {"name": h["name"].lower(), "string_match": {"exact": h["value"]}} for h in headers
+        ]
     entry = {"name": name, "match": route_match}
     if rule.get("backendRefs"):
         entry["route"] = action
@@ -131,9 +139,12 @@ def gateway_api_route(
     return entry
 
 
-def _longest_path_first(entry: dict[str, Any]) -> int:
+def _longest_path_first(entry: dict[str, Any]) -> tuple[int, int]:
+    """Gateway API precedence: the longest path, then the most header matches (a stable
+    sort keeps the rules' order beyond that)."""
     match = entry["match"]
-    return -len(match.get("path_separated_prefix", match.get("prefix", "")))
+    path = match.get("path_separated_prefix", match.get("prefix", ""))
+    return -len(path), -len(match.get("headers", []))
 
 
 def deep_merge(base: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
@@ -171,11 +182,18 @@ def istio_bootstrap(
 ) -> dict[str, Any]:
     patches = envoy_filter["spec"]["configPatches"]
     clusters = [p["patch"]["value"] for p in patches if p["applyTo"] == "CLUSTER"]
-    first = [
-        p["patch"]["value"]
-        for p in patches
-        if p["applyTo"] == "HTTP_FILTER" and p["patch"]["operation"] == "INSERT_FIRST"
-    ]
+    http_filters = [ROUTER]
+    for patch in patches:
+        if patch["applyTo"] != "HTTP_FILTER":
+            continue
+        operation, value = patch["patch"]["operation"], patch["patch"]["value"]
+        if operation == "INSERT_FIRST":
+            http_filters.insert(0, value)
+            continue
+        assert operation == "INSERT_AFTER", operation
+        after = patch["match"]["listener"]["filterChain"]["filter"]["subFilter"]["name"]
+        names = [f["name"] for f in http_filters]
+        http_filters.insert(names.index(after) + 1, value)
     route_patches = [p for p in patches if p["applyTo"] == "HTTP_ROUTE"]
     routes = []
     # The routes first: merges apply to those that exist, then the inserts.
@@ -207,7 +225,7 @@ def istio_bootstrap(
             typed = dict(patch["patch"]["value"]["typed_config"])
             assert typed.pop("@type") == HCM
             manager = deep_merge(manager, typed)
-    return bootstrap("gateway", [*first, ROUTER], route_config, clusters, manager)
+    return bootstrap("gateway", http_filters, route_config, clusters, manager)
 
 
 # --- Envoy Gateway -----------------------------------------------------------------------

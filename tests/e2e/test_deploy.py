@@ -32,8 +32,11 @@ DEPLOY = REPO / "deploy"
 KUBE = DEPLOY / "kubernetes"
 MANIFESTS = sorted(DEPLOY.rglob("*.yaml"))
 # YAML under deploy/ that is not a Kubernetes object: the Envoy generator's example
-# input, and the Prometheus rules file (tests/e2e/test_monitoring.py checks it).
-NOT_KUBERNETES = frozenset({"envoy-config.example.yaml", "monitoring/rules.yaml"})
+# input, the Prometheus rules file (tests/e2e/test_monitoring.py checks it) and the
+# values of llm-d's standalone chart (tests/e2e/test_llmd_standalone.py).
+NOT_KUBERNETES = frozenset(
+    {"envoy-config.example.yaml", "monitoring/rules.yaml", "llm-d/standalone/values.yaml"}
+)
 # Kubernetes minor version the core objects are checked against (kubernetes-validate
 # ships its schemas; grpc probes are GA since 1.27, PDB unhealthyPodEvictionPolicy 1.31).
 KUBE_VERSION = "1.31.0"
@@ -407,6 +410,17 @@ def httproutes() -> list[dict[str, Any]]:
     return documents(DEPLOY / "envoy-gateway" / "httproutes.yaml")
 
 
+def istio_filter_name() -> str:
+    """The name the EnvoyFilter gives this project's ext_proc filter (the one it
+    inserts first)."""
+    (name,) = [
+        p["patch"]["value"]["name"]
+        for p in istio_filter()["spec"]["configPatches"]
+        if p["applyTo"] == "HTTP_FILTER" and p["patch"]["operation"] == "INSERT_FIRST"
+    ]
+    return str(name)
+
+
 def istio_bootstrap(envoy_filter: dict[str, Any] | None = None) -> dict[str, Any]:
     return gateway_assembly.istio_bootstrap(envoy_filter or istio_filter(), httproutes())
 
@@ -469,8 +483,15 @@ def test_httproutes_need_no_404s_beyond_the_generators():
 
 def test_istio_filter_is_first_and_fails_closed():
     patches = istio_filter()["spec"]["configPatches"]
-    (http_filter,) = [p for p in patches if p["applyTo"] == "HTTP_FILTER"]
+    http_filter, hold = [p for p in patches if p["applyTo"] == "HTTP_FILTER"]
     assert http_filter["match"]["context"] == "GATEWAY"
+    # The request is held right after the filter until its body has been let through.
+    assert hold["patch"]["operation"] == "INSERT_AFTER"
+    sub = hold["match"]["listener"]["filterChain"]["filter"]["subFilter"]["name"]
+    assert sub == http_filter["patch"]["value"]["name"]
+    assert hold["patch"]["value"]["name"] == "envoy.filters.http.buffer"
+    names = [f["name"] for f in manager_of(istio_bootstrap())["http_filters"]]
+    assert names == [sub, "envoy.filters.http.buffer", "envoy.filters.http.router"]
     # Before the router and before any endpoint-picker ext_proc.
     assert http_filter["patch"]["operation"] == "INSERT_FIRST"
     config = http_filter["patch"]["value"]["typed_config"]
@@ -508,11 +529,7 @@ def test_istio_routes_get_policy_and_buffer_limit():
         assert stated["match_prefix"] == entry["match"]["path_separated_prefix"]
         assert stated["prefix_rewrite"] == entry["route"]["prefix_rewrite"]
     # Only the prefill (mint) route sends the response to the processor.
-    (filter_name,) = [
-        p["patch"]["value"]["name"]
-        for p in istio_filter()["spec"]["configPatches"]
-        if p["applyTo"] == "HTTP_FILTER"
-    ]
+    filter_name = istio_filter_name()
     (override,) = by_name["llm-d.llama-pd.1"]["typed_per_filter_config"].values()
     assert_sends_the_response(override, filter_name, by_name["llm-d.llama-pd.1"], "SKIP")
     for name in ("llm-d.llama-pd.0", "llm-d.llama.0"):
@@ -521,11 +538,7 @@ def test_istio_routes_get_policy_and_buffer_limit():
 
 def test_istio_answers_the_token_endpoints_as_the_generator_does():
     routes = routes_of(istio_bootstrap())
-    (filter_name,) = [
-        p["patch"]["value"]["name"]
-        for p in istio_filter()["spec"]["configPatches"]
-        if p["applyTo"] == "HTTP_FILTER"
-    ]
+    filter_name = istio_filter_name()
     inserted = [r for r in routes if "direct_response" in r]
     # Before every route Istio makes of the HTTPRoutes, the filter disabled on each.
     assert routes[: len(inserted)] == inserted
@@ -604,6 +617,12 @@ def _no_echo_route(envoy_filter: dict[str, Any]) -> None:
     )
 
 
+def _no_hold(envoy_filter: dict[str, Any]) -> None:
+    envoy_filter["spec"]["configPatches"].remove(
+        patch_of(envoy_filter, "HTTP_FILTER", "envoy.filters.http.buffer")
+    )
+
+
 def _unstated_rewrite(envoy_filter: dict[str, Any]) -> None:
     value = patch_of(envoy_filter, "HTTP_ROUTE", "llm-d.llama-pd.1")["patch"]["value"]
     for key in envoygen.REWRITE_FIELDS:
@@ -619,8 +638,10 @@ def _unstated_rewrite(envoy_filter: dict[str, Any]) -> None:
         (_no_echo_route, "llm-d.llama-pd.0: forwards '/pd/v1/chat/completions/render'"),
         # Without the stated rewrite, proofs would be bound to the downstream path.
         (_unstated_rewrite, "llm-d.llama-pd.1: the route rewrites '/pd/prefill/v1' to '/v1'"),
+        # Without the buffer filter, the upstream request opens before the decision.
+        (_no_hold, "llm-d.llama.0: ext_proc.token_policy skips the request headers"),
     ],
-    ids=["escaped-slashes", "echo-route", "rewrite-metadata"],
+    ids=["escaped-slashes", "echo-route", "rewrite-metadata", "hold"],
 )
 def test_check_envoy_catches_an_istio_filter_without_each_part(change, error):
     envoy_filter = istio_filter()

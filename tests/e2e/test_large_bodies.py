@@ -64,9 +64,9 @@ def chat_of_size(size: int) -> dict:
 
 def expect_framing(received, mode: str) -> None:
     assert_framing(received)
-    if mode != "two-message":  # Envoy drops content-length and chunks to HTTP/1 upstreams
+    if mode == "streamed":  # Envoy drops content-length and chunks to HTTP/1 upstreams
         assert received.header("transfer-encoding") == ["chunked"]
-    else:
+    else:  # the processor sets it (two messages), the buffer filter adds it (one message)
         assert received.header("content-length") == [str(len(received.body))]
 
 
@@ -125,7 +125,10 @@ def test_body_mode_chosen_per_route(gateway, client):
     reply = client.post(gateway.url + "/duplex/v1/chat/completions", json=sent)
     assert reply.status_code == 200, reply.text
     received = only_request(gateway)
-    expect_framing(received, "streamed")
+    # Behind the buffer filter of the one-message arrangement the streamed answer is
+    # held whole too, and goes on with its length.
+    held = gateway.source == BODY_MODES["one-message"]
+    expect_framing(received, "two-message" if held else "streamed")
     assert_stripped(json.loads(received.body), sent)
 
 

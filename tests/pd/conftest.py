@@ -17,7 +17,7 @@ from devstack import processes
 from ext_proc.address import HostPort
 from tests.e2e.test_make_run import start, wait_ready
 from tests.pd import pair as pd_pair
-from tests.pd.recorder import Recorder
+from tests.recorder import Recorder
 from tests.test_devstack import free_ports
 
 RESULTS: list[str] = []
