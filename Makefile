@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-vllm test-pd pd-pair rules monitoring-rules dashboard lint typecheck unit e2e hostile bench bench-smoke profile protos envoy-config envoy-configs clean
+.PHONY: run test test-vllm test-pd pd-pair rules monitoring-rules dashboard llm-d-manifests lint typecheck unit e2e hostile bench bench-smoke profile protos envoy-config envoy-configs clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -71,6 +71,11 @@ rules: $(STAMP)
 # Regenerate deploy/kubernetes/monitoring/prometheusrule.yaml from deploy/monitoring/rules.yaml.
 monitoring-rules: $(STAMP)
 	$(PY) -m devstack monitoring
+
+# Regenerate deploy/llm-d/coordinator/ (HTTPRoute, Istio EnvoyFilter, Envoy Gateway patch
+# policy) from envoy/inputs/envoy-coordinator.yaml and the shipped gateway manifests.
+llm-d-manifests: $(STAMP)
+	$(PY) -m devstack coordinator
 
 # Regenerate deploy/monitoring/dashboard.json (Grafana) from devstack/dashboard.py.
 dashboard: $(STAMP)

@@ -6,6 +6,7 @@ the gateway fail closed stays exactly as shipped in ``envoy/``.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -46,12 +47,14 @@ def render(
     prefill: HostPort | None = None,
     source: Path = SHIPPED,
     cert_dir: Path | None = None,
+    others: Mapping[str, HostPort] | None = None,
 ) -> dict[str, Any]:
     """The config at ``source`` with new addresses (a Path processor: a Unix socket).
 
     ``prefill`` (the prefill leg of the P/D hand-off) defaults to the decode upstream:
-    one vLLM server can serve both legs. A config without a ``prefill`` cluster (a
-    variant without the hand-off) is rendered without one.
+    one vLLM server can serve both legs. A config without one of the three upstream
+    clusters (a variant without the hand-off, or with upstreams of its own) is rendered
+    without it; ``others`` gives the addresses of further clusters by name.
     """
     config: dict[str, Any] = yaml.safe_load(source.read_text())
     if cert_dir is not None:
@@ -65,9 +68,10 @@ def render(
         ("aggregated", aggregated),
         ("disaggregated", disaggregated),
         ("prefill", prefill or disaggregated),
+        *(others or {}).items(),
     )
     for name, address in addresses:
-        if name == "prefill" and name not in clusters:
+        if name != "ext_proc" and name not in clusters and name not in (others or {}):
             continue
         (endpoints,) = clusters[name]["load_assignment"]["endpoints"]
         (lb_endpoint,) = endpoints["lb_endpoints"]

@@ -47,6 +47,13 @@ def ext_proc_of(config: dict[str, Any]) -> dict[str, Any]:
     return filters[0]["typed_config"]
 
 
+# Shipped configs for one of llm-d's prefill/decode architectures rather than a gateway
+# with the hand-off routes of deploy/envoy-config.example.yaml (/pd/prefill/v1/, /pd/v1/).
+ARCHITECTURES = frozenset(
+    {"envoy-coordinator.yaml", "envoy-pod-prefill.yaml", "envoy-pod-decode.yaml"}
+)
+
+
 def clusters_of(config: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {c["name"]: c for c in config["static_resources"]["clusters"]}
 
@@ -846,7 +853,8 @@ def test_rewritten_routes_state_their_rewrite(path):
     spec = envoygen.load_input(envoygen.read_input(path))
     config = envoygen.to_dict(envoygen.build(spec))
     routes = forwarding(config)
-    assert any("prefix_rewrite" in r["route"] for r in routes.values())
+    if path.name not in ARCHITECTURES:
+        assert any("prefix_rewrite" in r["route"] for r in routes.values())
     for entry in routes.values():
         fields = entry["metadata"]["filter_metadata"]["ext_proc.token_policy"]
         rewrite = entry["route"].get("prefix_rewrite")
@@ -958,6 +966,8 @@ def test_peers_need_the_mutual_tls_listener():
 
 def test_shipped_decode_route_honors_only_what_the_deployment_produced():
     for path in sorted((REPO / "envoy").glob("*.yaml")):
+        if path.name in ARCHITECTURES:
+            continue
         routes = forwarding(yaml.safe_load(path.read_text()))
         fields = routes["disaggregated"]["metadata"]["filter_metadata"]["ext_proc.token_policy"]
         assert fields["action"] == "honor", path.name

@@ -200,6 +200,8 @@ class Stack:
     # Where /etc/ext-proc/tls/ certificate paths point (TLS configs).
     cert_dir: Path | None = None
     workers: int = 1
+    # Addresses of the config's further upstream clusters, by name.
+    others: dict[str, HostPort] = field(default_factory=dict)
 
     @property
     def url(self) -> str:
@@ -244,6 +246,7 @@ class Stack:
             prefill=self.upstream,
             source=self.source,
             cert_dir=self.cert_dir,
+            others=self.others,
         )
         hcm = config["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]
         (vhost,) = hcm["typed_config"]["route_config"]["virtual_hosts"]

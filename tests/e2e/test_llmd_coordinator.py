@@ -1,0 +1,144 @@
+"""deploy/llm-d/coordinator/: the manifests for llm-d's coordinator architecture are
+what `make llm-d-manifests` writes, and as Istio and Envoy Gateway would assemble them
+they give each EPP-Profile phase the policy of envoy/envoy-coordinator.yaml (which
+tests/e2e/test_coordinator.py runs end to end), pass check-envoy and the real
+`envoy --mode validate`; the overlays render with kustomize."""
+
+from __future__ import annotations
+
+import subprocess
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from devstack import coordinator
+from ext_proc import check_envoy
+from tests.e2e import gateway_assembly
+from tests.e2e.test_deploy import (
+    KUBE_VERSION,
+    KUBECTL,
+    NAMESPACE,
+    documents,
+    envoy_validate,
+    manager_of,
+    policy_from,
+    routes_of,
+)
+
+OUT = coordinator.OUTPUT
+EG_LISTENER = "llm-d/inference-gateway/http"
+
+
+def httproute() -> dict[str, Any]:
+    (route,) = documents(OUT / "routes" / "httproute.yaml")
+    return route
+
+
+def istio(envoy_filter: dict[str, Any] | None = None) -> dict[str, Any]:
+    (found,) = documents(OUT / "istio" / "envoyfilter.yaml")
+    return gateway_assembly.istio_bootstrap(envoy_filter or found, [httproute()])
+
+
+def envoy_gateway(patch: dict[str, Any] | None = None) -> dict[str, Any]:
+    (extension,) = documents(OUT / "envoy-gateway" / "extension-policy.yaml")
+    (found,) = documents(OUT / "envoy-gateway" / "patch-policy.yaml")
+    return gateway_assembly.envoy_gateway_bootstrap(
+        extension, patch or found, [httproute()], EG_LISTENER
+    )
+
+
+def test_the_committed_manifests_are_generated():
+    for path, text in coordinator.files().items():
+        assert path.read_text() == text, f"{path} differs: run `make llm-d-manifests`"
+
+
+def expected_policies(name_of: Any) -> dict[str, Any]:
+    """Each phase route's policy as the processor reads it, by the route name the
+    gateway gives its rule (``name_of(rule index)``)."""
+    limits = {"vocab_size": 128256, "max_ids": 131072}
+    return {
+        name_of(index): policy_from(coordinator.policy(entry, limits))
+        for index, entry in enumerate(coordinator.routes())
+    }
+
+
+@pytest.mark.parametrize(
+    ("assemble", "name_of"),
+    [
+        (istio, lambda i: f"llm-d.llm-d-coordinator.{i}"),
+        (envoy_gateway, lambda i: f"httproute/llm-d/llm-d-coordinator/rule/{i}/match/0/*"),
+    ],
+    ids=["istio", "envoy-gateway"],
+)
+def test_each_phase_gets_its_policy(assemble, name_of, tmp_path):
+    config = assemble()
+    by_name = {r["name"]: r for r in routes_of(config) if "route" in r}
+    expected = expected_policies(name_of)
+    assert set(by_name) == set(expected)
+    for name, policy in expected.items():
+        got = policy_from(by_name[name]["metadata"]["filter_metadata"][NAMESPACE])
+        assert got == policy, name
+        assert by_name[name]["request_body_buffer_limit"] == 16 * 1024 * 1024
+    actions = [p.action.value for p in expected.values()]
+    assert actions == ["mint", "honor", "strip", "strip"]
+    # The phase routes come before the coordinator's catch-all, which clients reach.
+    order = [r["name"] for r in routes_of(config) if "route" in r]
+    assert order == list(expected)
+    report = check_envoy.check(config)
+    assert report.errors == []
+    assert report.warnings == []
+    envoy_validate(config, tmp_path, "coordinator")
+
+
+def test_the_phase_header_selects_the_route():
+    routes = {r["name"]: r for r in routes_of(istio())}
+    for index, phase in enumerate(["prefill", "decode", "encode"]):
+        match = routes[f"llm-d.llm-d-coordinator.{index}"]["match"]
+        assert match["headers"] == [{"name": "epp-profile", "string_match": {"exact": phase}}]
+    assert "headers" not in routes["llm-d.llm-d-coordinator.3"]["match"]
+
+
+def test_istio_keeps_the_filter_and_its_hold():
+    names = [f["name"] for f in manager_of(istio())["http_filters"]]
+    assert names == [
+        "ext_proc.token_policy",
+        "envoy.filters.http.buffer",
+        "envoy.filters.http.router",
+    ]
+
+
+def _without_mint_override(envoy_filter: dict[str, Any]) -> None:
+    for patch in envoy_filter["spec"]["configPatches"]:
+        patch["patch"]["value"].pop("typed_per_filter_config", None)
+
+
+def test_check_envoy_catches_a_prefill_phase_without_its_response_override():
+    (envoy_filter,) = documents(OUT / "istio" / "envoyfilter.yaml")
+    _without_mint_override(envoy_filter)
+    errors = check_envoy.check(istio(envoy_filter)).errors
+    assert any("llm-d.llm-d-coordinator.0: action mint" in e for e in errors), errors
+
+
+@pytest.mark.skipif(KUBECTL is None, reason="kubectl is not on PATH")
+@pytest.mark.parametrize("overlay", ["istio", "envoy-gateway"])
+def test_the_overlays_render(overlay):
+    assert KUBECTL is not None
+    result = subprocess.run(
+        [KUBECTL, "kustomize", str(OUT / overlay)],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    rendered = [d for d in yaml.safe_load_all(result.stdout) if d is not None]
+    kinds = {d["kind"] for d in rendered}
+    assert {"Deployment", "Service", "NetworkPolicy", "HTTPRoute"} <= kinds
+    for doc in rendered:
+        assert doc["metadata"]["namespace"] == "llm-d", doc["kind"]
+        if doc["apiVersion"].startswith(
+            ("v1", "apps/", "policy/", "autoscaling/", "networking.k8s.io/")
+        ):
+            kubernetes_validate.validate(doc, KUBE_VERSION, strict=True)
