@@ -33,6 +33,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     check_envoy.add_argument("file", type=Path)
     check_envoy.add_argument("--namespace", help="route metadata namespace")
+    check_envoy.add_argument(
+        "--listener",
+        action="append",
+        help="check only this listener (repeatable): the ones in front of model servers",
+    )
     commands.add_parser(
         "envoy-config",
         help="write a fail-closed Envoy bootstrap from a short YAML input "
@@ -98,7 +103,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     from ext_proc import check_envoy
 
-    return check_envoy.main(args.file, args.namespace)
+    listeners = frozenset(args.listener) if args.listener else None
+    return check_envoy.main(args.file, args.namespace, listeners)
 
 
 if __name__ == "__main__":

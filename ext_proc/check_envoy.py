@@ -1,21 +1,26 @@
-"""``check-envoy FILE``: check an Envoy configuration offline, before it protects anything.
+"""``check-envoy FILE [--listener NAME]``: check an Envoy configuration offline, before it
+protects anything.
 
-For every HTTP connection manager that runs the ext_proc filter: the filter fails
-closed, uses an inspectable body mode and requests every route-metadata attribute; every
-route's policy metadata is valid (the same validation the processor applies at request
-time); no per-route override (route, virtual host, route configuration or weighted
-cluster) makes the filter fail open; a ``mint`` route sends the processor its response
-headers and buffered response body (docs/trust.md), or nothing is signed; every
-forwarding route runs an ext_proc filter (one disabled there, or disabled by default and
-not enabled there, forwards bodies nobody inspected, ids included); a ``mint`` or
-``honor`` route with a ``prefix_rewrite`` tells the processor about it in its metadata
-(``match_prefix`` and ``prefix_rewrite`` equal to the route's match prefix and rewrite,
-or the processor binds proofs to the wrong endpoint), and rewrites no other way; no
-route forwards a path that reaches one of vLLM's token-in or echo endpoints upstream
-(``token_endpoints``): Envoy's first-match route selection is simulated, per virtual
-host, for probe paths made from every route's prefix and rewrite, after the connection
-manager has normalised the path as the upstream will decode it (``normalize_path``, and
-escaped slashes unescaped or refused). Warnings: forwarding
+This processor's ext_proc filters are those that request its route attributes; another
+service's ext_proc filter (an endpoint picker's) may run beside them. Every HTTP
+connection manager (of the named listeners, when some are named) must run one. For each:
+the filter fails closed, uses an inspectable body mode and requests every route-metadata
+attribute; every route's policy metadata is valid (the same validation the processor
+applies at request time); no per-route override (route, virtual host, route
+configuration or weighted cluster) makes the filter fail open; a ``mint`` route sends
+the processor its response headers and buffered response body (docs/trust.md), or
+nothing is signed; every forwarding route runs an ext_proc filter (one disabled there,
+or disabled by default and not enabled there, forwards bodies nobody inspected, ids
+included); a ``mint`` or ``honor`` route with a ``prefix_rewrite`` tells the processor
+about it in its metadata (``match_prefix`` and ``prefix_rewrite`` equal to the route's
+match prefix and rewrite, or the processor binds proofs to the wrong endpoint), and
+rewrites no other way; no route forwards a path that reaches one of vLLM's token-in or
+echo endpoints upstream (``token_endpoints``): Envoy's first-match route selection is
+simulated, per virtual host, for probe paths made from every route's prefix and rewrite,
+after the connection manager has normalised the path as the upstream will decode it
+(``normalize_path``, and escaped slashes unescaped or refused); a route where a filter
+skips the request headers (one message) runs a buffer filter after it, which holds the
+request until the decision. Warnings: forwarding
 routes without policy metadata, ``strip`` or ``deny`` routes with a rewrite their
 metadata does not state, and ``honor`` routes that trust any caller or have no
 ``vocab_size``. Routes that forward nothing (a direct response or a redirect) need
@@ -540,17 +545,53 @@ def _check_path_handling(where: str, manager: dict[str, Any], report: Report) ->
         )
 
 
-def check(config: Any, namespace: str = DEFAULT_NAMESPACE) -> Report:
+def _ours(entry: dict[str, Any], namespace: str) -> bool:
+    """Whether an ext_proc filter is this processor's: it requests one of its route
+    attributes. Another service's (an endpoint picker's) runs beside it unchecked."""
+    requested = entry.get("typed_config", {}).get("request_attributes", [])
+    return any(key in requested for key in attribute_keys(namespace).all())
+
+
+def _managers(config: Any, listeners: frozenset[str] | None, report: Report) -> list[Any]:
+    """The connection managers to check: every one, or those of the named listeners."""
+    if listeners is None:
+        return [n for n in _walk(config) if n.get("@type") == HCM]
+    found = [
+        listener
+        for listener in _walk(config)
+        if listener.get("name") in listeners
+        and ("filter_chains" in listener or "default_filter_chain" in listener)
+    ]
+    missing = sorted(listeners - {str(listener["name"]) for listener in found})
+    if missing:
+        report.errors.append(f"no listener named {', '.join(missing)}")
+    return [n for listener in found for n in _walk(listener) if n.get("@type") == HCM]
+
+
+def check(
+    config: Any, namespace: str = DEFAULT_NAMESPACE, listeners: frozenset[str] | None = None
+) -> Report:
+    """``listeners``: check only these listeners' connection managers (the ones in front
+    of model servers), not an admin or readiness listener beside them."""
     report = Report()
-    managers = [n for n in _walk(config) if n.get("@type") == HCM]
+    managers = _managers(config, listeners, report)
     if not managers:
         report.errors.append("no HTTP connection manager found")
     for index, manager in enumerate(managers):
         filters = [f for f in manager.get("http_filters", []) if isinstance(f, dict)]
-        ext_procs = [f for f in filters if f.get("typed_config", {}).get("@type") == EXT_PROC]
+        ext_procs = [
+            f
+            for f in filters
+            if f.get("typed_config", {}).get("@type") == EXT_PROC and _ours(f, namespace)
+        ]
         where = f"http_connection_manager[{index}]"
         if not ext_procs:
-            report.errors.append(f"{where}: no ext_proc filter; no request is inspected")
+            others = any(f.get("typed_config", {}).get("@type") == EXT_PROC for f in filters)
+            report.errors.append(
+                f"{where}: no ext_proc filter of this processor (none requests its route "
+                f"attributes{', though other ext_proc filters run' if others else ''}); no "
+                "request is inspected"
+            )
             continue
         requested = {
             attribute
@@ -606,13 +647,13 @@ def check(config: Any, namespace: str = DEFAULT_NAMESPACE) -> Report:
     return report
 
 
-def main(path: Path, namespace: str | None = None) -> int:
+def main(path: Path, namespace: str | None = None, listeners: frozenset[str] | None = None) -> int:
     try:
         config = yaml.safe_load(path.read_text())
     except (OSError, yaml.YAMLError) as exc:
         print(f"{path}: cannot read: {exc}", file=sys.stderr)
         return 1
-    report = check(config, namespace or DEFAULT_NAMESPACE)
+    report = check(config, namespace or DEFAULT_NAMESPACE, listeners)
     for warning in report.warnings:
         print(f"warning: {warning}")
     for error in report.errors:

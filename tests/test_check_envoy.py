@@ -822,3 +822,66 @@ def test_two_messages_need_no_hold():
     assert len(errors) == 1
     assert "vllm/aggregated" in errors[0]
     assert HELD in errors[0]
+
+
+# --- other ext_proc filters, and listeners named -------------------------------------------
+
+EXT_PROC_TYPE = "type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor"
+# An endpoint picker's filter: another service, failing open, none of our attributes.
+PICKER = {
+    "name": "picker",
+    "typed_config": {
+        "@type": EXT_PROC_TYPE,
+        "grpc_service": {"envoy_grpc": {"cluster_name": "picker"}},
+        "failure_mode_allow": True,
+        "processing_mode": {"request_body_mode": "FULL_DUPLEX_STREAMED"},
+    },
+}
+
+
+def test_another_services_ext_proc_filter_runs_beside_ours_unchecked():
+    report = mutated(lambda c: hcm(c)["http_filters"].insert(2, copy.deepcopy(PICKER)))
+    assert (report.errors, report.warnings) == ([], [])
+
+
+def test_a_chain_with_only_another_services_filter_is_an_error():
+    def change(config):
+        filters = hcm(config)["http_filters"]
+        filters[:] = [copy.deepcopy(PICKER), filters[-1]]
+
+    (error,) = mutated(change).errors
+    assert "no ext_proc filter of this processor" in error
+    assert "though other ext_proc filters run" in error
+
+
+def with_admin_listener(config):
+    """A second listener that forwards Envoy's own stats, with no ext_proc filter."""
+    listeners = config["static_resources"]["listeners"]
+    admin = copy.deepcopy(listeners[0])
+    admin["name"] = "stats"
+    manager = admin["filter_chains"][0]["filters"][0]["typed_config"]
+    manager["http_filters"] = [manager["http_filters"][-1]]
+    listeners.append(admin)
+
+
+def test_named_listeners_are_the_only_ones_checked():
+    config = copy.deepcopy(SHIPPED)
+    with_admin_listener(config)
+    gateway = config["static_resources"]["listeners"][0]["name"]
+    (error,) = check(config).errors
+    assert error.startswith("http_connection_manager[1]: no ext_proc filter of this processor")
+    assert check(config, listeners=frozenset({gateway})).errors == []
+    assert check(config, listeners=frozenset({gateway, "nope"})).errors == [
+        "no listener named nope"
+    ]
+
+
+def test_main_takes_listener_names(tmp_path, capsys):
+    config = copy.deepcopy(SHIPPED)
+    with_admin_listener(config)
+    path = tmp_path / "envoy.yaml"
+    path.write_text(yaml.safe_dump(config))
+    gateway = config["static_resources"]["listeners"][0]["name"]
+    assert main(path) == 1
+    assert main(path, listeners=frozenset({gateway})) == 0
+    assert "OK" in capsys.readouterr().out.splitlines()[-1]
