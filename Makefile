@@ -72,10 +72,11 @@ rules: $(STAMP)
 monitoring-rules: $(STAMP)
 	$(PY) -m devstack monitoring
 
-# Regenerate deploy/llm-d/coordinator/ (HTTPRoute, Istio EnvoyFilter, Envoy Gateway patch
-# policy) from envoy/inputs/envoy-coordinator.yaml and the shipped gateway manifests.
+# Regenerate deploy/llm-d/: the coordinator's HTTPRoute, Istio EnvoyFilter and Envoy
+# Gateway patch policy (from envoy/inputs/envoy-coordinator.yaml and the shipped gateway
+# manifests), and the routing-sidecar component's copies of envoy/envoy-pod-*.yaml.
 llm-d-manifests: $(STAMP)
-	$(PY) -m devstack coordinator
+	$(PY) -m devstack llm-d
 
 # Regenerate deploy/monitoring/dashboard.json (Grafana) from devstack/dashboard.py.
 dashboard: $(STAMP)

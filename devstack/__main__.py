@@ -2,7 +2,7 @@
 ``python -m devstack upstream --listen HOST:PORT``: the recording stand-in alone;
 ``python -m devstack monitoring``: the PrometheusRule generated from the rules file;
 ``python -m devstack dashboard``: the Grafana dashboard (deploy/monitoring/dashboard.json);
-``python -m devstack coordinator``: the manifests for llm-d's coordinator architecture."""
+``python -m devstack llm-d``: the generated parts of deploy/llm-d/."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import asyncio
 import sys
 from pathlib import Path
 
-from devstack import coordinator, dashboard, monitoring, stack, upstream
+from devstack import dashboard, llmd, monitoring, stack, upstream
 from ext_proc.address import HostPort
 
 
@@ -23,7 +23,7 @@ def _parser() -> argparse.ArgumentParser:
     stand_in.add_argument("--listen", type=HostPort.parse, default=HostPort("127.0.0.1", 8081))
     commands.add_parser("monitoring", help="write deploy/kubernetes/monitoring/prometheusrule.yaml")
     commands.add_parser("dashboard", help="write deploy/monitoring/dashboard.json")
-    commands.add_parser("coordinator", help="write deploy/llm-d/coordinator/ (generated parts)")
+    commands.add_parser("llm-d", help="write the generated parts of deploy/llm-d/")
     return parser
 
 
@@ -38,8 +38,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "dashboard":
         dashboard.write()
         return 0
-    if args.command == "coordinator":
-        coordinator.write()
+    if args.command == "llm-d":
+        llmd.write()
         return 0
     return stack.run(args.config)
 

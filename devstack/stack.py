@@ -2,12 +2,14 @@
 upstream, in the foreground. Ctrl-C stops everything.
 
 Environment: GATEWAY_PORT (8080), AGGREGATED_UPSTREAM / DISAGGREGATED_UPSTREAM /
-PREFILL_UPSTREAM (host:port of real vLLM servers for the aggregated route, the decode leg
-and the prefill leg of the P/D hand-off; default the stand-in), PROCESSOR_PORT (50051),
-METRICS_PORT (9464, the processor's Prometheus endpoint), ENVOY_ADMIN_PORT (9901),
-STUB_PORT (8081), ENVOY_CONFIG (envoy/envoy.yaml; any shipped variant, e.g.
-envoy/envoy-decompress.yaml), EXT_PROC_PROOF (the processor's signing keys, as YAML;
-without it, and without ``proof`` in --config, a throwaway key is generated for the run).
+PREFILL_UPSTREAM (host:port of real vLLM servers for the aggregated route, the decode
+leg and the prefill leg of the P/D hand-off; default the stand-in), COORDINATOR_UPSTREAM
+(host:port of llm-d's coordinator, for ENVOY_CONFIG=envoy/envoy-coordinator.yaml),
+PROCESSOR_PORT (50051), METRICS_PORT (9464, the processor's Prometheus endpoint),
+ENVOY_ADMIN_PORT (9901), STUB_PORT (8081), ENVOY_CONFIG (envoy/envoy.yaml; any shipped
+variant, e.g. envoy/envoy-decompress.yaml), EXT_PROC_PROOF (the processor's signing
+keys, as YAML; without it, and without ``proof`` in --config, a throwaway key is
+generated for the run).
 
 Every port is checked before anything starts: a port in use, or a child that dies while
 starting, ends the run with one line on stderr naming what to change.
@@ -145,6 +147,7 @@ def plan(processor_config: Path | None) -> Plan:
     aggregated = _env_upstream("AGGREGATED_UPSTREAM")
     disaggregated = _env_upstream("DISAGGREGATED_UPSTREAM")
     prefill = _env_upstream("PREFILL_UPSTREAM")
+    coordinator = _env_upstream("COORDINATOR_UPSTREAM")
     stub = _env_port("STUB_PORT", 8081)
     if aggregated is None or disaggregated is None or prefill is None:
         ports["STUB_PORT"] = stub
@@ -166,6 +169,7 @@ def plan(processor_config: Path | None) -> Plan:
         disaggregated=disaggregated or stub,
         prefill=prefill or stub,
         source=source,
+        others={"coordinator": coordinator} if coordinator else None,
     )
     throwaway = PROOF_VARIABLE not in os.environ and not _configures_proof(processor_config)
     return Plan(ports, envoy, processor_config, stub="STUB_PORT" in ports, throwaway_key=throwaway)

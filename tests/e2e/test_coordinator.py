@@ -73,7 +73,7 @@ def running(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
     )
     with Coordinator(stack.gateway).running() as coordinator:
         assert coordinator.address is not None
-        stack.others = {"pool": stack.upstream, "coordinator": coordinator.address}
+        stack.others = {"coordinator": coordinator.address}
         with stack:
             yield Gateway(stack, coordinator)
 

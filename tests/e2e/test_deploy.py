@@ -17,7 +17,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from devstack import processes
+from devstack import llmd, processes
 from ext_proc import check_envoy, envoygen, memory, route_policy, token_endpoints
 from ext_proc.attributes import attribute_keys
 from ext_proc.config import Config
@@ -33,9 +33,15 @@ KUBE = DEPLOY / "kubernetes"
 MANIFESTS = sorted(DEPLOY.rglob("*.yaml"))
 # YAML under deploy/ that is not a Kubernetes object: the Envoy generator's example
 # input, the Prometheus rules file (tests/e2e/test_monitoring.py checks it) and the
-# values of llm-d's standalone chart (tests/e2e/test_llmd_standalone.py).
+# values of llm-d's standalone chart (tests/e2e/test_llmd_standalone.py), and the
+# routing-sidecar component's Envoy configs (tests/e2e/test_llmd_routing_sidecar_manifests.py).
 NOT_KUBERNETES = frozenset(
-    {"envoy-config.example.yaml", "monitoring/rules.yaml", "llm-d/standalone/values.yaml"}
+    {
+        "envoy-config.example.yaml",
+        "monitoring/rules.yaml",
+        "llm-d/standalone/values.yaml",
+        *(f"llm-d/routing-sidecar/component/{name}" for name in llmd.POD_CONFIGS),
+    }
 )
 # Kubernetes minor version the core objects are checked against (kubernetes-validate
 # ships its schemas; grpc probes are GA since 1.27, PDB unhealthyPodEvictionPolicy 1.31).

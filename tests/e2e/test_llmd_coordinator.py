@@ -13,7 +13,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from devstack import coordinator
+from devstack import llmd
 from ext_proc import check_envoy
 from tests.e2e import gateway_assembly
 from tests.e2e.test_deploy import (
@@ -27,7 +27,7 @@ from tests.e2e.test_deploy import (
     routes_of,
 )
 
-OUT = coordinator.OUTPUT
+OUT = llmd.OUTPUT
 EG_LISTENER = "llm-d/inference-gateway/http"
 
 
@@ -50,7 +50,7 @@ def envoy_gateway(patch: dict[str, Any] | None = None) -> dict[str, Any]:
 
 
 def test_the_committed_manifests_are_generated():
-    for path, text in coordinator.files().items():
+    for path, text in llmd.files().items():
         assert path.read_text() == text, f"{path} differs: run `make llm-d-manifests`"
 
 
@@ -59,8 +59,8 @@ def expected_policies(name_of: Any) -> dict[str, Any]:
     gateway gives its rule (``name_of(rule index)``)."""
     limits = {"vocab_size": 128256, "max_ids": 131072}
     return {
-        name_of(index): policy_from(coordinator.policy(entry, limits))
-        for index, entry in enumerate(coordinator.routes())
+        name_of(index): policy_from(llmd.policy(entry, limits))
+        for index, entry in enumerate(llmd.routes())
     }
 
 

@@ -1,0 +1,348 @@
+"""llm-d's routing-sidecar architecture through two real pod-local Envoys
+(deploy/llm-d/routing-sidecar/): the prefill pod's (envoy/envoy-pod-prefill.yaml, mint)
+and the decode pod's (envoy/envoy-pod-decode.yaml, honor), each with its own processor,
+the two sharing one proof key, the recording stand-in as both vLLMs and the sidecar's
+emulation (tests/e2e/sidecar.py) in front of the decode pod's Envoy.
+
+Neither leg crosses a gateway: what the decode pod's vLLM honors rests on the proof the
+prefill pod's Envoy signed, not on who sent it."""
+
+from __future__ import annotations
+
+import base64
+import json
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+
+from devstack import envoy_config, processes, tokens
+from ext_proc.address import HostPort
+from tests.e2e.sidecar import CONNECTOR_REQUEST, PREFILL_HEADER, REQUEST_ID, RoutingSidecar
+from tests.e2e.stack import LOCAL, new_key
+from tests.e2e.test_gateway import chat
+
+ENVOY = envoy_config.REPO / "envoy"
+KEY_ID = "pods"
+CHAT = "/v1/chat/completions"
+
+
+def _port() -> HostPort:
+    return HostPort(LOCAL, processes.free_port())
+
+
+@dataclass
+class Pod:
+    """One model-server pod: its Envoy, its processor and its vLLM (the stand-in)."""
+
+    name: str
+    workdir: Path
+    source: Path
+    listener: HostPort = field(default_factory=_port)
+    admin: HostPort = field(default_factory=_port)
+    processor: HostPort = field(default_factory=_port)
+    metrics: HostPort = field(default_factory=_port)
+    vllm: HostPort = field(default_factory=_port)
+    children: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+
+    def _log(self, what: str) -> Path:
+        return self.workdir / f"{self.name}-{what}.log"
+
+    def start(self, key: bytes) -> None:
+        up = processes.start(
+            [sys.executable, "-m", "devstack", "upstream", "--listen", str(self.vllm)],
+            self._log("vllm"),
+            cwd=envoy_config.REPO,
+        )
+        self.children["vllm"] = up
+        processes.wait_for_port(self.vllm.port, up)
+
+        key_file = self.workdir / f"{self.name}-key"
+        key_file.write_bytes(key)
+        key_file.chmod(0o600)
+        config = {"drain_seconds": 0.1, "proof": {"keys": [{"id": KEY_ID, "file": str(key_file)}]}}
+        config_file = self.workdir / f"{self.name}-processor.yaml"
+        config_file.write_text(yaml.safe_dump(config))
+        args = [sys.executable, "-m", "ext_proc", "serve", "--listen", str(self.processor)]
+        args += ["--log-level", "debug", "--metrics-listen", str(self.metrics)]
+        args += ["--config", str(config_file)]
+        processor = processes.start(args, self._log("processor"))
+        self.children["processor"] = processor
+        processes.wait_for_port(self.processor.port, processor)
+
+        # Only the addresses move; the pod's one upstream is its vLLM.
+        rendered = envoy_config.render(
+            gateway=self.listener,
+            admin=self.admin,
+            processor=self.processor,
+            aggregated=self.vllm,
+            disaggregated=self.vllm,
+            source=self.source,
+            others={"vllm": self.vllm},
+        )
+        path = envoy_config.write(rendered, self.workdir / f"{self.name}-envoy.yaml")
+        envoy = processes.start(processes.envoy_args(path, self.admin.port), self._log("envoy"))
+        self.children["envoy"] = envoy
+        processes.wait_for_envoy(self.admin.port, envoy)
+
+    def stop(self) -> None:
+        for child in self.children.values():
+            processes.stop(child)
+
+    def logs(self, what: str) -> str:
+        return self._log(what).read_text(errors="replace")
+
+    def _stub(self, method: str) -> Any:
+        request = urllib.request.Request(f"http://{self.vllm}/__stub__/requests", method=method)
+        with urllib.request.urlopen(request, timeout=5) as reply:
+            return json.loads(reply.read())
+
+    def received(self) -> list[tuple[str, dict[str, list[str]], dict[str, Any]]]:
+        """What reached this pod's vLLM: path, headers (lower-case names), body."""
+        out = []
+        for r in self._stub("GET"):
+            headers: dict[str, list[str]] = {}
+            for name, value in r["headers"]:
+                headers.setdefault(name.lower(), []).append(value)
+            out.append((r["target"], headers, json.loads(base64.b64decode(r["body_b64"]))))
+        return out
+
+    def clear(self) -> None:
+        self._stub("DELETE")
+
+    def metric(self, name: str, **labels: str) -> float:
+        with urllib.request.urlopen(f"http://{self.metrics}/metrics", timeout=5) as reply:
+            text = reply.read().decode()
+        for line in text.splitlines():
+            sample, _, value = line.rpartition(" ")
+            if sample.startswith(name + "{"):
+                found = dict(
+                    part.split("=", 1) for part in sample[len(name) + 1 : -1].split(",") if part
+                )
+                if {k: v.strip('"') for k, v in found.items()} == labels:
+                    return float(value)
+        return 0.0
+
+    def access_log(self, request_id: str) -> dict[str, Any]:
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            for line in self.logs("envoy").splitlines():
+                if line.startswith("{") and request_id in line:
+                    found: dict[str, Any] = json.loads(line)
+                    return found
+            time.sleep(0.1)
+        raise AssertionError(f"{self.name}: no access log line for {request_id}")
+
+    def decision(self, request_id: str) -> dict[str, Any]:
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            for line in self.logs("processor").splitlines():
+                if line.startswith("{"):
+                    entry = json.loads(line)
+                    if entry.get("message") == "decision" and entry.get("request_id") == request_id:
+                        found: dict[str, Any] = entry
+                        return found
+            time.sleep(0.1)
+        raise AssertionError(f"{self.name}: no decision line for {request_id}")
+
+
+@dataclass
+class Pods:
+    prefill: Pod
+    decode: Pod
+    sidecar: RoutingSidecar
+
+    def clear(self) -> None:
+        self.prefill.clear()
+        self.decode.clear()
+
+
+@pytest.fixture(scope="module")
+def pods(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pods]:
+    workdir = tmp_path_factory.mktemp("routing-sidecar")
+    key = new_key()  # the Secret ext-proc-proof-keys every pod mounts
+    prefill = Pod("prefill", workdir, ENVOY / "envoy-pod-prefill.yaml")
+    decode = Pod("decode", workdir, ENVOY / "envoy-pod-decode.yaml")
+    try:
+        prefill.start(key)
+        decode.start(key)
+        # The sidecar's decoder: http://localhost:<--model-server-port>, the decode Envoy.
+        with RoutingSidecar(_port(), f"http://{decode.listener}") as sidecar:
+            yield Pods(prefill, decode, sidecar)
+    finally:
+        decode.stop()
+        prefill.stop()
+
+
+@pytest.fixture
+def cluster(pods: Pods) -> Iterator[Pods]:
+    pods.clear()
+    pods.sidecar.tamper = None
+    yield pods
+    pods.sidecar.tamper = None
+
+
+def through_sidecar(
+    pods: Pods, body: dict[str, Any], *, prefill: bool = True, rid: str | None = None
+) -> httpx.Response:
+    """The gateway's request to the decode pod: the EPP's header names the prefill pod."""
+    headers = {PREFILL_HEADER: str(pods.prefill.listener)} if prefill else {}
+    if rid is not None:
+        headers[REQUEST_ID] = rid
+    reply = httpx.post(pods.sidecar.url + CHAT, json=body, headers=headers, timeout=30)
+    assert reply.status_code == 200, reply.text
+    return reply
+
+
+def without_params(document: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in document.items() if k != "kv_transfer_params"}
+
+
+def only(pod: Pod) -> tuple[str, dict[str, list[str]], dict[str, Any]]:
+    (received,) = pod.received()
+    assert received[0] == CHAT
+    return received
+
+
+# --- (a) the proven hand-off --------------------------------------------------------------
+
+
+def test_the_proven_hand_off_is_honored(cluster):
+    minted_before = cluster.prefill.metric(
+        "ext_proc_decisions_total", route="prefill", action="mint", reason="minted", mode="enforce"
+    )
+    honored_before = cluster.decode.metric(
+        "ext_proc_decisions_total",
+        route="disaggregated",
+        action="honor",
+        reason="trusted_proof",
+        mode="enforce",
+    )
+    sent = chat(max_tokens=64)
+    through_sidecar(cluster, sent)
+
+    # The prefill leg, as the sidecar wrote it: its connector request, one token.
+    _path, prefill_headers, prefill_leg = only(cluster.prefill)
+    assert prefill_leg["kv_transfer_params"] == CONNECTOR_REQUEST
+    assert (prefill_leg["max_tokens"], prefill_leg["stream"]) == (1, False)
+    (rid,) = prefill_headers[REQUEST_ID]
+
+    # The decode leg: the prefill server's connector keys, the proof gone, the client's
+    # request otherwise as sent.
+    _path, decode_headers, decode_leg = only(cluster.decode)
+    assert decode_headers[REQUEST_ID] == [rid]
+    assert decode_leg["kv_transfer_params"] == tokens.CONNECTOR_REPLY
+    assert without_params(decode_leg) == sent
+
+    # What each pod's processor decided, in the access log, its own log and its metrics.
+    prefill_line = cluster.prefill.access_log(rid)
+    assert prefill_line["policy_response_action"] == "mint", prefill_line
+    assert prefill_line["policy_response_reason"] == "minted", prefill_line
+    decode_line = cluster.decode.access_log(rid)
+    assert (decode_line["policy_action"], decode_line["policy_reason"]) == (
+        "honor",
+        "trusted_proof",
+    ), decode_line
+    decision = cluster.decode.decision(rid)
+    assert (decision["action"], decision["reason"]) == ("honor", "trusted_proof"), decision
+    assert cluster.prefill.metric(
+        "ext_proc_decisions_total", route="prefill", action="mint", reason="minted", mode="enforce"
+    ) == (minted_before + 1)
+    assert cluster.decode.metric(
+        "ext_proc_decisions_total",
+        route="disaggregated",
+        action="honor",
+        reason="trusted_proof",
+        mode="enforce",
+    ) == (honored_before + 1)
+
+
+# --- (b) the decoder-only path ------------------------------------------------------------
+
+
+def test_a_clients_parameters_on_the_decoder_only_path_are_removed(cluster):
+    # Without x-prefiller-host-port the sidecar forwards the client's body unchanged.
+    evil = {**tokens.CONNECTOR_REPLY, "remote_host": "10.0.0.7", "prompt_token_ids": [1, 2, 3]}
+    sent = chat(evil)
+    rid = f"decoder-only-{time.monotonic_ns()}"
+    through_sidecar(cluster, sent, prefill=False, rid=rid)
+    assert cluster.prefill.received() == []
+    _path, headers, decode_leg = only(cluster.decode)
+    assert headers[REQUEST_ID] == [rid]  # the sidecar adds none on this path
+    assert "kv_transfer_params" not in decode_leg
+    assert decode_leg == without_params(sent)
+    line = cluster.decode.access_log(rid)
+    assert (line["policy_action"], line["policy_reason"]) == ("strip", "proof_missing"), line
+    decision = cluster.decode.decision(rid)
+    assert (decision["action"], decision["reason"]) == ("strip", "proof_missing"), decision
+
+
+# --- (c) a sidecar that edits the parameters ---------------------------------------------
+
+
+def _set(key: str, value: Any) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    return lambda params: {**params, key: value}
+
+
+@pytest.mark.parametrize(
+    "tamper",
+    [
+        _set("remote_host", "10.0.0.9"),
+        _set("remote_port", 22),
+        _set("remote_block_ids", [[1, 2, 3, 4]]),
+    ],
+    ids=["remote_host", "remote_port", "remote_block_ids"],
+)
+def test_parameters_a_sidecar_edited_are_not_honored(cluster, tamper):
+    cluster.sidecar.tamper = tamper
+    sent = chat(max_tokens=64)
+    through_sidecar(cluster, sent)
+    (_path, prefill_headers, _leg) = only(cluster.prefill)
+    (rid,) = prefill_headers[REQUEST_ID]
+    _path, _headers, decode_leg = only(cluster.decode)
+    assert "kv_transfer_params" not in decode_leg
+    assert decode_leg == sent
+    line = cluster.decode.access_log(rid)
+    assert (line["policy_action"], line["policy_reason"]) == ("strip", "proof_bad_signature")
+
+
+# --- (d) a caller's parameters on the prefill leg ----------------------------------------
+
+
+EVIL_PREFILL = {
+    **CONNECTOR_REQUEST,
+    "remote_host": "10.0.0.7",
+    "remote_port": 22,
+    "remote_block_ids": [[9]],
+    "prompt_token_ids": [1, 2, 3],
+}
+
+
+def test_a_callers_parameters_never_reach_the_prefill_server(cluster):
+    # Anything the NetworkPolicy admits to the prefill pod's port can call it directly;
+    # the route writes its own connector request instead of the caller's.
+    sent = chat(EVIL_PREFILL, max_tokens=1)
+    reply = httpx.post(f"http://{cluster.prefill.listener}{CHAT}", json=sent, timeout=30)
+    assert reply.status_code == 200, reply.text
+    _path, _headers, prefill_leg = only(cluster.prefill)
+    assert prefill_leg["kv_transfer_params"] == CONNECTOR_REQUEST
+    assert without_params(prefill_leg) == without_params(sent)
+    assert "token_policy_proof" in reply.json()["kv_transfer_params"]
+
+
+def test_a_clients_parameters_through_the_sidecar_never_reach_the_prefill_server(cluster):
+    sent = chat(EVIL_PREFILL, max_tokens=64)
+    through_sidecar(cluster, sent)
+    _path, _headers, prefill_leg = only(cluster.prefill)
+    assert prefill_leg["kv_transfer_params"] == CONNECTOR_REQUEST
+    # The decode leg carries what the prefill server answered, never the client's.
+    _path, _headers, decode_leg = only(cluster.decode)
+    assert decode_leg["kv_transfer_params"] == tokens.CONNECTOR_REPLY
