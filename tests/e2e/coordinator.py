@@ -51,10 +51,12 @@ def decode_body(document: dict[str, Any], prefilled: dict[str, Any]) -> dict[str
 
 
 class Coordinator:
-    """Listens on 127.0.0.1 (``address``); sends both legs to ``gateway``."""
+    """Listens on 127.0.0.1 (``address``; ``port``, or any free one); sends both legs to
+    ``gateway``."""
 
-    def __init__(self, gateway: HostPort, edit: Any = None) -> None:
+    def __init__(self, gateway: HostPort, edit: Any = None, port: int = 0) -> None:
         self.gateway = gateway
+        self.port = port
         # Applied to each decode body before it is sent: a coordinator that tampers.
         self.edit = edit
         self.received: list[dict[str, Any]] = []
@@ -91,7 +93,7 @@ class Coordinator:
             def log_message(self, *_: object) -> None:
                 pass
 
-        server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        server = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
         self.address = HostPort("127.0.0.1", server.server_address[1])
         thread = threading.Thread(target=server.serve_forever, daemon=True)
         thread.start()

@@ -6,6 +6,7 @@ before and after what they send, so they run one at a time (pytest's default).""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 from collections.abc import Iterator
@@ -49,20 +50,22 @@ class Gateway:
         self.output = output  # make run's output
 
 
-@pytest.fixture(scope="session")
-def gateway(pair: pd_pair.Pair, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
-    """``make run`` (the shipped Envoy config) with both legs pointed at the pair."""
-    tmp = tmp_path_factory.mktemp("pd-make-run")
+@contextlib.contextmanager
+def make_run(
+    pair: pd_pair.Pair, tmp: Path, env: dict[str, str], ports: dict[str, str] | None = None
+) -> Iterator[Gateway]:
+    """``make run`` with the prefill leg pointed at the pair's prefill server and the
+    other routes at its decode server, each behind a recorder; ``env``: more settings."""
     prefill = Recorder(HostPort.parse(pair.prefill.removeprefix("http://")))
     decode = Recorder(HostPort.parse(pair.decode.removeprefix("http://")))
     with prefill.running(), decode.running():
-        ports = free_ports()
+        ports = ports or free_ports()
         upstreams = {
             "PREFILL_UPSTREAM": str(prefill.address),
             "DISAGGREGATED_UPSTREAM": str(decode.address),
             "AGGREGATED_UPSTREAM": str(decode.address),
         }
-        run = start(tmp, {**ports, **upstreams})
+        run = start(tmp, {**ports, **upstreams, **env})
         log = tmp / "make-run.log"
         try:
             wait_ready(run, log)
@@ -77,6 +80,13 @@ def gateway(pair: pd_pair.Pair, tmp_path_factory: pytest.TempPathFactory) -> Ite
             run.wait(timeout=30)
         finally:
             processes.stop(run)
+
+
+@pytest.fixture(scope="session")
+def gateway(pair: pd_pair.Pair, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
+    """``make run`` (the shipped Envoy config) with both legs pointed at the pair."""
+    with make_run(pair, tmp_path_factory.mktemp("pd-make-run"), {}) as running:
+        yield running
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
