@@ -43,6 +43,7 @@ from typing import Any
 import httpx
 
 from ext_proc.address import HostPort
+from tests.e2e.test_handoff import PREFILL_REQUEST_PARAMS
 
 PREFILL_HEADER = "x-prefiller-host-port"
 REQUEST_ID = "x-request-id"
@@ -50,15 +51,9 @@ CHAT = ("/v1/chat/completions", "/v1/completions", "/v1/messages")
 RESPONSES = "/v1/responses"
 GENERATE = "/inference/v1/generate"
 DISAGGREGATED = (*CHAT, RESPONSES, GENERATE)
-# The prefill leg's kv_transfer_params (READ mode: the decode side pulls the blocks).
-CONNECTOR_REQUEST: dict[str, Any] = {
-    "do_remote_decode": True,
-    "do_remote_prefill": False,
-    "remote_engine_id": None,
-    "remote_block_ids": None,
-    "remote_host": None,
-    "remote_port": None,
-}
+# The prefill leg's kv_transfer_params (READ mode: the decode side pulls the blocks), the
+# same as every P/D proxy's.
+CONNECTOR_REQUEST: dict[str, Any] = PREFILL_REQUEST_PARAMS
 TOKEN_LIMITS = {
     "chat": ("max_tokens", "max_completion_tokens", "min_tokens"),
     "responses": ("max_output_tokens",),

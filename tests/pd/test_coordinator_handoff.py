@@ -17,6 +17,7 @@ import pytest
 
 from ext_proc.address import HostPort
 from tests.e2e.coordinator import PROFILE, Coordinator
+from tests.e2e.test_coordinator import CLIENT_PARAMS
 from tests.pd.conftest import RESULTS, Gateway, make_run
 from tests.pd.pair import Pair
 from tests.pd.test_nixl_handoff import (
@@ -30,14 +31,6 @@ from tests.pd.test_nixl_handoff import (
 from tests.test_devstack import free_ports
 
 CONFIG = Path(__file__).resolve().parents[2] / "envoy" / "envoy-coordinator.yaml"
-# What a client might try to steer the decode server's connector with.
-CLIENT_PARAMS = {
-    "do_remote_prefill": True,
-    "remote_host": "203.0.113.77",
-    "remote_port": 47931,
-    "remote_engine_id": "client-engine",
-    "remote_block_ids": [[7, 8, 9]],
-}
 
 
 class Coordinated:
