@@ -1,31 +1,30 @@
 """``check-envoy FILE [--listener NAME]``: check an Envoy configuration offline, before it
 protects anything.
 
-This processor's ext_proc filters are those that request its route attributes; another
-service's ext_proc filter (an endpoint picker's) may run beside them. Every HTTP
-connection manager (of the named listeners, when some are named) must run one. For each:
-the filter fails closed, uses an inspectable body mode and requests every route-metadata
-attribute; every route's policy metadata is valid (the same validation the processor
-applies at request time); no per-route override (route, virtual host, route
-configuration or weighted cluster) makes the filter fail open; a ``mint`` route sends
-the processor its response headers and buffered response body (docs/trust.md), or
-nothing is signed; every forwarding route runs an ext_proc filter (one disabled there,
-or disabled by default and not enabled there, forwards bodies nobody inspected, ids
-included); a ``mint`` or ``honor`` route with a ``prefix_rewrite`` tells the processor
-about it in its metadata (``match_prefix`` and ``prefix_rewrite`` equal to the route's
-match prefix and rewrite, or the processor binds proofs to the wrong endpoint), and
-rewrites no other way; no route forwards a path that reaches one of vLLM's token-in or
-echo endpoints upstream (``token_endpoints``): Envoy's first-match route selection is
-simulated, per virtual host, for probe paths made from every route's prefix and rewrite,
-after the connection manager has normalised the path as the upstream will decode it
-(``normalize_path``, and escaped slashes unescaped or refused); a route where a filter
-skips the request headers (one message) runs a buffer filter after it, which holds the
-request until the decision. Warnings: forwarding
-routes without policy metadata, ``strip`` or ``deny`` routes with a rewrite their
-metadata does not state, and ``honor`` routes that trust any caller or have no
-``vocab_size``. Routes that forward nothing (a direct response or a redirect) need
-neither metadata nor the filter.
-"""
+This processor's ext_proc filters are those that request its route metadata attributes;
+another service's ext_proc filter (an endpoint picker's) may run after them and after
+the buffer filter that holds the request for them, not before. Every HTTP connection
+manager (of the named listeners, when some are named) must run one. For each: the filter
+fails closed, uses an inspectable body mode and requests every route-metadata attribute;
+every route's policy metadata is valid (the same validation the processor applies at
+request time); no per-route override (route, virtual host, route configuration or
+weighted cluster) makes the filter fail open; a ``mint`` route sends the processor its
+response headers and buffered response body (docs/trust.md), or nothing is signed; every
+forwarding route runs an ext_proc filter (one disabled there, or disabled by default and
+not enabled there, forwards bodies nobody inspected, ids included); a ``mint`` or
+``honor`` route with a ``prefix_rewrite`` tells the processor about it in its metadata
+(``match_prefix`` and ``prefix_rewrite`` equal to the route's match prefix and rewrite,
+or the processor binds proofs to the wrong endpoint), and rewrites no other way; no
+route forwards a path that reaches one of vLLM's token-in or echo endpoints upstream
+(``token_endpoints``): Envoy's first-match route selection is simulated, per virtual
+host, for probe paths made from every route's prefix and rewrite, after the connection
+manager has normalised the path as the upstream will decode it (``normalize_path``, and
+escaped slashes unescaped or refused); a route where a filter skips the request headers
+(one message) runs a buffer filter after it, which holds the request until the decision.
+Warnings: forwarding routes without policy metadata, ``strip`` or ``deny`` routes with a
+rewrite their metadata does not state, and ``honor`` routes that trust any caller or
+have no ``vocab_size``. Routes that forward nothing (a direct response or a redirect)
+need neither metadata nor the filter."""
 
 from __future__ import annotations
 
@@ -239,11 +238,28 @@ def _check_hold(
         limit = route.get("request_body_buffer_limit")
         for hold, settings in holds:
             held = settings.get("max_request_bytes")
-            if limit is not None and held is not None and int(held) != int(limit):
+            if held is None:
+                continue
+            # The hold sets the stream's buffer limit to its own: above the route's, Envoy
+            # buffers bodies the route was sized to refuse (memory); below, it refuses
+            # bodies the route admits (413).
+            if limit is None:
+                report.errors.append(
+                    f"{where}: {hold.name} sets the stream's buffer limit to {held} and the "
+                    "route states none (request_body_buffer_limit): give the route its "
+                    "limit and the hold the same"
+                )
+            elif int(held) > int(limit):
+                report.errors.append(
+                    f"{where}: {hold.name} max_request_bytes {held} raises this route's "
+                    f"request_body_buffer_limit {limit}: Envoy would buffer bodies up to "
+                    f"{held}; give the route a BufferPerRoute with its own limit"
+                )
+            elif int(held) < int(limit):
                 report.warnings.append(
-                    f"{where}: {hold.name} max_request_bytes {held} replaces this route's "
-                    f"request_body_buffer_limit {limit} (give the route a BufferPerRoute "
-                    "with its own limit)"
+                    f"{where}: {hold.name} max_request_bytes {held} lowers this route's "
+                    f"request_body_buffer_limit {limit} (413 beyond it); give the route a "
+                    "BufferPerRoute with its own limit"
                 )
 
 
@@ -322,14 +338,19 @@ def _check_route(
     # turns the filter off forwards its share of the route's requests uninspected.
     for cluster in route["route"].get("weighted_clusters", {}).get("clusters", []):
         inner = cluster.get("typed_per_filter_config", {}) if isinstance(cluster, dict) else {}
-        if running and not any(
-            _enabled(name, name in manager.on_by_default, [inner, *levels])
+        inside = [inner, *levels]
+        here = [
+            name
             for name in manager.filters
-        ):
+            if _enabled(name, name in manager.on_by_default, inside)
+        ]
+        if running and not here:
             report.errors.append(
                 f"{where}: no ext_proc filter runs for weighted cluster "
                 f"{cluster.get('name')!r}; its requests would reach the upstream uninspected"
             )
+        label = f"{where} weighted cluster {cluster.get('name')!r}"
+        _check_hold(label, route, inside, running=here, manager=manager, report=report)
     namespace = manager.namespace
     policy = route.get("metadata", {}).get("filter_metadata", {}).get(namespace)
     if policy is None:
@@ -497,8 +518,9 @@ def _probes(routes: list[dict[str, Any]]) -> dict[str, str]:
 
 def _check_token_endpoints(where: str, routes: list[dict[str, Any]], report: Report) -> None:
     """No route Envoy would select (the first whose matcher matches) forwards a probe
-    path to a token-in or echo endpoint. A route whose selection cannot be told counts
-    as selected when it forwards, and as not selected when it does not."""
+    path to a token-in or echo endpoint. A route whose selection cannot be told (a
+    condition beside the path) is checked when it forwards, and the routes after it are
+    checked too: requests it does not match reach them."""
     forwarded: dict[str, list[str]] = {}
     for probe, origin in _probes(routes).items():
         for position, route in enumerate(routes):
@@ -514,6 +536,8 @@ def _check_token_endpoints(where: str, routes: list[dict[str, Any]], report: Rep
                     forwarded.setdefault(label, []).append(
                         f"{probe!r} (upstream {shown}, made from route {origin}{note})"
                     )
+            if selected is None:
+                continue  # the condition may not hold: the next routes take the rest
             break
     for label, paths in forwarded.items():
         more = f" and {len(paths) - 1} more" if len(paths) > 1 else ""
@@ -546,10 +570,46 @@ def _check_path_handling(where: str, manager: dict[str, Any], report: Report) ->
 
 
 def _ours(entry: dict[str, Any], namespace: str) -> bool:
-    """Whether an ext_proc filter is this processor's: it requests one of its route
-    attributes. Another service's (an endpoint picker's) runs beside it unchecked."""
+    """Whether an ext_proc filter is this processor's: it requests one of the route
+    metadata attributes of its namespace. Another service's (an endpoint picker's) is
+    checked only for where it runs (``_check_others``)."""
     requested = entry.get("typed_config", {}).get("request_attributes", [])
-    return any(key in requested for key in attribute_keys(namespace).all())
+    keys = attribute_keys(namespace)
+    return any(key in requested for key in (*keys.fields.values(), keys.size))
+
+
+def _check_others(
+    where: str, filters: list[dict[str, Any]], ours: list[str], report: Report
+) -> None:
+    """Another service's ext_proc filter must see only requests this processor has
+    decided: after this processor's first filter and after any buffer filter that holds
+    the request for it. One that fails open is reported as a warning."""
+    first = next(i for i, f in enumerate(filters) if f.get("name") in ours)
+    holds = [
+        i
+        for i, f in enumerate(filters)
+        if i > first and f.get("typed_config", {}).get("@type") == BUFFER
+    ]
+    for position, entry in enumerate(filters):
+        config = entry.get("typed_config", {})
+        if config.get("@type") != EXT_PROC or entry.get("name") in ours:
+            continue
+        name = entry.get("name")
+        if position < first:
+            report.errors.append(
+                f"{where}: ext_proc filter {name} runs before this processor's: it reads "
+                "(and may change) requests before their kv_transfer_params are policed"
+            )
+        elif holds and position < holds[0]:
+            report.errors.append(
+                f"{where}: ext_proc filter {name} runs before the buffer filter that holds "
+                "the request until this processor's decision: it sees undecided requests"
+            )
+        if config.get("failure_mode_allow", False):
+            report.warnings.append(
+                f"{where}: ext_proc filter {name} fails open (failure_mode_allow): while "
+                "its service is down, requests skip it"
+            )
 
 
 def _managers(config: Any, listeners: frozenset[str] | None, report: Report) -> list[Any]:
@@ -585,6 +645,8 @@ def check(
             if f.get("typed_config", {}).get("@type") == EXT_PROC and _ours(f, namespace)
         ]
         where = f"http_connection_manager[{index}]"
+        if ext_procs:
+            _check_others(where, filters, [str(f.get("name")) for f in ext_procs], report)
         if not ext_procs:
             others = any(f.get("typed_config", {}).get("@type") == EXT_PROC for f in filters)
             report.errors.append(

@@ -120,6 +120,7 @@ def _extra_routes() -> list[dict[str, Any]]:
             "name": "no-metadata",
             "match": {"prefix": "/plain/v1/"},
             "route": {"cluster": "aggregated", "prefix_rewrite": "/v1/"},
+            "request_body_buffer_limit": BODY_LIMIT,
         },
     ]
 

@@ -603,3 +603,10 @@ def test_running_router_filter_order_from_the_admin_interface(router):
         f["name"] for f in vllm["filter_chains"][0]["filters"][0]["typed_config"]["http_filters"]
     ]
     assert names == ORDER
+
+
+def test_envoys_heap_is_bounded_as_in_the_shipped_configs():
+    # Every route holds up to 16 MiB: the overload manager answers 503 before the heap
+    # outgrows the container, as envoy/envoy.yaml's does.
+    shipped = yaml.safe_load((REPO / "envoy" / "envoy.yaml").read_text())
+    assert bootstrap()["overload_manager"] == shipped["overload_manager"]
