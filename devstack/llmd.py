@@ -66,9 +66,9 @@ def policy(entry: RouteInput, limits: dict[str, Any]) -> dict[str, Any]:
     return {k: limits[k] if k in limits and k in metadata else v for k, v in metadata.items()}
 
 
-def httproute() -> dict[str, Any]:
+def httproute(entries: list[RouteInput]) -> dict[str, Any]:
     rules = []
-    for entry in routes():
+    for entry in entries:
         match: dict[str, Any] = {"path": {"type": "PathPrefix", "value": entry.prefix}}
         if entry.headers:
             (name,) = entry.headers  # one phase header per route
@@ -98,7 +98,7 @@ def _policy_of(value: dict[str, Any]) -> dict[str, Any]:
     return dict(found.get(DEFAULT_NAMESPACE, {}))
 
 
-def istio_filter() -> dict[str, Any]:
+def istio_filter(entries: list[RouteInput]) -> dict[str, Any]:
     (base,) = _documents(DEPLOY / "istio" / "envoyfilter.yaml")
     out = copy.deepcopy(base)
     patches = out["spec"]["configPatches"]
@@ -109,7 +109,7 @@ def istio_filter() -> dict[str, Any]:
     override = mint["patch"]["value"]["typed_per_filter_config"]
     at = patches.index(named[0])
     generated = []
-    for index, entry in enumerate(routes()):
+    for index, entry in enumerate(entries):
         value: dict[str, Any] = {
             "metadata": {"filter_metadata": {DEFAULT_NAMESPACE: policy(entry, limits)}}
         }
@@ -139,7 +139,7 @@ def _eg_route_name(index: int) -> str:
     return f"httproute/{NAMESPACE}/{HTTPROUTE}/rule/{index}/match/0/*"
 
 
-def envoy_gateway_patch() -> dict[str, Any]:
+def envoy_gateway_patch(entries: list[RouteInput]) -> dict[str, Any]:
     (base,) = _documents(DEPLOY / "envoy-gateway" / "patch-policy.yaml")
     out = copy.deepcopy(base)
     patches = out["spec"]["jsonPatches"]
@@ -157,7 +157,7 @@ def envoy_gateway_patch() -> dict[str, Any]:
     (override,) = [p for path, ps in by_path.items() if path.startswith("/typed_per") for p in ps]
     at = patches.index(on_routes[0])
     generated = []
-    for index, entry in enumerate(routes()):
+    for index, entry in enumerate(entries):
         selector = f"..routes[?(@.name=='{_eg_route_name(index)}')]"
 
         def patch(path: str, value: Any, selector: str = selector) -> dict[str, Any]:
@@ -192,14 +192,15 @@ def _dump(document: dict[str, Any], *sources: str) -> str:
 def files() -> dict[Path, str]:
     """Every generated file and its text."""
     source = INPUT.relative_to(REPO).as_posix()
+    entries = routes()
     extension = DEPLOY / "envoy-gateway" / "extension-policy.yaml"
     return {
-        OUTPUT / "routes" / "httproute.yaml": _dump(httproute(), source),
+        OUTPUT / "routes" / "httproute.yaml": _dump(httproute(entries), source),
         OUTPUT / "istio" / "envoyfilter.yaml": _dump(
-            istio_filter(), source, "deploy/istio/envoyfilter.yaml"
+            istio_filter(entries), source, "deploy/istio/envoyfilter.yaml"
         ),
         OUTPUT / "envoy-gateway" / "patch-policy.yaml": _dump(
-            envoy_gateway_patch(), source, "deploy/envoy-gateway/patch-policy.yaml"
+            envoy_gateway_patch(entries), source, "deploy/envoy-gateway/patch-policy.yaml"
         ),
         # Unchanged; a copy because kustomize reads files inside an overlay only.
         OUTPUT / "envoy-gateway" / "extension-policy.yaml": (

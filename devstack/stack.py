@@ -251,8 +251,11 @@ def _commands(plan: Plan, workdir: Path) -> Iterator[tuple[list[str], Path | Non
     """In order: each child's command line, working folder and readiness check."""
     if plan.stub:
         stub = plan.port("STUB_PORT")
-        args = [sys.executable, "-m", "devstack", "upstream", "--listen", str(stub)]
-        yield args, envoy_config.REPO, partial(processes.wait_for_port, stub.port)
+        yield (
+            processes.stand_in_args(stub),
+            envoy_config.REPO,
+            partial(processes.wait_for_port, stub.port),
+        )
     processor = plan.port("PROCESSOR_PORT")
     serve = [sys.executable, "-m", "ext_proc", "serve", "--listen", str(processor)]
     serve += ["--metrics-listen", str(plan.port("METRICS_PORT"))]

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import socket
 import ssl
-import sys
 import urllib.request
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
@@ -25,6 +24,7 @@ from devstack import processes
 from ext_proc.address import HostPort
 from ext_proc.envoygen import PROCESSOR_CLUSTER
 from tests.e2e import certs
+from tests.e2e.stack import start_stand_in
 
 REPO = Path(__file__).resolve().parents[2]
 CERT_DIR = "/etc/ext-proc/tls/"
@@ -111,13 +111,8 @@ def running(source: Path, workdir: Path, cert_dir: Path | None = None) -> Iterat
     path = workdir / "envoy.yaml"
     path.write_text(yaml.safe_dump(config, sort_keys=False))
     with ExitStack() as children:
-        stub = processes.start(
-            [sys.executable, "-m", "devstack", "upstream", "--listen", str(upstream)],
-            workdir / "upstream.log",
-            cwd=REPO,
-        )
+        stub = start_stand_in(upstream, workdir / "upstream.log")
         children.callback(processes.stop, stub)
-        processes.wait_for_port(upstream.port, stub)
         envoy = processes.start(processes.envoy_args(path, admin.port), workdir / "envoy.log")
         children.callback(processes.stop, envoy)
         processes.wait_for_envoy(admin.port, envoy)

@@ -132,6 +132,18 @@ def add_routes(routes: list[dict[str, Any]], added: list[dict[str, Any]]) -> Non
     routes[first:first] = added
 
 
+def start_stand_in(address: HostPort, log: Path) -> subprocess.Popen[bytes]:
+    """The recording stand-in upstream on ``address``, once it listens (stopped again
+    when it does not)."""
+    child = processes.start(processes.stand_in_args(address), log, cwd=envoy_config.REPO)
+    try:
+        processes.wait_for_port(address.port, child)
+    except BaseException:
+        processes.stop(child)
+        raise
+    return child
+
+
 def new_key() -> bytes:
     """A signing key: 32 random bytes, hex-encoded (a key file's surrounding whitespace
     is ignored, so raw bytes could lose some)."""
@@ -228,13 +240,7 @@ class Stack:
 
     def _start(self) -> None:
         if self.real_upstream is None:
-            up = processes.start(
-                [sys.executable, "-m", "devstack", "upstream", "--listen", str(self.upstream)],
-                self._log("upstream"),
-                cwd=envoy_config.REPO,
-            )
-            self.children["upstream"] = up
-            processes.wait_for_port(self.upstream.port, up)
+            self.children["upstream"] = start_stand_in(self.upstream, self._log("upstream"))
         else:
             self.upstream = self.real_upstream
         self.start_processor()

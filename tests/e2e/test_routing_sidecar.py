@@ -9,26 +9,23 @@ prefill pod's Envoy signed, not on who sent it."""
 
 from __future__ import annotations
 
-import base64
 import json
-import subprocess
-import sys
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-import yaml
 
 from devstack import envoy_config, processes, tokens
 from ext_proc.address import HostPort
 from tests.e2e.sidecar import CONNECTOR_REQUEST, PREFILL_HEADER, REQUEST_ID, RoutingSidecar
-from tests.e2e.stack import LOCAL, new_key
+from tests.e2e.stack import LOCAL, Stack, new_key
 from tests.e2e.test_gateway import chat
+from tests.e2e.test_operations import access_log, decision_logs
 
 ENVOY = envoy_config.REPO / "envoy"
 KEY_ID = "pods"
@@ -39,87 +36,41 @@ def _port() -> HostPort:
     return HostPort(LOCAL, processes.free_port())
 
 
-@dataclass
 class Pod:
-    """One model-server pod: its Envoy, its processor and its vLLM (the stand-in)."""
+    """One model-server pod: its Envoy and processor (a ``Stack`` with the pod's config,
+    nothing added) and its vLLM (the stack's stand-in, the config's ``vllm`` cluster)."""
 
-    name: str
-    workdir: Path
-    source: Path
-    listener: HostPort = field(default_factory=_port)
-    admin: HostPort = field(default_factory=_port)
-    processor: HostPort = field(default_factory=_port)
-    metrics: HostPort = field(default_factory=_port)
-    vllm: HostPort = field(default_factory=_port)
-    children: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    def __init__(self, name: str, workdir: Path, source: Path, key: bytes) -> None:
+        folder = workdir / name
+        folder.mkdir()
+        self.stack = Stack(folder, source=source, routes=[], proof_keys={KEY_ID: key})
+        self.stack.others = {"vllm": self.stack.upstream}
 
-    def _log(self, what: str) -> Path:
-        return self.workdir / f"{self.name}-{what}.log"
+    @property
+    def listener(self) -> HostPort:
+        return self.stack.gateway
 
-    def start(self, key: bytes) -> None:
-        up = processes.start(
-            [sys.executable, "-m", "devstack", "upstream", "--listen", str(self.vllm)],
-            self._log("vllm"),
-            cwd=envoy_config.REPO,
-        )
-        self.children["vllm"] = up
-        processes.wait_for_port(self.vllm.port, up)
-
-        key_file = self.workdir / f"{self.name}-key"
-        key_file.write_bytes(key)
-        key_file.chmod(0o600)
-        config = {"drain_seconds": 0.1, "proof": {"keys": [{"id": KEY_ID, "file": str(key_file)}]}}
-        config_file = self.workdir / f"{self.name}-processor.yaml"
-        config_file.write_text(yaml.safe_dump(config))
-        args = [sys.executable, "-m", "ext_proc", "serve", "--listen", str(self.processor)]
-        args += ["--log-level", "debug", "--metrics-listen", str(self.metrics)]
-        args += ["--config", str(config_file)]
-        processor = processes.start(args, self._log("processor"))
-        self.children["processor"] = processor
-        processes.wait_for_port(self.processor.port, processor)
-
-        # Only the addresses move; the pod's one upstream is its vLLM.
-        rendered = envoy_config.render(
-            gateway=self.listener,
-            admin=self.admin,
-            processor=self.processor,
-            aggregated=self.vllm,
-            disaggregated=self.vllm,
-            source=self.source,
-            others={"vllm": self.vllm},
-        )
-        path = envoy_config.write(rendered, self.workdir / f"{self.name}-envoy.yaml")
-        envoy = processes.start(processes.envoy_args(path, self.admin.port), self._log("envoy"))
-        self.children["envoy"] = envoy
-        processes.wait_for_envoy(self.admin.port, envoy)
+    def start(self) -> None:
+        self.stack.start()
 
     def stop(self) -> None:
-        for child in self.children.values():
-            processes.stop(child)
-
-    def logs(self, what: str) -> str:
-        return self._log(what).read_text(errors="replace")
-
-    def _stub(self, method: str) -> Any:
-        request = urllib.request.Request(f"http://{self.vllm}/__stub__/requests", method=method)
-        with urllib.request.urlopen(request, timeout=5) as reply:
-            return json.loads(reply.read())
+        self.stack.stop()
 
     def received(self) -> list[tuple[str, dict[str, list[str]], dict[str, Any]]]:
         """What reached this pod's vLLM: path, headers (lower-case names), body."""
         out = []
-        for r in self._stub("GET"):
+        for r in self.stack.received():
             headers: dict[str, list[str]] = {}
-            for name, value in r["headers"]:
+            for name, value in r.headers:
                 headers.setdefault(name.lower(), []).append(value)
-            out.append((r["target"], headers, json.loads(base64.b64decode(r["body_b64"]))))
+            out.append((r.target, headers, json.loads(r.body)))
         return out
 
     def clear(self) -> None:
-        self._stub("DELETE")
+        self.stack.clear()
 
     def metric(self, name: str, **labels: str) -> float:
-        with urllib.request.urlopen(f"http://{self.metrics}/metrics", timeout=5) as reply:
+        with urllib.request.urlopen(f"http://{self.stack.metrics}/metrics", timeout=5) as reply:
             text = reply.read().decode()
         for line in text.splitlines():
             sample, _, value = line.rpartition(" ")
@@ -132,26 +83,14 @@ class Pod:
         return 0.0
 
     def access_log(self, request_id: str) -> dict[str, Any]:
-        deadline = time.monotonic() + 5
-        while time.monotonic() < deadline:
-            for line in self.logs("envoy").splitlines():
-                if line.startswith("{") and request_id in line:
-                    found: dict[str, Any] = json.loads(line)
-                    return found
-            time.sleep(0.1)
-        raise AssertionError(f"{self.name}: no access log line for {request_id}")
+        found: dict[str, Any] = access_log(self.stack, request_id)
+        return found
 
     def decision(self, request_id: str) -> dict[str, Any]:
-        deadline = time.monotonic() + 5
-        while time.monotonic() < deadline:
-            for line in self.logs("processor").splitlines():
-                if line.startswith("{"):
-                    entry = json.loads(line)
-                    if entry.get("message") == "decision" and entry.get("request_id") == request_id:
-                        found: dict[str, Any] = entry
-                        return found
-            time.sleep(0.1)
-        raise AssertionError(f"{self.name}: no decision line for {request_id}")
+        (found,) = [
+            d for d in decision_logs(self.stack, {request_id}) if d["request_id"] == request_id
+        ]
+        return found
 
 
 @dataclass
@@ -169,11 +108,11 @@ class Pods:
 def pods(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pods]:
     workdir = tmp_path_factory.mktemp("routing-sidecar")
     key = new_key()  # the Secret ext-proc-proof-keys every pod mounts
-    prefill = Pod("prefill", workdir, ENVOY / "envoy-pod-prefill.yaml")
-    decode = Pod("decode", workdir, ENVOY / "envoy-pod-decode.yaml")
+    prefill = Pod("prefill", workdir, ENVOY / "envoy-pod-prefill.yaml", key)
+    decode = Pod("decode", workdir, ENVOY / "envoy-pod-decode.yaml", key)
     try:
-        prefill.start(key)
-        decode.start(key)
+        prefill.start()
+        decode.start()
         # The sidecar's decoder: http://localhost:<--model-server-port>, the decode Envoy.
         with RoutingSidecar(_port(), f"http://{decode.listener}") as sidecar:
             yield Pods(prefill, decode, sidecar)

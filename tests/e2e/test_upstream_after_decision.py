@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import socket
-import sys
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -17,10 +16,10 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from devstack import envoy_config, processes
+from devstack import processes
 from ext_proc.address import HostPort
 from tests.e2e.conftest import BODY_MODES, ENVOY
-from tests.e2e.stack import BODY_LIMIT, LOCAL, Stack
+from tests.e2e.stack import BODY_LIMIT, LOCAL, Stack, start_stand_in
 from tests.recorder import Recorder
 
 ARRANGEMENTS = {**BODY_MODES, "decompress": ENVOY / "envoy-decompress.yaml"}
@@ -59,13 +58,8 @@ def recorded(
 ) -> Iterator[Recorded]:
     workdir = tmp_path_factory.mktemp(request.param)
     stub = HostPort(LOCAL, processes.free_port())
-    upstream = processes.start(
-        [sys.executable, "-m", "devstack", "upstream", "--listen", str(stub)],
-        workdir / "upstream.log",
-        cwd=envoy_config.REPO,
-    )
+    upstream = start_stand_in(stub, workdir / "upstream.log")
     try:
-        processes.wait_for_port(stub.port, upstream)
         with Recorder(stub).running() as recorder:
             assert recorder.address is not None
             source = ARRANGEMENTS[request.param]

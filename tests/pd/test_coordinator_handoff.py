@@ -18,7 +18,7 @@ import pytest
 from ext_proc.address import HostPort
 from tests.e2e.coordinator import PROFILE, Coordinator
 from tests.e2e.test_coordinator import CLIENT_PARAMS
-from tests.pd.conftest import RESULTS, Gateway, make_run
+from tests.pd.conftest import Gateway, make_run
 from tests.pd.pair import Pair
 from tests.pd.test_nixl_handoff import (
     CHAT,
@@ -26,6 +26,7 @@ from tests.pd.test_nixl_handoff import (
     assert_recomputed,
     decisions,
     messages,
+    report,
     settled,
 )
 from tests.test_devstack import free_ports
@@ -81,13 +82,7 @@ def test_the_coordinators_hand_off_moves_the_kv_cache(coordinated: Coordinated, 
             ("coordinator-decode", "honor", "trusted_proof"): 1,
         }
     ), legs
-    RESULTS.append(
-        "coordinator (envoy/envoy-coordinator.yaml): decisions "
-        + ", ".join(f"{route} {action}/{reason}" for route, action, reason in sorted(legs))
-        + f"; decode server: external_kv_transfer +{delta.external:.0f}, "
-        f"local_compute +{delta.local:.0f}, nixl bytes +{delta.nixl_bytes:.0f} "
-        f"({tokens} prompt tokens)"
-    )
+    report("coordinator (envoy/envoy-coordinator.yaml)", legs, delta, tokens)
 
 
 def test_a_forged_decode_profile_moves_nothing(coordinated: Coordinated, pair: Pair) -> None:

@@ -116,6 +116,18 @@ def decisions(gateway: Gateway) -> Counter[tuple[str, str, str]]:
     return counts
 
 
+def report(what: str, legs: Counter[tuple[str, str, str]], delta: KvCounters, tokens: int) -> None:
+    """One line of the tier's summary: a hand-off's decisions and what the decode server
+    did with its prompt."""
+    RESULTS.append(
+        f"{what}: decisions "
+        + ", ".join(f"{route} {action}/{reason}" for route, action, reason in legs)
+        + f"; decode server: external_kv_transfer +{delta.external:.0f}, "
+        f"local_compute +{delta.local:.0f}, nixl bytes +{delta.nixl_bytes:.0f} "
+        f"({tokens} prompt tokens)"
+    )
+
+
 def test_the_printed_hand_off_moves_the_kv_cache(gateway: Gateway, pair: Pair) -> None:
     """make run's hand-off, pasted as printed: its prefill request carries no transfer
     parameters; the route writes the connector request and the KV cache moves."""
@@ -139,13 +151,7 @@ def test_the_printed_hand_off_moves_the_kv_cache(gateway: Gateway, pair: Pair) -
             ("disaggregated", "honor", "trusted_proof"): 1,
         }
     ), legs
-    RESULTS.append(
-        "make run's printed hand-off: decisions "
-        + ", ".join(f"{route} {action}/{reason}" for route, action, reason in legs)
-        + f"; decode server: external_kv_transfer +{delta.external:.0f}, "
-        f"local_compute +{delta.local:.0f}, nixl bytes +{delta.nixl_bytes:.0f} "
-        f"({tokens} prompt tokens)"
-    )
+    report("make run's printed hand-off", legs, delta, tokens)
 
 
 def test_a_clients_connector_keys_never_reach_the_prefill_server(
