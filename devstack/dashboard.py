@@ -67,6 +67,7 @@ NOT_MINTED_REASONS: Final = (
     "not_renderable",
     "response_not_json",
     "response_ids_malformed",
+    "response_connector_out_of_bounds",
     "response_not_affordable",
     "response_too_deep",
     "nothing_to_mint",

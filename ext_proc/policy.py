@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final
 
-from ext_proc import proof
+from ext_proc import connector_bounds, proof
 from ext_proc.body import Document
 from ext_proc.decisions import NO_PARAMS, Allow, Decision, Deny, Mint, Strip
 from ext_proc.errors import Refusal, bad_request
@@ -217,6 +217,10 @@ def _decide_params(policy: RoutePolicy, document: Document, evidence: Evidence) 
     reason = _trusted(policy, params, evidence)
     if not reason.startswith("trusted_"):
         return _untrusted(policy, params, reason, count)
+    # Who wrote them is no bound on their values (vllm#51137): connector_bounds.py.
+    tokens = Ids.of(params.get(IDS_KEY)).count or policy.max_ids
+    if (bounds := connector_bounds.refusal(params, tokens)) is not None:
+        return Deny(bounds, count)
     proof_key = (PROOF_KEY,) if PROOF_KEY in params else ()
     # vLLM treats a null value as "no ids"; stripping leaves the same meaning.
     if keys and (ignores_reused_ids(document) or any(params[key] is None for key in keys)):
@@ -249,6 +253,8 @@ def mint_response(
         minted[IDS_KEY], count = value, ids.count
     if not minted:
         return Allow("nothing_to_mint"), None
+    if connector_bounds.refusal(minted, count) is not None:
+        return Allow("response_connector_out_of_bounds"), None
     token = proof.mint(keys, minted, digest, expiry)
     if token is None:
         return Allow("no_signing_key" if keys.signing is None else "not_renderable"), None

@@ -91,3 +91,18 @@ def test_a_response_is_signed_and_written_back():
 )
 def test_a_response_that_is_not_signed_passes_unchanged(pending, raw, options, reason):
     assert mint.sign(pending, raw, signing(**options)) == (Allow(reason), None)
+
+
+def test_a_response_with_connector_values_out_of_bounds_passes_unsigned():
+    # vllm#51137: a tp_size the decode side would allocate by is never signed.
+    connector = {"remote_port": 5600, "tp_size": 20_000_000, "remote_block_ids": [[1]]}
+    raw = json.dumps({"id": "x", "prompt_token_ids": [1, 2], "kv_transfer_params": connector})
+    assert mint.sign(mint.Pending(DIGEST, ""), raw.encode(), signing()) == (
+        Allow("response_connector_out_of_bounds"),
+        None,
+    )
+    # In bounds, the same response is signed.
+    raw = raw.replace("20000000", "2")
+    decision, signed = mint.sign(mint.Pending(DIGEST, ""), raw.encode(), signing())
+    assert decision == Mint("minted", 2)
+    assert json.loads(signed)["kv_transfer_params"]["tp_size"] == 2

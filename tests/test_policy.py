@@ -607,3 +607,112 @@ def test_unproven_deny_on_a_connector_route_still_denies():
         connector=NIXL_REQUEST.connector,
     )
     assert isinstance(verified(route, doc({"remote_port": 1})), Deny)
+
+
+# --- connector values within bounds (docs/trust.md#connector-values-within-bounds) ---
+
+HUGE_TP = {"do_remote_prefill": True, "remote_port": 5600, "tp_size": 20_000_000}
+
+
+def refused_key(decision):
+    assert isinstance(decision, Deny), decision
+    assert (decision.reason, decision.refusal.status) == ("connector_out_of_bounds", 400)
+    return decision.refusal.param
+
+
+def test_a_listed_peers_values_out_of_bounds_are_refused():
+    router = Peer(True, (ROUTER,))
+    refused = verified(PEERS, doc({"prompt_token_ids": [1, 2], **HUGE_TP}), peer=router)
+    assert refused_key(refused) == "kv_transfer_params.tp_size"
+    in_bounds = doc({"prompt_token_ids": [1, 2], **HUGE_TP, "tp_size": 8})
+    assert verified(PEERS, in_bounds, peer=router) == Allow("trusted_peer", 2)
+    # On a mint route too: a listed peer's prefill request reaches the prefill server.
+    mint = RoutePolicy(Topology.DISAGGREGATED, Action.MINT, peers=frozenset({ROUTER}))
+    refused = verified(mint, doc({"do_remote_decode": True, "remote_port": 0}), peer=router)
+    assert refused_key(refused) == "kv_transfer_params.remote_port"
+
+
+def test_values_out_of_bounds_are_refused_on_a_route_that_trusts_any_caller():
+    assert refused_key(decide(HONOR, doc({"pp_size": 0}))) == "kv_transfer_params.pp_size"
+    assert decide(HONOR, doc({"pp_size": 2, "tp_size": 4})) == Allow(HONORED, 0)
+
+
+def test_proven_values_out_of_bounds_are_refused():
+    # What an older gateway, or a key of another deployment's, may have signed.
+    minted = {"prompt_token_ids": [1, 2, 3], "remote_dp_size": 2, "remote_dp_rank": 2}
+    digest = proof.prompt_digest(doc(), True, "/v1/chat/completions")
+    params = {**minted, proof.PROOF_KEY: proof.mint(KEYS, minted, digest, int(NOW) + 60)}
+    assert refused_key(verified(PROVEN, doc(params))) == "kv_transfer_params.remote_dp_rank"
+
+
+def test_block_ids_are_counted_against_the_prompts_ids_or_the_routes_max_ids():
+    three = {"remote_block_ids": [[7, 8, 9]]}
+    assert decide(HONOR, doc({"prompt_token_ids": [1, 2, 3], **three})) == Allow(HONORED, 3)
+    refused = decide(HONOR, doc({"prompt_token_ids": [1, 2], **three}))
+    assert refused_key(refused) == "kv_transfer_params.remote_block_ids"
+    # Without ids, the route's max_ids (4 on HONOR), else the ceiling.
+    assert decide(HONOR, doc(three)) == Allow(HONORED, 0)
+    five = {"remote_block_ids": [[1, 2, 3, 4, 5]]}
+    assert refused_key(decide(HONOR, doc(five))) == "kv_transfer_params.remote_block_ids"
+    assert decide(HONOR_UNLIMITED, doc(five)) == Allow(HONORED, 0)
+    num = {"prompt_token_ids": [1, 2], "remote_num_tokens": 3}
+    assert refused_key(decide(HONOR, doc(num))) == "kv_transfer_params.remote_num_tokens"
+
+
+def test_values_are_bounded_even_where_vllm_ignores_the_ids():
+    # The ids go, the connector keys stay: they are still checked.
+    refused = decide(HONOR, doc({"prompt_token_ids": [1, 2], **HUGE_TP}, echo=True))
+    assert refused_key(refused) == "kv_transfer_params.tp_size"
+
+
+def test_an_untrusted_callers_values_are_removed_not_checked():
+    document = doc({"prompt_token_ids": [1, 2], **HUGE_TP})
+    assert decide(STRIP, document) == Strip(None, "stripped_by_policy", 2)
+    assert verified(PROVEN, document) == Strip(None, "proof_missing", 2)
+    stranger = Peer(True, ((IdentityType.URI, "spiffe://td/client"),))
+    assert verified(PEERS, document, peer=stranger) == Strip(None, "peer_not_listed", 2)
+
+
+def test_audit_mode_reports_values_out_of_bounds():
+    route = RoutePolicy(Topology.DISAGGREGATED, Action.HONOR, trust_any_caller=True, audit=True)
+    decision = decide(route, doc(HUGE_TP))
+    assert isinstance(decision, Deny)
+    assert decision.refusal.auditable
+
+
+@pytest.mark.parametrize(
+    "connector",
+    [
+        {"remote_port": 5600, "tp_size": 20_000_000},
+        {"remote_port": 70000, "tp_size": 1},
+        {"remote_block_ids": [[1, 2, 3]]},  # more blocks than the response's two ids
+        {"remote_num_tokens": 3},
+        {"remote_block_ids": [[1], True]},
+    ],
+)
+def test_mint_response_out_of_bounds_is_not_signed(connector):
+    response = {"prompt_token_ids": [5, 6], "kv_transfer_params": connector}
+    assert policy.mint_response(response, b"\0" * 32, KEYS, 1) == (
+        Allow("response_connector_out_of_bounds"),
+        None,
+    )
+
+
+def test_mint_response_in_bounds_is_signed():
+    nixl = {
+        "do_remote_prefill": True,
+        "remote_block_ids": [[1]],
+        "remote_port": 27604,
+        "tp_size": 1,
+        "dcp_size": 1,
+        "pp_size": 1,
+        "remote_num_tokens": 2,
+    }
+    response = {"prompt_token_ids": [5, 6], "kv_transfer_params": nixl}
+    decision, params = policy.mint_response(response, b"\0" * 32, KEYS, 1)
+    assert decision == Mint("minted", 2)
+    assert params is not None
+    assert params["tp_size"] == 1
+    # Without ids, the ceiling bounds the counts.
+    decision, _ = policy.mint_response({"kv_transfer_params": nixl}, b"\0" * 32, KEYS, 1)
+    assert decision == Mint("minted", 0)

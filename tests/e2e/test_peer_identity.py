@@ -164,3 +164,32 @@ def test_a_listed_peers_prefill_leg_moves_connector_keys_signed(internal, cert_d
     (received,) = internal.received()
     assert "kv_transfer_params" not in json.loads(received.body)
     assert access_log(internal, "pd-3")["policy_reason"] == "proof_bad_signature"
+
+
+@pytest.mark.parametrize("path", ["/pd/v1/chat/completions", "/pd/prefill/v1/chat/completions"])
+def test_a_listed_peers_connector_values_out_of_bounds_are_refused(internal, cert_dir, path):
+    # vllm#51137: a tp_size the decode side allocates by. A listed peer is trusted to
+    # have written its parameters, not to have written sane ones (docs/trust.md).
+    huge = {**CHAT, "kv_transfer_params": {**PARAMS, "tp_size": 20_000_000}}
+    internal.clear()
+    reply = post(internal, cert_dir, "router", path, "bounds-out", huge)
+    assert reply.status_code == 400, reply.text
+    assert reply.headers["content-type"] == "application/json"
+    assert reply.json()["error"] == {
+        "message": "kv_transfer_params.tp_size must be an integer from 1 to 1024",
+        "type": "BadRequestError",
+        "param": "kv_transfer_params.tp_size",
+        "code": 400,
+    }
+    assert internal.received() == []  # nothing reached the upstream
+    line = access_log(internal, "bounds-out")
+    assert (line["policy_action"], line["policy_reason"]) == ("deny", "connector_out_of_bounds")
+    assert line["details"] == "token_policy_connector_out_of_bounds"
+
+    # The same parameters in bounds are honored as they are.
+    fine = {**CHAT, "kv_transfer_params": {**PARAMS, "tp_size": 8}}
+    reply = post(internal, cert_dir, "router", path, "bounds-in", fine)
+    assert reply.status_code == 200, reply.text
+    (received,) = internal.received()
+    assert json.loads(received.body)["kv_transfer_params"] == fine["kv_transfer_params"]
+    assert access_log(internal, "bounds-in")["policy_reason"] == "trusted_peer"
