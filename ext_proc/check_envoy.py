@@ -37,6 +37,7 @@ from typing import Any
 
 import yaml
 
+from ext_proc import carrier_headers
 from ext_proc.attributes import HEADERS, as_cel, attribute_keys
 from ext_proc.errors import RoutePolicyError
 from ext_proc.route_policy import DEFAULT_NAMESPACE, FIELDS, Action, RoutePolicy, parse
@@ -612,6 +613,70 @@ def _check_others(
             )
 
 
+def _header_step_faults(entry: dict[str, Any]) -> list[str]:
+    """What a header step (``ext_proc.carrier_headers``) fails to do: remove every
+    routing header and move the request id aside for a fresh one."""
+    config = entry.get("typed_config", {})
+    if entry.get("disabled", False):
+        return ["it is disabled"]
+    if config.get("most_specific_header_mutations_wins", False):
+        return ["most_specific_header_mutations_wins lets a route's mutations replace it"]
+    mutations = config.get("mutations", {}).get("request_mutations", [])
+    removes = {m["remove"].lower() for m in mutations if isinstance(m.get("remove"), str)}
+    faults = [
+        f"it keeps a client's {name}"
+        for name in carrier_headers.ROUTING_HEADERS
+        if name not in removes
+    ]
+    sets = {
+        str(header.get("key", "")).lower(): str(header.get("value", ""))
+        for m in mutations
+        if isinstance(header := m.get("append", {}).get("header"), dict)
+    }
+    if sets.get(carrier_headers.REQUEST_ID) != carrier_headers.NEW_ID:
+        faults.append(
+            f"it keeps a client's {carrier_headers.REQUEST_ID} (set it to "
+            f"{carrier_headers.NEW_ID} after moving it to {carrier_headers.CLIENT_REQUEST_ID})"
+        )
+    return faults
+
+
+def _check_header_step(
+    where: str,
+    manager: dict[str, Any],
+    filters: list[dict[str, Any]],
+    ours: list[str],
+    report: Report,
+) -> None:
+    """The header step must run before this processor's first filter, on every route:
+    then neither the processor nor any filter after it (an endpoint picker) nor an
+    upstream sees a client's copy of a header that a component behind it trusts."""
+    first = next(i for i, f in enumerate(filters) if f.get("name") in ours)
+    steps = [
+        (i, f)
+        for i, f in enumerate(filters)
+        if f.get("typed_config", {}).get("@type") == carrier_headers.FILTER_TYPE
+    ]
+    good = [i for i, f in steps if i < first and not _header_step_faults(f)]
+    if not good:
+        faults = [fault for i, f in steps if i < first for fault in _header_step_faults(f)]
+        why = f": {'; '.join(faults)}" if faults else ""
+        report.errors.append(
+            f"{where}: no header step ({carrier_headers.FILTER}) before this processor's "
+            f"filter{why}. Later filters and the upstream see a client's routing headers "
+            f"({', '.join(carrier_headers.ROUTING_HEADERS)}) and request id: `envoy-config` "
+            "writes the step"
+        )
+        return
+    names = {str(filters[i].get("name")) for i in good}
+    for node in _walk(manager.get("route_config", {})):
+        for name in names & set(node.get("typed_per_filter_config", {})):
+            report.errors.append(
+                f"{where}: a route or virtual host configures the header step {name} "
+                "itself: it must be the same on every route"
+            )
+
+
 def _managers(config: Any, listeners: frozenset[str] | None, report: Report) -> list[Any]:
     """The connection managers to check: every one, or those of the named listeners."""
     if listeners is None:
@@ -646,7 +711,9 @@ def check(
         ]
         where = f"http_connection_manager[{index}]"
         if ext_procs:
-            _check_others(where, filters, [str(f.get("name")) for f in ext_procs], report)
+            ours = [str(f.get("name")) for f in ext_procs]
+            _check_others(where, filters, ours, report)
+            _check_header_step(where, manager, filters, ours, report)
         if not ext_procs:
             others = any(f.get("typed_config", {}).get("@type") == EXT_PROC for f in filters)
             report.errors.append(

@@ -4,6 +4,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from ext_proc import carrier_headers
 from ext_proc.check_envoy import check, main
 
 SHIPPED_DIR = Path(__file__).resolve().parents[1] / "envoy"
@@ -16,8 +17,15 @@ def hcm(config):
     ]
 
 
+EXT_PROC = "envoy.filters.http.ext_proc"
+
+
+def ext_proc_index(config):
+    return [f["name"] for f in hcm(config)["http_filters"]].index(EXT_PROC)
+
+
 def ext_proc(config):
-    return hcm(config)["http_filters"][0]["typed_config"]
+    return hcm(config)["http_filters"][ext_proc_index(config)]["typed_config"]
 
 
 def routes(config):
@@ -108,7 +116,7 @@ def mutated(change):
             ),
             "fails open",
         ),
-        (lambda c: hcm(c)["http_filters"].pop(0), "no ext_proc filter"),
+        (lambda c: hcm(c)["http_filters"].pop(ext_proc_index(c)), "no ext_proc filter"),
         # A mint route whose response the processor never sees signs nothing.
         (
             lambda c: route(c, "prefill").pop("typed_per_filter_config"),
@@ -253,7 +261,7 @@ def test_a_filter_disabled_by_default_runs_only_where_a_route_enables_it():
     # Envoy Gateway's pattern: every ext_proc filter is added disabled and enabled per
     # route, here through a FilterConfig wrapper.
     def enable_everywhere(config):
-        hcm(config)["http_filters"][0]["disabled"] = True
+        hcm(config)["http_filters"][ext_proc_index(config)]["disabled"] = True
         for entry in hcm(config)["route_config"]["virtual_hosts"][0]["routes"]:
             if "route" not in entry:
                 continue
@@ -268,7 +276,7 @@ def test_a_filter_disabled_by_default_runs_only_where_a_route_enables_it():
     assert mutated(enable_everywhere).warnings == []
 
     def enable_nowhere(config):
-        hcm(config)["http_filters"][0]["disabled"] = True
+        hcm(config)["http_filters"][ext_proc_index(config)]["disabled"] = True
         for entry in hcm(config)["route_config"]["virtual_hosts"][0]["routes"]:
             entry.pop("typed_per_filter_config", None)
 
@@ -726,6 +734,10 @@ def filter_names(config):
     return [f["name"] for f in hcm(config)["http_filters"]]
 
 
+def after_hold(config):
+    return filter_names(config).index(BUFFER) + 1
+
+
 def _move_hold_before_ext_proc(config):
     filters = hcm(config)["http_filters"]
     filters.insert(0, filters.pop(filter_names(config).index(BUFFER)))
@@ -873,26 +885,30 @@ PICKER = {
 
 
 def test_another_services_ext_proc_filter_after_the_hold_is_left_to_its_service():
-    report = mutated(lambda c: hcm(c)["http_filters"].insert(2, copy.deepcopy(PICKER)))
+    report = mutated(lambda c: hcm(c)["http_filters"].insert(after_hold(c), copy.deepcopy(PICKER)))
     assert report.errors == []
     # Failing open is its own service's business, but worth saying.
     (warning,) = report.warnings
     assert "ext_proc filter picker fails open" in warning
     closed = copy.deepcopy(PICKER)
     closed["typed_config"]["failure_mode_allow"] = False
-    report = mutated(lambda c: hcm(c)["http_filters"].insert(2, closed))
+    report = mutated(lambda c: hcm(c)["http_filters"].insert(after_hold(c), closed))
     assert (report.errors, report.warnings) == ([], [])
 
 
 @pytest.mark.parametrize(
     ("position", "text"),
-    [(0, "runs before this processor's"), (1, "runs before the buffer filter")],
+    [(EXT_PROC, "runs before this processor's"), (BUFFER, "runs before the buffer filter")],
     ids=["before-ours", "before-the-hold"],
 )
 def test_another_services_filter_before_the_decision_is_an_error(position, text):
     closed = copy.deepcopy(PICKER)
     closed["typed_config"]["failure_mode_allow"] = False
-    (error,) = mutated(lambda c: hcm(c)["http_filters"].insert(position, closed)).errors
+
+    def change(config):
+        hcm(config)["http_filters"].insert(filter_names(config).index(position), closed)
+
+    (error,) = mutated(change).errors
     assert f"ext_proc filter picker {text}" in error
 
 
@@ -902,7 +918,7 @@ def test_a_filter_asking_only_for_generic_attributes_is_not_ours():
     picker = copy.deepcopy(PICKER)
     picker["typed_config"]["failure_mode_allow"] = False
     picker["typed_config"]["request_attributes"] = ["xds.route_name", "request.url_path"]
-    report = mutated(lambda c: hcm(c)["http_filters"].insert(2, picker))
+    report = mutated(lambda c: hcm(c)["http_filters"].insert(after_hold(c), picker))
     assert (report.errors, report.warnings) == ([], [])
 
 
@@ -974,3 +990,84 @@ def test_a_route_with_a_header_condition_does_not_hide_the_routes_after_it():
     for with_phase in (False, True):
         errors = forwarding_errors(mutated(lambda c, w=with_phase: change(c, w)))
         assert "rewrites" in errors, (with_phase, errors)
+
+
+# --- the header step (ext_proc.carrier_headers) --------------------------------------------
+
+STEP = carrier_headers.FILTER
+
+
+def _step(config):
+    return hcm(config)["http_filters"][filter_names(config).index(STEP)]
+
+
+def _step_mutations(config):
+    return _step(config)["typed_config"]["mutations"]["request_mutations"]
+
+
+def _drop_removal(name):
+    def change(config):
+        mutations = _step_mutations(config)
+        mutations[:] = [m for m in mutations if m.get("remove") != name]
+
+    return change
+
+
+def _request_id_kept(config):
+    for mutation in _step_mutations(config):
+        header = mutation.get("append", {}).get("header", {})
+        if header.get("key") == carrier_headers.REQUEST_ID:
+            header["value"] = "%REQ(x-request-id)%"
+
+
+def _after_ours(config):
+    filters = hcm(config)["http_filters"]
+    filters.insert(ext_proc_index(config), filters.pop(filter_names(config).index(STEP)))
+
+
+def _on_a_route(config):
+    route(config, "aggregated")["typed_per_filter_config"][STEP] = {
+        "@type": FILTER_CONFIG,
+        "disabled": True,
+    }
+
+
+@pytest.mark.parametrize(
+    ("change", "text"),
+    [
+        (lambda c: hcm(c)["http_filters"].pop(filter_names(c).index(STEP)), "no header step"),
+        (_after_ours, "no header step"),
+        (lambda c: _step(c).update(disabled=True), "it is disabled"),
+        (_drop_removal("x-prefiller-host-port"), "keeps a client's x-prefiller-host-port"),
+        (_drop_removal("x-worker-instance-id"), "keeps a client's x-worker-instance-id"),
+        (_request_id_kept, "keeps a client's x-request-id"),
+        (
+            lambda c: _step(c)["typed_config"].update(most_specific_header_mutations_wins=True),
+            "most_specific_header_mutations_wins",
+        ),
+        (_on_a_route, "configures the header step"),
+    ],
+    ids=[
+        "absent",
+        "after-ours",
+        "disabled",
+        "llm-d",
+        "dynamo",
+        "request-id",
+        "route-wins",
+        "route",
+    ],
+)
+def test_a_chain_that_lets_a_client_header_through_is_an_error(change, text):
+    (error,) = mutated(change).errors
+    assert text in error
+
+
+def test_the_shipped_header_step_removes_every_routing_header_and_renews_the_id():
+    mutations = _step_mutations(SHIPPED)
+    assert [m["remove"] for m in mutations if "remove" in m] == list(
+        carrier_headers.ROUTING_HEADERS
+    )
+    first, last = mutations[0]["append"]["header"], mutations[-1]["append"]["header"]
+    assert first == {"key": carrier_headers.CLIENT_REQUEST_ID, "value": "%REQ(x-request-id)%"}
+    assert last == {"key": carrier_headers.REQUEST_ID, "value": "%UNIQUE_ID%"}

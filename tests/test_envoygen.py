@@ -12,7 +12,7 @@ import pydantic
 import pytest
 import yaml
 
-from ext_proc import envoygen, route_policy, token_endpoints, vllm_request
+from ext_proc import carrier_headers, envoygen, route_policy, token_endpoints, vllm_request
 from ext_proc.attributes import HEADERS, attribute_keys
 from ext_proc.check_envoy import check
 from ext_proc.route_policy import Action, Topology
@@ -43,8 +43,8 @@ def hcm_of(config: dict[str, Any]) -> dict[str, Any]:
 def ext_proc_of(config: dict[str, Any]) -> dict[str, Any]:
     filters = hcm_of(config)["http_filters"]
     names = [f["name"] for f in filters if f["name"] != envoygen.BUFFER_FILTER]
-    assert names == [envoygen.EXT_PROC_FILTER, envoygen.ROUTER_FILTER]
-    return filters[0]["typed_config"]
+    assert names == [carrier_headers.FILTER, envoygen.EXT_PROC_FILTER, envoygen.ROUTER_FILTER]
+    return filters[1]["typed_config"]
 
 
 # Shipped configs for one of llm-d's prefill/decode architectures rather than a gateway
@@ -325,8 +325,13 @@ def test_one_message_holds_the_request_until_the_decision():
     config = generate(data)
     names = [f["name"] for f in filters_of(config)]
     # Right after ext_proc: the router gets the headers only once the body is let through.
-    assert names == [envoygen.EXT_PROC_FILTER, envoygen.BUFFER_FILTER, envoygen.ROUTER_FILTER]
-    assert filters_of(config)[1]["typed_config"]["max_request_bytes"] == 16 * 1024 * 1024
+    assert names == [
+        carrier_headers.FILTER,
+        envoygen.EXT_PROC_FILTER,
+        envoygen.BUFFER_FILTER,
+        envoygen.ROUTER_FILTER,
+    ]
+    assert filters_of(config)[2]["typed_config"]["max_request_bytes"] == 16 * 1024 * 1024
     for name, entry in routes_of(config).items():
         hold = entry["typed_per_filter_config"][envoygen.BUFFER_FILTER]
         assert hold["@type"] == BUFFER_PER_ROUTE
@@ -365,19 +370,20 @@ def test_decompressor_runs_before_ext_proc():
     base, config = generate(example()), generate(example() | {"decompress_gzip": True})
     names = [f["name"] for f in filters_of(config)]
     assert names == [
+        carrier_headers.FILTER,
         envoygen.DECOMPRESSOR_FILTER,
         envoygen.EXT_PROC_FILTER,
         envoygen.BUFFER_FILTER,
         envoygen.ROUTER_FILTER,
     ]
-    typed = filters_of(config)[0]["typed_config"]
+    typed = filters_of(config)[1]["typed_config"]
     assert typed["decompressor_library"]["name"] == "gzip"
     # Deflate's largest expansion: the ratio check never truncates a valid body, the
     # route's buffer limit answers 413 (tests/e2e/test_decompress_limits.py).
     assert typed["decompressor_library"]["typed_config"]["max_inflate_ratio"] == 1032
     assert typed["request_direction_config"]["common_config"]["enabled"]["default_value"] is True
     assert typed["response_direction_config"]["common_config"]["enabled"]["default_value"] is False
-    del filters_of(config)[0]
+    del filters_of(config)[1]
     assert config == base
 
 
@@ -1095,3 +1101,19 @@ def test_heap_must_hold_the_largest_body():
     with pytest.raises(envoygen.GeneratorError, match=message):
         envoygen.load_input(data | {"max_heap_size_bytes": 128 * 1024**2})
     envoygen.load_input(data | {"max_heap_size_bytes": 256 * 1024**2})
+
+
+def test_the_header_step_comes_first_and_takes_an_operators_headers():
+    base = filters_of(generate(example()))[0]
+    assert base["name"] == carrier_headers.FILTER
+    removed = [m["remove"] for m in base["typed_config"]["mutations"]["request_mutations"][1:-1]]
+    assert removed == list(carrier_headers.ROUTING_HEADERS)
+    extra = ["x-my-router-target", "x-prefiller-host-port", "x-request-id", "x-my-router-target"]
+    step = filters_of(generate(example() | {"remove_request_headers": extra}))[0]
+    mutations = step["typed_config"]["mutations"]["request_mutations"]
+    removed = [m["remove"] for m in mutations if "remove" in m]
+    # Each once; the request id is renewed, never merely removed.
+    assert removed == [*carrier_headers.ROUTING_HEADERS, "x-my-router-target"]
+    assert mutations[-1]["append"]["header"]["key"] == carrier_headers.REQUEST_ID
+    with pytest.raises(envoygen.GeneratorError, match="remove_request_headers"):
+        envoygen.load_input(example() | {"remove_request_headers": ["X-Upper-Case"]})

@@ -281,6 +281,9 @@ class GeneratorInput(BaseModel):
     # well-framed request (every denial of the processor is one), as after vLLM's own
     # 400s; false closes it, Envoy's default. A framing error closes it either way.
     keep_alive_after_denial: bool = True
+    # Further request headers that a component behind this gateway parses for an
+    # address, a peer or a prompt: removed with ext_proc.carrier_headers' own list.
+    remove_request_headers: list[Annotated[str, Field(pattern=_HEADER_NAME.pattern)]] = []
     upstreams: dict[str, HostPort] = Field(min_length=1)
     routes: list[RouteInput] = Field(min_length=1)
 

@@ -14,6 +14,7 @@ from typing import Any, Final
 import yaml
 from betterproto2 import Casing
 
+from ext_proc import carrier_headers
 from ext_proc.address import HostPort
 from ext_proc.attributes import HEADERS, attribute_keys
 from ext_proc.envoygen.inputs import (
@@ -40,6 +41,7 @@ with warnings.catch_warnings():
     from envoy_data_plane.envoy.config.accesslog import v3 as accesslog
     from envoy_data_plane.envoy.config.bootstrap import v3 as bootstrap
     from envoy_data_plane.envoy.config.cluster import v3 as cluster
+    from envoy_data_plane.envoy.config.common.mutation_rules import v3 as mutation_rules
     from envoy_data_plane.envoy.config.core import v3 as core
     from envoy_data_plane.envoy.config.endpoint import v3 as endpoint
     from envoy_data_plane.envoy.config.listener import v3 as listener
@@ -51,6 +53,9 @@ with warnings.catch_warnings():
     from envoy_data_plane.envoy.extensions.filters.http.buffer import v3 as buffer
     from envoy_data_plane.envoy.extensions.filters.http.decompressor import v3 as decompressor
     from envoy_data_plane.envoy.extensions.filters.http.ext_proc import v3 as ext_proc
+    from envoy_data_plane.envoy.extensions.filters.http.header_mutation import (
+        v3 as header_mutation,
+    )
     from envoy_data_plane.envoy.extensions.filters.http.router import v3 as router
     from envoy_data_plane.envoy.extensions.filters.network.http_connection_manager import (
         v3 as hcm,
@@ -339,8 +344,39 @@ def hold_request(limit: int) -> buffer.BufferPerRoute:
     return buffer.BufferPerRoute(buffer=buffer.Buffer(max_request_bytes=limit))
 
 
+def _set(name: str, value: str) -> mutation_rules.HeaderMutation:
+    return mutation_rules.HeaderMutation(
+        append=core.HeaderValueOption(
+            header=core.HeaderValue(key=name, value=value),
+            append_action=core.HeaderValueOptionHeaderAppendAction.OVERWRITE_IF_EXISTS_OR_ADD,
+        )
+    )
+
+
+def header_step(spec: GeneratorInput) -> header_mutation.HeaderMutation:
+    """The request headers no client may set (``ext_proc.carrier_headers``): the id the
+    request came with moved aside and a fresh one set, the routing headers removed."""
+    mutations = [
+        _set(carrier_headers.CLIENT_REQUEST_ID, carrier_headers.INCOMING_ID),
+        *(
+            mutation_rules.HeaderMutation(remove=name)
+            for name in carrier_headers.removed(spec.remove_request_headers)
+        ),
+        _set(carrier_headers.REQUEST_ID, carrier_headers.NEW_ID),
+    ]
+    return header_mutation.HeaderMutation(
+        mutations=header_mutation.Mutations(request_mutations=mutations)
+    )
+
+
 def http_filters(spec: GeneratorInput) -> list[hcm.HttpFilter]:
-    filters = []
+    # First: no filter of this chain, the processor included, sees a client's copy of
+    # a header that a component behind the gateway trusts.
+    filters = [
+        hcm.HttpFilter(
+            name=carrier_headers.FILTER, typed_config=protobuf.Any.pack(header_step(spec))
+        )
+    ]
     if spec.decompress_gzip:
         # Before ext_proc: the processor sees, and the upstream receives, the plain body.
         filters.append(
@@ -377,6 +413,7 @@ def access_log(namespace: str) -> accesslog.AccessLog:
     fields = {
         "time": "%START_TIME%",
         "request_id": "%REQ(X-REQUEST-ID)%",
+        "client_request_id": "%REQ(X-CLIENT-REQUEST-ID)%",
         "method": "%REQ(:METHOD)%",
         "path": "%REQ(X-ENVOY-ORIGINAL-PATH?:PATH)%",
         "protocol": "%PROTOCOL%",

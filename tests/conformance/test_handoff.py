@@ -46,7 +46,7 @@ def minted_for(stack: Stack, rid: str) -> int:
     deadline = time.monotonic() + 5
     while time.monotonic() < deadline:
         for line in decision_logs(stack):
-            if line.get("request_id") == rid and line["action"] == "mint":
+            if line["client_request_id"] == rid and line["action"] == "mint":
                 assert line["reason"] == "minted", line
                 return int(line["id_count"])
         time.sleep(0.1)

@@ -190,10 +190,10 @@ def istio_bootstrap(
         if operation == "INSERT_FIRST":
             http_filters.insert(0, value)
             continue
-        assert operation == "INSERT_AFTER", operation
-        after = patch["match"]["listener"]["filterChain"]["filter"]["subFilter"]["name"]
+        assert operation in ("INSERT_AFTER", "INSERT_BEFORE"), operation
+        beside = patch["match"]["listener"]["filterChain"]["filter"]["subFilter"]["name"]
         names = [f["name"] for f in http_filters]
-        http_filters.insert(names.index(after) + 1, value)
+        http_filters.insert(names.index(beside) + (operation == "INSERT_AFTER"), value)
     route_patches = [p for p in patches if p["applyTo"] == "HTTP_ROUTE"]
     routes = []
     # The routes first: merges apply to those that exist, then the inserts.
@@ -380,11 +380,20 @@ EG_PATH_SETTINGS = {
 }
 
 
+_LIST = re.compile(r"^\.\.(\w+)$")
 _FILTER = re.compile(r"^\.\.(\w+)\[\?\(@\.name=='([^']*)'\)\]((?:\.\w+)*)$")
 
 
 def json_path(document: Any, expression: str) -> list[Any]:
-    """The subset of JSONPath our patches use: ``..key[?(@.name=='X')].a.b``."""
+    """The subset of JSONPath our patches use: ``..key[?(@.name=='X')].a.b``, and
+    ``..key`` (every list so named)."""
+    whole = _LIST.fullmatch(expression)
+    if whole is not None:
+        return [
+            holder[whole.group(1)]
+            for holder in _walk(document)
+            if isinstance(holder, dict) and isinstance(holder.get(whole.group(1)), list)
+        ]
     found = _FILTER.fullmatch(expression)
     if found is None:
         raise ValueError(f"unsupported JSONPath {expression!r}")

@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from devstack import llmd, processes
-from ext_proc import check_envoy, envoygen, memory, route_policy, token_endpoints
+from ext_proc import carrier_headers, check_envoy, envoygen, memory, route_policy, token_endpoints
 from ext_proc.attributes import attribute_keys
 from ext_proc.config import Config
 from ext_proc.route_policy import Action, RoutePolicy, Topology
@@ -489,15 +489,29 @@ def test_httproutes_need_no_404s_beyond_the_generators():
 
 def test_istio_filter_is_first_and_fails_closed():
     patches = istio_filter()["spec"]["configPatches"]
-    http_filter, hold = [p for p in patches if p["applyTo"] == "HTTP_FILTER"]
+    http_filter, step, hold = [p for p in patches if p["applyTo"] == "HTTP_FILTER"]
     assert http_filter["match"]["context"] == "GATEWAY"
+    # The header step right before the filter: the generator's own.
+    assert step["patch"]["operation"] == "INSERT_BEFORE"
+    before = step["match"]["listener"]["filterChain"]["filter"]["subFilter"]["name"]
+    assert before == http_filter["patch"]["value"]["name"]
+    spec = envoygen.load_input(envoygen.read_input(REPO / "deploy" / "envoy-config.example.yaml"))
+    generated = envoygen.to_dict(envoygen.build(spec))
+    (listener,) = generated["static_resources"]["listeners"]
+    generated_chain = listener["filter_chains"][0]["filters"][0]["typed_config"]["http_filters"]
+    assert step["patch"]["value"] == generated_chain[0]
     # The request is held right after the filter until its body has been let through.
     assert hold["patch"]["operation"] == "INSERT_AFTER"
     sub = hold["match"]["listener"]["filterChain"]["filter"]["subFilter"]["name"]
     assert sub == http_filter["patch"]["value"]["name"]
     assert hold["patch"]["value"]["name"] == "envoy.filters.http.buffer"
     names = [f["name"] for f in manager_of(istio_bootstrap())["http_filters"]]
-    assert names == [sub, "envoy.filters.http.buffer", "envoy.filters.http.router"]
+    assert names == [
+        carrier_headers.FILTER,
+        sub,
+        "envoy.filters.http.buffer",
+        "envoy.filters.http.router",
+    ]
     # Before the router and before any endpoint-picker ext_proc.
     assert http_filter["patch"]["operation"] == "INSERT_FIRST"
     config = http_filter["patch"]["value"]["typed_config"]
@@ -696,8 +710,10 @@ def test_envoy_gateway_extension_policy():
 def test_envoy_gateway_patches_complete_the_filter():
     config = envoy_gateway_bootstrap()
     hcm = config["static_resources"]["listeners"][0]["default_filter_chain"]["filters"][0]
-    ext_proc, router = hcm["typed_config"]["http_filters"]
+    step, ext_proc, router = hcm["typed_config"]["http_filters"]
     assert router["name"] == "envoy.filters.http.router"
+    # The header step first: check-envoy (below) checks what it removes and sets.
+    assert step["name"] == carrier_headers.FILTER
     typed = ext_proc["typed_config"]
     assert typed["failure_mode_allow"] is False
     # Two messages: EnvoyExtensionPolicy sends the headers whenever `request` is set.
@@ -763,7 +779,11 @@ def test_envoy_gateway_normalises_paths_as_the_shipped_configs():
 
 def test_envoy_gateway_patch_with_a_wrong_name_is_caught():
     (patch,) = documents(DEPLOY / "envoy-gateway" / "patch-policy.yaml")
-    operation = copy.deepcopy(patch["spec"]["jsonPatches"][0]["operation"])
+    operation = next(
+        copy.deepcopy(p["operation"])
+        for p in patch["spec"]["jsonPatches"]
+        if "token-policy" in p["operation"]["jsonPath"]
+    )
     operation["jsonPath"] = operation["jsonPath"].replace("token-policy", "token-polcy")
     with pytest.raises(LookupError):
         gateway_assembly.apply_patch({"http_filters": []}, operation)

@@ -103,6 +103,7 @@ def test_the_phase_header_selects_the_route():
 def test_istio_keeps_the_filter_and_its_hold():
     names = [f["name"] for f in manager_of(istio())["http_filters"]]
     assert names == [
+        "envoy.filters.http.header_mutation",
         "ext_proc.token_policy",
         "envoy.filters.http.buffer",
         "envoy.filters.http.router",

@@ -32,7 +32,7 @@ import yaml
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from devstack import processes
-from ext_proc import check_envoy, token_endpoints
+from ext_proc import carrier_headers, check_envoy, token_endpoints
 from ext_proc._pb import core_pb2 as core
 from ext_proc._pb import external_processor_pb2 as pb
 from ext_proc._pb import external_processor_pb2_grpc as pb_grpc
@@ -62,7 +62,8 @@ OURS = "ext_proc.token_policy"
 BUFFER = "envoy.filters.http.buffer"
 EPP = "envoy.filters.http.ext_proc"
 ROUTER = "envoy.filters.http.router"
-ORDER = [OURS, BUFFER, EPP, ROUTER]
+STEP = carrier_headers.FILTER
+ORDER = [STEP, OURS, BUFFER, EPP, ROUTER]
 SIXTEEN_MIB = 16 * 1024 * 1024
 EXT_PROC_PER_ROUTE = "type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExtProcPerRoute"
 BUFFER_PER_ROUTE = "type.googleapis.com/envoy.extensions.filters.http.buffer.v3.BufferPerRoute"
@@ -320,7 +321,7 @@ def test_order_check_catches_the_epp_filter_first():
     chain = manager(config)["http_filters"]
     chain.insert(0, chain.pop([f["name"] for f in chain].index(EPP)))
     assert order_problems(config) == [
-        f"filter order {[EPP, OURS, BUFFER, ROUTER]}, expected {ORDER}"
+        f"filter order {[EPP, STEP, OURS, BUFFER, ROUTER]}, expected {ORDER}"
     ]
 
 

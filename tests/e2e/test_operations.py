@@ -52,14 +52,32 @@ def access_log(stack: Stack, request_id: str) -> dict:
     raise AssertionError(f"no access log line for {request_id}")
 
 
+def client_ids(stack: Stack) -> dict[str, str]:
+    """The request id each request came with (``client_request_id``), by the id the
+    gateway gave it (``request_id``), from Envoy's access log."""
+    lines = [json.loads(x) for x in stack.logs("envoy").splitlines() if x[:1] == "{"]
+    return {
+        line["request_id"]: line["client_request_id"]
+        for line in lines
+        if "client_request_id" in line
+    }
+
+
 def decision_logs(stack: Stack, request_ids: Set[str] = frozenset()) -> list[dict]:
-    """The processor's decision lines, once those of ``request_ids`` are among them
-    (they are written in batches, within a second); without any, the lines now."""
+    """The processor's decision lines, once those of ``request_ids`` (the ids the
+    requests came with) are among them (they are written in batches, within a second);
+    without any, the lines now. Each line's ``client_request_id`` is the id its request
+    came with (the processor logs the gateway's: ``request_id``)."""
     deadline = time.monotonic() + 5
     while True:
+        clients = client_ids(stack)
         lines = [json.loads(x) for x in stack.logs("processor").splitlines() if x[:1] == "{"]
-        decisions = [line for line in lines if line.get("message") == "decision"]
-        if request_ids <= {d.get("request_id") for d in decisions}:
+        decisions = [
+            {**line, "client_request_id": clients.get(line.get("request_id"))}
+            for line in lines
+            if line.get("message") == "decision"
+        ]
+        if request_ids <= {d["client_request_id"] for d in decisions}:
             return decisions
         if time.monotonic() > deadline:
             raise AssertionError(f"no decision line for {request_ids}")
@@ -109,7 +127,7 @@ def test_decisions_are_counted_logged_and_in_the_access_log(gateway):
 
     # What reached the upstream: the untrusted parameters removed whole, the trusted
     # ones as sent; the denied request not at all.
-    received = {r.header("x-request-id")[0]: json.loads(r.body) for r in gateway.received()}
+    received = {r.header("x-client-request-id")[0]: json.loads(r.body) for r in gateway.received()}
     assert sorted(received) == sorted(f"decisions-{n}" for n in DECISIONS if n != "deny")
     assert_stripped(received["decisions-strip"], sent["strip"])
     assert_stripped(received["decisions-unproven"], sent["unproven"])
@@ -121,7 +139,7 @@ def test_decisions_are_counted_logged_and_in_the_access_log(gateway):
         gateway, {f"decisions-{name}" for name in DECISIONS} - {"decisions-none"}
     )
     for name, (_, _, _, route, action, reason, count) in DECISIONS.items():
-        logged = [d for d in decisions if d["request_id"] == f"decisions-{name}"]
+        logged = [d for d in decisions if d["client_request_id"] == f"decisions-{name}"]
         if name == "none":
             assert logged == []
             continue

@@ -22,6 +22,7 @@ import pytest
 
 from devstack import envoy_config, processes, tokens
 from ext_proc.address import HostPort
+from ext_proc.carrier_headers import CLIENT_REQUEST_ID
 from tests.e2e.sidecar import CONNECTOR_REQUEST, PREFILL_HEADER, REQUEST_ID, RoutingSidecar
 from tests.e2e.stack import LOCAL, Stack, new_key
 from tests.e2e.test_gateway import chat
@@ -88,7 +89,9 @@ class Pod:
 
     def decision(self, request_id: str) -> dict[str, Any]:
         (found,) = [
-            d for d in decision_logs(self.stack, {request_id}) if d["request_id"] == request_id
+            d
+            for d in decision_logs(self.stack, {request_id})
+            if d["client_request_id"] == request_id
         ]
         return found
 
@@ -172,12 +175,15 @@ def test_the_proven_hand_off_is_honored(cluster):
     _path, prefill_headers, prefill_leg = only(cluster.prefill)
     assert prefill_leg["kv_transfer_params"] == CONNECTOR_REQUEST
     assert (prefill_leg["max_tokens"], prefill_leg["stream"]) == (1, False)
-    (rid,) = prefill_headers[REQUEST_ID]
+    # The sidecar's request id reaches vLLM as the one the request came with; each pod's
+    # Envoy gives the request its own (the header step).
+    (rid,) = prefill_headers[CLIENT_REQUEST_ID]
+    assert prefill_headers[REQUEST_ID] != [rid]
 
     # The decode leg: the prefill server's connector keys, the proof gone, the client's
     # request otherwise as sent.
     _path, decode_headers, decode_leg = only(cluster.decode)
-    assert decode_headers[REQUEST_ID] == [rid]
+    assert decode_headers[CLIENT_REQUEST_ID] == [rid]
     assert decode_leg["kv_transfer_params"] == tokens.CONNECTOR_REPLY
     assert without_params(decode_leg) == sent
 
@@ -215,7 +221,7 @@ def test_a_clients_parameters_on_the_decoder_only_path_are_removed(cluster):
     through_sidecar(cluster, sent, prefill=False, rid=rid)
     assert cluster.prefill.received() == []
     _path, headers, decode_leg = only(cluster.decode)
-    assert headers[REQUEST_ID] == [rid]  # the sidecar adds none on this path
+    assert headers[CLIENT_REQUEST_ID] == [rid]  # the sidecar adds none on this path
     assert "kv_transfer_params" not in decode_leg
     assert decode_leg == without_params(sent)
     line = cluster.decode.access_log(rid)
@@ -245,7 +251,7 @@ def test_parameters_a_sidecar_edited_are_not_honored(cluster, tamper):
     sent = chat(max_tokens=64)
     through_sidecar(cluster, sent)
     (_path, prefill_headers, _leg) = only(cluster.prefill)
-    (rid,) = prefill_headers[REQUEST_ID]
+    (rid,) = prefill_headers[CLIENT_REQUEST_ID]
     _path, _headers, decode_leg = only(cluster.decode)
     assert "kv_transfer_params" not in decode_leg
     assert decode_leg == sent

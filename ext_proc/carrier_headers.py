@@ -1,0 +1,67 @@
+"""Request headers that the stacks around vLLM parse for an address, a peer or a prompt,
+and the request id: what the gateway's header step does with each before any later
+filter, or any upstream, sees a client's copy (docs/trust.md#header-carriers).
+
+A client can set any header. The components behind the gateway trust these because they
+expect only their own peers to set them; none authenticates them. Envoy runs the header
+step right before this processor's ext_proc filter, on every route and in every body
+arrangement (the processor is not sent the headers when one message carries the
+request), so the processor and every filter after it (an endpoint picker that writes
+its own copy) see the client's request without them. This module is their one source:
+``envoy-config`` writes the step, ``check-envoy`` demands it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Final
+
+# Envoy's filter that removes and sets request headers in the filter chain (not the
+# route's headers_to_remove, which the router applies after every filter: it would also
+# remove what a later filter such as the endpoint picker wrote).
+FILTER: Final = "envoy.filters.http.header_mutation"
+FILTER_TYPE: Final = (
+    "type.googleapis.com/envoy.extensions.filters.http.header_mutation.v3.HeaderMutation"
+)
+
+# Each with who reads it and what a client's copy does there.
+ROUTING_HEADERS: Final = (
+    # llm-d's endpoint picker writes these for its routing sidecar (set, never removed:
+    # when it picks decode-only it writes none and a client's copy reaches the sidecar,
+    # which sends the prefill leg, and so the NIXL read, where the header points).
+    "x-prefiller-host-port",
+    "x-encoder-hosts-ports",
+    "x-kv-cache-source-host-port",
+    "x-data-parallel-host-port",
+    # Gateway API Inference Extension: the endpoint the picker chose; Envoy's original
+    # destination cluster and Ray Serve's inference-gateway router read it as a header.
+    "x-gateway-destination-endpoint",
+    "x-gateway-destination-endpoint-subset",
+    # NVIDIA Dynamo's frontend: the worker that receives nvext.token_data as the prompt.
+    "x-worker-instance-id",
+    # Ray Serve LLM: the key of the prompt ids a replica's store hands to
+    # kv_transfer_params["prompt_token_ids"].
+    "x-kv-token-key",
+)
+
+# vLLM builds its request id from this header (else the body's request_id); vLLM's
+# MoRIIO connector reads a peer's address from that id, and a prefill server's
+# connector returns it in the kv_transfer_params a mint route signs. The header step
+# moves the id the request came with to CLIENT_REQUEST_ID, which nothing downstream
+# parses, and gives the request a fresh one (NEW_ID): Envoy's access log, the
+# processor's log lines and vLLM's request id then all carry the gateway's id.
+REQUEST_ID: Final = "x-request-id"
+CLIENT_REQUEST_ID: Final = "x-client-request-id"
+# The request id the step sets, as an Envoy format string: a random UUID per request.
+NEW_ID: Final = "%UNIQUE_ID%"
+# The id the request came with (the client's, else the one Envoy made for it).
+INCOMING_ID: Final = "%REQ(x-request-id)%"
+
+
+def removed(extra: Iterable[str] = ()) -> tuple[str, ...]:
+    """Every header the step removes: the routing headers, then an operator's own (each
+    once); the two request id headers are set, never listed."""
+    names = dict.fromkeys((*ROUTING_HEADERS, *extra))
+    names.pop(REQUEST_ID, None)
+    names.pop(CLIENT_REQUEST_ID, None)
+    return tuple(names)

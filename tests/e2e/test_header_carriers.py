@@ -1,0 +1,138 @@
+"""Header carriers through the real Envoy (ext_proc/carrier_headers.py): the headers that
+llm-d, the Gateway API Inference Extension, Dynamo and Ray read for an address, a peer
+or a prompt, and the request id vLLM builds its own from, in every body arrangement, on
+every route. What arrived is what the stand-in recorded; the control arm is the same
+config without the header step, where every one of them arrives as the client wrote it.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+
+from devstack import envoy_config
+from ext_proc import carrier_headers
+from tests.e2e.stack import Received, Stack
+from tests.e2e.test_gateway import chat, only_request
+from tests.e2e.test_handoff import PREFILL_REQUEST_PARAMS
+from tests.e2e.test_operations import access_log
+
+# A client's value for each header: an address, a pod, a worker, a store key.
+FORGED = {
+    "x-prefiller-host-port": "10.0.0.66:8000",
+    "x-encoder-hosts-ports": "10.0.0.66:8000,10.0.0.67:8000",
+    "x-kv-cache-source-host-port": "10.0.0.66:8000",
+    "x-data-parallel-host-port": "10.0.0.66:8000",
+    "x-gateway-destination-endpoint": "10.0.0.66:8000",
+    "x-gateway-destination-endpoint-subset": "10.0.0.66:8000",
+    "x-worker-instance-id": "7",
+    "x-kv-token-key": "6f1c0ee0-0000-4000-8000-000000000000",
+}
+# vLLM's MoRIIO connector reads the prefill's and the decode's address from this shape.
+MORIIO_ID = "a___prefill_addr_10.0.0.66:7000___decode_addr_10.0.0.67:7001_" + "0" * 32
+ROUTES = ("/v1/chat/completions", "/pd/v1/chat/completions", "/trusted/v1/chat/completions")
+
+
+def test_the_forged_list_is_the_shipped_list():
+    assert tuple(FORGED) == carrier_headers.ROUTING_HEADERS
+
+
+def _sent_headers() -> dict[str, str]:
+    return {**FORGED, carrier_headers.REQUEST_ID: MORIIO_ID}
+
+
+def _arrived(received: Received) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for name, value in received.headers:
+        out.setdefault(name.lower(), []).append(value)
+    return out
+
+
+@pytest.mark.parametrize("path", ROUTES)
+def test_no_client_routing_header_or_request_id_reaches_the_upstream(gateway, path):
+    reply = httpx.post(gateway.url + path, json=chat(), headers=_sent_headers(), timeout=20)
+    assert reply.status_code == 200, reply.text
+    arrived = _arrived(only_request(gateway))
+    assert not set(FORGED) & set(arrived), arrived
+    (renewed,) = arrived[carrier_headers.REQUEST_ID]
+    assert uuid.UUID(renewed).version == 4  # the gateway's own (Envoy's %UNIQUE_ID%)
+    assert arrived[carrier_headers.CLIENT_REQUEST_ID] == [MORIIO_ID]
+
+
+def test_the_prefill_leg_loses_them_too(gateway):
+    body = {**chat(), "max_tokens": 1, "return_token_ids": True}
+    reply = httpx.post(
+        gateway.url + "/pd/prefill/v1/chat/completions",
+        json=body,
+        headers=_sent_headers(),
+        timeout=20,
+    )
+    assert reply.status_code == 200, reply.text
+    received = only_request(gateway)
+    arrived = _arrived(received)
+    assert not set(FORGED) & set(arrived)
+    # The prefill server's request id (which its connector returns as remote_request_id
+    # in the parameters this route signs) is built from the gateway's id.
+    (renewed,) = arrived[carrier_headers.REQUEST_ID]
+    assert uuid.UUID(renewed).version == 4
+    assert json.loads(received.body)["kv_transfer_params"] == PREFILL_REQUEST_PARAMS
+
+
+def test_a_request_without_an_id_gets_one_and_the_client_none_of_its_own(gateway):
+    reply = httpx.post(gateway.url + ROUTES[0], json=chat(), timeout=20)
+    assert reply.status_code == 200
+    arrived = _arrived(only_request(gateway))
+    (renewed,) = arrived[carrier_headers.REQUEST_ID]
+    # The id Envoy made for the request moves aside like a client's: both are Envoy's.
+    (incoming,) = arrived[carrier_headers.CLIENT_REQUEST_ID]
+    assert uuid.UUID(renewed).version == uuid.UUID(incoming).version == 4
+    assert renewed != incoming
+
+
+def test_the_access_log_joins_both_ids(gateway):
+    rid = f"join-{uuid.uuid4()}"
+    headers = {carrier_headers.REQUEST_ID: rid}
+    httpx.post(gateway.url + ROUTES[0], json=chat(), headers=headers, timeout=20)
+    arrived = _arrived(only_request(gateway))
+    line = access_log(gateway, rid)
+    assert line["client_request_id"] == rid
+    assert [line["request_id"]] == arrived[carrier_headers.REQUEST_ID]
+
+
+# --- the control arm: the same config without the header step ----------------------------
+
+
+def _without_step(source: Path, target: Path) -> Path:
+    config = yaml.safe_load(source.read_text())
+    for listener in config["static_resources"]["listeners"]:
+        for chain in listener["filter_chains"]:
+            manager = chain["filters"][0]["typed_config"]
+            manager["http_filters"] = [
+                f for f in manager["http_filters"] if f["name"] != carrier_headers.FILTER
+            ]
+    target.write_text(yaml.safe_dump(config))
+    return target
+
+
+@pytest.fixture(scope="module")
+def unguarded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    workdir = tmp_path_factory.mktemp("no-header-step")
+    source = _without_step(envoy_config.SHIPPED, workdir / "source.yaml")
+    with Stack(workdir, source=source) as running:
+        yield running
+
+
+def test_without_the_step_every_one_arrives_as_the_client_wrote_it(unguarded):
+    unguarded.clear()
+    reply = httpx.post(unguarded.url + ROUTES[0], json=chat(), headers=_sent_headers(), timeout=20)
+    assert reply.status_code == 200
+    arrived = _arrived(only_request(unguarded))
+    expected: dict[str, Any] = {name: [value] for name, value in _sent_headers().items()}
+    assert {name: arrived.get(name) for name in expected} == expected
