@@ -43,12 +43,12 @@ def expect(endpoint: str, digest: Callable[[], bytes]) -> Pending:
     return Pending(digest(), "")
 
 
-def judged(pending: Pending, decision: Decision, alone: bool) -> Pending:
+def judged(pending: Pending, decision: Decision, echo_free: bool) -> Pending:
     """``pending`` once the policy decided: nothing is signed for a caller the route
-    does not trust whose request names a carrier anywhere but its top-level
-    kv_transfer_params (``alone`` false), whose content could come back in the
-    response's parameters (docs/trust.md)."""
-    if pending.digest is not None and not alone and not decision.reason.startswith("trusted_"):
+    does not trust whose request names a member vLLM reads transfer parameters from
+    anywhere but its top-level kv_transfer_params (``echo_free`` false), whose content
+    could come back in the response's parameters (docs/trust.md)."""
+    if pending.digest is not None and not echo_free and not decision.reason.startswith("trusted_"):
         return Pending(None, "request_may_echo")
     return pending
 

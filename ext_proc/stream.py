@@ -91,7 +91,7 @@ from ext_proc.events import (
     Unexpected,
 )
 from ext_proc.route_policy import Action
-from ext_proc.vllm_request import CARRIER_NAMES, EC_KEY, KV_KEY
+from ext_proc.vllm_request import CARRIER_NAMES, EC_KEY, KV_KEY, only_kv_params
 
 # Size of each StreamedBody piece: well under every gRPC message limit on both sides.
 STREAM_CHUNK: Final = 1024 * 1024
@@ -498,18 +498,23 @@ class Stream:
             return NO_PARAMS, None
         shape = admission.admit(raw, account, self._config.max_json_values)
         parsed = admission.parse(raw, shape, account, lift_ids=True)
-        # No member but the top-level kv_transfer_params is named as a carrier when the
-        # bytes spell no other name of one (then no carrier is looked for).
-        alone = (
+        # No member but the top-level kv_transfer_params (and its policed keys) is named
+        # as a carrier when the bytes spell no other name of one: then no carrier is
+        # looked for.
+        alone = named is not None and only_kv_params(named, parsed.document)
+        # Nor any member of a name vLLM reads transfer parameters from, that its
+        # response could carry back (a mint route signs only then: mint.judged).
+        echo_free = alone or (
             named is not None and named[KV_KEY] <= (KV_KEY in parsed.document) and not named[EC_KEY]
         )
-        return self._judge(parsed, alone), parsed
+        return self._judge(parsed, alone, echo_free), parsed
 
-    def _judge(self, parsed: body.Parsed, alone: bool) -> Decision:
+    def _judge(self, parsed: body.Parsed, alone: bool, echo_free: bool) -> Decision:
         """The policy's decision; the prompt digest is rendered only when needed (a
         proof to check) or kept for the response (a mint route on an endpoint it may
         sign). ``alone``: no member but the top-level kv_transfer_params is named as a
-        carrier. Rendering the digest may raise ``BadRequest`` for a body too deep."""
+        carrier; ``echo_free``: none of a name vLLM reads transfer parameters from.
+        Rendering the digest may raise ``BadRequest`` for a body too deep."""
         carriers = () if alone else None
         if self._policy.action not in policy.WEIGHS_EVIDENCE:
             return policy.decide(self._policy, parsed.document, policy.NO_EVIDENCE, carriers)
@@ -525,7 +530,7 @@ class Stream:
             digest, self._peer, trust.keys(), trust.clock(), self._config.proof.clock_skew_seconds
         )
         decision = policy.decide(self._policy, parsed.document, evidence, carriers)
-        self._pending = mint.judged(pending, decision, alone)
+        self._pending = mint.judged(pending, decision, echo_free)
         return decision
 
     # --- response ----------------------------------------------------------------------

@@ -20,8 +20,6 @@ TOKEN_ID_BOUND: Final = 2**31
 # Encoder-cache transfer parameters: read by vLLM's EC connectors like KV_KEY by its KV
 # connectors (docs/trust.md lists every carrier).
 EC_KEY: Final = "ec_transfer_params"
-# The member names vLLM reads transfer parameters from: every carrier ends in one.
-CARRIER_NAMES: Final = (KV_KEY, EC_KEY)
 # A step of a carrier's path that stands for every item of a list.
 EVERY: Final = "*"
 # The most carriers one request may have removed: each is removed by Python code, and
@@ -44,7 +42,27 @@ CARRIERS: Final = (
     ("generate_response", EC_KEY),
     ("generate_responses", EVERY, KV_KEY),
     ("generate_responses", EVERY, EC_KEY),
+    # Prompts that skip rendering in the stacks that deploy vLLM (docs/trust.md#carriers):
+    # vLLM's coming top-level ids beside the messages (vllm #55771; 0.32 ignores them),
+    # also written by AIBrix for TensorRT-LLM backends;
+    ("prompt_token_ids",),
+    ("prompt_features",),
+    # NVIDIA Dynamo's frontend: ids sent to the worker as the prompt, and that worker;
+    ("nvext", "token_data"),
+    ("nvext", "backend_instance_id"),
+    # llm-d's coordinator: {token_ids, features} for its endpoint picker (a list is
+    # vLLM's own /detokenize input: ids to text, nothing generated: TOKENS_LIST_KEPT).
+    ("tokens",),
+    # The request id vLLM falls back to (and /v1/responses always takes) when the
+    # x-request-id header is absent: vLLM's MoRIIO connector parses a peer's address
+    # from it. The gateway's header step always sets that header (carrier_headers).
+    ("request_id",),
 )
+# A ``tokens`` that is a list is not llm-d's object: vLLM's /detokenize reads it.
+TOKENS_LIST_KEPT: Final = ("tokens",)
+# The member names whose presence the bytes are searched for before a body is parsed:
+# every carrier's last step. With none spelled, no carrier can be present.
+CARRIER_NAMES: Final = tuple(dict.fromkeys((KV_KEY, *(str(c[-1]) for c in CARRIERS))))
 # The upstream endpoints whose response a mint route signs: their returned ids and
 # connector parameters come from the server's own rendering and KV connector, never
 # from the request (docs/trust.md gives the argument for each).
@@ -116,10 +134,23 @@ def ignores_reused_ids(document: dict[str, Any]) -> bool:
 
 
 def other_carriers(document: dict[str, Any], most: int) -> tuple[Path, ...]:
-    """The paths of ``CARRIERS`` present in ``document`` with a value other than null,
-    list items by index; at most ``most`` of them (the search stops there)."""
+    """The paths of ``CARRIERS`` present in ``document`` with a value other than null
+    (``tokens``: other than null or a list), list items by index; at most ``most`` of
+    them (the search stops there)."""
     found = itertools.chain.from_iterable(_present(document, c, ()) for c in CARRIERS)
-    return tuple(itertools.islice(found, most))
+    kept = (p for p in found if p != TOKENS_LIST_KEPT or type(document["tokens"]) is not list)
+    return tuple(itertools.islice(kept, most))
+
+
+def only_kv_params(named: dict[str, int], document: dict[str, Any]) -> bool:
+    """Whether the member names counted in a body's bytes (``CARRIER_NAMES``: at least
+    as many as the document holds) can all be the top-level kv_transfer_params and its
+    policed keys: then no other carrier is present, and none need be looked for."""
+    params = document.get(KV_KEY)
+    room = {KV_KEY: int(KV_KEY in document)}
+    if type(params) is dict:
+        room.update((key, int(key in params)) for key in POLICED_KEYS)
+    return all(count <= room.get(name, 0) for name, count in named.items())
 
 
 def _present(value: Any, carrier: tuple[str, ...], path: Path) -> Iterator[Path]:

@@ -467,6 +467,14 @@ CARRIED = [
         {"generate_responses": [{}, {"kv_transfer_params": {"remote_host": "h"}}]},
         ("generate_responses", 1, "kv_transfer_params"),
     ),
+    # The stacks around vLLM (docs/trust.md#carriers): prompts that skip rendering, the
+    # worker that takes them, and the request id a connector parses for its peer.
+    ({"prompt_token_ids": [1, 2, 3]}, ("prompt_token_ids",)),
+    ({"prompt_features": {"x": 1}}, ("prompt_features",)),
+    ({"nvext": {"token_data": [1, 2]}}, ("nvext", "token_data")),
+    ({"nvext": {"backend_instance_id": 7}}, ("nvext", "backend_instance_id")),
+    ({"tokens": {"token_ids": [1, 2], "features": None}}, ("tokens",)),
+    ({"request_id": "a___prefill_addr_10.0.0.7:1___decode_addr_"}, ("request_id",)),
 ]
 
 
@@ -516,6 +524,35 @@ def test_null_carriers_and_members_inside_the_parameters_are_not_carriers():
     # Inside the top-level object, a member is the object's (signed or removed whole).
     inner = {"ec_transfer_params": EC, "prompt_token_ids": [1]}
     assert verified(PROVEN, doc(inner)) == Strip(None, "proof_missing", 1)
+
+
+def test_what_other_stacks_read_beside_their_carriers_stays():
+    # vLLM's /detokenize reads a list of ids under ``tokens``: not llm-d's object.
+    assert decide(STRIP, doc(tokens=[1, 2, 3])) == Allow("no_transfer_params")
+    assert decide(DENY, doc(tokens=[1, 2, 3])) == Allow("no_transfer_params")
+    # Dynamo's other extensions, and null values, carry nothing.
+    assert decide(STRIP, doc(nvext={"annotations": ["a"]})) == Allow("no_transfer_params")
+    assert decide(STRIP, doc(request_id=None, tokens=None)) == Allow("no_transfer_params")
+
+
+def test_every_carrier_of_one_request_goes_at_once():
+    document = doc(
+        {"prompt_token_ids": [1]},
+        prompt_token_ids=[4],
+        nvext={"token_data": [5], "backend_instance_id": 1, "greed_sampling": True},
+        tokens={"token_ids": [6]},
+        request_id="r",
+    )
+    decision = decide(STRIP, document)
+    assert isinstance(decision, Strip)
+    assert decision.paths == (
+        ("kv_transfer_params",),
+        ("prompt_token_ids",),
+        ("nvext", "token_data"),
+        ("nvext", "backend_instance_id"),
+        ("tokens",),
+        ("request_id",),
+    )
 
 
 def test_carriers_given_by_the_caller_are_taken_as_they_are():

@@ -992,6 +992,56 @@ def test_a_mint_route_signs_for_a_request_with_only_its_own_parameters():
     assert stream.outcome.decision == Mint("minted", 2)
 
 
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {"tokens": {"token_ids": [1, 2], "features": None}},
+        {"nvext": {"token_data": [1, 2]}},
+        {"prompt_token_ids": [1, 2]},
+        {"request_id": "r"},
+    ],
+)
+def test_a_mint_route_signs_for_a_request_whose_other_stacks_carriers_it_removed(extra):
+    # vLLM reads none of these: removed, they cannot come back in the response (an
+    # orchestrator such as llm-d's coordinator writes ``tokens`` into its prefill leg).
+    trust = Trust(keys=lambda: KEYS, clock=lambda: 1000.0)
+    stream = Driven(max_body_bytes=1 << 20, trust=trust)
+    stream.handle(headers(MINT_ROUTE))
+    raw = json.dumps({**json.loads(PREFILL), **extra}).encode()
+    (answer,) = stream.handle(RequestBody(raw, True))
+    assert answer.replacement is not None
+    emptied = {"nvext": {}} if "nvext" in extra else {}  # only the carrier's member goes
+    assert json.loads(answer.replacement) == {**json.loads(PREFILL), **emptied}
+    response_outcome(stream, raw=SIGNED_RESPONSE)
+    assert stream.outcome.decision == Mint("minted", 2)
+
+
+@pytest.mark.parametrize(
+    ("extra", "kept"),
+    [
+        ({"nvext": {"token_data": [7], "backend_instance_id": 3, "x": 1}}, {"nvext": {"x": 1}}),
+        ({"tokens": {"token_ids": [7]}}, {}),
+        ({"tokens": [7, 8]}, {"tokens": [7, 8]}),  # vLLM's /detokenize input
+        ({"prompt_token_ids": [7], "prompt_features": "f"}, {}),
+        ({"request_id": "x___prefill_addr_10.0.0.9:7___decode_addr_"}, {}),
+        # Spelled inside a string only: parsed, nothing to remove.
+        ({"messages": [{"role": "user", "content": '"tokens" and "request_id"'}]}, None),
+    ],
+)
+def test_the_other_stacks_carriers_are_found_and_removed(extra, kept):
+    raw = json.dumps({"model": "m", **extra}).encode()
+    stream = new()
+    stream.handle(headers())
+    (answer,) = stream.handle(RequestBody(raw, True))
+    assert isinstance(answer, ContinueBody)
+    if kept is None or kept == extra:
+        assert answer.replacement is None
+        assert stream.outcome.decision == Allow("no_transfer_params")
+        return
+    assert json.loads(answer.replacement) == {"model": "m", **kept}
+    assert stream.outcome.decision.reason == "stripped_by_policy"
+
+
 def test_one_message_per_request_gets_the_path_before_the_rewrite():
     # The buffer filter keeps the headers from the router: the attributes show the
     # path the client sent, rewritten by the processor as the router will.

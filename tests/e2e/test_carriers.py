@@ -1,7 +1,8 @@
 """Every carrier of transfer parameters through the real Envoy (docs/trust.md#carriers):
 besides the top-level kv_transfer_params, vLLM reads ``ec_transfer_params`` and the
 transfer parameters inside ``vllm_xargs`` (its ``SamplingParams.extra_args``), and its
-token-in shapes nest them (``sampling_params.extra_args``, ``generate_response(s)``).
+token-in shapes nest them (``sampling_params.extra_args``, ``generate_response(s)``);
+the stacks that deploy vLLM read prompts and peers from members of their own.
 From an untrusted caller each is removed before the upstream reads it (or denied where
 the route denies), on every route; what arrived is checked as the bytes the stand-in
 recorded. Proof tokens must be the canonical spelling of their bytes."""
@@ -42,6 +43,15 @@ CARRIERS = {
     "generate_responses.1.kv_transfer_params": {
         "generate_responses": [{}, {"kv_transfer_params": {"remote_host": "h"}}]
     },
+    # The stacks around vLLM: vLLM's coming top-level ids (vllm #55771), NVIDIA Dynamo's
+    # prompt ids and worker, llm-d's coordinator's tokens, the request id vLLM's MoRIIO
+    # connector parses for its peer.
+    "prompt_token_ids": {"prompt_token_ids": [7, 8, 9]},
+    "prompt_features": {"prompt_features": {"pixel": [1]}},
+    "nvext.token_data": {"nvext": {"token_data": [7, 8, 9], "ignore_eos": True}},
+    "nvext.backend_instance_id": {"nvext": {"backend_instance_id": 4}},
+    "tokens": {"tokens": {"token_ids": [7, 8, 9], "features": None}},
+    "request_id": {"request_id": "r___prefill_addr_10.0.0.9:1___decode_addr_10.0.0.8:2"},
 }
 # (path, what the untrusted carriers get there): strip on /v1/, honor routes (a proof
 # covers only the top-level object; a caller is untrusted there), deny on /deny/v1/.
