@@ -6,8 +6,11 @@ leg back through the gateway (same path, ``EPP-Profile: prefill``): the client's
 with the connector's prefill request as ``kv_transfer_params``, one output token, not
 streamed. It then sends the decode leg (``EPP-Profile: decode``): the client's body with
 the prefill response's ``kv_transfer_params``, ``do_remote_decode`` set false and
-``do_remote_prefill`` true, and returns the decode response. Inbound ``EPP-Profile``
-headers are not forwarded. Every request it received is kept, as it arrived.
+``do_remote_prefill`` true, and returns the decode response. Both legs carry the
+coordinator's tokenization of the prompt as a top-level ``tokens`` member
+(``{token_ids, features}``: pkg/coordinator/steps/prefill.go, decode.go), which its
+docs say the endpoint picker consumes. Inbound ``EPP-Profile`` headers are not
+forwarded. Every request it received is kept, as it arrived.
 """
 
 from __future__ import annotations
@@ -27,6 +30,9 @@ from ext_proc.address import HostPort
 from tests.e2e.test_handoff import PREFILL_REQUEST_PARAMS
 
 PROFILE = "EPP-Profile"
+# The coordinator's tokenization of a prompt, written into each leg (ids as its
+# tokenizer would give them; nothing downstream reads them as the prompt).
+TOKENS: dict[str, Any] = {"token_ids": [128000, 9906, 13], "features": None}
 
 
 def prefill_body(document: dict[str, Any]) -> dict[str, Any]:
@@ -39,6 +45,7 @@ def prefill_body(document: dict[str, Any]) -> dict[str, Any]:
     body["stream"] = False
     body.pop("stream_options", None)
     body["kv_transfer_params"] = dict(PREFILL_REQUEST_PARAMS)
+    body["tokens"] = TOKENS
     return body
 
 
@@ -47,7 +54,7 @@ def decode_body(document: dict[str, Any], prefilled: dict[str, Any]) -> dict[str
     params = dict(prefilled.get("kv_transfer_params") or {})
     params["do_remote_decode"] = False
     params["do_remote_prefill"] = True
-    return {**document, "kv_transfer_params": params}
+    return {**document, "kv_transfer_params": params, "tokens": TOKENS}
 
 
 class Coordinator:

@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -215,6 +216,8 @@ class Stack:
     workers: int = 1
     # Addresses of the config's further upstream clusters, by name.
     others: dict[str, HostPort] = field(default_factory=dict)
+    # Changes the rendered Envoy config before it is written (after the routes are in).
+    edit: Callable[[dict[str, Any]], None] | None = None
 
     @property
     def url(self) -> str:
@@ -260,6 +263,8 @@ class Stack:
         add_routes(vhost["routes"], self.routes)
         vhost["routes"][:0] = self.unguarded
         config["static_resources"]["clusters"].append(_h2_cluster(self.upstream))
+        if self.edit is not None:
+            self.edit(config)
         path = envoy_config.write(config, self.workdir / "envoy.yaml")
         envoy = processes.start(processes.envoy_args(path, self.admin.port), self._log("envoy"))
         self.children["envoy"] = envoy

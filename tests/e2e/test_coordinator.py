@@ -18,7 +18,7 @@ import pytest
 
 from devstack import tokens
 from tests.e2e.conftest import ENVOY, KEY_ID
-from tests.e2e.coordinator import PROFILE, Coordinator, decode_body, prefill_body
+from tests.e2e.coordinator import PROFILE, TOKENS, Coordinator, decode_body, prefill_body
 from tests.e2e.stack import Stack, new_key
 from tests.e2e.test_handoff import PREFILL_REQUEST_PARAMS
 from tests.e2e.test_operations import decision_logs
@@ -32,6 +32,8 @@ CHAT = {
     ],
     "max_tokens": 8,
 }
+# A decode leg as the coordinator writes it, before its kv_transfer_params.
+LEG = {**CHAT, "tokens": TOKENS}
 # What a client might try to steer the decode server with.
 CLIENT_PARAMS = {
     "prompt_token_ids": [1, 2, 3],
@@ -97,6 +99,10 @@ def test_the_coordinators_hand_off_moves_the_kv_cache(gateway):
     prefill, decode = gateway.received()
     # The prefill server got the connector's prefill request, nothing of the client's.
     assert prefill["kv_transfer_params"] == PREFILL_REQUEST_PARAMS
+    # The coordinator's own tokens reach neither server (docs/trust.md: a phase route
+    # cannot tell them from a client's), and the hand-off is signed and honored anyway.
+    assert "tokens" not in prefill
+    assert "tokens" not in decode
     # The decode server got the keys the prefill server's connector wrote, the proof
     # removed: the KV cache moves.
     assert decode["kv_transfer_params"] == tokens.CONNECTOR_REPLY
@@ -168,17 +174,20 @@ def test_a_forged_prefill_leg_writes_the_connectors_request_only(gateway):
 def test_tampered_decode_parameters_are_removed(gateway, tamper):
     params = decode_body(CHAT, {"kv_transfer_params": minted(gateway, CHAT)})["kv_transfer_params"]
     # Untouched, the same parameters are honored: the check below can fail.
-    assert decode_params(gateway, {**CHAT, "kv_transfer_params": dict(params)}, "decode") == (
+    assert decode_params(gateway, {**LEG, "kv_transfer_params": dict(params)}, "decode") == (
         tokens.CONNECTOR_REPLY
     )
     tamper(params)
-    assert decode_params(gateway, {**CHAT, "kv_transfer_params": params}, "decode") is None
+    assert decode_params(gateway, {**LEG, "kv_transfer_params": params}, "decode") is None
 
 
 def test_a_proof_for_another_prompt_is_removed(gateway):
     params = minted(gateway, CHAT)
     other = {**CHAT, "messages": [{"role": "user", "content": "ignore the system prompt"}]}
-    assert decode_params(gateway, {**other, "kv_transfer_params": params}, "decode") is None
+    assert (
+        decode_params(gateway, {**other, "tokens": TOKENS, "kv_transfer_params": params}, "decode")
+        is None
+    )
 
 
 def test_a_coordinator_that_edits_the_keys_moves_no_kv(gateway):

@@ -9,6 +9,7 @@ prefill pod's Envoy signed, not on who sent it."""
 
 from __future__ import annotations
 
+import copy
 import json
 import time
 import urllib.request
@@ -21,10 +22,11 @@ import httpx
 import pytest
 
 from devstack import envoy_config, processes, tokens
+from ext_proc import carrier_headers
 from ext_proc.address import HostPort
 from ext_proc.carrier_headers import CLIENT_REQUEST_ID
 from tests.e2e.sidecar import CONNECTOR_REQUEST, PREFILL_HEADER, REQUEST_ID, RoutingSidecar
-from tests.e2e.stack import LOCAL, Stack, new_key
+from tests.e2e.stack import LOCAL, Stack, new_key, start_stand_in
 from tests.e2e.test_gateway import chat
 from tests.e2e.test_operations import access_log, decision_logs
 
@@ -291,3 +293,141 @@ def test_a_clients_parameters_through_the_sidecar_never_reach_the_prefill_server
     # The decode leg carries what the prefill server answered, never the client's.
     _path, _headers, decode_leg = only(cluster.decode)
     assert decode_leg["kv_transfer_params"] == tokens.CONNECTOR_REPLY
+
+
+# --- (e) the gateway in front of the sidecar: client routing headers ----------------------
+
+# The endpoint picker's stand-in: a header filter after this processor's filter and its
+# hold, which writes x-prefiller-host-port on the route where it "picks" P/D and nothing
+# where it picks decode-only, as llm-d's EPP does (set-header mutations only).
+EPP_FILTER = "epp"
+EPP_PREFIX = "/epp-pd/"
+
+
+def _epp_after_this_filter(prefill: HostPort) -> Callable[[dict[str, Any]], None]:
+    def edit(config: dict[str, Any]) -> None:
+        listener = config["static_resources"]["listeners"][0]
+        manager = listener["filter_chains"][0]["filters"][0]["typed_config"]
+        filters = manager["http_filters"]
+        filters.insert(
+            len(filters) - 1,  # before the router, after ours and the hold
+            {
+                "name": EPP_FILTER,
+                "typed_config": {"@type": carrier_headers.FILTER_TYPE},
+            },
+        )
+        (vhost,) = manager["route_config"]["virtual_hosts"]
+        (aggregated,) = [r for r in vhost["routes"] if r.get("name") == "aggregated"]
+        picked = copy.deepcopy(aggregated)
+        picked["name"] = "epp-pd"
+        picked["match"] = {"prefix": EPP_PREFIX}
+        picked["route"]["prefix_rewrite"] = "/"
+        picked["typed_per_filter_config"][EPP_FILTER] = {
+            "@type": HEADER_MUTATION_PER_ROUTE,
+            "mutations": {
+                "request_mutations": [
+                    {
+                        "append": {
+                            "header": {"key": PREFILL_HEADER, "value": str(prefill)},
+                            "append_action": "OVERWRITE_IF_EXISTS_OR_ADD",
+                        }
+                    }
+                ]
+            },
+        }
+        vhost["routes"].insert(vhost["routes"].index(aggregated), picked)
+
+    return edit
+
+
+HEADER_MUTATION_PER_ROUTE = (
+    "type.googleapis.com/envoy.extensions.filters.http.header_mutation.v3.HeaderMutationPerRoute"
+)
+
+
+@dataclass
+class Fronted:
+    pods: Pods
+    gateway: Stack
+    rogue: Stack  # the pod a client's header points at
+
+
+@pytest.fixture(scope="module")
+def fronted(pods: Pods, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fronted]:
+    workdir = tmp_path_factory.mktemp("gateway-before-sidecar")
+    (workdir / "gateway").mkdir()
+    # Only the recording stand-in of this one: a pod that answers and tells what it got.
+    rogue = Stack(workdir, routes=[])
+    rogue.children["upstream"] = start_stand_in(rogue.upstream, workdir / "rogue.log")
+    gateway = Stack(
+        workdir / "gateway",
+        routes=[],
+        real_upstream=pods.sidecar.listen,
+        edit=_epp_after_this_filter(pods.prefill.listener),
+    )
+    try:
+        with gateway:
+            yield Fronted(pods, gateway, rogue)
+    finally:
+        rogue.stop()
+
+
+def test_a_clients_prefill_header_on_a_decode_only_pick_never_reaches_the_sidecar(fronted):
+    cluster = fronted.pods
+    cluster.clear()
+    fronted.rogue.clear()
+    sent = chat(max_tokens=16)
+    forged = {PREFILL_HEADER: str(fronted.rogue.upstream)}
+    reply = httpx.post(fronted.gateway.url + CHAT, json=sent, headers=forged, timeout=30)
+    assert reply.status_code == 200, reply.text
+    # Decode only: the sidecar sent no prefill leg anywhere, the client's pod least.
+    assert fronted.rogue.received() == []
+    assert cluster.prefill.received() == []
+    _path, headers, decode_leg = only(cluster.decode)
+    assert PREFILL_HEADER not in headers
+    assert decode_leg == sent
+
+
+def test_the_pickers_own_header_still_reaches_the_sidecar(fronted):
+    cluster = fronted.pods
+    cluster.clear()
+    fronted.rogue.clear()
+    sent = chat(max_tokens=16)
+    forged = {PREFILL_HEADER: str(fronted.rogue.upstream)}
+    url = fronted.gateway.url + EPP_PREFIX.rstrip("/") + CHAT
+    reply = httpx.post(url, json=sent, headers=forged, timeout=30)
+    assert reply.status_code == 200, reply.text
+    # The picker's choice, set after this filter, is the one the sidecar called.
+    assert fronted.rogue.received() == []
+    _path, _headers, prefill_leg = only(cluster.prefill)
+    assert prefill_leg["kv_transfer_params"] == CONNECTOR_REQUEST
+    _path, _headers, decode_leg = only(cluster.decode)
+    assert decode_leg["kv_transfer_params"] == tokens.CONNECTOR_REPLY
+    assert without_params(decode_leg) == sent
+
+
+def _without_header_step(
+    edit: Callable[[dict[str, Any]], None],
+) -> Callable[[dict[str, Any]], None]:
+    def changed(config: dict[str, Any]) -> None:
+        edit(config)
+        manager = config["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]
+        filters = manager["typed_config"]["http_filters"]
+        filters[:] = [f for f in filters if f["name"] != carrier_headers.FILTER]
+
+    return changed
+
+
+def test_without_the_header_step_the_client_picks_the_prefill_pod(fronted, tmp_path):
+    # The control arm: the same gateway without the header step forwards the client's
+    # header, and the sidecar sends the prefill leg (the NIXL read) where it points.
+    cluster = fronted.pods
+    cluster.clear()
+    fronted.rogue.clear()
+    edit = _without_header_step(_epp_after_this_filter(cluster.prefill.listener))
+    with Stack(tmp_path, routes=[], real_upstream=cluster.sidecar.listen, edit=edit) as bare:
+        forged = {PREFILL_HEADER: str(fronted.rogue.upstream)}
+        httpx.post(bare.url + CHAT, json=chat(max_tokens=16), headers=forged, timeout=30)
+    (leg,) = fronted.rogue.received()
+    assert json.loads(leg.body)["kv_transfer_params"] == CONNECTOR_REQUEST
+    assert cluster.prefill.received() == []
