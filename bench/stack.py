@@ -35,7 +35,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from bench import bodies, proofs
 from devstack import envoy_config, processes
-from ext_proc import envoygen
+from ext_proc import carrier_headers, envoygen
 from ext_proc.address import HostPort
 
 REPO = Path(__file__).resolve().parents[1]
@@ -296,18 +296,19 @@ def _add_any_caller_route(config: dict[str, Any]) -> None:
     routes.insert(index, extra)
 
 
+# What Envoy direct goes without: this project's filters (the header step, ext_proc
+# and the buffer filter that holds the request for it), whose cost is the processor's
+# arrangement's.
+OWN_FILTERS = (carrier_headers.FILTER, envoygen.EXT_PROC_FILTER, envoygen.BUFFER_FILTER)
+
+
 def _remove_ext_proc(config: dict[str, Any]) -> None:
-    """Envoy direct: the ext_proc filter goes, and with it the buffer filter that holds
-    the request for it (one message), whose cost is the processor's arrangement's."""
+    """Envoy direct: the project's filters (``OWN_FILTERS``) go."""
     hcm = _hcm(config)
     before = [f["name"] for f in hcm["http_filters"]]
     if before.count(envoygen.EXT_PROC_FILTER) != 1:
         raise ValueError("the shipped config no longer has exactly one ext_proc filter")
-    hcm["http_filters"] = [
-        f
-        for f in hcm["http_filters"]
-        if f["name"] not in (envoygen.EXT_PROC_FILTER, envoygen.BUFFER_FILTER)
-    ]
+    hcm["http_filters"] = [f for f in hcm["http_filters"] if f["name"] not in OWN_FILTERS]
 
 
 def probe(gateway: HostPort, path: str, body: bytes) -> int:
