@@ -80,30 +80,35 @@ KEYS: Final = (
 )
 
 
-def refusal(params: Mapping[str, Any], tokens: int | None = None) -> Refusal | None:
+def refusal(
+    params: Mapping[str, Any], tokens: int | None = None, where: str = KV_KEY
+) -> Refusal | None:
     """Why ``params`` (a ``kv_transfer_params`` object) holds a connector value out of
     bounds, or None. ``tokens``: the most tokens the prompt has (its ids' count, else
-    the route's max_ids); None or 0: ``MAX_PROMPT_TOKENS``."""
+    the route's max_ids); None or 0: ``MAX_PROMPT_TOKENS``. ``where``: the member the
+    object is (refusals name its keys below it)."""
     for key, low, high in _FIXED:
         if not _within(params.get(key), low, high):
-            return _out(key, f"an integer from {low} to {high}")
+            return _out(where, key, f"an integer from {low} to {high}")
     tp, pp = params.get("tp_size"), params.get("pp_size")
     if tp is not None and pp is not None and tp * pp > MAX_RANKS:
-        return _out("pp_size", f"at most {MAX_RANKS // tp} with tp_size {tp} ({MAX_RANKS} ranks)")
+        return _out(
+            where, "pp_size", f"at most {MAX_RANKS // tp} with tp_size {tp} ({MAX_RANKS} ranks)"
+        )
     # MoRIIO: the rank a notify goes to (its port offset), and the per-pod DP size it
     # folds ranks by (0: one pod); moriio_connector.py ``update_state_after_alloc``.
     size = params.get("remote_dp_size")
     ranks, below = (size, " (below remote_dp_size)") if size is not None else (MAX_RANKS, "")
     if not _within(params.get("remote_dp_rank"), 0, ranks - 1):
-        return _out("remote_dp_rank", f"an integer from 0 to {ranks - 1}{below}")
+        return _out(where, "remote_dp_rank", f"an integer from 0 to {ranks - 1}{below}")
     if not _within(params.get("remote_dp_size_local"), 0, ranks):
-        return _out("remote_dp_size_local", f"an integer from 0 to {ranks}")
+        return _out(where, "remote_dp_size_local", f"an integer from 0 to {ranks}")
     most = tokens or MAX_PROMPT_TOKENS
     # NIXL's producer reports request.num_computed_tokens: a prefill of the prompt
     # computes no more than its tokens (nixl/pull_scheduler.py ``request_finished``).
     if not _within(params.get("remote_num_tokens"), 0, most):
-        return _out("remote_num_tokens", f"an integer from 0 to {most}, the prompt's tokens")
-    return _blocks(params.get("remote_block_ids"), most)
+        return _out(where, "remote_num_tokens", f"an integer from 0 to {most}, the prompt's tokens")
+    return _blocks(params.get("remote_block_ids"), most, where)
 
 
 def _within(value: Any, low: int, high: int) -> bool:
@@ -111,8 +116,8 @@ def _within(value: Any, low: int, high: int) -> bool:
     return value is None or (type(value) is int and low <= value <= high)
 
 
-def _out(key: str, rule: str) -> Refusal:
-    param = f"{KV_KEY}.{key}"
+def _out(where: str, key: str, rule: str) -> Refusal:
+    param = f"{where}.{key}"
     return bad_request(f"{param} must be {rule}", reason=REASON, param=param)
 
 
@@ -120,7 +125,7 @@ def _block_id(item: Any) -> bool:
     return type(item) is int and 0 <= item < BLOCK_ID_BOUND
 
 
-def _blocks(value: Any, tokens: int) -> Refusal | None:
+def _blocks(value: Any, tokens: int, where: str) -> Refusal | None:
     """``remote_block_ids``: vLLM 0.32's connectors send one list of block ids per KV
     cache group (``BlockIds``, kv_connector/utils.py); older ones, and registrations
     NIXL's push mode re-wraps (``_as_grouped_block_ids``), one flat list. A block holds
@@ -129,21 +134,23 @@ def _blocks(value: Any, tokens: int) -> Refusal | None:
         return None
     key = "remote_block_ids"
     if type(value) is not list:
-        return _out(key, "a list of block ids, or a list of such lists (one per KV cache group)")
+        return _out(
+            where, key, "a list of block ids, or a list of such lists (one per KV cache group)"
+        )
     groups: list[Any]
     if not any(type(item) is list for item in value):
         groups, names = [value], [key]
     elif all(type(item) is list for item in value):
         if len(value) > MAX_GROUPS:
-            return _out(key, f"at most {MAX_GROUPS} lists (one per KV cache group)")
+            return _out(where, key, f"at most {MAX_GROUPS} lists (one per KV cache group)")
         groups, names = value, [f"{key}[{index}]" for index in range(len(value))]
     else:
-        return _out(key, "a list of block ids or a list of lists, not both")
-    param = f"{KV_KEY}.{key}"
+        return _out(where, key, "a list of block ids or a list of lists, not both")
+    param = f"{where}.{key}"
     for name, group in zip(names, groups, strict=True):
         if len(group) > tokens:
             return bad_request(
-                f"{KV_KEY}.{name} has {len(group)} block ids; the prompt has at most {tokens} "
+                f"{where}.{name} has {len(group)} block ids; the prompt has at most {tokens} "
                 "tokens",
                 reason=REASON,
                 param=param,
@@ -157,7 +164,7 @@ def _blocks(value: Any, tokens: int) -> Refusal | None:
             continue
         index = next(i for i, item in enumerate(group) if not _block_id(item))
         return bad_request(
-            f"{KV_KEY}.{name}[{index}] is not a block id (an integer from 0 to "
+            f"{where}.{name}[{index}] is not a block id (an integer from 0 to "
             f"{BLOCK_ID_BOUND - 1})",
             reason=REASON,
             param=param,

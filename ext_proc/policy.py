@@ -9,6 +9,7 @@ included, is a value.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final
@@ -172,7 +173,11 @@ def _decide_carriers(
     # trusted only from a trusted caller, and untrusted like a client's parameters.
     caller = _trusted_caller(policy, evidence)
     if caller.startswith("trusted_"):
-        return decision
+        # Kept for a trusted caller, and read by the connector like the top-level object
+        # (vLLM takes extra_args' own when that is absent): the same bounds.
+        every = found if len(found) <= MAX_CARRIERS else other_carriers(document, sys.maxsize)
+        refused = _carried_out_of_bounds(document, every)
+        return decision if refused is None else Deny(refused, decision.id_count)
     if len(found) > MAX_CARRIERS:
         return Deny(
             bad_request(
@@ -197,6 +202,23 @@ def _decide_carriers(
         )
     reason = caller if decision is NO_PARAMS else decision.reason
     return Strip((), reason, decision.id_count, carriers=found)
+
+
+def _carried_out_of_bounds(document: Document, found: tuple[Path, ...]) -> Refusal | None:
+    """The first of the ``found`` kv_transfer_params objects that holds a connector
+    value out of bounds (connector_bounds.py), as its refusal; None when none does."""
+    for path in found:
+        if path[-1] != KV_KEY:
+            continue
+        value: Any = document
+        for step in path:
+            value = value[step]
+        if type(value) is dict:
+            where = ".".join(map(str, path))
+            refused = connector_bounds.refusal(value, None, where)
+            if refused is not None:
+                return refused
+    return None
 
 
 def _decide_params(policy: RoutePolicy, document: Document, evidence: Evidence) -> Decision:

@@ -562,7 +562,7 @@ def test_carriers_given_by_the_caller_are_taken_as_they_are():
 
 
 def test_a_request_with_too_many_carriers_is_refused_not_rewritten():
-    many = [{"kv_transfer_params": {"remote_port": i}} for i in range(MAX_CARRIERS + 1)]
+    many = [{"kv_transfer_params": {"remote_port": i + 1}} for i in range(MAX_CARRIERS + 1)]
     decision = decide(STRIP, doc(generate_responses=many))
     assert isinstance(decision, Deny)
     assert (decision.reason, decision.refusal.status) == ("carriers_too_many", 400)
@@ -753,3 +753,26 @@ def test_mint_response_in_bounds_is_signed():
     # Without ids, the ceiling bounds the counts.
     decision, _ = policy.mint_response({"kv_transfer_params": nixl}, b"\0" * 32, KEYS, 1)
     assert decision == Mint("minted", 0)
+
+
+@pytest.mark.parametrize(
+    ("extra", "param"),
+    [
+        (
+            {"sampling_params": {"extra_args": {"kv_transfer_params": {"tp_size": 10**7}}}},
+            "sampling_params.extra_args.kv_transfer_params.tp_size",
+        ),
+        (
+            {"generate_responses": [{}, {"kv_transfer_params": {"remote_port": 0}}]},
+            "generate_responses.1.kv_transfer_params.remote_port",
+        ),
+    ],
+)
+def test_a_trusted_callers_other_parameters_are_held_to_the_same_bounds(extra, param):
+    document = doc(**extra)
+    for route, evidence in [(HONOR, {}), (PEERS, {"peer": Peer(True, (ROUTER,))})]:
+        decision = verified(route, document, **evidence) if evidence else decide(route, document)
+        assert isinstance(decision, Deny), decision
+        assert (decision.reason, decision.refusal.param) == ("connector_out_of_bounds", param)
+    # In bounds, they are kept as before; from an untrusted caller they go, unchecked.
+    assert isinstance(decide(STRIP, document), Strip)
