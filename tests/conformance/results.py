@@ -1,6 +1,13 @@
-"""The case table the conformance tier prints at the end of its run."""
+"""The case table the conformance tier prints at the end of its run, and writes as JSON
+to ``$EXT_PROC_CONFORMANCE_RESULTS`` when that is set (``matrix.py`` reads it)."""
 
 from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+OUTPUT_VARIABLE = "EXT_PROC_CONFORMANCE_RESULTS"
 
 RESULTS: dict[tuple[str, str], str] = {}
 
@@ -17,3 +24,16 @@ def table() -> str:
         cells = [RESULTS.get((case, column), "") for column in columns]
         lines.append(f"| {case} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def write() -> Path | None:
+    """The recorded cells as ``[[case, column, value], ...]`` to the file named by
+    ``$EXT_PROC_CONFORMANCE_RESULTS``, if set; returns the file."""
+    target = os.environ.get(OUTPUT_VARIABLE)
+    if not target:
+        return None
+    path = Path(target)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    cells = [[case, column, value] for (case, column), value in RESULTS.items()]
+    path.write_text(json.dumps(cells, indent=1) + "\n")
+    return path

