@@ -39,10 +39,13 @@ import json, sys
 from vllm.distributed.kv_transfer.kv_connector.v1.moriio.moriio_common import (
     get_peer_zmq_from_request_id,
 )
+def peer(request_id, producer):
+    try:
+        return get_peer_zmq_from_request_id(request_id, producer)
+    except ValueError:  # 0.27.x raises for an id that names no peer; later releases: None
+        return None
 ids = json.load(sys.stdin)
-print(json.dumps([
-    [get_peer_zmq_from_request_id(i, True), get_peer_zmq_from_request_id(i, False)] for i in ids
-]))
+print(json.dumps([[peer(i, True), peer(i, False)] for i in ids]))
 """
 
 
