@@ -42,6 +42,9 @@ ROUTING_HEADERS: Final = (
     # Ray Serve LLM: the key of the prompt ids a replica's store hands to
     # kv_transfer_params["prompt_token_ids"].
     "x-kv-token-key",
+    # vLLM's own: the data-parallel engine an external load balancer picks for the
+    # request (entrypoints/generate/base/serving.py ``_get_data_parallel_rank``).
+    "x-data-parallel-rank",
 )
 
 # vLLM builds its request id from this header (else the body's request_id); vLLM's

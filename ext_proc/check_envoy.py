@@ -613,32 +613,86 @@ def _check_others(
             )
 
 
+_OVERWRITE = "OVERWRITE_IF_EXISTS_OR_ADD"
+# The headers whose value no client may choose once the header step has run.
+_GUARDED = (*carrier_headers.ROUTING_HEADERS, carrier_headers.REQUEST_ID)
+
+
+def _sets(mutation: dict[str, Any]) -> tuple[str, str, str] | None:
+    """The header an ``append`` mutation writes: (name, value, append action)."""
+    option = mutation.get("append")
+    if not isinstance(option, dict) or not isinstance(option.get("header"), dict):
+        return None
+    header = option["header"]
+    action = str(option.get("append_action", "APPEND_IF_EXISTS_OR_ADD"))
+    return str(header.get("key", "")).lower(), str(header.get("value", "")), action
+
+
+def _client_derived(value: str) -> bool:
+    """Whether a header value Envoy formats may carry what a client sent: any command
+    but the step's own fresh id (``%REQ(...)%``, a path, a query parameter, SNI...)."""
+    return "%" in value.replace(carrier_headers.NEW_ID, "")
+
+
 def _header_step_faults(entry: dict[str, Any]) -> list[str]:
-    """What a header step (``ext_proc.carrier_headers``) fails to do: remove every
-    routing header and move the request id aside for a fresh one."""
+    """What a header step (``ext_proc.carrier_headers``) fails to do, its mutations read
+    in order as Envoy applies them: every routing header removed last, and the request
+    id last overwritten with a fresh one."""
     config = entry.get("typed_config", {})
     if entry.get("disabled", False):
         return ["it is disabled"]
     if config.get("most_specific_header_mutations_wins", False):
         return ["most_specific_header_mutations_wins lets a route's mutations replace it"]
-    mutations = config.get("mutations", {}).get("request_mutations", [])
-    removes = {m["remove"].lower() for m in mutations if isinstance(m.get("remove"), str)}
+    # What each guarded header holds after the step: None = removed, else the last write.
+    last: dict[str, tuple[str, str] | None] = {}
+    for mutation in config.get("mutations", {}).get("request_mutations", []):
+        if not isinstance(mutation, dict):
+            continue
+        if isinstance(mutation.get("remove"), str):
+            last[mutation["remove"].lower()] = None
+        written = _sets(mutation)
+        if written is not None:
+            last[written[0]] = (written[1], written[2])
     faults = [
-        f"it keeps a client's {name}"
+        f"it keeps a client's {name}" if name not in last else f"it writes {name} after removing it"
         for name in carrier_headers.ROUTING_HEADERS
-        if name not in removes
+        if last.get(name, "kept") is not None
     ]
-    sets = {
-        str(header.get("key", "")).lower(): str(header.get("value", ""))
-        for m in mutations
-        if isinstance(header := m.get("append", {}).get("header"), dict)
-    }
-    if sets.get(carrier_headers.REQUEST_ID) != carrier_headers.NEW_ID:
+    if last.get(carrier_headers.REQUEST_ID) != (carrier_headers.NEW_ID, _OVERWRITE):
         faults.append(
-            f"it keeps a client's {carrier_headers.REQUEST_ID} (set it to "
-            f"{carrier_headers.NEW_ID} after moving it to {carrier_headers.CLIENT_REQUEST_ID})"
+            f"it keeps a client's {carrier_headers.REQUEST_ID} (its last mutation must set "
+            f"{carrier_headers.NEW_ID} with append_action {_OVERWRITE}, after moving the "
+            f"incoming one to {carrier_headers.CLIENT_REQUEST_ID})"
         )
     return faults
+
+
+def _rewrites(where: str, manager: dict[str, Any], step: str, report: Report) -> None:
+    """Anything else that writes a guarded header from what a client sent undoes the
+    step: another header_mutation filter, or a route's ``request_headers_to_add``
+    (applied by the router, after every filter). A constant (an endpoint picker's own
+    choice, say) is its writer's business."""
+    for entry in manager.get("http_filters", []):
+        config = entry.get("typed_config", {}) if isinstance(entry, dict) else {}
+        if config.get("@type") != carrier_headers.FILTER_TYPE or entry.get("name") == step:
+            continue
+        for mutation in config.get("mutations", {}).get("request_mutations", []):
+            written = _sets(mutation) if isinstance(mutation, dict) else None
+            if written and written[0] in _GUARDED and _client_derived(written[1]):
+                report.errors.append(
+                    f"{where}: filter {entry.get('name')} writes {written[0]} from the "
+                    f"request ({written[1]}): a client's value again, after the header step"
+                )
+    for node in _walk(manager.get("route_config", {})):
+        for option in node.get("request_headers_to_add", []):
+            header = option.get("header", {}) if isinstance(option, dict) else {}
+            name, value = str(header.get("key", "")).lower(), str(header.get("value", ""))
+            if name in _GUARDED and _client_derived(value):
+                report.errors.append(
+                    f"{where}: request_headers_to_add writes {name} from the request "
+                    f"({value}): the router adds it after every filter, the header step "
+                    "included"
+                )
 
 
 def _check_header_step(
@@ -669,6 +723,15 @@ def _check_header_step(
         )
         return
     names = {str(filters[i].get("name")) for i in good}
+    _rewrites(where, manager, str(filters[good[0]].get("name")), report)
+    options = manager.get("common_http_protocol_options", {})
+    if options.get("headers_with_underscores_action", "ALLOW") == "ALLOW":
+        report.warnings.append(
+            f"{where}: header names with underscores pass (headers_with_underscores_action "
+            "ALLOW): a reader that takes '_' for '-' (CGI, WSGI, nginx with "
+            "underscores_in_headers) sees x_request_id as the renewed x-request-id. Set "
+            "DROP_HEADER or REJECT_REQUEST"
+        )
     for node in _walk(manager.get("route_config", {})):
         for name in names & set(node.get("typed_per_filter_config", {})):
             report.errors.append(

@@ -1071,3 +1071,95 @@ def test_the_shipped_header_step_removes_every_routing_header_and_renews_the_id(
     first, last = mutations[0]["append"]["header"], mutations[-1]["append"]["header"]
     assert first == {"key": carrier_headers.CLIENT_REQUEST_ID, "value": "%REQ(x-request-id)%"}
     assert last == {"key": carrier_headers.REQUEST_ID, "value": "%UNIQUE_ID%"}
+
+
+def _request_id_mutation(config):
+    (found,) = [
+        m
+        for m in _step_mutations(config)
+        if m.get("append", {}).get("header", {}).get("key") == carrier_headers.REQUEST_ID
+    ]
+    return found["append"]
+
+
+def _re_added(config):
+    _step_mutations(config).append(
+        {"append": {"header": {"key": "x-prefiller-host-port", "value": "%REQ(x-mine)%"}}}
+    )
+
+
+def _second_filter(position):
+    def change(config):
+        restore = {
+            "name": "restore",
+            "typed_config": {
+                "@type": carrier_headers.FILTER_TYPE,
+                "mutations": {
+                    "request_mutations": [
+                        {
+                            "append": {
+                                "header": {
+                                    "key": carrier_headers.REQUEST_ID,
+                                    "value": "%REQ(x-client-request-id)%",
+                                },
+                                "append_action": "OVERWRITE_IF_EXISTS_OR_ADD",
+                            }
+                        }
+                    ]
+                },
+            },
+        }
+        hcm(config)["http_filters"].insert(position(config), restore)
+
+    return change
+
+
+def _added_by_the_router(config):
+    vhost = hcm(config)["route_config"]["virtual_hosts"][0]
+    vhost["request_headers_to_add"] = [
+        {
+            "header": {"key": carrier_headers.REQUEST_ID, "value": "%REQ(x-client-request-id)%"},
+            "append_action": "OVERWRITE_IF_EXISTS_OR_ADD",
+        }
+    ]
+
+
+@pytest.mark.parametrize(
+    ("change", "text"),
+    [
+        # The default append action appends to the client's id: "<client's>,<fresh>".
+        (lambda c: _request_id_mutation(c).pop("append_action"), "keeps a client's x-request-id"),
+        (
+            lambda c: _request_id_mutation(c).update(append_action="ADD_IF_ABSENT"),
+            "keeps a client's x-request-id",
+        ),
+        (_re_added, "writes x-prefiller-host-port after removing it"),
+        (_second_filter(ext_proc_index), "filter restore writes x-request-id from the request"),
+        (_second_filter(lambda c: len(filter_names(c)) - 1), "filter restore writes x-request-id"),
+        (_added_by_the_router, "request_headers_to_add writes x-request-id from the request"),
+    ],
+    ids=["default-action", "add-if-absent", "re-added", "filter-before", "filter-after", "router"],
+)
+def test_an_edit_that_hands_a_client_header_back_is_an_error(change, text):
+    (error,) = mutated(change).errors
+    assert text in error
+
+
+def test_a_later_filter_may_write_its_own_routing_header():
+    # An endpoint picker's own choice (a constant here) is not a client's.
+    def change(config):
+        picker = copy.deepcopy(_step(config))
+        picker["name"] = "picker"
+        picker["typed_config"]["mutations"]["request_mutations"] = [
+            {"append": {"header": {"key": "x-prefiller-host-port", "value": "10.0.0.5:8000"}}}
+        ]
+        hcm(config)["http_filters"].insert(len(filter_names(config)) - 1, picker)
+
+    assert (mutated(change).errors, mutated(change).warnings) == ([], [])
+
+
+def test_header_names_with_underscores_passing_is_a_warning():
+    report = mutated(lambda c: hcm(c).pop("common_http_protocol_options"))
+    assert report.errors == []
+    (warning,) = report.warnings
+    assert "header names with underscores pass" in warning

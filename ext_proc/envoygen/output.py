@@ -620,6 +620,14 @@ def connection_manager(spec: GeneratorInput) -> hcm.HttpConnectionManager:
             initial_stream_window_size=DOWNSTREAM_HTTP2_STREAM_WINDOW,
             initial_connection_window_size=DOWNSTREAM_HTTP2_CONNECTION_WINDOW,
         ),
+        # A header name with an underscore never reaches a filter or the upstream: a
+        # reader that takes "_" for "-" (CGI, WSGI, nginx with underscores_in_headers)
+        # would see x_request_id as the x-request-id the header step renewed.
+        common_http_protocol_options=core.HttpProtocolOptions(
+            headers_with_underscores_action=(
+                core.HttpProtocolOptionsHeadersWithUnderscoresAction.DROP_HEADER
+            )
+        ),
         normalize_path=True,
         merge_slashes=True,
         path_with_escaped_slashes_action=(

@@ -34,6 +34,7 @@ FORGED = {
     "x-gateway-destination-endpoint-subset": "10.0.0.66:8000",
     "x-worker-instance-id": "7",
     "x-kv-token-key": "6f1c0ee0-0000-4000-8000-000000000000",
+    "x-data-parallel-rank": "3",
 }
 # vLLM's MoRIIO connector reads the prefill's and the decode's address from this shape.
 MORIIO_ID = "a___prefill_addr_10.0.0.66:7000___decode_addr_10.0.0.67:7001_" + "0" * 32
@@ -136,3 +137,14 @@ def test_without_the_step_every_one_arrives_as_the_client_wrote_it(unguarded):
     arrived = _arrived(only_request(unguarded))
     expected: dict[str, Any] = {name: [value] for name, value in _sent_headers().items()}
     assert {name: arrived.get(name) for name in expected} == expected
+
+
+def test_header_names_with_underscores_never_reach_the_upstream(gateway):
+    # A reader that takes "_" for "-" (CGI, WSGI, nginx with underscores_in_headers)
+    # would read these as the carriers: Envoy drops them at the listener.
+    forged = {name.replace("-", "_"): value for name, value in _sent_headers().items()}
+    reply = httpx.post(gateway.url + ROUTES[0], json=chat(), headers=forged, timeout=20)
+    assert reply.status_code == 200, reply.text
+    arrived = _arrived(only_request(gateway))
+    assert not {name for name in arrived if "_" in name}, arrived
+    assert arrived[carrier_headers.CLIENT_REQUEST_ID] != [MORIIO_ID]
