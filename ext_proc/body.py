@@ -221,16 +221,18 @@ SPELLED_MOST: Final = 2
 
 
 def spelled(raw: bytes, keys: Iterable[str]) -> dict[str, int] | None:
-    """For each of ``keys``, how many times ``raw`` writes it as itself, up to
-    ``SPELLED_MOST``: no fewer than the members so named in the document ``json.loads``
-    reads from ``raw``, at any depth, duplicates counted. None when that cannot be told
-    from the bytes (``raw`` is not braced, or holds an escape that may spell a
-    character of a key).
+    """For each of ``keys``, how many times ``raw`` writes it as itself between two
+    quotes, up to ``SPELLED_MOST``: no fewer than the members so named in the document
+    ``json.loads`` reads from ``raw``, at any depth, duplicates counted. None when that
+    cannot be told from the bytes (``raw`` is not braced, or holds an escape that may
+    spell a character of a key).
 
     Why it is sound: as in ``lacks_key``, every member named ``key`` in a braced UTF-8
-    body spells it as written or with an escape; members written as themselves are
-    distinct string tokens, so without any escape of the key's characters their number
-    is at most the number of (non-overlapping) occurrences of the key in ``raw``."""
+    body spells it as written or with an escape; a member written as itself is the
+    string token ``"key"``, its quotes unescaped, and distinct tokens share no byte, so
+    without any escape of the key's characters their number is at most the number of
+    occurrences of ``"key"`` in ``raw``. Quoted, a key that is part of another name
+    (``tokens`` in ``max_tokens``) or of prose is not counted."""
     if not _braced(raw):
         return None
     counts: dict[str, int] = {}
@@ -238,7 +240,7 @@ def spelled(raw: bytes, keys: Iterable[str]) -> dict[str, int] | None:
     for key in keys:
         written, spellings = _spellings(key)
         escapes.update(spellings)
-        counts[key] = occurrences(raw, written, SPELLED_MOST)
+        counts[key] = occurrences(raw, b'"' + written + b'"', SPELLED_MOST)
     return None if _holds_any(raw, tuple(sorted(escapes))) else counts
 
 

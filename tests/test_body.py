@@ -264,11 +264,22 @@ def test_a_chat_without_the_key_lacks_it(ensure_ascii, bom):
     [
         json.dumps({**CHAT, KV: None}),
         json.dumps({**CHAT, "extra": {KV: {}}}),  # nested: judged by the parse
-        json.dumps({**CHAT, "note": f"what is {KV}?"}),  # in a string: likewise
+        json.dumps({**CHAT, "note": KV}),  # a string that is the key: likewise
     ],
 )
 def test_the_key_written_anywhere_is_not_lacking(text):
     assert not body.lacks_key(text.encode(), KV)
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [{"note": f"what is {KV}?"}, {f"max_{KV}": 1}, {f"{KV}_2": 1}],
+    ids=["prose", "longer-name", "suffixed-name"],
+)
+def test_the_key_inside_other_text_is_lacking(extra):
+    raw = json.dumps({**CHAT, **extra}).encode()
+    assert body.lacks_key(raw, KV)
+    assert KV not in json.loads(raw)
 
 
 @pytest.mark.parametrize("position", range(len(KV)))
@@ -460,6 +471,9 @@ def test_without_removes_members_at_any_path_and_copies_only_their_way():
         ('{"a": "kv_transfer_params", "kv_transfer_params": {}}', 1, False),  # in a string
         ('{"kv\\u005ftransfer_params": {}}', 1, False),  # an escape: no count proves it
         ('{"m": "\\u00e9", "kv_transfer_params": {}}', 1, True),  # not the key's
+        # Part of another name, or of prose: not the key written as a string.
+        ('{"max_kv_transfer_params": 1, "kv_transfer_params": {}}', 1, True),
+        ('{"a": "what is kv_transfer_params?", "kv_transfer_params": {}}', 1, True),
         ("[1]", 5, False),  # not braced
     ],
 )

@@ -961,8 +961,8 @@ def test_other_carriers_are_found_and_removed(extra):
         # come back in a response, so nothing the response carries is signed.
         {"messages": [{"role": "user", "content": "hi", "kv_transfer_params": {"a": 1}}]},
         {"metadata": {"ec_transfer_params": {"a": 1}}},
-        # Only the bytes are read for this: a prompt that names the key blocks it too.
-        {"messages": [{"role": "user", "content": "what is kv_transfer_params?"}]},
+        # Only the bytes are read for this: a string that is the name blocks it too.
+        {"messages": [{"role": "user", "content": "kv_transfer_params"}]},
         # Two top-level members of the name (the last wins in vLLM's reading).
         "duplicate",
     ],
