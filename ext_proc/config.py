@@ -16,7 +16,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from ext_proc import memory
+from ext_proc import memory, record
 from ext_proc.address import HostPort, check_listen
 from ext_proc.route_policy import DEFAULT_NAMESPACE
 from ext_proc.validation import problems
@@ -53,14 +53,41 @@ class Proof(BaseModel):
     # The first key signs; every key verifies, so keys rotate without downtime.
     keys: tuple[ProofKey, ...] = Field((), strict=False)  # YAML gives a list
     # Lifetime of a minted proof: the decode leg follows the prefill leg within seconds.
-    ttl_seconds: int = Field(60, gt=0, le=3600)
+    ttl_seconds: int = Field(20, gt=0, le=3600)
     clock_skew_seconds: int = Field(5, ge=0, le=300)
+    # How long the prefill server's KV connector keeps a finished request's blocks for
+    # the decode to read before it frees them (vLLM's NIXL connector: 30 s in every
+    # release from 0.27.0 to 0.32.0). A proof must never be honored past it: the blocks
+    # may hold another request's KV by then. Raise it only with the lease your vLLM
+    # runs with.
+    kv_lease_seconds: int = Field(30, gt=0, le=86400)
+    # The record of spent proofs (each is honored once): "" for a table shared by this
+    # processor's workers; redis://host:port/db (rediss://, unix://) when several
+    # processors serve the same routes.
+    record: str = ""
+    # The local table's size in proofs (bounded memory, charged to the in-flight
+    # budget): enough for every proof honored within ttl_seconds + 2 x clock_skew.
+    record_slots: int = Field(65536, ge=32, le=1 << 24)
+    # The longest one Redis command may take; past it the proof is not honored.
+    record_timeout_seconds: float = Field(0.25, gt=0, le=5)
 
     @model_validator(mode="after")
     def _distinct(self) -> Proof:
         ids = [key.id for key in self.keys]
         if len(set(ids)) != len(ids):
             raise ValueError("proof key ids must be distinct")
+        # A processor whose clock is up to clock_skew behind the minting one's honors a
+        # proof until ttl + 2 x skew after it was minted.
+        honored_for = self.ttl_seconds + 2 * self.clock_skew_seconds
+        if honored_for > self.kv_lease_seconds:
+            raise ValueError(
+                f"proof.ttl_seconds + 2 x proof.clock_skew_seconds ({honored_for}) must not "
+                f"exceed proof.kv_lease_seconds ({self.kv_lease_seconds}): a proof honored "
+                "after the connector's lease reads KV blocks that may hold another "
+                "request's; set kv_lease_seconds to the lease your vLLM runs with"
+            )
+        if self.record and not self.record.startswith(("redis://", "rediss://", "unix://")):
+            raise ValueError("proof.record must be empty or a redis://, rediss:// or unix:// URL")
         return self
 
 
@@ -109,14 +136,21 @@ class Config(BaseModel):
         # A ProcessingRequest is the body plus a few KiB of headers and attributes.
         return self.max_body_bytes + MiB
 
+    @property
+    def record_bytes(self) -> int:
+        """What the local record of spent proofs holds (none with Redis)."""
+        return 0 if self.proof.record else record.table_bytes(self.proof.record_slots)
+
     @model_validator(mode="after")
     def _consistent(self) -> Config:
         largest = memory.largest(self.max_body_bytes, self.max_json_values)
-        if self.inflight_budget_bytes < largest:
+        if self.inflight_budget_bytes < largest + self.record_bytes:
             raise ValueError(
-                f"inflight_budget_bytes must hold the largest admissible body: at least "
-                f"{largest} for max_body_bytes {self.max_body_bytes} and max_json_values "
-                f"{self.max_json_values} (ext_proc/memory.py)"
+                f"inflight_budget_bytes must hold the largest admissible body and the record "
+                f"of spent proofs: at least {largest + self.record_bytes} for "
+                f"max_body_bytes {self.max_body_bytes}, max_json_values "
+                f"{self.max_json_values} (ext_proc/memory.py) and proof.record_slots "
+                f"{self.proof.record_slots}"
             )
         if self.workers > 1 and self.listen.startswith("unix:"):
             raise ValueError("workers > 1 needs a TCP listen address (SO_REUSEPORT)")

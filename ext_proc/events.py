@@ -17,6 +17,7 @@ import orjson
 from ext_proc import route_policy
 from ext_proc.decisions import Decision
 from ext_proc.errors import Refusal
+from ext_proc.replay import Ticket
 from ext_proc.route_policy import Scalar
 
 
@@ -247,3 +248,6 @@ class Step:
     # The request is answered for good (an ImmediateResponse): nothing more is read, and
     # the edge may end the RPC once the answers are sent.
     final: bool = False
+    # A proof to spend before the decision stands: the edge asks the record of spent
+    # proofs and hands its verdict to ``Stream.spent``; nothing is answered until then.
+    ask: Ticket | None = None

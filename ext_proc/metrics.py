@@ -74,6 +74,14 @@ class Metrics:
             ["kind"],
             registry=self.registry,
         )
+        self.record_errors = Counter(
+            "ext_proc_proof_record_errors",
+            "Proofs not honored because the record of spent proofs could not be consulted "
+            "(store: redis).",
+            ["store"],
+            registry=self.registry,
+        )
+        self.record_errors.labels("redis")
         # Every kind exported from the start, at 0: a ratio of errors (and an alert on
         # it) then has a value before the first error, not no series at all.
         for kind in STREAM_ERROR_KINDS:

@@ -37,13 +37,15 @@ from ext_proc.vllm_request import (
 class Evidence:
     """What the policy may weigh besides the document: who called, with which keys,
     when; ``digest`` renders the request's prompt digest on demand (only a proof needs
-    it)."""
+    it). ``spent``: why a proof that verifies is not honored (the record of spent
+    proofs' verdict, ``replay.Verdict``); None: not asked yet, or honored."""
 
     digest: Callable[[], bytes]
     peer: Peer = NO_PEER
     keys: KeySet = NO_KEYS
     now: float = 0.0
     skew: float = 0.0
+    spent: str | None = None
 
 
 def _no_digest() -> bytes:
@@ -53,6 +55,9 @@ def _no_digest() -> bytes:
 # The evidence of a request on a route that weighs none: strip and deny decide on the
 # route alone (``_trusted_caller``), so nothing is gathered for them.
 NO_EVIDENCE: Final = Evidence(_no_digest)
+# The reason of a decision that honors parameters because their proof verified: the
+# proof is then spent (replay.py) before the decision stands.
+HONORED_PROOF: Final = "trusted_proof"
 # The actions whose decisions read the evidence.
 WEIGHS_EVIDENCE: Final = frozenset({Action.HONOR, Action.MINT})
 
@@ -115,7 +120,7 @@ def _trusted(policy: RoutePolicy, params: dict[str, Any], evidence: Evidence) ->
         return caller
     why = proof.verify(evidence.keys, params, evidence.digest(), evidence.now, evidence.skew)
     if why is None:
-        return "trusted_proof"
+        return evidence.spent or HONORED_PROOF
     if why == "proof_missing" and policy.peers:
         return "peer_not_listed"
     return why

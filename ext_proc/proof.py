@@ -19,6 +19,7 @@ import contextlib
 import hashlib
 import hmac
 import json
+import math
 import re
 import time
 from collections.abc import Callable, Mapping
@@ -29,6 +30,7 @@ import orjson
 
 from ext_proc.errors import BadRequest
 from ext_proc.ids import Ids
+from ext_proc.replay import TICKET_BYTES, Ticket
 from ext_proc.vllm_request import EC_KEY, IDS_KEY, KV_KEY
 
 PROOF_KEY: Final = "token_policy_proof"
@@ -193,3 +195,13 @@ def verify(
     if not hmac.compare_digest(_unb64(shown), digest):
         return "prompt_mismatch"
     return None
+
+
+def ticket(params: Mapping[str, Any], skew: float) -> Ticket:
+    """The record's entry for the proof in ``params``, which ``verify`` accepted. It
+    outlives the proof by one more skew: a processor whose clock is up to ``skew``
+    behind this one's still honors it that much later."""
+    match = _PROOF.fullmatch(params[PROOF_KEY])
+    assert match is not None, "verified"
+    _, expiry, _, mac = match.groups()
+    return Ticket(_unb64(mac)[:TICKET_BYTES], int(expiry) + 2 * math.ceil(skew))

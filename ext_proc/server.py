@@ -31,6 +31,9 @@ from ext_proc._pb import external_processor_pb2_grpc as pb_grpc
 from ext_proc.address import UNIX_PREFIX, HostPort
 from ext_proc.config import Config, ConfigError
 from ext_proc.metrics import Endpoint, Metrics, serve_metrics
+from ext_proc.record import LocalRecord
+from ext_proc.redis_record import RedisRecord
+from ext_proc.replay import Record
 from ext_proc.service import ExternalProcessor
 
 log = logging.getLogger("ext_proc.server")
@@ -104,8 +107,23 @@ def _check_free(listen: str, *, reuse_port: bool) -> None:
     raise _cannot_listen(listen, error.strerror if error else "no address") from None
 
 
-async def listen(config: Config, *, reuse_port: bool = False) -> Running:
+def open_record(config: Config, metrics: Metrics, shared: Path | None = None) -> Record:
+    """The record of spent proofs: Redis when configured, else the table in ``shared``
+    (a worker's, made by the supervisor), else one of this process's own."""
+    proof = config.proof
+    if proof.record:
+        errors = metrics.record_errors.labels("redis")
+        return RedisRecord(proof.record, proof.record_timeout_seconds, on_error=errors.inc)
+    if shared is not None:
+        return LocalRecord.open(shared)
+    return LocalRecord.anonymous(proof.record_slots)
+
+
+async def listen(
+    config: Config, *, reuse_port: bool = False, record_file: Path | None = None
+) -> Running:
     """A started server whose health is still NOT_SERVING, and the port it bound.
+    ``record_file``: the table of spent proofs shared with the other workers.
 
     Raises ``ConfigError`` when ``config.listen`` cannot be bound.
     """
@@ -122,7 +140,9 @@ async def listen(config: Config, *, reuse_port: bool = False) -> Running:
             ("grpc.so_reuseport", 1 if reuse_port else 0),
         ]
     )
-    processor = ExternalProcessor(config, metrics=Metrics())
+    metrics = Metrics()
+    record = open_record(config, metrics, record_file)
+    processor = ExternalProcessor(config, metrics=metrics, record=record)
     pb_grpc.add_ExternalProcessorServicer_to_server(processor, server)
     health_servicer = health.aio.HealthServicer()
     await _set_health(health_servicer, health_pb2.HealthCheckResponse.NOT_SERVING)
@@ -162,9 +182,12 @@ class Server:
     A ``worker`` runs under the supervisor, which owns the metrics endpoint and SIGINT.
     """
 
-    def __init__(self, config: Config, *, worker: bool = False) -> None:
+    def __init__(
+        self, config: Config, *, worker: bool = False, record_file: Path | None = None
+    ) -> None:
         self.config = config
         self.worker = worker
+        self.record_file = record_file
         self.stopping = asyncio.Event()
         self.forced = asyncio.Event()
         self.running: Running | None = None
@@ -206,7 +229,9 @@ class Server:
 
     async def startup(self) -> None:
         config = self.config
-        self.running = await listen(config, reuse_port=config.workers > 1)
+        self.running = await listen(
+            config, reuse_port=config.workers > 1, record_file=self.record_file
+        )
         await self.running.serving()
         # Everything alive now lives as long as the process: keep it out of every
         # collection. Parsing a large body allocates many containers at once; a higher
@@ -284,12 +309,13 @@ class Server:
             self.sampler.cancel()
         if self.running is not None:
             await self.running.server.stop(None)
+            await self.running.processor.record.close()
         if self.metrics is not None:
             await asyncio.to_thread(self.metrics.close)
         logs.flush()
 
 
-def run(config: Config, *, worker: bool = False) -> int:
+def run(config: Config, *, worker: bool = False, record_file: Path | None = None) -> int:
     """Serve on the configured event loop until signalled; the exit status."""
     with asyncio.Runner(loop_factory=loop_factory(config)) as runner:
-        return runner.run(Server(config, worker=worker).main())
+        return runner.run(Server(config, worker=worker, record_file=record_file).main())

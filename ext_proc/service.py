@@ -22,13 +22,15 @@ from ext_proc._pb import external_processor_pb2_grpc as pb_grpc
 from ext_proc.attributes import attribute_keys
 from ext_proc.budget import Budget
 from ext_proc.codec import Decoder, Encoder
-from ext_proc.config import Config
+from ext_proc.config import Config, ConfigError
 from ext_proc.decisions import Allow
 from ext_proc.errors import ProtocolError
 from ext_proc.events import Event, Outcome, TimedOut
 from ext_proc.keys import KeyRing
 from ext_proc.metrics import Metrics
 from ext_proc.proof import Trust
+from ext_proc.record import LocalRecord
+from ext_proc.replay import Record
 from ext_proc.stream import Stream
 
 log = logging.getLogger("ext_proc.decision")
@@ -45,13 +47,29 @@ class _Usage:
 
 class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
     def __init__(
-        self, config: Config, budget: Budget | None = None, metrics: Metrics | None = None
+        self,
+        config: Config,
+        budget: Budget | None = None,
+        metrics: Metrics | None = None,
+        record: Record | None = None,
     ) -> None:
         self._config = config
         self._decode = Decoder(attribute_keys(config.route_metadata_namespace))
         self._encode = Encoder(config.route_metadata_namespace)
-        self.budget = budget if budget is not None else Budget(config.inflight_budget_bytes)
         self.metrics = metrics if metrics is not None else Metrics()
+        # Without one given, this process's own table (a worker is given the shared one).
+        self.record = (
+            record if record is not None else LocalRecord.anonymous(config.proof.record_slots)
+        )
+        # The record is held for the process's life: bodies get the rest of the budget
+        # (the configuration leaves room for both).
+        limit = config.inflight_budget_bytes - self.record.size
+        if limit <= 0:
+            raise ConfigError(
+                f"inflight_budget_bytes {config.inflight_budget_bytes} cannot hold the "
+                f"record of spent proofs ({self.record.size} bytes)"
+            )
+        self.budget = budget if budget is not None else Budget(limit)
         self.open_streams = 0  # sampled into the metrics (see sample_metrics)
         # Envoy cancels a stream whenever a client goes away: counted without a lookup.
         self._cancelled = self.metrics.stream_errors.labels("cancelled")
@@ -136,6 +154,12 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc
             started = time.perf_counter()
             try:
                 step = stream.handle(event)
+                if step.ask is not None:
+                    # The record's round trip is not this processor's time.
+                    usage.busy += time.perf_counter() - started
+                    verdict = await self.record.spend(step.ask)
+                    started = time.perf_counter()
+                    step = stream.spent(verdict)
             except ProtocolError as exc:
                 await self._abort(context, exc.request_id, str(exc))
                 return

@@ -41,8 +41,10 @@ Invariants (fail closed):
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable
+from dataclasses import dataclass
 from enum import IntEnum, auto
 from typing import Final, NoReturn
 
@@ -90,6 +92,7 @@ from ext_proc.events import (
     TimedOut,
     Unexpected,
 )
+from ext_proc.replay import Ticket, Verdict
 from ext_proc.route_policy import Action
 from ext_proc.vllm_request import CARRIER_NAMES, EC_KEY, KV_KEY, only_kv_params
 
@@ -193,6 +196,7 @@ class Stream:
 
     __slots__ = (
         "_account",
+        "_asking",
         "_audit",
         "_body_size",
         "_chunks",
@@ -237,8 +241,17 @@ class Stream:
         self._endpoint = ""
         self._pending = mint.NOTHING
         self._response_decision: Decision | None = None
+        # A proof to spend before the body's decision stands (``spent``).
+        self._asking: _Asking | None = None
 
     def handle(self, event: Event) -> Step:
+        if self._asking is not None:
+            self._fail(
+                ProtocolError(
+                    f"{message(event).name} before the proof record answered",
+                    reason="protocol_violation",
+                )
+            )
         entry = TRANSITIONS.get((self.state, message(event)))
         if entry is None:
             self._fail(_violation(self.state, event))
@@ -248,14 +261,43 @@ class Stream:
         except ProtocolError as exc:
             self._fail(exc)
         if isinstance(result, Refusal):
-            self.state = State.REJECTED
-            decision = self._decision
-            if not (isinstance(decision, Deny) and decision.refusal is result):
-                self._decision = Deny(result)
-            self.close()
-            return self._step([Reject.of(result)])
+            return self._rejected(result)
         self.state = target
+        if self._asking is not None:
+            # Nothing is answered, reported or handed over before the verdict.
+            return Step([], request_id=self._request_id, ask=self._asking.ticket)
         return self._step(result)
+
+    def spent(self, verdict: Verdict) -> Step:
+        """The record's verdict on the proof the last step asked about: the decision
+        stands (``FIRST``), or the request is decided again with the proof unproven
+        for the verdict's reason (its parameters removed, or refused on a route that
+        denies unproven ones), and the body's answers go out."""
+        asking = self._asking
+        if asking is None:
+            self._fail(ProtocolError("no proof was asked about", reason="protocol_violation"))
+        self._asking = None
+        decision = self._decision
+        assert decision is not None, "decided before asking"
+        if verdict is not Verdict.FIRST:
+            evidence = dataclasses.replace(asking.evidence, spent=verdict.value)
+            decision = policy.decide(
+                self._policy, asking.parsed.document, evidence, asking.carriers
+            )
+            self._decision = decision
+        replacement = self._enforce(decision, asking.parsed)
+        if isinstance(replacement, Refusal):
+            return self._rejected(replacement)
+        return self._step(asking.answer(replacement))
+
+    def _rejected(self, refusal: Refusal) -> Step:
+        """Into REJECTED: the refusal is answered, its decision reported, all released."""
+        self.state = State.REJECTED
+        decision = self._decision
+        if not (isinstance(decision, Deny) and decision.refusal is refusal):
+            self._decision = Deny(refusal)
+        self.close()
+        return self._step([Reject.of(refusal)])
 
     def _fail(self, exc: ProtocolError) -> NoReturn:
         """Into ERROR for good, everything released, and ``exc`` raised."""
@@ -393,12 +435,8 @@ class Stream:
         too_large = attempt(admission.check_size, len(event.chunk), self._config.max_body_bytes)
         if too_large is not None:
             return too_large
-        replacement = self._decide(event.chunk)
-        if isinstance(replacement, Refusal):
-            return replacement
-        if replacement is None:
-            return [_UNCHANGED]
-        return [ContinueBody(replacement, length_header=event.preamble is None)]
+        answer = functools.partial(_buffered, length_header=event.preamble is None)
+        return self._answered(self._decide(event.chunk), answer)
 
     def _on_chunk(self, event: Event) -> list[Answer] | Refusal:
         assert isinstance(event, RequestBody)
@@ -418,15 +456,20 @@ class Stream:
         self._last_chunk = event.chunk
         raw = b"".join(self._chunks)
         self._chunks.clear()
-        replacement = self._decide(raw)
+        return self._answered(self._decide(raw), functools.partial(_streamed, raw))
+
+    def _answered(
+        self, replacement: bytes | Refusal | _Ask | None, answer: _Answerer
+    ) -> list[Answer] | Refusal:
+        """The answers that forward a decided body (``answer`` of its replacement), its
+        refusal, or none yet while its proof is asked about (``answer`` is kept)."""
+        if isinstance(replacement, _Ask):
+            assert self._asking is not None
+            self._asking.answer = answer
+            return []
         if isinstance(replacement, Refusal):
             return replacement
-        out = raw if replacement is None else replacement
-        pieces = [out[i : i + STREAM_CHUNK] for i in range(0, len(out), STREAM_CHUNK)] or [b""]
-        return [
-            ContinueHeaders(),
-            *(StreamedBody(piece, i == len(pieces) - 1) for i, piece in enumerate(pieces)),
-        ]
+        return answer(replacement)
 
     def _on_repeated_chunk(self, event: Event) -> list[Answer] | Refusal:
         assert isinstance(event, RequestBody)
@@ -462,8 +505,9 @@ class Stream:
             "the request body did not arrive in time", reason="body_timeout"
         ).refusal()
 
-    def _decide(self, raw: bytes) -> bytes | Refusal | None:
-        """The body to forward instead of ``raw`` (None: unchanged), or a refusal."""
+    def _decide(self, raw: bytes) -> bytes | Refusal | _Ask | None:
+        """The body to forward instead of ``raw`` (None: unchanged), a refusal, or
+        ``_ASK``: its proof must be spent first (``_asking``)."""
         self._body_size = len(raw)
         parsed: body.Parsed | None = None
         if self._held is not None:
@@ -474,6 +518,13 @@ class Stream:
                 (Deny(inspected), None) if isinstance(inspected, Refusal) else inspected
             )
         self._decision = decision
+        if self._asking is not None:
+            return _ASK
+        return self._enforce(decision, parsed)
+
+    def _enforce(self, decision: Decision, parsed: body.Parsed | None) -> bytes | Refusal | None:
+        """What enforcing ``decision`` forwards instead of the body (None: unchanged), or
+        its refusal."""
         enforced = self._enforced(decision)
         if isinstance(enforced, Refusal):
             return enforced
@@ -531,6 +582,11 @@ class Stream:
         )
         decision = policy.decide(self._policy, parsed.document, evidence, carriers)
         self._pending = mint.judged(pending, decision, echo_free)
+        if decision.reason == policy.HONORED_PROOF and not isinstance(decision, Deny):
+            params = parsed.document[KV_KEY]
+            self._asking = _Asking(
+                proof.ticket(params, evidence.skew), parsed, evidence, carriers, _no_answer
+            )
         return decision
 
     # --- response ----------------------------------------------------------------------
@@ -566,6 +622,51 @@ class Stream:
 
 
 _UNCHANGED: Final = ContinueBody()
+_Answerer = Callable[[bytes | None], list[Answer]]
+
+
+def _buffered(replacement: bytes | None, *, length_header: bool) -> list[Answer]:
+    """A buffered body's answer: unchanged, or replaced."""
+    if replacement is None:
+        return [_UNCHANGED]
+    return [ContinueBody(replacement, length_header=length_header)]
+
+
+def _streamed(raw: bytes, replacement: bytes | None) -> list[Answer]:
+    """A streamed body's answers: the withheld headers, then the body in pieces."""
+    out = raw if replacement is None else replacement
+    pieces = [out[i : i + STREAM_CHUNK] for i in range(0, len(out), STREAM_CHUNK)] or [b""]
+    return [
+        ContinueHeaders(),
+        *(StreamedBody(piece, i == len(pieces) - 1) for i, piece in enumerate(pieces)),
+    ]
+
+
+def _no_answer(replacement: bytes | None) -> list[Answer]:
+    raise AssertionError("the body handler sets the answer before the stream asks")
+
+
+class _Ask:
+    """The marker ``_decide`` returns while a proof waits for the record's verdict."""
+
+    __slots__ = ()
+
+
+_ASK: Final = _Ask()
+
+
+@dataclass(slots=True)
+class _Asking:
+    """A decision that honors a proof, held until the record says it was not spent:
+    what deciding again and answering need."""
+
+    ticket: Ticket
+    parsed: body.Parsed
+    evidence: policy.Evidence
+    carriers: tuple[vllm_request.Path, ...] | None
+    answer: _Answerer
+
+
 # The request headers the stream reads: those the attribute contract names.
 _CHECKED: Final = tuple(attributes.HEADERS)
 

@@ -2,7 +2,8 @@
 
 The supervisor knows nothing about ext_proc: it starts workers (each a full
 ``server.Server``, sharing the port through SO_REUSEPORT), restarts one that dies,
-serves the aggregated Prometheus metrics, and forwards stop signals: the first SIGTERM
+serves the aggregated Prometheus metrics, makes the table of spent proofs they share
+(``record``), and forwards stop signals: the first SIGTERM
 or SIGINT starts every worker's drain, a second one forces them all.
 
 Its loop never sleeps through work: it waits for a worker to exit, a signal, or the
@@ -29,12 +30,13 @@ import time
 from dataclasses import dataclass
 from multiprocessing.connection import wait
 from multiprocessing.process import BaseProcess
+from pathlib import Path
 from types import FrameType
 from typing import Final
 
 from prometheus_client import multiprocess
 
-from ext_proc import logs, metrics
+from ext_proc import logs, metrics, record
 from ext_proc.config import Config, ConfigError
 
 log = logging.getLogger("ext_proc.supervisor")
@@ -49,14 +51,14 @@ STOP_SIGNALS: Final = (signal.SIGTERM, signal.SIGINT)
 CLEAN_EXITS: Final = (0, -signal.SIGTERM)
 
 
-def _worker(config: Config) -> None:
+def _worker(config: Config, record_file: Path | None) -> None:
     # Ctrl-C reaches the whole process group; only the supervisor reacts to SIGINT and
     # it forwards a SIGTERM, so a worker never sees one signal twice.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     logs.configure(config.log_level)
     from ext_proc.server import run  # noqa: PLC0415 - imported in the child only
 
-    raise SystemExit(run(config, worker=True))
+    raise SystemExit(run(config, worker=True, record_file=record_file))
 
 
 @dataclass
@@ -98,6 +100,8 @@ class Supervisor:
         self.context = multiprocessing.get_context("spawn")
         self.workers = [Worker(slot) for slot in range(config.workers)]
         self.directory: str | None = None
+        # The table of spent proofs every worker maps (None: Redis keeps them).
+        self.record_file: Path | None = None
         self.signals: list[int] = []
         self.forwarded = 0
         self.stopping = False
@@ -109,6 +113,9 @@ class Supervisor:
         try:
             wake = self._catch_signals(cleanup)
             self.directory = _metrics_folder(cleanup)
+            if not self.config.proof.record:
+                self.record_file = Path(self.directory) / "spent-proofs"
+                record.create(self.record_file, self.config.proof.record_slots)
             if self.config.metrics_address is not None:
                 registry = metrics.aggregate(self.directory)
                 try:
@@ -144,7 +151,7 @@ class Supervisor:
 
     def _start(self, worker: Worker) -> None:
         process = self.context.Process(
-            target=_worker, args=(self.config,), name=f"worker-{worker.slot}"
+            target=_worker, args=(self.config, self.record_file), name=f"worker-{worker.slot}"
         )
         process.start()
         worker.process, worker.started, worker.restart_at = process, time.monotonic(), None

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
-from ext_proc import memory
+from ext_proc import memory, record
 from ext_proc.budget import Budget
 from ext_proc.config import Config
 from ext_proc.decisions import Decision
 from ext_proc.events import Answer, Event, Outcome, Step
 from ext_proc.proof import Trust
+from ext_proc.record import LocalRecord
 from ext_proc.stream import State, Stream
 
 
@@ -19,7 +21,8 @@ def config(**fields: Any) -> Config:
     largest = memory.largest(
         fields.get("max_body_bytes", 16 << 20), fields.get("max_json_values", 262_144)
     )
-    fields.setdefault("inflight_budget_bytes", largest)
+    slots = fields.get("proof", {}).get("record_slots", 65536)
+    fields.setdefault("inflight_budget_bytes", largest + record.table_bytes(slots))
     return Config.model_validate(fields)
 
 
@@ -28,11 +31,19 @@ class Driven:
     fails)."""
 
     def __init__(
-        self, *, budget: Budget | None = None, trust: Trust | None = None, **fields: Any
+        self,
+        *,
+        budget: Budget | None = None,
+        trust: Trust | None = None,
+        spent: LocalRecord | None = None,
+        **fields: Any,
     ) -> None:
         self.config = config(**fields)
         self.budget = budget if budget is not None else Budget(self.config.inflight_budget_bytes)
         self.stream = Stream(self.config, self.budget, trust)
+        # The record a proof is spent in, as the servicer's (one per stream unless given).
+        clock = trust.clock if trust is not None else time.time
+        self.spent = spent if spent is not None else LocalRecord.anonymous(64, clock)
         self.outcome: Outcome | None = None
         self.last: Step | None = None
         self._held = 0  # what the last step's answers carry, until they are "sent"
@@ -41,7 +52,10 @@ class Driven:
     def handle(self, event: Event, *, sent: bool = True) -> list[Answer]:
         """``sent``: the answers went out, and the servicer released what they held."""
         self.release()
-        step = self.last = self.stream.handle(event)
+        step = self.stream.handle(event)
+        if step.ask is not None:
+            step = self.stream.spent(self.spent.spend_now(step.ask))
+        self.last = step
         self._held = step.held
         if sent:
             self.release()

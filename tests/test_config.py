@@ -4,6 +4,7 @@ import sys
 
 import pytest
 
+from ext_proc import record
 from ext_proc.__main__ import main
 from ext_proc.config import Config, ConfigError
 
@@ -103,3 +104,25 @@ def test_loading_the_configuration_imports_no_parser():
     )
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "[]"
+
+
+def test_a_proof_lifetime_beyond_the_connectors_lease_fails_to_load():
+    with pytest.raises(ConfigError, match="kv_lease_seconds"):
+        Config.load(environ={}, proof={"ttl_seconds": 60})
+    with pytest.raises(ConfigError, match="kv_lease_seconds"):
+        Config.load(environ={}, proof={"ttl_seconds": 21})  # 21 + 2 x 5 > 30
+    stated = Config.load(environ={}, proof={"ttl_seconds": 60, "kv_lease_seconds": 70})
+    assert stated.proof.ttl_seconds == 60
+    default = Config.load(environ={}).proof
+    assert default.ttl_seconds + 2 * default.clock_skew_seconds <= default.kv_lease_seconds == 30
+
+
+def test_the_record_is_a_redis_url_or_the_local_table_charged_to_the_budget():
+    with pytest.raises(ConfigError, match=r"proof\.record"):
+        Config.load(environ={}, proof={"record": "http://redis:6379"})
+    shared = Config.load(environ={}, proof={"record": "redis://127.0.0.1:6379/0"})
+    assert shared.record_bytes == 0
+    local = Config.load(environ={})
+    assert local.record_bytes == record.table_bytes(local.proof.record_slots)
+    with pytest.raises(ConfigError, match="record of spent proofs"):
+        Config.load(environ={}, max_body_bytes=16, inflight_budget_bytes=4096)

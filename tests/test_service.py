@@ -247,7 +247,11 @@ def test_chunks_after_a_streamed_rejection_are_dropped_and_the_stream_ends_ok():
     first = headers()
     first.protocol_config.request_body_mode = 4  # FULL_DUPLEX_STREAMED
     config = Config.load(
-        listen="127.0.0.1:0", max_body_bytes=16, max_json_values=4, inflight_budget_bytes=1024
+        listen="127.0.0.1:0",
+        max_body_bytes=16,
+        max_json_values=4,
+        inflight_budget_bytes=2048,
+        proof={"record_slots": 32},
     )
     late = [body(b'{"messages": [', False), body(b"1, 2, 3, 4, 5], ", False), body(b"}")]
     responses, code, _ = run(exchange([first, *late], config))
@@ -260,7 +264,11 @@ def _streamed_rejection():
     first = headers()
     first.protocol_config.request_body_mode = 4
     config = Config.load(
-        listen="127.0.0.1:0", max_body_bytes=16, max_json_values=4, inflight_budget_bytes=1024
+        listen="127.0.0.1:0",
+        max_body_bytes=16,
+        max_json_values=4,
+        inflight_budget_bytes=2048,
+        proof={"record_slots": 32},
     )
     return [first, body(b'{"messages": [', False), body(b"1, 2, 3], }")], config
 

@@ -697,7 +697,8 @@ def test_mint_signs_the_response_parameters():
     assert params["prompt_token_ids"] == [3, 4]
     digest = proof.prompt_digest(json.loads(PREFILL), True, CHAT_PATH)
     assert proof.verify(KEYS, params, digest, now=1000.0, skew=0) is None
-    assert params[proof.PROOF_KEY].split(".")[2] == "1060"  # clock + ttl
+    expiry = 1000 + stream.config.proof.ttl_seconds
+    assert params[proof.PROOF_KEY].split(".")[2] == str(expiry)  # clock + ttl
 
 
 @pytest.mark.parametrize(

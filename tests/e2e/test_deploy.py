@@ -205,7 +205,7 @@ def test_configmap_is_a_valid_processor_config():
     # Signing keys from the mounted Secret, one file per key id.
     assert [key.id for key in config.proof.keys] == ["k1"]
     assert {key.file for key in config.proof.keys} == {f"{PROOF_KEYS}/k1"}
-    assert config.proof.ttl_seconds == 60
+    assert config.proof.ttl_seconds == 20
 
 
 def test_check_config_accepts_the_configmap(tmp_path, capsys):
