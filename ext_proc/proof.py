@@ -3,13 +3,16 @@
 Pure functions; keys and the time are arguments. The format and its reasons are in
 docs/trust.md:
 
-    tp1.<key id>.<expiry>.<prompt digest>.<mac>
-    mac = HMAC-SHA256(key, "tp1\\n" key id "\\n" expiry "\\n" prompt digest "\\n"
-                      canonical(parameters without the proof))
+    tp2.<key id>.<expiry>.<nonce>.<prompt digest>.<mac>
+    mac = HMAC-SHA256(key, "tp2\\n" key id "\\n" expiry "\\n" nonce "\\n"
+                      prompt digest "\\n" canonical(parameters without the proof))
 
 The digest binds the parameters to the prompt-defining fields of the request they were
-minted for; the MAC binds everything (ids, connector keys, key id, expiry, digest) to a
-key only the gateway holds. Verification compares MACs in constant time.
+minted for; the nonce makes every minted proof another (two prefill responses alike to
+the byte, a prompt served from the prefix cache twice in one second, still give two
+proofs, each honored once: replay.py); the MAC binds everything (ids, connector keys,
+key id, expiry, nonce, digest) to a key only the gateway holds. Verification compares
+MACs in constant time.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import hmac
 import json
 import math
 import re
+import secrets
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -34,7 +38,8 @@ from ext_proc.replay import TICKET_BYTES, Ticket
 from ext_proc.vllm_request import EC_KEY, IDS_KEY, KV_KEY
 
 PROOF_KEY: Final = "token_policy_proof"
-VERSION: Final = "tp1"
+VERSION: Final = "tp2"
+NONCE_BYTES: Final = 12
 # Fields an orchestrator legitimately changes between the prefill and the decode leg
 # (the transfer parameters are each leg's own); every other field of the request is
 # bound by the digest.
@@ -52,7 +57,8 @@ UNBOUND_FIELDS: Final = frozenset(
 )
 KEY_ID: Final = re.compile(r"[A-Za-z0-9_-]{1,64}")
 _PROOF: Final = re.compile(
-    r"tp1\.([A-Za-z0-9_-]{1,64})\.([1-9][0-9]{0,11})\.([A-Za-z0-9_-]{43})\.([A-Za-z0-9_-]{43})"
+    r"tp2\.([A-Za-z0-9_-]{1,64})\.([1-9][0-9]{0,11})\.([A-Za-z0-9_-]{16})"
+    r"\.([A-Za-z0-9_-]{43})\.([A-Za-z0-9_-]{43})"
 )
 
 
@@ -87,7 +93,7 @@ def _unb64(text: str) -> bytes:
 
 def _canonical(text: str) -> bool:
     """Whether ``text`` is the one unpadded base64url spelling of its bytes (43
-    characters hold 32 bytes and 2 spare bits, which must be zero)."""
+    characters hold 32 bytes and 2 spare bits, which must be zero; 16 hold 12 bytes)."""
     return _b64(_unb64(text)) == text
 
 
@@ -146,8 +152,9 @@ def prompt_digest(document: Mapping[str, Any], orjson_safe: bool, endpoint: str)
     return hashlib.sha256(b"%d:%s" % (len(named), named) + rendered).digest()
 
 
-def _mac(key: bytes, key_id: str, expiry: str, digest: str, body: tuple[bytes, bytes]) -> bytes:
-    mac = hmac.new(key, f"{VERSION}\n{key_id}\n{expiry}\n{digest}\n".encode(), hashlib.sha256)
+def _mac(key: bytes, fields: tuple[str, str, str, str], body: tuple[bytes, bytes]) -> bytes:
+    """The MAC of the proof's ``fields`` (key id, expiry, nonce, digest) and ``body``."""
+    mac = hmac.new(key, "\n".join((VERSION, *fields, "")).encode(), hashlib.sha256)
     head, ids = body
     mac.update(head)
     mac.update(b"\n")
@@ -155,17 +162,25 @@ def _mac(key: bytes, key_id: str, expiry: str, digest: str, body: tuple[bytes, b
     return mac.digest()
 
 
-def mint(keys: KeySet, params: Mapping[str, Any], digest: bytes, expiry: int) -> str | None:
+def mint(
+    keys: KeySet,
+    params: Mapping[str, Any],
+    digest: bytes,
+    expiry: int,
+    nonce: bytes | None = None,
+) -> str | None:
     """The proof for ``params`` minted for a request with ``digest``; None when there is
-    no signing key or the parameters cannot be rendered."""
+    no signing key or the parameters cannot be rendered. ``nonce``: ``NONCE_BYTES``
+    bytes, fresh random ones unless given."""
     if keys.signing is None:
         return None
     body = canonical(params)
     if body is None:
         return None
+    fresh = _b64(secrets.token_bytes(NONCE_BYTES) if nonce is None else nonce)
     key_id, shown = keys.signing, _b64(digest)
-    mac = _mac(keys.keys[key_id], key_id, str(expiry), shown, body)
-    return f"{VERSION}.{key_id}.{expiry}.{shown}.{_b64(mac)}"
+    mac = _mac(keys.keys[key_id], (key_id, str(expiry), fresh, shown), body)
+    return f"{VERSION}.{key_id}.{expiry}.{fresh}.{shown}.{_b64(mac)}"
 
 
 def verify(
@@ -179,8 +194,8 @@ def verify(
     match = _PROOF.fullmatch(proof) if isinstance(proof, str) else None
     if match is None:
         return "proof_malformed"
-    key_id, expiry, shown, mac = match.groups()
-    if not (_canonical(shown) and _canonical(mac)):
+    key_id, expiry, nonce, shown, mac = match.groups()
+    if not (_canonical(nonce) and _canonical(shown) and _canonical(mac)):
         return "proof_malformed"
     key = keys.keys.get(key_id)
     if key is None:
@@ -188,7 +203,7 @@ def verify(
     body = canonical(params)
     if body is None:
         return "proof_malformed"
-    if not hmac.compare_digest(_mac(key, key_id, expiry, shown, body), _unb64(mac)):
+    if not hmac.compare_digest(_mac(key, (key_id, expiry, nonce, shown), body), _unb64(mac)):
         return "proof_bad_signature"
     if now > int(expiry) + skew:
         return "proof_expired"
@@ -203,5 +218,5 @@ def ticket(params: Mapping[str, Any], skew: float) -> Ticket:
     behind this one's still honors it that much later."""
     match = _PROOF.fullmatch(params[PROOF_KEY])
     assert match is not None, "verified"
-    _, expiry, _, mac = match.groups()
+    _, expiry, _, _, mac = match.groups()
     return Ticket(_unb64(mac)[:TICKET_BYTES], int(expiry) + 2 * math.ceil(skew))

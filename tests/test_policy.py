@@ -330,7 +330,7 @@ def test_unproven_deny_answers_400_with_the_reason():
         (lambda d: d["kv_transfer_params"].update(remote_host="10.0.0.9"), "proof_bad_signature"),
         (lambda d: d["messages"].append({"role": "user", "content": "x"}), "prompt_mismatch"),
         (lambda d: d.update(model="other"), "prompt_mismatch"),
-        (lambda d: d["kv_transfer_params"].update(token_policy_proof="tp1.x"), "proof_malformed"),
+        (lambda d: d["kv_transfer_params"].update(token_policy_proof="tp2.x"), "proof_malformed"),
         (lambda d: d["kv_transfer_params"].update(token_policy_proof=7), "proof_malformed"),
     ],
 )

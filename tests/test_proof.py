@@ -29,9 +29,24 @@ def test_round_trip():
 def test_format():
     token = proof.mint(KEYS, {"prompt_token_ids": [1]}, digest(), 1234)
     assert token is not None
-    version, key_id, expiry, shown, mac = token.split(".")
-    assert (version, key_id, expiry) == ("tp1", "k1", "1234")
+    version, key_id, expiry, nonce, shown, mac = token.split(".")
+    assert (version, key_id, expiry) == ("tp2", "k1", "1234")
+    assert len(nonce) == 16
     assert len(shown) == len(mac) == 43
+
+
+def test_every_mint_is_another_proof_of_the_same_parameters():
+    # Two prefill responses alike to the byte in one second are two proofs, each spent
+    # on its own (replay.py): neither decode is refused as the other's replay.
+    params = {"prompt_token_ids": [1], "remote_block_ids": [3]}
+    first, second = (proof.mint(KEYS, params, digest(), 100) for _ in range(2))
+    assert first != second
+    for token in (first, second):
+        assert proof.verify(KEYS, {**params, proof.PROOF_KEY: token}, digest(), 100, 0) is None
+    tickets = {proof.ticket({proof.PROOF_KEY: t}, 0).key for t in (first, second)}
+    assert len(tickets) == 2
+    fixed = proof.mint(KEYS, params, digest(), 100, nonce=bytes(12))
+    assert fixed == proof.mint(KEYS, params, digest(), 100, nonce=bytes(12))
 
 
 def test_canonical_form_ignores_key_order_and_the_proof_only():
@@ -86,13 +101,27 @@ def test_nan_in_a_prompt_field_is_not_null():
     )
 
 
+def _without_nonce(params):
+    """The proof as the format before the nonce wrote it (tp1, five fields)."""
+    _, key_id, expiry, _, shown, mac = params[proof.PROOF_KEY].split(".")
+    return ".".join(("tp1", key_id, expiry, shown, mac))
+
+
+def _other_nonce(params):
+    version, key_id, expiry, nonce, shown, mac = params[proof.PROOF_KEY].split(".")
+    other = ("B" if nonce[0] == "A" else "A") + nonce[1:]
+    return ".".join((version, key_id, expiry, other, shown, mac))
+
+
 @pytest.mark.parametrize(
     ("edit", "reason"),
     [
         (lambda p: p.pop(proof.PROOF_KEY), "proof_missing"),
         (lambda p: p.update({proof.PROOF_KEY: None}), "proof_missing"),
         (lambda p: p.update({proof.PROOF_KEY: ["tp1"]}), "proof_malformed"),
-        (lambda p: p.update({proof.PROOF_KEY: "tp2" + p[proof.PROOF_KEY][3:]}), "proof_malformed"),
+        (lambda p: p.update({proof.PROOF_KEY: "tp3" + p[proof.PROOF_KEY][3:]}), "proof_malformed"),
+        (lambda p: p.update({proof.PROOF_KEY: _without_nonce(p)}), "proof_malformed"),
+        (lambda p: p.update({proof.PROOF_KEY: _other_nonce(p)}), "proof_bad_signature"),
         (lambda p: p.update({proof.PROOF_KEY: p[proof.PROOF_KEY] + "x"}), "proof_malformed"),
         (
             lambda p: p.update({proof.PROOF_KEY: p[proof.PROOF_KEY].replace(".k1.", ".k9.")}),
@@ -167,13 +196,13 @@ def _respell_last(text: str) -> list[str]:
 
 def test_only_the_canonical_base64_of_a_proof_is_accepted():
     params = minted({"prompt_token_ids": [1, 2]})
-    version, key_id, expiry, shown, mac = params[proof.PROOF_KEY].split(".")
+    version, key_id, expiry, nonce, shown, mac = params[proof.PROOF_KEY].split(".")
     respelled_macs = _respell_last(mac)
     respelled_digests = _respell_last(shown)
     assert len(respelled_macs) == 3  # 43 characters carry 2 spare bits: 4 spellings
     assert len(respelled_digests) == 3
     for fields in [(shown, m) for m in respelled_macs] + [(d, mac) for d in respelled_digests]:
-        token = ".".join((version, key_id, expiry, *fields))
+        token = ".".join((version, key_id, expiry, nonce, *fields))
         assert proof.verify(KEYS, {**params, proof.PROOF_KEY: token}, digest(), 0, 0) == (
             "proof_malformed"
         )

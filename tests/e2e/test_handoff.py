@@ -17,7 +17,7 @@ import json
 import re
 import time
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 import httpx
 import pytest
@@ -32,7 +32,8 @@ PREFILL = "/pd/prefill/v1/chat/completions"
 DECODE = "/pd/v1/chat/completions"
 UPSTREAM_PATH = "/v1/chat/completions"
 PROOF = re.compile(
-    r"tp1\.([A-Za-z0-9_-]{1,64})\.([1-9][0-9]*)\.([A-Za-z0-9_-]{43})\.([A-Za-z0-9_-]{43})"
+    r"tp2\.([A-Za-z0-9_-]{1,64})\.([1-9][0-9]*)\.([A-Za-z0-9_-]{16})"
+    r"\.([A-Za-z0-9_-]{43})\.([A-Za-z0-9_-]{43})"
 )
 # What a P/D proxy sends on the prefill leg (vLLM's toy proxy, llm-d's sidecar).
 PREFILL_REQUEST_PARAMS = {
@@ -89,27 +90,37 @@ def minted(client: httpx.Client, stack: Stack, **extra: Any) -> dict[str, Any]:
     return params
 
 
-def proof_parts(params: dict[str, Any]) -> tuple[str, int, str, str]:
-    """Key id, expiry, prompt digest and MAC of a well-formed proof."""
+class Parts(NamedTuple):
+    key_id: str
+    expiry: int
+    nonce: str
+    digest: str
+    mac: str
+
+
+def proof_parts(params: dict[str, Any]) -> Parts:
+    """The fields of a well-formed proof."""
     match = PROOF.fullmatch(params["token_policy_proof"])
     assert match is not None, params["token_policy_proof"]
-    key_id, expiry, digest, mac = match.groups()
-    return key_id, int(expiry), digest, mac
+    key_id, expiry, nonce, digest, mac = match.groups()
+    return Parts(key_id, int(expiry), nonce, digest, mac)
 
 
 def b64(raw: bytes) -> str:
     return base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
 
 
-def sign(key: bytes, key_id: str, expiry: int, digest: str, params: dict[str, Any]) -> str:
+def sign(
+    key: bytes, key_id: str, expiry: int, digest: str, params: dict[str, Any], nonce: str = "A" * 16
+) -> str:
     """A proof built from docs/trust.md alone, with the test's copy of a key."""
     rest = {k: v for k, v in params.items() if k not in ("prompt_token_ids", "token_policy_proof")}
     head = json.dumps(rest, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
     ids = params.get("prompt_token_ids")
     tail = "-" if ids is None else json.dumps(ids, separators=(",", ":"))
-    message = f"tp1\n{key_id}\n{expiry}\n{digest}\n{head}\n{tail}".encode()
+    message = f"tp2\n{key_id}\n{expiry}\n{nonce}\n{digest}\n{head}\n{tail}".encode()
     mac = hmac.new(key, message, hashlib.sha256).digest()
-    return f"tp1.{key_id}.{expiry}.{digest}.{b64(mac)}"
+    return f"tp2.{key_id}.{expiry}.{nonce}.{digest}.{b64(mac)}"
 
 
 def assert_not_honored(stack: Stack, sent: dict[str, Any], rid: str, reason: str) -> None:
@@ -148,12 +159,12 @@ def test_prefill_response_carries_signed_ids(gateway, client):
     assert {k: params[k] for k in tokens.CONNECTOR_REPLY} == tokens.CONNECTOR_REPLY
     assert params["prompt_token_ids"] == ids
     proof = params["token_policy_proof"]
-    assert proof.startswith("tp1.")
-    key_id, expiry, digest, _mac = proof_parts(params)
+    assert proof.startswith("tp2.")
+    key_id, expiry, nonce, digest, _mac = proof_parts(params)
     assert key_id == KEY_ID
     assert before + 20 <= expiry <= time.time() + 21  # the default ttl_seconds
     # The MAC is the one docs/trust.md defines, under the stack's key.
-    assert sign(gateway.proof_keys[KEY_ID], key_id, expiry, digest, params) == proof
+    assert sign(gateway.proof_keys[KEY_ID], key_id, expiry, digest, params, nonce) == proof
     # Everything else in the response is the upstream's own.
     unchanged = {k: v for k, v in payload.items() if k != "kv_transfer_params"}
     assert unchanged["choices"][0]["token_ids"] == [tokens.EOS]
@@ -161,11 +172,11 @@ def test_prefill_response_carries_signed_ids(gateway, client):
 
 
 def test_prefill_proofs_bind_the_prompt(gateway, client):
-    digest = proof_parts(minted(client, gateway))[2]
+    digest = proof_parts(minted(client, gateway)).digest
     other = minted(client, gateway, messages=[{"role": "user", "content": "other"}])
     again = minted(client, gateway, temperature=0.25)  # chat()'s own value: same prompt
-    assert proof_parts(other)[2] != digest
-    assert proof_parts(again)[2] == digest
+    assert proof_parts(other).digest != digest
+    assert proof_parts(again).digest == digest
 
 
 def test_without_ids_asked_the_connectors_parameters_alone_are_signed(gateway, client):
@@ -229,7 +240,7 @@ def dropped_ids(params: dict[str, Any]) -> dict[str, Any]:
 
 
 def unknown_key(params: dict[str, Any]) -> dict[str, Any]:
-    proof = params["token_policy_proof"].replace(f"tp1.{KEY_ID}.", "tp1.elsewhere.", 1)
+    proof = params["token_policy_proof"].replace(f"tp2.{KEY_ID}.", "tp2.elsewhere.", 1)
     return {**params, "token_policy_proof": proof}
 
 
@@ -283,7 +294,7 @@ def test_parameters_signed_for_another_prompt_are_not_honored(gateway, client, c
 
 def test_an_expired_proof_is_not_honored(gateway, client):
     params = minted(client, gateway)
-    digest = proof_parts(params)[2]
+    digest = proof_parts(params).digest
     past = int(time.time()) - 3600
     key = gateway.proof_keys[KEY_ID]
     sent = chat({**params, "token_policy_proof": sign(key, KEY_ID, past, digest, params)})
@@ -294,7 +305,7 @@ def test_an_expired_proof_is_not_honored(gateway, client):
 
 def test_a_proof_signed_with_another_secret_is_not_honored(gateway, client):
     params = minted(client, gateway)
-    _key_id, expiry, digest, _mac = proof_parts(params)
+    _key_id, expiry, _nonce, digest, _mac = proof_parts(params)
     forged = sign(new_key(), KEY_ID, expiry, digest, params)
     sent = chat({**params, "token_policy_proof": forged})
     rid = request_id()
@@ -373,7 +384,7 @@ def short_lived(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
 def test_a_proof_expires_after_its_ttl(short_lived, client):
     short_lived.clear()
     params = minted(client, short_lived)
-    expiry = proof_parts(params)[1]
+    expiry = proof_parts(params).expiry
     assert expiry <= time.time() + 1
     while time.time() <= expiry + 0.2:
         time.sleep(0.1)

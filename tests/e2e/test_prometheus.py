@@ -159,7 +159,7 @@ def drive(stack: Stack) -> dict[tuple[str, str], int]:
     count("mint", "minted")
     assert post(stack, DECODE, chat(kv_transfer_params=minted)).status_code == 200
     count("honor", "trusted_proof")
-    key_id, expiry, digest, _mac = proof_parts(minted)
+    key_id, expiry, _nonce, digest, _mac = proof_parts(minted)
     secret = stack.proof_keys[key_id]
     signed = {k: v for k, v in minted.items() if k != "token_policy_proof"}
     failures = {
@@ -167,7 +167,7 @@ def drive(stack: Stack) -> dict[tuple[str, str], int]:
         "proof_unknown_key": {
             **minted,
             "token_policy_proof": minted["token_policy_proof"].replace(
-                f"tp1.{key_id}.", "tp1.other."
+                f"tp2.{key_id}.", "tp2.other."
             ),
         },
         "proof_malformed": {**minted, "token_policy_proof": "not-a-proof"},
