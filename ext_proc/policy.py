@@ -9,6 +9,7 @@ included, is a value.
 
 from __future__ import annotations
 
+import math
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -45,6 +46,8 @@ class Evidence:
     keys: KeySet = NO_KEYS
     now: float = 0.0
     skew: float = 0.0
+    # The longest lifetime this deployment mints proofs for (proof.ttl_seconds).
+    lifetime: float = math.inf
     spent: str | None = None
 
 
@@ -118,7 +121,14 @@ def _trusted(policy: RoutePolicy, params: dict[str, Any], evidence: Evidence) ->
     caller = _trusted_caller(policy, evidence)
     if caller.startswith("trusted_") or policy.action is not Action.HONOR:
         return caller
-    why = proof.verify(evidence.keys, params, evidence.digest(), evidence.now, evidence.skew)
+    why = proof.verify(
+        evidence.keys,
+        params,
+        evidence.digest(),
+        evidence.now,
+        evidence.skew,
+        lifetime=evidence.lifetime,
+    )
     if why is None:
         return evidence.spent or HONORED_PROOF
     if why == "proof_missing" and policy.peers:

@@ -4,8 +4,8 @@ Pure functions; keys and the time are arguments. The format and its reasons are 
 docs/trust.md:
 
     tp2.<key id>.<expiry>.<nonce>.<prompt digest>.<mac>
-    mac = HMAC-SHA256(key, "tp2\\n" key id "\\n" expiry "\\n" nonce "\\n"
-                      prompt digest "\\n" canonical(parameters without the proof))
+    mac = HMAC-SHA256(key, "tp2\\n" key id "\\n" expiry "\\n" prompt digest "\\n"
+                      canonical(parameters without the proof) "\\n" nonce)
 
 The digest binds the parameters to the prompt-defining fields of the request they were
 minted for; the nonce makes every minted proof another (two prefill responses alike to
@@ -152,14 +152,42 @@ def prompt_digest(document: Mapping[str, Any], orjson_safe: bool, endpoint: str)
     return hashlib.sha256(b"%d:%s" % (len(named), named) + rendered).digest()
 
 
-def _mac(key: bytes, fields: tuple[str, str, str, str], body: tuple[bytes, bytes]) -> bytes:
-    """The MAC of the proof's ``fields`` (key id, expiry, nonce, digest) and ``body``."""
+def _mac(key: bytes, fields: tuple[str, str, str], body: tuple[bytes, bytes]) -> hmac.HMAC:
+    """The MAC's state over the proof's ``fields`` (key id, expiry, digest) and ``body``;
+    the nonce, fed last, completes it (``_sealed``)."""
     mac = hmac.new(key, "\n".join((VERSION, *fields, "")).encode(), hashlib.sha256)
     head, ids = body
     mac.update(head)
     mac.update(b"\n")
     mac.update(ids)  # fed as it is: the ids are most of the message
+    return mac
+
+
+def _sealed(state: hmac.HMAC, nonce: str) -> bytes:
+    mac = state.copy()
+    mac.update(b"\n" + nonce.encode())
     return mac.digest()
+
+
+def minter(
+    keys: KeySet, params: Mapping[str, Any], digest: bytes, expiry: int
+) -> Callable[[bytes], str] | None:
+    """Proofs for ``params`` minted for a request with ``digest`` that differ in their
+    nonce (``NONCE_BYTES`` bytes) alone, the MAC over the rest computed once; None when
+    there is no signing key or the parameters cannot be rendered."""
+    if keys.signing is None:
+        return None
+    body = canonical(params)
+    if body is None:
+        return None
+    key_id, shown = keys.signing, _b64(digest)
+    state = _mac(keys.keys[key_id], (key_id, str(expiry), shown), body)
+
+    def make(nonce: bytes) -> str:
+        text = _b64(nonce)
+        return f"{VERSION}.{key_id}.{expiry}.{text}.{shown}.{_b64(_sealed(state, text))}"
+
+    return make
 
 
 def mint(
@@ -170,24 +198,27 @@ def mint(
     nonce: bytes | None = None,
 ) -> str | None:
     """The proof for ``params`` minted for a request with ``digest``; None when there is
-    no signing key or the parameters cannot be rendered. ``nonce``: ``NONCE_BYTES``
-    bytes, fresh random ones unless given."""
-    if keys.signing is None:
+    no signing key or the parameters cannot be rendered. ``nonce``: fresh random bytes
+    unless given."""
+    make = minter(keys, params, digest, expiry)
+    if make is None:
         return None
-    body = canonical(params)
-    if body is None:
-        return None
-    fresh = _b64(secrets.token_bytes(NONCE_BYTES) if nonce is None else nonce)
-    key_id, shown = keys.signing, _b64(digest)
-    mac = _mac(keys.keys[key_id], (key_id, str(expiry), fresh, shown), body)
-    return f"{VERSION}.{key_id}.{expiry}.{fresh}.{shown}.{_b64(mac)}"
+    return make(secrets.token_bytes(NONCE_BYTES) if nonce is None else nonce)
 
 
 def verify(
-    keys: KeySet, params: Mapping[str, Any], digest: bytes, now: float, skew: float
+    keys: KeySet,
+    params: Mapping[str, Any],
+    digest: bytes,
+    now: float,
+    skew: float,
+    *,
+    lifetime: float = math.inf,
 ) -> str | None:
     """None when ``params`` carry a valid proof for a request with ``digest``; otherwise
-    the reason they are unproven (docs/trust.md lists them)."""
+    the reason they are unproven (docs/trust.md lists them). ``lifetime``: the longest
+    this deployment mints for (``ttl_seconds``): a proof that would live longer (minted
+    with another lifetime than the connector's lease allows) is refused."""
     proof = params.get(PROOF_KEY)
     if proof is None:
         return "proof_missing"
@@ -203,10 +234,13 @@ def verify(
     body = canonical(params)
     if body is None:
         return "proof_malformed"
-    if not hmac.compare_digest(_mac(key, (key_id, expiry, nonce, shown), body), _unb64(mac)):
+    expected = _sealed(_mac(key, (key_id, expiry, shown), body), nonce)
+    if not hmac.compare_digest(expected, _unb64(mac)):
         return "proof_bad_signature"
     if now > int(expiry) + skew:
         return "proof_expired"
+    if int(expiry) > now + lifetime + skew:
+        return "proof_outlives_lease"
     if not hmac.compare_digest(_unb64(shown), digest):
         return "prompt_mismatch"
     return None

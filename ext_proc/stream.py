@@ -577,8 +577,14 @@ class Stream:
         minting = self._policy.action is Action.MINT
         pending = mint.expect(self._endpoint, digest) if minting else mint.NOTHING
         trust = self._trust
+        settings = self._config.proof
         evidence = policy.Evidence(
-            digest, self._peer, trust.keys(), trust.clock(), self._config.proof.clock_skew_seconds
+            digest,
+            self._peer,
+            trust.keys(),
+            trust.clock(),
+            settings.clock_skew_seconds,
+            settings.ttl_seconds,
         )
         decision = policy.decide(self._policy, parsed.document, evidence, carriers)
         self._pending = mint.judged(pending, decision, echo_free)

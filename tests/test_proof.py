@@ -148,6 +148,14 @@ def test_expiry_with_skew():
     assert proof.verify(KEYS, params, digest(), now=105.5, skew=5) == "proof_expired"
 
 
+def test_a_proof_that_outlives_this_deployments_lifetime_is_refused():
+    # Minted with a longer lifetime than the connector's lease allows here.
+    params = minted({"prompt_token_ids": [1, 2]}, expiry=200)
+    for lifetime, why in [(20, "proof_outlives_lease"), (95, None), (100, None)]:
+        found = proof.verify(KEYS, params, digest(), now=100, skew=5, lifetime=lifetime)
+        assert found == why, lifetime
+
+
 def test_prompt_mismatch():
     params = minted({"prompt_token_ids": [1]})
     other = digest({**PROMPT, "model": "n"})

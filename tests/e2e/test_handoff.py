@@ -118,7 +118,7 @@ def sign(
     head = json.dumps(rest, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
     ids = params.get("prompt_token_ids")
     tail = "-" if ids is None else json.dumps(ids, separators=(",", ":"))
-    message = f"tp2\n{key_id}\n{expiry}\n{nonce}\n{digest}\n{head}\n{tail}".encode()
+    message = f"tp2\n{key_id}\n{expiry}\n{digest}\n{head}\n{tail}\n{nonce}".encode()
     mac = hmac.new(key, message, hashlib.sha256).digest()
     return f"tp2.{key_id}.{expiry}.{nonce}.{digest}.{b64(mac)}"
 
