@@ -55,13 +55,13 @@ def per_route(**config):
 
 def test_shipped_config_is_clean():
     report = check(SHIPPED)
-    assert (report.errors, report.warnings, report.routes) == ([], [], 9)
+    assert (report.errors, report.warnings, report.routes) == ([], [], 8)
     # Among them: a mint route, an honor route, and direct responses without metadata
     # or the filter (the token endpoints), none of which is reported.
     assert policy(SHIPPED, "prefill")["action"] == "mint"
     assert policy(SHIPPED, "disaggregated")["action"] == "honor"
     direct = [r for r in routes(SHIPPED) if "direct_response" in r]
-    assert len(direct) == 5
+    assert len(direct) == 4
     assert all("metadata" not in r and "typed_per_filter_config" in r for r in direct)
 
 
@@ -511,10 +511,15 @@ def test_case_variants_are_probed():
 
 
 def test_the_token_in_api_is_probed():
+    # At the root and behind a root path (vLLM's --root-path) under every route.
     errors = forwarding_errors(mutated(without("token-endpoint-inference")))
-    assert set(errors) == {"default"}
+    assert set(errors) == {"prefill", "disaggregated", "aggregated", "default"}
     assert (
         "forwards '/inference/v1/generate' (upstream '/inference/v1/generate'" in errors["default"]
+    )
+    assert (
+        "forwards '/pd/v1/inference/v1/generate' (upstream '/v1/inference/v1/generate'"
+        in errors["disaggregated"]
     )
 
 
@@ -533,21 +538,41 @@ def test_the_first_matching_route_decides():
     }
 
 
-def test_a_route_rewritten_onto_the_token_in_api_is_probed():
+@pytest.mark.parametrize(
+    ("prefix", "rewrite", "probe", "upstream"),
+    [
+        # What follows the prefix completes the rewrite's last segment.
+        ("/pd/", "/inf", "/pd/erence/v1/generate", "/inference/v1/generate"),
+        ("/pd/", "/x/inf", "/pd/erence/v1/generate", "/x/inference/v1/generate"),
+        ("/pd", "/v1/", "/pdinference/v1/generate", "/v1/inference/v1/generate"),
+    ],
+)
+def test_a_route_rewritten_onto_the_token_in_api_is_probed(prefix, rewrite, probe, upstream):
+    def change(config):
+        entry = copy.deepcopy(route(config, "default"))
+        entry.update(name="pd-root", match={"prefix": prefix})
+        entry["route"]["prefix_rewrite"] = rewrite
+        policy_fields = entry["metadata"]["filter_metadata"]["ext_proc.token_policy"]
+        policy_fields.update(match_prefix=prefix, prefix_rewrite=rewrite)
+        routes(config).insert(4, entry)
+
+    errors = forwarding_errors(mutated(change))
+    assert set(errors) == {"pd-root"}
+    assert f"forwards {probe!r} (upstream {upstream!r}" in errors["pd-root"]
+
+
+def test_a_route_rewritten_behind_a_root_path_is_answered_by_the_regex():
+    # /pd/inference/v1/generate reaches /inference/v1/generate, and the 404 of an
+    # inference segment behind any prefix answers it before the route.
     def change(config):
         entry = copy.deepcopy(route(config, "default"))
         entry.update(name="pd-root", match={"prefix": "/pd/"})
         entry["route"]["prefix_rewrite"] = "/"
         policy_fields = entry["metadata"]["filter_metadata"]["ext_proc.token_policy"]
         policy_fields.update(match_prefix="/pd/", prefix_rewrite="/")
-        routes(config).insert(5, entry)
+        routes(config).insert(4, entry)
 
-    errors = forwarding_errors(mutated(change))
-    assert set(errors) == {"pd-root"}
-    assert (
-        "forwards '/pd/inference/v1/generate' (upstream '/inference/v1/generate'"
-        in (errors["pd-root"])
-    )
+    assert mutated(change).errors == []
 
 
 def test_a_conditional_404_does_not_count_and_a_conditional_route_may_forward():
@@ -971,7 +996,7 @@ def test_a_route_with_a_header_condition_does_not_hide_the_routes_after_it():
     rewrites = {
         "name": "rewrites",
         "match": {"prefix": "/pd2/"},
-        "route": {"cluster": "aggregated", "prefix_rewrite": "/"},
+        "route": {"cluster": "aggregated", "prefix_rewrite": "/inf"},
     }
     phase = {
         "name": "phase",
