@@ -684,7 +684,9 @@ def test_a_regex_rewrite_is_an_error_on_any_forwarding_route(name):
         }
 
     report = mutated(change)
-    assert any("regex_rewrite is not supported" in e for e in report.errors), report.errors
+    assert any(f"vllm/{name}: regex_rewrite is not supported" in e for e in report.errors), (
+        report.errors
+    )
 
 
 @pytest.mark.parametrize(
@@ -745,6 +747,152 @@ def test_routes_this_check_cannot_see_are_errors():
         vhost["matcher"] = {"matcher_tree": {}}
 
     assert any("matcher tree" in e for e in mutated(matcher).errors)
+
+
+# --- routes the check could not see (an audit's six edits of envoy/envoy.yaml) -------------
+# Each passed the check before it read every matcher with RE2 and failed closed on what it
+# cannot evaluate; on the real Envoy the first three forward token endpoints
+# (tests/e2e/test_live_probe.py sends them), the last three fail only at run time.
+
+
+def forwarding_first(regex):
+    """A forwarding route matched by ``regex``, before the token endpoint 404s."""
+
+    def change(config):
+        entry = copy.deepcopy(route(config, "default"))
+        entry.update(name="edit", match={"safe_regex": {"regex": regex}})
+        routes(config).insert(0, entry)
+
+    return change
+
+
+def per_route_under_the_types_name(config):
+    # The 404s' disable keyed by the filter's type: Envoy looks per-route configs up by
+    # the filter's name only, so the processor still runs on them.
+    entry = route(config, "token-endpoint-echo")
+    configs = entry["typed_per_filter_config"]
+    configs[EXT_PROC_TYPE.removeprefix("type.googleapis.com/")] = configs.pop(EXT_PROC)
+
+
+def an_upgrade_chain(config):
+    manager = hcm(config)
+    manager["upgrade_configs"] = [
+        {"upgrade_type": "websocket", "filters": [copy.deepcopy(manager["http_filters"][-1])]}
+    ]
+
+
+SIX_EDITS = {
+    # A catch-all for vLLM under --root-path /api: no probe is made from a regex.
+    "regex-catch-all": (forwarding_first("/api/.*"), "forwards what its safe_regex '/api/.*'"),
+    "case-insensitive-regex": (
+        forwarding_first("(?i)/v2/.*"),
+        "forwards what its safe_regex '(?i)/v2/.*'",
+    ),
+    # Python's re reads "[[:alpha:]]" as a nested set and matches no probe; RE2 forwards
+    # /inference/v1/generate.
+    "posix-class": (
+        forwarding_first("/[[:alpha:]]+/.*"),
+        "route vllm/edit: forwards '/render/' (upstream '/render/'",
+    ),
+    "per-route-disable-under-the-types-name": (
+        per_route_under_the_types_name,
+        "typed_per_filter_config 'envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor'"
+        " names no filter of the chain",
+    ),
+    "disable-immediate-response": (
+        lambda c: ext_proc(c).update(disable_immediate_response=True),
+        "disable_immediate_response drops the processor's refusals",
+    ),
+    "upgrade-filter-chain": (an_upgrade_chain, "upgrade_configs 'websocket' runs filters"),
+}
+
+
+@pytest.mark.parametrize("edit", SIX_EDITS)
+def test_the_six_edits_fail_the_check(edit):
+    change, text = SIX_EDITS[edit]
+    errors = mutated(change).errors
+    assert any(text in e for e in errors), errors
+
+
+def test_a_pattern_route_after_the_404s_passes():
+    def change(config):
+        entry = copy.deepcopy(route(config, "default"))
+        entry.update(name="api", match={"safe_regex": {"regex": "/api/.*"}})
+        listed = routes(config)
+        listed.insert(next(i for i, r in enumerate(listed) if "route" in r), entry)
+
+    assert mutated(change).errors == []
+
+
+def test_a_regex_re2_cannot_compile_is_an_error():
+    def change(config):
+        route(config, "token-endpoint-render")["match"] = {"safe_regex": {"regex": "(?<=x)/"}}
+
+    errors = mutated(change).errors
+    assert any("vllm/token-endpoint-render: RE2 cannot compile '(?<=x)/'" in e for e in errors), (
+        errors
+    )
+
+
+def test_a_404_that_python_reads_wider_than_re2_is_caught():
+    # Python's re takes "{,4096}" for a repetition; RE2 for the literal text, so this 404
+    # answers nothing on Envoy and the render paths pass.
+    def change(config):
+        regex = "(?i).{,4096}/(de)?render/?(%0a)?"
+        route(config, "token-endpoint-echo")["match"]["safe_regex"]["regex"] = regex
+
+    assert "aggregated" in forwarding_errors(mutated(change))
+
+
+def test_a_uri_template_route_is_matched_as_envoy_matches_it():
+    template = {
+        "path_match_policy": {
+            "name": "envoy.path.match.uri_template.uri_template_matcher",
+            "typed_config": {
+                "@type": "type.googleapis.com/"
+                "envoy.extensions.path.match.uri_template.v3.UriTemplateMatchConfig",
+                "path_template": "/{api}/**",
+            },
+        }
+    }
+
+    def change(config):
+        entry = copy.deepcopy(route(config, "default"))
+        entry.update(name="tmpl", match=template)
+        routes(config).insert(0, entry)
+
+    errors = forwarding_errors(mutated(change))
+    # Before the 404s it takes what the probes send ("**" matches the empty rest too).
+    assert "forwards '/render/' (upstream '/render/'" in errors["tmpl"]
+    template["path_match_policy"]["typed_config"]["path_template"] = "/{api}.json"
+    errors = mutated(change).errors
+    assert any("vllm/tmpl: URI template segment '{api}.json'" in e for e in errors), errors
+
+
+def test_a_case_insensitive_prefix_before_the_404s_is_probed_in_every_case():
+    def change(config):
+        entry = copy.deepcopy(route(config, "default"))
+        entry.update(name="ci", match={"prefix": "/API/", "case_sensitive": False})
+        routes(config).insert(0, entry)
+
+    errors = forwarding_errors(mutated(change))
+    assert "forwards '/API/inference/v1/generate'" in errors["ci"]
+
+
+def test_a_regex_rewrite_is_evaluated_with_re2_where_it_is_selected():
+    # Still an error (no probe can be made from it), and its upstream is RE2's.
+    def change(config):
+        entry = copy.deepcopy(route(config, "default"))
+        entry.update(name="legacy", match={"prefix": "/legacy/"})
+        entry["route"]["regex_rewrite"] = {
+            "pattern": {"regex": "^/legacy/[[:alpha:]]*"},
+            "substitution": "/inference",
+        }
+        routes(config).insert(0, entry)
+
+    errors = mutated(change).errors
+    assert any("vllm/legacy: regex_rewrite is not supported" in e for e in errors), errors
+    assert "(upstream '/inference/" in forwarding_errors(mutated(change))["legacy"]
 
 
 # --- the request held until the decision (one message) -----------------------------------
