@@ -17,10 +17,14 @@ not enabled there, forwards bodies nobody inspected, ids included); a ``mint`` o
 or the processor binds proofs to the wrong endpoint), and rewrites no other way; no
 route forwards a path that reaches one of vLLM's token-in or echo endpoints upstream
 (``token_endpoints``): Envoy's first-match route selection is simulated, per virtual
-host, for probe paths made from every route's prefix and rewrite, after the connection
-manager has normalised the path as the upstream will decode it (``normalize_path``, and
-escaped slashes unescaped or refused); a route where a filter skips the request headers
-(one message) runs a buffer filter after it, which holds the request until the decision.
+host, for probe paths made from every route's prefix and rewrite (``route_probes``,
+regexes run by RE2 as Envoy runs them), after the connection manager has normalised the
+path as the upstream will decode it (``normalize_path``, and escaped slashes unescaped
+or refused); what the simulation cannot evaluate exactly is an error, never a pass; a
+route where a filter skips the request headers (one message) runs a buffer filter after
+it, which holds the request until the decision. The filter keeps the processor's
+refusals (no ``disable_immediate_response``), every ext_proc per-route configuration
+names a filter of the chain, and no upgrade runs a filter chain of its own.
 Warnings: forwarding routes without policy metadata, ``strip`` or ``deny`` routes with a
 rewrite their metadata does not state, and ``honor`` routes that trust any caller or
 have no ``vocab_size``. Routes that forward nothing (a direct response or a redirect)
