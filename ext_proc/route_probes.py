@@ -38,6 +38,20 @@ CONDITIONS: Final = (
     "filter_state",
     "cel_matcher",
 )
+# What a route's match may hold beside its path matcher (and what read_matcher reads).
+_KNOWN_MATCH: Final = frozenset(
+    {
+        "prefix",
+        "path",
+        "path_separated_prefix",
+        "safe_regex",
+        "path_match_policy",
+        "case_sensitive",
+        *CONDITIONS,
+    }
+)
+# What a route does: forward, or answer by itself.
+_ACTIONS: Final = ("route", "direct_response", "redirect")
 # Rewrites whose token paths cannot be told from the route.
 UNFOLLOWED_REWRITES: Final = ("regex_rewrite", "path_rewrite_policy")
 # A redirect's status by its response_code (Envoy's default: 301).
@@ -114,6 +128,12 @@ def read_routes(entries: list[dict[str, Any]]) -> list[Route]:
             out.append(Route(label, entry, None, True, "a match that is not a mapping"))
             continue
         conditional = any(key in match for key in CONDITIONS)
+        unknown = sorted(set(match) - _KNOWN_MATCH)
+        actions = [key for key in _ACTIONS if key in entry]
+        if unknown or len(actions) != 1:
+            what = f"match {unknown}" if unknown else f"the action of {sorted(entry)}"
+            out.append(Route(label, entry, None, True, f"{what} is not simulated"))
+            continue
         try:
             out.append(Route(label, entry, read_matcher(match), conditional))
         except Unreadable as exc:

@@ -154,3 +154,20 @@ def test_a_prefix_rewrite_of_a_regex_match_cannot_be_followed():
     assert route.rewrite_problem() == "prefix_rewrite with a safe_regex matcher"
     (plain,) = route_probes.read_routes([forward("p", {"prefix": "/a/"}, prefix_rewrite="/b/")])
     assert plain.rewrite_problem() is None
+
+
+@pytest.mark.parametrize(
+    ("entry", "problem"),
+    [
+        (forward("c", {"connect_matcher": {}}), "match ['connect_matcher'] is not simulated"),
+        (forward("n", {"prefix": "/", "new": {}}), "match ['new'] is not simulated"),
+        (
+            {"name": "f", "match": {"prefix": "/"}, "filter_action": {}},
+            "the action of ['filter_action', 'match', 'name'] is not simulated",
+        ),
+    ],
+)
+def test_what_the_simulation_does_not_know_is_a_problem(entry, problem):
+    (route,) = route_probes.read_routes([entry])
+    assert route.problem == problem
+    assert route.may_match("/anything")
