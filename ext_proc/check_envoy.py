@@ -17,10 +17,14 @@ not enabled there, forwards bodies nobody inspected, ids included); a ``mint`` o
 or the processor binds proofs to the wrong endpoint), and rewrites no other way; no
 route forwards a path that reaches one of vLLM's token-in or echo endpoints upstream
 (``token_endpoints``): Envoy's first-match route selection is simulated, per virtual
-host, for probe paths made from every route's prefix and rewrite, after the connection
-manager has normalised the path as the upstream will decode it (``normalize_path``, and
-escaped slashes unescaped or refused); a route where a filter skips the request headers
-(one message) runs a buffer filter after it, which holds the request until the decision.
+host, for probe paths made from every route's prefix and rewrite (``route_probes``,
+regexes run by RE2 as Envoy runs them), after the connection manager has normalised the
+path as the upstream will decode it (``normalize_path``, and escaped slashes unescaped
+or refused); what the simulation cannot evaluate exactly is an error, never a pass; a
+route where a filter skips the request headers (one message) runs a buffer filter after
+it, which holds the request until the decision. The filter keeps the processor's
+refusals (no ``disable_immediate_response``), every ext_proc per-route configuration
+names a filter of the chain, and no upgrade runs a filter chain of its own.
 Warnings: forwarding routes without policy metadata, ``strip`` or ``deny`` routes with a
 rewrite their metadata does not state, and ``honor`` routes that trust any caller or
 have no ``vocab_size``. Routes that forward nothing (a direct response or a redirect)
@@ -28,7 +32,6 @@ need neither metadata nor the filter."""
 
 from __future__ import annotations
 
-import re
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -37,12 +40,11 @@ from typing import Any
 
 import yaml
 
-from ext_proc import carrier_headers
+from ext_proc import carrier_headers, route_probes
 from ext_proc.attributes import HEADERS, as_cel, attribute_keys
 from ext_proc.errors import RoutePolicyError
 from ext_proc.route_policy import DEFAULT_NAMESPACE, FIELDS, Action, RoutePolicy, parse
-from ext_proc.token_endpoints import is_token_path, probe_suffixes
-from ext_proc.vllm_request import endpoint
+from ext_proc.token_endpoints import EVERYWHERE, is_token_path
 
 EXT_PROC = "type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor"
 PER_ROUTE = "type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExtProcPerRoute"
@@ -103,6 +105,12 @@ def _check_filter(where: str, entry: dict[str, Any], namespace: str, report: Rep
         report.errors.append(f"{where}: observability_mode cannot enforce anything")
     if config.get("allow_content_length_header", False):
         report.errors.append(f"{where}: allow_content_length_header lets stale lengths through")
+    if config.get("disable_immediate_response", False):
+        report.errors.append(
+            f"{where}: disable_immediate_response drops the processor's refusals (its 400, "
+            "413 and 415 in vLLM's error shape): Envoy closes the stream instead, and every "
+            "refused request ends in a 500"
+        )
     requested = set(config.get("request_attributes", []))
     _check_mode(where, config.get("processing_mode", {}), requested, report)
     missing = [key for key in attribute_keys(namespace).all() if key not in requested]
@@ -374,10 +382,6 @@ def _check_route(
     _check_rewrite(where, route, parsed, report)
 
 
-# Path rewrites the processor cannot follow from route metadata.
-_OTHER_REWRITES = ("regex_rewrite", "path_rewrite_policy")
-
-
 def _check_rewrite(where: str, route: dict[str, Any], policy: RoutePolicy, report: Report) -> None:
     """The processor learns the upstream path from ``match_prefix`` and ``prefix_rewrite``
     (``RoutePolicy.upstream_path``): on ``mint`` and ``honor`` routes, where proofs are
@@ -386,16 +390,8 @@ def _check_rewrite(where: str, route: dict[str, Any], policy: RoutePolicy, repor
     binding = policy.action in (Action.MINT, Action.HONOR)
     problems = report.errors if binding else report.warnings
     given = (policy.match_prefix, policy.prefix_rewrite)
-    other = [key for key in _OTHER_REWRITES if key in action]
-    if other:
-        bound = " (proofs are bound to it)" if binding else ""
-        report.errors.append(
-            f"{where}: {other[0]} is not supported: neither the processor{bound} nor this "
-            "check can tell the path the upstream receives, so a token-in or echo endpoint "
-            "could be reached through it. Use a prefix match with prefix_rewrite, stated "
-            "in match_prefix and prefix_rewrite"
-        )
-        return
+    if any(key in action for key in route_probes.UNFOLLOWED_REWRITES):
+        return  # an error on every forwarding route (_check_token_endpoints)
     rewrite = action.get("prefix_rewrite") or None
     match = route.get("match", {})
     prefix = match.get("prefix", match.get("path_separated_prefix"))
@@ -432,114 +428,46 @@ def _check_rewrite(where: str, route: dict[str, Any], policy: RoutePolicy, repor
     )
 
 
-# Route conditions beside the path: a route with one matches only some requests.
-_CONDITIONS = (
-    "headers",
-    "query_parameters",
-    "grpc",
-    "runtime_fraction",
-    "tls_context",
-    "dynamic_metadata",
-    "filter_state",
-    "cel_matcher",
-)
-# Path matchers simulated here; another (connect_matcher, path_match_policy) is not.
-_PREFIXES = ("prefix", "path_separated_prefix")
-
-
-def _bare(path: str) -> str:
-    return path.partition("?")[0]
-
-
-def _selects(route: dict[str, Any], path: str) -> bool | None:
-    """Whether Envoy selects ``route`` for ``path`` by its path matcher (after the
-    connection manager's normalisation); None when it cannot be told here: an unknown
-    matcher, or a condition beside the path."""
-    match = route.get("match", {})
-    if not isinstance(match, dict) or any(key in match for key in _CONDITIONS):
-        return None
-    sensitive = match.get("case_sensitive", True)
-
-    def same(value: str) -> str:
-        return value if sensitive else value.lower()
-
-    bare = _bare(path)
-    if "prefix" in match:
-        return same(path).startswith(same(match["prefix"]))
-    if "path_separated_prefix" in match:
-        value = same(match["path_separated_prefix"])
-        return same(bare) == value or same(bare).startswith(f"{value}/")
-    if "path" in match:
-        return same(bare) == same(match["path"])
-    regex = match.get("safe_regex", {}).get("regex") if "safe_regex" in match else None
-    if isinstance(regex, str):
-        try:
-            return re.fullmatch(regex, bare) is not None
-        except re.error:
-            return None
-    return None
-
-
-def _upstream(route: dict[str, Any], path: str) -> str | None:
-    """The path a forwarding ``route`` sends upstream for ``path``; None when unknown."""
-    action, match, bare = route["route"], route.get("match", {}), _bare(path)
-    if action.get("prefix_rewrite"):
-        matched = next((match[k] for k in _PREFIXES if k in match), None)
-        if matched is None:
-            return None
-        return str(action["prefix_rewrite"]) + bare[len(str(matched)) :]
-    if "regex_rewrite" in action:
-        rewrite = action["regex_rewrite"]
-        try:
-            return re.sub(rewrite["pattern"]["regex"], rewrite["substitution"], bare)
-        except (re.error, KeyError, TypeError):
-            return None
-    return None if "path_rewrite_policy" in action else bare
-
-
-def _probes(routes: list[dict[str, Any]]) -> dict[str, str]:
-    """Downstream paths that reach a token endpoint upstream through one of ``routes``
-    (its prefix, then what makes its rewrite a token endpoint), each with the label of
-    the route it was made from."""
-    out: dict[str, str] = {}
-    for position, route in enumerate(routes):
-        match = route.get("match", {})
-        label = route.get("name") or f"#{position}"
-        if "path" in match:
-            out.setdefault(match["path"], label)
-        prefix = next((match[k] for k in _PREFIXES if k in match), None)
-        if not isinstance(prefix, str):
-            continue
-        rewrite = route.get("route", {}).get("prefix_rewrite") or prefix
-        # The upstream decodes what the rewrite writes ("/%69nference/" is /inference/).
-        for suffix in probe_suffixes(endpoint(rewrite)):
-            out.setdefault(prefix + suffix, label)
-    return out
-
-
-def _check_token_endpoints(where: str, routes: list[dict[str, Any]], report: Report) -> None:
-    """No route Envoy would select (the first whose matcher matches) forwards a probe
-    path to a token-in or echo endpoint. A route whose selection cannot be told (a
-    condition beside the path) is checked when it forwards, and the routes after it are
-    checked too: requests it does not match reach them."""
+def _check_token_endpoints(where: str, entries: list[dict[str, Any]], report: Report) -> None:
+    """No route Envoy would select forwards a probe path to a token-in or echo endpoint
+    (``route_probes``). A route whose selection depends on a condition beside the path
+    is checked when it forwards, and the routes after it are checked too: requests it
+    does not match reach them. What cannot be simulated exactly is an error: a matcher
+    or a rewrite that cannot be read, and a forwarding route matched by a pattern before
+    the 404s that answer every token path."""
+    routes = route_probes.read_routes(entries)
+    for route in routes:
+        if route.problem is not None:
+            report.errors.append(
+                f"{where}/{route.label}: {route.problem}: this check cannot tell which paths "
+                "the route matches (token-in or echo endpoints among them)"
+            )
+        rewrite = route.rewrite_problem()
+        if rewrite is not None:
+            report.errors.append(
+                f"{where}/{route.label}: {rewrite}: neither the processor (which binds "
+                "proofs to the upstream path) nor this check can tell which paths reach a "
+                "token-in or echo endpoint upstream through it. Use a prefix match with "
+                "prefix_rewrite, stated in match_prefix and prefix_rewrite"
+            )
+    for route in route_probes.unguarded(routes):
+        if route.problem is None and route.matcher is not None:
+            report.errors.append(
+                f"{where}/{route.label}: forwards what its {route.matcher.kind} "
+                f"{route.matcher.source!r} matches before the 404s of every token path "
+                f"({', '.join(m.value for m in EVERYWHERE)}): this check cannot tell which "
+                "token-in or echo endpoints it forwards. Put it after them (envoy-config "
+                "writes them first)"
+            )
     forwarded: dict[str, list[str]] = {}
-    for probe, origin in _probes(routes).items():
-        for position, route in enumerate(routes):
-            selected = _selects(route, probe)
-            if selected is False or (selected is None and "route" not in route):
-                continue
-            if "route" in route:
-                upstream = _upstream(route, probe)
-                if upstream is None or is_token_path(upstream):
-                    label = route.get("name") or f"#{position}"
-                    shown = "unknown" if upstream is None else repr(upstream)
-                    note = "" if selected else ", if its matcher matches"
-                    forwarded.setdefault(label, []).append(
-                        f"{probe!r} (upstream {shown}, made from route {origin}{note})"
-                    )
-            if selected is None:
-                continue  # the condition may not hold: the next routes take the rest
-            break
+    for found in (route_probes.claim(routes, p, o) for p, o in route_probes.probes(routes).items()):
+        for forward in found.forwards:
+            if forward.upstream is None or is_token_path(forward.upstream):
+                shown = "unknown" if forward.upstream is None else repr(forward.upstream)
+                note = "" if forward.certain else ", if its matcher matches"
+                forwarded.setdefault(forward.route, []).append(
+                    f"{found.path!r} (upstream {shown}, made from route {found.origin}{note})"
+                )
     for label, paths in forwarded.items():
         more = f" and {len(paths) - 1} more" if len(paths) > 1 else ""
         report.errors.append(
@@ -740,6 +668,44 @@ def _check_header_step(
             )
 
 
+def _check_filter_names(
+    where: str, manager: dict[str, Any], filters: list[dict[str, Any]], report: Report
+) -> None:
+    """Envoy hands a per-route filter configuration to the filter of the chain with that
+    name, and to nothing else: an ext_proc one under another name (the filter's type, a
+    misspelt name) is ignored. A route that disables or overrides an ext_proc filter that
+    way still runs it as configured, and its requests fail at run time where the check
+    said they pass."""
+    names = {str(f.get("name")) for f in filters}
+    for node in _walk(manager.get("route_config", {})):
+        configs = node.get("typed_per_filter_config")
+        if not isinstance(configs, dict):
+            continue
+        for name in sorted(set(configs) - names):
+            given = configs[name]
+            inner = given.get("config") if isinstance(given, dict) else None
+            if not any(isinstance(c, dict) and c.get("@type") == PER_ROUTE for c in (given, inner)):
+                continue
+            report.errors.append(
+                f"{where}: typed_per_filter_config {name!r} names no filter of the chain "
+                f"({', '.join(sorted(names))}): Envoy ignores it. Key it by the filter's name"
+            )
+
+
+def _check_upgrades(where: str, manager: dict[str, Any], report: Report) -> None:
+    """An upgrade (websocket, CONNECT...) with a filter chain of its own runs that chain
+    instead of this one: the request's headers reach the upstream without this
+    processor's filter, and its body waits for a 101."""
+    for upgrade in manager.get("upgrade_configs", []):
+        if isinstance(upgrade, dict) and "filters" in upgrade:
+            report.errors.append(
+                f"{where}: upgrade_configs {upgrade.get('upgrade_type')!r} runs filters of its "
+                "own: its requests skip this processor's filter (headers forwarded "
+                "uninspected). Remove its filters (the upgrade then runs this chain) or the "
+                "upgrade"
+            )
+
+
 def _managers(config: Any, listeners: frozenset[str] | None, report: Report) -> list[Any]:
     """The connection managers to check: every one, or those of the named listeners."""
     if listeners is None:
@@ -793,6 +759,8 @@ def check(
         for ext_proc in ext_procs:
             _check_filter(f"{where} filter {ext_proc.get('name')}", ext_proc, namespace, report)
         _check_path_handling(where, manager, report)
+        _check_filter_names(where, manager, filters, report)
+        _check_upgrades(where, manager, report)
         checked = _Manager(
             namespace,
             requested,

@@ -8,13 +8,24 @@ derender copies a request's nested ``generate_response(s)[].kv_transfer_params``
 its response's top-level ``kv_transfer_params``. The policy looks at
 ``kv_transfer_params`` only, so these paths are answered at the gateway instead.
 
+Whatever comes before them: vLLM started with ``--root-path /x`` serves
+``/x/inference/v1/generate`` and ``/x/v1/chat/completions/render`` too (Starlette
+strips the root path before routing), and a proxy in front of it may strip any other
+prefix. So a token endpoint is recognised by its tail (``INFERENCE_REGEX``,
+``ECHO_REGEX``): any path with a segment ``inference`` followed by nothing or by
+``/...`` (the token-in API and anything vLLM adds under it, behind any root path), and
+any path whose last segment is ``render`` or ``derender``. The cost of that breadth: a
+deployment whose own prefix has a segment named ``inference`` (``/inference/v1/chat/
+completions``) cannot be served through these configs; it fails closed, with a 404.
+
 A path is judged as the UPSTREAM receives it, after the route's rewrite: a route
-``/pd/`` rewritten to ``/`` reaches ``/inference/v1/generate`` from
-``/pd/inference/v1/generate``. ``envoy-config`` answers every such path 404
-(``ECHO_REGEX`` anywhere, ``rewritten_into`` per route); ``check-envoy`` probes every
-route with ``probe_suffixes`` and fails a config that forwards one. Matching ignores
-case (a server that matched paths case-insensitively is covered too), one trailing
-slash and an escaped newline after the last segment (``ECHO_REGEX``).
+``/x`` rewritten to ``/inf`` reaches ``/inference/v1/generate`` from
+``/xerence/v1/generate``. ``envoy-config`` answers every such path 404 (the two
+regexes anywhere, ``ROOT``, and ``rewritten_into`` per route); ``check-envoy`` probes
+every route with ``probe_suffixes`` (the known endpoints also behind a root path) and
+fails a config that forwards one. Matching ignores case (vLLM's routes are
+case-sensitive; a server that matched paths case-insensitively is covered too), one
+trailing slash and an escaped newline after the last segment.
 """
 
 from __future__ import annotations
@@ -23,10 +34,15 @@ import re
 from dataclasses import dataclass
 from typing import Final, Literal
 
+from ext_proc.route_match import compile_re2
 from ext_proc.vllm_request import endpoint
 
 # vLLM's token-in API: everything under it, and the bare path.
 INFERENCE: Final = "/inference"
+# An Envoy safe_regex (RE2, matched against the whole path without its query string):
+# a segment "inference" anywhere, then nothing, "/..." or an escaped newline (the
+# upstream decodes it and Starlette's "$" matches before it), any case.
+INFERENCE_REGEX: Final = r"(?i).*/inference(/.*|%0a)?"
 # Last path segments whose endpoints echo request content.
 ECHO_SEGMENTS: Final = ("render", "derender")
 # An Envoy safe_regex (RE2, matched against the whole path without its query string):
@@ -34,10 +50,14 @@ ECHO_SEGMENTS: Final = ("render", "derender")
 # case, and an escaped newline after it: the upstream percent-decodes the path, and
 # Starlette's route patterns end in "$", which Python matches before a final "\n"
 # ("/v1/chat/completions/render%0A" reaches vLLM's render endpoint). Envoy keeps "%0A"
-# escaped (normalize_path decodes only unreserved characters). Python's re reads the
-# pattern the same way.
+# escaped (normalize_path decodes only unreserved characters).
 ECHO_REGEX: Final = r"(?i).*/(de)?render/?(%0a)?"
-_ECHO = re.compile(ECHO_REGEX)
+# Both run by RE2 here too, as Envoy runs them.
+_ECHO = compile_re2(ECHO_REGEX)
+_INFERENCE = compile_re2(INFERENCE_REGEX)
+# The root path (vLLM's --root-path, or a prefix stripped by a proxy) that probes put
+# before each known endpoint.
+ROOT_PATH_PROBE: Final = "/x"
 # The endpoints vLLM serves today (probes for check-envoy; the rules above are wider).
 KNOWN: Final = (
     "/inference/v1/generate",
@@ -55,8 +75,8 @@ KNOWN: Final = (
 def is_token_path(path: str) -> bool:
     """Whether an upstream path (query string ignored) is a token-in or echo endpoint,
     read as vLLM routes it (percent-decoded, a final newline dropped)."""
-    bare = endpoint(path.partition("?")[0]).lower()
-    return bare == INFERENCE or bare.startswith(f"{INFERENCE}/") or bool(_ECHO.fullmatch(bare))
+    bare = endpoint(path.partition("?")[0])
+    return bool(_INFERENCE.fullmatch(bare) or _ECHO.fullmatch(bare))
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,10 +90,17 @@ class Match:
     def matches(self, path: str) -> bool:
         bare = path.partition("?")[0]
         if self.kind == "regex":
-            return re.fullmatch(self.value, bare) is not None
+            return compile_re2(self.value).fullmatch(bare) is not None
         if self.kind == "prefix":
             return bare.lower().startswith(self.value.lower())
         return bare.lower() == self.value.lower()
+
+
+# The 404s every config has, whatever its routes: a token-in and an echo path behind any
+# prefix (the two regexes), and the root render and derender prefixes (sub-paths and
+# longer names too).
+EVERYWHERE: Final = (Match("regex", ECHO_REGEX), Match("regex", INFERENCE_REGEX))
+ROOT: Final = (Match("prefix", "/render"), Match("prefix", "/derender"))
 
 
 def _echo_at(path: str) -> Match:
@@ -82,14 +109,9 @@ def _echo_at(path: str) -> Match:
     return Match("regex", f"(?i){re.escape(path)}/?(%0a)?")
 
 
-# Answered whatever the routes: the token-in API, and the root render and derender
-# prefixes (sub-paths and longer names too).
-ROOT: Final = (
-    Match("prefix", f"{INFERENCE}/"),
-    Match("path", INFERENCE),
-    Match("prefix", "/render"),
-    Match("prefix", "/derender"),
-)
+def _inference_at(path: str) -> Match:
+    """``path`` as an ``inference`` segment: what ``INFERENCE_REGEX`` allows after it."""
+    return Match("regex", f"(?i){re.escape(path)}(/.*|%0a)?")
 
 
 def _tail(path: str) -> str:
@@ -97,48 +119,60 @@ def _tail(path: str) -> str:
     return path.rpartition("/")[2]
 
 
+def answered(prefix: str) -> bool:
+    """Whether every path that starts with ``prefix`` is answered 404 whatever the routes
+    (under the root render prefixes, or under an ``inference`` segment)."""
+    lowered = prefix.lower()
+    return "/inference/" in lowered or any(root.matches(prefix) for root in ROOT)
+
+
 def rewritten_into(prefix: str, rewrite: str | None) -> tuple[Match, ...]:
     """The downstream paths of a route (matching ``prefix``, replacing it with
-    ``rewrite``) that reach a token endpoint upstream and that neither ``ECHO_REGEX``
-    nor ``ROOT`` catch already. A route rewritten INTO the token-in API
-    (``rewrite`` under ``/inference/``) is not described here: ``reaches_only``."""
-    upstream = (rewrite if rewrite is not None else prefix).lower()
+    ``rewrite``) that reach a token endpoint upstream and that ``EVERYWHERE`` and
+    ``ROOT`` do not catch already: what follows the prefix, up to its first "/",
+    extends the rewrite's last segment ("/x" rewritten to "/v1/" sends "/xrender" to
+    "/v1/render", "/y" rewritten to "/inf" sends "/yerence/v1/generate" to
+    "/inference/v1/generate"). A route rewritten INTO the token-in API (``rewrite``
+    under an ``inference`` segment) is not described here: ``reaches_only``."""
+    tail = _tail((rewrite if rewrite is not None else prefix).lower())
     found: list[Match] = []
-    inference = f"{INFERENCE}/"
-    if inference.startswith(upstream):
-        found.append(Match("prefix", prefix + inference[len(upstream) :]))
-    if INFERENCE.startswith(upstream):
-        found.append(Match("path", prefix + INFERENCE[len(upstream) :]))
-    # What follows the prefix, up to its first "/", extends the rewrite's last segment:
-    # "/x" rewritten to "/v1/" sends "/xrender" to "/v1/render".
-    tail = _tail(upstream)
+    name = INFERENCE[1:]
+    if name.startswith(tail):
+        downstream = prefix + name[len(tail) :]
+        if not _INFERENCE.fullmatch(downstream):
+            found.append(_inference_at(downstream))
     for segment in ECHO_SEGMENTS:
         if segment.startswith(tail):
             downstream = prefix + segment[len(tail) :]
-            if not _ECHO.fullmatch(downstream) and not _under_root(downstream):
+            if not _ECHO.fullmatch(downstream) and not answered(downstream):
                 found.append(_echo_at(downstream))
-    return tuple(m for m in found if not (m.kind != "regex" and _under_root(m.value, m.kind)))
-
-
-def _under_root(value: str, kind: str = "path") -> bool:
-    """Whether every path a ``kind`` match of ``value`` matches is answered by ``ROOT``."""
-    return any(root.matches(value) and (kind == "path" or root.kind == "prefix") for root in ROOT)
+    return tuple(found)
 
 
 def reaches_only(prefix: str, rewrite: str | None) -> bool:
     """Whether every path of the route reaches the token-in API upstream."""
-    upstream = (rewrite if rewrite is not None else prefix).lower()
-    return upstream.startswith(f"{INFERENCE}/")
+    upstream = endpoint(rewrite if rewrite is not None else prefix).lower()
+    return f"{INFERENCE}/" in upstream
 
 
 def probe_suffixes(rewrite: str) -> tuple[str, ...]:
     """What to append to a route's prefix so that the upstream path (``rewrite``, or
     the prefix itself, then the suffix) is a token endpoint: each known endpoint under
-    the rewrite and a render and derender segment after it; each in three cases, alone,
-    with a trailing slash, an escaped newline and a query string."""
+    the rewrite, right after it and behind a further root path (``ROOT_PATH_PROBE``),
+    and completing its last segment; a render and derender segment after it; each in
+    three cases, alone, with a trailing slash, an escaped newline and a query string."""
     lowered = rewrite.lower()
-    bases = [path[len(rewrite) :] for path in KNOWN if path.startswith(lowered)]
     join = "" if rewrite.endswith("/") else "/"
+    bases = [path[len(rewrite) :] for path in KNOWN if path.startswith(lowered)]
+    # The rewrite as a root path, and a root path after it.
+    bases += [join + path[1:] for path in KNOWN]
+    bases += [join + ROOT_PATH_PROBE[1:] + path for path in KNOWN]
+    tail = _tail(lowered)
+    if tail:
+        for path in KNOWN:
+            first = path[1:].partition("/")[0]
+            if first.startswith(tail):
+                bases.append(path[1 + len(tail) :])
     bases += [join + segment for segment in ECHO_SEGMENTS]
     if is_token_path(rewrite):
         bases.append("")

@@ -55,13 +55,13 @@ def per_route(**config):
 
 def test_shipped_config_is_clean():
     report = check(SHIPPED)
-    assert (report.errors, report.warnings, report.routes) == ([], [], 9)
+    assert (report.errors, report.warnings, report.routes) == ([], [], 8)
     # Among them: a mint route, an honor route, and direct responses without metadata
     # or the filter (the token endpoints), none of which is reported.
     assert policy(SHIPPED, "prefill")["action"] == "mint"
     assert policy(SHIPPED, "disaggregated")["action"] == "honor"
     direct = [r for r in routes(SHIPPED) if "direct_response" in r]
-    assert len(direct) == 5
+    assert len(direct) == 4
     assert all("metadata" not in r and "typed_per_filter_config" in r for r in direct)
 
 
@@ -511,10 +511,15 @@ def test_case_variants_are_probed():
 
 
 def test_the_token_in_api_is_probed():
+    # At the root and behind a root path (vLLM's --root-path) under every route.
     errors = forwarding_errors(mutated(without("token-endpoint-inference")))
-    assert set(errors) == {"default"}
+    assert set(errors) == {"prefill", "disaggregated", "aggregated", "default"}
     assert (
         "forwards '/inference/v1/generate' (upstream '/inference/v1/generate'" in errors["default"]
+    )
+    assert (
+        "forwards '/pd/v1/inference/v1/generate' (upstream '/v1/inference/v1/generate'"
+        in errors["disaggregated"]
     )
 
 
@@ -533,21 +538,41 @@ def test_the_first_matching_route_decides():
     }
 
 
-def test_a_route_rewritten_onto_the_token_in_api_is_probed():
+@pytest.mark.parametrize(
+    ("prefix", "rewrite", "probe", "upstream"),
+    [
+        # What follows the prefix completes the rewrite's last segment.
+        ("/pd/", "/inf", "/pd/erence/v1/generate", "/inference/v1/generate"),
+        ("/pd/", "/x/inf", "/pd/erence/v1/generate", "/x/inference/v1/generate"),
+        ("/pd", "/v1/", "/pdinference/v1/generate", "/v1/inference/v1/generate"),
+    ],
+)
+def test_a_route_rewritten_onto_the_token_in_api_is_probed(prefix, rewrite, probe, upstream):
+    def change(config):
+        entry = copy.deepcopy(route(config, "default"))
+        entry.update(name="pd-root", match={"prefix": prefix})
+        entry["route"]["prefix_rewrite"] = rewrite
+        policy_fields = entry["metadata"]["filter_metadata"]["ext_proc.token_policy"]
+        policy_fields.update(match_prefix=prefix, prefix_rewrite=rewrite)
+        routes(config).insert(4, entry)
+
+    errors = forwarding_errors(mutated(change))
+    assert set(errors) == {"pd-root"}
+    assert f"forwards {probe!r} (upstream {upstream!r}" in errors["pd-root"]
+
+
+def test_a_route_rewritten_behind_a_root_path_is_answered_by_the_regex():
+    # /pd/inference/v1/generate reaches /inference/v1/generate, and the 404 of an
+    # inference segment behind any prefix answers it before the route.
     def change(config):
         entry = copy.deepcopy(route(config, "default"))
         entry.update(name="pd-root", match={"prefix": "/pd/"})
         entry["route"]["prefix_rewrite"] = "/"
         policy_fields = entry["metadata"]["filter_metadata"]["ext_proc.token_policy"]
         policy_fields.update(match_prefix="/pd/", prefix_rewrite="/")
-        routes(config).insert(5, entry)
+        routes(config).insert(4, entry)
 
-    errors = forwarding_errors(mutated(change))
-    assert set(errors) == {"pd-root"}
-    assert (
-        "forwards '/pd/inference/v1/generate' (upstream '/inference/v1/generate'"
-        in (errors["pd-root"])
-    )
+    assert mutated(change).errors == []
 
 
 def test_a_conditional_404_does_not_count_and_a_conditional_route_may_forward():
@@ -659,7 +684,9 @@ def test_a_regex_rewrite_is_an_error_on_any_forwarding_route(name):
         }
 
     report = mutated(change)
-    assert any("regex_rewrite is not supported" in e for e in report.errors), report.errors
+    assert any(f"vllm/{name}: regex_rewrite is not supported" in e for e in report.errors), (
+        report.errors
+    )
 
 
 @pytest.mark.parametrize(
@@ -720,6 +747,152 @@ def test_routes_this_check_cannot_see_are_errors():
         vhost["matcher"] = {"matcher_tree": {}}
 
     assert any("matcher tree" in e for e in mutated(matcher).errors)
+
+
+# --- routes the check could not see (an audit's six edits of envoy/envoy.yaml) -------------
+# Each passed the check before it read every matcher with RE2 and failed closed on what it
+# cannot evaluate; on the real Envoy the first three forward token endpoints
+# (tests/e2e/test_live_probe.py sends them), the last three fail only at run time.
+
+
+def forwarding_first(regex):
+    """A forwarding route matched by ``regex``, before the token endpoint 404s."""
+
+    def change(config):
+        entry = copy.deepcopy(route(config, "default"))
+        entry.update(name="edit", match={"safe_regex": {"regex": regex}})
+        routes(config).insert(0, entry)
+
+    return change
+
+
+def per_route_under_the_types_name(config):
+    # The 404s' disable keyed by the filter's type: Envoy looks per-route configs up by
+    # the filter's name only, so the processor still runs on them.
+    entry = route(config, "token-endpoint-echo")
+    configs = entry["typed_per_filter_config"]
+    configs[EXT_PROC_TYPE.removeprefix("type.googleapis.com/")] = configs.pop(EXT_PROC)
+
+
+def an_upgrade_chain(config):
+    manager = hcm(config)
+    manager["upgrade_configs"] = [
+        {"upgrade_type": "websocket", "filters": [copy.deepcopy(manager["http_filters"][-1])]}
+    ]
+
+
+SIX_EDITS = {
+    # A catch-all for vLLM under --root-path /api: no probe is made from a regex.
+    "regex-catch-all": (forwarding_first("/api/.*"), "forwards what its safe_regex '/api/.*'"),
+    "case-insensitive-regex": (
+        forwarding_first("(?i)/v2/.*"),
+        "forwards what its safe_regex '(?i)/v2/.*'",
+    ),
+    # Python's re reads "[[:alpha:]]" as a nested set and matches no probe; RE2 forwards
+    # /inference/v1/generate.
+    "posix-class": (
+        forwarding_first("/[[:alpha:]]+/.*"),
+        "route vllm/edit: forwards '/render/' (upstream '/render/'",
+    ),
+    "per-route-disable-under-the-types-name": (
+        per_route_under_the_types_name,
+        "typed_per_filter_config 'envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor'"
+        " names no filter of the chain",
+    ),
+    "disable-immediate-response": (
+        lambda c: ext_proc(c).update(disable_immediate_response=True),
+        "disable_immediate_response drops the processor's refusals",
+    ),
+    "upgrade-filter-chain": (an_upgrade_chain, "upgrade_configs 'websocket' runs filters"),
+}
+
+
+@pytest.mark.parametrize("edit", SIX_EDITS)
+def test_the_six_edits_fail_the_check(edit):
+    change, text = SIX_EDITS[edit]
+    errors = mutated(change).errors
+    assert any(text in e for e in errors), errors
+
+
+def test_a_pattern_route_after_the_404s_passes():
+    def change(config):
+        entry = copy.deepcopy(route(config, "default"))
+        entry.update(name="api", match={"safe_regex": {"regex": "/api/.*"}})
+        listed = routes(config)
+        listed.insert(next(i for i, r in enumerate(listed) if "route" in r), entry)
+
+    assert mutated(change).errors == []
+
+
+def test_a_regex_re2_cannot_compile_is_an_error():
+    def change(config):
+        route(config, "token-endpoint-render")["match"] = {"safe_regex": {"regex": "(?<=x)/"}}
+
+    errors = mutated(change).errors
+    assert any("vllm/token-endpoint-render: RE2 cannot compile '(?<=x)/'" in e for e in errors), (
+        errors
+    )
+
+
+def test_a_404_that_python_reads_wider_than_re2_is_caught():
+    # Python's re takes "{,4096}" for a repetition; RE2 for the literal text, so this 404
+    # answers nothing on Envoy and the render paths pass.
+    def change(config):
+        regex = "(?i).{,4096}/(de)?render/?(%0a)?"
+        route(config, "token-endpoint-echo")["match"]["safe_regex"]["regex"] = regex
+
+    assert "aggregated" in forwarding_errors(mutated(change))
+
+
+def test_a_uri_template_route_is_matched_as_envoy_matches_it():
+    template = {
+        "path_match_policy": {
+            "name": "envoy.path.match.uri_template.uri_template_matcher",
+            "typed_config": {
+                "@type": "type.googleapis.com/"
+                "envoy.extensions.path.match.uri_template.v3.UriTemplateMatchConfig",
+                "path_template": "/{api}/**",
+            },
+        }
+    }
+
+    def change(config):
+        entry = copy.deepcopy(route(config, "default"))
+        entry.update(name="tmpl", match=template)
+        routes(config).insert(0, entry)
+
+    errors = forwarding_errors(mutated(change))
+    # Before the 404s it takes what the probes send ("**" matches the empty rest too).
+    assert "forwards '/render/' (upstream '/render/'" in errors["tmpl"]
+    template["path_match_policy"]["typed_config"]["path_template"] = "/{api}.json"
+    errors = mutated(change).errors
+    assert any("vllm/tmpl: URI template segment '{api}.json'" in e for e in errors), errors
+
+
+def test_a_case_insensitive_prefix_before_the_404s_is_probed_in_every_case():
+    def change(config):
+        entry = copy.deepcopy(route(config, "default"))
+        entry.update(name="ci", match={"prefix": "/API/", "case_sensitive": False})
+        routes(config).insert(0, entry)
+
+    errors = forwarding_errors(mutated(change))
+    assert "forwards '/API/inference/v1/generate'" in errors["ci"]
+
+
+def test_a_regex_rewrite_is_evaluated_with_re2_where_it_is_selected():
+    # Still an error (no probe can be made from it), and its upstream is RE2's.
+    def change(config):
+        entry = copy.deepcopy(route(config, "default"))
+        entry.update(name="legacy", match={"prefix": "/legacy/"})
+        entry["route"]["regex_rewrite"] = {
+            "pattern": {"regex": "^/legacy/[[:alpha:]]*"},
+            "substitution": "/inference",
+        }
+        routes(config).insert(0, entry)
+
+    errors = mutated(change).errors
+    assert any("vllm/legacy: regex_rewrite is not supported" in e for e in errors), errors
+    assert "(upstream '/inference/" in forwarding_errors(mutated(change))["legacy"]
 
 
 # --- the request held until the decision (one message) -----------------------------------
@@ -971,7 +1144,7 @@ def test_a_route_with_a_header_condition_does_not_hide_the_routes_after_it():
     rewrites = {
         "name": "rewrites",
         "match": {"prefix": "/pd2/"},
-        "route": {"cluster": "aggregated", "prefix_rewrite": "/"},
+        "route": {"cluster": "aggregated", "prefix_rewrite": "/inf"},
     }
     phase = {
         "name": "phase",

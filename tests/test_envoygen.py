@@ -715,8 +715,7 @@ NOT_HELD = {"@type": BUFFER_PER_ROUTE, "disabled": True}
 # The matches every config has, before every policy route (ext_proc.token_endpoints).
 TOKEN_MATCHES = [
     {"safe_regex": {"regex": token_endpoints.ECHO_REGEX}},
-    {"prefix": "/inference/", "case_sensitive": False},
-    {"path": "/inference", "case_sensitive": False},
+    {"safe_regex": {"regex": token_endpoints.INFERENCE_REGEX}},
     {"prefix": "/render", "case_sensitive": False},
     {"prefix": "/derender", "case_sensitive": False},
 ]
@@ -773,8 +772,32 @@ ECHO_PATHS = [
 
 @pytest.mark.parametrize(("path", "closed"), ECHO_PATHS)
 def test_the_echo_regex_closes_a_last_render_or_derender_segment(path, closed):
-    # Python's re and Envoy's RE2 read this pattern alike (tests/e2e checks RE2's side).
+    # Run by RE2, as Envoy runs it (tests/e2e sends these paths through Envoy).
     assert token_endpoints.Match("regex", token_endpoints.ECHO_REGEX).matches(path) is closed
+    assert token_endpoints.is_token_path(path) is closed
+
+
+INFERENCE_PATHS = [
+    ("/inference", True),
+    ("/inference/", True),
+    ("/inference/v1/generate", True),
+    ("/INFERENCE/V1/GENERATE", True),
+    # Behind vLLM's --root-path, or any prefix a proxy strips.
+    ("/x/inference/v1/generate", True),
+    ("/a/b/Inference/v1/generate", True),
+    ("/x/inference", True),
+    ("/x/inference%0A", True),
+    ("/inferences", False),
+    ("/x/inferences/v1/generate", False),
+    ("/xinference/v1/generate", False),
+    ("/v1/chat/completions", False),
+]
+
+
+@pytest.mark.parametrize(("path", "closed"), INFERENCE_PATHS)
+def test_the_inference_regex_closes_the_token_in_api_behind_any_prefix(path, closed):
+    regex = token_endpoints.Match("regex", token_endpoints.INFERENCE_REGEX)
+    assert regex.matches(path) is closed
     assert token_endpoints.is_token_path(path) is closed
 
 
@@ -785,27 +808,30 @@ def routes_with(*extra: dict[str, Any]) -> dict[str, Any]:
 
 
 def test_a_rewrite_onto_the_token_in_api_gets_its_own_404s():
-    # "/pd/" rewritten to "/": "/pd/inference/v1/generate" is /inference/v1/generate
-    # upstream. "/x" rewritten to "/v1/": "/xrender" is /v1/render upstream.
+    # "/pd/" rewritten to "/inf": "/pd/erence/v1/generate" is /inference/v1/generate
+    # upstream. "/x" rewritten to "/v1/": "/xrender" is /v1/render upstream, and
+    # "/xinference/v1/generate" is /v1/inference/v1/generate (root path /v1). "/r/"
+    # rewritten to "/": "/r/inference/v1/generate" is answered by the inference regex.
     data = routes_with(
-        {"name": "pd-root", "prefix": "/pd/", "prefix_rewrite": "/", "upstream": "aggregated"},
+        {"name": "pd-inf", "prefix": "/pd/", "prefix_rewrite": "/inf", "upstream": "aggregated"},
         {"name": "glued", "prefix": "/x", "prefix_rewrite": "/v1/", "upstream": "aggregated"},
+        {"name": "root", "prefix": "/r/", "prefix_rewrite": "/", "upstream": "aggregated"},
     )
     config = generate(data)
     derived = not_found_routes(config)[len(TOKEN_MATCHES) :]
     assert {r["name"]: r["match"] for r in derived} == {
-        "token-endpoint-pd-root-0": {"prefix": "/pd/inference/", "case_sensitive": False},
-        "token-endpoint-pd-root-1": {"path": "/pd/inference", "case_sensitive": False},
-        "token-endpoint-glued-0": {"safe_regex": {"regex": "(?i)/xrender/?(%0a)?"}},
-        "token-endpoint-glued-1": {"safe_regex": {"regex": "(?i)/xderender/?(%0a)?"}},
+        "token-endpoint-pd-inf-0": {"safe_regex": {"regex": "(?i)/pd/erence(/.*|%0a)?"}},
+        "token-endpoint-glued-0": {"safe_regex": {"regex": "(?i)/xinference(/.*|%0a)?"}},
+        "token-endpoint-glued-1": {"safe_regex": {"regex": "(?i)/xrender/?(%0a)?"}},
+        "token-endpoint-glued-2": {"safe_regex": {"regex": "(?i)/xderender/?(%0a)?"}},
     }
     assert check(config).errors == []
     # Without them, those paths would reach vLLM: check-envoy says so.
     (vhost,) = hcm_of(config)["route_config"]["virtual_hosts"]
     vhost["routes"] = [r for r in vhost["routes"] if r not in derived]
     errors = check(config).errors
-    assert any("pd-root: forwards '/pd/inference/v1/generate'" in e for e in errors), errors
-    assert any("glued: forwards '/xrender'" in e for e in errors), errors
+    assert any("pd-inf: forwards '/pd/erence/v1/generate'" in e for e in errors), errors
+    assert any("glued: forwards '/xinference/v1/generate'" in e for e in errors), errors
 
 
 def test_shipped_routes_need_no_404s_of_their_own():
@@ -821,7 +847,9 @@ def test_token_endpoints_cannot_be_exposed():
         envoygen.load_input(example() | {"expose_token_endpoints": True})
 
 
-@pytest.mark.parametrize("prefix", ["/inference/v1/", "/render", "/derender/x", "/Render/x"])
+@pytest.mark.parametrize(
+    "prefix", ["/inference/v1/", "/x/Inference/", "/render", "/derender/x", "/Render/x"]
+)
 def test_a_route_under_a_token_endpoint_is_refused(prefix):
     data = routes_with({"prefix": prefix, "upstream": "aggregated"})
     with pytest.raises(envoygen.GeneratorError, match=r"routes\.0\.prefix: .* token endpoint"):

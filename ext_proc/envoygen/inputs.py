@@ -39,7 +39,7 @@ from ext_proc.route_policy import (
     admitting,
     parse,
 )
-from ext_proc.token_endpoints import ROOT, reaches_only
+from ext_proc.token_endpoints import answered, reaches_only
 from ext_proc.validation import problems
 
 KiB: Final = 1024
@@ -331,15 +331,10 @@ class GeneratorInput(BaseModel):
             name = route_name(entry, index)
             if name.startswith(RESERVED_ROUTE_PREFIX):
                 raise ValueError(f"{where}.name: {name!r} is reserved for the token endpoints")
-            closed = [
-                m.value
-                for m in ROOT
-                if m.kind == "prefix" and entry.prefix.lower().startswith(m.value.lower())
-            ]
-            if closed:
+            if answered(entry.prefix):
                 raise ValueError(
-                    f"{where}.prefix: {entry.prefix!r} is under a token endpoint "
-                    f"({closed[0]}), answered 404 before every route"
+                    f"{where}.prefix: {entry.prefix!r} is under a token endpoint, answered "
+                    "404 before every route"
                 )
             if reaches_only(entry.prefix, entry.prefix_rewrite):
                 raise ValueError(

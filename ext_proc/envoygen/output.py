@@ -30,7 +30,7 @@ from ext_proc.envoygen.inputs import (
     route_name,
 )
 from ext_proc.route_policy import Action
-from ext_proc.token_endpoints import ECHO_REGEX, ROOT, Match, rewritten_into
+from ext_proc.token_endpoints import EVERYWHERE, ROOT, Match, rewritten_into
 
 with warnings.catch_warnings():
     # envoy-data-plane 2.2 decorates classmethods with @model_validator(mode="after"),
@@ -531,25 +531,25 @@ def _match(found: Match) -> route.RouteMatch:
     return route.RouteMatch(safe_regex=matcher.RegexMatcher(regex=found.value))
 
 
-# The root matches' route names.
-_ROOT_NAMES: Final = ("inference", "inference-path", "render", "derender")
+# The route names of the matches every config has (EVERYWHERE, then ROOT).
+_NAMES: Final = ("echo", "inference", "render", "derender")
 
 
 def token_endpoint_routes(spec: GeneratorInput) -> list[route.Route]:
     """vLLM's token-in and echo endpoints (``ext_proc.token_endpoints``), as the upstream
     would see them after each route's rewrite, answered 404 in vLLM's error shape with
-    nothing forwarded: a render or derender last segment anywhere (one RE2 regex on the
-    normalised path without its query string), the root prefixes, then each policy
-    route's downstream paths that its rewrite sends there.
+    nothing forwarded: a render or derender last segment and an ``inference`` segment
+    behind any prefix (two RE2 regexes on the normalised path without its query
+    string), the root render and derender prefixes, then each policy route's
+    downstream paths that its rewrite sends there.
 
     The processor is skipped: the router answers before any upstream is contacted, so
     there is nothing to inspect. The body is the local reply mappers' business
     (``local_reply_config``), which would otherwise replace it.
     """
-    out = [_not_found(spec, f"{RESERVED_ROUTE_PREFIX}-echo", _match(Match("regex", ECHO_REGEX)))]
-    out += [
+    out = [
         _not_found(spec, f"{RESERVED_ROUTE_PREFIX}-{name}", _match(found))
-        for name, found in zip(_ROOT_NAMES, ROOT, strict=True)
+        for name, found in zip(_NAMES, (*EVERYWHERE, *ROOT), strict=True)
     ]
     seen: set[tuple[str, str]] = set()
     for index, entry in enumerate(spec.routes):

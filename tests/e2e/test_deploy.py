@@ -604,7 +604,7 @@ def test_istio_connection_manager_is_the_shipped_one():
 
 def test_istio_envoy_config_passes_check_envoy():
     report = check_envoy.check(istio_bootstrap())
-    assert (report.errors, report.warnings, report.routes) == ([], [], 8)
+    assert (report.errors, report.warnings, report.routes) == ([], [], 7)
 
 
 def patch_of(
@@ -798,7 +798,7 @@ def test_envoy_gateway_envoy_config_passes_check_envoy():
     report = check_envoy.check(envoy_gateway_bootstrap())
     assert report.errors == []
     assert report.warnings == []
-    assert report.routes == 8
+    assert report.routes == 7
 
 
 def test_check_envoy_catches_a_patch_policy_without_the_404s():

@@ -305,7 +305,7 @@ def test_check_envoy_passes_the_gateway_listener():
     # The EPP's filter is another service's (it requests none of this processor's
     # attributes) and runs beside ours unchecked; the listener `vllm` is clean.
     report = check_envoy.check(config, listeners=frozenset({"vllm"}))
-    assert (report.errors, report.warnings, report.routes) == ([], [], 6)
+    assert (report.errors, report.warnings, report.routes) == ([], [], 5)
     assert check_envoy.check(listener(config)).errors == []
     # Unnamed, the readiness listener (19001, Envoy's own stats) is held to the contract
     # too: it runs no filter of this processor.

@@ -1,6 +1,7 @@
 """vLLM's token-in and echo endpoints are not public: the real Envoy answers them 404 in
 vLLM's error shape, as each shipped route's upstream would see them after its rewrite,
-whatever spelling of the path a client tries, and forwards nothing.
+behind any prefix (vLLM's --root-path serves them there too), whatever spelling of the
+path a client tries, and forwards nothing.
 
 Envoy runs each shipped body arrangement with no processor (``envoy_alone``): a path
 that reached a policy route would fail closed (500), so a 404 comes from the token
@@ -128,6 +129,14 @@ def test_token_endpoints_answer_404_in_every_spelling(gateway: Gateway, path: st
         "/pd/v1/messages/render",
         "/pd/prefill/v1/responses/Render",
         "/anything/else/render",
+        # Behind a root path (vLLM's --root-path /x serves these too).
+        "/x/inference/v1/generate",
+        "/x/y/Inference/v1/generate?x=1",
+        "/pd/v1/inference/v1/generate",
+        "/x/v1/chat/completions/render",
+        "/pd/prefill/v1/x/v1/completions/derender",
+        "/x/inference",
+        "/x/inference%0A",
         # Spellings the path normalisation brings back to a token endpoint.
         "//inference//v1/generate",
         "/./render",
@@ -169,6 +178,8 @@ def test_escaped_slashes_redirect_to_the_normalised_path(
         "/pd/v1/chat/completions",
         "/pd/prefill/v1/chat/completions",
         "/inferences",
+        "/x/inferences/v1/generate",
+        "/xinference/v1/generate",
         "/v1/renderer",
         "/v1/chat/completions/prerender",
         "/v1/chat/completions/render/x",
@@ -210,6 +221,9 @@ def rewriting(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
         "/xrender",
         "/XDERENDER/",
         "/x%72ender%0A",
+        # "/x" rewritten to "/v1/": /v1/inference/v1/generate upstream (root path /v1).
+        "/xinference/v1/generate",
+        "/XINFERENCE",
     ],
 )
 def test_a_rewrite_onto_a_token_endpoint_gets_its_own_404s(rewriting: Gateway, path: str) -> None:
