@@ -856,6 +856,26 @@ def test_deep_bodies_on_trust_routes_are_decided_or_refused_never_raised(route, 
         assert isinstance(only(out), ContinueBody)
 
 
+@pytest.mark.parametrize(("size", "refused"), [(15 << 20, True), (1 << 20, False)])
+def test_a_digest_only_json_dumps_renders_is_gated_like_the_slow_parse(size, refused):
+    # A prefill request nested 300 levels deep: orjson reads them but writes 254, so
+    # json.dumps renders its digest (nothing to strip: no rewrite). Within the slow
+    # path's limits it is charged first; beyond them, 413 as the parse and the write.
+    head = PREFILL[:-1] + b',"x":' + b"[" * 300 + b"]" * 300 + b',"pad":"'
+    data = head + b"a" * (size - len(head) - 2) + b'"}'
+    stream = Driven(max_body_bytes=16 << 20, trust=Trust(keys=lambda: KEYS))
+    stream.handle(headers(MINT_ROUTE))
+    out = stream.handle(RequestBody(data, True), sent=False)
+    if refused:
+        assert only(out).status == 413
+        assert only(out).details == "token_policy_body_needs_slow_parse"
+    else:
+        assert isinstance(only(out), ContinueBody)
+        assert stream.last is not None
+        charged = memory.cost(size, body.scan(data).values) + memory.slow_extra(size)
+        assert stream.last.held == charged
+
+
 # --- endpoints: where a mint route signs, what a proof is bound to ----------------------
 
 SIGNED_RESPONSE = json.dumps({"id": "c", "prompt_token_ids": [3, 4]}).encode()
