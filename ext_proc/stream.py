@@ -643,6 +643,15 @@ TRANSITIONS: Final[dict[tuple[State, Message], tuple[_Handler, State]]] = {
     (S.STREAMING, M.TRAILERS): (Stream._on_streamed_trailers, S.REJECTED),
     (S.STREAMING, M.TIMED_OUT): (Stream._on_timeout, S.REJECTED),
     (S.EXPECT_TRAILERS, M.TRAILERS): (Stream._on_trailers, S.DONE),
+    # A mint route's response to a request the processor was never sent: one without a
+    # body (one message per request), or an answer of Envoy's own or of a filter before
+    # this one (a buffer limit's 413, a route header stated twice). Nothing of it was
+    # judged, so nothing is signed (mint.NOTHING); it passes unchanged.
+    (S.EXPECT_HEADERS, M.RESPONSE_HEADERS): (Stream._on_response_headers, S.EXPECT_RESPONSE_BODY),
+    (S.EXPECT_HEADERS, M.RESPONSE_HEADERS_ONLY): (
+        Stream._on_response_headers_only,
+        S.RESPONSE_DONE,
+    ),
     (S.DONE, M.BODY_END): (Stream._on_repeated_chunk, S.DONE),
     (S.DONE, M.RESPONSE_HEADERS): (Stream._on_response_headers, S.EXPECT_RESPONSE_BODY),
     (S.DONE, M.RESPONSE_HEADERS_ONLY): (Stream._on_response_headers_only, S.RESPONSE_DONE),

@@ -816,10 +816,29 @@ def test_a_response_without_body_is_reported():
     assert stream.outcome.decision == Allow("response_without_body")
 
 
+@pytest.mark.parametrize("with_body", [True, False])
+def test_a_response_whose_request_the_processor_never_saw_passes_unsigned(with_body):
+    # Envoy sends a mint route's response even when the request never reached the
+    # processor: one without a body (one message per request), or Envoy's own answer or
+    # an earlier filter's (a buffer limit's 413, a route header stated twice).
+    trust = Trust(keys=lambda: KEYS, clock=lambda: 1000.0)
+    stream = Driven(max_body_bytes=1 << 20, trust=trust)
+    answers = stream.handle(ResponseHeaders(OK_JSON, not with_body))
+    assert answers == [ContinueResponseHeaders()]
+    if with_body:
+        # Everything a prefill response carries, and still nothing is signed.
+        answers = stream.handle(ResponseBody(SIGNED_RESPONSE, True))
+        assert answers == [ContinueResponseBody(None)]
+    assert stream.outcome is not None
+    assert (stream.outcome.phase, stream.outcome.decision) == (
+        "response",
+        Allow("not_minted_on_this_route"),
+    )
+    with pytest.raises(ProtocolError):  # and then nothing more
+        stream.handle(RequestBody(PREFILL, True))
+
+
 def test_response_messages_out_of_order_are_protocol_errors():
-    stream = new()
-    with pytest.raises(ProtocolError):
-        stream.handle(ResponseHeaders(OK_JSON, False))
     streamed = prefill_stream()
     streamed.handle(ResponseHeaders(OK_JSON, False))
     with pytest.raises(ProtocolError):

@@ -210,3 +210,22 @@ def test_the_token_in_api_is_not_reached_with_any_profile(gateway):
             )
         assert reply.status_code == 404
     assert gateway.received() == []
+
+
+def test_a_mint_routes_answers_to_requests_the_processor_never_saw_pass(gateway):
+    # One message per request: a request without a body never reaches the processor,
+    # nor one Envoy answers itself (its buffer limit); their responses still come to it
+    # on the mint route, and pass unchanged, unsigned, rather than as a 500.
+    with httpx.Client(timeout=60) as client:
+        listed = client.get(gateway.stack.url + "/v1/models", headers={PROFILE: "prefill"})
+        large = b'{"model":"m","x":"' + b"a" * (17 << 20) + b'"}'
+        too_large = client.post(
+            gateway.stack.url + CHAT_PATH,
+            content=large,
+            headers={PROFILE: "prefill", "content-type": "application/json"},
+        )
+    assert listed.status_code == 200, listed.text
+    assert "token_policy_proof" not in listed.text
+    assert too_large.status_code == 413, too_large.text
+    assert too_large.json()["error"]["type"] == "PayloadTooLargeError"
+    assert [(r.method, r.target) for r in gateway.stack.received()] == [("GET", "/v1/models")]
