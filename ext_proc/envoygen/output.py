@@ -382,10 +382,7 @@ def http_filters(spec: GeneratorInput) -> list[hcm.HttpFilter]:
     if selecting:
         # A header that chooses the route stated twice is refused before the processor
         # sees the request (route_headers).
-        config = route_headers.rbac_config(selecting)
-        filters.append(
-            hcm.HttpFilter(name=route_headers.FILTER, typed_config=protobuf.Any.pack(config))
-        )
+        filters.append(route_header_filter(selecting))
     if spec.decompress_gzip:
         # Before ext_proc: the processor sees, and the upstream receives, the plain body.
         filters.append(
@@ -486,6 +483,24 @@ def _selecting(spec: GeneratorInput) -> list[str]:
     return route_headers.selecting(entry.headers for entry in spec.routes)
 
 
+def route_header_filter(selecting: Iterable[str]) -> hcm.HttpFilter:
+    """The RBAC filter refusing each of ``selecting`` stated twice (``route_headers``)."""
+    config = route_headers.rbac_config(selecting)
+    return hcm.HttpFilter(name=route_headers.FILTER, typed_config=protobuf.Any.pack(config))
+
+
+def route_header_mappers(selecting: Iterable[str]) -> list[hcm.ResponseMapper]:
+    """Its denials (RBAC's 403) as 400s in vLLM's error shape, naming the header."""
+    return [
+        hcm.ResponseMapper(
+            filter=_details(route_headers.denial_details(header)),
+            status_code=400,
+            body_format_override=_error_body(route_headers.message(header), "BadRequestError"),
+        )
+        for header in selecting
+    ]
+
+
 def local_reply_config(selecting: Iterable[str] = ()) -> hcm.LocalReplyConfig:
     """Envoy's own local replies in vLLM's error shape; processor denials untouched.
 
@@ -502,14 +517,7 @@ def local_reply_config(selecting: Iterable[str] = ()) -> hcm.LocalReplyConfig:
         (404, "not found", "NotFoundError"),
     )
     # A header that chooses the route, stated twice (route_headers): RBAC's 403 as 400.
-    mappers = [
-        hcm.ResponseMapper(
-            filter=_details(route_headers.denial_details(header)),
-            status_code=400,
-            body_format_override=_error_body(route_headers.message(header), "BadRequestError"),
-        )
-        for header in selecting
-    ]
+    mappers = route_header_mappers(selecting)
     mappers += [
         hcm.ResponseMapper(
             filter=accesslog.AccessLogFilter(
@@ -726,6 +734,13 @@ def build(spec: GeneratorInput) -> bootstrap.Bootstrap:
         static_resources=bootstrap.BootstrapStaticResources(listeners=[gateway], clusters=clusters),
         overload_manager=overload_manager(spec),
     )
+
+
+def as_dict(message: Any) -> dict[str, Any]:
+    """One typed message as proto3 JSON with Envoy's snake_case names (for manifests
+    that carry a piece of what ``build`` writes)."""
+    data: dict[str, Any] = _integral(message.to_dict(casing=Casing.SNAKE))
+    return data
 
 
 def _integral(value: Any) -> Any:
