@@ -25,6 +25,8 @@ def sign(document: dict[str, Any], endpoint: str = "/v1/chat/completions") -> st
     """The proof the gateway would have minted for ``document``'s transfer parameters
     (without a proof) on its prefill leg, for ``endpoint`` (the upstream path)."""
     digest = proof.prompt_digest(document, orjson_safe=False, endpoint=endpoint)
+    if digest is None:  # only json.dumps renders it (the gateway charges that first)
+        digest = proof.prompt_digest_slow(document, endpoint)
     token = proof.mint(_KEYS, document[KV_KEY], digest, EXPIRY)
     if token is None:
         raise ValueError("the transfer parameters cannot be signed")

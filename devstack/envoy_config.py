@@ -37,6 +37,14 @@ def _relocate_certs(node: Any, cert_dir: Path) -> Any:
     return node
 
 
+class MissingCluster(ValueError):
+    """An address was given for a cluster that the configuration does not have."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(f"no cluster {name!r}")
+        self.name = name
+
+
 def render(
     *,
     gateway: HostPort,
@@ -54,7 +62,8 @@ def render(
     ``prefill`` (the prefill leg of the P/D hand-off) defaults to the decode upstream:
     one vLLM server can serve both legs. A config without one of the three upstream
     clusters (a variant without the hand-off, or with upstreams of its own) is rendered
-    without it; ``others`` gives the addresses of further clusters by name.
+    without it; ``others`` gives the addresses of further clusters by name, each of
+    which the config must have (``MissingCluster`` names the first it lacks).
     """
     config: dict[str, Any] = yaml.safe_load(source.read_text())
     if cert_dir is not None:
@@ -63,6 +72,9 @@ def render(
     (listener,) = config["static_resources"]["listeners"]
     listener["address"] = _socket(gateway)
     clusters = {c["name"]: c for c in config["static_resources"]["clusters"]}
+    for name in others or {}:
+        if name not in clusters:
+            raise MissingCluster(name)
     addresses: tuple[tuple[str, HostPort | Path], ...] = (
         ("ext_proc", processor),
         ("aggregated", aggregated),
@@ -71,7 +83,7 @@ def render(
         *(others or {}).items(),
     )
     for name, address in addresses:
-        if name != "ext_proc" and name not in clusters and name not in (others or {}):
+        if name != "ext_proc" and name not in clusters:
             continue
         (endpoints,) = clusters[name]["load_assignment"]["endpoints"]
         (lb_endpoint,) = endpoints["lb_endpoints"]

@@ -11,6 +11,11 @@ files inside a component only). The manifests for the coordinator architecture
   ``deploy/envoy-gateway/``): everything but the route patches, and the example model's
   limits (``vocab_size``, ``max_ids``) and the mint route's response override.
 
+Beside the header step, each gets what ``envoy-config`` writes for routes that match a
+header (``ext_proc.envoygen.route_headers``): the RBAC filter that refuses
+``EPP-Profile`` stated twice, before the processor's filter, and the local reply mapper
+that makes its refusal a 400.
+
 It writes the HTTPRoute (one rule per phase, so that each phase is one route name to
 patch), the Istio EnvoyFilter and the Envoy Gateway patch policy with route patches for
 those rules. tests/e2e/test_llmd_coordinator.py fails when a committed file differs from
@@ -25,7 +30,8 @@ from typing import Any, Final
 
 import yaml
 
-from ext_proc import envoygen
+from ext_proc import carrier_headers, envoygen
+from ext_proc.envoygen import output, route_headers
 from ext_proc.envoygen.inputs import RouteInput
 from ext_proc.route_policy import DEFAULT_NAMESPACE
 
@@ -129,7 +135,36 @@ def istio_filter(entries: list[RouteInput]) -> dict[str, Any]:
         )
     kept = [p for p in patches if p not in named]
     out["spec"]["configPatches"] = [*kept[:at], *generated, *kept[at:]]
+    _istio_route_headers(out["spec"]["configPatches"], selecting(entries))
     return out
+
+
+def selecting(entries: list[RouteInput]) -> list[str]:
+    """The headers the phase routes match on (``EPP-Profile``)."""
+    return route_headers.selecting(entry.headers for entry in entries)
+
+
+def _istio_route_headers(patches: list[dict[str, Any]], headers: list[str]) -> None:
+    """After the header step's patch (inserted before the processor's filter): the RBAC
+    filter, inserted before the processor's filter too, so it runs between the two; and
+    its local reply mapper merged into the connection manager."""
+    (step,) = [p for p in patches if p["patch"]["value"].get("name") == carrier_headers.FILTER]
+    rbac = copy.deepcopy(step)
+    rbac["patch"]["value"] = output.as_dict(output.route_header_filter(headers))
+    (manager,) = [p for p in patches if p["applyTo"] == "NETWORK_FILTER"]
+    replies = copy.deepcopy(manager)
+    replies["patch"]["value"] = {
+        "typed_config": {
+            "@type": manager["patch"]["value"]["typed_config"]["@type"],
+            "local_reply_config": _replies(headers),
+        }
+    }
+    at = patches.index(step) + 1
+    patches[at:at] = [rbac, replies]
+
+
+def _replies(headers: list[str]) -> dict[str, Any]:
+    return {"mappers": [output.as_dict(m) for m in output.route_header_mappers(headers)]}
 
 
 _EG_ROUTE = "..routes[?(@.name=='httproute/"
@@ -174,7 +209,33 @@ def envoy_gateway_patch(entries: list[RouteInput]) -> dict[str, Any]:
             generated.append(patch(operation["path"], copy.deepcopy(operation["value"])))
     kept = [p for p in patches if p not in on_routes]
     out["spec"]["jsonPatches"] = [*kept[:at], *generated, *kept[at:]]
+    _eg_route_headers(out["spec"]["jsonPatches"], selecting(entries))
     return out
+
+
+def _eg_route_headers(patches: list[dict[str, Any]], headers: list[str]) -> None:
+    """After the header step's patch (the chain's first filter): the RBAC filter second,
+    and its local reply mapper on the connection manager."""
+    (step,) = [
+        p
+        for p in patches
+        if isinstance(p["operation"].get("value"), dict)
+        if p["operation"]["value"].get("name") == carrier_headers.FILTER
+    ]
+    assert step["operation"]["path"] == "/0", step["operation"]["path"]
+    rbac = copy.deepcopy(step)
+    rbac["operation"]["path"] = "/1"
+    rbac["operation"]["value"] = output.as_dict(output.route_header_filter(headers))
+    replies = copy.deepcopy(step)
+    replies["operation"] = {
+        "op": "add",
+        "jsonPath": "..filters[?(@.name=='envoy.filters.network.http_connection_manager')]"
+        ".typed_config",
+        "path": "/local_reply_config",
+        "value": _replies(headers),
+    }
+    at = patches.index(step) + 1
+    patches[at:at] = [rbac, replies]
 
 
 class _Plain(yaml.SafeDumper):

@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import yaml
 
@@ -58,6 +58,10 @@ THROWAWAY_KEY_ID = "throwaway"
 THROWAWAY_NOTICE = (
     f"{PROG}: no signing key configured; generated a throwaway key for this run ({PROOF_VARIABLE})"
 )
+
+
+# Upstreams of clusters that only some configs have: each variable and its cluster.
+OTHER_UPSTREAMS: Final = {"COORDINATOR_UPSTREAM": "coordinator"}
 
 
 class StackError(Exception):
@@ -147,7 +151,12 @@ def plan(processor_config: Path | None) -> Plan:
     aggregated = _env_upstream("AGGREGATED_UPSTREAM")
     disaggregated = _env_upstream("DISAGGREGATED_UPSTREAM")
     prefill = _env_upstream("PREFILL_UPSTREAM")
-    coordinator = _env_upstream("COORDINATOR_UPSTREAM")
+    # Upstreams of clusters only some configs have, by the cluster each names.
+    others = {
+        cluster: address
+        for variable, cluster in OTHER_UPSTREAMS.items()
+        if (address := _env_upstream(variable)) is not None
+    }
     stub = _env_port("STUB_PORT", 8081)
     if aggregated is None or disaggregated is None or prefill is None:
         ports["STUB_PORT"] = stub
@@ -161,18 +170,32 @@ def plan(processor_config: Path | None) -> Plan:
     except FileNotFoundError as exc:
         raise StackError(str(exc)) from None
     check_ports(ports)
-    envoy = envoy_config.render(
-        gateway=ports["GATEWAY_PORT"],
-        admin=ports["ENVOY_ADMIN_PORT"],
-        processor=ports["PROCESSOR_PORT"],
-        aggregated=aggregated or stub,
-        disaggregated=disaggregated or stub,
-        prefill=prefill or stub,
-        source=source,
-        others={"coordinator": coordinator} if coordinator else None,
-    )
+    try:
+        envoy = envoy_config.render(
+            gateway=ports["GATEWAY_PORT"],
+            admin=ports["ENVOY_ADMIN_PORT"],
+            processor=ports["PROCESSOR_PORT"],
+            aggregated=aggregated or stub,
+            disaggregated=disaggregated or stub,
+            prefill=prefill or stub,
+            source=source,
+            others=others,
+        )
+    except envoy_config.MissingCluster as exc:
+        (variable,) = [v for v, cluster in OTHER_UPSTREAMS.items() if cluster == exc.name]
+        raise StackError(
+            f"{variable} is set but ENVOY_CONFIG {_shown(source)} has no cluster "
+            f"{exc.name!r}; unset {variable} or set ENVOY_CONFIG to a config with that "
+            "cluster (envoy/envoy-coordinator.yaml)"
+        ) from None
     throwaway = PROOF_VARIABLE not in os.environ and not _configures_proof(processor_config)
     return Plan(ports, envoy, processor_config, stub="STUB_PORT" in ports, throwaway_key=throwaway)
+
+
+def _shown(path: Path) -> str:
+    """``path`` relative to the checkout when it lies inside it, else as given."""
+    inside = path.resolve().is_relative_to(envoy_config.REPO)
+    return str(path.resolve().relative_to(envoy_config.REPO)) if inside else str(path)
 
 
 def _configures_proof(processor_config: Path | None) -> bool:

@@ -1,9 +1,10 @@
 """A body parsed and written within the memory budget (``memory``'s model).
 
-``body`` parses and writes; it never runs json.loads or json.dumps on its own but says
-when only they can (None). Here, before either runs, their cost is charged to the
-stream's account and their limits are enforced: the parser never calls back into the
-stream, and the budget is charged before any memory is taken, never after.
+``body`` parses and writes, and ``proof`` renders the prompt digest; neither runs
+json.loads or json.dumps on its own but says when only they can (None). Here, before
+either runs, their cost is charged to the stream's account and their limits are
+enforced: the parser never calls back into the stream, and the budget is charged before
+any memory is taken, never after.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Final
 
-from ext_proc import body, memory
+from ext_proc import body, memory, proof
 from ext_proc.budget import Account
 from ext_proc.errors import PayloadTooLarge
 from ext_proc.vllm_request import KV_KEY, Path
@@ -64,6 +65,20 @@ def write(parsed: body.Parsed, document: body.Document, account: Account) -> byt
         raise _needs_slow_parse()
     account.hold(_slow_cost(parsed.size, parsed.values))
     return body.serialize(document)
+
+
+def digest(parsed: body.Parsed, endpoint: str, account: Account) -> bytes:
+    """The prompt digest of ``parsed`` for ``endpoint`` (``proof.prompt_digest``):
+    orjson's rendering, or json.dumps's once its extra cost is held: the gate and the
+    allowance of the slow parser and writer, which it runs after the one and before
+    the other (one allowance covers the three, each done before the next starts)."""
+    found = proof.prompt_digest(parsed.document, parsed.orjson_safe, endpoint)
+    if found is not None:
+        return found
+    if not memory.slow_allowed(parsed.size, parsed.values):
+        raise _needs_slow_parse()
+    account.hold(_slow_cost(parsed.size, parsed.values))
+    return proof.prompt_digest_slow(parsed.document, endpoint)
 
 
 def without(

@@ -8,9 +8,10 @@ of it is held, though the stream stays open for the whole upstream response:
 - ``COPIES * size`` for the bytes themselves: the gRPC message as bytes, the protobuf
   message, the body taken out of it, and the rewritten body with its response message.
 - ``PARSE_PER_BYTE * size + PER_VALUE * values`` for the parsed document at its peak
-  and its rewrite; ``SLOW_PARSE_PER_BYTE`` instead of ``PARSE_PER_BYTE`` when json.loads
-  reads it or json.dumps writes it (``slow_extra``, charged before either runs; only
-  for bodies within ``slow_allowed``).
+  and its rewrite or its prompt digest; ``SLOW_PARSE_PER_BYTE`` instead of
+  ``PARSE_PER_BYTE`` when json.loads reads it or json.dumps writes it or renders its
+  digest (``slow_extra``, charged before any of them runs, which they do one after the
+  other; only for bodies within ``slow_allowed``).
   A string costs up to 4 bytes per character (one astral character makes CPython store
   the whole string in UCS-4) plus its header; every other value is one Python object
   plus the slot that holds it (an empty list: 56 bytes, 16 of GC header, 8 of slot).
@@ -45,8 +46,8 @@ from typing import Final
 
 MiB: Final = 1 << 20
 # json.loads reads bodies up to this size and number of values, and json.dumps writes
-# bodies up to this size (body.py says when they must): their cost per value is several
-# times orjson's, in time and in memory (``slow_extra``).
+# them or renders their prompt digest (body.py and proof.py say when they must): their
+# cost per value is several times orjson's, in time and in memory (``slow_extra``).
 SLOW_PARSE_MAX_BYTES: Final = 4 * MiB
 SLOW_PARSE_MAX_VALUES: Final = 65_536
 # Once per process, the first burst of concurrent large bodies grows gRPC's transport

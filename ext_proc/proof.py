@@ -18,7 +18,6 @@ MACs in constant time.
 from __future__ import annotations
 
 import base64
-import contextlib
 import hashlib
 import hmac
 import json
@@ -26,7 +25,7 @@ import math
 import re
 import secrets
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -118,7 +117,7 @@ def canonical(params: Mapping[str, Any]) -> tuple[bytes, bytes] | None:
     return None if ids is None else (head, ids)
 
 
-def prompt_digest(document: Mapping[str, Any], orjson_safe: bool, endpoint: str) -> bytes:
+def prompt_digest(document: Mapping[str, Any], orjson_safe: bool, endpoint: str) -> bytes | None:
     """SHA-256 of the API the request is for (``endpoint``, the upstream path after the
     route's rewrite, as vLLM routes it) and of the request's prompt-defining fields
     (all but ``UNBOUND_FIELDS``): a proof minted for one endpoint is a
@@ -126,30 +125,74 @@ def prompt_digest(document: Mapping[str, Any], orjson_safe: bool, endpoint: str)
 
     The rendering depends only on those fields' values, so both legs agree whatever the
     rest of their bodies hold: orjson (sorted keys) when it renders them exactly, else
-    ``json.dumps`` (NaN, huge integers, nesting deeper than orjson writes). A document
-    orjson read has neither NaN nor huge integers (body.py). Raises ``BadRequest``
-    (``body_too_deep``) past Python's recursion limit, where no rendering exists.
+    ``json.dumps`` (NaN, huge integers, lone surrogates, nesting deeper than the 254
+    levels orjson writes). A document orjson read has neither NaN nor huge integers
+    (body.py). None when only json.dumps renders them: ``prompt_digest_slow`` then,
+    once the caller has charged its cost (``admission.digest``).
     """
-    bound = {k: v for k, v in document.items() if k not in UNBOUND_FIELDS}
-    rendered = None
-    with contextlib.suppress(TypeError, orjson.JSONEncodeError):
-        rendered = b"o" + orjson.dumps(bound, option=orjson.OPT_SORT_KEYS)
+    bound = _bound(document)
+    if not orjson_safe and _holds_nonfinite(bound):
+        return None  # orjson would write null for NaN or infinity
     try:
-        if rendered is not None and not orjson_safe:
-            try:
-                json.dumps(bound, allow_nan=False)
-            except ValueError:
-                rendered = None  # NaN or infinity: orjson wrote null for it
-        if rendered is None:
-            text = json.dumps(bound, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
-            rendered = b"j" + text.encode()
+        rendered = orjson.dumps(bound, option=orjson.OPT_SORT_KEYS)
+    except (TypeError, orjson.JSONEncodeError):
+        return None
+    return _digest(endpoint, b"o", (rendered,))
+
+
+def prompt_digest_slow(document: Mapping[str, Any], endpoint: str) -> bytes:
+    """``prompt_digest`` rendered by ``json.dumps`` (the same bytes it would hash there).
+    Raises ``BadRequest`` (``body_too_deep``) past Python's recursion limit, where no
+    rendering exists.
+
+    Its memory (``memory.slow_extra``): json.dumps's text, ASCII (``ensure_ascii``), at
+    most 3 characters per body byte in strings (12 for a 4-byte UTF-8 character) and a
+    float's repr per value, and its chunks while it joins them; the text is hashed a
+    slice at a time, never copied whole again.
+    """
+    try:
+        text = json.dumps(
+            _bound(document), sort_keys=True, separators=(",", ":"), ensure_ascii=True
+        )
     except RecursionError as exc:
         raise BadRequest(
             "request body is nested too deeply to be bound to a proof", reason="body_too_deep"
         ) from exc
+    slices = (text[at : at + _SLICE].encode("ascii") for at in range(0, len(text), _SLICE))
+    return _digest(endpoint, b"j", slices)
+
+
+# How much of json.dumps's text is encoded at once for the hash.
+_SLICE: Final = 1 << 16
+
+
+def _bound(document: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in document.items() if k not in UNBOUND_FIELDS}
+
+
+def _digest(endpoint: str, marker: bytes, rendering: Iterable[bytes]) -> bytes:
+    """SHA-256 of the endpoint, preceded by its length (no endpoint and rendering run
+    into another pair), the marker byte saying which rendering follows, and the
+    rendering's parts in order."""
     named = endpoint.encode("utf-8", "surrogatepass")
-    # The endpoint's length first: no endpoint and rendering run into another pair.
-    return hashlib.sha256(b"%d:%s" % (len(named), named) + rendered).digest()
+    digest = hashlib.sha256(b"%d:%s%s" % (len(named), named, marker))
+    for part in rendering:
+        digest.update(part)
+    return digest.digest()
+
+
+def _holds_nonfinite(value: Any) -> bool:
+    """Whether any value in ``value`` is a NaN or an infinity (iterative: any depth)."""
+    pending = [value]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, float) and not math.isfinite(item):
+            return True
+        if isinstance(item, dict):
+            pending.extend(item.values())
+        elif isinstance(item, list):
+            pending.extend(item)
+    return False
 
 
 def _mac(key: bytes, fields: tuple[str, str, str], body: tuple[bytes, bytes]) -> hmac.HMAC:

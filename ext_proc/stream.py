@@ -537,8 +537,8 @@ class Stream:
 
     def _inspect(self, raw: bytes) -> tuple[Decision, body.Parsed | None]:
         """The policy's decision, and the document it was made on (None: not parsed).
-        Charging, parsing and the prompt digest (a body too deep) raise their
-        refusals."""
+        Charging, parsing and the prompt digest (a body too deep, or json.dumps's extra
+        beyond its limits or the budget) raise their refusals."""
         account = self._account
         # How often the bytes name each carrier (None: they cannot tell).
         named = body.spelled(raw, CARRIER_NAMES)
@@ -565,15 +565,13 @@ class Stream:
         proof to check) or kept for the response (a mint route on an endpoint it may
         sign). ``alone``: no member but the top-level kv_transfer_params is named as a
         carrier; ``echo_free``: none of a name vLLM reads transfer parameters from.
-        Rendering the digest may raise ``BadRequest`` for a body too deep."""
+        Rendering the digest may raise ``BadRequest`` for a body too deep, and
+        ``PayloadTooLarge`` or ``ServiceUnavailable`` where only json.dumps renders it
+        (``admission.digest``)."""
         carriers = () if alone else None
         if self._policy.action not in policy.WEIGHS_EVIDENCE:
             return policy.decide(self._policy, parsed.document, policy.NO_EVIDENCE, carriers)
-        digest = _Once(
-            functools.partial(
-                proof.prompt_digest, parsed.document, parsed.orjson_safe, self._endpoint
-            )
-        )
+        digest = _Once(functools.partial(admission.digest, parsed, self._endpoint, self._account))
         minting = self._policy.action is Action.MINT
         pending = mint.expect(self._endpoint, digest) if minting else mint.NOTHING
         trust = self._trust
@@ -752,6 +750,15 @@ TRANSITIONS: Final[dict[tuple[State, Message], tuple[_Handler, State]]] = {
     (S.STREAMING, M.TRAILERS): (Stream._on_streamed_trailers, S.REJECTED),
     (S.STREAMING, M.TIMED_OUT): (Stream._on_timeout, S.REJECTED),
     (S.EXPECT_TRAILERS, M.TRAILERS): (Stream._on_trailers, S.DONE),
+    # A mint route's response to a request the processor was never sent: one without a
+    # body (one message per request), or an answer of Envoy's own or of a filter before
+    # this one (a buffer limit's 413, a route header stated twice). Nothing of it was
+    # judged, so nothing is signed (mint.NOTHING); it passes unchanged.
+    (S.EXPECT_HEADERS, M.RESPONSE_HEADERS): (Stream._on_response_headers, S.EXPECT_RESPONSE_BODY),
+    (S.EXPECT_HEADERS, M.RESPONSE_HEADERS_ONLY): (
+        Stream._on_response_headers_only,
+        S.RESPONSE_DONE,
+    ),
     (S.DONE, M.BODY_END): (Stream._on_repeated_chunk, S.DONE),
     (S.DONE, M.RESPONSE_HEADERS): (Stream._on_response_headers, S.EXPECT_RESPONSE_BODY),
     (S.DONE, M.RESPONSE_HEADERS_ONLY): (Stream._on_response_headers_only, S.RESPONSE_DONE),

@@ -1,8 +1,9 @@
 import json
+import tracemalloc
 
 import pytest
 
-from ext_proc import admission, body, memory
+from ext_proc import admission, body, memory, proof
 from ext_proc.budget import Account, Budget
 from ext_proc.errors import PayloadTooLarge, ServiceUnavailable
 from ext_proc.vllm_request import KV_KEY as KV
@@ -104,3 +105,70 @@ def test_json_dumps_writes_only_bodies_small_enough_for_the_slow_path():
     with pytest.raises(PayloadTooLarge) as refused:
         admission.without(large, ((KV,),), account())
     assert refused.value.reason == "body_needs_slow_parse"
+
+
+# --- the prompt digest (proof.prompt_digest): json.dumps gated and charged like the parse
+
+CHAT_PATH = "/v1/chat/completions"
+MiB = 1 << 20
+# Deeper than the 254 levels orjson writes (it reads 1024): only json.dumps renders it.
+DEPTH = 300
+ASTRAL = "\U0001f600"  # 4 bytes of UTF-8, 12 characters of json.dumps's ASCII escapes
+
+
+def deep_chat(inner: bytes) -> bytes:
+    """A chat request whose other member holds ``inner`` nested DEPTH levels deep."""
+    head = b'{"model":"m","messages":[{"role":"user","content":"hi"}],"x":'
+    return head + b"[" * DEPTH + inner + b"]" * DEPTH + b"}"
+
+
+def one_string(size: int, text: str) -> bytes:
+    unit = text.encode()
+    return deep_chat(b'"' + unit * ((size - 2 * DEPTH - 64) // len(unit)) + b'"')
+
+
+DIGEST_BODIES = {
+    # The bulk of the body in one string: json.dumps's text is 1x (ASCII) or 3x (astral
+    # escapes) the bytes, held twice while its chunks are joined.
+    "ascii_15mib": lambda: one_string(15 * MiB, "a"),
+    "astral_15mib": lambda: one_string(15 * MiB, ASTRAL),
+    "ascii_4mib": lambda: one_string(4 * MiB - 1024, "a"),
+    "astral_4mib": lambda: one_string(4 * MiB - 1024, ASTRAL),
+    # Per value: sort_keys sorts each object's items into a list of pairs.
+    "many_keys": lambda: deep_chat(b"{" + b",".join(b'"k%d":1' % i for i in range(30_000)) + b"}"),
+    # Per value: a float's repr can be several times its literal.
+    "floats": lambda: deep_chat(b"1e15," * 60_000 + b"0"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(DIGEST_BODIES))
+def test_the_digest_fallback_peaks_within_its_charge(name):
+    # What the parsed document and the work on it may hold: the charge but the body's
+    # copies (memory.COPIES, the raw bytes among them, allocated before tracing).
+    raw = DIGEST_BODIES[name]()
+    held = account()
+    shape = admission.admit(raw, held, memory.MAX_JSON_VALUES)
+    allowed = memory.slow_allowed(len(raw), shape.values)
+    assert allowed is ("15mib" not in name)
+    tracemalloc.start()
+    try:
+        parsed = admission.parse(raw, shape, held)
+        assert parsed.orjson_safe  # orjson read it: its parse is not the slow one
+        assert proof.prompt_digest(parsed.document, True, CHAT_PATH) is None
+        tracemalloc.reset_peak()  # the fallback's peak, the document held
+        if allowed:
+            digest = admission.digest(parsed, CHAT_PATH, held)
+            assert digest == proof.prompt_digest_slow(parsed.document, CHAT_PATH)
+        else:
+            with pytest.raises(PayloadTooLarge) as refused:
+                admission.digest(parsed, CHAT_PATH, held)
+            assert refused.value.reason == "body_needs_slow_parse"
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    size = len(raw)
+    charged = held.held - memory.COPIES * size
+    print(f"{name}: {size} bytes, peak {peak / size:.1f}x, charged {charged / size:.1f}x")
+    assert peak <= charged, (peak, charged)
+    if allowed:  # charged before json.dumps ran, as for the slow parser and writer
+        assert held.held == memory.cost(size, shape.values) + memory.slow_extra(size)

@@ -92,6 +92,20 @@ def test_a_bad_upstream_or_config_is_refused_in_one_line(tmp_path, upstream):
     assert (result.returncode, result.stderr) == (1, f"make run: ENVOY_CONFIG: no file {missing}\n")
 
 
+@pytest.mark.parametrize("config", [None, "envoy/envoy-tls.yaml"])
+def test_an_upstream_for_a_cluster_the_config_lacks_is_named_in_one_line(config):
+    env = {**free_ports(), "COORDINATOR_UPSTREAM": "127.0.0.1:8090"}
+    if config is not None:
+        env["ENVOY_CONFIG"] = config
+    result = make_run(env)
+    assert (result.returncode, result.stdout) == (1, "")
+    assert result.stderr == (
+        f"make run: COORDINATOR_UPSTREAM is set but ENVOY_CONFIG {config or 'envoy/envoy.yaml'} "
+        "has no cluster 'coordinator'; unset COORDINATOR_UPSTREAM or set ENVOY_CONFIG to a "
+        "config with that cluster (envoy/envoy-coordinator.yaml)\n"
+    )
+
+
 def endpoint(config: dict, cluster: str) -> dict:
     clusters = {c["name"]: c for c in config["static_resources"]["clusters"]}
     (group,) = clusters[cluster]["load_assignment"]["endpoints"]
@@ -105,7 +119,7 @@ def ports_set(monkeypatch) -> dict[str, str]:
     ports = free_ports()
     for name, port in ports.items():
         monkeypatch.setenv(name, port)
-    for name in ("ENVOY_CONFIG", *UPSTREAMS, stack.PROOF_VARIABLE):
+    for name in ("ENVOY_CONFIG", *UPSTREAMS, *stack.OTHER_UPSTREAMS, stack.PROOF_VARIABLE):
         monkeypatch.delenv(name, raising=False)
     return ports
 
@@ -173,6 +187,13 @@ def test_a_config_without_a_prefill_cluster_is_run_without_one(ports_set, monkey
     names = [c["name"] for c in plan.envoy["static_resources"]["clusters"]]
     assert "prefill" not in names
     assert {"aggregated", "disaggregated", "ext_proc"} <= set(names)
+
+
+def test_the_coordinator_upstream_goes_to_the_coordinator_cluster(monkeypatch, ports_set):
+    monkeypatch.setenv("ENVOY_CONFIG", str(REPO / "envoy" / "envoy-coordinator.yaml"))
+    monkeypatch.setenv("COORDINATOR_UPSTREAM", "10.0.0.5:8090")
+    plan = stack.plan(None)
+    assert endpoint(plan.envoy, "coordinator") == {"address": "10.0.0.5", "port_value": 8090}
 
 
 def test_the_prefill_leg_defaults_to_the_decode_upstream(tmp_path):

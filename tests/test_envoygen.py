@@ -15,6 +15,7 @@ import yaml
 from ext_proc import carrier_headers, envoygen, route_policy, token_endpoints, vllm_request
 from ext_proc.attributes import HEADERS, attribute_keys
 from ext_proc.check_envoy import check
+from ext_proc.envoygen import route_headers
 from ext_proc.route_policy import Action, Topology
 from ext_proc.server import SERVICE_NAME
 from tests.filters import assert_fails_closed
@@ -246,14 +247,25 @@ def test_local_replies_tell_the_client_fixed_text_only(path):
     # machine's messages: the access log keeps it, no reply body carries it.
     manager = hcm_of(yaml.safe_load(path.read_text()))
     mappers = manager["local_reply_config"]["mappers"]
+    # A route-choosing header stated twice (route_headers): its own fixed text.
+    selecting = [
+        route_headers.message(policy.removesuffix("-stated-twice"))
+        for f in manager["http_filters"]
+        if f["name"] == route_headers.FILTER
+        for policy in f["typed_config"]["rules"]["policies"]
+    ]
+    messages = GENERIC_MESSAGES | {"BadRequestError": selecting}
     for mapper in mappers:
         error = mapper["body_format_override"]["json_format"]["error"]
-        assert error["message"] == GENERIC_MESSAGES[error["type"]]
+        if error["type"] == "BadRequestError":
+            assert error["message"] == selecting.pop(0)
+        else:
+            assert error["message"] == messages[error["type"]]
         assert error["code"] == "%RESPONSE_CODE%"
         assert "%" not in json.dumps({k: v for k, v in error.items() if k != "code"})
-    assert {m["body_format_override"]["json_format"]["error"]["type"] for m in mappers} == set(
-        GENERIC_MESSAGES
-    )
+    assert not selecting
+    types = {m["body_format_override"]["json_format"]["error"]["type"] for m in mappers}
+    assert types - {"BadRequestError"} == set(GENERIC_MESSAGES)
     (log,) = manager["access_log"]
     assert "%RESPONSE_CODE_DETAILS%" in json.dumps(log)
 

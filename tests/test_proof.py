@@ -1,5 +1,9 @@
+import contextlib
+import hashlib
 import json
+import math
 
+import orjson
 import pytest
 
 from ext_proc import proof
@@ -172,13 +176,64 @@ def test_no_signing_key_mints_nothing():
     assert proof.mint(proof.KeySet({"k1": b"k" * 32}, None), {"a": 1}, digest(), 1) is None
 
 
-def test_a_prompt_too_deep_to_render_is_a_refusal_not_a_crash():
-    deep: object = 1
-    for _ in range(5000):
+def nested(depth, leaf=1):
+    deep: object = leaf
+    for _ in range(depth):
         deep = [deep]
+    return deep
+
+
+def test_a_prompt_too_deep_to_render_is_a_refusal_not_a_crash():
+    document = {**PROMPT, "x": nested(5000)}
+    assert proof.prompt_digest(document, False, CHAT_PATH) is None
     with pytest.raises(BadRequest) as caught:
-        proof.prompt_digest({**PROMPT, "x": deep}, False, CHAT_PATH)
+        proof.prompt_digest_slow(document, CHAT_PATH)
     assert caught.value.reason == "body_too_deep"
+
+
+def rendered_digest(document, endpoint=CHAT_PATH):
+    """The digest as docs/trust.md defines it, the rendering written out whole."""
+    bound = {k: v for k, v in document.items() if k not in proof.UNBOUND_FIELDS}
+    rendering = None
+    if not any(isinstance(v, float) and not math.isfinite(v) for v in _values(bound)):
+        with contextlib.suppress(TypeError, orjson.JSONEncodeError):  # orjson: null for NaN
+            rendering = b"o" + orjson.dumps(bound, option=orjson.OPT_SORT_KEYS)
+    if rendering is None:
+        text = json.dumps(bound, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+        rendering = b"j" + text.encode()
+    named = endpoint.encode()
+    return hashlib.sha256(b"%d:%s" % (len(named), named) + rendering).digest()
+
+
+def _values(value):
+    yield value
+    if isinstance(value, dict | list):
+        for child in value.values() if isinstance(value, dict) else value:
+            yield from _values(child)
+
+
+@pytest.mark.parametrize(
+    ("extra", "orjson_safe", "fast"),
+    [
+        ({"x": [1.5, "é"]}, True, True),
+        # Deeper than the 254 levels orjson writes, though it reads them.
+        ({"x": nested(300, "\U0001f600" * 70_000)}, True, False),
+        ({"x": nested(300, float("nan"))}, False, False),
+        ({"x": [float("inf")]}, False, False),
+        ({"x": 2**70}, False, False),
+        ({"x": "\ud800"}, False, False),
+        # json.loads read it, but orjson renders the bound fields exactly.
+        ({"x": [1.5, "é"], "max_tokens": float("nan")}, False, True),
+    ],
+)
+def test_json_dumps_renders_the_digest_only_where_orjson_cannot(extra, orjson_safe, fast):
+    document = {**PROMPT, **extra}
+    found = proof.prompt_digest(document, orjson_safe, CHAT_PATH)
+    assert (found is not None) is fast
+    digest = found if fast else proof.prompt_digest_slow(document, CHAT_PATH)
+    # The same bytes hashed as when the rendering was built whole: proofs minted before
+    # still verify.
+    assert digest == rendered_digest(document)
 
 
 def test_a_proof_is_bound_to_the_endpoint_it_was_minted_for():

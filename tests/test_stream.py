@@ -817,10 +817,29 @@ def test_a_response_without_body_is_reported():
     assert stream.outcome.decision == Allow("response_without_body")
 
 
+@pytest.mark.parametrize("with_body", [True, False])
+def test_a_response_whose_request_the_processor_never_saw_passes_unsigned(with_body):
+    # Envoy sends a mint route's response even when the request never reached the
+    # processor: one without a body (one message per request), or Envoy's own answer or
+    # an earlier filter's (a buffer limit's 413, a route header stated twice).
+    trust = Trust(keys=lambda: KEYS, clock=lambda: 1000.0)
+    stream = Driven(max_body_bytes=1 << 20, trust=trust)
+    answers = stream.handle(ResponseHeaders(OK_JSON, not with_body))
+    assert answers == [ContinueResponseHeaders()]
+    if with_body:
+        # Everything a prefill response carries, and still nothing is signed.
+        answers = stream.handle(ResponseBody(SIGNED_RESPONSE, True))
+        assert answers == [ContinueResponseBody(None)]
+    assert stream.outcome is not None
+    assert (stream.outcome.phase, stream.outcome.decision) == (
+        "response",
+        Allow("not_minted_on_this_route"),
+    )
+    with pytest.raises(ProtocolError):  # and then nothing more
+        stream.handle(RequestBody(PREFILL, True))
+
+
 def test_response_messages_out_of_order_are_protocol_errors():
-    stream = new()
-    with pytest.raises(ProtocolError):
-        stream.handle(ResponseHeaders(OK_JSON, False))
     streamed = prefill_stream()
     streamed.handle(ResponseHeaders(OK_JSON, False))
     with pytest.raises(ProtocolError):
@@ -855,6 +874,26 @@ def test_deep_bodies_on_trust_routes_are_decided_or_refused_never_raised(route, 
         assert only(out).details == "token_policy_body_too_deep"
     else:
         assert isinstance(only(out), ContinueBody)
+
+
+@pytest.mark.parametrize(("size", "refused"), [(15 << 20, True), (1 << 20, False)])
+def test_a_digest_only_json_dumps_renders_is_gated_like_the_slow_parse(size, refused):
+    # A prefill request nested 300 levels deep: orjson reads them but writes 254, so
+    # json.dumps renders its digest (nothing to strip: no rewrite). Within the slow
+    # path's limits it is charged first; beyond them, 413 as the parse and the write.
+    head = PREFILL[:-1] + b',"x":' + b"[" * 300 + b"]" * 300 + b',"pad":"'
+    data = head + b"a" * (size - len(head) - 2) + b'"}'
+    stream = Driven(max_body_bytes=16 << 20, trust=Trust(keys=lambda: KEYS))
+    stream.handle(headers(MINT_ROUTE))
+    out = stream.handle(RequestBody(data, True), sent=False)
+    if refused:
+        assert only(out).status == 413
+        assert only(out).details == "token_policy_body_needs_slow_parse"
+    else:
+        assert isinstance(only(out), ContinueBody)
+        assert stream.last is not None
+        charged = memory.cost(size, body.scan(data).values) + memory.slow_extra(size)
+        assert stream.last.held == charged
 
 
 # --- endpoints: where a mint route signs, what a proof is bound to ----------------------

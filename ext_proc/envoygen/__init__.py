@@ -37,7 +37,9 @@ trust listed peers (``listener_tls``); ``description`` becomes the header commen
 
 A route whose policy action is ``mint`` (the prefill leg) gets an ``ExtProcPerRoute``
 override that also sends the response headers and the buffered response body to the
-processor. A route with a ``prefix_rewrite`` carries it in its policy metadata too
+processor. A route that matches request ``headers`` makes every request that sends
+one of them twice, or as a list, a 400 before the processor (``route_headers``). A
+route with a ``prefix_rewrite`` carries it in its policy metadata too
 (``match_prefix``, ``prefix_rewrite``: ``rewrite_fields``), so the processor knows the
 path the upstream receives. vLLM's token-in and echo endpoints (``/inference/``, any
 path whose last segment is ``render`` or ``derender``), as each route's upstream would

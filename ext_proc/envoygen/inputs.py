@@ -189,10 +189,13 @@ class RouteInput(BaseModel):
     prefix_rewrite: str | None = Field(default=None, pattern=r"^/[^%]*$")
     # Request headers the route also matches, each by its exact value (e.g. llm-d's
     # EPP-Profile for the coordinator's legs). A condition, not a credential: clients
-    # can send any header, so every route's policy must hold for any client.
-    headers: dict[Annotated[str, Field(pattern=_HEADER_NAME.pattern)], str] = Field(
-        default_factory=dict
-    )
+    # can send any header, so every route's policy must hold for any client. A request
+    # that states such a header twice, or with a list, is refused (route_headers): a
+    # value holds no comma.
+    headers: dict[
+        Annotated[str, Field(pattern=_HEADER_NAME.pattern)],
+        Annotated[str, Field(pattern=r"^[^,]*$")],
+    ] = Field(default_factory=dict)
     upstream: str
     policy: PolicyInput = PolicyInput()
     # Largest request body held for inspection on this route (413 beyond it).

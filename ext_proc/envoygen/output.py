@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import datetime
 import warnings
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
 import yaml
@@ -17,6 +17,7 @@ from betterproto2 import Casing
 from ext_proc import carrier_headers
 from ext_proc.address import HostPort
 from ext_proc.attributes import HEADERS, attribute_keys
+from ext_proc.envoygen import route_headers
 from ext_proc.envoygen.inputs import (
     PROCESSOR_CLUSTER,
     RESERVED_ROUTE_PREFIX,
@@ -377,6 +378,11 @@ def http_filters(spec: GeneratorInput) -> list[hcm.HttpFilter]:
             name=carrier_headers.FILTER, typed_config=protobuf.Any.pack(header_step(spec))
         )
     ]
+    selecting = _selecting(spec)
+    if selecting:
+        # A header that chooses the route stated twice is refused before the processor
+        # sees the request (route_headers).
+        filters.append(route_header_filter(selecting))
     if spec.decompress_gzip:
         # Before ext_proc: the processor sees, and the upstream receives, the plain body.
         filters.append(
@@ -437,9 +443,16 @@ def access_log(namespace: str) -> accesslog.AccessLog:
 
 
 def _not_processor_denial() -> accesslog.AccessLogFilter:
-    expression = cel_filter.ExpressionFilter(
-        expression="!response.code_details.startsWith('token_policy_')"
-    )
+    return _cel("!response.code_details.startsWith('token_policy_')")
+
+
+def _details(details: str) -> accesslog.AccessLogFilter:
+    quoted = details.replace("\\", "\\\\").replace("'", "\\'")  # a CEL string literal
+    return _cel(f"response.code_details == '{quoted}'")
+
+
+def _cel(text: str) -> accesslog.AccessLogFilter:
+    expression = cel_filter.ExpressionFilter(expression=text)
     return accesslog.AccessLogFilter(
         extension_filter=accesslog.ExtensionFilter(
             name="envoy.access_loggers.extension_filters.cel",
@@ -466,7 +479,29 @@ def _error_body(message: str, kind: str) -> core.SubstitutionFormatString:
     )
 
 
-def local_reply_config() -> hcm.LocalReplyConfig:
+def _selecting(spec: GeneratorInput) -> list[str]:
+    return route_headers.selecting(entry.headers for entry in spec.routes)
+
+
+def route_header_filter(selecting: Iterable[str]) -> hcm.HttpFilter:
+    """The RBAC filter refusing each of ``selecting`` stated twice (``route_headers``)."""
+    config = route_headers.rbac_config(selecting)
+    return hcm.HttpFilter(name=route_headers.FILTER, typed_config=protobuf.Any.pack(config))
+
+
+def route_header_mappers(selecting: Iterable[str]) -> list[hcm.ResponseMapper]:
+    """Its denials (RBAC's 403) as 400s in vLLM's error shape, naming the header."""
+    return [
+        hcm.ResponseMapper(
+            filter=_details(route_headers.denial_details(header)),
+            status_code=400,
+            body_format_override=_error_body(route_headers.message(header), "BadRequestError"),
+        )
+        for header in selecting
+    ]
+
+
+def local_reply_config(selecting: Iterable[str] = ()) -> hcm.LocalReplyConfig:
     """Envoy's own local replies in vLLM's error shape; processor denials untouched.
 
     The client's messages are fixed text: ``%RESPONSE_CODE_DETAILS%`` can hold internal
@@ -481,7 +516,9 @@ def local_reply_config() -> hcm.LocalReplyConfig:
         # route matches; an upstream's own 404 is no local reply and passes unchanged.
         (404, "not found", "NotFoundError"),
     )
-    mappers = [
+    # A header that chooses the route, stated twice (route_headers): RBAC's 403 as 400.
+    mappers = route_header_mappers(selecting)
+    mappers += [
         hcm.ResponseMapper(
             filter=accesslog.AccessLogFilter(
                 and_filter=accesslog.AndFilter(filters=[_status(code), _not_processor_denial()])
@@ -634,7 +671,7 @@ def connection_manager(spec: GeneratorInput) -> hcm.HttpConnectionManager:
             hcm.HttpConnectionManagerPathWithEscapedSlashesAction.UNESCAPE_AND_REDIRECT
         ),
         access_log=[access_log(spec.namespace)],
-        local_reply_config=local_reply_config(),
+        local_reply_config=local_reply_config(_selecting(spec)),
         route_config=route.RouteConfiguration(
             name="gateway",
             virtual_hosts=[route.VirtualHost(name="vllm", domains=["*"], routes=routes(spec))],
@@ -697,6 +734,13 @@ def build(spec: GeneratorInput) -> bootstrap.Bootstrap:
         static_resources=bootstrap.BootstrapStaticResources(listeners=[gateway], clusters=clusters),
         overload_manager=overload_manager(spec),
     )
+
+
+def as_dict(message: Any) -> dict[str, Any]:
+    """One typed message as proto3 JSON with Envoy's snake_case names (for manifests
+    that carry a piece of what ``build`` writes)."""
+    data: dict[str, Any] = _integral(message.to_dict(casing=Casing.SNAKE))
+    return data
 
 
 def _integral(value: Any) -> Any:

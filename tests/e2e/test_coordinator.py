@@ -210,3 +210,59 @@ def test_the_token_in_api_is_not_reached_with_any_profile(gateway):
             )
         assert reply.status_code == 404
     assert gateway.received() == []
+
+
+def test_a_mint_routes_answers_to_requests_the_processor_never_saw_pass(gateway):
+    # One message per request: a request without a body never reaches the processor,
+    # nor one Envoy answers itself (its buffer limit); their responses still come to it
+    # on the mint route, and pass unchanged, unsigned, rather than as a 500.
+    with httpx.Client(timeout=60) as client:
+        listed = client.get(gateway.stack.url + "/v1/models", headers={PROFILE: "prefill"})
+        large = b'{"model":"m","x":"' + b"a" * (17 << 20) + b'"}'
+        too_large = client.post(
+            gateway.stack.url + CHAT_PATH,
+            content=large,
+            headers={PROFILE: "prefill", "content-type": "application/json"},
+        )
+    assert listed.status_code == 200, listed.text
+    assert "token_policy_proof" not in listed.text
+    assert too_large.status_code == 413, too_large.text
+    assert too_large.json()["error"]["type"] == "PayloadTooLargeError"
+    assert [(r.method, r.target) for r in gateway.stack.received()] == [("GET", "/v1/models")]
+
+
+# Each way to state the phase twice, and the one phase that alone is routed.
+TWICE = {
+    "two headers": ([(PROFILE, "decode"), (PROFILE, "prefill")], "prefill"),
+    "the same twice": ([(PROFILE, "prefill"), (PROFILE, "prefill")], "prefill"),
+    "a list": ([(PROFILE, "decode, prefill")], "decode"),
+    "unknown values": ([(PROFILE, "x"), (PROFILE, "y")], "y"),
+}
+
+
+@pytest.mark.parametrize("http2", [False, True], ids=["http1", "http2"])
+@pytest.mark.parametrize(("headers", "alone"), list(TWICE.values()), ids=list(TWICE))
+def test_a_phase_stated_twice_is_refused_before_any_upstream(gateway, headers, alone, http2):
+    # Envoy matches a repeated header value by value: decode and prefill take the
+    # prefill route (docs/trust.md, one phase per request). Refused instead, with
+    # nothing sent to the pool or the coordinator, whatever the body carries.
+    document = {**CHAT, "kv_transfer_params": CLIENT_PARAMS}
+    url = gateway.stack.url + CHAT_PATH
+    with httpx.Client(timeout=30, http1=not http2, http2=http2) as client:
+        reply = client.post(url, json=document, headers=headers)
+        assert gateway.received() == []
+        assert gateway.coordinator.received == []
+        # One header, one value: the same request is routed (the refusal can fail).
+        routed = client.post(url, json=document, headers=[(PROFILE, alone)])
+    assert reply.status_code == 400, reply.text
+    assert reply.headers["content-type"] == "application/json"
+    error = reply.json()["error"]
+    assert (error["type"], error["code"], error["param"]) == ("BadRequestError", 400, None)
+    assert "epp-profile" in error["message"]
+    assert "send it once, with one value" in error["message"]
+    assert routed.status_code == 200, routed.text
+    # It arrived: at the pool for a phase, else at the coordinator (which sends its
+    # two legs to the pool).
+    phase = alone in ("prefill", "decode")
+    assert len(gateway.received()) == (1 if phase else 2)
+    assert len(gateway.coordinator.received) == (0 if phase else 1)

@@ -26,6 +26,7 @@ from tests.e2e.test_deploy import (
     policy_from,
     routes_of,
 )
+from tests.test_envoygen import hcm_of
 
 OUT = llmd.OUTPUT
 EG_LISTENER = "llm-d/inference-gateway/http"
@@ -104,10 +105,29 @@ def test_istio_keeps_the_filter_and_its_hold():
     names = [f["name"] for f in manager_of(istio())["http_filters"]]
     assert names == [
         "envoy.filters.http.header_mutation",
+        "envoy.filters.http.rbac",
         "ext_proc.token_policy",
         "envoy.filters.http.buffer",
         "envoy.filters.http.router",
     ]
+
+
+@pytest.mark.parametrize("assemble", [istio, envoy_gateway], ids=["istio", "envoy-gateway"])
+def test_a_phase_stated_twice_is_refused_as_in_the_gateways_config(assemble):
+    # The same RBAC filter and 400 as envoy/envoy-coordinator.yaml (which
+    # tests/e2e/test_coordinator.py sends both forms to), between the header step and
+    # the processor's filter.
+    shipped = hcm_of(yaml.safe_load((llmd.REPO / "envoy" / "envoy-coordinator.yaml").read_text()))
+    (want,) = [f for f in shipped["http_filters"] if f["name"] == "envoy.filters.http.rbac"]
+    manager = manager_of(assemble())
+    names = [f["name"] for f in manager["http_filters"]]
+    at = names.index("envoy.filters.http.rbac")
+    assert names[at - 1] == "envoy.filters.http.header_mutation"
+    assert manager["http_filters"][at] == want
+    assert at < min(i for i, f in enumerate(manager["http_filters"]) if "ext_proc" in str(f))
+    (mapper,) = manager["local_reply_config"]["mappers"]
+    assert mapper == shipped["local_reply_config"]["mappers"][0]
+    assert mapper["status_code"] == 400
 
 
 def _without_mint_override(envoy_filter: dict[str, Any]) -> None:
