@@ -96,6 +96,41 @@ def _canonical(text: str) -> bool:
     return _b64(_unb64(text)) == text
 
 
+# The most bytes the signed parameters but the ids may render to. json.dumps holds a few
+# times its output while it writes (its pieces, the joined text, the encoded bytes), and
+# a client chooses what a proof's parameters hold before its MAC is checked: the bound,
+# read without rendering, keeps that transient small (one stream at a time per process)
+# whatever the body. A connector's keys render to a few KiB (block ids: a few per
+# 16-token block).
+MAX_HEAD_BYTES: Final = 256 * 1024
+
+
+def _within(value: Any, limit: int) -> bool:
+    """Whether json.dumps (ASCII) of ``value`` writes at most ``limit`` bytes, from an
+    upper bound of each value's text (a string: 6 per character, every escape's most),
+    walked without recursion and given up as soon as it is over."""
+    total, pending = 0, [value]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, str):
+            total += 6 * len(item) + 3
+        elif isinstance(item, dict):
+            total += 2
+            for key, member in item.items():
+                pending.append(key)
+                pending.append(member)
+        elif isinstance(item, list):
+            total += 2
+            pending.extend(item)
+        elif isinstance(item, int):  # bool included
+            total += item.bit_length() // 3 + 7
+        else:  # a float, None
+            total += 26
+        if total > limit:
+            return False
+    return True
+
+
 def canonical(params: Mapping[str, Any]) -> tuple[bytes, bytes] | None:
     """The parameters (without the proof) as signed bytes, in two parts signed as
     ``head + b"\\n" + ids``; None when not renderable.
@@ -105,8 +140,11 @@ def canonical(params: Mapping[str, Any]) -> tuple[bytes, bytes] | None:
     canonical text (``Ids.signed``): for ids read from the body, that text is taken from
     the body's bytes, not rendered again. The head is ASCII JSON without a newline, so
     the parts are told apart; the signed bytes are those the two parts joined make.
+    Parameters whose head could render past ``MAX_HEAD_BYTES`` are not renderable.
     """
     rest = {k: v for k, v in params.items() if k not in (IDS_KEY, PROOF_KEY)}
+    if not _within(rest, MAX_HEAD_BYTES):
+        return None
     try:
         head = json.dumps(
             rest, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False

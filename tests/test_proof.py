@@ -2,6 +2,7 @@ import contextlib
 import hashlib
 import json
 import math
+import tracemalloc
 
 import orjson
 import pytest
@@ -269,3 +270,24 @@ def test_only_the_canonical_base64_of_a_proof_is_accepted():
         assert proof.verify(KEYS, {**params, proof.PROOF_KEY: token}, digest(), 0, 0) == (
             "proof_malformed"
         )
+
+
+def test_parameters_too_large_to_render_are_not_provable_and_cost_little():
+    # A client chooses what a proof's parameters hold before the MAC is checked: a huge
+    # astral string would make json.dumps hold several times the body uncharged.
+    big = {"prompt_token_ids": [1], "remote_engine_id": "\U0001f600" * (1 << 20)}
+    tracemalloc.start()
+    try:
+        assert proof.canonical(big) is None
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 64 * 1024
+    # A well-formed proof of other parameters: refused before any rendering.
+    token = proof.mint(KEYS, {"prompt_token_ids": [1]}, digest(), 100)
+    assert proof.verify(KEYS, {**big, proof.PROOF_KEY: token}, digest(), 100, 0) == (
+        "proof_malformed"
+    )
+    signed = {"prompt_token_ids": [1], "remote_block_ids": list(range(8192)), "h": "é" * 1000}
+    assert proof.canonical(signed) is not None  # a long prompt's block ids sign
+    assert proof.mint(KEYS, big, digest(), 100) is None
