@@ -66,8 +66,10 @@ def kube_objects() -> list[tuple[Path, dict[str, Any]]]:
     ]
 
 
-def one(kind: str) -> dict[str, Any]:
-    (found,) = [doc for _, doc in kube_objects() if doc["kind"] == kind]
+def one(kind: str, name: str = "ext-proc-token-policy") -> dict[str, Any]:
+    (found,) = [
+        doc for _, doc in kube_objects() if doc["kind"] == kind and doc["metadata"]["name"] == name
+    ]
     return found
 
 
@@ -140,9 +142,12 @@ def test_core_objects_follow_the_kubernetes_schemas():
         [
             "ConfigMap",
             "Deployment",
+            "Deployment",
             "HorizontalPodAutoscaler",
             "NetworkPolicy",
+            "NetworkPolicy",
             "PodDisruptionBudget",
+            "Service",
             "Service",
             "Service",
             "ServiceAccount",
@@ -169,9 +174,15 @@ def test_kustomize_renders_exactly_the_listed_objects():
         metadata = doc["metadata"]
         assert metadata["namespace"] == "llm-d", doc["kind"]
         assert metadata["labels"]["app.kubernetes.io/part-of"] == "ext-proc-token-policy"
-    (deployment,) = [doc for doc in rendered if doc["kind"] == "Deployment"]
-    images = {c["image"] for c in deployment["spec"]["template"]["spec"]["containers"]}
-    assert images == {"ghcr.io/example/ext-proc-token-policy:0.1.0"}
+    images = {
+        doc["metadata"]["name"]: {c["image"] for c in doc["spec"]["template"]["spec"]["containers"]}
+        for doc in rendered
+        if doc["kind"] == "Deployment"
+    }
+    assert images == {
+        "ext-proc-token-policy": {"ghcr.io/example/ext-proc-token-policy:0.1.0"},
+        "ext-proc-redis": {"redis:7"},
+    }
 
 
 def test_schema_check_catches_a_typo():
@@ -298,7 +309,11 @@ def test_selectors_agree():
     for kind in ("PodDisruptionBudget",):
         assert one(kind)["spec"]["selector"]["matchLabels"].items() <= labels.items()
     assert one("NetworkPolicy")["spec"]["podSelector"]["matchLabels"].items() <= labels.items()
-    services = [doc for _, doc in kube_objects() if doc["kind"] == "Service"]
+    services = [
+        doc
+        for _, doc in kube_objects()
+        if doc["kind"] == "Service" and doc["metadata"]["name"] != "ext-proc-redis"
+    ]
     assert len(services) == 2
     for service in services:
         assert service["spec"]["selector"].items() <= labels.items()
@@ -319,7 +334,18 @@ def test_selectors_agree():
 def test_network_policy_admits_only_the_gateway_on_50051_and_prometheus_on_9464():
     spec = one("NetworkPolicy")["spec"]
     assert spec["policyTypes"] == ["Ingress", "Egress"]
-    assert spec["egress"] == []
+    # Egress: the Redis record of spent proofs on 6379 and the cluster DNS, nothing else.
+    redis, dns = spec["egress"]
+    assert redis == {
+        "to": [{"podSelector": {"matchLabels": redis_pod_labels()}}],
+        "ports": [{"protocol": "TCP", "port": 6379}],
+    }
+    (peer,) = dns["to"]
+    assert peer["podSelector"] == {"matchLabels": {"k8s-app": "kube-dns"}}
+    assert peer["namespaceSelector"] == {
+        "matchLabels": {"kubernetes.io/metadata.name": "kube-system"}
+    }
+    assert {(p["protocol"], p["port"]) for p in dns["ports"]} == {("UDP", 53), ("TCP", 53)}
     grpc, metrics = spec["ingress"]
     assert grpc["ports"] == [{"protocol": "TCP", "port": 50051}]
     (peer,) = grpc["from"]
@@ -328,6 +354,118 @@ def test_network_policy_admits_only_the_gateway_on_50051_and_prometheus_on_9464(
     assert metrics["ports"] == [{"protocol": "TCP", "port": 9464}]
     (peer,) = metrics["from"]
     assert peer["podSelector"]["matchLabels"] == {"app.kubernetes.io/name": "prometheus"}
+
+
+# --- the record of spent proofs: Redis ---------------------------------------------------
+
+
+def redis_pod_labels() -> dict[str, str]:
+    """The Redis Deployment's selector: the labels its pods are known by."""
+    labels: dict[str, str] = one("Deployment", "ext-proc-redis")["spec"]["selector"]["matchLabels"]
+    return labels
+
+
+def redis_command() -> list[str]:
+    pod = one("Deployment", "ext-proc-redis")["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    command: list[str] = container["command"]
+    return command
+
+
+def redis_option(command: list[str], name: str) -> str:
+    (index,) = [i for i, arg in enumerate(command) if arg == f"--{name}"]
+    return command[index + 1]
+
+
+def rendered_base() -> list[dict[str, Any]]:
+    if KUBECTL is None:
+        pytest.skip("kubectl is not on PATH")
+    result = subprocess.run(
+        [KUBECTL, "kustomize", str(KUBE)], capture_output=True, text=True, check=False, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    return [doc for doc in yaml.safe_load_all(result.stdout) if doc is not None]
+
+
+def test_the_replicas_share_the_redis_record_as_rendered():
+    rendered = rendered_base()
+    (config_map,) = [
+        d
+        for d in rendered
+        if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "ext-proc-token-policy"
+    ]
+    config = Config.model_validate(yaml.safe_load(config_map["data"]["config.yaml"]))
+    (service,) = [
+        d for d in rendered if d["kind"] == "Service" and d["metadata"]["name"] == "ext-proc-redis"
+    ]
+    (port,) = service["spec"]["ports"]
+    # The processor resolves the bare name in its own namespace: the Service's.
+    assert service["metadata"]["namespace"] == config_map["metadata"]["namespace"]
+    assert config.proof.record == f"redis://{service['metadata']['name']}:{port['port']}/0"
+    (redis,) = [
+        d
+        for d in rendered
+        if d["kind"] == "Deployment" and d["metadata"]["name"] == "ext-proc-redis"
+    ]
+    pod = redis["spec"]["template"]
+    assert service["spec"]["selector"].items() <= pod["metadata"]["labels"].items()
+    (container,) = pod["spec"]["containers"]
+    (container_port,) = [p for p in container["ports"] if p["name"] == port["targetPort"]]
+    assert container_port["containerPort"] == int(redis_option(container["command"], "port"))
+    # Several replicas verify proofs for the same routes.
+    assert one("HorizontalPodAutoscaler")["spec"]["minReplicas"] >= 2
+
+
+def test_redis_keeps_nothing_and_evicts_only_by_ttl():
+    redis = one("Deployment", "ext-proc-redis")
+    command = redis_command()
+    assert command[0] == "redis-server"
+    assert redis_option(command, "save") == ""
+    assert redis_option(command, "appendonly") == "no"
+    assert redis_option(command, "maxmemory-policy") == "volatile-ttl"
+    maxmemory = redis_option(command, "maxmemory")
+    assert maxmemory.endswith("mb")
+    # Far above what the record holds at 10,000 proofs honored per second: every key
+    # lives ttl + 2 x skew, ~100 bytes each (an evicted live key lets a replay through).
+    proof = processor_config().proof
+    held = 10_000 * (proof.ttl_seconds + 2 * proof.clock_skew_seconds) * 100
+    assert int(maxmemory.removesuffix("mb")) * 1024**2 >= 2 * held
+    # One record at a time: never two Redis pods behind the Service.
+    assert redis["spec"]["replicas"] == 1
+    assert redis["spec"]["strategy"] == {"type": "Recreate"}
+    pod = redis["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert "persistentVolumeClaim" not in json.dumps(pod["volumes"])
+    assert {"cpu", "memory"} <= set(container["resources"]["requests"])
+    assert {"cpu", "memory"} <= set(container["resources"]["limits"])
+    limit = container["resources"]["limits"]["memory"]
+    assert int(limit.removesuffix("Mi")) > int(maxmemory.removesuffix("mb"))
+    security = container["securityContext"]
+    assert security["runAsNonRoot"] is True
+    assert security["readOnlyRootFilesystem"] is True
+    assert security["allowPrivilegeEscalation"] is False
+    assert security["capabilities"]["drop"] == ["ALL"]
+    assert pod["securityContext"]["runAsUser"] != 0
+    assert pod["automountServiceAccountToken"] is False
+
+
+def test_only_the_processor_pods_reach_redis():
+    spec = one("NetworkPolicy", "ext-proc-redis")["spec"]
+    assert spec["podSelector"] == {"matchLabels": redis_pod_labels()}
+    assert spec["policyTypes"] == ["Ingress", "Egress"]
+    assert spec["egress"] == []
+    (rule,) = spec["ingress"]
+    assert rule["from"] == [
+        {"podSelector": {"matchLabels": {"app.kubernetes.io/name": "ext-proc-token-policy"}}}
+    ]
+    assert rule["ports"] == [{"protocol": "TCP", "port": 6379}]
+    processor = one("Deployment")["spec"]["template"]["metadata"]["labels"]
+    assert rule["from"][0]["podSelector"]["matchLabels"].items() <= processor.items()
+    # The selector picks the processor pods and not Redis itself or anything else shipped.
+    for _, doc in kube_objects():
+        if doc["kind"] == "Deployment" and doc["metadata"]["name"] != "ext-proc-token-policy":
+            labels = doc["spec"]["template"]["metadata"]["labels"]
+            assert not rule["from"][0]["podSelector"]["matchLabels"].items() <= labels.items()
 
 
 # --- the generator -----------------------------------------------------------------------

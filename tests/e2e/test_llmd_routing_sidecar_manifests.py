@@ -50,7 +50,7 @@ def deployment(rendered: list[dict[str, Any]], role: str) -> dict[str, Any]:
     (found,) = [
         d
         for d in objects(rendered, "Deployment")
-        if d["metadata"]["labels"]["llm-d.ai/role"] == role
+        if d["metadata"]["labels"].get("llm-d.ai/role") == role
     ]
     return found
 
@@ -107,9 +107,12 @@ def test_the_objects_follow_the_kubernetes_schemas(rendered):
             "ConfigMap",
             "Deployment",
             "Deployment",
+            "Deployment",
+            "NetworkPolicy",
             "NetworkPolicy",
             "Role",
             "RoleBinding",
+            "Service",
             "ServiceAccount",
         ]
     )
@@ -231,8 +234,72 @@ def test_the_routing_sidecar_is_hardened(rendered):
     ]
 
 
+def named(rendered: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
+    (found,) = [d for d in objects(rendered, kind) if d["metadata"]["name"] == name]
+    return found
+
+
+def redis_option(command: list[str], name: str) -> str:
+    (index,) = [i for i, arg in enumerate(command) if arg == f"--{name}"]
+    return command[index + 1]
+
+
+def test_every_pods_processor_shares_the_redis_record(rendered):
+    config_map = named(rendered, "ConfigMap", "ext-proc-token-policy-pod")
+    config = Config.model_validate(yaml.safe_load(config_map["data"]["config.yaml"]))
+    service = named(rendered, "Service", "ext-proc-redis")
+    (port,) = service["spec"]["ports"]
+    assert service["metadata"]["namespace"] == config_map["metadata"]["namespace"]
+    # A decode pod honors a proof only if no pod did: one record for all of them.
+    assert config.proof.record == f"redis://{service['metadata']['name']}:{port['port']}/0"
+    redis = named(rendered, "Deployment", "ext-proc-redis")
+    assert redis["spec"]["replicas"] == 1
+    assert redis["spec"]["strategy"] == {"type": "Recreate"}
+    template = redis["spec"]["template"]
+    assert service["spec"]["selector"].items() <= template["metadata"]["labels"].items()
+    (container,) = template["spec"]["containers"]
+    command = container["command"]
+    assert container["image"] == "redis:7"
+    (container_port,) = [p for p in container["ports"] if p["name"] == port["targetPort"]]
+    assert container_port["containerPort"] == int(redis_option(command, "port"))
+    # Persistence off; eviction by TTL only, sized as deploy/kubernetes's.
+    assert redis_option(command, "save") == ""
+    assert redis_option(command, "appendonly") == "no"
+    assert redis_option(command, "maxmemory-policy") == "volatile-ttl"
+    shipped = yaml.safe_load_all((REPO / "deploy" / "kubernetes" / "redis.yaml").read_text())
+    (base,) = [d for d in shipped if d["kind"] == "Deployment"]
+    assert command == base["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    assert container["securityContext"]["runAsNonRoot"] is True
+    # Both roles' processors carry the config, and their pods may reach Redis (the
+    # pool's own NetworkPolicy restricts ingress only).
+    for role in ROLES:
+        spec = pod(rendered, role)
+        (volume,) = [v for v in spec["volumes"] if v["name"] == "token-policy-config"]
+        assert volume["configMap"]["name"] == "ext-proc-token-policy-pod"
+    assert named(rendered, "NetworkPolicy", "llm-d-model-servers")["spec"]["policyTypes"] == [
+        "Ingress"
+    ]
+
+
+def test_only_the_pools_pods_reach_redis(rendered):
+    spec = named(rendered, "NetworkPolicy", "ext-proc-redis")["spec"]
+    redis = named(rendered, "Deployment", "ext-proc-redis")
+    assert spec["podSelector"] == {"matchLabels": redis["spec"]["selector"]["matchLabels"]}
+    assert spec["policyTypes"] == ["Ingress", "Egress"]
+    assert spec["egress"] == []
+    (rule,) = spec["ingress"]
+    pool = {"llm-d.ai/inference-serving": "true"}
+    assert rule["from"] == [{"podSelector": {"matchLabels": pool}}]
+    assert rule["ports"] == [{"protocol": "TCP", "port": 6379}]
+    for role in ROLES:
+        labels = deployment(rendered, role)["spec"]["template"]["metadata"]["labels"]
+        assert pool.items() <= labels.items(), role
+    assert not pool.items() <= redis["spec"]["template"]["metadata"]["labels"].items()
+
+
 def test_the_network_policy_admits_the_pool_to_nixl_and_ucx_only(rendered):
-    (policy,) = objects(rendered, "NetworkPolicy")
+    policy = named(rendered, "NetworkPolicy", "llm-d-model-servers")
     spec = policy["spec"]
     assert spec["podSelector"] == {"matchLabels": {"llm-d.ai/inference-serving": "true"}}
     assert spec["policyTypes"] == ["Ingress"]

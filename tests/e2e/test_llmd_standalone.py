@@ -391,7 +391,7 @@ def test_epp_network_policy():
 def test_processor_network_policy_admits_the_epp_pod():
     spec = policy("processor-networkpolicy.yaml")["spec"]
     assert spec["podSelector"]["matchLabels"].items() <= processor_pod_labels().items()
-    # Ingress only: the processor's egress stays denied by deploy/kubernetes.
+    # Ingress only: the processor's egress stays as deploy/kubernetes sets it (Redis, DNS).
     assert spec["policyTypes"] == ["Ingress"]
     (rule,) = spec["ingress"]
     (peer,) = rule["from"]
