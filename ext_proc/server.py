@@ -113,7 +113,9 @@ def open_record(config: Config, metrics: Metrics, shared: Path | None = None) ->
     proof = config.proof
     if proof.record:
         errors = metrics.record_errors.labels("redis")
-        return RedisRecord(proof.record, proof.record_timeout_seconds, on_error=errors.inc)
+        # A record that began later than this may miss a proof honored before it.
+        warm_up = proof.ttl_seconds + 3 * proof.clock_skew_seconds
+        return RedisRecord(proof.record, proof.record_timeout_seconds, warm_up, on_error=errors.inc)
     if shared is not None:
         return LocalRecord.open(shared)
     return LocalRecord.anonymous(proof.record_slots)

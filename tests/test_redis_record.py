@@ -16,7 +16,7 @@ def closed_port() -> int:
 
 def test_a_redis_that_refuses_connections_is_unavailable_at_once():
     errors = []
-    record = RedisRecord(f"redis://127.0.0.1:{closed_port()}/0", 0.25, lambda: errors.append(1))
+    record = RedisRecord(f"redis://127.0.0.1:{closed_port()}/0", 0.25, 0, lambda: errors.append(1))
 
     async def spend():
         try:
@@ -35,7 +35,7 @@ def test_a_redis_that_never_answers_is_unavailable_after_the_timeout():
         silent.bind(("127.0.0.1", 0))
         silent.listen(8)
         port = silent.getsockname()[1]
-        record = RedisRecord(f"redis://127.0.0.1:{port}/0", 0.2)
+        record = RedisRecord(f"redis://127.0.0.1:{port}/0", 0.2, 0)
 
         async def spend():
             try:
@@ -47,5 +47,5 @@ def test_a_redis_that_never_answers_is_unavailable_after_the_timeout():
 
 
 def test_a_ticket_past_its_time_is_never_new():
-    record = RedisRecord("redis://127.0.0.1:1/0", 0.2)
+    record = RedisRecord("redis://127.0.0.1:1/0", 0.2, 0)
     assert asyncio.run(record.spend(Ticket(b"k" * 16, int(time.time()) - 1))) is Verdict.SPENT

@@ -422,7 +422,7 @@ def test_redis_keeps_nothing_and_evicts_only_by_ttl():
     assert command[0] == "redis-server"
     assert redis_option(command, "save") == ""
     assert redis_option(command, "appendonly") == "no"
-    assert redis_option(command, "maxmemory-policy") == "volatile-ttl"
+    assert redis_option(command, "maxmemory-policy") == "noeviction"
     maxmemory = redis_option(command, "maxmemory")
     assert maxmemory.endswith("mb")
     # Far above what the record holds at 10,000 proofs honored per second: every key

@@ -265,7 +265,7 @@ def test_every_pods_processor_shares_the_redis_record(rendered):
     # Persistence off; eviction by TTL only, sized as deploy/kubernetes's.
     assert redis_option(command, "save") == ""
     assert redis_option(command, "appendonly") == "no"
-    assert redis_option(command, "maxmemory-policy") == "volatile-ttl"
+    assert redis_option(command, "maxmemory-policy") == "noeviction"
     shipped = yaml.safe_load_all((REPO / "deploy" / "kubernetes" / "redis.yaml").read_text())
     (base,) = [d for d in shipped if d["kind"] == "Deployment"]
     assert command == base["spec"]["template"]["spec"]["containers"][0]["command"]

@@ -218,13 +218,18 @@ def redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Redis]:
         server.stop()
 
 
+# Proofs live 2 s, clocks 1 s apart: a record that begins honors after 2 + 3 x 1 s.
+SHORT = {"ttl_seconds": 2, "clock_skew_seconds": 1, "kv_lease_seconds": 5}
+WARM_UP = 5
+
+
 @pytest.fixture(scope="module")
 def sharing(
     redis: Redis, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[tuple[Stack, Stack]]:
     """Two gateways, each its own Envoy and processor, one key and one Redis."""
     key = new_key()
-    config = {"proof": {"record": redis.url}}
+    config = {"proof": {"record": redis.url, **SHORT}}
     stacks = [
         Stack(tmp_path_factory.mktemp(name), proof_keys={KEY_ID: key}, processor_config=config)
         for name in ("first", "second")
@@ -238,8 +243,22 @@ def sharing(
             stack.stop()
 
 
+def warmed_up(client: httpx.Client, stack: Stack) -> None:
+    """A record that has just begun honors nothing until every proof honored before it
+    began (by a Redis since restarted or flushed) has expired; then it honors."""
+    began = time.monotonic()
+    sent = chat(minted(client, stack))
+    assert_not_honored(stack, sent, decode(client, stack, sent), "proof_record_unavailable")
+    assert "record_warming_up" in stack.logs("processor")
+    while time.monotonic() < began + WARM_UP + 0.5:
+        time.sleep(0.1)
+    sent = chat(minted(client, stack))
+    assert_honored(stack, sent, decode(client, stack, sent))
+
+
 def test_a_proof_replayed_through_a_second_processor_is_refused(sharing, client):
     first, second = sharing
+    warmed_up(client, first)
     sent = chat(minted(client, first))
     assert_honored(first, sent, decode(client, first, sent))
     assert_not_honored(second, sent, decode(client, second, sent), "proof_replayed")
@@ -263,6 +282,9 @@ def test_no_proof_is_honored_while_redis_is_down_and_honoring_resumes(sharing, r
     after = metric(metrics_text(first), "ext_proc_proof_record_errors_total", **errors)
     assert after >= before + 1
     assert "proof record unavailable" in first.logs("processor")
-    # The same proof was never recorded: honored now that Redis answers, and once only.
+    # The restarted Redis is empty: nothing is honored until what it forgot expired,
+    # then a proof is honored once.
+    warmed_up(client, first)
+    sent = chat(minted(client, first))
     assert_honored(first, sent, decode(client, first, sent))
     assert_not_honored(first, sent, decode(client, first, sent), "proof_replayed")
