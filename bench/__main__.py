@@ -53,6 +53,13 @@ def _parser() -> argparse.ArgumentParser:
         "--workers", type=_list(int), default=run.WORKERS, help="service worker counts"
     )
     parser.add_argument("--threads", type=int, default=1, help="wrk threads")
+    parser.add_argument(
+        "--records",
+        type=_list(str, run.RECORDS),
+        default=("local",),
+        help="the service's records of spent proofs: local (service-wN) and/or redis "
+        "(service-wN-redis, against a redis-server the harness starts), e.g. local,redis",
+    )
     commands = parser.add_subparsers(dest="command")
     prof = commands.add_parser("profile", help="py-spy profile of the service under load")
     prof.add_argument("--out", type=Path, default=RESULTS, help="output directory")
@@ -107,6 +114,7 @@ def _plan(args: argparse.Namespace) -> run.Plan:
         threads=args.threads,
         selection=selection,
         rounds=rounds,
+        records=args.records,
     )
 
 

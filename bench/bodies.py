@@ -15,8 +15,9 @@ would (at 1 MiB the routes' max_ids, 128k):
   unproven honor, what a route reachable only by trusted components does).
 - ``honor-proven``: the valid ids on the shipped decode route ``/pd/v1/`` with the proof
   the gateway mints on the prefill leg (bench/proofs.py): the proof verified (HMAC over
-  the parameters, the prompt digest), the ids validated, the proof removed (body
-  rewritten).
+  the parameters, the prompt digest), spent in the record of spent proofs, the ids
+  validated, the proof removed (body rewritten). A proof is honored once, so ``data``
+  holds a placeholder proof (``proof_at``) and every request another (bench/load.py).
 
 The direct and naive arrangements do not look at bodies: every body reaches the upstream.
 """
@@ -57,6 +58,29 @@ class Body:
     path: str
     data: bytes
     id_count: int
+    # Where the proof of a proven body starts in ``data`` (proofs.WIDTH bytes): its
+    # requests carry another proof there each (bench/proofs.py, bench/load.py).
+    proof_at: int | None = None
+
+    @property
+    def prefix(self) -> bytes:
+        """The bytes before the proof (a proven body)."""
+        if self.proof_at is None:
+            raise ValueError(f"{self.decision} bodies carry no proof")
+        return self.data[: self.proof_at]
+
+    @property
+    def suffix(self) -> bytes:
+        """The bytes after the proof (a proven body)."""
+        if self.proof_at is None:
+            raise ValueError(f"{self.decision} bodies carry no proof")
+        return self.data[self.proof_at + proofs.WIDTH :]
+
+    def with_proof(self, token: bytes) -> bytes:
+        """The body carrying ``token`` instead of its placeholder proof."""
+        if len(token) != proofs.WIDTH:
+            raise ValueError(f"a proof is {proofs.WIDTH} bytes, not {len(token)}")
+        return self.prefix + token + self.suffix
 
     def expected_status(self, polices: bool) -> int:
         """What the client should see: the service denies, everything else forwards."""
@@ -143,6 +167,10 @@ def build(size: str, decision: str) -> Body:
     if decision == "honor":
         return Body(size, decision, ANY_CALLER, _exact(ids, SIZES[size]), count)
     if decision == "honor-proven":
-        return Body(size, decision, DISAGGREGATED, _exact(ids, SIZES[size], True), count)
+        data = _exact(ids, SIZES[size], True)
+        token = json.loads(data)["kv_transfer_params"]["token_policy_proof"].encode()
+        if len(token) != proofs.WIDTH or data.count(token) != 1:
+            raise ValueError("the placeholder proof is not where a proof can be spliced")
+        return Body(size, decision, DISAGGREGATED, data, count, data.index(token))
     ids[count // 2] = True
     return Body(size, decision, ANY_CALLER, _exact(ids, SIZES[size]), count)

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench import bodies, cpu, load, stack, tools
+from bench import run as matrix
 
 DEFAULT_SCENARIOS = (
     ("2k", "strip", 8),
@@ -151,17 +152,30 @@ def _profile_one(
     size, decision, concurrency = scenario
     wrk = tools.ensure_system_tools()["wrk"]
     body = bodies.build(size, decision)
-    data = bench.workdir / f"body-{size}-{decision}.json"
-    data.write_bytes(body.data)
-    lua = load.script(bench.workdir, data)
+    slices: tuple[load.Slice | None, load.Slice | None] = (None, None)
+    if body.proof_at is None:
+        data = bench.workdir / f"body-{size}-{decision}.json"
+        data.write_bytes(body.data)
+        lua, probe = load.script(bench.workdir, data), body.data
+    else:  # a proof per request, as in bench/run.py: the warm-up's, then the window's
+        cell = matrix.Cell(size, decision, concurrency)
+        proven = matrix._proven(bench.workdir, _plan(seconds, cell), cell, body)
+        lua, probe, slices = proven.lua, proven.probe, proven.layout.slices(0)
     running = bench.running[name]
-    stack.probe(running.gateway, body.path, body.data)
-    load.run(wrk, running.url(body.path), lua, concurrency=concurrency, seconds=2)
+    stack.probe(running.gateway, body.path, probe)
+    url = running.url(body.path)
+    load.run(wrk, url, lua, concurrency=concurrency, seconds=2, proofs=slices[0])
     raw = out / f"profile-{size}-{decision}-c{concurrency}.collapsed.txt"
     with ThreadPoolExecutor(max_workers=1) as pool:
         # The load outlasts the profile window on both sides.
         loading = pool.submit(
-            load.run, wrk, running.url(body.path), lua, concurrency=concurrency, seconds=seconds + 2
+            load.run,
+            wrk,
+            url,
+            lua,
+            concurrency=concurrency,
+            seconds=seconds + 2,
+            proofs=slices[1],
         )
         time.sleep(1)
         pid = bench.processor_pid(name)
@@ -172,6 +186,11 @@ def _profile_one(
     label = f"{bodies.SIZES[size]} B {decision} on {body.path}, concurrency {concurrency}"
     print(f"bench: profiled {label}", file=sys.stderr, flush=True)
     return _section(label, window, parse(raw.read_text()), top)
+
+
+def _plan(seconds: int, *cells: matrix.Cell) -> matrix.Plan:
+    """The load of a profile as a bench plan: 2 s of warm-up, then the window and 2 s."""
+    return matrix.Plan(cells, (1,), seconds + 2, 2, smoke=False)
 
 
 def run(
@@ -190,7 +209,14 @@ def run(
     arrangement = stack.Arrangement("service", workers if "--workers" in options else 1)
     workdir = Path(tempfile.mkdtemp(prefix="ext_proc-profile-"))
     out.mkdir(parents=True, exist_ok=True)
-    with stack.BenchStack(workdir, paths["nginx"], [arrangement], serve_options=options) as bench:
+    cells = [matrix.Cell(*scenario) for scenario in scenarios]
+    with stack.BenchStack(
+        workdir,
+        paths["nginx"],
+        [arrangement],
+        serve_options=options,
+        record_slots=matrix.record_slots(_plan(seconds, *cells)),
+    ) as bench:
         sections = [
             _profile_one(
                 bench,

@@ -369,9 +369,13 @@ def _arrangement_notes(results: dict[str, Any]) -> list[str]:
         "`envoy/envoy.yaml` (headers skipped: one gRPC message per request);",
         "service-w1-2msg": "`service-w1-2msg`: the same behind `envoy/envoy-two-message.yaml` "
         "(headers, then body: two gRPC messages per request);",
+        "service-wN-redis": "`service-wN-redis`: `service-wN` keeping its spent proofs in a "
+        "`redis-server` on loopback (`proof.record: redis://...`) instead of its own table;",
     }
     if any(re.fullmatch(r"service-w\d+", name) for name in names):
         names.append("service-wN")
+    if any(re.fullmatch(r"service-w\d+-redis", name) for name in names):
+        names.append("service-wN-redis")
     lines = [text for key, text in notes.items() if key in names]
     if default is not None:
         lines.append(f"`{default}` is the shipped default arrangement, the one judged.")
@@ -403,8 +407,10 @@ def markdown(results: dict[str, Any]) -> str:
         "without ids on `/v1/`; `strip` = ids on `/v1/` (removed, body rewritten); `deny` = "
         "ids with a `true` on `/pd-any/v1/` (400 from the service); `honor` = valid ids on "
         "`/pd-any/v1/` (`trust_any_caller`: validated, forwarded unchanged); `honor-proven` = "
-        "valid ids and the gateway's proof on `/pd/v1/` (verified, validated, the proof "
-        "removed). Direct and naive forward every body.",
+        "valid ids and the gateway's proof on `/pd/v1/` (verified, spent in the record of "
+        "spent proofs, validated, the proof removed), a different proof in every request "
+        "(a pool minted for the cell, spliced in by wrk's script in every arrangement). "
+        "Direct and naive forward every body.",
         "",
     ]
     connections = {
@@ -436,6 +442,7 @@ def markdown(results: dict[str, Any]) -> str:
     lines += ["Notes:", "", *(f"- {note}" for note in notes), ""]
     lines += _targets_md(results)
     lines += verification.markdown(results)
+    lines += verification.record_markdown(results)
     lines += _slopes_md(results)
     lines += _cells_md(results)
     return "\n".join(lines) + "\n"
@@ -634,6 +641,7 @@ def write(results: dict[str, Any], out: Path) -> list[Path]:
     results["target_summary"] = target_summary(results, results["targets"])
     results["slopes"] = slopes(results)
     results["verification"] = verification.rows(results)
+    results["records"] = verification.record_rows(results)
     paths = [out / "results.json", out / "results.md"]
     paths[0].write_text(json.dumps(results, indent=2) + "\n")
     paths[1].write_text(markdown(results))

@@ -9,11 +9,14 @@ one nginx:
 - ``naive`` (two messages) and ``naive-1msg`` (one, the floor): the rendered config
   pointing at ``bench.naive``;
 - ``service-wN`` (one message) and ``service-wN-2msg`` (two): the rendered config
-  pointing at ``python -m ext_proc serve --workers N``.
+  pointing at ``python -m ext_proc serve --workers N``;
+- ``service-wN-redis``: as ``service-wN``, its record of spent proofs in a
+  ``redis-server`` the stack starts (one for the run, a database per arrangement).
 
 Every config also has ``/pd-any/v1/``: the shipped decode route trusting any caller's
 ids (``trust_any_caller``), for the unproven honor and deny bodies; the service verifies
-the proven bodies of ``/pd/v1/`` with the benchmark's key (bench/proofs.py).
+the proven bodies of ``/pd/v1/`` with the benchmark's key (bench/proofs.py) and spends
+each proof in its record.
 """
 
 from __future__ import annotations
@@ -24,18 +27,20 @@ import http.client
 import json
 import subprocess
 import sys
+import time
 import urllib.request
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import redis
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench import bodies, proofs
 from devstack import envoy_config, processes
-from ext_proc import carrier_headers, envoygen
+from ext_proc import carrier_headers, envoygen, redis_record
 from ext_proc.address import HostPort
 
 REPO = Path(__file__).resolve().parents[1]
@@ -54,6 +59,9 @@ class Arrangement:
     workers: int | None = None
     # The shipped Envoy config the arrangement runs behind (envoy/<config>).
     config: str = DEFAULT_CONFIG
+    # The service's record of spent proofs: "local" (its own table, the default) or
+    # "redis" (proof.record: redis://..., a redis-server of the stack).
+    record: str = "local"
 
     @property
     def name(self) -> str:
@@ -64,6 +72,8 @@ class Arrangement:
             name += "-1msg"
         elif self.kind == "service" and self.config == TWO_MESSAGES:
             name += "-2msg"
+        if self.kind == "service" and self.record == "redis":
+            name += "-redis"
         return name
 
     @property
@@ -74,7 +84,12 @@ class Arrangement:
     def default(self) -> bool:
         """The arrangement shipped by default: envoy/envoy.yaml (one message per
         request) and one processor."""
-        return self.kind == "service" and self.workers == 1 and self.config == DEFAULT_CONFIG
+        return (
+            self.kind == "service"
+            and self.workers == 1
+            and self.config == DEFAULT_CONFIG
+            and self.record == "local"
+        )
 
 
 def nginx_conf(workdir: Path, port: int) -> str:
@@ -180,9 +195,14 @@ class BenchStack:
     # Options of `python -m ext_proc serve` (tools.serve_options): newer ones are used
     # only when the service has them.
     serve_options: frozenset[str]
+    # redis-server (tools.ensure_tools), needed when an arrangement's record is Redis.
+    redis: str | None = None
+    # The size of each service's own table of spent proofs (proofs.processor_config).
+    record_slots: int = 65536
     upstream: HostPort = field(default_factory=lambda: HostPort(LOCAL, processes.free_port()))
     running: dict[str, Running] = field(default_factory=dict)
     nginx_process: subprocess.Popen[bytes] | None = None
+    redis_address: HostPort | None = None
     _children: list[subprocess.Popen[bytes]] = field(default_factory=list)
 
     def __enter__(self) -> BenchStack:
@@ -205,8 +225,46 @@ class BenchStack:
         self.nginx_process = nginx = processes.start(args, self.workdir / "nginx.log", cwd=REPO)
         self._children.append(nginx)
         processes.wait_for_port(self.upstream.port, nginx)
+        if any(a.record == "redis" for a in self.arrangements):
+            self._start_redis()
         for arrangement in self.arrangements:
             self.running[arrangement.name] = self._start_arrangement(arrangement)
+
+    def _start_redis(self) -> None:
+        """One redis-server on loopback, nothing persisted, nothing evicted."""
+        if self.redis is None:
+            raise ValueError("an arrangement keeps its spent proofs in Redis: give redis-server")
+        self.redis_address = HostPort(LOCAL, processes.free_port())
+        args = [self.redis, "--bind", LOCAL, "--port", str(self.redis_address.port)]
+        args += ["--save", "", "--appendonly", "no", "--dir", str(self.workdir)]
+        args += ["--maxmemory-policy", "noeviction", "--protected-mode", "yes"]
+        server = processes.start(args, self.workdir / "redis.log", cwd=REPO)
+        self._children.append(server)
+        processes.wait_for_port(self.redis_address.port, server)
+        # A record that began recently honors nothing until every proof it may have
+        # forgotten has expired (ext_proc/redis_record.py): this server is new and no
+        # proof of the benchmark's key was honored before it, so each database states
+        # it began a lifetime ago.
+        began = int(time.time()) - 2 * (proofs.LIFETIME + 3 * proofs.SKEW)
+        for number in range(len([a for a in self.arrangements if a.record == "redis"])):
+            client = redis.Redis(host=LOCAL, port=self.redis_address.port, db=number)
+            try:
+                client.set(redis_record.SINCE, began)
+            finally:
+                client.close()
+
+    def record_url(self, arrangement: Arrangement) -> str:
+        """The ``proof.record`` of ``arrangement``: "" (its own table), or a Redis
+        database of its own (16 in all: one per Redis arrangement)."""
+        if arrangement.record != "redis":
+            return ""
+        if self.redis_address is None:
+            raise RuntimeError("redis-server not started")
+        users = [a for a in self.arrangements if a.record == "redis"]
+        number = users.index(arrangement)
+        if number >= 16:
+            raise ValueError("at most 16 arrangements keep their spent proofs in Redis")
+        return f"redis://{self.redis_address}/{number}"
 
     def _start_arrangement(self, arrangement: Arrangement) -> Running:
         running = Running(
@@ -227,7 +285,12 @@ class BenchStack:
                 running.metrics = HostPort(LOCAL, processes.free_port())
                 args += ["--metrics-listen", str(running.metrics)]
             config_path = self.workdir / f"{arrangement.name}-processor.yaml"
-            config_path.write_text(yaml.safe_dump(proofs.processor_config(self.workdir)))
+            settings = proofs.processor_config(
+                self.workdir,
+                record_url=self.record_url(arrangement),
+                record_slots=self.record_slots,
+            )
+            config_path.write_text(yaml.safe_dump(settings))
             args += ["--config", str(config_path)]
         else:
             args = []

@@ -15,6 +15,8 @@ from pathlib import Path
 
 # command -> Debian package providing it
 SYSTEM_TOOLS = {"nginx": "nginx", "wrk": "wrk"}
+# The record of spent proofs shared through Redis (the `-redis` arrangements).
+REDIS_TOOLS = {"redis-server": "redis-server"}
 _SEARCH = os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin", "/sbin", "/usr/bin"])
 
 
