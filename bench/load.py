@@ -12,7 +12,9 @@ a fixed body's. Each run is given the pool's first index it may use and how many
 wrk thread takes (``Slice``); thread ``t`` takes ``[first + t * per_thread, ...)``,
 so no proof is sent twice in a run, and runs given disjoint slices never share one.
 A thread that uses up its slice starts it again (a replay, which the service answers
-``proof_replayed``) and counts it; ``run`` then fails.
+``proof_replayed``) and counts it; ``run`` then fails. (wrk builds one request of its
+first thread before the run, to check the script: that thread's first proof is never
+sent.)
 """
 
 from __future__ import annotations

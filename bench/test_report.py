@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from bench import report
+from bench import report, verification
 
 DEFAULT = "service-w1"
 OTHER = "service-w1-2msg"
@@ -265,3 +265,40 @@ def test_markdown_lists_each_target_once_and_marks_informational_rows() -> None:
     summary = [line for line in lines if line.startswith("| ") and line.count("|") == 5]
     assert [line.split(" | ")[0] for line in summary[1:]] == [f"| {n}" for n in range(1, 6)]
     assert sum("(informational)" in line for line in lines) == 1
+
+
+def test_the_record_section_sets_local_and_redis_beside_honor() -> None:
+    def cell(decision: str, name: str, p50: float) -> dict[str, Any]:
+        return {
+            "body": "1m",
+            "body_bytes": report.MIB,
+            "decision": decision,
+            "concurrency": 1,
+            "arrangement": name,
+            "ok": True,
+            "p50_ms": p50,
+            "rps": 100.0,
+            "processor_cpu_ms_per_req": p50,
+        }
+
+    cells = [
+        cell("honor", "direct", 1.0),
+        cell("honor", DEFAULT, 5.0),
+        cell("honor", DEFAULT + "-redis", 5.0),
+        cell("honor-proven", "direct", 1.0),
+        cell("honor-proven", DEFAULT, 7.0),
+        cell("honor-proven", DEFAULT + "-redis", 9.0),
+    ]
+    kinds = {"direct": "direct", DEFAULT: "service", DEFAULT + "-redis": "service"}
+    results: dict[str, Any] = {
+        "arrangements": [{"name": n, "kind": k} for n, k in kinds.items()],
+        "cells": cells,
+    }
+    report.enrich(results["cells"])
+    (row,) = results["records"] = verification.record_rows(results)
+    assert (row["honor_added_p50_ms"], row["local_added_p50_ms"]) == (4.0, 6.0)
+    assert (row["local_x_honor"], row["redis_x_honor"], row["redis_x_local"]) == (1.5, 2.0, 1.33)
+    assert row["redis_minus_local_p50_ms"] == 2.0
+    lines = verification.record_markdown(results)
+    assert lines[0] == "## Record of spent proofs: local table vs Redis"
+    assert "| 1.50x | 2.00x | 1.33x | 2.000 |" in lines[-2]
