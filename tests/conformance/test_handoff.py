@@ -68,10 +68,10 @@ def plain(vllm: str) -> int:
     return count
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def minted(gateway: Stack, plain: int) -> dict[str, Any]:
     """(a) The prefill leg through the mint route: the ids vLLM ran on come back in
-    ``kv_transfer_params``, signed."""
+    ``kv_transfer_params``, signed. A prefill per test: a proof is honored once."""
     reply, rid = send(gateway, MINT + CHAT, chat_body(max_tokens=1, return_token_ids=True))
     count = prompt_count(reply)
     payload = reply.json()
@@ -103,6 +103,16 @@ def test_streamed_decode_leg_runs_on_the_minted_ids(gateway, minted, plain):
     record("hand-off (b) decode leg, minted ids + proof", "chat-stream", count)
     assert count == len(minted["prompt_token_ids"]) == plain
     assert honored_as(gateway, rid)[:2] == ("honor", "trusted_proof")
+
+
+def test_a_spent_proof_gives_the_templated_prompt(gateway, minted, plain):
+    # (e) The same minted parameters a second time: spent, removed, vLLM renders.
+    send(gateway, DECODE + CHAT, chat_body(kv_transfer_params=minted))
+    reply, rid = send(gateway, DECODE + CHAT, chat_body(kv_transfer_params=minted))
+    count = prompt_count(reply)
+    record("hand-off (e) decode leg, the proof a second time", "chat", count)
+    assert count == plain
+    assert honored_as(gateway, rid)[:2] == ("strip", "proof_replayed")
 
 
 def test_a_clients_own_ids_give_the_templated_prompt(gateway, plain):
