@@ -43,7 +43,7 @@ import functools
 import json
 import re
 import secrets
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -256,12 +256,13 @@ def _braced(raw: bytes) -> bool:
 _REFUSED: Final = object()
 
 
-def _holds_float(document: Any) -> bool:
-    """Whether any value in ``document`` is a float (iterative: any depth)."""
+def holds(document: Any, test: Callable[[Any], bool]) -> bool:
+    """Whether any value in ``document`` (members and items, at any depth, walked
+    without recursion) passes ``test``."""
     pending = [document]
     while pending:
         value = pending.pop()
-        if isinstance(value, float):
+        if test(value):
             return True
         if isinstance(value, dict):
             pending.extend(value.values())
@@ -270,13 +271,17 @@ def _holds_float(document: Any) -> bool:
     return False
 
 
+def _is_float(value: Any) -> bool:
+    return isinstance(value, float)
+
+
 def _orjson_loads(raw: bytes, shape: Shape) -> Any:
     """orjson's reading of ``raw``, or ``_REFUSED`` where json.loads must decide."""
     try:
         document = orjson.loads(raw)
     except orjson.JSONDecodeError:
         return _REFUSED
-    if shape.long_digits and _holds_float(document):
+    if shape.long_digits and holds(document, _is_float):
         return _REFUSED  # a float may be an integer literal orjson could not hold
     return document
 

@@ -31,6 +31,7 @@ from typing import Any, Final
 
 import orjson
 
+from ext_proc import body
 from ext_proc.errors import BadRequest
 from ext_proc.ids import Ids
 from ext_proc.replay import TICKET_BYTES, Ticket
@@ -169,7 +170,7 @@ def prompt_digest(document: Mapping[str, Any], orjson_safe: bool, endpoint: str)
     once the caller has charged its cost (``admission.digest``).
     """
     bound = _bound(document)
-    if not orjson_safe and _holds_nonfinite(bound):
+    if not orjson_safe and body.holds(bound, _nonfinite):
         return None  # orjson would write null for NaN or infinity
     try:
         rendered = orjson.dumps(bound, option=orjson.OPT_SORT_KEYS)
@@ -219,18 +220,8 @@ def _digest(endpoint: str, marker: bytes, rendering: Iterable[bytes]) -> bytes:
     return digest.digest()
 
 
-def _holds_nonfinite(value: Any) -> bool:
-    """Whether any value in ``value`` is a NaN or an infinity (iterative: any depth)."""
-    pending = [value]
-    while pending:
-        item = pending.pop()
-        if isinstance(item, float) and not math.isfinite(item):
-            return True
-        if isinstance(item, dict):
-            pending.extend(item.values())
-        elif isinstance(item, list):
-            pending.extend(item)
-    return False
+def _nonfinite(value: Any) -> bool:
+    return isinstance(value, float) and not math.isfinite(value)
 
 
 def _mac(key: bytes, fields: tuple[str, str, str], body: tuple[bytes, bytes]) -> hmac.HMAC:
