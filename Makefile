@@ -90,7 +90,7 @@ dashboard: $(STAMP)
 	$(PY) -m devstack dashboard
 
 # Regenerate ext_proc/_pb from protos/ (wire-compatible subsets of the Envoy ext_proc
-# API); tests/test_protos.py checks them against the upstream descriptors.
+# API); tests/edge/test_protos.py checks them against the upstream descriptors.
 protos: $(STAMP)
 	$(PY) -m grpc_tools.protoc -Iprotos --python_out=. --pyi_out=. \
 		protos/ext_proc/_pb/*.proto
@@ -101,7 +101,7 @@ protos: $(STAMP)
 envoy-config: $(STAMP)
 	$(PY) -m ext_proc envoy-config $(or $(INPUT),deploy/envoy-config.example.yaml) $(if $(OUTPUT),-o $(OUTPUT))
 
-# Regenerate every envoy/*.yaml from its input in envoy/inputs/; tests/test_envoygen.py
+# Regenerate every envoy/*.yaml from its input in envoy/inputs/; tests/tools/test_envoygen.py
 # fails when a committed config differs from its generated form.
 envoy-configs: $(STAMP)
 	$(PY) -m ext_proc envoy-config envoy/inputs/*.yaml --output-dir envoy

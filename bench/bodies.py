@@ -41,7 +41,7 @@ ANY_CALLER = ANY_CALLER_ROUTE + "chat/completions"
 ID_COUNTS = {"2k": 200, "64k": 8000, "1m": 131072}
 VOCAB = 128256
 SEED = 6
-# Why the service decides as each body intends (ext_proc/policy.py's reasons).
+# Why the service decides as each body intends (ext_proc/core/policy.py's reasons).
 REASONS = {
     "allow": "no_transfer_params",
     "strip": "stripped_by_policy",

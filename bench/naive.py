@@ -3,7 +3,7 @@
 It answers the request headers, the buffered body and (if any) the trailers with empty
 "continue" responses and never looks inside them: the floor that any Python processor
 on grpc.aio pays for one Envoy round trip per message. Like the service, it keeps the
-memory a request frees for the next one (``ext_proc.allocator``): otherwise each of its
+memory a request frees for the next one (``ext_proc.edge.allocator``): otherwise each of its
 large buffers faults its pages in anew, and a 1 MiB request's CPU swings between about
 1.2 and 3.5 ms with the state of glibc's heap, an artefact no processor has to pay. Run
 it with ``python -m bench.naive --listen HOST:PORT``.
@@ -18,10 +18,10 @@ from collections.abc import AsyncIterator
 
 import grpc
 
-from ext_proc import allocator
 from ext_proc._pb import external_processor_pb2 as pb
 from ext_proc._pb import external_processor_pb2_grpc as pb_grpc
-from ext_proc.config import Config
+from ext_proc.core.config import Config
+from ext_proc.edge import allocator
 
 _ANSWERS = {
     "request_headers": pb.ProcessingResponse(request_headers=pb.HeadersResponse()),

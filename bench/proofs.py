@@ -24,8 +24,8 @@ import time
 from pathlib import Path
 from typing import Any, Final
 
-from ext_proc import proof, record
-from ext_proc.vllm_request import KV_KEY
+from ext_proc.core import proof, replay
+from ext_proc.core.vllm_request import KV_KEY
 
 KEY_ID: Final = "bench"
 SECRET: Final = hashlib.sha256(b"ext_proc benchmark proof key").hexdigest().encode()
@@ -112,5 +112,5 @@ def processor_config(
         "record": record_url,
         "record_slots": record_slots,
     }
-    budget = BODY_BUDGET + (0 if record_url else record.table_bytes(record_slots))
+    budget = BODY_BUDGET + (0 if record_url else replay.table_bytes(record_slots))
     return {"proof": settings, "inflight_budget_bytes": budget}

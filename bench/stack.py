@@ -40,8 +40,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from bench import bodies, proofs
 from devstack import envoy_config, processes
-from ext_proc import carrier_headers, envoygen, redis_record
-from ext_proc.address import HostPort
+from ext_proc.core.address import HostPort
+from ext_proc.edge import redis_record
+from ext_proc.tools import carrier_headers, envoygen
 
 REPO = Path(__file__).resolve().parents[1]
 LOCAL = "127.0.0.1"
@@ -242,7 +243,7 @@ class BenchStack:
         self._children.append(server)
         processes.wait_for_port(self.redis_address.port, server)
         # A record that began recently honors nothing until every proof it may have
-        # forgotten has expired (ext_proc/redis_record.py): this server is new and no
+        # forgotten has expired (ext_proc/edge/redis_record.py): this server is new and no
         # proof of the benchmark's key was honored before it, so each database states
         # it began a lifetime ago.
         began = int(time.time()) - 2 * (proofs.LIFETIME + 3 * proofs.SKEW)

@@ -15,9 +15,9 @@ from typing import Any, ClassVar
 import pytest
 
 from bench import bodies, load, proofs, run, stack, tools
-from ext_proc import proof
-from ext_proc.config import Config
-from ext_proc.vllm_request import KV_KEY
+from ext_proc.core import proof
+from ext_proc.core.config import Config
+from ext_proc.core.vllm_request import KV_KEY
 
 
 def _split(pool: bytes) -> list[bytes]:

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from bench import bodies, stack
 from devstack import envoy_config
-from ext_proc.address import HostPort
-from ext_proc.check_envoy import check
+from ext_proc.core.address import HostPort
+from ext_proc.tools.check_envoy import check
 
 ANYWHERE = HostPort("127.0.0.1", 1)
 

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from devstack import dashboard, llmd, monitoring, stack, upstream
-from ext_proc.address import HostPort
+from ext_proc.core.address import HostPort
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -12,7 +12,7 @@ from typing import Any
 
 import yaml
 
-from ext_proc.address import HostPort
+from ext_proc.core.address import HostPort
 
 # The checkout this folder sits in: the stack runs from a repository, never a wheel.
 REPO = Path(__file__).resolve().parents[1]

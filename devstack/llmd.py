@@ -12,7 +12,7 @@ files inside a component only). The manifests for the coordinator architecture
   limits (``vocab_size``, ``max_ids``) and the mint route's response override.
 
 Beside the header step, each gets what ``envoy-config`` writes for routes that match a
-header (``ext_proc.envoygen.route_headers``): the RBAC filter that refuses
+header (``ext_proc.tools.envoygen.route_headers``): the RBAC filter that refuses
 ``EPP-Profile`` stated twice, before the processor's filter, and the local reply mapper
 that makes its refusal a 400.
 
@@ -30,10 +30,10 @@ from typing import Any, Final
 
 import yaml
 
-from ext_proc import carrier_headers, envoygen
-from ext_proc.envoygen import output, route_headers
-from ext_proc.envoygen.inputs import RouteInput
-from ext_proc.route_policy import DEFAULT_NAMESPACE
+from ext_proc.core.route_policy import DEFAULT_NAMESPACE
+from ext_proc.tools import carrier_headers, envoygen
+from ext_proc.tools.envoygen import output, route_headers
+from ext_proc.tools.envoygen.inputs import RouteInput
 
 REPO = Path(__file__).resolve().parents[1]
 INPUT = REPO / "envoy" / "inputs" / "envoy-coordinator.yaml"

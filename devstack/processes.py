@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import IO, Final
 
-from ext_proc.address import HostPort
+from ext_proc.core.address import HostPort
 
 LOCAL = "127.0.0.1"
 

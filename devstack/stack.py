@@ -36,7 +36,7 @@ from typing import Any, Final
 import yaml
 
 from devstack import envoy_config, processes
-from ext_proc.address import HostPort
+from ext_proc.core.address import HostPort
 
 PROG = "make run"
 _CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}

@@ -22,7 +22,7 @@ from typing import Any
 import h11
 
 from devstack import tokens
-from ext_proc.address import HostPort
+from ext_proc.core.address import HostPort
 
 ADMIN_PATH = "/__stub__/requests"
 H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"

@@ -6,8 +6,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from ext_proc import logs
-from ext_proc.config import Config, ConfigError
+from ext_proc.core.config import Config, ConfigError
+from ext_proc.edge import logs
 
 LEVELS = ["debug", "info", "warning", "error"]
 # `envoy-config` runs on the optional extra of that name (pyproject.toml); these are the
@@ -61,17 +61,17 @@ def _serve(args: argparse.Namespace) -> int:
         return 2
     logs.configure(config.log_level)
     if config.workers > 1:
-        from ext_proc.supervisor import run
+        from ext_proc.edge.supervisor import run
 
         return run(config)
-    from ext_proc.server import run
+    from ext_proc.edge.server import run
 
     return run(config)
 
 
 def _envoy_config(argv: list[str]) -> int:
     try:
-        from ext_proc import envoygen
+        from ext_proc.tools import envoygen
     except ModuleNotFoundError as exc:
         missing = (exc.name or "").partition(".")[0]
         if missing not in GENERATOR_MODULES:
@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         print(f"{args.file}: OK")
         return 0
-    from ext_proc import check_envoy
+    from ext_proc.tools import check_envoy
 
     listeners = frozenset(args.listener) if args.listener else None
     return check_envoy.main(args.file, args.namespace, listeners)

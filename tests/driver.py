@@ -5,14 +5,14 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from ext_proc import memory, record
-from ext_proc.budget import Budget
-from ext_proc.config import Config
-from ext_proc.decisions import Decision
-from ext_proc.events import Answer, Event, Outcome, Step
-from ext_proc.proof import Trust
-from ext_proc.record import LocalRecord
-from ext_proc.stream import State, Stream
+from ext_proc.core import memory, replay
+from ext_proc.core.budget import Budget
+from ext_proc.core.config import Config
+from ext_proc.core.decisions import Decision
+from ext_proc.core.events import Answer, Event, Outcome, Step
+from ext_proc.core.proof import Trust
+from ext_proc.core.stream import State, Stream
+from ext_proc.edge.record import LocalRecord
 
 
 def config(**fields: Any) -> Config:
@@ -22,7 +22,7 @@ def config(**fields: Any) -> Config:
         fields.get("max_body_bytes", 16 << 20), fields.get("max_json_values", 262_144)
     )
     slots = fields.get("proof", {}).get("record_slots", 65536)
-    fields.setdefault("inflight_budget_bytes", largest + record.table_bytes(slots))
+    fields.setdefault("inflight_budget_bytes", largest + replay.table_bytes(slots))
     return Config.model_validate(fields)
 
 

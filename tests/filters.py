@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ext_proc.attributes import HEADERS, attribute_keys
-from ext_proc.check_envoy import EXT_PROC
+from ext_proc.edge.attributes import HEADERS, attribute_keys
+from ext_proc.tools.check_envoy import EXT_PROC
 
 
 def assert_fails_closed(

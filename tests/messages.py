@@ -5,7 +5,7 @@ from __future__ import annotations
 from google.protobuf import struct_pb2
 
 from ext_proc._pb import external_processor_pb2 as pb
-from ext_proc.attributes import attribute_keys
+from ext_proc.edge.attributes import attribute_keys
 
 KEYS = attribute_keys()
 FILTER = "envoy.filters.http.ext_proc"

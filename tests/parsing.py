@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ext_proc import body
-from ext_proc.vllm_request import Path
+from ext_proc.core import body
+from ext_proc.core.vllm_request import Path
 
 
 def read(raw: bytes, **options: Any) -> body.Parsed:

@@ -9,7 +9,7 @@ import contextlib
 import threading
 from collections.abc import Iterator
 
-from ext_proc.address import HostPort
+from ext_proc.core.address import HostPort
 
 _CHUNK = 1 << 16
 

@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from devstack import envoy_config, processes, stack
-from ext_proc.address import HostPort
+from ext_proc.core.address import HostPort
 
 REPO = Path(__file__).resolve().parents[1]
 VARIABLES = ("GATEWAY_PORT", "ENVOY_ADMIN_PORT", "PROCESSOR_PORT", "METRICS_PORT", "STUB_PORT")

@@ -12,7 +12,7 @@ from ext_proc.__main__ import GENERATOR_EXTRA, GENERATOR_MODULES
 
 REPO = Path(__file__).resolve().parents[1]
 # What the extra brings, beyond what the generator imports itself.
-EXTRA_MODULES = (*sorted(GENERATOR_MODULES), "grpclib", "h2", "ext_proc.envoygen")
+EXTRA_MODULES = (*sorted(GENERATOR_MODULES), "grpclib", "h2", "ext_proc.tools.envoygen")
 
 
 def python(code: str, *args: str) -> subprocess.CompletedProcess[str]:
@@ -29,7 +29,8 @@ def python(code: str, *args: str) -> subprocess.CompletedProcess[str]:
 def test_serving_imports_none_of_the_generators_dependencies():
     code = (
         "import sys\n"
-        "import ext_proc.__main__, ext_proc.server, ext_proc.supervisor, ext_proc.check_envoy\n"
+        "import ext_proc.__main__, ext_proc.edge.server, ext_proc.edge.supervisor\n"
+        "import ext_proc.tools.check_envoy\n"
         f"print(sorted(m for m in sys.modules if m.startswith({EXTRA_MODULES!r})))\n"
     )
     result = python(code)
@@ -41,7 +42,7 @@ def test_the_check_sees_the_generators_dependencies_once_imported():
     """The check above would notice: importing the generator loads them."""
     code = (
         "import sys\n"
-        "import ext_proc.envoygen\n"
+        "import ext_proc.tools.envoygen\n"
         f"print(sorted({{m.split('.')[0] for m in sys.modules}} & {set(GENERATOR_MODULES)!r}))\n"
     )
     result = python(code)
@@ -72,7 +73,7 @@ def test_envoy_config_without_the_extra_is_one_line_naming_it(missing):
 
 
 def test_any_other_missing_module_is_not_blamed_on_the_extra():
-    result = python(WITHOUT, "ext_proc.envoygen.cli")
+    result = python(WITHOUT, "ext_proc.tools.envoygen.cli")
     assert result.returncode == 1
     assert "Traceback" in result.stderr
     assert "ModuleNotFoundError" in result.stderr

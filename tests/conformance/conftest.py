@@ -7,7 +7,7 @@ import pytest
 import yaml
 
 from devstack import envoy_config, processes
-from ext_proc.address import HostPort
+from ext_proc.core.address import HostPort
 from tests.conformance import results, vllm_env
 from tests.e2e.stack import Stack, new_key, route
 

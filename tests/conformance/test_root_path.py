@@ -17,7 +17,7 @@ from collections.abc import Iterator
 import pytest
 
 from devstack import processes
-from ext_proc.address import HostPort
+from ext_proc.core.address import HostPort
 from tests.conformance import vllm_env
 from tests.conformance.results import record
 from tests.conformance.test_vllm import IDS, chat_body, post, prompt_count

@@ -24,7 +24,7 @@ from typing import Any
 
 import httpx
 
-from ext_proc.address import HostPort
+from ext_proc.core.address import HostPort
 
 # kv-nixl's prefill request (nixl.go) is the same as every P/D proxy's.
 from tests.e2e.test_handoff import PREFILL_REQUEST_PARAMS

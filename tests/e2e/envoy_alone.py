@@ -21,8 +21,8 @@ from typing import Any
 import yaml
 
 from devstack import processes
-from ext_proc.address import HostPort
-from ext_proc.envoygen import PROCESSOR_CLUSTER
+from ext_proc.core.address import HostPort
+from ext_proc.tools.envoygen import PROCESSOR_CLUSTER
 from tests.e2e import certs
 from tests.e2e.stack import start_stand_in
 

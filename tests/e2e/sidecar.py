@@ -42,7 +42,7 @@ from typing import Any
 
 import httpx
 
-from ext_proc.address import HostPort
+from ext_proc.core.address import HostPort
 from tests.e2e.test_handoff import PREFILL_REQUEST_PARAMS
 
 PREFILL_HEADER = "x-prefiller-host-port"

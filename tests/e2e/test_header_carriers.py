@@ -1,4 +1,4 @@
-"""Header carriers through the real Envoy (ext_proc/carrier_headers.py): the headers that
+"""Header carriers through the real Envoy (ext_proc/tools/carrier_headers.py): the headers that
 llm-d, the Gateway API Inference Extension, Dynamo and Ray read for an address, a peer
 or a prompt, and the request id vLLM builds its own from, in every body arrangement, on
 every route. What arrived is what the stand-in recorded; the control arm is the same
@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from devstack import envoy_config
-from ext_proc import carrier_headers
+from ext_proc.tools import carrier_headers
 from tests.e2e.stack import Received, Stack
 from tests.e2e.test_gateway import chat, only_request
 from tests.e2e.test_handoff import PREFILL_REQUEST_PARAMS

@@ -14,8 +14,8 @@ import httpx
 import pytest
 
 from devstack import upstream
-from ext_proc import memory
-from ext_proc.config import Config
+from ext_proc.core import memory
+from ext_proc.core.config import Config
 from tests.e2e.conftest import BODY_MODES
 from tests.e2e.stack import Stack
 from tests.e2e.test_gateway import (
@@ -171,7 +171,7 @@ def test_slow_chunked_upload_within_limits(gateway):
 
 ROUNDS = 3
 VALUES = 16_384
-# The budget holds exactly one body of the largest admissible cost (ext_proc/memory.py)
+# The budget holds exactly one body of the largest admissible cost (ext_proc/core/memory.py)
 # beside the record of spent proofs.
 BUDGET = memory.largest(2 * MiB, VALUES) + Config().record_bytes
 LIMITS = {
@@ -315,7 +315,7 @@ def test_concurrent_large_bodies_keep_processor_memory_bounded(limited):
     # Counted by the stub: fetching ~190 recorded 1.8 MiB bodies can outlast its timeout.
     assert limited.received_count() == statuses.count(200)
     assert warm_up < memory.WARM_UP / MiB, warm_up
-    # What the processor may hold at once (ext_proc/memory.py): the budget, which covers
+    # What the processor may hold at once (ext_proc/core/memory.py): the budget, which covers
     # every admitted body from its parse until its rewrite was sent, plus the messages
     # gRPC received that the servicer has not charged yet (at most one per stream, about
     # its size each), plus allocator slack. 86 MiB are offered per round.
@@ -323,7 +323,7 @@ def test_concurrent_large_bodies_keep_processor_memory_bounded(limited):
     assert max(peaks) < bound, (peaks, bound)
     # A rejected body kept alive by a reference cycle once added about 15 MiB per round;
     # rounds vary by more than that (the allocator's pools may still grow after the
-    # first), so tests/test_service.py pins that cause exactly instead.
+    # first), so tests/edge/test_service.py pins that cause exactly instead.
 
 
 def test_processor_too_slow_gets_504_json(tmp_path):

@@ -12,7 +12,7 @@ no processor there, fails closed with a 500. Requests are body-less GETs, so a r
 that runs the filter with one message per request forwards them without asking it.
 
 The shipped configs forward no probe. The same run on configs edited to forward them
-(the regexes of tests/test_check_envoy.py's six edits, the echo 404 removed) shows the
+(the regexes of tests/tools/test_check_envoy.py's six edits, the echo 404 removed) shows the
 check's forwards happen on Envoy too, at the upstream paths it computed.
 """
 
@@ -29,8 +29,8 @@ from typing import Any
 import pytest
 import yaml
 
-from ext_proc import route_probes
-from ext_proc.token_endpoints import is_token_path
+from ext_proc.tools import route_probes
+from ext_proc.tools.token_endpoints import is_token_path
 from tests.e2e import certs
 from tests.e2e.envoy_alone import REPO, Gateway, running
 

@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from devstack import llmd
-from ext_proc import check_envoy
+from ext_proc.tools import check_envoy
 from tests.e2e import gateway_assembly
 from tests.e2e.test_deploy import (
     KUBE_VERSION,
@@ -26,7 +26,7 @@ from tests.e2e.test_deploy import (
     policy_from,
     routes_of,
 )
-from tests.test_envoygen import hcm_of
+from tests.tools.test_envoygen import hcm_of
 
 OUT = llmd.OUTPUT
 EG_LISTENER = "llm-d/inference-gateway/http"

@@ -15,8 +15,8 @@ import pytest
 import yaml
 
 from devstack import llmd, processes
-from ext_proc import check_envoy
-from ext_proc.config import Config
+from ext_proc.core.config import Config
+from ext_proc.tools import check_envoy
 
 REPO = Path(__file__).resolve().parents[2]
 HERE = REPO / "deploy" / "llm-d" / "routing-sidecar"

@@ -32,12 +32,12 @@ import yaml
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from devstack import processes
-from ext_proc import carrier_headers, check_envoy, token_endpoints
 from ext_proc._pb import core_pb2 as core
 from ext_proc._pb import external_processor_pb2 as pb
 from ext_proc._pb import external_processor_pb2_grpc as pb_grpc
-from ext_proc.attributes import HEADERS, attribute_keys
-from ext_proc.route_policy import Action, RoutePolicy, Topology
+from ext_proc.core.route_policy import Action, RoutePolicy, Topology
+from ext_proc.edge.attributes import HEADERS, attribute_keys
+from ext_proc.tools import carrier_headers, check_envoy, token_endpoints
 from tests.e2e.test_deploy import (
     DEPLOY,
     KUBE_VERSION,

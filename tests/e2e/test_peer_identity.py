@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from devstack import tokens
-from ext_proc.vllm_request import CONNECTOR_REQUESTS
+from ext_proc.core.vllm_request import CONNECTOR_REQUESTS
 from tests.e2e import certs
 from tests.e2e.stack import Stack, new_key
 from tests.e2e.test_handoff import PREFILL_REQUEST_PARAMS

@@ -1,4 +1,4 @@
-"""A proof is honored once, through the real Envoy (ext_proc/replay.py): on another
+"""A proof is honored once, through the real Envoy (ext_proc/core/replay.py): on another
 worker of the same processor, through a second processor sharing a real Redis, and not
 at all while that Redis is down; and never after the connector's lease.
 

@@ -22,9 +22,9 @@ import httpx
 import pytest
 
 from devstack import envoy_config, processes, tokens
-from ext_proc import carrier_headers
-from ext_proc.address import HostPort
-from ext_proc.carrier_headers import CLIENT_REQUEST_ID
+from ext_proc.core.address import HostPort
+from ext_proc.tools import carrier_headers
+from ext_proc.tools.carrier_headers import CLIENT_REQUEST_ID
 from tests.e2e.sidecar import CONNECTOR_REQUEST, PREFILL_HEADER, REQUEST_ID, RoutingSidecar
 from tests.e2e.stack import LOCAL, Stack, new_key, start_stand_in
 from tests.e2e.test_gateway import chat

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ext_proc import envoygen
-from ext_proc.token_endpoints import KNOWN
+from ext_proc.tools import envoygen
+from ext_proc.tools.token_endpoints import KNOWN
 from tests.e2e.conftest import BODY_MODES
 from tests.e2e.envoy_alone import REPO, Gateway, Reply, running
 

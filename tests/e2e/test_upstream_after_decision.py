@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from devstack import processes
-from ext_proc.address import HostPort
+from ext_proc.core.address import HostPort
 from tests.e2e.conftest import BODY_MODES, ENVOY
 from tests.e2e.stack import BODY_LIMIT, LOCAL, Stack, start_stand_in
 from tests.recorder import Recorder

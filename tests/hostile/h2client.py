@@ -10,7 +10,7 @@ import h2.config
 import h2.connection
 import h2.events
 
-from ext_proc.address import HostPort
+from ext_proc.core.address import HostPort
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """Points 2 and 3: bodies built to cost the most memory and CPU per byte.
 
 Memory: the processor's peak resident memory stays within the memory model
-(ext_proc/memory.py) and below the Kubernetes manifest's limit, whatever the bodies.
+(ext_proc/core/memory.py) and below the Kubernetes manifest's limit, whatever the bodies.
 CPU: while attackers send such bodies in a loop, legitimate requests keep being
 answered (no 504 from Envoy's message timeout); their latency is printed, not judged.
 """
@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from ext_proc import memory
-from ext_proc.config import Config
+from ext_proc.core import memory
+from ext_proc.core.config import Config
 from tests.hostile.conftest import shipped_stack
 from tests.hostile.load import MiB, Timed, attackers, legitimate_chat, post, timed_requests
 
@@ -66,7 +66,7 @@ def test_costliest_bodies_keep_the_processor_within_its_memory_model(gateway):
         replies = list(pool.map(lambda data: post(url, data)[0], bodies))
     peak = gateway.processor_memory_kib()["VmHWM"] << 10
     statuses = {name: replies[i::4] for i, name in enumerate(("lists", "most", "astral", "nan"))}
-    # At most one message per stream queued in gRPC (ext_proc/memory.py).
+    # At most one message per stream queued in gRPC (ext_proc/core/memory.py).
     bound = memory.resident_bound(before, DEFAULTS.inflight_budget_bytes, SIZE, senders)
     print(
         f"\n{len(bodies)} bodies of 16 MiB, {senders} at a time: statuses "

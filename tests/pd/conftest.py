@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from devstack import processes
-from ext_proc.address import HostPort
+from ext_proc.core.address import HostPort
 from tests.e2e.test_make_run import start, wait_ready
 from tests.pd import pair as pd_pair
 from tests.recorder import Recorder

@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 import pytest
 
-from ext_proc.address import HostPort
+from ext_proc.core.address import HostPort
 from tests.e2e.coordinator import PROFILE, Coordinator
 from tests.e2e.test_coordinator import CLIENT_PARAMS
 from tests.pd.conftest import Gateway, make_run

@@ -8,7 +8,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from ext_proc.config import Config
+from ext_proc.core.config import Config
 from tests.conformance import vllm_env
 from tests.pd.conftest import Gateway
 from tests.pd.pair import Pair

@@ -1,0 +1,116 @@
+"""The response phase of a mint route: the prefill server's transfer parameters,
+signed for the request they answer (docs/trust.md#what-a-mint-route-signs).
+
+What the request leaves for its response is a ``Pending`` value: the request's prompt
+digest when its response may be signed, or why it may not. The response's headers can
+only add a reason not to sign; its body is signed when none was found. A response is
+never refused: one that is not signed passes unchanged, with the reason reported.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Final
+
+from ext_proc.core import admission, body, policy
+from ext_proc.core.budget import EXHAUSTED, Account
+from ext_proc.core.decisions import Allow, Decision
+from ext_proc.core.errors import Refusal, attempt
+from ext_proc.core.events import ResponseHeaders
+from ext_proc.core.proof import KeySet
+from ext_proc.core.vllm_request import KV_KEY, MINT_ENDPOINTS
+
+
+@dataclass(frozen=True, slots=True)
+class Pending:
+    """What a request leaves for its response: the prompt digest the response's
+    parameters are signed for, or (``digest`` None) the reason they are not."""
+
+    digest: bytes | None
+    refused: str
+
+
+# A request that leaves nothing to sign: not on a mint route, or without a body.
+NOTHING: Final = Pending(None, "not_minted_on_this_route")
+
+
+def expect(endpoint: str, digest: Callable[[], bytes]) -> Pending:
+    """What a mint route's request leaves, before the policy judged it: only the
+    responses of ``MINT_ENDPOINTS`` are signed (``digest`` is rendered for those)."""
+    if endpoint not in MINT_ENDPOINTS:
+        return Pending(None, "endpoint_not_mintable")
+    return Pending(digest(), "")
+
+
+def judged(pending: Pending, decision: Decision, echo_free: bool) -> Pending:
+    """``pending`` once the policy decided: nothing is signed for a caller the route
+    does not trust whose request names a member vLLM reads transfer parameters from
+    anywhere but its top-level kv_transfer_params (``echo_free`` false), whose content
+    could come back in the response's parameters (docs/trust.md)."""
+    if pending.digest is not None and not echo_free and not decision.reason.startswith("trusted_"):
+        return Pending(None, "request_may_echo")
+    return pending
+
+
+def checked(pending: Pending, event: ResponseHeaders) -> Pending:
+    """``pending`` once the response's headers are in: only a 200 with a plain JSON body
+    is signed."""
+    if pending.digest is None:
+        return pending
+    if event.values(":status") != [b"200"]:
+        return Pending(None, "response_not_ok")
+    # The request's rule: one JSON media type, no content encoding.
+    refused = attempt(
+        body.check_headers, event.values("content-type"), event.values("content-encoding")
+    )
+    if refused is not None:
+        return Pending(None, _UNREADABLE[refused.reason])
+    return pending
+
+
+# Why a response is not signed, by the reason its request would be refused.
+_UNREADABLE: Final = {
+    "unsupported_media_type": "response_not_json",
+    "content_encoding": "response_encoded",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Signing:
+    """What signing a response needs from the stream: its budget account, its limits,
+    the keys and the proof's expiry."""
+
+    account: Account
+    max_body_bytes: int
+    max_json_values: int
+    keys: KeySet
+    expiry: int
+
+
+def sign(pending: Pending, raw: bytes, signing: Signing) -> tuple[Decision, bytes | None]:
+    """The response's decision and its signed body (None: unchanged). What it holds
+    stays in ``signing.account`` until the stream hands it over with the answer."""
+    if pending.digest is None:
+        return Allow(pending.refused), None
+    account = signing.account
+    if attempt(admission.check_size, len(raw), signing.max_body_bytes) is not None:
+        return Allow("response_not_affordable"), None
+    shape = attempt(admission.admit, raw, account, signing.max_json_values)
+    if isinstance(shape, Refusal):
+        return Allow("response_not_affordable"), None
+    parsed = attempt(admission.parse, raw, shape, account)
+    if isinstance(parsed, Refusal):
+        return Allow("response_not_json"), None
+    decision, params = policy.mint_response(
+        parsed.document, pending.digest, signing.keys, signing.expiry
+    )
+    if params is None:
+        return decision, None
+    written = attempt(admission.write, parsed, {**parsed.document, KV_KEY: params}, account)
+    if isinstance(written, Refusal):
+        # Too deep for orjson's writer and past what json.dumps may write, or the
+        # budget cannot hold json.dumps's extra.
+        affordable = written.reason != EXHAUSTED
+        return Allow("response_too_deep" if affordable else "response_not_affordable"), None
+    return decision, written

@@ -1,0 +1,298 @@
+"""The token-id reuse policy as a pure function: route policy + document + evidence →
+decision. Client-written kv_transfer_params are untrusted on every route; they are
+honored only when proven, sent by a listed peer, or on a route that trusts any caller
+(docs/trust.md).
+
+No I/O, no logging, no exceptions, no mutation of its inputs: every outcome, refusals
+included, is a value.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Final
+
+from ext_proc.core import connector_bounds, proof
+from ext_proc.core.body import Document
+from ext_proc.core.decisions import NO_PARAMS, Allow, Decision, Deny, Mint, Strip
+from ext_proc.core.errors import Refusal, bad_request
+from ext_proc.core.events import NO_PEER, Peer
+from ext_proc.core.ids import MAX_BOUND, Ids, Kind
+from ext_proc.core.proof import NO_KEYS, PROOF_KEY, KeySet
+from ext_proc.core.route_policy import Action, RoutePolicy
+from ext_proc.core.vllm_request import (
+    IDS_KEY,
+    KV_KEY,
+    MAX_CARRIERS,
+    Path,
+    ignores_reused_ids,
+    other_carriers,
+    policed_keys,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Evidence:
+    """What the policy may weigh besides the document: who called, with which keys,
+    when; ``digest`` renders the request's prompt digest on demand (only a proof needs
+    it). ``spent``: why a proof that verifies is not honored (the record of spent
+    proofs' verdict, ``replay.Verdict``); None: not asked yet, or honored."""
+
+    digest: Callable[[], bytes]
+    peer: Peer = NO_PEER
+    keys: KeySet = NO_KEYS
+    now: float = 0.0
+    skew: float = 0.0
+    # The longest lifetime this deployment mints proofs for (proof.ttl_seconds).
+    lifetime: float = math.inf
+    spent: str | None = None
+
+
+def _no_digest() -> bytes:
+    raise AssertionError("a strip or deny route weighs no evidence")
+
+
+# The evidence of a request on a route that weighs none: strip and deny decide on the
+# route alone (``_trusted_caller``), so nothing is gathered for them.
+NO_EVIDENCE: Final = Evidence(_no_digest)
+# The reason of a decision that honors parameters because their proof verified: the
+# proof is then spent (replay.py) before the decision stands.
+HONORED_PROOF: Final = "trusted_proof"
+# The actions whose decisions read the evidence.
+WEIGHS_EVIDENCE: Final = frozenset({Action.HONOR, Action.MINT})
+
+
+# Response ids are the deployment's own; only their shape is checked before signing.
+_ANY_IDS: Final = RoutePolicy()
+
+
+def _invalid_ids(key: str, ids: Ids, policy: RoutePolicy) -> Refusal | None:
+    """At least as strict as vLLM: a non-empty list of ints, each below the route's
+    vocab_size (or, when it is unset, below 2**31), at most max_ids of them."""
+    param = f"{KV_KEY}.{key}"
+    if not ids.count:
+        return bad_request(
+            f"{param} must be a non-empty list of integers", reason="ids_malformed", param=param
+        )
+    if policy.max_ids is not None and ids.count > policy.max_ids:
+        return bad_request(
+            f"{param} has {ids.count} ids; this route allows at most {policy.max_ids}",
+            reason="ids_too_many",
+            param=param,
+        )
+    bound = policy.vocab_size if policy.vocab_size is not None else MAX_BOUND
+    fault = ids.fault(bound)
+    if fault is None:
+        return None
+    if fault.kind is Kind.MALFORMED:
+        return bad_request(
+            f"{param}[{fault.index}] is not a non-negative integer",
+            reason="ids_malformed",
+            param=param,
+        )
+    if policy.vocab_size is not None:
+        why = f"is outside the vocabulary (size {policy.vocab_size})"
+    else:
+        why = f"is not a token id (token ids are below 2**31 = {MAX_BOUND})"
+    return bad_request(
+        f"{param}[{fault.index}] = {fault.value} {why}", reason="ids_out_of_vocab", param=param
+    )
+
+
+def _trusted_caller(policy: RoutePolicy, evidence: Evidence) -> str:
+    """Why the caller is trusted ("trusted_*"), or why it is not: whatever it sends is
+    then trusted only where a proof covers it."""
+    if policy.action not in (Action.HONOR, Action.MINT):
+        return "denied_by_policy" if policy.action is Action.DENY else "stripped_by_policy"
+    if policy.action is Action.HONOR and policy.trust_any_caller:
+        return "trusted_any_caller"
+    peer = evidence.peer
+    # An identity matches only one of its own type (a DNS SAN never stands for a URI SAN).
+    if policy.peers and peer.mtls and not policy.peers.isdisjoint(peer.identities):
+        return "trusted_peer"
+    return "peer_not_listed" if policy.peers else "unproven"
+
+
+def _trusted(policy: RoutePolicy, params: dict[str, Any], evidence: Evidence) -> str:
+    """Why the parameters are trusted ("trusted_*"), or why they are not."""
+    caller = _trusted_caller(policy, evidence)
+    if caller.startswith("trusted_") or policy.action is not Action.HONOR:
+        return caller
+    why = proof.verify(
+        evidence.keys,
+        params,
+        evidence.digest(),
+        evidence.now,
+        evidence.skew,
+        lifetime=evidence.lifetime,
+    )
+    if why is None:
+        return evidence.spent or HONORED_PROOF
+    if why == "proof_missing" and policy.peers:
+        return "peer_not_listed"
+    return why
+
+
+def _untrusted(policy: RoutePolicy, params: dict[str, Any], reason: str, count: int) -> Decision:
+    keys = policed_keys(params)
+    if policy.untrusted_denied:
+        param = f"{KV_KEY}.{keys[0]}" if keys else KV_KEY
+        return Deny(
+            bad_request(f"{param} is not accepted on this route", reason=reason, param=param),
+            count,
+        )
+    if not policy.keep_other_keys:
+        return Strip(None, reason, count)
+    drop = (*keys, PROOF_KEY) if PROOF_KEY in params else keys
+    return Strip(drop, reason, count) if drop else Allow("no_reused_ids")
+
+
+def decide(
+    policy: RoutePolicy,
+    document: Document,
+    evidence: Evidence,
+    carriers: tuple[Path, ...] | None = None,
+) -> Decision:
+    """The decision for a request ``document``. ``carriers``: its other members that
+    carry transfer parameters (``vllm_request.other_carriers``), when the caller has
+    shown there are none cheaply; None: looked for here."""
+    decision = _decide_carriers(policy, document, evidence, carriers)
+    if policy.connector is None or isinstance(decision, Deny):
+        return decision
+    if _trusted_caller(policy, evidence).startswith("trusted_"):
+        return decision  # a listed peer's own parameters are its own
+    # Whatever the caller sent goes; the route's connector request is written instead,
+    # so no caller steers the prefill server's connector and none need be trusted.
+    if isinstance(decision, Strip):
+        return Strip(
+            None, decision.reason, decision.id_count, False, decision.carriers, policy.connector
+        )
+    return Strip(None, "connector_written", decision.id_count, connector=policy.connector)
+
+
+def _decide_carriers(
+    policy: RoutePolicy,
+    document: Document,
+    evidence: Evidence,
+    carriers: tuple[Path, ...] | None,
+) -> Decision:
+    """The decision on every carrier of transfer parameters (``decide``)."""
+    decision = _decide_params(policy, document, evidence)
+    found = other_carriers(document, MAX_CARRIERS + 1) if carriers is None else carriers
+    if not found or isinstance(decision, Deny):
+        return decision
+    # Only the top-level kv_transfer_params can be proven; every other carrier is
+    # trusted only from a trusted caller, and untrusted like a client's parameters.
+    caller = _trusted_caller(policy, evidence)
+    if caller.startswith("trusted_"):
+        # Kept for a trusted caller, and read by the connector like the top-level object
+        # (vLLM takes extra_args' own when that is absent): the same bounds.
+        every = found if len(found) <= MAX_CARRIERS else other_carriers(document, sys.maxsize)
+        refused = _carried_out_of_bounds(document, every)
+        return decision if refused is None else Deny(refused, decision.id_count)
+    if len(found) > MAX_CARRIERS:
+        return Deny(
+            bad_request(
+                f"request carries more than {MAX_CARRIERS} members of transfer parameters",
+                reason="carriers_too_many",
+            ),
+            decision.id_count,
+        )
+    if policy.untrusted_denied:
+        param = ".".join(map(str, found[0]))
+        return Deny(
+            bad_request(f"{param} is not accepted on this route", reason=caller, param=param),
+            decision.id_count,
+        )
+    if isinstance(decision, Strip):
+        return Strip(
+            decision.keys,
+            decision.reason,
+            decision.id_count,
+            decision.honored,
+            (*decision.carriers, *found),
+        )
+    reason = caller if decision is NO_PARAMS else decision.reason
+    return Strip((), reason, decision.id_count, carriers=found)
+
+
+def _carried_out_of_bounds(document: Document, found: tuple[Path, ...]) -> Refusal | None:
+    """The first of the ``found`` kv_transfer_params objects that holds a connector
+    value out of bounds (connector_bounds.py), as its refusal; None when none does."""
+    for path in found:
+        if path[-1] != KV_KEY:
+            continue
+        value: Any = document
+        for step in path:
+            value = value[step]
+        if type(value) is dict:
+            where = ".".join(map(str, path))
+            refused = connector_bounds.refusal(value, None, where)
+            if refused is not None:
+                return refused
+    return None
+
+
+def _decide_params(policy: RoutePolicy, document: Document, evidence: Evidence) -> Decision:
+    """The decision on the top-level kv_transfer_params alone."""
+    params = document.get(KV_KEY)
+    if params is None:
+        return NO_PARAMS
+    if not isinstance(params, dict):
+        return Deny(
+            bad_request(
+                f"{KV_KEY} must be a JSON object", reason="kv_params_not_object", param=KV_KEY
+            )
+        )
+    if not params:
+        return NO_PARAMS
+    keys = policed_keys(params)
+    count = max((Ids.of(params[key]).count for key in keys), default=0)
+    reason = _trusted(policy, params, evidence)
+    if not reason.startswith("trusted_"):
+        return _untrusted(policy, params, reason, count)
+    # Who wrote them is no bound on their values (vllm#51137): connector_bounds.py.
+    tokens = Ids.of(params.get(IDS_KEY)).count or policy.max_ids
+    if (bounds := connector_bounds.refusal(params, tokens)) is not None:
+        return Deny(bounds, count)
+    proof_key = (PROOF_KEY,) if PROOF_KEY in params else ()
+    # vLLM treats a null value as "no ids"; stripping leaves the same meaning.
+    if keys and (ignores_reused_ids(document) or any(params[key] is None for key in keys)):
+        return Strip((*keys, *proof_key), "ignored_by_upstream", count)
+    for key in keys:
+        refusal = _invalid_ids(key, Ids.of(params[key]), policy)
+        if refusal is not None:
+            return Deny(refusal, count)
+    if proof_key:
+        return Strip(proof_key, reason, count, honored=True)
+    return Allow(reason, count)
+
+
+def mint_response(
+    document: Document, digest: bytes, keys: KeySet, expiry: int
+) -> tuple[Decision, dict[str, Any] | None]:
+    """What a prefill response's ``kv_transfer_params`` become: the connector's keys
+    plus the response's ``prompt_token_ids``, signed for the request's ``digest``.
+    The new object, or None (with the reason) when there is nothing to mint."""
+    value = document.get(IDS_KEY)
+    connector = document.get(KV_KEY)
+    minted: dict[str, Any] = {}
+    if isinstance(connector, dict):
+        minted = {k: v for k, v in connector.items() if k != PROOF_KEY}
+    count = 0
+    if value is not None:
+        ids = Ids.of(value)
+        if _invalid_ids(IDS_KEY, ids, _ANY_IDS) is not None:
+            return Allow("response_ids_malformed"), None
+        minted[IDS_KEY], count = value, ids.count
+    if not minted:
+        return Allow("nothing_to_mint"), None
+    if connector_bounds.refusal(minted, count) is not None:
+        return Allow("response_connector_out_of_bounds"), None
+    token = proof.mint(keys, minted, digest, expiry)
+    if token is None:
+        return Allow("no_signing_key" if keys.signing is None else "not_renderable"), None
+    return Mint("minted", count), {**minted, PROOF_KEY: token}

@@ -1,0 +1,328 @@
+"""Signed transfer parameters: mint a proof on the prefill leg, verify it on the decode leg.
+
+Pure functions; keys and the time are arguments. The format and its reasons are in
+docs/trust.md:
+
+    tp2.<key id>.<expiry>.<nonce>.<prompt digest>.<mac>
+    mac = HMAC-SHA256(key, "tp2\\n" key id "\\n" expiry "\\n" prompt digest "\\n"
+                      canonical(parameters without the proof) "\\n" nonce)
+
+The digest binds the parameters to the prompt-defining fields of the request they were
+minted for; the nonce makes every minted proof another (two prefill responses alike to
+the byte, a prompt served from the prefix cache twice in one second, still give two
+proofs, each honored once: replay.py); the MAC binds everything (ids, connector keys,
+key id, expiry, nonce, digest) to a key only the gateway holds. Verification compares
+MACs in constant time.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import json
+import math
+import re
+import secrets
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+import orjson
+
+from ext_proc.core import body
+from ext_proc.core.errors import BadRequest
+from ext_proc.core.ids import Ids
+from ext_proc.core.replay import TICKET_BYTES, Ticket
+from ext_proc.core.vllm_request import EC_KEY, IDS_KEY, KV_KEY
+
+PROOF_KEY: Final = "token_policy_proof"
+VERSION: Final = "tp2"
+NONCE_BYTES: Final = 12
+# Fields an orchestrator legitimately changes between the prefill and the decode leg
+# (the transfer parameters are each leg's own); every other field of the request is
+# bound by the digest.
+UNBOUND_FIELDS: Final = frozenset(
+    {
+        KV_KEY,
+        EC_KEY,
+        "max_tokens",
+        "max_completion_tokens",
+        "min_tokens",
+        "stream",
+        "stream_options",
+        "return_token_ids",
+    }
+)
+KEY_ID: Final = re.compile(r"[A-Za-z0-9_-]{1,64}")
+_PROOF: Final = re.compile(
+    r"tp2\.([A-Za-z0-9_-]{1,64})\.([1-9][0-9]{0,11})\.([A-Za-z0-9_-]{16})"
+    r"\.([A-Za-z0-9_-]{43})\.([A-Za-z0-9_-]{43})"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class KeySet:
+    """Signing keys by id; ``signing`` names the one that mints (None: minting is off)."""
+
+    keys: Mapping[str, bytes]
+    signing: str | None
+
+
+# No keys: nothing is minted and every proof names an unknown key.
+NO_KEYS: Final = KeySet({}, None)
+
+
+@dataclass(frozen=True, slots=True)
+class Trust:
+    """What proofs need from outside a stream: the current keys and the clock (their
+    lifetime and skew are the configuration's, ``config.Proof``)."""
+
+    keys: Callable[[], KeySet] = lambda: NO_KEYS
+    clock: Callable[[], float] = time.time
+
+
+def _b64(raw: bytes) -> str:
+    return base64.urlsafe_b64encode(raw).rstrip(b"=").decode("ascii")
+
+
+def _unb64(text: str) -> bytes:
+    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+
+
+def _canonical(text: str) -> bool:
+    """Whether ``text`` is the one unpadded base64url spelling of its bytes (43
+    characters hold 32 bytes and 2 spare bits, which must be zero; 16 hold 12 bytes)."""
+    return _b64(_unb64(text)) == text
+
+
+# The most bytes the signed parameters but the ids may render to. json.dumps holds a few
+# times its output while it writes (its pieces, the joined text, the encoded bytes), and
+# a client chooses what a proof's parameters hold before its MAC is checked: the bound,
+# read without rendering, keeps that transient small (one stream at a time per process)
+# whatever the body. A connector's keys render to a few KiB (block ids: a few per
+# 16-token block).
+MAX_HEAD_BYTES: Final = 256 * 1024
+
+
+def _within(value: Any, limit: int) -> bool:
+    """Whether json.dumps (ASCII) of ``value`` writes at most ``limit`` bytes, from an
+    upper bound of each value's text (a string: 6 per character, every escape's most),
+    walked without recursion and given up as soon as it is over."""
+    total, pending = 0, [value]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, str):
+            total += 6 * len(item) + 3
+        elif isinstance(item, dict):
+            total += 2
+            for key, member in item.items():
+                pending.append(key)
+                pending.append(member)
+        elif isinstance(item, list):
+            total += 2
+            pending.extend(item)
+        elif isinstance(item, int):  # bool included
+            total += item.bit_length() // 3 + 7
+        else:  # a float, None
+            total += 26
+        if total > limit:
+            return False
+    return True
+
+
+def canonical(params: Mapping[str, Any]) -> tuple[bytes, bytes] | None:
+    """The parameters (without the proof) as signed bytes, in two parts signed as
+    ``head + b"\\n" + ids``; None when not renderable.
+
+    Everything but the ids through ``json.dumps`` (sorted keys, ASCII, NaN refused, so
+    equal documents and only they give equal bytes); the ids, the bulk, as their
+    canonical text (``Ids.signed``): for ids read from the body, that text is taken from
+    the body's bytes, not rendered again. The head is ASCII JSON without a newline, so
+    the parts are told apart; the signed bytes are those the two parts joined make.
+    Parameters whose head could render past ``MAX_HEAD_BYTES`` are not renderable.
+    """
+    rest = {k: v for k, v in params.items() if k not in (IDS_KEY, PROOF_KEY)}
+    if not _within(rest, MAX_HEAD_BYTES):
+        return None
+    try:
+        head = json.dumps(
+            rest, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False
+        ).encode()
+    except (ValueError, TypeError, RecursionError):
+        return None
+    ids = Ids.of(params[IDS_KEY]).signed if IDS_KEY in params else b"-"
+    return None if ids is None else (head, ids)
+
+
+def prompt_digest(document: Mapping[str, Any], orjson_safe: bool, endpoint: str) -> bytes | None:
+    """SHA-256 of the API the request is for (``endpoint``, the upstream path after the
+    route's rewrite, as vLLM routes it) and of the request's prompt-defining fields
+    (all but ``UNBOUND_FIELDS``): a proof minted for one endpoint is a
+    ``prompt_mismatch`` on any other, whose rendering of the same fields differs.
+
+    The rendering depends only on those fields' values, so both legs agree whatever the
+    rest of their bodies hold: orjson (sorted keys) when it renders them exactly, else
+    ``json.dumps`` (NaN, huge integers, lone surrogates, nesting deeper than the 254
+    levels orjson writes). A document orjson read has neither NaN nor huge integers
+    (body.py). None when only json.dumps renders them: ``prompt_digest_slow`` then,
+    once the caller has charged its cost (``admission.digest``).
+    """
+    bound = _bound(document)
+    if not orjson_safe and body.holds(bound, _nonfinite):
+        return None  # orjson would write null for NaN or infinity
+    try:
+        rendered = orjson.dumps(bound, option=orjson.OPT_SORT_KEYS)
+    except (TypeError, orjson.JSONEncodeError):
+        return None
+    return _digest(endpoint, b"o", (rendered,))
+
+
+def prompt_digest_slow(document: Mapping[str, Any], endpoint: str) -> bytes:
+    """``prompt_digest`` rendered by ``json.dumps`` (the same bytes it would hash there).
+    Raises ``BadRequest`` (``body_too_deep``) past Python's recursion limit, where no
+    rendering exists.
+
+    Its memory (``memory.slow_extra``): json.dumps's text, ASCII (``ensure_ascii``), at
+    most 3 characters per body byte in strings (12 for a 4-byte UTF-8 character) and a
+    float's repr per value, and its chunks while it joins them; the text is hashed a
+    slice at a time, never copied whole again.
+    """
+    try:
+        text = json.dumps(
+            _bound(document), sort_keys=True, separators=(",", ":"), ensure_ascii=True
+        )
+    except RecursionError as exc:
+        raise BadRequest(
+            "request body is nested too deeply to be bound to a proof", reason="body_too_deep"
+        ) from exc
+    slices = (text[at : at + _SLICE].encode("ascii") for at in range(0, len(text), _SLICE))
+    return _digest(endpoint, b"j", slices)
+
+
+# How much of json.dumps's text is encoded at once for the hash.
+_SLICE: Final = 1 << 16
+
+
+def _bound(document: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in document.items() if k not in UNBOUND_FIELDS}
+
+
+def _digest(endpoint: str, marker: bytes, rendering: Iterable[bytes]) -> bytes:
+    """SHA-256 of the endpoint, preceded by its length (no endpoint and rendering run
+    into another pair), the marker byte saying which rendering follows, and the
+    rendering's parts in order."""
+    named = endpoint.encode("utf-8", "surrogatepass")
+    digest = hashlib.sha256(b"%d:%s%s" % (len(named), named, marker))
+    for part in rendering:
+        digest.update(part)
+    return digest.digest()
+
+
+def _nonfinite(value: Any) -> bool:
+    return isinstance(value, float) and not math.isfinite(value)
+
+
+def _mac(key: bytes, fields: tuple[str, str, str], body: tuple[bytes, bytes]) -> hmac.HMAC:
+    """The MAC's state over the proof's ``fields`` (key id, expiry, digest) and ``body``;
+    the nonce, fed last, completes it (``_sealed``)."""
+    mac = hmac.new(key, "\n".join((VERSION, *fields, "")).encode(), hashlib.sha256)
+    head, ids = body
+    mac.update(head)
+    mac.update(b"\n")
+    mac.update(ids)  # fed as it is: the ids are most of the message
+    return mac
+
+
+def _sealed(state: hmac.HMAC, nonce: str) -> bytes:
+    mac = state.copy()
+    mac.update(b"\n" + nonce.encode())
+    return mac.digest()
+
+
+def minter(
+    keys: KeySet, params: Mapping[str, Any], digest: bytes, expiry: int
+) -> Callable[[bytes], str] | None:
+    """Proofs for ``params`` minted for a request with ``digest`` that differ in their
+    nonce (``NONCE_BYTES`` bytes) alone, the MAC over the rest computed once; None when
+    there is no signing key or the parameters cannot be rendered."""
+    if keys.signing is None:
+        return None
+    body = canonical(params)
+    if body is None:
+        return None
+    key_id, shown = keys.signing, _b64(digest)
+    state = _mac(keys.keys[key_id], (key_id, str(expiry), shown), body)
+
+    def make(nonce: bytes) -> str:
+        text = _b64(nonce)
+        return f"{VERSION}.{key_id}.{expiry}.{text}.{shown}.{_b64(_sealed(state, text))}"
+
+    return make
+
+
+def mint(
+    keys: KeySet,
+    params: Mapping[str, Any],
+    digest: bytes,
+    expiry: int,
+    nonce: bytes | None = None,
+) -> str | None:
+    """The proof for ``params`` minted for a request with ``digest``; None when there is
+    no signing key or the parameters cannot be rendered. ``nonce``: fresh random bytes
+    unless given."""
+    make = minter(keys, params, digest, expiry)
+    if make is None:
+        return None
+    return make(secrets.token_bytes(NONCE_BYTES) if nonce is None else nonce)
+
+
+def verify(
+    keys: KeySet,
+    params: Mapping[str, Any],
+    digest: bytes,
+    now: float,
+    skew: float,
+    *,
+    lifetime: float = math.inf,
+) -> str | None:
+    """None when ``params`` carry a valid proof for a request with ``digest``; otherwise
+    the reason they are unproven (docs/trust.md lists them). ``lifetime``: the longest
+    this deployment mints for (``ttl_seconds``): a proof that would live longer (minted
+    with another lifetime than the connector's lease allows) is refused."""
+    proof = params.get(PROOF_KEY)
+    if proof is None:
+        return "proof_missing"
+    match = _PROOF.fullmatch(proof) if isinstance(proof, str) else None
+    if match is None:
+        return "proof_malformed"
+    key_id, expiry, nonce, shown, mac = match.groups()
+    if not (_canonical(nonce) and _canonical(shown) and _canonical(mac)):
+        return "proof_malformed"
+    key = keys.keys.get(key_id)
+    if key is None:
+        return "proof_unknown_key"
+    body = canonical(params)
+    if body is None:
+        return "proof_malformed"
+    expected = _sealed(_mac(key, (key_id, expiry, shown), body), nonce)
+    if not hmac.compare_digest(expected, _unb64(mac)):
+        return "proof_bad_signature"
+    if now > int(expiry) + skew:
+        return "proof_expired"
+    if int(expiry) > now + lifetime + skew:
+        return "proof_outlives_lease"
+    if not hmac.compare_digest(_unb64(shown), digest):
+        return "prompt_mismatch"
+    return None
+
+
+def ticket(params: Mapping[str, Any], skew: float) -> Ticket:
+    """The record's entry for the proof in ``params``, which ``verify`` accepted. It
+    outlives the proof by one more skew: a processor whose clock is up to ``skew``
+    behind this one's still honors it that much later."""
+    match = _PROOF.fullmatch(params[PROOF_KEY])
+    assert match is not None, "verified"
+    _, expiry, _, _, mac = match.groups()
+    return Ticket(_unb64(mac)[:TICKET_BYTES], int(expiry) + 2 * math.ceil(skew))

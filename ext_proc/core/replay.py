@@ -1,0 +1,63 @@
+"""Honoring a proof once: what a stream asks the record of spent proofs, and the answer.
+
+A proof lets a decode server read KV blocks that a prefill server keeps for one read,
+for its connector's lease. The first honored use of a proof spends it; any later use,
+on any worker or processor that shares the record, is refused like an unproven one, so
+a decode never reads blocks that may have been freed and reused for another request.
+
+Pure values; the stores are ``ext_proc.edge.record`` (one processor) and
+``ext_proc.edge.redis_record`` (several).
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Final, Protocol
+
+# Bytes of a proof's MAC that name it in the record (``Ticket.key``).
+TICKET_BYTES: Final = 16
+
+# The local record's table (``ext_proc.edge.record``): a header, then buckets of
+# ``BUCKET_SLOTS`` slots. Its layout is stated here because the configuration charges
+# the table's size to the in-flight budget before any record exists.
+BUCKET_SLOTS: Final = 32
+TABLE_HEADER: Final = struct.Struct("<8sQ16s")  # magic, buckets, secret
+TABLE_SLOT: Final = struct.Struct(f"<{TICKET_BYTES}sq")  # key, kept until (unix seconds)
+
+
+def table_bytes(slots: int) -> int:
+    """The bytes of a table of at least ``slots`` slots (whole buckets)."""
+    return TABLE_HEADER.size + -(-slots // BUCKET_SLOTS) * BUCKET_SLOTS * TABLE_SLOT.size
+
+
+@dataclass(frozen=True, slots=True)
+class Ticket:
+    """One proof, as the record keeps it: ``key`` identifies it (part of its MAC, which
+    no one without the signing key can choose), ``expires_at`` (unix seconds) is when no
+    processor whose clock is within the skew of this one can still verify it."""
+
+    key: bytes
+    expires_at: int
+
+
+class Verdict(StrEnum):
+    """The record's answer. Every value but ``FIRST`` is the reason the proof is then
+    treated as unproven."""
+
+    FIRST = "first"  # recorded now: the proof is honored
+    SPENT = "proof_replayed"  # honored before: not again
+    UNAVAILABLE = "proof_record_unavailable"  # the record could not be consulted
+    FULL = "proof_record_full"  # the record has no room left to remember it
+
+
+class Record(Protocol):
+    """Where spent proofs are kept (``record.LocalRecord``, ``redis_record.RedisRecord``).
+    ``spend`` never raises: a record it cannot consult is ``UNAVAILABLE``."""
+
+    size: int  # bytes held in this process (charged to the in-flight budget)
+
+    async def spend(self, ticket: Ticket) -> Verdict: ...
+
+    async def close(self) -> None: ...

@@ -1,0 +1,153 @@
+"""Prometheus metrics, owned by the service edge (the core never counts anything).
+
+With several workers each process writes to ``PROMETHEUS_MULTIPROC_DIR`` and the
+supervisor serves the aggregate; with one process the registry is served directly.
+Either way ``serve_metrics`` is the one place the HTTP endpoint is started.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final
+from wsgiref.simple_server import WSGIServer
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client.multiprocess import MultiProcessCollector
+
+from ext_proc.core.address import HostPort
+from ext_proc.core.config import ConfigError
+
+# How a stream can end in error (``ext_proc_stream_errors_total``'s kind label).
+STREAM_ERROR_KINDS: Final = ("protocol_violation", "internal", "cancelled")
+# Body sizes from 1 KiB to 64 MiB, processing times from 50 µs to 5 s.
+BODY_BUCKETS: Final = tuple(float(1024 * 4**i) for i in range(9))
+TIME_BUCKETS: Final = (
+    0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
+    0.25, 0.5, 1.0, 2.5, 5.0,
+)  # fmt: skip
+
+
+class Metrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        self.decisions = Counter(
+            "ext_proc_decisions",
+            "Policy decisions by route, action (allow, strip, honor, deny, mint), reason and mode "
+            "(enforce, audit).",
+            ["route", "action", "reason", "mode"],
+            registry=self.registry,
+        )
+        self.body_bytes = Histogram(
+            "ext_proc_request_body_bytes",
+            "Size of inspected request bodies.",
+            ["route"],
+            buckets=BODY_BUCKETS,
+            registry=self.registry,
+        )
+        self.processing_seconds = Histogram(
+            "ext_proc_processing_seconds",
+            "Processor time spent on one request (parsing, policy, rewriting, encoding).",
+            ["route"],
+            buckets=TIME_BUCKETS,
+            registry=self.registry,
+        )
+        self.inflight_streams = Gauge(
+            "ext_proc_inflight_streams",
+            "ext_proc streams open now.",
+            registry=self.registry,
+            multiprocess_mode="livesum",
+        )
+        self.inflight_bytes = Gauge(
+            "ext_proc_inflight_body_bytes",
+            "Request-body bytes held now (the in-flight budget in use).",
+            registry=self.registry,
+            multiprocess_mode="livesum",
+        )
+        self.inflight_limit = Gauge(
+            "ext_proc_inflight_budget_limit_bytes",
+            "The in-flight budget: request-body bytes that may be held at once (503 beyond).",
+            registry=self.registry,
+            multiprocess_mode="livesum",
+        )
+        self.stream_errors = Counter(
+            "ext_proc_stream_errors",
+            "Streams ended with an error: protocol_violation, internal, cancelled.",
+            ["kind"],
+            registry=self.registry,
+        )
+        self.record_errors = Counter(
+            "ext_proc_proof_record_errors",
+            "Proofs not honored because the record of spent proofs could not be consulted "
+            "(store: redis).",
+            ["store"],
+            registry=self.registry,
+        )
+        self.record_errors.labels("redis")
+        # Every kind exported from the start, at 0: a ratio of errors (and an alert on
+        # it) then has a value before the first error, not no series at all.
+        for kind in STREAM_ERROR_KINDS:
+            self.stream_errors.labels(kind)
+        # Labelled children by label values: labels() validates and locks on every call.
+        # Bounded: routes come from the Envoy config, actions, reasons and modes from
+        # this package.
+        self._decided: dict[tuple[str, ...], tuple[Any, Any]] = {}
+        self._processing: dict[str, Any] = {}
+
+    def decided(self, route: str, action: str, reason: str, mode: str, body_size: int) -> None:
+        """Count one decision; a request's body size is observed too (0: none)."""
+        key = (route, action, reason, mode)
+        children = self._decided.get(key)
+        if children is None:
+            children = self._decided[key] = (
+                self.decisions.labels(route, action, reason, mode),
+                self.body_bytes.labels(route),
+            )
+        children[0].inc()
+        if body_size:
+            children[1].observe(body_size)
+
+    def observe_processing(self, route: str, seconds: float) -> None:
+        child = self._processing.get(route)
+        if child is None:
+            child = self._processing[route] = self.processing_seconds.labels(route)
+        child.observe(seconds)
+
+    def sample(self, streams: int, held: int, limit: int) -> None:
+        """Set the in-flight gauges (sampled, not updated on every request)."""
+        self.inflight_streams.set(streams)
+        self.inflight_bytes.set(held)
+        self.inflight_limit.set(limit)
+
+
+class Endpoint:
+    """A running ``/metrics`` HTTP endpoint (served from a daemon thread)."""
+
+    def __init__(self, server: WSGIServer) -> None:
+        self._server = server
+        self.port: int = server.server_port
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+
+def serve_metrics(address: HostPort, registry: CollectorRegistry) -> Endpoint:
+    """Serve ``registry`` at ``http://address/metrics``.
+
+    An address that cannot be bound is an operator error: ``ConfigError`` naming the
+    address and the setting that chose it.
+    """
+    try:
+        server, _ = start_http_server(address.port, address.host, registry=registry)
+    except OSError as exc:
+        raise ConfigError(
+            f"cannot listen on {address} for metrics: {exc.strerror or exc} "
+            "(setting: metrics_listen / --metrics-listen / EXT_PROC_METRICS_LISTEN)"
+        ) from None
+    return Endpoint(server)
+
+
+def aggregate(directory: str) -> CollectorRegistry:
+    """A registry reading every worker's samples from ``directory`` on each scrape."""
+    registry = CollectorRegistry()
+    MultiProcessCollector(registry, path=directory)  # type: ignore[no-untyped-call]
+    return registry

@@ -1,0 +1,129 @@
+"""The record of spent proofs for one processor: a fixed table every worker maps.
+
+The table lives in a file the supervisor creates before it starts its workers (or in
+anonymous memory when one process serves alone), mapped shared by each of them, so a
+proof spent on one worker is spent on all: the workers share a port, and a replay must
+not succeed by landing on another. An exclusive ``flock`` on the file serialises the
+few microseconds each lookup takes; the kernel releases it when a holder dies, so a
+killed worker never wedges the others.
+
+Layout: a header (magic, the bucket count, a random secret), then buckets of
+``BUCKET_SLOTS`` slots, each a proof's key and the unix second until which it is kept.
+A key goes in the bucket its keyed hash names (the secret keeps clients who hold many
+proofs from aiming them at one bucket); a slot whose time has passed is free. A bucket
+without a free slot answers ``FULL``: the proof is not honored, never forgotten early.
+
+Its size is fixed at start-up (``table_bytes``) and charged to the in-flight budget
+(``service.ExternalProcessor``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import mmap
+import os
+import secrets
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Final
+
+from ext_proc.core.replay import (
+    BUCKET_SLOTS,
+    TABLE_HEADER,
+    TABLE_SLOT,
+    Ticket,
+    Verdict,
+    table_bytes,
+)
+
+MAGIC: Final = b"xpspent1"
+_HEADER: Final = TABLE_HEADER
+_SLOT: Final = TABLE_SLOT
+_BUCKET_BYTES: Final = BUCKET_SLOTS * _SLOT.size
+
+
+def create(path: Path, slots: int) -> None:
+    """A new, empty table of ``slots`` slots in the file ``path`` (for ``LocalRecord.open``)."""
+    with path.open("wb") as out:
+        out.truncate(table_bytes(slots))
+        out.write(_HEADER.pack(MAGIC, -(-slots // BUCKET_SLOTS), secrets.token_bytes(16)))
+
+
+class LocalRecord:
+    """Spent proofs in a table mapped by every worker of this processor."""
+
+    def __init__(
+        self, table: mmap.mmap, fd: int | None, clock: Callable[[], float] = time.time
+    ) -> None:
+        magic, buckets, secret = _HEADER.unpack_from(table, 0)
+        if magic != MAGIC or len(table) != _HEADER.size + buckets * _BUCKET_BYTES:
+            raise ValueError("not a table of spent proofs")
+        self._table = table
+        self._fd = fd
+        self._buckets = buckets
+        self._secret = secret
+        self._clock = clock
+        self.size = len(table)
+
+    @classmethod
+    def open(cls, path: Path, clock: Callable[[], float] = time.time) -> LocalRecord:
+        """The table in ``path`` (made by ``create``), shared with every process that
+        opens it."""
+        fd = os.open(path, os.O_RDWR)
+        try:
+            table = mmap.mmap(fd, 0, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        except BaseException:
+            os.close(fd)
+            raise
+        return cls(table, fd, clock)
+
+    @classmethod
+    def anonymous(cls, slots: int, clock: Callable[[], float] = time.time) -> LocalRecord:
+        """A table for this process alone (no lock: one event loop uses it)."""
+        table = mmap.mmap(-1, table_bytes(slots))
+        table[: _HEADER.size] = _HEADER.pack(
+            MAGIC, -(-slots // BUCKET_SLOTS), secrets.token_bytes(16)
+        )
+        return cls(table, None, clock)
+
+    async def spend(self, ticket: Ticket) -> Verdict:
+        return self.spend_now(ticket)
+
+    def spend_now(self, ticket: Ticket) -> Verdict:
+        """``FIRST`` and recorded until ``ticket.expires_at``, or why not."""
+        now = int(self._clock())
+        hashed = hashlib.blake2b(ticket.key, key=self._secret, digest_size=8).digest()
+        start = _HEADER.size + int.from_bytes(hashed, "little") % self._buckets * _BUCKET_BYTES
+        with self._locked():
+            bucket = self._table[start : start + _BUCKET_BYTES]
+            free = None
+            for slot, (key, until) in enumerate(_SLOT.iter_unpack(bucket)):
+                if until >= now:
+                    if key == ticket.key:
+                        return Verdict.SPENT
+                elif free is None:
+                    free = slot
+            if free is None:
+                return Verdict.FULL
+            _SLOT.pack_into(self._table, start + free * _SLOT.size, ticket.key, ticket.expires_at)
+        return Verdict.FIRST
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        if self._fd is None:
+            yield
+            return
+        fcntl.flock(self._fd, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+
+    async def close(self) -> None:
+        self._table.close()
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None

@@ -1,0 +1,323 @@
+"""Process lifecycle: one ``Server`` whose life runs in named phases.
+
+``startup``: bind the gRPC address → start → health SERVING → freeze the heap → the
+metrics endpoint → log "serving". ``serve``: wait for the first SIGTERM/SIGINT.
+``drain``: health NOT_SERVING at once, then the drain window (``drain_seconds``: Envoy's
+health checks see NOT_SERVING and stop sending new streams, which are still served
+meanwhile). ``stop``: stop accepting and let in-flight streams finish within
+``shutdown_grace_seconds`` → exit 0. A second signal at any point cancels what is left
+and exits 1. An address that cannot be bound ends start-up with one error line and
+exit status 2. Signal handlers only set flags; the phases do the work.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import logging
+import signal
+import socket
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from ext_proc._pb import external_processor_pb2 as pb
+from ext_proc._pb import external_processor_pb2_grpc as pb_grpc
+from ext_proc.core.address import UNIX_PREFIX, HostPort
+from ext_proc.core.config import Config, ConfigError
+from ext_proc.core.replay import Record
+from ext_proc.edge import allocator, logs
+from ext_proc.edge.metrics import Endpoint, Metrics, serve_metrics
+from ext_proc.edge.record import LocalRecord
+from ext_proc.edge.redis_record import RedisRecord
+from ext_proc.edge.service import ExternalProcessor
+
+log = logging.getLogger("ext_proc.edge.server")
+GC_THRESHOLD = 20_000  # CPython's default is 700
+# How often the in-flight gauges are read: a request costs no gauge update.
+SAMPLE_SECONDS = 1.0
+SERVICE_NAME = pb.DESCRIPTOR.services_by_name["ExternalProcessor"].full_name
+
+
+async def _set_health(servicer: health.aio.HealthServicer, status: int) -> None:
+    for name in ("", SERVICE_NAME):
+        await servicer.set(name, status)
+
+
+@dataclass
+class Running:
+    server: grpc.aio.Server
+    health: health.aio.HealthServicer
+    processor: ExternalProcessor
+    port: int
+
+    async def serving(self) -> None:
+        await _set_health(self.health, health_pb2.HealthCheckResponse.SERVING)
+
+
+def _credentials(config: Config) -> grpc.ServerCredentials | None:
+    if config.tls is None:
+        return None
+    tls = config.tls
+    client_ca = Path(tls.client_ca_file).read_bytes() if tls.client_ca_file else None
+    return grpc.ssl_server_credentials(
+        [(Path(tls.key_file).read_bytes(), Path(tls.cert_file).read_bytes())],
+        root_certificates=client_ca,
+        require_client_auth=client_ca is not None,
+    )
+
+
+def _cannot_listen(listen: str, reason: object) -> ConfigError:
+    return ConfigError(
+        f"cannot listen on {listen}: {reason} (setting: listen / --listen / EXT_PROC_LISTEN)"
+    )
+
+
+def _check_free(listen: str, *, reuse_port: bool) -> None:
+    """Raise ``ConfigError`` when no address ``listen`` resolves to can be bound.
+
+    gRPC reports a taken port only as a core log line and a bare ``RuntimeError``; the
+    same bind (SO_REUSEADDR, SO_REUSEPORT only when shared) tried first names the cause.
+    """
+    if listen.startswith(UNIX_PREFIX):
+        return
+    address = HostPort.parse(listen, allow_zero=True)
+    if address.port == 0:
+        return
+    error: OSError | None = None
+    try:
+        found = socket.getaddrinfo(address.host, address.port, type=socket.SOCK_STREAM)
+    except OSError as exc:
+        raise _cannot_listen(listen, exc.strerror or exc) from None
+    for family, kind, proto, _, sockaddr in found:
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if reuse_port:
+                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+            try:
+                probe.bind(sockaddr)
+            except OSError as exc:
+                error = exc
+            else:
+                return
+    raise _cannot_listen(listen, error.strerror if error else "no address") from None
+
+
+def open_record(config: Config, metrics: Metrics, shared: Path | None = None) -> Record:
+    """The record of spent proofs: Redis when configured, else the table in ``shared``
+    (a worker's, made by the supervisor), else one of this process's own."""
+    proof = config.proof
+    if proof.record:
+        errors = metrics.record_errors.labels("redis")
+        # A record that began later than this may miss a proof honored before it.
+        warm_up = proof.ttl_seconds + 3 * proof.clock_skew_seconds
+        return RedisRecord(proof.record, proof.record_timeout_seconds, warm_up, on_error=errors.inc)
+    if shared is not None:
+        return LocalRecord.open(shared)
+    return LocalRecord.anonymous(proof.record_slots)
+
+
+async def listen(
+    config: Config, *, reuse_port: bool = False, record_file: Path | None = None
+) -> Running:
+    """A started server whose health is still NOT_SERVING, and the port it bound.
+    ``record_file``: the table of spent proofs shared with the other workers.
+
+    Raises ``ConfigError`` when ``config.listen`` cannot be bound.
+    """
+    _check_free(config.listen, reuse_port=reuse_port)
+    limit = config.grpc_message_limit
+    server = grpc.aio.server(
+        options=[
+            ("grpc.max_receive_message_length", limit),
+            # Answers are bounded by the processor itself (a rewrite of an accepted body);
+            # Envoy's own max_receive_message_length is the limit that matters.
+            ("grpc.max_send_message_length", -1),
+            # Several workers share one port only when asked; otherwise a second server on
+            # the same port must fail instead of silently splitting the traffic.
+            ("grpc.so_reuseport", 1 if reuse_port else 0),
+        ]
+    )
+    metrics = Metrics()
+    record = open_record(config, metrics, record_file)
+    processor = ExternalProcessor(config, metrics=metrics, record=record)
+    pb_grpc.add_ExternalProcessorServicer_to_server(processor, server)
+    health_servicer = health.aio.HealthServicer()
+    await _set_health(health_servicer, health_pb2.HealthCheckResponse.NOT_SERVING)
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    credentials = _credentials(config)
+    try:
+        if credentials is None:
+            port = server.add_insecure_port(config.listen)
+        else:
+            port = server.add_secure_port(config.listen, credentials)
+    except RuntimeError:  # taken between the check and the bind
+        port = 0
+    if port == 0 and not config.listen.startswith(UNIX_PREFIX):
+        raise _cannot_listen(config.listen, "the address cannot be bound")
+    await server.start()
+    return Running(server, health_servicer, processor, port)
+
+
+async def build(config: Config, *, reuse_port: bool = False) -> Running:
+    """A started server with health SERVING, and the port it bound (0 for a socket file)."""
+    running = await listen(config, reuse_port=reuse_port)
+    await running.serving()
+    return running
+
+
+def loop_factory(config: Config) -> Callable[[], asyncio.AbstractEventLoop]:
+    if config.event_loop == "uvloop":
+        import uvloop  # noqa: PLC0415 - only when chosen
+
+        return uvloop.new_event_loop
+    return asyncio.new_event_loop
+
+
+class Server:
+    """One process's gRPC server, from start-up to exit.
+
+    A ``worker`` runs under the supervisor, which owns the metrics endpoint and SIGINT.
+    """
+
+    def __init__(
+        self, config: Config, *, worker: bool = False, record_file: Path | None = None
+    ) -> None:
+        self.config = config
+        self.worker = worker
+        self.record_file = record_file
+        self.stopping = asyncio.Event()
+        self.forced = asyncio.Event()
+        self.running: Running | None = None
+        self.metrics: Endpoint | None = None
+        self.sampler: asyncio.Task[None] | None = None
+
+    def on_signal(self) -> None:
+        # Handlers only set flags; the phases do the work.
+        (self.forced if self.stopping.is_set() else self.stopping).set()
+
+    async def main(self) -> int:
+        """Every phase in order; the exit status (0 drained, 1 forced, 2 cannot listen)."""
+        loop = asyncio.get_running_loop()
+        # A worker leaves SIGINT to its supervisor, which forwards SIGTERM.
+        signals = (signal.SIGTERM,) if self.worker else (signal.SIGTERM, signal.SIGINT)
+        for sig in signals:
+            loop.add_signal_handler(sig, self.on_signal)
+        try:
+            try:
+                await self.startup()
+            except ConfigError as exc:
+                log.error(str(exc))  # noqa: TRY400 - one line naming the setting, no traceback
+                return 2  # as for any other invalid configuration
+            await self.serve()
+            if not await self.drain() or not await self.stop():
+                log.warning("forced stop")  # _close cancels the streams left
+                return 1
+            log.info("stopped")
+            return 0
+        finally:
+            await self._close()
+            for sig in signals:
+                loop.remove_signal_handler(sig)
+
+    @property
+    def _server(self) -> grpc.aio.Server:
+        assert self.running is not None, "started"
+        return self.running.server
+
+    async def startup(self) -> None:
+        config = self.config
+        self.running = await listen(
+            config, reuse_port=config.workers > 1, record_file=self.record_file
+        )
+        await self.running.serving()
+        # Everything alive now lives as long as the process: keep it out of every
+        # collection. Parsing a large body allocates many containers at once; a higher
+        # first threshold avoids a cascade of young collections per request. That is safe
+        # only while a finished request leaves no reference cycle holding its body:
+        # refusals are values and no exception outlives its handler (tests/edge/test_service.py
+        # checks the refusal paths).
+        gc.freeze()
+        gc.set_threshold(GC_THRESHOLD, 20, 20)
+        if not allocator.keep_freed_memory(config.inflight_budget_bytes):
+            log.info("allocator not tuned: large bodies fault their memory in anew")
+        if not self.worker and config.metrics_address is not None:
+            registry = self.running.processor.metrics.registry
+            self.metrics = serve_metrics(config.metrics_address, registry)
+        self.sampler = asyncio.ensure_future(self._sample(self.running.processor))
+        log.info(
+            "serving",
+            extra={
+                "listen": config.listen,
+                "port": self.running.port,
+                "event_loop": config.event_loop,
+                # 0: mint routes sign nothing and no proof verifies (not an error:
+                # routes without mint or honor need no key).
+                "proof_keys": len(config.proof.keys),
+            },
+        )
+
+    @staticmethod
+    async def _sample(processor: ExternalProcessor) -> None:
+        """Every ``SAMPLE_SECONDS``: the in-flight gauges are sampled and the batched
+        log lines written."""
+        while True:
+            processor.sample_metrics()
+            logs.flush()
+            await asyncio.sleep(SAMPLE_SECONDS)
+
+    async def serve(self) -> None:
+        await self.stopping.wait()
+
+    async def drain(self) -> bool:
+        """Health NOT_SERVING, new streams still served for the window; False if forced."""
+        assert self.running is not None, "started"
+        log.info(
+            "draining",
+            extra={
+                "drain_seconds": self.config.drain_seconds,
+                "grace_seconds": self.config.shutdown_grace_seconds,
+            },
+        )
+        await self.running.health.enter_graceful_shutdown()
+        window = asyncio.ensure_future(asyncio.sleep(self.config.drain_seconds))
+        try:
+            return not await self._forced_before(window)
+        finally:
+            window.cancel()
+
+    async def stop(self) -> bool:
+        """Stop accepting; in-flight streams get the grace period. False if forced."""
+        # Not cancelled when forced: the forced stop in _close runs alongside and ends it.
+        graceful = asyncio.ensure_future(self._server.stop(self.config.shutdown_grace_seconds))
+        return not await self._forced_before(graceful)
+
+    async def _forced_before(self, phase: asyncio.Future[Any]) -> bool:
+        """Wait for ``phase`` unless a second signal comes first; True when it did."""
+        forced: asyncio.Future[Any] = asyncio.ensure_future(self.forced.wait())
+        try:
+            await asyncio.wait({phase, forced}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            forced.cancel()
+        return self.forced.is_set()
+
+    async def _close(self) -> None:
+        """On every exit path: nothing left listening (idempotent after a clean stop)."""
+        if self.sampler is not None:
+            self.sampler.cancel()
+        if self.running is not None:
+            await self.running.server.stop(None)
+            await self.running.processor.record.close()
+        if self.metrics is not None:
+            await asyncio.to_thread(self.metrics.close)
+        logs.flush()
+
+
+def run(config: Config, *, worker: bool = False, record_file: Path | None = None) -> int:
+    """Serve on the configured event loop until signalled; the exit status."""
+    with asyncio.Runner(loop_factory=loop_factory(config)) as runner:
+        return runner.run(Server(config, worker=worker, record_file=record_file).main())

@@ -1,0 +1,221 @@
+"""The thin grpc.aio servicer: decode, hand to the stream machine, encode; log, count.
+
+Every message gets its answers from the stream machine. A protocol error or any
+unexpected exception ends the RPC with an error status, which Envoy
+(``failure_mode_allow: false``) turns into a 5xx: the original request never passes
+uninspected.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import grpc
+
+from ext_proc._pb import external_processor_pb2 as pb
+from ext_proc._pb import external_processor_pb2_grpc as pb_grpc
+from ext_proc.core.budget import Budget
+from ext_proc.core.config import Config, ConfigError
+from ext_proc.core.decisions import Allow
+from ext_proc.core.errors import ProtocolError
+from ext_proc.core.events import Event, Outcome, TimedOut
+from ext_proc.core.proof import Trust
+from ext_proc.core.replay import Record
+from ext_proc.core.stream import Stream
+from ext_proc.edge import logs
+from ext_proc.edge.attributes import attribute_keys
+from ext_proc.edge.codec import Decoder, Encoder
+from ext_proc.edge.keys import KeyRing
+from ext_proc.edge.metrics import Metrics
+from ext_proc.edge.record import LocalRecord
+
+log = logging.getLogger("ext_proc.decision")
+
+
+@dataclass(slots=True)
+class _Usage:
+    """What one stream cost, for the processing-time histogram."""
+
+    outcome: Outcome | None = None
+    busy: float = 0.0  # processor time spent on this request
+    request_id: str = ""  # the request's x-request-id once its headers are in (for logs)
+
+
+class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
+    def __init__(
+        self,
+        config: Config,
+        budget: Budget | None = None,
+        metrics: Metrics | None = None,
+        record: Record | None = None,
+    ) -> None:
+        self._config = config
+        self._decode = Decoder(attribute_keys(config.route_metadata_namespace))
+        self._encode = Encoder(config.route_metadata_namespace)
+        self.metrics = metrics if metrics is not None else Metrics()
+        # Without one given, this process's own table (a worker is given the shared one).
+        self.record = (
+            record if record is not None else LocalRecord.anonymous(config.proof.record_slots)
+        )
+        # The record is held for the process's life: bodies get the rest of the budget
+        # (the configuration leaves room for both).
+        limit = config.inflight_budget_bytes - self.record.size
+        if limit <= 0:
+            raise ConfigError(
+                f"inflight_budget_bytes {config.inflight_budget_bytes} cannot hold the "
+                f"record of spent proofs ({self.record.size} bytes)"
+            )
+        self.budget = budget if budget is not None else Budget(limit)
+        self.open_streams = 0  # sampled into the metrics (see sample_metrics)
+        # Envoy cancels a stream whenever a client goes away: counted without a lookup.
+        self._cancelled = self.metrics.stream_errors.labels("cancelled")
+        self._trust = Trust(keys=KeyRing(config.proof.keys).current)
+
+    def sample_metrics(self) -> None:
+        """The in-flight gauges, now."""
+        self.metrics.sample(self.open_streams, self.budget.used, self.budget.limit)
+
+    async def _next(
+        self,
+        context: grpc.aio.ServicerContext[pb.ProcessingRequest, pb.ProcessingResponse],
+        deadline: float | None,
+    ) -> Event | None:
+        """The next message's event; ``TimedOut`` once the body takes longer than
+        allowed; None at the end of the stream."""
+        try:
+            if deadline is None:  # no timer to arm and cancel for every other message
+                request = await context.read()
+            else:
+                # Unlike wait_for, timeout_at creates no task.
+                async with asyncio.timeout_at(deadline):
+                    request = await context.read()
+        except TimeoutError:
+            return TimedOut()
+        if request is grpc.aio.EOF:
+            return None
+        # The message is dropped on return: a stream stays open after its decision (for
+        # the whole upstream response) and must not keep the body alive until then.
+        return self._decode(request)
+
+    async def Process(  # noqa: N802 - name fixed by the gRPC service
+        self,
+        request_iterator: AsyncIterator[pb.ProcessingRequest],
+        context: grpc.aio.ServicerContext[pb.ProcessingRequest, pb.ProcessingResponse],
+    ) -> None:
+        """One request's stream, counted while open and by how it ended; its bytes are
+        always released. Messages are read and answers written through ``context``
+        (one coroutine, no generator layers): ``request_iterator`` stays unread."""
+        stream = Stream(self._config, self.budget, self._trust)
+        metrics = self.metrics
+        self.open_streams += 1
+        usage = _Usage()
+        try:
+            await self._converse(context, stream, usage)
+        except asyncio.CancelledError:
+            self._cancelled.inc()
+            raise
+        except grpc.aio.AbortError:
+            raise  # an error status this servicer chose; already counted
+        except Exception:
+            metrics.stream_errors.labels("internal").inc()
+            log.exception("internal error", extra={"request_id": usage.request_id})
+            raise
+        finally:
+            stream.close()
+            self.open_streams -= 1
+            if usage.outcome is not None:
+                metrics.observe_processing(usage.outcome.route, usage.busy)
+
+    async def _converse(
+        self,
+        context: grpc.aio.ServicerContext[pb.ProcessingRequest, pb.ProcessingResponse],
+        stream: Stream,
+        usage: _Usage,
+    ) -> None:
+        """Receive loop: every event goes to the stream machine; its answers go back.
+        Everything the loop needs to know comes with the step."""
+        deadline: float | None = None
+        waiting = False
+        while True:
+            # The body timer runs from the first message that waits for a body until the
+            # body is decided; after that the stream stays open for the whole upstream
+            # response, as long as it takes.
+            if not waiting:
+                deadline = None
+            elif deadline is None:
+                deadline = asyncio.get_running_loop().time() + self._config.body_timeout_seconds
+            event = await self._next(context, deadline)
+            if event is None:
+                break
+            started = time.perf_counter()
+            try:
+                step = stream.handle(event)
+                if step.ask is not None:
+                    # The record's round trip is not this processor's time.
+                    usage.busy += time.perf_counter() - started
+                    verdict = await self.record.spend(step.ask)
+                    started = time.perf_counter()
+                    step = stream.spent(verdict)
+            except ProtocolError as exc:
+                await self._abort(context, exc.request_id, str(exc))
+                return
+            responses = self._encode(step)
+            if step.outcome is not None:
+                usage.outcome = step.outcome
+                self._record(step.outcome)
+            usage.busy += time.perf_counter() - started
+            usage.request_id = step.request_id
+            waiting, held, final = step.waiting_for_body, step.held, step.final
+            del event, step  # nothing of the body outlives its answers
+            try:
+                while responses:
+                    await context.write(responses.pop(0))
+            finally:
+                # Once gRPC took the last answer (or the RPC ended), what the answers
+                # carried is not held.
+                self.budget.release(held)
+            if final:
+                # The request is answered (Envoy ended it with the local reply): the RPC
+                # ends now rather than wait for Envoy to cancel it. Late chunks Envoy
+                # had read are not read.
+                return
+        if waiting:
+            # Envoy closed its side mid-body. Ending the RPC cleanly now could let a held
+            # request through; end it with an error instead.
+            await self._abort(context, usage.request_id, "stream ended before the end of the body")
+
+    async def _abort(
+        self,
+        context: grpc.aio.ServicerContext[pb.ProcessingRequest, pb.ProcessingResponse],
+        request_id: str,
+        reason: str,
+    ) -> None:
+        """End the RPC with an error status: Envoy fails the request closed."""
+        self.metrics.stream_errors.labels("protocol_violation").inc()
+        log.warning("protocol error", extra={"request_id": request_id, "reason": reason})
+        await context.abort(grpc.StatusCode.FAILED_PRECONDITION, reason)
+
+    def _record(self, outcome: Outcome) -> None:
+        """Count every outcome; log the ones with ids (never the ids, never any text)."""
+        decision = outcome.decision
+        size = outcome.body_size if outcome.phase == "request" else 0
+        self.metrics.decided(outcome.route, decision.action, decision.reason, outcome.mode, size)
+        if isinstance(decision, Allow) and decision.id_count == 0:
+            return
+        logs.info(
+            log,
+            "decision",
+            {
+                "request_id": outcome.request_id,
+                "route": outcome.route,
+                "action": decision.action,
+                "reason": decision.reason,
+                "id_count": decision.id_count,
+                "mode": outcome.mode,
+                "phase": outcome.phase,
+            },
+        )

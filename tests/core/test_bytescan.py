@@ -1,0 +1,52 @@
+import pytest
+
+from ext_proc.core import bytescan
+
+PROSE = ("Résumé, naïve: 12,345 ids [1,2,3] {x: 0}\n" * 2000).encode()
+
+
+@pytest.mark.parametrize("raw", [b"", b",", PROSE[:100], PROSE])
+@pytest.mark.parametrize("start", [0, 1, 50, 70_000])
+def test_count_is_bytes_count_at_every_size(raw, start):
+    for byte in b",0x\n":
+        assert bytescan.count(raw, byte, start) == raw.count(byte, start)
+
+
+@pytest.mark.parametrize("needle", [b",", b"ids [", b"{x: 0}\nR", b"absent"])
+@pytest.mark.parametrize("start", [0, 7, len(PROSE) - 3])
+def test_find_is_bytes_find(needle, start):
+    assert bytescan.find(PROSE, needle, start) == PROSE.find(needle, start)
+
+
+def test_translate_is_bytes_translate_also_of_a_view():
+    table = bytes((i + 1) % 256 for i in range(256))
+    assert bytescan.translate(PROSE, table) == PROSE.translate(table)
+    assert bytescan.translate(memoryview(PROSE)[3:-3], table) == PROSE[3:-3].translate(table)
+
+
+@pytest.mark.parametrize("size", [40, 1 << 15])
+@pytest.mark.parametrize("length", [15, 19])
+def test_a_run_is_found_wherever_it_lies_against_the_words(size, length):
+    # Short numbers everywhere (no eight digits in a row), and one run at each offset
+    # against the 8-byte words: at the start, in the middle, flush with the end.
+    filler = (b"1234567," * size)[:size]
+    for at in [*range(17), size // 2, size // 2 + 5, size - length]:
+        for run_length in (length - 1, length, length + 3):
+            if at + run_length > size:
+                continue
+            raw = filler[:at] + b"0" * run_length + filler[at + run_length :]
+            assert bytescan.has_run(raw, ord("0"), length) is (b"0" * length in raw)
+
+
+def test_runs_too_short_to_cover_a_word_are_refused():
+    with pytest.raises(ValueError, match="no whole word"):
+        bytescan.has_run(b"", ord("0"), 14)
+
+
+@pytest.mark.parametrize("most", [0, 1, 2, 5])
+@pytest.mark.parametrize(
+    "raw", [b"", b"ab", b"abab", b"aaaa", b"xabyabzab", b"ab" * 1000, b"x" * 20000 + b"ab"]
+)
+@pytest.mark.parametrize("needle", [b"ab", b"aa"])
+def test_occurrences_is_count_capped(raw, needle, most):
+    assert bytescan.occurrences(raw, needle, most) == min(raw.count(needle), most)

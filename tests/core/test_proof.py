@@ -1,0 +1,293 @@
+import contextlib
+import hashlib
+import json
+import math
+import tracemalloc
+
+import orjson
+import pytest
+
+from ext_proc.core import proof
+from ext_proc.core.errors import BadRequest
+from tests.parsing import read
+
+KEYS = proof.KeySet({"k1": b"k" * 32}, "k1")
+PROMPT = {"model": "m", "messages": [{"role": "user", "content": "héllo"}]}
+
+
+CHAT_PATH = "/v1/chat/completions"
+
+
+def digest(document=PROMPT, orjson_safe=True, endpoint=CHAT_PATH):
+    return proof.prompt_digest(document, orjson_safe, endpoint)
+
+
+def minted(params, expiry=100):
+    return {**params, proof.PROOF_KEY: proof.mint(KEYS, params, digest(), expiry)}
+
+
+def test_round_trip():
+    params = minted({"prompt_token_ids": [1, 2], "remote_port": 5600})
+    assert proof.verify(KEYS, params, digest(), now=100, skew=0) is None
+
+
+def test_format():
+    token = proof.mint(KEYS, {"prompt_token_ids": [1]}, digest(), 1234)
+    assert token is not None
+    version, key_id, expiry, nonce, shown, mac = token.split(".")
+    assert (version, key_id, expiry) == ("tp2", "k1", "1234")
+    assert len(nonce) == 16
+    assert len(shown) == len(mac) == 43
+
+
+def test_every_mint_is_another_proof_of_the_same_parameters():
+    # Two prefill responses alike to the byte in one second are two proofs, each spent
+    # on its own (replay.py): neither decode is refused as the other's replay.
+    params = {"prompt_token_ids": [1], "remote_block_ids": [3]}
+    first, second = (proof.mint(KEYS, params, digest(), 100) for _ in range(2))
+    assert first != second
+    for token in (first, second):
+        assert proof.verify(KEYS, {**params, proof.PROOF_KEY: token}, digest(), 100, 0) is None
+    tickets = {proof.ticket({proof.PROOF_KEY: t}, 0).key for t in (first, second)}
+    assert len(tickets) == 2
+    fixed = proof.mint(KEYS, params, digest(), 100, nonce=bytes(12))
+    assert fixed == proof.mint(KEYS, params, digest(), 100, nonce=bytes(12))
+
+
+def test_canonical_form_ignores_key_order_and_the_proof_only():
+    a = proof.canonical({"b": 1, "a": [1, 2], "prompt_token_ids": [3]})
+    b = proof.canonical({"prompt_token_ids": [3], "a": [1, 2], "b": 1, proof.PROOF_KEY: "x"})
+    assert a == b
+    assert a != proof.canonical({"b": 1, "a": [1, 2], "prompt_token_ids": [3, 4]})
+    assert proof.canonical({"prompt_token_ids": [1]}) != proof.canonical(
+        {"prompt_token_ids": [True]}
+    )
+    assert proof.canonical({"prompt_token_ids": [1]}) != proof.canonical(
+        {"prompt_token_ids": [1.0]}
+    )
+    assert proof.canonical({"x": "é"}) != proof.canonical({"x": "e"})
+
+
+@pytest.mark.parametrize(
+    "params",
+    [{"x": float("nan")}, {"prompt_token_ids": [1, float("nan")]}, {"prompt_token_ids": [None]}],
+)
+def test_parameters_that_cannot_be_rendered_exactly_are_not_provable(params):
+    assert proof.canonical(params) is None
+    assert proof.mint(KEYS, params, digest(), 100) is None
+
+
+def test_digest_binds_every_prompt_field_but_the_unbound_ones():
+    base = digest()
+    assert digest({**PROMPT, "max_tokens": 1, "stream": True, "return_token_ids": True}) == base
+    assert digest({**PROMPT, "kv_transfer_params": {"a": 1}}) == base
+    for changed in (
+        {**PROMPT, "model": "n"},
+        {**PROMPT, "tools": []},
+        {**PROMPT, "chat_template_kwargs": {"x": 1}},
+        {**PROMPT, "temperature": 0.5},
+        {**PROMPT, "messages": [{"role": "system", "content": "s"}, *PROMPT["messages"]]},
+    ):
+        assert digest(changed) != base
+
+
+def test_digest_is_the_same_whichever_parser_read_the_document():
+    raw = json.dumps({**PROMPT, "kv_transfer_params": {"n": 10**30}}).encode()
+    parsed = read(raw)
+    assert not parsed.orjson_safe  # a huge integer elsewhere: json.loads read it
+    assert digest(parsed.document, parsed.orjson_safe) == digest()
+    utf16 = read(json.dumps(PROMPT).encode("utf-16"))
+    assert digest(utf16.document, utf16.orjson_safe) == digest()
+
+
+def test_nan_in_a_prompt_field_is_not_null():
+    assert digest({**PROMPT, "temperature": float("nan")}, False) != digest(
+        {**PROMPT, "temperature": None}, False
+    )
+
+
+def _without_nonce(params):
+    """The proof as the format before the nonce wrote it (tp1, five fields)."""
+    _, key_id, expiry, _, shown, mac = params[proof.PROOF_KEY].split(".")
+    return ".".join(("tp1", key_id, expiry, shown, mac))
+
+
+def _other_nonce(params):
+    version, key_id, expiry, nonce, shown, mac = params[proof.PROOF_KEY].split(".")
+    other = ("B" if nonce[0] == "A" else "A") + nonce[1:]
+    return ".".join((version, key_id, expiry, other, shown, mac))
+
+
+@pytest.mark.parametrize(
+    ("edit", "reason"),
+    [
+        (lambda p: p.pop(proof.PROOF_KEY), "proof_missing"),
+        (lambda p: p.update({proof.PROOF_KEY: None}), "proof_missing"),
+        (lambda p: p.update({proof.PROOF_KEY: ["tp1"]}), "proof_malformed"),
+        (lambda p: p.update({proof.PROOF_KEY: "tp3" + p[proof.PROOF_KEY][3:]}), "proof_malformed"),
+        (lambda p: p.update({proof.PROOF_KEY: _without_nonce(p)}), "proof_malformed"),
+        (lambda p: p.update({proof.PROOF_KEY: _other_nonce(p)}), "proof_bad_signature"),
+        (lambda p: p.update({proof.PROOF_KEY: p[proof.PROOF_KEY] + "x"}), "proof_malformed"),
+        (
+            lambda p: p.update({proof.PROOF_KEY: p[proof.PROOF_KEY].replace(".k1.", ".k9.")}),
+            "proof_unknown_key",
+        ),
+        (
+            lambda p: p.update({proof.PROOF_KEY: p[proof.PROOF_KEY].replace(".100.", ".999.")}),
+            "proof_bad_signature",
+        ),
+        (lambda p: p.update(prompt_token_ids=[1, 3]), "proof_bad_signature"),
+        (lambda p: p.update(extra=True), "proof_bad_signature"),
+        (lambda p: p.update(prompt_token_ids=[1, float("nan")]), "proof_malformed"),
+    ],
+)
+def test_every_rejection_reason(edit, reason):
+    params = minted({"prompt_token_ids": [1, 2]})
+    edit(params)
+    assert proof.verify(KEYS, params, digest(), now=100, skew=0) == reason
+
+
+def test_expiry_with_skew():
+    params = minted({"prompt_token_ids": [1]}, expiry=100)
+    assert proof.verify(KEYS, params, digest(), now=105, skew=5) is None
+    assert proof.verify(KEYS, params, digest(), now=105.5, skew=5) == "proof_expired"
+
+
+def test_a_proof_that_outlives_this_deployments_lifetime_is_refused():
+    # Minted with a longer lifetime than the connector's lease allows here.
+    params = minted({"prompt_token_ids": [1, 2]}, expiry=200)
+    for lifetime, why in [(20, "proof_outlives_lease"), (95, None), (100, None)]:
+        found = proof.verify(KEYS, params, digest(), now=100, skew=5, lifetime=lifetime)
+        assert found == why, lifetime
+
+
+def test_prompt_mismatch():
+    params = minted({"prompt_token_ids": [1]})
+    other = digest({**PROMPT, "model": "n"})
+    assert proof.verify(KEYS, params, other, now=0, skew=0) == "prompt_mismatch"
+
+
+def test_a_key_of_another_deployment_with_the_same_id_fails():
+    params = minted({"prompt_token_ids": [1]})
+    theirs = proof.KeySet({"k1": b"z" * 32}, "k1")
+    assert proof.verify(theirs, params, digest(), now=0, skew=0) == "proof_bad_signature"
+
+
+def test_no_signing_key_mints_nothing():
+    assert proof.mint(proof.KeySet({"k1": b"k" * 32}, None), {"a": 1}, digest(), 1) is None
+
+
+def nested(depth, leaf=1):
+    deep: object = leaf
+    for _ in range(depth):
+        deep = [deep]
+    return deep
+
+
+def test_a_prompt_too_deep_to_render_is_a_refusal_not_a_crash():
+    document = {**PROMPT, "x": nested(5000)}
+    assert proof.prompt_digest(document, False, CHAT_PATH) is None
+    with pytest.raises(BadRequest) as caught:
+        proof.prompt_digest_slow(document, CHAT_PATH)
+    assert caught.value.reason == "body_too_deep"
+
+
+def rendered_digest(document, endpoint=CHAT_PATH):
+    """The digest as docs/trust.md defines it, the rendering written out whole."""
+    bound = {k: v for k, v in document.items() if k not in proof.UNBOUND_FIELDS}
+    rendering = None
+    if not any(isinstance(v, float) and not math.isfinite(v) for v in _values(bound)):
+        with contextlib.suppress(TypeError, orjson.JSONEncodeError):  # orjson: null for NaN
+            rendering = b"o" + orjson.dumps(bound, option=orjson.OPT_SORT_KEYS)
+    if rendering is None:
+        text = json.dumps(bound, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+        rendering = b"j" + text.encode()
+    named = endpoint.encode()
+    return hashlib.sha256(b"%d:%s" % (len(named), named) + rendering).digest()
+
+
+def _values(value):
+    yield value
+    if isinstance(value, dict | list):
+        for child in value.values() if isinstance(value, dict) else value:
+            yield from _values(child)
+
+
+@pytest.mark.parametrize(
+    ("extra", "orjson_safe", "fast"),
+    [
+        ({"x": [1.5, "é"]}, True, True),
+        # Deeper than the 254 levels orjson writes, though it reads them.
+        ({"x": nested(300, "\U0001f600" * 70_000)}, True, False),
+        ({"x": nested(300, float("nan"))}, False, False),
+        ({"x": [float("inf")]}, False, False),
+        ({"x": 2**70}, False, False),
+        ({"x": "\ud800"}, False, False),
+        # json.loads read it, but orjson renders the bound fields exactly.
+        ({"x": [1.5, "é"], "max_tokens": float("nan")}, False, True),
+    ],
+)
+def test_json_dumps_renders_the_digest_only_where_orjson_cannot(extra, orjson_safe, fast):
+    document = {**PROMPT, **extra}
+    found = proof.prompt_digest(document, orjson_safe, CHAT_PATH)
+    assert (found is not None) is fast
+    digest = found if fast else proof.prompt_digest_slow(document, CHAT_PATH)
+    # The same bytes hashed as when the rendering was built whole: proofs minted before
+    # still verify.
+    assert digest == rendered_digest(document)
+
+
+def test_a_proof_is_bound_to_the_endpoint_it_was_minted_for():
+    params = minted({"prompt_token_ids": [1, 2]})
+    assert proof.verify(KEYS, params, digest(), now=0, skew=0) is None
+    for other in ("/v1/messages", "/v1/responses", "/v1/completions", "/v1/chat/completions/"):
+        assert proof.verify(KEYS, params, digest(endpoint=other), 0, 0) == "prompt_mismatch"
+
+
+def test_endpoint_and_prompt_cannot_run_into_each_other():
+    # Length-prefixed: moving bytes between the endpoint and the fields changes the digest.
+    assert digest({}, endpoint="/v1/a") != digest({}, endpoint="/v1/a" + "o{}")
+    assert proof.prompt_digest({}, True, "/a") != proof.prompt_digest({}, True, "/a\n")
+
+
+def _respell_last(text: str) -> list[str]:
+    """Every other base64url character that decodes ``text`` to the same bytes."""
+    alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_"
+    head = text[:-1]
+    same = proof._unb64(text)
+    return [head + c for c in alphabet if c != text[-1] and proof._unb64(head + c) == same]
+
+
+def test_only_the_canonical_base64_of_a_proof_is_accepted():
+    params = minted({"prompt_token_ids": [1, 2]})
+    version, key_id, expiry, nonce, shown, mac = params[proof.PROOF_KEY].split(".")
+    respelled_macs = _respell_last(mac)
+    respelled_digests = _respell_last(shown)
+    assert len(respelled_macs) == 3  # 43 characters carry 2 spare bits: 4 spellings
+    assert len(respelled_digests) == 3
+    for fields in [(shown, m) for m in respelled_macs] + [(d, mac) for d in respelled_digests]:
+        token = ".".join((version, key_id, expiry, nonce, *fields))
+        assert proof.verify(KEYS, {**params, proof.PROOF_KEY: token}, digest(), 0, 0) == (
+            "proof_malformed"
+        )
+
+
+def test_parameters_too_large_to_render_are_not_provable_and_cost_little():
+    # A client chooses what a proof's parameters hold before the MAC is checked: a huge
+    # astral string would make json.dumps hold several times the body uncharged.
+    big = {"prompt_token_ids": [1], "remote_engine_id": "\U0001f600" * (1 << 20)}
+    tracemalloc.start()
+    try:
+        assert proof.canonical(big) is None
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 64 * 1024
+    # A well-formed proof of other parameters: refused before any rendering.
+    token = proof.mint(KEYS, {"prompt_token_ids": [1]}, digest(), 100)
+    assert proof.verify(KEYS, {**big, proof.PROOF_KEY: token}, digest(), 100, 0) == (
+        "proof_malformed"
+    )
+    signed = {"prompt_token_ids": [1], "remote_block_ids": list(range(8192)), "h": "é" * 1000}
+    assert proof.canonical(signed) is not None  # a long prompt's block ids sign
+    assert proof.mint(KEYS, big, digest(), 100) is None

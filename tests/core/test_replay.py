@@ -1,0 +1,153 @@
+"""A proof is honored once (ext_proc/core/replay.py through the stream): the record's verdict
+decides whether an honored decision stands."""
+
+import json
+
+import pytest
+
+from ext_proc.core import proof
+from ext_proc.core.errors import ProtocolError
+from ext_proc.core.events import (
+    BodyMode,
+    ContinueBody,
+    ContinueHeaders,
+    Reject,
+    RequestBody,
+    RequestHeaders,
+    RouteMetadata,
+    StreamedBody,
+)
+from ext_proc.core.policy import Strip
+from ext_proc.core.proof import Trust
+from ext_proc.core.replay import Verdict
+from ext_proc.edge.record import LocalRecord
+from tests.driver import Driven
+
+KEYS = proof.KeySet({"k1": b"k" * 32}, "k1")
+NOW = 1000.0
+TRUST = Trust(keys=lambda: KEYS, clock=lambda: NOW)
+PATH = "/v1/chat/completions"
+JSON = (("content-type", b"application/json"), ("x-request-id", b"r1"))
+HONOR = RouteMetadata({"topology": "disaggregated", "action": "honor"}, 2.0)
+HONOR_DENY = RouteMetadata(
+    {"topology": "disaggregated", "action": "honor", "unproven": "deny"}, 3.0
+)
+PROMPT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+PARAMS = {"prompt_token_ids": [3, 4], "remote_block_ids": [1, 2], "remote_engine_id": "e"}
+
+
+def decode_body(params=PARAMS, expiry=int(NOW) + 20):
+    digest = proof.prompt_digest(PROMPT, True, PATH)
+    token = proof.mint(KEYS, params, digest, expiry)
+    return json.dumps({**PROMPT, "kv_transfer_params": {**params, proof.PROOF_KEY: token}})
+
+
+BODY = decode_body()
+
+
+def headers(route=HONOR, mode=BodyMode.BUFFERED):
+    return RequestHeaders(JSON, False, mode, route, path=PATH)
+
+
+def present(raw, record, route=HONOR, **options):
+    stream = Driven(max_body_bytes=1 << 20, trust=TRUST, spent=record, **options)
+    stream.handle(headers(route))
+    return stream, stream.handle(RequestBody(raw.encode(), True))
+
+
+def forwarded(answers):
+    (answer,) = answers
+    assert isinstance(answer, ContinueBody)
+    return json.loads(answer.replacement)
+
+
+def test_a_proof_is_honored_once_then_refused_as_a_replay():
+    record = LocalRecord.anonymous(64, TRUST.clock)
+    first, answers = present(BODY, record)
+    assert first.decision == Strip((proof.PROOF_KEY,), "trusted_proof", 2, honored=True)
+    assert forwarded(answers)["kv_transfer_params"] == PARAMS
+    again, answers = present(BODY, record)
+    assert again.decision.reason == "proof_replayed"
+    assert not again.decision.honored
+    assert "kv_transfer_params" not in forwarded(answers)  # the decode recomputes
+
+
+def test_a_replay_is_a_400_on_a_route_that_denies_unproven_parameters():
+    record = LocalRecord.anonymous(64, TRUST.clock)
+    present(BODY, record, HONOR_DENY)
+    stream, answers = present(BODY, record, HONOR_DENY)
+    (answer,) = answers
+    assert isinstance(answer, Reject)
+    assert answer.status == 400
+    assert answer.details == "token_policy_proof_replayed"
+    assert stream.budget.used == 0
+
+
+def test_the_same_parameters_under_another_proof_are_another_ticket():
+    record = LocalRecord.anonymous(64, TRUST.clock)
+    present(BODY, record)
+    stream, _ = present(decode_body(expiry=int(NOW) + 19), record)
+    assert stream.decision.reason == "trusted_proof"
+
+
+def test_a_streamed_body_waits_for_the_verdict_and_is_answered_once():
+    record = LocalRecord.anonymous(64, TRUST.clock)
+    stream = Driven(max_body_bytes=1 << 20, trust=TRUST, spent=record)
+    stream.handle(headers(mode=BodyMode.FULL_DUPLEX_STREAMED))
+    step = stream.stream.handle(RequestBody(BODY.encode(), True))
+    assert step.answers == []
+    assert step.outcome is None  # nothing reported before the verdict
+    assert step.ask is not None
+    assert step.ask.expires_at == int(NOW) + 20 + 2 * 5  # the proof's expiry and two skews
+    answers = stream.stream.spent(Verdict.FIRST).answers
+    assert answers[0] == ContinueHeaders()
+    assert all(isinstance(a, StreamedBody) for a in answers[1:])
+
+
+@pytest.mark.parametrize("verdict", [Verdict.SPENT, Verdict.UNAVAILABLE, Verdict.FULL])
+def test_every_verdict_but_first_leaves_the_proof_unproven(verdict):
+    stream = Driven(max_body_bytes=1 << 20, trust=TRUST)
+    stream.handle(headers())
+    step = stream.stream.handle(RequestBody(BODY.encode(), True))
+    assert step.ask is not None
+    done = stream.stream.spent(verdict)
+    assert done.outcome is not None
+    assert done.outcome.decision.reason == verdict.value
+    (answer,) = done.answers
+    assert "kv_transfer_params" not in json.loads(answer.replacement)
+
+
+def test_audit_mode_spends_the_proof_and_reports_a_replay_but_forwards_unchanged():
+    record = LocalRecord.anonymous(64, TRUST.clock)
+    present(BODY, record, audit=True)
+    stream, answers = present(BODY, record, audit=True)
+    assert stream.decision.reason == "proof_replayed"
+    assert answers == [ContinueBody(None)]
+
+
+def test_nothing_but_the_verdict_is_accepted_while_the_record_is_asked():
+    stream = Driven(max_body_bytes=1 << 20, trust=TRUST)
+    stream.handle(headers())
+    assert stream.stream.handle(RequestBody(BODY.encode(), True)).ask is not None
+    with pytest.raises(ProtocolError):
+        stream.stream.handle(RequestBody(b"{}", True))
+    assert stream.budget.used == 0
+
+
+def test_a_verdict_nobody_asked_for_is_a_protocol_error():
+    stream = Driven(max_body_bytes=1 << 20, trust=TRUST)
+    stream.handle(headers())
+    with pytest.raises(ProtocolError):
+        stream.stream.spent(Verdict.FIRST)
+
+
+def test_parameters_trusted_for_another_reason_spend_nothing():
+    trusted = RouteMetadata(
+        {"topology": "disaggregated", "action": "honor", "trust_any_caller": True}, 3.0
+    )
+    stream = Driven(max_body_bytes=1 << 20, trust=TRUST)
+    stream.handle(headers(trusted))
+    step = stream.stream.handle(RequestBody(BODY.encode(), True))
+    assert step.ask is None
+    assert step.outcome is not None
+    assert step.outcome.decision.reason == "trusted_any_caller"

@@ -1,0 +1,45 @@
+import pytest
+
+from ext_proc.core.vllm_request import ignores_reused_ids, policed_keys
+
+
+def test_policed_keys():
+    assert policed_keys({}) == ()
+    assert policed_keys({"do_remote_prefill": True}) == ()
+    assert policed_keys({"prompt_features": {}, "prompt_token_ids": None}) == (
+        "prompt_token_ids",
+        "prompt_features",
+    )
+
+
+@pytest.mark.parametrize(
+    ("document", "ignored"),
+    [
+        ({"messages": [{"role": "user", "content": "hi"}]}, False),
+        ({"messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}]}, False),
+        ({"input": "hi"}, False),
+        ({"input": [{"role": "user", "content": [{"type": "input_text", "text": "x"}]}]}, False),
+        ({"system": "s", "messages": []}, False),
+        ({"echo": False, "messages": []}, False),
+        ({"echo": True, "messages": []}, True),
+        ({"echo": 1, "messages": []}, True),
+        ({"echo": "true", "messages": []}, True),
+        (
+            {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
+            True,
+        ),
+        ({"messages": [{"role": "user", "content": [{"type": "input_audio"}]}]}, True),
+        ({"messages": [{"role": "user", "content": [{"text": "no type"}]}]}, True),
+        ({"messages": [{"role": "user", "content": {"type": "text"}}]}, True),
+        ({"messages": "not a list"}, False),
+        ({"messages": 5}, True),
+        ({"messages": ["not an object"]}, True),
+        ({"input": [{"type": "input_image", "image_url": "x"}]}, True),
+        ({"input": [{"type": "message", "role": "user", "content": "hi"}]}, False),
+        ({"input": [{"type": "input_text", "text": "hi"}]}, False),
+        ({"input": [{"role": "user", "content": [{"type": "input_file"}]}]}, True),
+        ({"system": [{"type": "image"}], "messages": []}, True),
+    ],
+)
+def test_ignores_reused_ids(document, ignored):
+    assert ignores_reused_ids(document) is ignored

@@ -1,0 +1,364 @@
+import pytest
+from google.protobuf import struct_pb2
+from google.protobuf.json_format import MessageToDict
+
+from ext_proc._pb import external_processor_pb2 as pb
+from ext_proc.core.decisions import Allow, Deny, Mint, Strip
+from ext_proc.core.errors import bad_request
+from ext_proc.core.events import (
+    BodyMode,
+    ContinueBody,
+    ContinueHeaders,
+    ContinueResponseBody,
+    ContinueResponseHeaders,
+    ContinueTrailers,
+    Outcome,
+    Peer,
+    Reject,
+    RequestBody,
+    RequestHeaders,
+    RequestTrailers,
+    ResponseBody,
+    ResponseHeaders,
+    RouteMetadata,
+    Step,
+    Unexpected,
+)
+from ext_proc.core.route_policy import IdentityType
+from ext_proc.edge import attributes
+from ext_proc.edge.codec import Decoder, Encoder, decision_metadata, decode, encode
+from tests.messages import KEYS, headers_request
+from tests.x509 import pem
+
+
+def test_decode_headers_with_route_attributes():
+    request = headers_request(
+        {
+            KEYS.fields["topology"]: "disaggregated",
+            KEYS.fields["vocab_size"]: "512",
+            KEYS.fields["max_ids"]: {"nested": 1},
+            KEYS.size: 3,
+            "xds.route_name": "pd",
+            "request.path": "/v1/x",
+        },
+        headers=(("content-type", b"application/json"), (":path", b"/v1/x")),
+    )
+    event = decode(request, KEYS)
+    assert event == RequestHeaders(
+        headers=(("content-type", b"application/json"), (":path", b"/v1/x")),
+        end_of_stream=False,
+        body_mode=BodyMode.BUFFERED,
+        route=RouteMetadata(
+            {"topology": "disaggregated", "vocab_size": "512", "max_ids": "<struct_value>"},
+            3.0,
+            "pd",
+        ),
+    )
+
+
+def test_decode_reads_attributes_under_any_filter_name():
+    request = headers_request({KEYS.fields["action"]: "deny"}, filter_name="my_ext_proc")
+    event = decode(request, KEYS)
+    assert isinstance(event, RequestHeaders)
+    assert event.route == RouteMetadata({"action": "deny"}, None)
+
+
+def test_decode_non_numeric_size_forces_unknown_field_error():
+    request = headers_request({KEYS.size: "4"})
+    event = decode(request, KEYS)
+    assert isinstance(event, RequestHeaders)
+    assert event.route.size == float("inf")
+
+
+def test_decode_missing_metadata():
+    event = decode(headers_request({}), KEYS)
+    assert isinstance(event, RequestHeaders)
+    assert event.route == RouteMetadata({}, None)
+
+
+def test_decode_body_trailers_and_unexpected():
+    body = pb.ProcessingRequest(request_body=pb.HttpBody(body=b"{}", end_of_stream=True))
+    assert decode(body, KEYS) == RequestBody(b"{}", True)
+    trailers = pb.ProcessingRequest(request_trailers=pb.HttpTrailers())
+    assert decode(trailers, KEYS) == RequestTrailers()
+    response = pb.ProcessingRequest(response_trailers=pb.HttpTrailers())
+    assert decode(response, KEYS) == Unexpected("response_trailers")
+    assert decode(pb.ProcessingRequest(), KEYS) == Unexpected("empty")
+
+
+def test_decode_response_headers_and_body():
+    message = pb.ProcessingRequest()
+    message.response_headers.headers.headers.add(key=":status", raw_value=b"200")
+    assert decode(message, KEYS) == ResponseHeaders(((":status", b"200"),), False)
+    body = pb.ProcessingRequest(response_body=pb.HttpBody(body=b"{}", end_of_stream=True))
+    assert decode(body, KEYS) == ResponseBody(b"{}", True)
+
+
+def test_decode_the_mtls_peer():
+    peer = {
+        attributes.PEER["mtls"]: True,
+        attributes.PEER["validated"]: True,
+        attributes.PEER["certificate"]: pem(uris=("spiffe://td/a", "spiffe://td/router")),
+        attributes.PEER["subject"]: "CN=router",
+    }
+    event = decode(headers_request(peer), KEYS)
+    assert event.peer == Peer(
+        True,
+        (
+            (IdentityType.URI, "spiffe://td/a"),
+            (IdentityType.URI, "spiffe://td/router"),
+            (IdentityType.SUBJECT, "CN=router"),
+        ),
+    )
+    # A certificate without mutual TLS identifies nobody.
+    event = decode(headers_request({**peer, attributes.PEER["mtls"]: False}), KEYS)
+    assert event.peer == Peer()
+
+
+def test_decode_the_request_path():
+    event = decode(headers_request({attributes.PATH: "/pd/v1/chat/completions"}), KEYS)
+    assert event.path == "/pd/v1/chat/completions"
+    assert decode(headers_request({}), KEYS).path == ""
+
+
+def test_encode_a_rewritten_response_body_sets_its_length():
+    response = encode(ContinueResponseBody(b"{}"))
+    common = response.response_body.response
+    assert common.status == common.CONTINUE_AND_REPLACE
+    assert common.body_mutation.body == b"{}"
+    assert common.header_mutation.set_headers[0].header.raw_value == b"2"
+    assert encode(ContinueResponseHeaders()).WhichOneof("response") == "response_headers"
+    unchanged = encode(ContinueResponseBody(None)).response_body.response
+    assert unchanged.status == unchanged.CONTINUE
+    assert not unchanged.HasField("body_mutation")
+
+
+def test_observability_mode_is_refused():
+    request = headers_request({})
+    request.observability_mode = True
+    assert decode(request, KEYS) == Unexpected("observability_mode")
+
+
+def test_encode_continue_headers_and_trailers():
+    assert encode(ContinueHeaders()).WhichOneof("response") == "request_headers"
+    assert encode(ContinueTrailers()).WhichOneof("response") == "request_trailers"
+
+
+def test_encode_unchanged_body_has_no_mutation():
+    response = encode(ContinueBody())
+    assert response.WhichOneof("response") == "request_body"
+    common = response.request_body.response
+    assert common.status == common.CONTINUE
+    assert not common.HasField("body_mutation")
+    assert not common.header_mutation.set_headers
+
+
+def test_encode_replaced_body_sets_content_length_as_raw_value():
+    response = encode(ContinueBody(b'{"a":1}'))
+    common = response.request_body.response
+    assert common.status == common.CONTINUE_AND_REPLACE
+    assert common.body_mutation.body == b'{"a":1}'
+    (option,) = common.header_mutation.set_headers
+    assert option.header.key == "content-length"
+    assert option.header.raw_value == b"7"
+    assert option.header.value == ""
+
+
+def test_encode_replaced_body_of_skipped_headers_has_no_header_mutation():
+    response = encode(ContinueBody(b'{"a":1}', length_header=False))
+    common = response.request_body.response
+    assert common.status == common.CONTINUE_AND_REPLACE
+    assert common.body_mutation.body == b'{"a":1}'
+    assert not common.HasField("header_mutation")
+
+
+def test_encode_reject():
+    response = encode(Reject(400, b'{"error":{}}', "token_policy_x"))
+    immediate = response.immediate_response
+    assert immediate.status.code == 400
+    assert immediate.body == b'{"error":{}}'
+    assert immediate.details == "token_policy_x"
+    (option,) = immediate.headers.set_headers
+    assert (option.header.key, option.header.raw_value) == ("content-type", b"application/json")
+
+
+def test_round_trip_through_wire_bytes():
+    response = encode(ContinueBody(b"x" * 10))
+    again = pb.ProcessingResponse.FromString(response.SerializeToString())
+    assert again == response
+
+
+def test_first_body_message_carries_a_preamble_from_attributes():
+    request = pb.ProcessingRequest(request_body=pb.HttpBody(body=b"{}", end_of_stream=True))
+    request.protocol_config.request_body_mode = 2
+    struct = struct_pb2.Struct()
+    struct.update(
+        {
+            "request.headers['content-type']": "application/json",
+            "request.headers['x-request-id']": "r-9",
+            KEYS.fields["action"]: "deny",
+            KEYS.size: 1,
+            "xds.route_name": "r",
+            "request.url_path": "/v1/chat/completions",
+        }
+    )
+    request.attributes["envoy.filters.http.ext_proc"].CopyFrom(struct)
+    event = decode(request, KEYS)
+    assert event == RequestBody(
+        b"{}",
+        True,
+        RequestHeaders(
+            headers=(("content-type", b"application/json"), ("x-request-id", b"r-9")),
+            end_of_stream=False,
+            body_mode=BodyMode.BUFFERED,
+            route=RouteMetadata({"action": "deny"}, 1.0, "r"),
+            path="/v1/chat/completions",
+        ),
+    )
+
+
+def test_first_trailers_message_carries_a_preamble_from_attributes():
+    request = pb.ProcessingRequest(request_trailers=pb.HttpTrailers())
+    request.protocol_config.request_body_mode = 2
+    event = decode(request, KEYS)
+    assert isinstance(event, RequestTrailers)
+    assert event.preamble is not None
+    assert event.preamble.body_mode is BodyMode.BUFFERED
+    assert decode(pb.ProcessingRequest(request_trailers=pb.HttpTrailers()), KEYS) == (
+        RequestTrailers(None)
+    )
+
+
+def test_later_body_messages_carry_no_preamble():
+    request = pb.ProcessingRequest(request_body=pb.HttpBody(body=b"{}", end_of_stream=True))
+    assert decode(request, KEYS) == RequestBody(b"{}", True, None)
+
+
+def test_decision_metadata_names_what_was_decided_never_the_ids():
+    strip = Strip(("prompt_token_ids",), "stripped_by_policy", 3)
+    outcome = Outcome(strip, audit=False, route="r", body_size=10, request_id="id")
+    assert MessageToDict(decision_metadata("ns", outcome)) == {
+        "ns": {"action": "strip", "reason": "stripped_by_policy", "id_count": 3, "mode": "enforce"}
+    }
+    deny = Deny(bad_request("x", reason="ids_malformed"), 2)
+    outcome = Outcome(deny, audit=True, route="r", body_size=10, request_id="id")
+    assert MessageToDict(decision_metadata("ns", outcome)) == {
+        "ns": {"action": "deny", "reason": "ids_malformed", "id_count": 2, "mode": "audit"}
+    }
+    minted = Outcome(Mint("minted", 3), False, "r", 10, "id", phase="response")
+    assert MessageToDict(decision_metadata("ns", minted)) == {
+        "ns": {
+            "response_action": "mint",
+            "response_reason": "minted",
+            "response_id_count": 3,
+            "response_mode": "enforce",
+        }
+    }
+
+
+def _headerless_body(attrs: dict[str, object], *, filter_name: str = "f") -> pb.ProcessingRequest:
+    """A first body message with headers skipped: the preamble from ``attrs``."""
+    request = pb.ProcessingRequest(request_body=pb.HttpBody(body=b"{}", end_of_stream=True))
+    request.protocol_config.request_body_mode = 2
+    request.attributes[filter_name].update(attrs)
+    return request
+
+
+ROUTE_ATTRS = {
+    KEYS.fields["action"]: "strip",
+    KEYS.size: 1,
+    "xds.route_name": "aggregated",
+    attributes.HEADERS["content-type"]: "application/json",
+}
+
+
+@pytest.mark.parametrize(
+    "attrs",
+    [
+        {**ROUTE_ATTRS, attributes.HEADERS["x-request-id"]: "req-1"},
+        ROUTE_ATTRS,
+        {**ROUTE_ATTRS, attributes.HEADERS["x-request-id"]: 7},  # not a string: no header
+        {**ROUTE_ATTRS, attributes.HEADERS["x-request-id"]: "caf\u00e9 \u2603"},
+        {attributes.HEADERS["x-request-id"]: "only-the-id"},
+        {},
+    ],
+)
+def test_decoder_reads_what_decode_reads(attrs):
+    decoder = Decoder(KEYS)
+    for _ in range(3):  # a miss, then hits of the memo
+        assert decoder(_headerless_body(attrs)) == decode(_headerless_body(attrs), KEYS)
+
+
+def test_decoder_memo_tells_apart_what_differs_and_shares_the_rest():
+    decoder = Decoder(KEYS)
+    first = decoder(_headerless_body({**ROUTE_ATTRS, attributes.HEADERS["x-request-id"]: "a"}))
+    second = decoder(_headerless_body({**ROUTE_ATTRS, attributes.HEADERS["x-request-id"]: "b"}))
+    assert first.preamble.values("x-request-id") == [b"a"]
+    assert second.preamble.values("x-request-id") == [b"b"]
+    assert first.preamble.route is second.preamble.route  # one reading per route
+    other = {**ROUTE_ATTRS, KEYS.fields["action"]: "deny"}
+    assert decoder(_headerless_body(other)).preamble.route.values == {"action": "deny"}
+    gzip = {**ROUTE_ATTRS, attributes.HEADERS["content-encoding"]: "gzip"}
+    assert decoder(_headerless_body(gzip)).preamble.values("content-encoding") == [b"gzip"]
+    # The same attributes under another filter name read the same, keyed apart.
+    renamed = decoder(_headerless_body(ROUTE_ATTRS, filter_name="g"))
+    assert renamed == decode(_headerless_body(ROUTE_ATTRS, filter_name="g"), KEYS)
+
+
+def test_decoder_reads_the_last_group_like_decode():
+    def two_groups() -> pb.ProcessingRequest:
+        request = _headerless_body({**ROUTE_ATTRS, attributes.HEADERS["x-request-id"]: "a"})
+        request.attributes["z"].update({attributes.HEADERS["x-request-id"]: "z"})
+        return request
+
+    assert Decoder(KEYS)(two_groups()) == decode(two_groups(), KEYS)
+
+
+def test_decoder_memo_is_bounded():
+    decoder = Decoder(KEYS, size=4)
+    for n in range(10):
+        attrs = {**ROUTE_ATTRS, attributes.HEADERS["content-type"]: f"application/json; v={n}"}
+        assert decoder(_headerless_body(attrs)) == decode(_headerless_body(attrs), KEYS)
+        assert len(decoder._memo) <= 4
+
+
+def test_decoder_later_messages_are_not_memoized():
+    decoder = Decoder(KEYS)
+    body = pb.ProcessingRequest(request_body=pb.HttpBody(body=b"x", end_of_stream=False))
+    assert decoder(body) == RequestBody(b"x", False)
+    assert not decoder._memo
+
+
+def test_decoder_keeps_no_large_attributes():
+    decoder = Decoder(KEYS)
+    large = {**ROUTE_ATTRS, attributes.HEADERS["content-type"]: "application/json" + " " * 4096}
+    for _ in range(2):
+        assert decoder(_headerless_body(large)) == decode(_headerless_body(large), KEYS)
+    assert not decoder._memo
+
+
+def test_answers_without_bytes_are_shared_only_with_the_same_decision():
+    namespace = "ext_proc.token_policy"
+    encoder = Encoder(namespace)
+
+    def outcome(decision, request_id="r"):
+        return Outcome(decision, False, "route", 10, request_id, "request")
+
+    def answered(answer, settled):
+        (response,) = encoder(Step([answer], settled))
+        expected = encode(answer)
+        if settled is not None:
+            expected.dynamic_metadata.CopyFrom(decision_metadata(namespace, settled))
+        assert response == expected  # whatever is shared, it is what would be built
+        return response
+
+    plain = answered(ContinueBody(None), outcome(Allow("no_transfer_params")))
+    assert answered(ContinueBody(None), outcome(Allow("no_transfer_params"), "s")) is plain
+    other = answered(ContinueBody(None), outcome(Allow("no_body")))
+    assert other is not plain
+    assert answered(ContinueHeaders(), None) is answered(ContinueHeaders(), None)
+    # A replacement body or a decision with ids is built for its request alone.
+    stripped = outcome(Strip(None, "stripped_by_policy", 0))
+    assert answered(ContinueBody(b"{}"), stripped) is not answered(ContinueBody(b"{}"), stripped)
+    honored = outcome(Allow("trusted_proof", 3))
+    assert answered(ContinueBody(None), honored) is not answered(ContinueBody(None), honored)

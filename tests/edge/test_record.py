@@ -1,0 +1,79 @@
+"""The record of spent proofs for one processor (ext_proc/edge/record.py)."""
+
+import multiprocessing
+import os
+
+import pytest
+
+from ext_proc.core import replay
+from ext_proc.core.replay import Ticket, Verdict
+from ext_proc.edge import record
+from ext_proc.edge.record import BUCKET_SLOTS, LocalRecord
+
+NOW = 1000.0
+
+
+def ticket(n, expires_at=int(NOW) + 30):
+    return Ticket(n.to_bytes(16, "big"), expires_at)
+
+
+def test_a_ticket_is_first_once_and_spent_after():
+    table = LocalRecord.anonymous(64, lambda: NOW)
+    assert table.spend_now(ticket(1)) is Verdict.FIRST
+    assert table.spend_now(ticket(1)) is Verdict.SPENT
+    assert table.spend_now(ticket(2)) is Verdict.FIRST
+
+
+def test_a_ticket_is_kept_until_its_expiry_and_its_slot_is_free_after():
+    clock = [NOW]
+    table = LocalRecord.anonymous(BUCKET_SLOTS, lambda: clock[0])
+    for n in range(BUCKET_SLOTS):
+        assert table.spend_now(ticket(n, int(NOW) + 10)) is Verdict.FIRST
+    clock[0] = NOW + 10
+    assert table.spend_now(ticket(0, int(NOW) + 10)) is Verdict.SPENT  # still kept
+    clock[0] = NOW + 11
+    assert table.spend_now(ticket(BUCKET_SLOTS)) is Verdict.FIRST
+
+
+def test_a_full_bucket_refuses_rather_than_forgets():
+    table = LocalRecord.anonymous(BUCKET_SLOTS, lambda: NOW)  # one bucket
+    for n in range(BUCKET_SLOTS):
+        assert table.spend_now(ticket(n)) is Verdict.FIRST
+    assert table.spend_now(ticket(BUCKET_SLOTS)) is Verdict.FULL
+    for n in range(BUCKET_SLOTS):  # none of them forgotten
+        assert table.spend_now(ticket(n)) is Verdict.SPENT
+
+
+def test_its_size_is_fixed_by_the_slots():
+    assert LocalRecord.anonymous(65536).size == replay.table_bytes(65536)
+    assert replay.table_bytes(65536) < 2 * 1024 * 1024
+    assert replay.table_bytes(33) == replay.table_bytes(64)  # whole buckets
+
+
+def test_a_file_that_is_not_a_table_is_refused(tmp_path):
+    path = tmp_path / "other"
+    path.write_bytes(b"\0" * 4096)
+    with pytest.raises(ValueError, match="not a table"):
+        LocalRecord.open(path)
+
+
+def _spend_all(path, count, out):
+    table = LocalRecord.open(path)
+    out.put([table.spend_now(ticket(n, 2**40)) is Verdict.FIRST for n in range(count)])
+
+
+def test_processes_sharing_the_file_honor_each_ticket_once(tmp_path):
+    path = tmp_path / "spent"
+    record.create(path, 4096)
+    context = multiprocessing.get_context("spawn")
+    out = context.Queue()
+    workers = [context.Process(target=_spend_all, args=(path, 500, out)) for _ in range(3)]
+    for worker in workers:
+        worker.start()
+    results = [out.get(timeout=60) for _ in workers]
+    for worker in workers:
+        worker.join(timeout=60)
+        assert worker.exitcode == 0
+    firsts = [sum(column) for column in zip(*results, strict=True)]
+    assert firsts == [1] * 500  # each ticket honored by exactly one process
+    assert os.path.getsize(path) == replay.table_bytes(4096)

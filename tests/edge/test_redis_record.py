@@ -1,0 +1,51 @@
+"""The Redis record's failure path (a real redis-server: tests/e2e/test_replay.py)."""
+
+import asyncio
+import socket
+import time
+
+from ext_proc.core.replay import Ticket, Verdict
+from ext_proc.edge.redis_record import RedisRecord
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_a_redis_that_refuses_connections_is_unavailable_at_once():
+    errors = []
+    record = RedisRecord(f"redis://127.0.0.1:{closed_port()}/0", 0.25, 0, lambda: errors.append(1))
+
+    async def spend():
+        try:
+            return await record.spend(Ticket(b"k" * 16, int(time.time()) + 30))
+        finally:
+            await record.close()
+
+    started = time.monotonic()
+    assert asyncio.run(spend()) is Verdict.UNAVAILABLE
+    assert time.monotonic() - started < 5  # no retries beyond the one attempt
+    assert errors == [1]
+
+
+def test_a_redis_that_never_answers_is_unavailable_after_the_timeout():
+    with socket.socket() as silent:  # accepts (the backlog) and never answers
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        port = silent.getsockname()[1]
+        record = RedisRecord(f"redis://127.0.0.1:{port}/0", 0.2, 0)
+
+        async def spend():
+            try:
+                return await record.spend(Ticket(b"k" * 16, int(time.time()) + 30))
+            finally:
+                await record.close()
+
+        assert asyncio.run(spend()) is Verdict.UNAVAILABLE
+
+
+def test_a_ticket_past_its_time_is_never_new():
+    record = RedisRecord("redis://127.0.0.1:1/0", 0.2, 0)
+    assert asyncio.run(record.spend(Ticket(b"k" * 16, int(time.time()) - 1))) is Verdict.SPENT

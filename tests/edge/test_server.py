@@ -1,0 +1,173 @@
+"""The server's phases on a real grpc.aio server on port 0, stopped by real signals; a
+taken address through the real command line."""
+
+import asyncio
+import contextlib
+import gc
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from ext_proc._pb import external_processor_pb2_grpc as pb_grpc
+from ext_proc.core.config import Config
+from ext_proc.edge.server import Server, listen
+from tests.messages import headers_request, route_attributes
+
+SERVING = health_pb2.HealthCheckResponse.SERVING
+NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+
+
+@pytest.fixture(autouse=True)
+def gc_settings() -> Iterator[None]:
+    """Start-up freezes the heap and raises the threshold: undo it for the next tests."""
+    threshold = gc.get_threshold()
+    yield
+    gc.unfreeze()
+    gc.set_threshold(*threshold)
+
+
+def config(**overrides: object) -> Config:
+    settings = {"listen": "127.0.0.1:0", "metrics_listen": "127.0.0.1:0", "event_loop": "asyncio"}
+    return Config.load(environ={}, **{**settings, **overrides})
+
+
+async def health(port: int) -> int:
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+        reply = await health_pb2_grpc.HealthStub(channel).Check(
+            health_pb2.HealthCheckRequest(service=""), timeout=2
+        )
+        return int(reply.status)
+
+
+async def one_stream(port: int) -> grpc.StatusCode:
+    """A complete header-only request on a new stream; its final status."""
+    request = headers_request(route_attributes({"action": "strip"}), eos=True)
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+        call = pb_grpc.ExternalProcessorStub(channel).Process(iter([request]))
+        replies = [reply async for reply in call]
+        assert [r.WhichOneof("response") for r in replies] == ["request_headers"]
+        return await call.code()
+
+
+async def started(server: Server) -> int:
+    """The gRPC port, once start-up has finished (the metrics endpoint comes last)."""
+    while server.running is None or server.metrics is None:
+        await asyncio.sleep(0.01)
+    return server.running.port
+
+
+async def until(port: int, status: int) -> None:
+    while await health(port) != status:
+        await asyncio.sleep(0.02)
+
+
+def run(coro):
+    return asyncio.run(asyncio.wait_for(coro, 30))
+
+
+def test_health_is_not_serving_until_the_server_says_so():
+    async def scenario() -> list[int]:
+        running = await listen(config())
+        try:
+            before = await health(running.port)
+            await running.serving()
+            return [before, await health(running.port)]
+        finally:
+            await running.server.stop(None)
+
+    assert run(scenario()) == [NOT_SERVING, SERVING]
+
+
+def test_sigterm_drains_serving_new_streams_then_stops_with_0(caplog):
+    caplog.set_level("INFO", "ext_proc.edge.server")
+
+    async def scenario() -> tuple[int, list[int], grpc.StatusCode]:
+        server = Server(config(drain_seconds=0.6, shutdown_grace_seconds=5))
+        main = asyncio.ensure_future(server.main())
+        port = await started(server)
+        statuses = [await health(port)]
+        os.kill(os.getpid(), signal.SIGTERM)
+        await until(port, NOT_SERVING)
+        statuses.append(NOT_SERVING)
+        served = await one_stream(port)  # still inside the drain window
+        assert not main.done()
+        return await main, statuses, served
+
+    status, statuses, served = run(scenario())
+    assert status == 0
+    assert statuses == [SERVING, NOT_SERVING]
+    assert served == grpc.StatusCode.OK
+    messages = [r.getMessage() for r in caplog.records if r.name == "ext_proc.edge.server"]
+    assert messages == ["serving", "draining", "stopped"]
+    (draining,) = [r for r in caplog.records if r.getMessage() == "draining"]
+    assert (draining.drain_seconds, draining.grace_seconds) == (0.6, 5)
+
+
+def test_a_second_signal_forces_the_stop_with_1(caplog):
+    caplog.set_level("INFO", "ext_proc.edge.server")
+
+    async def scenario() -> int:
+        server = Server(config(drain_seconds=60, shutdown_grace_seconds=60))
+        main = asyncio.ensure_future(server.main())
+        port = await started(server)
+        os.kill(os.getpid(), signal.SIGTERM)
+        await until(port, NOT_SERVING)
+        os.kill(os.getpid(), signal.SIGTERM)
+        return await asyncio.wait_for(main, 5)  # not the 60 s drain window
+
+    assert run(scenario()) == 1
+    messages = [r.getMessage() for r in caplog.records if r.name == "ext_proc.edge.server"]
+    assert messages == ["serving", "draining", "forced stop"]
+
+
+def serve(*args: str, environ: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("EXT_PROC_")}
+    command = [sys.executable, "-m", "ext_proc", "serve", *args]
+    return subprocess.run(
+        command,
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**env, **(environ or {})},
+    )
+
+
+@contextlib.contextmanager
+def taken() -> Iterator[str]:
+    """An address some other socket listens on."""
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        yield f"127.0.0.1:{holder.getsockname()[1]}"
+
+
+def one_error_line(done: subprocess.CompletedProcess[str]) -> str:
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stdout + done.stderr
+    (line,) = done.stderr.splitlines()
+    record = json.loads(line)
+    assert record["level"] == "error"
+    return str(record["message"])
+
+
+def test_a_taken_listen_address_is_one_error_line_and_exit_2():
+    with taken() as address:
+        message = one_error_line(serve("--listen", address, "--metrics-listen", ""))
+    assert message.startswith(f"cannot listen on {address}: ")
+    assert "listen / --listen / EXT_PROC_LISTEN" in message
+
+
+def test_a_taken_metrics_address_is_one_error_line_and_exit_2():
+    with taken() as address:
+        message = one_error_line(serve("--listen", "127.0.0.1:0", "--metrics-listen", address))
+    assert message.startswith(f"cannot listen on {address} for metrics: ")
+    assert "metrics_listen / --metrics-listen / EXT_PROC_METRICS_LISTEN" in message

@@ -1,0 +1,132 @@
+"""The supervisor with real spawned workers, stopped by real signals, with short backoffs."""
+
+import os
+import signal
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from ext_proc.core.config import Config
+from ext_proc.edge.supervisor import Supervisor, Worker
+from tests.edge.test_server import one_error_line, serve, taken
+
+
+@pytest.fixture(autouse=True)
+def temp_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """Where the supervisor makes its metrics folder; it must be empty afterwards."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    yield tmp_path
+    assert list(tmp_path.glob("ext_proc-metrics-*")) == []
+
+
+def config(**overrides: object) -> Config:
+    settings = {
+        "listen": "127.0.0.1:0",
+        "workers": 2,
+        "metrics_listen": "",
+        "event_loop": "asyncio",
+        "drain_seconds": 0,
+        "shutdown_grace_seconds": 1,
+    }
+    return Config.load(environ={}, **{**settings, **overrides})
+
+
+def wait_for(predicate: Callable[[], bool], timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached")
+        time.sleep(0.02)
+
+
+def pid(worker: Worker) -> int | None:
+    process = worker.process
+    return process.pid if process is not None and process.is_alive() else None
+
+
+def supervise(supervisor: Supervisor, drive: Callable[[], None]) -> int:
+    """``supervisor.run()`` here, ``drive`` beside it; a SIGTERM to this process ends it."""
+    failures: list[BaseException] = []
+
+    def driver() -> None:
+        try:
+            drive()
+        except BaseException as exc:  # reported below, once the supervisor has stopped
+            failures.append(exc)
+        finally:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    thread = threading.Thread(target=driver)
+    thread.start()
+    try:
+        status = supervisor.run()
+    finally:
+        thread.join()
+    if failures:
+        raise failures[0]
+    return status
+
+
+def test_a_dead_worker_is_restarted_and_all_stop_together(caplog):
+    caplog.set_level("INFO", "ext_proc.edge.supervisor")
+    supervisor = Supervisor(config(), backoff=0.1)
+    victims: list[int] = []
+
+    def drive() -> None:
+        wait_for(lambda: all(pid(w) for w in supervisor.workers))
+        victim = pid(supervisor.workers[0])
+        assert victim is not None
+        victims.append(victim)
+        os.kill(victim, signal.SIGKILL)
+        wait_for(lambda: pid(supervisor.workers[0]) not in (None, victim))
+
+    assert supervise(supervisor, drive) == 0
+    assert not any(w.alive for w in supervisor.workers)
+    (died,) = [r for r in caplog.records if r.getMessage() == "worker died; restarting"]
+    assert (died.slot, died.pid, died.exitcode) == (0, victims[0], -signal.SIGKILL)
+    started = [r.slot for r in caplog.records if r.getMessage() == "worker started"]
+    assert sorted(started) == [0, 0, 1]
+    assert "PROMETHEUS_MULTIPROC_DIR" not in os.environ
+
+
+def test_a_stop_signal_is_not_held_up_by_a_pending_restart():
+    supervisor = Supervisor(config(), backoff=60)
+    signalled: list[float] = []
+
+    def drive() -> None:
+        wait_for(lambda: all(pid(w) for w in supervisor.workers))
+        victim = pid(supervisor.workers[0])
+        assert victim is not None
+        os.kill(victim, signal.SIGKILL)
+        wait_for(lambda: supervisor.workers[0].restart_at is not None)
+        signalled.append(time.monotonic())
+
+    assert supervise(supervisor, drive) == 0
+    assert time.monotonic() - signalled[0] < 15  # the restart was due in 60 s
+    assert supervisor.workers[0].process is None  # never restarted
+
+
+def test_a_worker_failing_at_start_up_is_given_up_on_with_exit_1(caplog):
+    caplog.set_level("INFO", "ext_proc.edge.supervisor")
+    with taken() as address:
+        status = Supervisor(config(listen=address), backoff=0.05, give_up_after=2).run()
+    assert status == 1
+    messages = [r.getMessage() for r in caplog.records]
+    assert messages.count("worker keeps failing at start-up; giving up") == 1
+    assert messages[-1] == "stopped"
+    (gave_up,) = [r for r in caplog.records if r.getMessage().endswith("giving up")]
+    assert (gave_up.failures, gave_up.exitcode) == (2, 2)
+
+
+def test_a_taken_metrics_address_is_one_error_line_and_exit_2(temp_folder):
+    with taken() as address:
+        done = serve(
+            "--workers", "2", "--listen", "127.0.0.1:0", "--metrics-listen", address,
+            environ={"TMPDIR": str(temp_folder)},
+        )  # fmt: skip
+    message = one_error_line(done)
+    assert message.startswith(f"cannot listen on {address} for metrics: ")

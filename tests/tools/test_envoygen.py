@@ -1,0 +1,1160 @@
+"""The Envoy config generator: inputs name their bad fields, each option changes what it
+should, and every shipped envoy/*.yaml is its input's output."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+import pydantic
+import pytest
+import yaml
+
+from ext_proc.core import route_policy, vllm_request
+from ext_proc.core.route_policy import Action, Topology
+from ext_proc.edge.attributes import HEADERS, attribute_keys
+from ext_proc.edge.server import SERVICE_NAME
+from ext_proc.tools import carrier_headers, envoygen, token_endpoints
+from ext_proc.tools.check_envoy import check
+from ext_proc.tools.envoygen import route_headers
+from tests.filters import assert_fails_closed
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLE = REPO / "deploy" / "envoy-config.example.yaml"
+INPUTS = REPO / "envoy" / "inputs"
+EXT_PROC_TYPE = "type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor"
+
+
+def example() -> dict[str, Any]:
+    return yaml.safe_load(EXAMPLE.read_text())
+
+
+def generate(data: dict[str, Any]) -> dict[str, Any]:
+    return envoygen.to_dict(envoygen.build(envoygen.load_input(data)))
+
+
+def hcm_of(config: dict[str, Any]) -> dict[str, Any]:
+    (listener,) = config["static_resources"]["listeners"]
+    (chain,) = listener["filter_chains"]
+    (network_filter,) = chain["filters"]
+    return network_filter["typed_config"]
+
+
+def ext_proc_of(config: dict[str, Any]) -> dict[str, Any]:
+    filters = hcm_of(config)["http_filters"]
+    names = [f["name"] for f in filters if f["name"] != envoygen.BUFFER_FILTER]
+    assert names == [carrier_headers.FILTER, envoygen.EXT_PROC_FILTER, envoygen.ROUTER_FILTER]
+    return filters[1]["typed_config"]
+
+
+# Shipped configs for one of llm-d's prefill/decode architectures rather than a gateway
+# with the hand-off routes of deploy/envoy-config.example.yaml (/pd/prefill/v1/, /pd/v1/).
+ARCHITECTURES = frozenset(
+    {"envoy-coordinator.yaml", "envoy-pod-prefill.yaml", "envoy-pod-decode.yaml"}
+)
+
+
+def clusters_of(config: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {c["name"]: c for c in config["static_resources"]["clusters"]}
+
+
+def filters_of(config: dict[str, Any]) -> list[dict[str, Any]]:
+    filters: list[dict[str, Any]] = hcm_of(config)["http_filters"]
+    return filters
+
+
+def routes_of(config: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    (vhost,) = hcm_of(config)["route_config"]["virtual_hosts"]
+    return {r["name"]: r for r in vhost["routes"]}
+
+
+def forwarding(config: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The routes that reach an upstream (not the token endpoints' direct responses)."""
+    return {name: r for name, r in routes_of(config).items() if "route" in r}
+
+
+def endpoint_of(cluster: dict[str, Any]) -> dict[str, Any]:
+    (locality,) = cluster["load_assignment"]["endpoints"]
+    (lb_endpoint,) = locality["lb_endpoints"]
+    return lb_endpoint["endpoint"]
+
+
+# --- the shipped configurations ----------------------------------------------------------
+
+
+def test_every_shipped_config_has_an_input():
+    shipped = {p.name for p in (REPO / "envoy").glob("*.yaml")}
+    assert len(shipped) >= 7
+    assert shipped == {p.name for p in INPUTS.glob("*.yaml")}
+
+
+def test_shipped_configs_are_their_inputs_output(tmp_path, monkeypatch):
+    # What `make envoy-configs` runs, from the repository root.
+    monkeypatch.chdir(REPO)
+    inputs = sorted(p.relative_to(REPO).as_posix() for p in INPUTS.glob("*.yaml"))
+    assert envoygen.main([*inputs, "--output-dir", str(tmp_path)]) == 0
+    names = [Path(name).name for name in inputs]
+    stale = [n for n in names if (tmp_path / n).read_text() != (REPO / "envoy" / n).read_text()]
+    assert stale == [], f"{stale} differ from their inputs: run `make envoy-configs`"
+
+
+def test_example_reproduces_the_shipped_config():
+    assert generate(example()) == yaml.safe_load((REPO / "envoy" / "envoy.yaml").read_text())
+
+
+@pytest.mark.parametrize("path", sorted(INPUTS.glob("*.yaml")), ids=lambda p: p.name)
+def test_every_shipped_config_says_what_it_is(path):
+    description = envoygen.load_input(envoygen.read_input(path)).description
+    assert description
+    text = envoygen.generate(path)
+    for line in description.strip().splitlines():
+        assert f"# {line}".rstrip() + "\n" in text
+    assert text.index(description.splitlines()[0]) < text.index("# Fail-closed invariants")
+
+
+def test_fail_closed_filter():
+    config = generate(example())
+    filt = ext_proc_of(config)
+    assert_fails_closed(filt)
+    assert filt["grpc_service"]["envoy_grpc"]["cluster_name"] == envoygen.PROCESSOR_CLUSTER
+
+
+def test_namespace_follows_input():
+    data = example() | {"namespace": "acme.policy"}
+    config = generate(data)
+    keys = [*attribute_keys("acme.policy").all(), *HEADERS.values()]
+    assert ext_proc_of(config)["request_attributes"] == keys
+    assert len(forwarding(config)) == 4
+    for entry in forwarding(config).values():
+        assert list(entry["metadata"]["filter_metadata"]) == ["acme.policy"]
+
+
+def test_routes_carry_policy_and_body_limit():
+    data = example()
+    data["routes"][2]["body_limit_bytes"] = 1024
+    config = generate(data)
+    by_name = forwarding(config)
+    assert list(by_name) == ["prefill", "disaggregated", "aggregated", "default"]
+    pd = by_name["disaggregated"]
+    assert pd["match"] == {"prefix": "/pd/v1/"}
+    assert pd["route"]["prefix_rewrite"] == "/v1/"
+    assert pd["request_body_buffer_limit"] == 16 * 1024 * 1024
+    assert by_name["aggregated"]["request_body_buffer_limit"] == 1024
+    assert "prefix_rewrite" not in by_name["aggregated"]["route"]
+    # What the processor reads back, field by field, the way CEL renders values; a
+    # rewritten route's prefix and rewrite come with it.
+    for entry, expected in (
+        (
+            pd,
+            route_policy.RoutePolicy(
+                Topology.DISAGGREGATED,
+                Action.HONOR,
+                262144,
+                131072,
+                match_prefix="/pd/v1/",
+                prefix_rewrite="/v1/",
+            ),
+        ),
+        (
+            by_name["prefill"],
+            route_policy.RoutePolicy(
+                Topology.DISAGGREGATED,
+                Action.MINT,
+                262144,
+                131072,
+                match_prefix="/pd/prefill/v1/",
+                prefix_rewrite="/v1/",
+                connector=tuple(vllm_request.CONNECTOR_REQUESTS["nixl"].items()),
+            ),
+        ),
+        (by_name["aggregated"], route_policy.RoutePolicy(Topology.AGGREGATED, Action.STRIP)),
+    ):
+        fields = entry["metadata"]["filter_metadata"]["ext_proc.token_policy"]
+        assert isinstance(fields.get("max_ids", 1), int)  # written 131072, not 131072.0
+        values = {k: v if isinstance(v, bool) else str(v) for k, v in fields.items()}
+        assert route_policy.parse(values, float(len(fields))) == expected
+
+
+def test_clusters():
+    config = generate(example())
+    clusters = clusters_of(config)
+    assert list(clusters) == ["ext_proc", "aggregated", "disaggregated", "prefill"]
+    processor = clusters["ext_proc"]
+    assert processor["type"] == "STATIC"
+    options = processor["typed_extension_protocol_options"][envoygen.HTTP_OPTIONS]
+    h2 = options["explicit_http_config"]["http2_protocol_options"]
+    assert h2 == {
+        "initial_stream_window_size": 32 * 1024 * 1024,
+        "initial_connection_window_size": 64 * 1024 * 1024,
+    }
+    (check,) = processor["health_checks"]
+    assert check["grpc_health_check"]["service_name"] == envoygen.PROCESSOR_SERVICE
+    assert clusters["aggregated"]["type"] == "STRICT_DNS"
+
+
+def test_processor_service_name_matches_the_server():
+    assert envoygen.PROCESSOR_SERVICE == SERVICE_NAME
+
+
+def test_dns_processor_gets_strict_dns():
+    data = example() | {"processor": "ext-proc-token-policy-headless.llm-d.svc.cluster.local:50051"}
+    processor = clusters_of(generate(data))["ext_proc"]
+    assert processor["type"] == "STRICT_DNS"
+    endpoint = processor["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]
+    assert endpoint["address"]["socket_address"] == {
+        "address": "ext-proc-token-policy-headless.llm-d.svc.cluster.local",
+        "port_value": 50051,
+    }
+
+
+def test_local_replies_keep_processor_denials():
+    mappers = hcm_of(generate(example()))["local_reply_config"]["mappers"]
+    assert len(mappers) == 5
+    for mapper in mappers:
+        text = json.dumps(mapper["filter"])
+        assert "!response.code_details.startsWith('token_policy_')" in text
+        assert mapper["body_format_override"]["content_type"] == "application/json"
+        assert set(mapper["body_format_override"]["json_format"]["error"]) == {
+            "message",
+            "type",
+            "param",
+            "code",
+        }
+
+
+GENERIC_MESSAGES = {
+    "PayloadTooLargeError": "request body exceeds this route's buffer limit",
+    "GatewayTimeoutError": "the gateway timed out; the request was not processed",
+    "RequestTimeoutError": "the request was not received in time",
+    "NotFoundError": "not found",
+    "GatewayError": "gateway error",
+}
+
+
+def strings_under(node: Any, path: tuple[str, ...] = ()) -> list[tuple[tuple[str, ...], str]]:
+    """Every string in a loaded YAML document, with the keys that lead to it."""
+    if isinstance(node, dict):
+        return [hit for k, v in node.items() for hit in strings_under(v, (*path, str(k)))]
+    if isinstance(node, list):
+        return [hit for v in node for hit in strings_under(v, path)]
+    return [(path, node)] if isinstance(node, str) else []
+
+
+@pytest.mark.parametrize("path", sorted((REPO / "envoy").glob("*.yaml")), ids=lambda p: p.name)
+def test_local_replies_tell_the_client_fixed_text_only(path):
+    # %RESPONSE_CODE_DETAILS% can hold exception class names and the ext_proc state
+    # machine's messages: the access log keeps it, no reply body carries it.
+    manager = hcm_of(yaml.safe_load(path.read_text()))
+    mappers = manager["local_reply_config"]["mappers"]
+    # A route-choosing header stated twice (route_headers): its own fixed text.
+    selecting = [
+        route_headers.message(policy.removesuffix("-stated-twice"))
+        for f in manager["http_filters"]
+        if f["name"] == route_headers.FILTER
+        for policy in f["typed_config"]["rules"]["policies"]
+    ]
+    messages = GENERIC_MESSAGES | {"BadRequestError": selecting}
+    for mapper in mappers:
+        error = mapper["body_format_override"]["json_format"]["error"]
+        if error["type"] == "BadRequestError":
+            assert error["message"] == selecting.pop(0)
+        else:
+            assert error["message"] == messages[error["type"]]
+        assert error["code"] == "%RESPONSE_CODE%"
+        assert "%" not in json.dumps({k: v for k, v in error.items() if k != "code"})
+    assert not selecting
+    types = {m["body_format_override"]["json_format"]["error"]["type"] for m in mappers}
+    assert types - {"BadRequestError"} == set(GENERIC_MESSAGES)
+    (log,) = manager["access_log"]
+    assert "%RESPONSE_CODE_DETAILS%" in json.dumps(log)
+
+
+@pytest.mark.parametrize(
+    "path",
+    [*sorted((REPO / "envoy").glob("*.yaml")), *sorted((REPO / "deploy").rglob("*.yaml"))],
+    ids=lambda p: p.relative_to(REPO).as_posix(),
+)
+def test_response_code_details_appear_in_access_logs_only(path):
+    for document in yaml.safe_load_all(path.read_text()):
+        for keys, text in strings_under(document):
+            if "%RESPONSE_CODE_DETAILS%" in text:
+                assert any(k in ("access_log", "accessLog") for k in keys), (keys, text)
+
+
+# --- options: each changes what it should, and nothing else --------------------------------
+
+
+def modes_of(config: dict[str, Any]) -> list[dict[str, Any]]:
+    """The filter's processing mode, then the mint route's override of it."""
+    override = routes_of(config)["prefill"]["typed_per_filter_config"][envoygen.EXT_PROC_FILTER]
+    return [ext_proc_of(config)["processing_mode"], override["overrides"]["processing_mode"]]
+
+
+def test_streamed_mode():
+    two = example() | {"one_message": False}
+    base, config = generate(two), generate(two | {"body_mode": "streamed"})
+    for mode in modes_of(config):
+        assert mode["request_body_mode"] == "FULL_DUPLEX_STREAMED"
+        assert mode["request_trailer_mode"] == "SEND"  # required by Envoy in this mode
+        mode["request_body_mode"] = "BUFFERED"
+    assert ext_proc_of(config)["failure_mode_allow"] is False
+    assert config == base
+
+
+def test_one_message_skips_the_headers_and_requests_them_as_attributes():
+    base, config = generate(example() | {"one_message": False}), generate(example())
+    filt = ext_proc_of(config)
+    for mode in modes_of(config):
+        assert mode["request_header_mode"] == "SKIP"
+        assert mode["request_body_mode"] == "BUFFERED"
+        mode["request_header_mode"] = "SEND"
+    assert filt["request_attributes"] == [*attribute_keys().all(), *HEADERS.values()]
+    assert check(config).errors == []
+    filt["request_attributes"] = list(attribute_keys().all())
+    without_hold(config)
+    assert config == base
+
+
+def without_hold(config: dict[str, Any]) -> None:
+    """Remove the buffer filter and its per-route settings."""
+    hcm_of(config)["http_filters"] = [
+        f for f in filters_of(config) if f["name"] != envoygen.BUFFER_FILTER
+    ]
+    for entry in hcm_of(config)["route_config"]["virtual_hosts"][0]["routes"]:
+        per_filter = entry.get("typed_per_filter_config", {})
+        per_filter.pop(envoygen.BUFFER_FILTER, None)
+        if not per_filter:
+            entry.pop("typed_per_filter_config", None)
+
+
+BUFFER_PER_ROUTE = "type.googleapis.com/envoy.extensions.filters.http.buffer.v3.BufferPerRoute"
+
+
+def test_one_message_holds_the_request_until_the_decision():
+    data = example()
+    data["routes"][1]["body_limit_bytes"] = 4 * 1024 * 1024
+    config = generate(data)
+    names = [f["name"] for f in filters_of(config)]
+    # Right after ext_proc: the router gets the headers only once the body is let through.
+    assert names == [
+        carrier_headers.FILTER,
+        envoygen.EXT_PROC_FILTER,
+        envoygen.BUFFER_FILTER,
+        envoygen.ROUTER_FILTER,
+    ]
+    assert filters_of(config)[2]["typed_config"]["max_request_bytes"] == 16 * 1024 * 1024
+    for name, entry in routes_of(config).items():
+        hold = entry["typed_per_filter_config"][envoygen.BUFFER_FILTER]
+        assert hold["@type"] == BUFFER_PER_ROUTE
+        if "direct_response" in entry:
+            assert hold == {"@type": BUFFER_PER_ROUTE, "disabled": True}, name
+        else:
+            # The filter would set the stream's limit to its own: each route restates its.
+            limit = entry["request_body_buffer_limit"]
+            assert hold["buffer"] == {"max_request_bytes": limit}, name
+    limits = {e["request_body_buffer_limit"] for e in routes_of(config).values() if "route" in e}
+    assert limits == {16 * 1024 * 1024, 4 * 1024 * 1024}
+    assert check(config).errors == []
+    # Without it, check-envoy refuses the config: the upstream would open before the decision.
+    without_hold(config)
+    errors = check(config).errors
+    assert errors
+    assert all("skips the request headers (one message)" in e for e in errors)
+
+
+@pytest.mark.parametrize(
+    "arrangement", [{"one_message": False}, {"one_message": False, "body_mode": "streamed"}]
+)
+def test_header_messages_hold_the_request_at_ext_proc(arrangement):
+    # The headers answer holds the request: no buffer filter is needed.
+    config = generate(example() | arrangement)
+    assert envoygen.BUFFER_FILTER not in [f["name"] for f in filters_of(config)]
+    assert check(config).errors == []
+
+
+def test_one_message_needs_buffered_bodies():
+    with pytest.raises(envoygen.GeneratorError, match="one_message: needs body_mode buffered"):
+        envoygen.load_input(example() | {"one_message": True, "body_mode": "streamed"})
+
+
+def test_decompressor_runs_before_ext_proc():
+    base, config = generate(example()), generate(example() | {"decompress_gzip": True})
+    names = [f["name"] for f in filters_of(config)]
+    assert names == [
+        carrier_headers.FILTER,
+        envoygen.DECOMPRESSOR_FILTER,
+        envoygen.EXT_PROC_FILTER,
+        envoygen.BUFFER_FILTER,
+        envoygen.ROUTER_FILTER,
+    ]
+    typed = filters_of(config)[1]["typed_config"]
+    assert typed["decompressor_library"]["name"] == "gzip"
+    # Deflate's largest expansion: the ratio check never truncates a valid body, the
+    # route's buffer limit answers 413 (tests/e2e/test_decompress_limits.py).
+    assert typed["decompressor_library"]["typed_config"]["max_inflate_ratio"] == 1032
+    assert typed["request_direction_config"]["common_config"]["enabled"]["default_value"] is True
+    assert typed["response_direction_config"]["common_config"]["enabled"]["default_value"] is False
+    del filters_of(config)[1]
+    assert config == base
+
+
+def test_unix_socket_processor():
+    data = example() | {"processor": "unix:/run/ext-proc/ext_proc.sock"}
+    base, config = generate(example()), generate(data)
+    processor = clusters_of(config)["ext_proc"]
+    assert processor["type"] == "STATIC"
+    assert endpoint_of(processor)["address"] == {"pipe": {"path": "/run/ext-proc/ext_proc.sock"}}
+    processor["load_assignment"] = clusters_of(base)["ext_proc"]["load_assignment"]
+    assert config == base
+
+
+TLS = {"server_name": "ext-proc.local", "ca_file": "/etc/ext-proc/tls/ca.crt"}
+CLIENT_CERT = {
+    "cert_file": "/etc/ext-proc/tls/envoy.crt",
+    "key_file": "/etc/ext-proc/tls/envoy.key",
+}
+
+
+@pytest.mark.parametrize("mutual", [False, True], ids=["tls", "mtls"])
+def test_tls_to_the_processor(mutual):
+    settings = TLS | (CLIENT_CERT if mutual else {})
+    base, config = generate(example()), generate(example() | {"processor_tls": settings})
+    socket = clusters_of(config)["ext_proc"].pop("transport_socket")
+    assert socket["name"] == envoygen.TLS_SOCKET
+    context = socket["typed_config"]
+    assert context["sni"] == "ext-proc.local"
+    common = context["common_tls_context"]
+    assert common["alpn_protocols"] == ["h2"]
+    validation = common["validation_context"]
+    assert validation["trusted_ca"] == {"filename": "/etc/ext-proc/tls/ca.crt"}
+    assert validation["match_typed_subject_alt_names"] == [
+        {"san_type": "DNS", "matcher": {"exact": "ext-proc.local"}}
+    ]
+    if mutual:
+        assert common["tls_certificates"] == [
+            {
+                "certificate_chain": {"filename": "/etc/ext-proc/tls/envoy.crt"},
+                "private_key": {"filename": "/etc/ext-proc/tls/envoy.key"},
+            }
+        ]
+    else:
+        assert "tls_certificates" not in common
+    assert config == base
+
+
+def test_description_becomes_the_header_comment():
+    spec = envoygen.load_input(example() | {"description": "What it is.\n\nWhat it gives up.\n"})
+    text = envoygen.render(spec, source="in.yaml")
+    assert text.startswith(
+        "# Generated by `python -m ext_proc envoy-config` from in.yaml;\n"
+        "# edit the input, not this file.\n#\n# What it is.\n#\n# What it gives up.\n#\n"
+    )
+    plain = envoygen.render(envoygen.load_input(example()))
+    assert "What it is." not in plain
+    assert yaml.safe_load(text) == yaml.safe_load(plain)
+
+
+# --- input files and their base ------------------------------------------------------------
+
+
+def test_base_keys_apply_unless_given_again(tmp_path):
+    (tmp_path / "base.yaml").write_text(EXAMPLE.read_text())
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "mid.yaml").write_text("base: ../base.yaml\nbody_mode: streamed\n")
+    leaf = tmp_path / "sub" / "leaf.yaml"
+    leaf.write_text("base: mid.yaml\nadmin_port: 9902\n")
+    assert envoygen.read_input(leaf) == example() | {"body_mode": "streamed", "admin_port": 9902}
+
+
+def test_base_cycle_is_refused(tmp_path):
+    (tmp_path / "a.yaml").write_text("base: b.yaml\n")
+    (tmp_path / "b.yaml").write_text("base: a.yaml\n")
+    with pytest.raises(envoygen.GeneratorError, match="base chain returns"):
+        envoygen.read_input(tmp_path / "a.yaml")
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("base: missing.yaml\n", "cannot read"),
+        ("base: [a]\n", "base: expected a path"),
+        ("- a list\n", "must be a mapping"),
+    ],
+)
+def test_bad_input_files(tmp_path, text, message):
+    (tmp_path / "in.yaml").write_text(text)
+    with pytest.raises(envoygen.GeneratorError, match=message):
+        envoygen.read_input(tmp_path / "in.yaml")
+
+
+# --- route policy ------------------------------------------------------------------------
+
+
+def test_policy_input_follows_route_policy_fields():
+    assert set(envoygen.PolicyInput.model_fields) == set(route_policy.FIELDS)
+
+
+def test_policy_metadata_writes_only_given_fields():
+    policy = envoygen.PolicyInput.model_validate({"topology": "disaggregated", "vocab_size": 7})
+    assert policy.metadata() == {"topology": "disaggregated", "vocab_size": 7}
+
+
+def test_policy_metadata_always_states_the_topology():
+    assert envoygen.PolicyInput().metadata() == {"topology": "aggregated"}
+    policy = envoygen.PolicyInput.model_validate({"action": "deny"})
+    assert policy.metadata() == {"topology": "aggregated", "action": "deny"}
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("audit", "yes"), ("max_ids", True), ("vocab_size", 1.5), ("topology", "both")],
+)
+def test_policy_values_are_checked_as_the_processor_reads_them(field, value):
+    with pytest.raises(pydantic.ValidationError, match=field):
+        envoygen.PolicyInput.model_validate({field: value})
+
+
+def mutate(change) -> dict[str, Any]:
+    data = copy.deepcopy(example())
+    change(data)
+    return data
+
+
+def _set(path: str, value: Any):
+    def change(data: dict[str, Any]) -> None:
+        *parents, last = path.split(".")
+        target: Any = data
+        for part in parents:
+            target = target[int(part)] if part.isdigit() else target[part]
+        target[int(last) if last.isdigit() else last] = value
+
+    return change
+
+
+INVALID = [
+    (_set("listener_prot", 1), "listener_prot: Extra inputs are not permitted"),
+    (_set("listener_port", 70000), "listener_port:"),
+    (_set("listener_address", "localhost"), "listener_address:"),
+    (_set("processor", "nohost"), "processor:"),
+    (_set("processor", "ext-proc:0"), "processor:"),
+    (_set("body_mode", "chunked"), "body_mode:"),
+    (_set("message_timeout_seconds", 0), "message_timeout_seconds:"),
+    (_set("upstreams.ext_proc", "127.0.0.1:1"), "reserved for the processor"),
+    (_set("upstreams.aggregated", "127.0.0.1"), "upstream 'aggregated'"),
+    (_set("routes", []), "routes:"),
+    (_set("routes.1.upstream", "agregated"), "routes.1.upstream: 'agregated' is not one of"),
+    (_set("routes.0.prefix", "pd/v1/"), "routes.0.prefix:"),
+    (_set("routes.0.prefix", "/pd/%761/"), "routes.0.prefix:"),  # the upstream decodes it
+    (_set("routes.1.prefix_rewrite", "/%69nference/v1/"), "routes.1.prefix_rewrite:"),
+    (_set("routes.3.prefix", "/v1/"), "routes.3.prefix: '/v1/' is matched by an earlier route"),
+    (_set("routes.3.name", "aggregated"), "routes.3.name: 'aggregated' is used by an earlier"),
+    (_set("routes.1.policy.action", "allow"), "routes.1.policy.action:"),
+    (_set("routes.1.policy.topolgy", "aggregated"), "routes.1.policy.topolgy: Extra inputs"),
+    (_set("routes.0.policy.vocab_size", 0), "routes.0.policy.vocab_size:"),
+    (_set("routes.0.policy.max_ids", "many"), "routes.0.policy.max_ids:"),
+    (_set("routes.1.body_limit_bytes", -1), "routes.1.body_limit_bytes:"),
+    (_set("processor", "unix:"), "processor:"),
+    (_set("one_message", "yes"), "one_message:"),
+    (_set("processor_tls", {"server_name": "ext-proc.local"}), "processor_tls.ca_file:"),
+    (_set("processor_tls", TLS | {"ca_file": "ca.crt"}), "processor_tls.ca_file:"),
+    (_set("processor_tls", TLS | {"cert_file": "/c"}), "cert_file and key_file go together"),
+    (_set("processor_tls", TLS | {"server_name": "a b"}), "processor_tls.server_name:"),
+    (_set("listener_tls", {"cert_file": "/c", "key_file": "/k"}), "listener_tls.client_ca_file:"),
+    (
+        _set("listener_tls", {"cert_file": "c", "key_file": "/k", "client_ca_file": "/a"}),
+        "listener_tls.cert_file:",
+    ),
+    # The rewrite's metadata comes from the route's prefix and prefix_rewrite only.
+    (
+        _set("routes.1.policy.match_prefix", "/pd/v1/"),
+        "routes.1.policy.match_prefix: Value error, written from the route's prefix",
+    ),
+    (
+        _set("routes.2.policy.prefix_rewrite", "/v1/"),
+        "routes.2.policy.prefix_rewrite: Value error, written from the route's prefix",
+    ),
+    (_set("routes.1.prefix_rewrite", "v1/"), "routes.1.prefix_rewrite:"),
+    # A rewrite the processor could not read back (not a printable path prefix).
+    (_set("routes.1.prefix_rewrite", "/v1 x/"), "routes.1: Value error, invalid route policy"),
+    # keep_other_keys cannot go on a mint route (route_policy).
+    (_set("routes.0.policy.keep_other_keys", True), "routes.0.policy"),
+    (_set("max_downstream_connections", 0), "max_downstream_connections:"),
+    (_set("max_downstream_connections", "many"), "max_downstream_connections:"),
+    (_set("max_heap_size_bytes", 1024 * 1024), "max_heap_size_bytes:"),
+]
+
+
+@pytest.mark.parametrize(("change", "message"), INVALID)
+def test_invalid_input_names_the_field(change, message):
+    with pytest.raises(envoygen.GeneratorError) as caught:
+        envoygen.load_input(mutate(change))
+    assert message in str(caught.value)
+
+
+def test_input_must_be_a_mapping():
+    with pytest.raises(envoygen.GeneratorError, match="must be a mapping"):
+        envoygen.load_input(["not", "a", "mapping"])
+
+
+def test_route_names_default_to_upstream_and_index():
+    data = example()
+    for entry in data["routes"]:
+        del entry["name"]
+    assert list(forwarding(generate(data))) == [
+        "prefill-0",
+        "disaggregated-1",
+        "aggregated-2",
+        "aggregated-3",
+    ]
+
+
+def test_cli_writes_a_file(tmp_path, capsys):
+    out = tmp_path / "envoy.yaml"
+    assert envoygen.main([str(EXAMPLE), "-o", str(out)]) == 0
+    text = out.read_text()
+    assert text.startswith("# Generated by `python -m ext_proc envoy-config`")
+    assert yaml.safe_load(text) == generate(example())
+    assert capsys.readouterr().out == ""
+
+
+def test_cli_writes_stdout(capsys):
+    assert envoygen.main([str(EXAMPLE)]) == 0
+    assert yaml.safe_load(capsys.readouterr().out) == generate(example())
+
+
+def test_cli_reports_invalid_input(tmp_path, capsys):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump(mutate(_set("routes.1.upstream", "nowhere"))))
+    assert envoygen.main([str(bad), "-o", str(tmp_path / "out.yaml")]) == 2
+    err = capsys.readouterr().err
+    assert "routes.1.upstream" in err
+    assert not (tmp_path / "out.yaml").exists()
+
+
+def test_cli_reports_unreadable_input(tmp_path, capsys):
+    assert envoygen.main([str(tmp_path / "missing.yaml")]) == 2
+    assert "cannot read" in capsys.readouterr().err
+
+
+def test_cli_writes_several_inputs_to_a_directory(tmp_path):
+    inputs = [INPUTS / "envoy.yaml", INPUTS / "envoy-tls.yaml"]
+    assert envoygen.main([*map(str, inputs), "--output-dir", str(tmp_path)]) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["envoy-tls.yaml", "envoy.yaml"]
+    assert "transport_socket" in (tmp_path / "envoy-tls.yaml").read_text()
+
+
+def test_cli_writes_nothing_when_one_input_is_invalid(tmp_path, capsys):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(f"base: {EXAMPLE}\none_message: maybe\n")
+    out = tmp_path / "out"
+    out.mkdir()
+    assert envoygen.main([str(INPUTS / "envoy.yaml"), str(bad), "--output-dir", str(out)]) == 2
+    assert "bad.yaml" in capsys.readouterr().err
+    assert list(out.iterdir()) == []
+
+
+def test_cli_needs_a_directory_for_several_inputs(capsys):
+    with pytest.raises(SystemExit) as caught:
+        envoygen.main([str(EXAMPLE), str(EXAMPLE)])
+    assert caught.value.code == 2
+    assert "--output-dir" in capsys.readouterr().err
+
+
+# --- the prefill (mint) route processes its response ----------------------------------------
+
+MINT_RESPONSE = {
+    "response_header_mode": "SEND",
+    "response_body_mode": "BUFFERED",
+    "response_trailer_mode": "SKIP",
+}
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{}, {"one_message": False}, {"one_message": False, "body_mode": "streamed"}],
+    ids=["one-message", "two-message", "streamed"],
+)
+def test_mint_route_processes_the_response_with_the_filters_request_modes(options):
+    config = generate(example() | options)
+    filter_mode = ext_proc_of(config)["processing_mode"]
+    assert filter_mode["response_header_mode"] == "SKIP"
+    assert "response_body_mode" not in filter_mode  # NONE: proto3 JSON leaves it out
+    per_route = routes_of(config)["prefill"]["typed_per_filter_config"]
+    assert set(per_route) - {envoygen.BUFFER_FILTER} == {envoygen.EXT_PROC_FILTER}
+    override = per_route[envoygen.EXT_PROC_FILTER]
+    assert override["@type"] == f"type.googleapis.com/{envoygen.PER_ROUTE_TYPE}"
+    # Only the mode is overridden: failure_mode_allow stays the filter's false.
+    assert list(override["overrides"]) == ["processing_mode"]
+    mode = override["overrides"]["processing_mode"]
+    request_side = {k: v for k, v in mode.items() if k.startswith("request_")}
+    assert request_side == {k: v for k, v in filter_mode.items() if k.startswith("request_")}
+    assert {k: v for k, v in mode.items() if k.startswith("response_")} == MINT_RESPONSE
+    assert check(config).errors == []
+
+
+def test_only_mint_routes_override_the_filter():
+    data = example()
+    data["routes"][2]["policy"] = {"topology": "aggregated", "action": "mint"}
+    config = generate(data)
+    overridden = [
+        n
+        for n, r in forwarding(config).items()
+        if envoygen.EXT_PROC_FILTER in r.get("typed_per_filter_config", {})
+    ]
+    assert overridden == ["prefill", "aggregated"]
+
+
+def test_mint_route_buffer_holds_a_prefill_response():
+    data = example()
+    data["routes"][0]["body_limit_bytes"] = 1024 * 1024
+    with pytest.raises(envoygen.GeneratorError, match=r"routes\.0\.body_limit_bytes: 1048576"):
+        envoygen.load_input(data)
+    # The route's own limit, or the default every route has.
+    with pytest.raises(envoygen.GeneratorError, match=r"routes\.0\.body_limit_bytes: 1048576"):
+        envoygen.load_input(example() | {"body_limit_bytes": 1024 * 1024})
+    data["routes"][0]["body_limit_bytes"] = envoygen.MINT_BUFFER_MIN
+    # Other routes may buffer less.
+    data["routes"][2]["body_limit_bytes"] = 1024
+    envoygen.load_input(data | {"body_limit_bytes": 1024 * 1024})
+
+
+# --- vLLM's token-in and echo endpoints ------------------------------------------------------
+
+NOT_FOUND = {"error": {"message": "not found", "type": "NotFoundError", "param": None, "code": 404}}
+DISABLED = {"@type": f"type.googleapis.com/{envoygen.PER_ROUTE_TYPE}", "disabled": True}
+NOT_HELD = {"@type": BUFFER_PER_ROUTE, "disabled": True}
+# The matches every config has, before every policy route (ext_proc.tools.token_endpoints).
+TOKEN_MATCHES = [
+    {"safe_regex": {"regex": token_endpoints.ECHO_REGEX}},
+    {"safe_regex": {"regex": token_endpoints.INFERENCE_REGEX}},
+    {"prefix": "/render", "case_sensitive": False},
+    {"prefix": "/derender", "case_sensitive": False},
+]
+
+
+def not_found_routes(config: dict[str, Any]) -> list[dict[str, Any]]:
+    """The leading direct responses, checked for what every one must be."""
+    (vhost,) = hcm_of(config)["route_config"]["virtual_hosts"]
+    leading = []
+    for entry in vhost["routes"]:
+        if "route" in entry:
+            break
+        assert entry["name"].startswith(envoygen.RESERVED_ROUTE_PREFIX)
+        assert entry["direct_response"] == {"status": 404}
+        # Nothing is forwarded, so the processor is not asked and nothing is held.
+        per_filter = dict(entry["typed_per_filter_config"])
+        assert per_filter.pop(envoygen.EXT_PROC_FILTER) == DISABLED
+        assert per_filter in ({}, {envoygen.BUFFER_FILTER: NOT_HELD})
+        leading.append(entry)
+    assert not [r for r in vhost["routes"][len(leading) :] if "route" not in r]
+    return leading
+
+
+def test_token_endpoints_are_answered_404_before_every_route():
+    config = generate(example())
+    assert [r["match"] for r in not_found_routes(config)] == TOKEN_MATCHES
+    # The path is normalised before any route matches: "//render", "/./render",
+    # "/%72ender" and "/v1/..%2Frender" reach these routes
+    # (tests/e2e/test_token_endpoints.py).
+    manager = hcm_of(config)
+    assert manager["normalize_path"] is True
+    assert manager["merge_slashes"] is True
+    assert manager["path_with_escaped_slashes_action"] == "UNESCAPE_AND_REDIRECT"
+    assert check(config).warnings == []
+
+
+ECHO_PATHS = [
+    ("/render", True),
+    ("/derender", True),
+    ("/v1/chat/completions/render", True),
+    ("/v1/completions/derender/", True),
+    ("/pd/v1/chat/completions/DeRender", True),
+    ("/v1/messages/RENDER", True),
+    # The upstream percent-decodes "%0A"; Starlette's "$" matches before it.
+    ("/v1/chat/completions/render%0A", True),
+    ("/v1/chat/completions/render/%0a", True),
+    ("/v1/chat/completions/render/x", False),
+    ("/v1/chat/completions/prerender", False),
+    ("/v1/chat/completions/render.json", False),
+    ("/v1/chat/completions/render%0D%0A", False),
+    ("/v1/chat/completions", False),
+]
+
+
+@pytest.mark.parametrize(("path", "closed"), ECHO_PATHS)
+def test_the_echo_regex_closes_a_last_render_or_derender_segment(path, closed):
+    # Run by RE2, as Envoy runs it (tests/e2e sends these paths through Envoy).
+    assert token_endpoints.Match("regex", token_endpoints.ECHO_REGEX).matches(path) is closed
+    assert token_endpoints.is_token_path(path) is closed
+
+
+INFERENCE_PATHS = [
+    ("/inference", True),
+    ("/inference/", True),
+    ("/inference/v1/generate", True),
+    ("/INFERENCE/V1/GENERATE", True),
+    # Behind vLLM's --root-path, or any prefix a proxy strips.
+    ("/x/inference/v1/generate", True),
+    ("/a/b/Inference/v1/generate", True),
+    ("/x/inference", True),
+    ("/x/inference%0A", True),
+    ("/inferences", False),
+    ("/x/inferences/v1/generate", False),
+    ("/xinference/v1/generate", False),
+    ("/v1/chat/completions", False),
+]
+
+
+@pytest.mark.parametrize(("path", "closed"), INFERENCE_PATHS)
+def test_the_inference_regex_closes_the_token_in_api_behind_any_prefix(path, closed):
+    regex = token_endpoints.Match("regex", token_endpoints.INFERENCE_REGEX)
+    assert regex.matches(path) is closed
+    assert token_endpoints.is_token_path(path) is closed
+
+
+def routes_with(*extra: dict[str, Any]) -> dict[str, Any]:
+    data = example()
+    data["routes"][:0] = list(extra)
+    return data
+
+
+def test_a_rewrite_onto_the_token_in_api_gets_its_own_404s():
+    # "/pd/" rewritten to "/inf": "/pd/erence/v1/generate" is /inference/v1/generate
+    # upstream. "/x" rewritten to "/v1/": "/xrender" is /v1/render upstream, and
+    # "/xinference/v1/generate" is /v1/inference/v1/generate (root path /v1). "/r/"
+    # rewritten to "/": "/r/inference/v1/generate" is answered by the inference regex.
+    data = routes_with(
+        {"name": "pd-inf", "prefix": "/pd/", "prefix_rewrite": "/inf", "upstream": "aggregated"},
+        {"name": "glued", "prefix": "/x", "prefix_rewrite": "/v1/", "upstream": "aggregated"},
+        {"name": "root", "prefix": "/r/", "prefix_rewrite": "/", "upstream": "aggregated"},
+    )
+    config = generate(data)
+    derived = not_found_routes(config)[len(TOKEN_MATCHES) :]
+    assert {r["name"]: r["match"] for r in derived} == {
+        "token-endpoint-pd-inf-0": {"safe_regex": {"regex": "(?i)/pd/erence(/.*|%0a)?"}},
+        "token-endpoint-glued-0": {"safe_regex": {"regex": "(?i)/xinference(/.*|%0a)?"}},
+        "token-endpoint-glued-1": {"safe_regex": {"regex": "(?i)/xrender/?(%0a)?"}},
+        "token-endpoint-glued-2": {"safe_regex": {"regex": "(?i)/xderender/?(%0a)?"}},
+    }
+    assert check(config).errors == []
+    # Without them, those paths would reach vLLM: check-envoy says so.
+    (vhost,) = hcm_of(config)["route_config"]["virtual_hosts"]
+    vhost["routes"] = [r for r in vhost["routes"] if r not in derived]
+    errors = check(config).errors
+    assert any("pd-inf: forwards '/pd/erence/v1/generate'" in e for e in errors), errors
+    assert any("glued: forwards '/xinference/v1/generate'" in e for e in errors), errors
+
+
+def test_shipped_routes_need_no_404s_of_their_own():
+    # /pd/v1/ and /pd/prefill/v1/ are rewritten to /v1/: the echo regex covers them.
+    assert len(not_found_routes(generate(example()))) == len(TOKEN_MATCHES)
+    unrewritten = routes_with({"prefix": "/v2/", "upstream": "aggregated"})
+    assert len(not_found_routes(generate(unrewritten))) == len(TOKEN_MATCHES)
+
+
+def test_token_endpoints_cannot_be_exposed():
+    # Gone: the token endpoints are answered 404 whatever the input says.
+    with pytest.raises(envoygen.GeneratorError, match="expose_token_endpoints: Extra inputs"):
+        envoygen.load_input(example() | {"expose_token_endpoints": True})
+
+
+@pytest.mark.parametrize(
+    "prefix", ["/inference/v1/", "/x/Inference/", "/render", "/derender/x", "/Render/x"]
+)
+def test_a_route_under_a_token_endpoint_is_refused(prefix):
+    data = routes_with({"prefix": prefix, "upstream": "aggregated"})
+    with pytest.raises(envoygen.GeneratorError, match=r"routes\.0\.prefix: .* token endpoint"):
+        envoygen.load_input(data)
+
+
+@pytest.mark.parametrize("rewrite", ["/inference/", "/Inference/v1/"])
+def test_a_route_rewritten_into_the_token_in_api_is_refused(rewrite):
+    data = routes_with({"prefix": "/gen/", "prefix_rewrite": rewrite, "upstream": "aggregated"})
+    with pytest.raises(envoygen.GeneratorError, match=r"routes\.0\.prefix_rewrite: .* token-in"):
+        envoygen.load_input(data)
+
+
+def test_token_endpoint_names_are_reserved():
+    data = example()
+    data["routes"][2]["name"] = "token-endpoint-v1"
+    with pytest.raises(envoygen.GeneratorError, match=r"routes\.2\.name: .* reserved"):
+        envoygen.load_input(data)
+
+
+def test_local_404_has_vllms_error_shape():
+    mappers = hcm_of(generate(example()))["local_reply_config"]["mappers"]
+    (mapper,) = [m for m in mappers if "404" in json.dumps(m["filter"])]
+    body = mapper["body_format_override"]
+    assert body["content_type"] == "application/json"
+    error = body["json_format"]["error"]
+    assert error == NOT_FOUND["error"] | {"code": "%RESPONSE_CODE%"}
+
+
+# --- a route's rewrite in its policy metadata ---------------------------------------------------
+
+
+@pytest.mark.parametrize("path", sorted(INPUTS.glob("*.yaml")), ids=lambda p: p.name)
+def test_rewritten_routes_state_their_rewrite(path):
+    spec = envoygen.load_input(envoygen.read_input(path))
+    config = envoygen.to_dict(envoygen.build(spec))
+    routes = forwarding(config)
+    if path.name not in ARCHITECTURES:
+        assert any("prefix_rewrite" in r["route"] for r in routes.values())
+    for entry in routes.values():
+        fields = entry["metadata"]["filter_metadata"]["ext_proc.token_policy"]
+        rewrite = entry["route"].get("prefix_rewrite")
+        stated = {k: fields[k] for k in envoygen.REWRITE_FIELDS if k in fields}
+        if rewrite is None:
+            assert stated == {}, entry["name"]
+        else:
+            assert stated == {"match_prefix": entry["match"]["prefix"], "prefix_rewrite": rewrite}
+            # What the processor makes of it: the upstream's path.
+            policy = route_policy.parse(
+                {k: v if isinstance(v, bool) else str(v) for k, v in fields.items()},
+                float(len(fields)),
+            )
+            assert policy.upstream_path(entry["match"]["prefix"] + "chat/completions") == (
+                rewrite + "chat/completions"
+            )
+
+
+def test_rewrite_fields_follow_the_route_input():
+    data = example()
+    data["routes"][1] |= {"prefix": "/decode/v1/", "prefix_rewrite": "/v2/"}
+    data["routes"][2]["prefix_rewrite"] = "/v1/x/"
+    routes = forwarding(generate(data))
+    for name, prefix, rewrite in (
+        ("disaggregated", "/decode/v1/", "/v2/"),
+        ("aggregated", "/v1/", "/v1/x/"),
+    ):
+        fields = routes[name]["metadata"]["filter_metadata"]["ext_proc.token_policy"]
+        assert (fields["match_prefix"], fields["prefix_rewrite"]) == (prefix, rewrite)
+        assert routes[name]["route"]["prefix_rewrite"] == rewrite
+    assert envoygen.rewrite_fields("/a/", None) == {}
+    assert envoygen.rewrite_fields("/a/", "/b/") == {"match_prefix": "/a/", "prefix_rewrite": "/b/"}
+
+
+def test_a_copied_route_states_its_own_rewrite():
+    # What the end-to-end and benchmark stacks do to routes they copy or build.
+    original = forwarding(generate(example()))["disaggregated"]
+    copied = copy.deepcopy(original)
+    copied["match"] = {"prefix": "/pd-any/v1/"}
+    envoygen.state_rewrite(copied)
+    fields = copied["metadata"]["filter_metadata"]["ext_proc.token_policy"]
+    assert (fields["match_prefix"], fields["prefix_rewrite"]) == ("/pd-any/v1/", "/v1/")
+    del copied["route"]["prefix_rewrite"]
+    envoygen.state_rewrite(copied)
+    assert not set(envoygen.REWRITE_FIELDS) & set(fields)
+    bare = {"match": {"prefix": "/x/"}, "route": {"prefix_rewrite": "/"}}
+    envoygen.state_rewrite(bare)
+    assert bare == {"match": {"prefix": "/x/"}, "route": {"prefix_rewrite": "/"}}
+
+
+# --- the gateway listener over mutual TLS -----------------------------------------------------
+
+LISTENER_TLS = {
+    "cert_file": "/etc/ext-proc/tls/gateway.crt",
+    "key_file": "/etc/ext-proc/tls/gateway.key",
+    "client_ca_file": "/etc/ext-proc/tls/clients-ca.crt",
+}
+
+
+def test_listener_requires_client_certificates():
+    base, config = generate(example()), generate(example() | {"listener_tls": LISTENER_TLS})
+    (listener,) = config["static_resources"]["listeners"]
+    (chain,) = listener["filter_chains"]
+    socket = chain.pop("transport_socket")
+    assert socket["name"] == envoygen.TLS_SOCKET
+    context = socket["typed_config"]
+    assert context["@type"].endswith("tls.v3.DownstreamTlsContext")
+    assert context["require_client_certificate"] is True
+    common = context["common_tls_context"]
+    assert common["tls_certificates"] == [
+        {
+            "certificate_chain": {"filename": "/etc/ext-proc/tls/gateway.crt"},
+            "private_key": {"filename": "/etc/ext-proc/tls/gateway.key"},
+        }
+    ]
+    assert common["validation_context"] == {
+        "trusted_ca": {"filename": "/etc/ext-proc/tls/clients-ca.crt"}
+    }
+    assert common["alpn_protocols"] == ["h2", "http/1.1"]
+    assert config == base
+
+
+def test_shipped_internal_listener_trusts_its_orchestrator():
+    config = yaml.safe_load((REPO / "envoy" / "envoy-internal-mtls.yaml").read_text())
+    (listener,) = config["static_resources"]["listeners"]
+    assert listener["filter_chains"][0]["transport_socket"]["typed_config"][
+        "require_client_certificate"
+    ]
+    routes = forwarding(config)
+    for name in ("prefill", "disaggregated"):
+        fields = routes[name]["metadata"]["filter_metadata"]["ext_proc.token_policy"]
+        assert fields["peers"] == "uri:spiffe://cluster.local/ns/llm-d/sa/router"
+        assert "trust_any_caller" not in fields
+    # Apart from the listener and the peers, the shipped base.
+    base = generate(example())
+    del listener["filter_chains"][0]["transport_socket"]
+    for name in ("prefill", "disaggregated"):
+        del routes[name]["metadata"]["filter_metadata"]["ext_proc.token_policy"]["peers"]
+    assert config == base
+
+
+def test_peers_need_the_mutual_tls_listener():
+    data = example()
+    data["routes"][1]["policy"]["peers"] = "uri:spiffe://cluster.local/ns/llm-d/sa/router"
+    with pytest.raises(envoygen.GeneratorError, match=r"routes\.1\.policy\.peers: needs listener"):
+        envoygen.load_input(data)
+    envoygen.load_input(data | {"listener_tls": LISTENER_TLS})
+
+
+def test_shipped_decode_route_honors_only_what_the_deployment_produced():
+    for path in sorted((REPO / "envoy").glob("*.yaml")):
+        if path.name in ARCHITECTURES:
+            continue
+        routes = forwarding(yaml.safe_load(path.read_text()))
+        fields = routes["disaggregated"]["metadata"]["filter_metadata"]["ext_proc.token_policy"]
+        assert fields["action"] == "honor", path.name
+        assert "trust_any_caller" not in fields, path.name
+        assert {"vocab_size", "max_ids"} <= set(fields), path.name
+        assert routes["prefill"]["route"]["cluster"] == "prefill", path.name
+        assert routes["prefill"]["route"]["prefix_rewrite"] == "/v1/", path.name
+
+
+@pytest.mark.parametrize(
+    ("policy", "field"),
+    [
+        ({"action": "strip", "peers": "uri:spiffe://a/b"}, "peers"),
+        ({"action": "mint", "trust_any_caller": True}, "trust_any_caller"),
+        ({"topology": "aggregated", "unproven": "deny"}, "unproven"),
+    ],
+)
+def test_policy_fields_that_need_another_action(policy, field):
+    with pytest.raises(pydantic.ValidationError, match=f"'ext_proc.token_policy.{field}'"):
+        envoygen.PolicyInput.model_validate(policy)
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("peers", "uri:a|"),
+        # Untyped: which part of the certificate would it name?
+        ("peers", "spiffe://cluster.local/ns/llm-d/sa/router"),
+        ("unproven", "allow"),
+        ("trust_any_caller", "yes"),
+    ],
+)
+def test_new_policy_fields_are_checked_as_the_processor_reads_them(field, value):
+    with pytest.raises(pydantic.ValidationError) as caught:
+        envoygen.PolicyInput.model_validate({"action": "honor", field: value})
+    ((error,),) = [caught.value.errors()]
+    assert error["loc"] == (field,)
+
+
+# --- Envoy's edge limits (overload manager, connection buffers, HTTP/2, timeouts) -------------
+
+OVERLOAD_ACTIONS = [
+    ("envoy.overload_actions.shrink_heap", 0.95),
+    ("envoy.overload_actions.stop_accepting_requests", 0.98),
+]
+
+
+def edge_limits(config: dict[str, Any]) -> dict[str, Any]:
+    """What the generator sets for hostile load, as (monitor limits, listener, manager)."""
+    overload = config["overload_manager"]
+    monitors = {m["name"]: m["typed_config"] for m in overload["resource_monitors"]}
+    connections = monitors["envoy.resource_monitors.global_downstream_max_connections"]
+    heap = monitors["envoy.resource_monitors.fixed_heap"]
+    assert connections["@type"].endswith("downstream_connections.v3.DownstreamConnectionsConfig")
+    assert heap["@type"].endswith("fixed_heap.v3.FixedHeapConfig")
+    assert [
+        (a["name"], t["name"], t["threshold"]["value"])
+        for a in overload["actions"]
+        for t in a["triggers"]
+    ] == [(name, "envoy.resource_monitors.fixed_heap", value) for name, value in OVERLOAD_ACTIONS]
+    (listener,) = config["static_resources"]["listeners"]
+    manager = hcm_of(config)
+    return {
+        "connections": connections["max_active_downstream_connections"],
+        "heap": heap["max_heap_size_bytes"],
+        "connection_buffer": listener["per_connection_buffer_limit_bytes"],
+        "http1": manager.get("http_protocol_options"),
+        "http2": manager["http2_protocol_options"],
+        "request_headers_timeout": manager["request_headers_timeout"],
+        "stream_idle_timeout": manager["stream_idle_timeout"],
+    }
+
+
+DEFAULT_EDGE_LIMITS = {
+    "connections": 50_000,
+    "heap": 1024 * 1024 * 1024,
+    "connection_buffer": 32 * 1024,
+    # keep_alive_after_denial: a well-framed request's 400 leaves the connection open.
+    "http1": {"override_stream_error_on_invalid_http_message": True},
+    "http2": {
+        "max_concurrent_streams": 100,
+        "initial_stream_window_size": 64 * 1024,
+        "initial_connection_window_size": 1024 * 1024,
+    },
+    "request_headers_timeout": "10s",
+    "stream_idle_timeout": "300s",
+}
+
+
+@pytest.mark.parametrize("path", sorted((REPO / "envoy").glob("*.yaml")), ids=lambda p: p.name)
+def test_every_shipped_config_has_the_edge_limits(path):
+    config = yaml.safe_load(path.read_text())
+    assert edge_limits(config) == DEFAULT_EDGE_LIMITS
+    # The limits leave the processing and the routes alone.
+    assert check(config).errors == []
+
+
+def test_edge_limits_follow_the_input():
+    data = example() | {"max_downstream_connections": 1000, "max_heap_size_bytes": 512 * 1024**2}
+    base, config = generate(example()), generate(data)
+    assert edge_limits(config) == DEFAULT_EDGE_LIMITS | {
+        "connections": 1000,
+        "heap": 512 * 1024**2,
+    }
+    for monitor in config["overload_manager"]["resource_monitors"]:
+        monitor["typed_config"] = {"@type": monitor["typed_config"]["@type"]}
+    for monitor in base["overload_manager"]["resource_monitors"]:
+        monitor["typed_config"] = {"@type": monitor["typed_config"]["@type"]}
+    assert config == base
+
+
+def test_connections_close_after_denials_on_request():
+    base, config = generate(example()), generate(example() | {"keep_alive_after_denial": False})
+    assert edge_limits(config) == DEFAULT_EDGE_LIMITS | {"http1": None}
+    hcm_of(base).pop("http_protocol_options")
+    assert config == base
+
+
+def test_heap_must_hold_the_largest_body():
+    data = example()
+    data["routes"][2]["body_limit_bytes"] = 128 * 1024**2
+    message = (
+        r"max_heap_size_bytes: 134217728 does not exceed the largest body buffer \(134217728\)"
+    )
+    with pytest.raises(envoygen.GeneratorError, match=message):
+        envoygen.load_input(data | {"max_heap_size_bytes": 128 * 1024**2})
+    envoygen.load_input(data | {"max_heap_size_bytes": 256 * 1024**2})
+
+
+def test_the_header_step_comes_first_and_takes_an_operators_headers():
+    base = filters_of(generate(example()))[0]
+    assert base["name"] == carrier_headers.FILTER
+    removed = [m["remove"] for m in base["typed_config"]["mutations"]["request_mutations"][1:-1]]
+    assert removed == list(carrier_headers.ROUTING_HEADERS)
+    extra = ["x-my-router-target", "x-prefiller-host-port", "x-request-id", "x-my-router-target"]
+    step = filters_of(generate(example() | {"remove_request_headers": extra}))[0]
+    mutations = step["typed_config"]["mutations"]["request_mutations"]
+    removed = [m["remove"] for m in mutations if "remove" in m]
+    # Each once; the request id is renewed, never merely removed.
+    assert removed == [*carrier_headers.ROUTING_HEADERS, "x-my-router-target"]
+    assert mutations[-1]["append"]["header"]["key"] == carrier_headers.REQUEST_ID
+    with pytest.raises(envoygen.GeneratorError, match="remove_request_headers"):
+        envoygen.load_input(example() | {"remove_request_headers": ["X-Upper-Case"]})
