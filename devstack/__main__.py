@@ -2,7 +2,8 @@
 ``python -m devstack upstream --listen HOST:PORT``: the recording stand-in alone;
 ``python -m devstack monitoring``: the PrometheusRule generated from the rules file;
 ``python -m devstack dashboard``: the Grafana dashboard (deploy/monitoring/dashboard.json);
-``python -m devstack llm-d``: the generated parts of deploy/llm-d/."""
+``python -m devstack llm-d``: the generated parts of deploy/llm-d/;
+``python -m devstack module-map``: README.md's module map, from the package tree."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import asyncio
 import sys
 from pathlib import Path
 
-from devstack import dashboard, llmd, monitoring, stack, upstream
+from devstack import dashboard, llmd, module_map, monitoring, stack, upstream
 from ext_proc.core.address import HostPort
 
 
@@ -24,6 +25,7 @@ def _parser() -> argparse.ArgumentParser:
     commands.add_parser("monitoring", help="write deploy/kubernetes/monitoring/prometheusrule.yaml")
     commands.add_parser("dashboard", help="write deploy/monitoring/dashboard.json")
     commands.add_parser("llm-d", help="write the generated parts of deploy/llm-d/")
+    commands.add_parser("module-map", help="write README.md's module map")
     return parser
 
 
@@ -34,6 +36,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.command == "monitoring":
         monitoring.write()
+        return 0
+    if args.command == "module-map":
+        module_map.write()
         return 0
     if args.command == "dashboard":
         dashboard.write()
