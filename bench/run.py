@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench import bodies, cpu, load, proofs, report, stack, tools
+from bench import bodies, cpu, judge, load, proofs, report, results_model, stack, tools
 from devstack import processes
 
 SMOKE_CELLS = (
@@ -55,7 +55,7 @@ class Plan:
     # its medians: a drift of the shared machine then moves every arrangement alike.
     rounds: int = 1
     # Which cells: "matrix" (a product of sizes, decisions, concurrencies), "smoke" or
-    # "targets" (what bench/report.py judges; the `naive` arrangement is then skipped,
+    # "targets" (what bench/judge.py judges; the `naive` arrangement is then skipped,
     # no target reads it).
     selection: str = "matrix"
     # The service's records of spent proofs measured: "local" (service-wN, its own
@@ -135,7 +135,7 @@ def smoke_cells() -> tuple[Cell, ...]:
 
 
 def target_cells() -> tuple[Cell, ...]:
-    return tuple(Cell(*c) for c in report.TARGET_CELLS)
+    return tuple(Cell(*c) for c in judge.TARGET_CELLS)
 
 
 def arrangements(
@@ -442,7 +442,7 @@ def run(plan: Plan, out: Path) -> Path:
         "cells": records,
         "envoy_stats": envoy_stats,
     }
-    written = report.write(results, out)
+    written = report.write(results_model.from_json(results), out)
     shutil.rmtree(workdir, ignore_errors=True)
     _log(f"wrote {', '.join(str(p) for p in written)}")
     return out / "results.md"

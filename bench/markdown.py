@@ -1,0 +1,278 @@
+"""results.md: a judged run (bench/judge.py) as markdown, section by section."""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+
+from bench.judge import FLOOR
+from bench.results_model import LABEL, Results, by_cell
+
+
+def _num(value: float | None, digits: int = 2, suffix: str = "") -> str:
+    return "n/a" if value is None else f"{value:.{digits}f}{suffix}"
+
+
+def render(results: Results) -> str:
+    """The whole of results.md."""
+    lines = [
+        *_introduction(results),
+        *_notes(results),
+        *_targets_md(results),
+        *_proof_md(results),
+        *_records_md(results),
+        *_slopes_md(results),
+        *_cells_md(results),
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _introduction(results: Results) -> list[str]:
+    meta = results.meta
+    only = ", the targets' cells" if meta.cells == "targets" else ""
+    return [
+        f"# ext_proc benchmark ({meta.mode}{only})",
+        "",
+        f"Started {meta.started} on {meta.cpus} CPUs ({meta.machine}); "
+        f"Python {meta.python}; {meta.envoy}; {meta.nginx}; {meta.wrk}.",
+        f"Each cell: {1 if meta.rounds is None else meta.rounds} round(s), each arrangement "
+        f"once per round: {meta.seconds_per_cell} s of closed-loop HTTP/1.1 keep-alive load "
+        f"from wrk ({meta.wrk_threads} thread) after {meta.warmup_seconds} s of warm-up, "
+        "arrangements one after another in an order that rotates from round to round. "
+        "Each figure is the median over the rounds; the targets also show each round's "
+        "ratio (the arrangements of one round ran within seconds of each other).",
+        "",
+        "Arrangements, each behind its own Envoy (`--concurrency 1`, rendered from "
+        "`envoy/envoy.yaml` or the arrangement's config) in front of one nginx answering a "
+        "small JSON 200 after reading the whole body:",
+        "",
+        *(f"- {text}" for text in _arrangement_notes(results)),
+        "",
+        "Bodies (ids: 200 at 2 KiB, 8000 at 64 KiB, 131072 at 1 MiB): `allow` = chat request "
+        "without ids on `/v1/`; `strip` = ids on `/v1/` (removed, body rewritten); `deny` = "
+        "ids with a `true` on `/pd-any/v1/` (400 from the service); `honor` = valid ids on "
+        "`/pd-any/v1/` (`trust_any_caller`: validated, forwarded unchanged); `honor-proven` = "
+        "valid ids and the gateway's proof on `/pd/v1/` (verified, spent in the record of "
+        "spent proofs, validated, the proof removed), a different proof in every request "
+        "(a pool minted for the cell, spliced in by wrk's script in every arrangement). "
+        "Direct and naive forward every body.",
+        "",
+    ]
+
+
+def _arrangement_notes(results: Results) -> list[str]:
+    """One line per kind of arrangement the run measured; the default is named."""
+    names = results.names
+    default = results.default
+    notes = {
+        "direct": "`direct`: the shipped config with the ext_proc filter removed;",
+        "naive": "`naive`: `bench/naive.py`, a grpc.aio processor answering headers and body "
+        "with empty continue responses, no parsing, behind `envoy/envoy-two-message.yaml` "
+        "(two gRPC messages per request);",
+        FLOOR: f"`{FLOOR}`: the naive processor behind `envoy/envoy.yaml`: the floor, what "
+        "one grpc.aio round trip per request costs with no work at all, against which the "
+        "targets are judged (it polices nothing; its deny cells are forwarded);",
+        "service-wN": "`service-wN`: `python -m ext_proc serve` (N workers) behind "
+        "`envoy/envoy.yaml` (headers skipped: one gRPC message per request);",
+        "service-w1-2msg": "`service-w1-2msg`: the same behind `envoy/envoy-two-message.yaml` "
+        "(headers, then body: two gRPC messages per request);",
+        "service-wN-redis": "`service-wN-redis`: `service-wN` keeping its spent proofs in a "
+        "`redis-server` on loopback (`proof.record: redis://...`) instead of its own table;",
+    }
+    if any(re.fullmatch(r"service-w\d+", name) for name in names):
+        names.append("service-wN")
+    if any(re.fullmatch(r"service-w\d+-redis", name) for name in names):
+        names.append("service-wN-redis")
+    lines = [text for key, text in notes.items() if key in names]
+    if default is not None:
+        lines.append(f"`{default}` is the shipped default arrangement, the one judged.")
+    return lines
+
+
+def _notes(results: Results) -> list[str]:
+    """The run's notes, Envoy's connections to each processor, unexpected answers."""
+    connections = {
+        name: stats.get("cluster.ext_proc.upstream_cx_total")
+        for name, stats in results.envoy_stats.items()
+        if name != "direct"
+    }
+    notes = [*results.notes]
+    notes.append(
+        "Envoy -> processor HTTP/2 connections opened during the run: "
+        + ", ".join(f"{name} {count}" for name, count in connections.items())
+        + "."
+    )
+    for arrangement in results.arrangements:
+        opened = connections.get(arrangement.name)
+        workers = arrangement.workers or 1
+        if arrangement.kind == "service" and opened is not None and opened < workers:
+            notes.append(
+                f"{arrangement.name}: Envoy opened {opened} connection(s) to {workers} "
+                "workers; SO_REUSEPORT spreads connections, not streams, so at most "
+                f"{opened} worker(s) served requests."
+            )
+    bad = [r for r in results.cells if not r.ok]
+    if bad:
+        notes.append(
+            f"{len(bad)} measurement(s) saw unexpected statuses or socket errors "
+            "(marked `!` below)."
+        )
+    return ["Notes:", "", *(f"- {note}" for note in notes), ""]
+
+
+def _status(status: str) -> str:
+    return "**missed**" if status == "missed" else status
+
+
+def _targets_md(results: Results) -> list[str]:
+    default = results.default
+    judged = "no single arrangement marked default" if default is None else f"`{default}`"
+    lines = [
+        "## Targets",
+        "",
+        f"Judged only on the shipped default arrangement ({judged}) against the floor "
+        f"`{FLOOR}` measured in the same run: each value is the default's figure over the "
+        "floor's, measured in rounds: the median of the rounds' ratios (the figures "
+        "shown are the medians of each). Added p50 = p50 minus `direct`'s p50 in the "
+        "same cell (and round). A target is met "
+        "when every check of it is and missed when any is; it is not measured when a "
+        "cell it needs was not measured in this run (`python -m bench --cells targets` "
+        "measures them all). Informational rows count for nothing.",
+        "",
+        "| # | target | status | checks met |",
+        "|---|---|---|---|",
+    ]
+    for s in results.judged.target_summary:
+        lines.append(
+            f"| {s.target} | {s.title} | {_status(s.status)} | {s.checks_met}/{s.checks} |"
+        )
+    lines += [
+        "",
+        f"| # | cell | measure | value | threshold | {default or 'default'} vs floor | status |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for row in results.judged.targets:
+        status = _status(row.status)
+        if row.informational:
+            status += " (informational)"
+        lines.append(
+            f"| {row.target} | {row.cell} | {row.measure} | "
+            f"{_num(row.value, 2, 'x')} | {row.threshold} | {row.detail} | {status} |"
+        )
+    return [*lines, ""]
+
+
+def _proof_md(results: Results) -> list[str]:
+    """What verifying a proof costs; nothing when no cell was measured both ways."""
+    if not results.judged.verification:
+        return []
+    lines = [
+        "## Proof verification",
+        "",
+        "`honor-proven` (ids + proof on `/pd/v1/`: verified, validated, the proof removed) "
+        "against `honor` (the same ids on `/pd-any/v1/`, `trust_any_caller`: validated, "
+        "forwarded unchanged), same body size, same run. Added = proven minus unproven.",
+        "",
+        "| body | ids | c | arrangement | p50 honor ms | p50 proven ms | added p50 ms | "
+        "processor CPU honor ms/req | proven ms/req | added CPU ms/req |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in results.judged.verification:
+        mark = "" if r.ok else " !"
+        lines.append(
+            f"| {r.body_bytes:,} B | {r.id_count:,} | {r.concurrency} | "
+            f"{r.arrangement}{mark} | {r.honor_p50_ms:.3f} | {r.proven_p50_ms:.3f} | "
+            f"{_num(r.added_p50_ms, 3)} | {_num(r.honor_cpu_ms_per_req, 3)} | "
+            f"{_num(r.proven_cpu_ms_per_req, 3)} | {_num(r.added_cpu_ms_per_req, 3)} |"
+        )
+    return [*lines, ""]
+
+
+def _records_md(results: Results) -> list[str]:
+    """The local record of spent proofs against Redis; nothing unless a proven cell ran
+    with both."""
+    rows = results.judged.records
+    if not rows:
+        return []
+    lines = [
+        "## Record of spent proofs: local table vs Redis",
+        "",
+        "Each proof is honored once: `honor-proven` spends it in the processor's record, "
+        "its own table (`service-wN`) or a Redis on loopback (`service-wN-redis`, one "
+        "`SET NX` script per proof). Added = p50 minus Envoy direct's p50 in the same "
+        "cell; `honor` (no proof, no record) on the local arrangement. Ratios are of "
+        "added latencies.",
+        "",
+        "| body | c | arrangement | +p50 honor ms | +p50 proven local ms | "
+        "+p50 proven Redis ms | local / honor | Redis / honor | Redis / local | "
+        "Redis - local ms | processor CPU ms/req honor / local / Redis |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        mark = "" if r.ok else " !"
+        cpu = " / ".join(
+            _num(v, 3)
+            for v in (r.honor_cpu_ms_per_req, r.local_cpu_ms_per_req, r.redis_cpu_ms_per_req)
+        )
+        lines.append(
+            f"| {r.body_bytes:,} B | {r.concurrency} | {r.arrangement}{mark} | "
+            f"{_num(r.honor_added_p50_ms, 3)} | {_num(r.local_added_p50_ms, 3)} | "
+            f"{_num(r.redis_added_p50_ms, 3)} | {_num(r.local_x_honor, 2, 'x')} | "
+            f"{_num(r.redis_x_honor, 2, 'x')} | {_num(r.redis_x_local, 2, 'x')} | "
+            f"{_num(r.redis_minus_local_p50_ms, 3)} | {cpu} |"
+        )
+    return [*lines, ""]
+
+
+def _slopes_md(results: Results) -> list[str]:
+    slopes = results.judged.slopes
+    concurrencies = sorted({r.concurrency for r in slopes})
+    lines = [
+        "## Added p50 latency per MiB of body",
+        "",
+        "Least-squares slope of `p50(x) - p50(direct)` over the body sizes measured, "
+        "ms per MiB (1,048,576 bytes).",
+        "",
+        "| arrangement | decision | " + " | ".join(f"c={c}" for c in concurrencies) + " |",
+        "|---|---|" + "---|" * len(concurrencies),
+    ]
+    table: dict[tuple[str, str], dict[int, float | None]] = defaultdict(dict)
+    for row in slopes:
+        table[row.arrangement, row.decision][row.concurrency] = row.ms_per_mib
+    for (name, decision), values in table.items():
+        cols = " | ".join(_num(values.get(c), 2) for c in concurrencies)
+        lines.append(f"| {name} | {decision} | {cols} |")
+    return [*lines, ""]
+
+
+def _cells_md(results: Results) -> list[str]:
+    lines = [
+        "## All cells",
+        "",
+        "`+p50` = p50 minus direct's p50 in the same cell; `+p50 / naive` = that added "
+        "latency over naive's added latency; CPU columns = CPU time (user + system, from "
+        "/proc) of the processor (all its processes) and of Envoy during the measurement, "
+        "per request; `!` = unexpected statuses or socket errors.",
+        "",
+        "| body | decision | c | arrangement | p50 ms | p99 ms | req/s | +p50 ms | "
+        "p50 / direct | req/s / direct | +p50 / naive | req/s / naive | "
+        "processor CPU ms/req | Envoy CPU ms/req |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    order = {name: i for i, name in enumerate(results.names)}
+    for (body, decision, concurrency), group in by_cell(results.cells).items():
+        for name in sorted(group, key=order.__getitem__):
+            r = group[name]
+            if r.relative is None:
+                raise ValueError("the records are not enriched (bench/judge.py judge)")
+            mark = "" if r.ok else " !"
+            rel = r.relative
+            lines.append(
+                f"| {LABEL[body]} | {decision} | {concurrency} | {name}{mark} | "
+                f"{r.p50_ms:.3f} | {r.p99_ms:.3f} | {r.rps:.0f} | "
+                f"{_num(rel.added_p50_ms, 3)} | {_num(rel.p50_x_direct, 2, 'x')} | "
+                f"{_num(rel.rps_x_direct, 2, 'x')} | {_num(rel.added_x_naive, 2, 'x')} | "
+                f"{_num(rel.rps_x_naive, 2, 'x')} | "
+                f"{_num(r.cpu.processor, 3)} | {_num(r.cpu.envoy, 3)} |"
+            )
+    return [*lines, ""]

@@ -1,0 +1,133 @@
+"""Synthetic results for the harness's unit tests: the dict bench/run.py builds, with
+only the figures a test reads chosen (every other key a plausible constant)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from bench.judge import FLOOR, TARGET_CELLS
+from bench.results_model import MIB, Key
+
+BYTES = {"2k": 2048, "64k": 64 * 1024, "1m": MIB}
+META: dict[str, Any] = {
+    "started": "2026-01-01T00:00:00+00:00",
+    "mode": "full",
+    "cells": "matrix",
+    "records": ["local"],
+    "seconds_per_cell": 4,
+    "warmup_seconds": 1,
+    "rounds": 1,
+    "wrk_threads": 1,
+    "cpus": 2,
+    "machine": "test",
+    "python": "3.11",
+    "envoy": "envoy",
+    "nginx": "nginx",
+    "wrk": "wrk",
+    "service_workers_option": True,
+}
+
+
+def record(
+    body: str, decision: str, concurrency: int, arrangement: str, **figures: object
+) -> dict[str, Any]:
+    """One cell record, answered as expected; ``figures`` set any of its keys."""
+    return {
+        "body": body,
+        "body_bytes": BYTES[body],
+        "decision": decision,
+        "path": "/v1/chat/completions",
+        "id_count": 0,
+        "concurrency": concurrency,
+        "arrangement": arrangement,
+        "expected_status": 200,
+        "probe_status": 200,
+        "probe_reason": None,
+        "ok": True,
+        "rps": 1000.0,
+        "p50_ms": 1.0,
+        "p90_ms": 2.0,
+        "p99_ms": 3.0,
+        "mean_ms": 1.0,
+        "requests": 4000,
+        "seconds": 4.0,
+        "non_2xx": 0,
+        "socket_errors": 0,
+        "max_ms": 10.0,
+        **figures,
+    }
+
+
+def results(
+    kinds: Mapping[str, str], cells: list[dict[str, Any]], default: str | None
+) -> dict[str, Any]:
+    """A run of the arrangements ``kinds`` (name: kind) measuring ``cells``."""
+    return {
+        "meta": dict(META),
+        "notes": [],
+        "arrangements": [
+            {"name": name, "kind": kind, "workers": None, "default": name == default}
+            for name, kind in kinds.items()
+        ],
+        "cells": cells,
+        "envoy_stats": {},
+    }
+
+
+DEFAULT = "service-w1"
+OTHER = "service-w1-2msg"
+# direct, the floor and the default: each target's checks are exactly met-by-ratio 1.0.
+FIGURES: dict[str, dict[str, float]] = {
+    "direct": {"p50_ms": 0.25, "rps": 20000.0, "envoy_cpu_ms_per_req": 0.05},
+    FLOOR: {
+        "p50_ms": 1.25,
+        "rps": 5000.0,
+        "processor_cpu_ms_per_req": 0.3,
+        "envoy_cpu_ms_per_req": 0.2,
+    },
+    DEFAULT: {
+        "p50_ms": 1.25,
+        "rps": 5000.0,
+        "processor_cpu_ms_per_req": 0.3,
+        "envoy_cpu_ms_per_req": 0.2,
+    },
+    # A service column far outside every target: judging it would miss them all.
+    OTHER: {
+        "p50_ms": 90.0,
+        "rps": 10.0,
+        "processor_cpu_ms_per_req": 9.0,
+        "envoy_cpu_ms_per_req": 9.0,
+    },
+}
+KINDS = {"direct": "direct", FLOOR: "naive", DEFAULT: "service", OTHER: "service"}
+
+
+def targets_run(default: str = DEFAULT, cells: tuple[Key, ...] = TARGET_CELLS) -> dict[str, Any]:
+    """Every cell the targets read (or ``cells``), each with direct, the floor, the
+    default and OTHER: every check exactly at a ratio of 1.0."""
+    records = [
+        record(body, decision, concurrency, name, **figures)
+        for body, decision, concurrency in cells
+        for name, figures in FIGURES.items()
+    ]
+    return results(KINDS, records, default)
+
+
+def records_run() -> dict[str, Any]:
+    """direct, the default and its Redis twin, each in honor and honor-proven at 1 MiB
+    c=1, the default's processor CPU per request equal to its p50."""
+
+    def cell(decision: str, name: str, p50: float) -> dict[str, Any]:
+        return record("1m", decision, 1, name, p50_ms=p50, rps=100.0, processor_cpu_ms_per_req=p50)
+
+    cells = [
+        cell("honor", "direct", 1.0),
+        cell("honor", DEFAULT, 5.0),
+        cell("honor", DEFAULT + "-redis", 5.0),
+        cell("honor-proven", "direct", 1.0),
+        cell("honor-proven", DEFAULT, 7.0),
+        cell("honor-proven", DEFAULT + "-redis", 9.0),
+    ]
+    kinds = {"direct": "direct", DEFAULT: "service", DEFAULT + "-redis": "service"}
+    return results(kinds, cells, None)
