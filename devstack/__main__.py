@@ -3,7 +3,8 @@
 ``python -m devstack monitoring``: the PrometheusRule generated from the rules file;
 ``python -m devstack dashboard``: the Grafana dashboard (deploy/monitoring/dashboard.json);
 ``python -m devstack llm-d``: the generated parts of deploy/llm-d/;
-``python -m devstack module-map``: README.md's module map, from the package tree."""
+``python -m devstack module-map``: README.md's module map, from the package tree;
+``python -m devstack code-figures``: size by layer, longest functions, the stream's state."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import asyncio
 import sys
 from pathlib import Path
 
-from devstack import dashboard, llmd, module_map, monitoring, stack, upstream
+from devstack import code_figures, dashboard, llmd, module_map, monitoring, stack, upstream
 from ext_proc.core.address import HostPort
 
 
@@ -26,6 +27,7 @@ def _parser() -> argparse.ArgumentParser:
     commands.add_parser("dashboard", help="write deploy/monitoring/dashboard.json")
     commands.add_parser("llm-d", help="write the generated parts of deploy/llm-d/")
     commands.add_parser("module-map", help="write README.md's module map")
+    commands.add_parser("code-figures", help="print the package's size and longest functions")
     return parser
 
 
@@ -36,6 +38,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.command == "monitoring":
         monitoring.write()
+        return 0
+    if args.command == "code-figures":
+        print(code_figures.report())
         return 0
     if args.command == "module-map":
         module_map.write()
