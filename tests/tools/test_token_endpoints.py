@@ -4,10 +4,19 @@ and behind any root path; the paths of other APIs pass."""
 
 from __future__ import annotations
 
-import pytest
+import functools
+import re
+from typing import Any
+from urllib.parse import unquote
 
-from ext_proc.tools import token_endpoints
+import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+
+from ext_proc.tools import envoygen, route_probes, token_endpoints
+from ext_proc.tools.envoygen import output
 from ext_proc.tools.token_endpoints import Match
+from tests.tools.envoygen.configs import example
 
 # --- the two regexes answered everywhere ------------------------------------------------
 
@@ -126,3 +135,101 @@ def test_probes_reach_each_known_endpoint_under_the_rewrite_and_behind_a_root_pa
 )
 def test_a_matcher_ignores_case_and_the_query_string(matcher, path, matched):
     assert matcher.matches(path) is matched
+
+
+# --- property: every path vLLM routes to a token endpoint is answered 404 ---------------
+
+# vLLM's token-in, render and derender routes, written out from vLLM's own route table
+# (entrypoints/openai and entrypoints/generate); independent of ``KNOWN``.
+VLLM_TOKEN_ROUTES = (
+    "/inference/v1/generate",
+    "/v1/chat/completions/render",
+    "/v1/chat/completions/derender",
+    "/v1/completions/render",
+    "/v1/completions/derender",
+    "/v1/messages/render",
+    "/v1/responses/render",
+    "/render",
+    "/derender",
+)
+# Route prefixes and rewrites are made of these segments: pieces of the token routes'
+# segments (a rewrite "/inf" completed by "erence/..."), and others.
+SEGMENTS = ["x", "v1", "V1", "pd", "inf", "In", "ren", "de", "der", "deren", "chat", "comp"]
+prefixes = st.builds(
+    lambda parts, slash: "/" + "/".join(parts) + ("/" if parts and slash else ""),
+    st.lists(st.sampled_from(SEGMENTS), max_size=3),
+    st.booleans(),
+)
+
+
+def vllm_routes_to_a_token_endpoint(upstream: str) -> bool:
+    """Whether vLLM, started with any ``--root-path`` (or behind a proxy that strips any
+    prefix), serves ``upstream`` from a token-in, render or derender route: uvicorn
+    percent-decodes the path, Starlette matches a route's pattern with ``$`` (also
+    before one final newline) and redirects a path with a trailing slash to the one
+    without; case is ignored, for a server that matches paths case-insensitively."""
+    path = unquote(upstream.partition("?")[0]).lower()
+    path = path.removesuffix("\n").removesuffix("/")
+    return path.endswith(VLLM_TOKEN_ROUTES)
+
+
+def envoy_normalised(path: str) -> str:
+    """The path as Envoy's connection manager hands it to route matching for these paths
+    (``merge_slashes``; they hold no dot segment or escaped unreserved character)."""
+    bare, mark, query = path.partition("?")
+    return re.sub("/+", "/", bare) + mark + query
+
+
+@functools.cache
+def generated_routes(prefix: str, rewrite: str | None) -> list[route_probes.Route] | None:
+    """The route table the generator writes for one route (``prefix`` rewritten to
+    ``rewrite``), as Envoy selects among its routes; None when the generator refuses
+    the route (no config: nothing is forwarded)."""
+    data: dict[str, Any] = example()
+    data["routes"] = [{"prefix": prefix, "prefix_rewrite": rewrite, "upstream": "aggregated"}]
+    try:
+        spec = envoygen.load_input(data)
+    except envoygen.GeneratorError:
+        return None
+    return route_probes.read_routes([output.as_dict(entry) for entry in output.routes(spec)])
+
+
+def spellings(path: str) -> list[str]:
+    capitalised = "/".join(part[:1].upper() + part[1:] for part in path.split("/"))
+    return [path, path.upper(), capitalised]
+
+
+def reaching(prefix: str, rewrite: str) -> list[str]:
+    """Downstream paths that the route sends to a token route upstream: after the
+    prefix, what makes ``rewrite`` + it end in one of ``VLLM_TOKEN_ROUTES`` (the
+    route's rest completing the rewrite's last characters, right after the rewrite,
+    or behind a further root path), each in three cases, with a trailing slash, an
+    escaped newline or a query string."""
+    lowered = rewrite.lower()
+    rests: list[str] = []
+    for route in VLLM_TOKEN_ROUTES:
+        rests += [
+            route[overlap:] for overlap in range(len(route)) if lowered.endswith(route[:overlap])
+        ]
+        rests.append("/x" + route)
+    return [
+        prefix + spelled + extra
+        for rest in rests
+        for spelled in spellings(rest)
+        for extra in ("", "/", "%0A", "?x=1")
+    ]
+
+
+@settings(max_examples=150, deadline=None)
+@given(prefixes, st.one_of(st.none(), prefixes))
+def test_every_path_that_reaches_a_token_endpoint_upstream_is_answered_404(prefix, rewrite):
+    routes = generated_routes(prefix, rewrite)
+    assume(routes is not None)
+    assert routes is not None
+    for downstream in reaching(prefix, rewrite if rewrite is not None else prefix):
+        assert vllm_routes_to_a_token_endpoint(downstream.replace(prefix, rewrite or prefix, 1))
+        claim = route_probes.claim(routes, envoy_normalised(downstream), "property")
+        if claim.status is None:
+            upstream = claim.upstream
+            assert upstream is not None, claim
+            assert not vllm_routes_to_a_token_endpoint(upstream), (downstream, claim)
