@@ -8,8 +8,8 @@ at most 254 levels of nesting though it reads 1024; any other document, and any
 document orjson refuses to write, is written by ``json.dumps``, which writes every
 value ``json.loads`` can read back as the same value.
 
-Every document ``parse`` returns is written back or refused: a document too deep even
-for ``json.dumps`` (Python's recursion limit, about 1000 levels) is a 400
+Every document ``reading.parse`` returns is written back or refused: a document too
+deep even for ``json.dumps`` (Python's recursion limit, about 1000 levels) is a 400
 (``body_too_deep``), never an unhandled exception.
 
 Bounded work: ``json.dumps`` costs several times orjson's per value, so this module
