@@ -101,8 +101,9 @@ protos: $(STAMP)
 envoy-config: $(STAMP)
 	$(PY) -m ext_proc envoy-config $(or $(INPUT),deploy/envoy-config.example.yaml) $(if $(OUTPUT),-o $(OUTPUT))
 
-# Regenerate every envoy/*.yaml from its input in envoy/inputs/; tests/tools/test_envoygen.py
-# fails when a committed config differs from its generated form.
+# Regenerate every envoy/*.yaml from its input in envoy/inputs/;
+# tests/tools/envoygen/test_freshness.py fails when a committed config differs from its
+# generated form.
 envoy-configs: $(STAMP)
 	$(PY) -m ext_proc envoy-config envoy/inputs/*.yaml --output-dir envoy
 

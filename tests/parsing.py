@@ -5,16 +5,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from ext_proc.core import body
+from ext_proc.core import reading, writing
 from ext_proc.core.vllm_request import Path
 
 
-def read(raw: bytes, **options: Any) -> body.Parsed:
-    parsed = body.parse(raw, **options)
-    return parsed if parsed is not None else body.parse_slow(raw)
+def read(raw: bytes, **options: Any) -> reading.Parsed:
+    parsed = reading.parse(raw, **options)
+    return parsed if parsed is not None else reading.parse_slow(raw)
 
 
-def rewritten(parsed: body.Parsed, paths: list[Path]) -> bytes:
-    document = body.removed(parsed, paths)
-    written = body.write(parsed, document)
-    return written if written is not None else body.serialize(document)
+def rewritten(parsed: reading.Parsed, paths: list[Path]) -> bytes:
+    document = writing.removed(parsed, paths)
+    written = writing.write(parsed, document)
+    return written if written is not None else writing.serialize(document)

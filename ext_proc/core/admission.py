@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Final
 
-from ext_proc.core import body, memory, proof
+from ext_proc.core import memory, proof, reading, writing
 from ext_proc.core.budget import Account
 from ext_proc.core.errors import PayloadTooLarge
 from ext_proc.core.vllm_request import KV_KEY, Path
@@ -27,11 +27,11 @@ def check_size(size: int, limit: int) -> None:
         )
 
 
-def admit(raw: bytes, account: Account, max_values: int) -> body.Shape:
+def admit(raw: bytes, account: Account, max_values: int) -> reading.Shape:
     """The shape of a whole body, once its parsed cost is held (raises
     ``PayloadTooLarge`` for too many values, ``ServiceUnavailable`` when the budget
     cannot hold it)."""
-    shape = body.scan(raw, max_values)
+    shape = reading.scan(raw, max_values)
     if shape.values > max_values:
         raise PayloadTooLarge(
             f"request body holds more than {max_values} JSON values", reason="body_too_complex"
@@ -41,33 +41,33 @@ def admit(raw: bytes, account: Account, max_values: int) -> body.Shape:
 
 
 def parse(
-    raw: bytes, shape: body.Shape, account: Account, *, lift_ids: bool = False
-) -> body.Parsed:
+    raw: bytes, shape: reading.Shape, account: Account, *, lift_ids: bool = False
+) -> reading.Parsed:
     """The document ``json.loads`` reads from the admitted ``raw``: orjson's reading,
     or json.loads's once its extra cost is held."""
-    parsed = body.parse(raw, shape, lift_ids=lift_ids)
+    parsed = reading.parse(raw, shape, lift_ids=lift_ids)
     if parsed is not None:
         return parsed
     if not memory.slow_allowed(len(raw), shape.values):
         raise _needs_slow_parse()
     account.hold(_slow_cost(len(raw), shape.values))
-    return body.parse_slow(raw, shape)
+    return reading.parse_slow(raw, shape)
 
 
-def write(parsed: body.Parsed, document: body.Document, account: Account) -> bytes:
+def write(parsed: reading.Parsed, document: reading.Document, account: Account) -> bytes:
     """``document`` (derived from ``parsed``) as bytes: orjson's writing, or
     json.dumps's once its extra cost is held."""
-    written = body.write(parsed, document)
+    written = writing.write(parsed, document)
     if written is not None:
         return written
     # Only the size matters here: json.dumps builds the whole text as a string first.
     if not memory.slow_allowed(parsed.size, 0):
         raise _needs_slow_parse()
     account.hold(_slow_cost(parsed.size, parsed.values))
-    return body.serialize(document)
+    return writing.serialize(document)
 
 
-def digest(parsed: body.Parsed, endpoint: str, account: Account) -> bytes:
+def digest(parsed: reading.Parsed, endpoint: str, account: Account) -> bytes:
     """The prompt digest of ``parsed`` for ``endpoint`` (``proof.prompt_digest``):
     orjson's rendering, or json.dumps's once its extra cost is held: the gate and the
     allowance of the slow parser and writer, which it runs after the one and before
@@ -82,14 +82,14 @@ def digest(parsed: body.Parsed, endpoint: str, account: Account) -> bytes:
 
 
 def without(
-    parsed: body.Parsed,
+    parsed: reading.Parsed,
     paths: tuple[Path, ...],
     account: Account,
     kv_transfer_params: Mapping[str, Any] | None = None,
 ) -> bytes:
-    """The body with the members at ``paths`` removed (``body.removed``), and then
+    """The body with the members at ``paths`` removed (``writing.removed``), and then
     ``kv_transfer_params`` (values orjson writes exactly) written when given."""
-    document = body.removed(parsed, paths)
+    document = writing.removed(parsed, paths)
     if kv_transfer_params is not None:
         document[KV_KEY] = dict(kv_transfer_params)
     return write(parsed, document, account)

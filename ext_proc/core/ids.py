@@ -38,7 +38,7 @@ from ext_proc.core.bytescan import count, find, has_run, translate
 from ext_proc.core.vllm_request import TOKEN_ID_BOUND
 
 # The most digits a well-formed id has: its value fits in 64 bits (a longer run of
-# digits is one orjson may read differently from json.loads, see body.py).
+# digits is one orjson may read differently from json.loads, see reading.py).
 MAX_DIGITS: Final = 18
 # No bound is above vLLM's, so an id of more than MAX_DIGITS digits is never below one.
 MAX_BOUND: Final = TOKEN_ID_BOUND

@@ -1,9 +1,10 @@
 """What a request body costs the processor in memory: the model the budget counts in.
 
-A body of ``size`` bytes holding at most ``values`` JSON values (``body.Shape``) costs at
-most ``cost(size, values)`` bytes of process memory from the moment the servicer takes
-it until the answer that carries its rewrite has been handed to gRPC; after that nothing
-of it is held, though the stream stays open for the whole upstream response:
+A body of ``size`` bytes holding at most ``values`` JSON values (``reading.Shape``)
+costs at most ``cost(size, values)`` bytes of process memory from the moment the
+servicer takes it until the answer that carries its rewrite has been handed to gRPC;
+after that nothing of it is held, though the stream stays open for the whole upstream
+response:
 
 - ``COPIES * size`` for the bytes themselves: the gRPC message as bytes, the protobuf
   message, the body taken out of it, and the rewritten body with its response message.
@@ -17,7 +18,7 @@ of it is held, though the stream stays open for the whole upstream response:
   plus the slot that holds it (an empty list: 56 bytes, 16 of GC header, 8 of slot).
   Measured peaks (RSS, orjson and json.loads alike): 1-2x the body for prose, 4-7x for
   a string with an astral character (14x through json.loads and json.dumps), 8x for
-  7-digit ids (9x read from their bytes, ``body._lifted``), 24x for ``["a","a",...]``
+  7-digit ids (9x read from their bytes, ``reading._lifted``), 24x for ``["a","a",...]``
   and 31x for ``[[],[],...]``, each below this bound (tests/core/test_memory.py checks the
   catalogue in a fresh process).
 
@@ -37,7 +38,7 @@ loop turns and drops a refused body at once, so that queue is what Envoy sends a
 same moment, itself bounded by what Envoy may buffer (its overload manager's heap
 limit). With the defaults (16 MiB bodies, 262,144 values, a 256 MiB budget) the fixed
 terms come to about 540 MiB; a 1 GiB pod limit leaves room for 24 largest bodies
-arriving at once. The CPU one body takes is bounded by the same limits (body.py).
+arriving at once. The CPU one body takes is bounded by the same limits (reading.py, writing.py).
 """
 
 from __future__ import annotations
@@ -46,8 +47,9 @@ from typing import Final
 
 MiB: Final = 1 << 20
 # json.loads reads bodies up to this size and number of values, and json.dumps writes
-# them or renders their prompt digest (body.py and proof.py say when they must): their
-# cost per value is several times orjson's, in time and in memory (``slow_extra``).
+# them or renders their prompt digest (reading.py, writing.py and proof.py say when they
+# must): their cost per value is several times orjson's, in time and in memory
+# (``slow_extra``).
 SLOW_PARSE_MAX_BYTES: Final = 4 * MiB
 SLOW_PARSE_MAX_VALUES: Final = 65_536
 # Once per process, the first burst of concurrent large bodies grows gRPC's transport
@@ -66,7 +68,7 @@ PER_VALUE: Final = 80
 
 def held(size: int) -> int:
     """The cost of ``size`` body bytes received and not parsed (yet, or at all: a body
-    forwarded unparsed, ``body.lacks_key``)."""
+    forwarded unparsed, ``spelling.spelled``)."""
     return COPIES * size
 
 

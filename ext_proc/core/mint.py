@@ -13,8 +13,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
 
-from ext_proc.core import admission, body, policy
+from ext_proc.core import admission, policy
 from ext_proc.core.budget import EXHAUSTED, Account
+from ext_proc.core.content_headers import check_headers
 from ext_proc.core.decisions import Allow, Decision
 from ext_proc.core.errors import Refusal, attempt
 from ext_proc.core.events import ResponseHeaders
@@ -61,9 +62,7 @@ def checked(pending: Pending, event: ResponseHeaders) -> Pending:
     if event.values(":status") != [b"200"]:
         return Pending(None, "response_not_ok")
     # The request's rule: one JSON media type, no content encoding.
-    refused = attempt(
-        body.check_headers, event.values("content-type"), event.values("content-encoding")
-    )
+    refused = attempt(check_headers, event.values("content-type"), event.values("content-encoding"))
     if refused is not None:
         return Pending(None, _UNREADABLE[refused.reason])
     return pending

@@ -16,12 +16,12 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from ext_proc.core import connector_bounds, proof
-from ext_proc.core.body import Document
 from ext_proc.core.decisions import NO_PARAMS, Allow, Decision, Deny, Mint, Strip
 from ext_proc.core.errors import Refusal, bad_request
 from ext_proc.core.events import NO_PEER, Peer
 from ext_proc.core.ids import MAX_BOUND, Ids, Kind
 from ext_proc.core.proof import NO_KEYS, PROOF_KEY, KeySet
+from ext_proc.core.reading import Document
 from ext_proc.core.route_policy import Action, RoutePolicy
 from ext_proc.core.vllm_request import (
     IDS_KEY,

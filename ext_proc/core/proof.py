@@ -31,7 +31,7 @@ from typing import Any, Final
 
 import orjson
 
-from ext_proc.core import body
+from ext_proc.core import reading
 from ext_proc.core.errors import BadRequest
 from ext_proc.core.ids import Ids
 from ext_proc.core.replay import TICKET_BYTES, Ticket
@@ -166,11 +166,11 @@ def prompt_digest(document: Mapping[str, Any], orjson_safe: bool, endpoint: str)
     rest of their bodies hold: orjson (sorted keys) when it renders them exactly, else
     ``json.dumps`` (NaN, huge integers, lone surrogates, nesting deeper than the 254
     levels orjson writes). A document orjson read has neither NaN nor huge integers
-    (body.py). None when only json.dumps renders them: ``prompt_digest_slow`` then,
+    (reading.py). None when only json.dumps renders them: ``prompt_digest_slow`` then,
     once the caller has charged its cost (``admission.digest``).
     """
     bound = _bound(document)
-    if not orjson_safe and body.holds(bound, _nonfinite):
+    if not orjson_safe and reading.holds(bound, _nonfinite):
         return None  # orjson would write null for NaN or infinity
     try:
         rendered = orjson.dumps(bound, option=orjson.OPT_SORT_KEYS)

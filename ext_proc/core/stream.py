@@ -48,9 +48,10 @@ from dataclasses import dataclass
 from enum import IntEnum, auto
 from typing import Final, NoReturn
 
-from ext_proc.core import admission, body, memory, mint, policy, proof, route_policy, vllm_request
+from ext_proc.core import admission, memory, mint, policy, proof, route_policy, vllm_request
 from ext_proc.core.budget import Account, Budget
 from ext_proc.core.config import Config
+from ext_proc.core.content_headers import check_headers
 from ext_proc.core.decisions import NO_PARAMS, Allow, Decision, Deny, Strip
 from ext_proc.core.errors import (
     BadRequest,
@@ -83,8 +84,10 @@ from ext_proc.core.events import (
     TimedOut,
     Unexpected,
 )
+from ext_proc.core.reading import Parsed
 from ext_proc.core.replay import Ticket, Verdict
 from ext_proc.core.route_policy import Action
+from ext_proc.core.spelling import spelled
 from ext_proc.core.vllm_request import CARRIER_NAMES, EC_KEY, KV_KEY, only_kv_params
 
 # Size of each StreamedBody piece: well under every gRPC message limit on both sides.
@@ -402,7 +405,7 @@ class Stream:
         """The headers of a request with a body: its media type and encoding, and an
         announced size."""
         found = _checked_headers(event.headers)
-        checked = attempt(body.check_headers, found["content-type"], found["content-encoding"])
+        checked = attempt(check_headers, found["content-type"], found["content-encoding"])
         if isinstance(checked, Refusal):
             enforced = self._enforced(Deny(checked))
             if isinstance(enforced, Refusal):
@@ -500,7 +503,7 @@ class Stream:
         """The body to forward instead of ``raw`` (None: unchanged), a refusal, or
         ``_ASK``: its proof must be spent first (``_asking``)."""
         self._body_size = len(raw)
-        parsed: body.Parsed | None = None
+        parsed: Parsed | None = None
         if self._held is not None:
             decision: Decision = self._held
         else:
@@ -513,7 +516,7 @@ class Stream:
             return _ASK
         return self._enforce(decision, parsed)
 
-    def _enforce(self, decision: Decision, parsed: body.Parsed | None) -> bytes | Refusal | None:
+    def _enforce(self, decision: Decision, parsed: Parsed | None) -> bytes | Refusal | None:
         """What enforcing ``decision`` forwards instead of the body (None: unchanged), or
         its refusal."""
         enforced = self._enforced(decision)
@@ -526,13 +529,13 @@ class Stream:
             return attempt(admission.without, parsed, decision.paths, self._account, connector)
         return None
 
-    def _inspect(self, raw: bytes) -> tuple[Decision, body.Parsed | None]:
+    def _inspect(self, raw: bytes) -> tuple[Decision, Parsed | None]:
         """The policy's decision, and the document it was made on (None: not parsed).
         Charging, parsing and the prompt digest (a body too deep, or json.dumps's extra
         beyond its limits or the budget) raise their refusals."""
         account = self._account
         # How often the bytes name each carrier (None: they cannot tell).
-        named = body.spelled(raw, CARRIER_NAMES)
+        named = spelled(raw, CARRIER_NAMES)
         if self._policy.action is not Action.MINT and named is not None and not any(named.values()):
             # Nothing to judge or rewrite: the body is forwarded as it came, unparsed
             # (a mint route parses every request for its prompt digest).
@@ -551,7 +554,7 @@ class Stream:
         )
         return self._judge(parsed, alone, echo_free), parsed
 
-    def _judge(self, parsed: body.Parsed, alone: bool, echo_free: bool) -> Decision:
+    def _judge(self, parsed: Parsed, alone: bool, echo_free: bool) -> Decision:
         """The policy's decision; the prompt digest is rendered only when needed (a
         proof to check) or kept for the response (a mint route on an endpoint it may
         sign). ``alone``: no member but the top-level kv_transfer_params is named as a
@@ -656,7 +659,7 @@ class _Asking:
     what deciding again and answering need."""
 
     ticket: Ticket
-    parsed: body.Parsed
+    parsed: Parsed
     evidence: policy.Evidence
     carriers: tuple[vllm_request.Path, ...] | None
     answer: _Answerer

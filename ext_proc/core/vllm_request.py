@@ -1,6 +1,6 @@
 """What vLLM does with a request document: the keys it reuses and when it ignores them.
 
-Pure queries on the document ``body.parse`` returned; no parsing, no decisions. The
+Pure queries on the document ``reading.parse`` returned; no parsing, no decisions. The
 facts come from vLLM's online renderer (``_reused_prompt_token_ids``): it pops the
 policed keys from ``kv_transfer_params`` whenever they are there, and renders the
 messages instead when the request echoes or carries non-text content.

@@ -3,7 +3,7 @@ import tracemalloc
 
 import pytest
 
-from ext_proc.core import admission, body, memory, proof
+from ext_proc.core import admission, memory, proof, reading
 from ext_proc.core.budget import Account, Budget
 from ext_proc.core.errors import PayloadTooLarge, ServiceUnavailable
 from ext_proc.core.vllm_request import KV_KEY as KV
@@ -58,7 +58,7 @@ def test_the_slow_path_is_charged_once_before_it_runs(raw):
     # Not affordable: refused before the slow parser or writer runs.
     tight = account(memory.cost(len(raw), shape.values))
     shape = admission.admit(raw, tight, 100_000)
-    parsed = body.parse(raw, shape)
+    parsed = reading.parse(raw, shape)
     slow = (
         (lambda: admission.parse(raw, shape, tight))
         if parsed is None
@@ -79,29 +79,29 @@ def test_orjsons_readings_cost_nothing_more():
 
 def test_the_slow_parser_reads_only_bodies_with_a_bounded_cost():
     few = b'{"n": NaN, "a": [' + b"1," * 1000 + b"1]}"
-    assert not admission.parse(few, body.scan(few), account()).orjson_safe  # json.loads
+    assert not admission.parse(few, reading.scan(few), account()).orjson_safe  # json.loads
     many = b'{"n": NaN, "a": [' + b"1," * memory.SLOW_PARSE_MAX_VALUES + b"1]}"
     large = b'{"n": NaN, "a": "' + b"x" * memory.SLOW_PARSE_MAX_BYTES + b'"}'
     for raw in (many, large):
         held = account()
         with pytest.raises(PayloadTooLarge) as refused:
-            admission.parse(raw, body.scan(raw), held)
+            admission.parse(raw, reading.scan(raw), held)
         assert refused.value.reason == "body_needs_slow_parse"
         assert held.held == 0
     # The same sizes in plain JSON are orjson's: no limit but the caller's.
     for raw in (many.replace(b"NaN", b"0"), large.replace(b"NaN", b"0")):
-        assert admission.parse(raw, body.scan(raw), account()).orjson_safe
+        assert admission.parse(raw, reading.scan(raw), account()).orjson_safe
 
 
 def test_json_dumps_writes_only_bodies_small_enough_for_the_slow_path():
     # 300 levels: orjson reads them and cannot write them back.
     deep = b'{"d":' + b"[" * 300 + b"0" + b"]" * 300 + b',"kv_transfer_params":{},"a":"'
     small_raw = deep + b"a" * 1000 + b'"}'
-    small = admission.parse(small_raw, body.scan(small_raw), account())
+    small = admission.parse(small_raw, reading.scan(small_raw), account())
     assert small.orjson_safe
     assert json.loads(admission.without(small, ((KV,),), account()))["d"] == small.document["d"]
     large_raw = deep + b"a" * memory.SLOW_PARSE_MAX_BYTES + b'"}'
-    large = admission.parse(large_raw, body.scan(large_raw), account())
+    large = admission.parse(large_raw, reading.scan(large_raw), account())
     with pytest.raises(PayloadTooLarge) as refused:
         admission.without(large, ((KV,),), account())
     assert refused.value.reason == "body_needs_slow_parse"

@@ -258,7 +258,7 @@ def test_a_value_orjson_cannot_write_has_no_text():
 def test_a_caller_that_checked_the_runs_of_digits_saves_the_pass():
     long = b"[1, 1234567890123456789]"
     assert Ids.read(long) is None
-    # The caller's word is taken (body.scan has shown no such run in a body it lifts).
+    # The caller's word is taken (reading.scan has shown no such run in a body it lifts).
     assert Ids.read(long, runs_checked=True) is not None
     assert Ids.read(b"[1, 2]", runs_checked=True).count == 2
 

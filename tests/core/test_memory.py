@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from ext_proc.core import body, memory
+from ext_proc.core import memory, reading
 
 MiB = 1 << 20
 SIZE = 2 * MiB
@@ -27,7 +27,7 @@ BODIES = {
     "short_strings": "b'{\"a\":[' + b'\"a\",' * (N // 4) + b'\"b\"]}'",
     "token_ids": 'b\'{"kv_transfer_params":{"prompt_token_ids":[\' + b"1234567," * (N // 8)'
     ' + b"1]}}"',
-    # Read from their bytes (body._lifted), the largest found, written back as they came.
+    # Read from their bytes (reading._lifted), the largest found, written back as they came.
     "token_ids_lifted": 'b\'{"kv_transfer_params":{"prompt_token_ids":[\' + b"1234567," * (N // 8)'
     ' + b"1]}}"',
     "short_ids_lifted": 'b\'{"kv_transfer_params":{"prompt_token_ids":[\' + b"7," * (N // 2)'
@@ -44,7 +44,7 @@ BODIES = {
 PROBE = """
 import sys
 from pathlib import Path
-from ext_proc.core import admission, body, memory
+from ext_proc.core import admission, memory, reading
 from ext_proc.core.budget import Account, Budget
 N = {size}
 raw = {source}
@@ -57,15 +57,15 @@ def kib(key):
 Path("/proc/self/clear_refs").write_text("5")
 before = kib("VmRSS")
 if {lifted}:
-    parsed = admission.parse(raw, body.scan(raw), account, lift_ids=True)
+    parsed = admission.parse(raw, reading.scan(raw), account, lift_ids=True)
     parsed.document["kv_transfer_params"]["prompt_token_ids"].fault(1)  # reached: then the largest
     out = admission.without(parsed, (("kv_transfer_params", "x"),), account)
 else:
-    parsed = admission.parse(raw, body.scan(raw), account)
+    parsed = admission.parse(raw, reading.scan(raw), account)
     out = admission.without(parsed, (("kv_transfer_params",),), account)
 peak = (kib("VmHWM") - before) * 1024
 # json.loads read it or json.dumps wrote it: their extra was charged.
-print(len(raw), peak, int(account.held > memory.cost(len(raw), body.scan(raw).values)))
+print(len(raw), peak, int(account.held > memory.cost(len(raw), reading.scan(raw).values)))
 """
 
 
@@ -78,7 +78,7 @@ def test_parsing_and_rewriting_stay_within_the_model(name):
     size, peak, slow = map(int, done.stdout.split())
     raw = eval(BODIES[name], {"N": SIZE})  # the literal source above
     assert len(raw) == size
-    charged = memory.cost(size, body.scan(raw).values) - size  # the raw bytes are held
+    charged = memory.cost(size, reading.scan(raw).values) - size  # the raw bytes are held
     if slow:  # json.loads read it or json.dumps wrote it
         charged += memory.slow_extra(size)
     assert bool(slow) is name.endswith("_slow_parser")

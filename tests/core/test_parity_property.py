@@ -3,8 +3,8 @@ document Python's json.loads (vLLM's parser) reads, and what it forwards carries
 untrusted kv_transfer_params (strip) or no policed key (keep_other_keys). A body it
 forwards without parsing (no spelling of the key in its bytes) is one json.loads either
 refuses or reads without the key; disabling any clause of that proof
-(ext_proc/core/body.py, ``lacks_key``) fails this property. Ids read from the bytes of their
-array (``body._lifted``) are held to the same properties."""
+(ext_proc/core/spelling.py) fails this property. Ids read from the bytes of their
+array (``reading._lifted``) are held to the same properties."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ext_proc.core import body, proof
+from ext_proc.core import proof, reading
 from ext_proc.core.events import (
     BodyMode,
     ContinueBody,
@@ -75,10 +75,10 @@ documents = st.fixed_dictionaries(
 
 @pytest.fixture(autouse=True, scope="module")
 def _lift_every_array():
-    """Every array of ids is read from its bytes when it can be (body._lifted), not
+    """Every array of ids is read from its bytes when it can be (reading._lifted), not
     only the long ones: the properties then hold of that reading too."""
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(body, "LIFT_MIN_BYTES", 0)
+        patch.setattr(reading, "LIFT_MIN_BYTES", 0)
         yield
 
 
@@ -216,7 +216,7 @@ def test_gateway_denies_or_agrees_with_json_loads(document, seed, route, mode):
     try:
         seen = json.loads(raw)
     except ValueError:
-        # Forwarded unread (body.lacks_key): vLLM refuses what it cannot read, so
+        # Forwarded unread (spelling.spelled): vLLM refuses what it cannot read, so
         # nothing reaches the model. A body the gateway rewrote, it read as json.loads.
         assert answer is None
         return

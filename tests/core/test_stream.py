@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from ext_proc.core import body, memory, proof, vllm_request
+from ext_proc.core import memory, proof, reading, vllm_request
 from ext_proc.core.budget import Budget
 from ext_proc.core.errors import ProtocolError
 from ext_proc.core.events import (
@@ -355,7 +355,7 @@ def test_an_announced_body_is_charged_only_when_it_arrives(mode):
     sender.handle(headers(mode=mode, extra=(*JSON, ("content-length", str(len(IDS)).encode()))))
     out = sender.handle(RequestBody(IDS.encode(), True))
     assert not isinstance(out[0], Reject)
-    assert budget.peak == memory.cost(len(IDS), body.scan(IDS.encode()).values)
+    assert budget.peak == memory.cost(len(IDS), reading.scan(IDS.encode()).values)
     assert budget.used == 0
 
 
@@ -367,7 +367,7 @@ def test_a_rewritten_body_stays_charged_until_it_is_sent(mode):
     stream.handle(headers(mode=mode))
     stream.handle(RequestBody(IDS.encode(), True), sent=False)
     assert stream.decision.action == "strip"
-    assert budget.used == memory.cost(len(IDS), body.scan(IDS.encode()).values)
+    assert budget.used == memory.cost(len(IDS), reading.scan(IDS.encode()).values)
     stream.release()
     assert budget.used == 0
 
@@ -387,7 +387,7 @@ def test_the_slow_path_is_charged_before_it_runs(slow):
     stream = new(budget=budget)
     stream.handle(headers())
     assert not isinstance(only(stream.handle(RequestBody(raw, True))), Reject)
-    shape = body.scan(raw)
+    shape = reading.scan(raw)
     assert budget.peak == memory.cost(len(raw), shape.values) + memory.slow_extra(len(raw))
     # Not affordable: refused before the slow parser or writer runs.
     tight = Budget(memory.cost(len(raw), shape.values))
@@ -625,7 +625,7 @@ def test_headerless_body_then_trailers():
     assert stream.handle(RequestTrailers()) == [ContinueTrailers()]
 
 
-# --- a body without the key is forwarded unparsed (body.lacks_key) -----------------
+# --- a body without the key is forwarded unparsed (spelling.spelled) -----------------
 
 # Neither reader would take it whole (NaN, more values than allowed), yet no spelling
 # of kv_transfer_params is in its bytes: nothing to judge, so it is not parsed.
@@ -732,7 +732,7 @@ def test_a_response_whose_parameters_cannot_be_rendered_exactly_passes_unsigned(
     assert budget.used == 0
 
 
-PREFILL_COST = memory.cost(len(PREFILL), body.scan(PREFILL).values)
+PREFILL_COST = memory.cost(len(PREFILL), reading.scan(PREFILL).values)
 
 
 def padded(size):
@@ -746,7 +746,7 @@ def padded(size):
     [
         pytest.param({}, padded((1 << 20) + 1), id="over_max_body_bytes"),
         pytest.param(
-            {"max_json_values": body.scan(PREFILL).values},
+            {"max_json_values": reading.scan(PREFILL).values},
             json.dumps({"prompt_token_ids": list(range(1, 64))}).encode(),
             id="over_max_json_values",
         ),
@@ -788,7 +788,7 @@ def test_a_response_whose_rewrite_the_budget_cannot_hold_passes_unsigned():
     # 300 levels: orjson reads it, only json.dumps writes it, and its extra charge does
     # not fit in a budget that holds the parsed response alone.
     raw = deep(300)
-    budget = Budget(memory.cost(len(raw), body.scan(raw).values))
+    budget = Budget(memory.cost(len(raw), reading.scan(raw).values))
     stream = prefill_stream(budget=budget)
     assert response_outcome(stream, raw=raw) == ContinueResponseBody(None)
     assert stream.outcome.decision == Allow("response_not_affordable")
@@ -892,7 +892,7 @@ def test_a_digest_only_json_dumps_renders_is_gated_like_the_slow_parse(size, ref
     else:
         assert isinstance(only(out), ContinueBody)
         assert stream.last is not None
-        charged = memory.cost(size, body.scan(data).values) + memory.slow_extra(size)
+        charged = memory.cost(size, reading.scan(data).values) + memory.slow_extra(size)
         assert stream.last.held == charged
 
 

@@ -185,7 +185,7 @@ def test_strip_chunked_upload(gateway, http2, prefix):
     assert_stripped(document, sent, kept_by(prefix, sent[KV]))
 
 
-# A long prompt: no spelling of kv_transfer_params in its bytes (body.lacks_key), so it is
+# A long prompt: no spelling of kv_transfer_params in its bytes (spelling.spelled), so it is
 # not parsed.
 LONG_PROMPT = json.dumps(
     {

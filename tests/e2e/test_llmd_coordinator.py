@@ -26,7 +26,7 @@ from tests.e2e.test_deploy import (
     policy_from,
     routes_of,
 )
-from tests.tools.test_envoygen import hcm_of
+from tests.tools.envoygen.configs import hcm_of
 
 OUT = llmd.OUTPUT
 EG_LISTENER = "llm-d/inference-gateway/http"

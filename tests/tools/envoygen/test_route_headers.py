@@ -13,7 +13,7 @@ import yaml
 from ext_proc.tools import carrier_headers, envoygen
 from ext_proc.tools.check_envoy import check
 from ext_proc.tools.envoygen import route_headers
-from tests.tools.test_envoygen import INPUTS, example, filters_of, generate, hcm_of
+from tests.tools.envoygen.configs import INPUTS, example, filters_of, generate, hcm_of
 
 CEL_HEADER = {
     "call_expr": {
