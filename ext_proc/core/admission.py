@@ -15,6 +15,7 @@ from typing import Any, Final
 from ext_proc.core import memory, proof, reading, writing
 from ext_proc.core.budget import Account
 from ext_proc.core.errors import PayloadTooLarge
+from ext_proc.core.reasons import Reason
 from ext_proc.core.vllm_request import KV_KEY, Path
 
 
@@ -23,7 +24,7 @@ def check_size(size: int, limit: int) -> None:
     if size > limit:
         raise PayloadTooLarge(
             f"request body of {size} bytes or more exceeds the limit of {limit} bytes",
-            reason="body_too_large",
+            reason=Reason.BODY_TOO_LARGE,
         )
 
 
@@ -34,7 +35,7 @@ def admit(raw: bytes, account: Account, max_values: int) -> reading.Shape:
     shape = reading.scan(raw, max_values)
     if shape.values > max_values:
         raise PayloadTooLarge(
-            f"request body holds more than {max_values} JSON values", reason="body_too_complex"
+            f"request body holds more than {max_values} JSON values", reason=Reason.BODY_TOO_COMPLEX
         )
     account.hold(memory.cost(len(raw), shape.values))
     return shape
@@ -102,7 +103,7 @@ def _slow_cost(size: int, values: int) -> int:
 
 
 def _needs_slow_parse() -> PayloadTooLarge:
-    return PayloadTooLarge(_NEEDS_SLOW_PARSE, reason="body_needs_slow_parse")
+    return PayloadTooLarge(_NEEDS_SLOW_PARSE, reason=Reason.BODY_NEEDS_SLOW_PARSE)
 
 
 _NEEDS_SLOW_PARSE: Final = (

@@ -8,12 +8,8 @@ hold the bytes anyway.
 
 from __future__ import annotations
 
-from typing import Final
-
 from ext_proc.core.errors import ServiceUnavailable
-
-# The reason of the refusal when the budget cannot hold a body.
-EXHAUSTED: Final = "inflight_budget_exhausted"
+from ext_proc.core.reasons import Reason
 
 
 class Budget:
@@ -55,7 +51,7 @@ class Account:
             if not self._budget.try_acquire(extra):
                 raise ServiceUnavailable(
                     "the gateway is holding too many request bodies; retry shortly",
-                    reason=EXHAUSTED,
+                    reason=Reason.INFLIGHT_BUDGET_EXHAUSTED,
                 )
             self.held = total
 

@@ -19,9 +19,8 @@ from collections.abc import Mapping
 from typing import Any, Final
 
 from ext_proc.core.errors import Refusal, bad_request
+from ext_proc.core.reasons import Reason
 from ext_proc.core.vllm_request import KV_KEY
-
-REASON: Final = "connector_out_of_bounds"
 
 # The most ranks one engine has, along any axis and in all (tp_size times pp_size): an
 # operator's ceiling far above any deployment (a rack-scale NVL72 engine has 72), and
@@ -118,7 +117,9 @@ def _within(value: Any, low: int, high: int) -> bool:
 
 def _out(where: str, key: str, rule: str) -> Refusal:
     param = f"{where}.{key}"
-    return bad_request(f"{param} must be {rule}", reason=REASON, param=param)
+    return bad_request(
+        f"{param} must be {rule}", reason=Reason.CONNECTOR_OUT_OF_BOUNDS, param=param
+    )
 
 
 def _block_id(item: Any) -> bool:
@@ -152,7 +153,7 @@ def _blocks(value: Any, tokens: int, where: str) -> Refusal | None:
             return bad_request(
                 f"{where}.{name} has {len(group)} block ids; the prompt has at most {tokens} "
                 "tokens",
-                reason=REASON,
+                reason=Reason.CONNECTOR_OUT_OF_BOUNDS,
                 param=param,
             )
         # Each item's type in one pass, then the range in C (min and max).
@@ -166,7 +167,7 @@ def _blocks(value: Any, tokens: int, where: str) -> Refusal | None:
         return bad_request(
             f"{where}.{name}[{index}] is not a block id (an integer from 0 to "
             f"{BLOCK_ID_BOUND - 1})",
-            reason=REASON,
+            reason=Reason.CONNECTOR_OUT_OF_BOUNDS,
             param=param,
         )
     return None

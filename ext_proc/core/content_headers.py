@@ -7,6 +7,7 @@ import functools
 from typing import Final
 
 from ext_proc.core.errors import UnsupportedMediaType
+from ext_proc.core.reasons import Reason
 
 
 def media_type(value: bytes) -> str:
@@ -38,13 +39,13 @@ def _check(content_types: tuple[bytes, ...], content_encodings: tuple[bytes, ...
         shown = b", ".join(content_types).decode("latin-1") or "none"
         raise UnsupportedMediaType(
             f"unsupported content-type ({shown}); this route accepts application/json",
-            reason="unsupported_media_type",
+            reason=Reason.UNSUPPORTED_MEDIA_TYPE,
         )
     encodings = [v.strip().lower() for v in b",".join(content_encodings).split(b",")]
     if any(e not in (b"", b"identity") for e in encodings):
         raise UnsupportedMediaType(
             "compressed request bodies (content-encoding) are not accepted on this route",
-            reason="content_encoding",
+            reason=Reason.CONTENT_ENCODING,
         )
 
 

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Final
 
 from ext_proc.core.errors import Refusal
+from ext_proc.core.reasons import REFUSED, TRUSTED, UNSIGNED, UNTRUSTED, Reason
 from ext_proc.core.vllm_request import KV_KEY, Path
 
 
@@ -15,7 +16,7 @@ class Allow:
     """Forward the body unchanged."""
 
     action: ClassVar[str] = "allow"
-    reason: str
+    reason: Reason
     id_count: int = 0
 
 
@@ -28,7 +29,7 @@ class Strip:
     as pairs."""
 
     keys: tuple[str, ...] | None
-    reason: str
+    reason: Reason
     id_count: int
     honored: bool = False
     carriers: tuple[Path, ...] = ()
@@ -51,7 +52,7 @@ class Mint:
     """The response's transfer parameters were signed (the prefill leg)."""
 
     action: ClassVar[str] = "mint"
-    reason: str
+    reason: Reason
     id_count: int = 0
 
 
@@ -62,10 +63,36 @@ class Deny:
     id_count: int = 0
 
     @property
-    def reason(self) -> str:
+    def reason(self) -> Reason:
         return self.refusal.reason
 
 
 Decision = Allow | Strip | Mint | Deny
 # The decision for a document without kv_transfer_params (or an empty one).
-NO_PARAMS: Final = Allow("no_transfer_params")
+NO_PARAMS: Final = Allow(Reason.NO_TRANSFER_PARAMS)
+
+# The reasons each action is reported with: the metrics export every pair from the
+# start. Every reason is under at least one action (tests/core/test_reasons.py).
+REASONS_BY_ACTION: Final[dict[str, frozenset[Reason]]] = {
+    Allow.action: frozenset(
+        {
+            Reason.NO_BODY,
+            Reason.NO_TRANSFER_PARAMS,
+            Reason.NO_REUSED_IDS,
+            Reason.TRUSTED_PEER,  # trusted parameters without a proof
+            Reason.TRUSTED_ANY_CALLER,
+            *UNSIGNED,
+        }
+    ),
+    "strip": frozenset(
+        {
+            *(UNTRUSTED - {Reason.DENIED_BY_POLICY}),
+            Reason.IGNORED_BY_UPSTREAM,
+            Reason.CONNECTOR_WRITTEN,
+            Reason.NO_REUSED_IDS,  # other carriers of a caller whose keys are kept
+        }
+    ),
+    "honor": TRUSTED,  # trusted parameters that carried a proof
+    Deny.action: frozenset({*(UNTRUSTED - {Reason.STRIPPED_BY_POLICY}), *REFUSED}),
+    Mint.action: frozenset({Reason.MINTED}),
+}

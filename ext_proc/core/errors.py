@@ -16,6 +16,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import ClassVar, ParamSpec, TypeVar
 
+from ext_proc.core.reasons import Reason
+
 P = ParamSpec("P")
 T = TypeVar("T")
 
@@ -27,7 +29,7 @@ class Refusal:
     status: int
     error_type: str
     # Short machine-readable cause, used in access-log details, metrics and logs.
-    reason: str
+    reason: Reason
     message: str
     param: str | None = None
     # True for refusals that come from inspecting the request (the policy, the body's
@@ -41,11 +43,9 @@ class Refusal:
 class ExtProcError(Exception):
     """Base of every error the service raises on purpose."""
 
-    def __init__(self, message: str, *, reason: str, param: str | None = None) -> None:
+    def __init__(self, message: str) -> None:
         super().__init__(message)
         self.message = message
-        self.reason = reason
-        self.param = param
 
 
 class HttpError(ExtProcError):
@@ -55,6 +55,11 @@ class HttpError(ExtProcError):
     error_type: ClassVar[str] = "InternalServerError"
     auditable: ClassVar[bool] = False
     retry_after: ClassVar[int | None] = None
+
+    def __init__(self, message: str, *, reason: Reason, param: str | None = None) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.param = param
 
     def refusal(self) -> Refusal:
         return Refusal(
@@ -74,7 +79,7 @@ class BadRequest(HttpError):
     auditable = True
 
 
-def bad_request(message: str, *, reason: str, param: str | None = None) -> Refusal:
+def bad_request(message: str, *, reason: Reason, param: str | None = None) -> Refusal:
     """``BadRequest(...).refusal()``, without building the exception (one per denied
     request)."""
     return Refusal(
@@ -120,7 +125,9 @@ class RoutePolicyError(HttpError):
 
 
 class ProtocolError(ExtProcError):
-    """Envoy sent a message the stream cannot accept in its current state."""
+    """Envoy sent a message the stream cannot accept in its current state. It carries no
+    reason: it is no outcome (the edge counts it as a stream error, and its message is
+    the gRPC status's)."""
 
     # The request's x-request-id, when the stream knew it (for the edge's log line).
     request_id: str = ""

@@ -14,12 +14,13 @@ from dataclasses import dataclass
 from typing import Final
 
 from ext_proc.core import admission, policy
-from ext_proc.core.budget import EXHAUSTED, Account
+from ext_proc.core.budget import Account
 from ext_proc.core.content_headers import check_headers
 from ext_proc.core.decisions import Allow, Decision
 from ext_proc.core.errors import Refusal, attempt
 from ext_proc.core.events import ResponseHeaders
 from ext_proc.core.proof import KeySet
+from ext_proc.core.reasons import TRUSTED, Reason
 from ext_proc.core.vllm_request import KV_KEY, MINT_ENDPOINTS
 
 
@@ -29,19 +30,24 @@ class Pending:
     parameters are signed for, or (``digest`` None) the reason they are not."""
 
     digest: bytes | None
-    refused: str
+    refused: Reason | None = None  # set exactly when ``digest`` is None
+
+    @property
+    def unsigned(self) -> Reason:
+        """Why a response that brings nothing beyond its headers is not signed."""
+        return Reason.RESPONSE_WITHOUT_BODY if self.refused is None else self.refused
 
 
 # A request that leaves nothing to sign: not on a mint route, or without a body.
-NOTHING: Final = Pending(None, "not_minted_on_this_route")
+NOTHING: Final = Pending(None, Reason.NOT_MINTED_ON_THIS_ROUTE)
 
 
 def expect(endpoint: str, digest: Callable[[], bytes]) -> Pending:
     """What a mint route's request leaves, before the policy judged it: only the
     responses of ``MINT_ENDPOINTS`` are signed (``digest`` is rendered for those)."""
     if endpoint not in MINT_ENDPOINTS:
-        return Pending(None, "endpoint_not_mintable")
-    return Pending(digest(), "")
+        return Pending(None, Reason.ENDPOINT_NOT_MINTABLE)
+    return Pending(digest())
 
 
 def judged(pending: Pending, decision: Decision, echo_free: bool) -> Pending:
@@ -49,8 +55,8 @@ def judged(pending: Pending, decision: Decision, echo_free: bool) -> Pending:
     does not trust whose request names a member vLLM reads transfer parameters from
     anywhere but its top-level kv_transfer_params (``echo_free`` false), whose content
     could come back in the response's parameters (docs/trust.md)."""
-    if pending.digest is not None and not echo_free and not decision.reason.startswith("trusted_"):
-        return Pending(None, "request_may_echo")
+    if pending.digest is not None and not echo_free and decision.reason not in TRUSTED:
+        return Pending(None, Reason.REQUEST_MAY_ECHO)
     return pending
 
 
@@ -60,19 +66,21 @@ def checked(pending: Pending, event: ResponseHeaders) -> Pending:
     if pending.digest is None:
         return pending
     if event.values(":status") != [b"200"]:
-        return Pending(None, "response_not_ok")
+        return Pending(None, Reason.RESPONSE_NOT_OK)
     # The request's rule: one JSON media type, no content encoding.
     refused = attempt(check_headers, event.values("content-type"), event.values("content-encoding"))
     if refused is not None:
-        return Pending(None, _UNREADABLE[refused.reason])
+        return Pending(None, unreadable(refused.reason))
     return pending
 
 
-# Why a response is not signed, by the reason its request would be refused.
-_UNREADABLE: Final = {
-    "unsupported_media_type": "response_not_json",
-    "content_encoding": "response_encoded",
-}
+def unreadable(refused: Reason) -> Reason:
+    """Why a response is not signed, by the reason its request would be refused for the
+    same headers: an encoding the processor cannot read, or (any other reason) not
+    plain JSON. Total, so a reason ``content_headers.check_headers`` gains later still maps."""
+    if refused is Reason.CONTENT_ENCODING:
+        return Reason.RESPONSE_ENCODED
+    return Reason.RESPONSE_NOT_JSON
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,16 +99,16 @@ def sign(pending: Pending, raw: bytes, signing: Signing) -> tuple[Decision, byte
     """The response's decision and its signed body (None: unchanged). What it holds
     stays in ``signing.account`` until the stream hands it over with the answer."""
     if pending.digest is None:
-        return Allow(pending.refused), None
+        return Allow(pending.unsigned), None
     account = signing.account
     if attempt(admission.check_size, len(raw), signing.max_body_bytes) is not None:
-        return Allow("response_not_affordable"), None
+        return Allow(Reason.RESPONSE_NOT_AFFORDABLE), None
     shape = attempt(admission.admit, raw, account, signing.max_json_values)
     if isinstance(shape, Refusal):
-        return Allow("response_not_affordable"), None
+        return Allow(Reason.RESPONSE_NOT_AFFORDABLE), None
     parsed = attempt(admission.parse, raw, shape, account)
     if isinstance(parsed, Refusal):
-        return Allow("response_not_json"), None
+        return Allow(Reason.RESPONSE_NOT_JSON), None
     decision, params = policy.mint_response(
         parsed.document, pending.digest, signing.keys, signing.expiry
     )
@@ -110,6 +118,7 @@ def sign(pending: Pending, raw: bytes, signing: Signing) -> tuple[Decision, byte
     if isinstance(written, Refusal):
         # Too deep for orjson's writer and past what json.dumps may write, or the
         # budget cannot hold json.dumps's extra.
-        affordable = written.reason != EXHAUSTED
-        return Allow("response_too_deep" if affordable else "response_not_affordable"), None
+        affordable = written.reason is not Reason.INFLIGHT_BUDGET_EXHAUSTED
+        unsigned = Reason.RESPONSE_TOO_DEEP if affordable else Reason.RESPONSE_NOT_AFFORDABLE
+        return Allow(unsigned), None
     return decision, written

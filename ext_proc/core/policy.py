@@ -9,19 +9,22 @@ included, is a value.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final
 
-from ext_proc.core import connector_bounds, proof
+from ext_proc.core import caller, connector_bounds, proof
+from ext_proc.core.caller import Caller
 from ext_proc.core.decisions import NO_PARAMS, Allow, Decision, Deny, Mint, Strip
 from ext_proc.core.errors import Refusal, bad_request
 from ext_proc.core.events import NO_PEER, Peer
 from ext_proc.core.ids import MAX_BOUND, Ids, Kind
 from ext_proc.core.proof import NO_KEYS, PROOF_KEY, KeySet
 from ext_proc.core.reading import Document
+from ext_proc.core.reasons import TRUSTED, Reason
 from ext_proc.core.route_policy import Action, RoutePolicy
 from ext_proc.core.vllm_request import (
     IDS_KEY,
@@ -48,7 +51,7 @@ class Evidence:
     skew: float = 0.0
     # The longest lifetime this deployment mints proofs for (proof.ttl_seconds).
     lifetime: float = math.inf
-    spent: str | None = None
+    spent: Reason | None = None
 
 
 def _no_digest() -> bytes:
@@ -56,11 +59,11 @@ def _no_digest() -> bytes:
 
 
 # The evidence of a request on a route that weighs none: strip and deny decide on the
-# route alone (``_trusted_caller``), so nothing is gathered for them.
+# route alone (``caller.of``), so nothing is gathered for them.
 NO_EVIDENCE: Final = Evidence(_no_digest)
 # The reason of a decision that honors parameters because their proof verified: the
 # proof is then spent (replay.py) before the decision stands.
-HONORED_PROOF: Final = "trusted_proof"
+HONORED_PROOF: Final = Reason.TRUSTED_PROOF
 # The actions whose decisions read the evidence.
 WEIGHS_EVIDENCE: Final = frozenset({Action.HONOR, Action.MINT})
 
@@ -75,12 +78,14 @@ def _invalid_ids(key: str, ids: Ids, policy: RoutePolicy) -> Refusal | None:
     param = f"{KV_KEY}.{key}"
     if not ids.count:
         return bad_request(
-            f"{param} must be a non-empty list of integers", reason="ids_malformed", param=param
+            f"{param} must be a non-empty list of integers",
+            reason=Reason.IDS_MALFORMED,
+            param=param,
         )
     if policy.max_ids is not None and ids.count > policy.max_ids:
         return bad_request(
             f"{param} has {ids.count} ids; this route allows at most {policy.max_ids}",
-            reason="ids_too_many",
+            reason=Reason.IDS_TOO_MANY,
             param=param,
         )
     bound = policy.vocab_size if policy.vocab_size is not None else MAX_BOUND
@@ -90,7 +95,7 @@ def _invalid_ids(key: str, ids: Ids, policy: RoutePolicy) -> Refusal | None:
     if fault.kind is Kind.MALFORMED:
         return bad_request(
             f"{param}[{fault.index}] is not a non-negative integer",
-            reason="ids_malformed",
+            reason=Reason.IDS_MALFORMED,
             param=param,
         )
     if policy.vocab_size is not None:
@@ -98,29 +103,17 @@ def _invalid_ids(key: str, ids: Ids, policy: RoutePolicy) -> Refusal | None:
     else:
         why = f"is not a token id (token ids are below 2**31 = {MAX_BOUND})"
     return bad_request(
-        f"{param}[{fault.index}] = {fault.value} {why}", reason="ids_out_of_vocab", param=param
+        f"{param}[{fault.index}] = {fault.value} {why}", reason=Reason.IDS_OUT_OF_VOCAB, param=param
     )
 
 
-def _trusted_caller(policy: RoutePolicy, evidence: Evidence) -> str:
-    """Why the caller is trusted ("trusted_*"), or why it is not: whatever it sends is
-    then trusted only where a proof covers it."""
-    if policy.action not in (Action.HONOR, Action.MINT):
-        return "denied_by_policy" if policy.action is Action.DENY else "stripped_by_policy"
-    if policy.action is Action.HONOR and policy.trust_any_caller:
-        return "trusted_any_caller"
-    peer = evidence.peer
-    # An identity matches only one of its own type (a DNS SAN never stands for a URI SAN).
-    if policy.peers and peer.mtls and not policy.peers.isdisjoint(peer.identities):
-        return "trusted_peer"
-    return "peer_not_listed" if policy.peers else "unproven"
-
-
-def _trusted(policy: RoutePolicy, params: dict[str, Any], evidence: Evidence) -> str:
-    """Why the parameters are trusted ("trusted_*"), or why they are not."""
-    caller = _trusted_caller(policy, evidence)
-    if caller.startswith("trusted_") or policy.action is not Action.HONOR:
-        return caller
+def _trusted(
+    policy: RoutePolicy, params: dict[str, Any], evidence: Evidence, sender: Caller
+) -> Reason:
+    """Why the parameters are trusted (``reasons.TRUSTED``), or why they are not: the
+    caller's trust, else (on an honor route) their proof's."""
+    if sender.trusted or policy.action is not Action.HONOR:
+        return sender.reason
     why = proof.verify(
         evidence.keys,
         params,
@@ -131,12 +124,12 @@ def _trusted(policy: RoutePolicy, params: dict[str, Any], evidence: Evidence) ->
     )
     if why is None:
         return evidence.spent or HONORED_PROOF
-    if why == "proof_missing" and policy.peers:
-        return "peer_not_listed"
+    if why is Reason.PROOF_MISSING and policy.peers:
+        return Reason.PEER_NOT_LISTED
     return why
 
 
-def _untrusted(policy: RoutePolicy, params: dict[str, Any], reason: str, count: int) -> Decision:
+def _untrusted(policy: RoutePolicy, params: dict[str, Any], reason: Reason, count: int) -> Decision:
     keys = policed_keys(params)
     if policy.untrusted_denied:
         param = f"{KV_KEY}.{keys[0]}" if keys else KV_KEY
@@ -145,9 +138,11 @@ def _untrusted(policy: RoutePolicy, params: dict[str, Any], reason: str, count: 
             count,
         )
     if not policy.keep_other_keys:
-        return Strip(None, reason, count)
+        return Strip(keys=None, reason=reason, id_count=count)
     drop = (*keys, PROOF_KEY) if PROOF_KEY in params else keys
-    return Strip(drop, reason, count) if drop else Allow("no_reused_ids")
+    if not drop:
+        return Allow(Reason.NO_REUSED_IDS)
+    return Strip(keys=drop, reason=reason, id_count=count)
 
 
 def decide(
@@ -159,35 +154,40 @@ def decide(
     """The decision for a request ``document``. ``carriers``: its other members that
     carry transfer parameters (``vllm_request.other_carriers``), when the caller has
     shown there are none cheaply; None: looked for here."""
-    decision = _decide_carriers(policy, document, evidence, carriers)
+    # Who the caller is, decided here once for every part of the decision.
+    sender = caller.of(policy, evidence.peer)
+    decision = _decide_carriers(policy, document, evidence, sender, carriers)
     if policy.connector is None or isinstance(decision, Deny):
         return decision
-    if _trusted_caller(policy, evidence).startswith("trusted_"):
+    if sender.trusted:
         return decision  # a listed peer's own parameters are its own
     # Whatever the caller sent goes; the route's connector request is written instead,
     # so no caller steers the prefill server's connector and none need be trusted.
     if isinstance(decision, Strip):
-        return Strip(
-            None, decision.reason, decision.id_count, False, decision.carriers, policy.connector
-        )
-    return Strip(None, "connector_written", decision.id_count, connector=policy.connector)
+        return dataclasses.replace(decision, keys=None, honored=False, connector=policy.connector)
+    return Strip(
+        keys=None,
+        reason=Reason.CONNECTOR_WRITTEN,
+        id_count=decision.id_count,
+        connector=policy.connector,
+    )
 
 
 def _decide_carriers(
     policy: RoutePolicy,
     document: Document,
     evidence: Evidence,
+    sender: Caller,
     carriers: tuple[Path, ...] | None,
 ) -> Decision:
     """The decision on every carrier of transfer parameters (``decide``)."""
-    decision = _decide_params(policy, document, evidence)
+    decision = _decide_params(policy, document, evidence, sender)
     found = other_carriers(document, MAX_CARRIERS + 1) if carriers is None else carriers
     if not found or isinstance(decision, Deny):
         return decision
     # Only the top-level kv_transfer_params can be proven; every other carrier is
     # trusted only from a trusted caller, and untrusted like a client's parameters.
-    caller = _trusted_caller(policy, evidence)
-    if caller.startswith("trusted_"):
+    if sender.trusted:
         # Kept for a trusted caller, and read by the connector like the top-level object
         # (vLLM takes extra_args' own when that is absent): the same bounds.
         every = found if len(found) <= MAX_CARRIERS else other_carriers(document, sys.maxsize)
@@ -197,26 +197,22 @@ def _decide_carriers(
         return Deny(
             bad_request(
                 f"request carries more than {MAX_CARRIERS} members of transfer parameters",
-                reason="carriers_too_many",
+                reason=Reason.CARRIERS_TOO_MANY,
             ),
             decision.id_count,
         )
     if policy.untrusted_denied:
         param = ".".join(map(str, found[0]))
         return Deny(
-            bad_request(f"{param} is not accepted on this route", reason=caller, param=param),
+            bad_request(
+                f"{param} is not accepted on this route", reason=sender.reason, param=param
+            ),
             decision.id_count,
         )
     if isinstance(decision, Strip):
-        return Strip(
-            decision.keys,
-            decision.reason,
-            decision.id_count,
-            decision.honored,
-            (*decision.carriers, *found),
-        )
-    reason = caller if decision is NO_PARAMS else decision.reason
-    return Strip((), reason, decision.id_count, carriers=found)
+        return dataclasses.replace(decision, carriers=(*decision.carriers, *found))
+    reason = sender.reason if decision is NO_PARAMS else decision.reason
+    return Strip(keys=(), reason=reason, id_count=decision.id_count, carriers=found)
 
 
 def _carried_out_of_bounds(document: Document, found: tuple[Path, ...]) -> Refusal | None:
@@ -236,7 +232,9 @@ def _carried_out_of_bounds(document: Document, found: tuple[Path, ...]) -> Refus
     return None
 
 
-def _decide_params(policy: RoutePolicy, document: Document, evidence: Evidence) -> Decision:
+def _decide_params(
+    policy: RoutePolicy, document: Document, evidence: Evidence, sender: Caller
+) -> Decision:
     """The decision on the top-level kv_transfer_params alone."""
     params = document.get(KV_KEY)
     if params is None:
@@ -244,15 +242,15 @@ def _decide_params(policy: RoutePolicy, document: Document, evidence: Evidence) 
     if not isinstance(params, dict):
         return Deny(
             bad_request(
-                f"{KV_KEY} must be a JSON object", reason="kv_params_not_object", param=KV_KEY
+                f"{KV_KEY} must be a JSON object", reason=Reason.KV_PARAMS_NOT_OBJECT, param=KV_KEY
             )
         )
     if not params:
         return NO_PARAMS
     keys = policed_keys(params)
     count = max((Ids.of(params[key]).count for key in keys), default=0)
-    reason = _trusted(policy, params, evidence)
-    if not reason.startswith("trusted_"):
+    reason = _trusted(policy, params, evidence, sender)
+    if reason not in TRUSTED:
         return _untrusted(policy, params, reason, count)
     # Who wrote them is no bound on their values (vllm#51137): connector_bounds.py.
     tokens = Ids.of(params.get(IDS_KEY)).count or policy.max_ids
@@ -261,13 +259,13 @@ def _decide_params(policy: RoutePolicy, document: Document, evidence: Evidence) 
     proof_key = (PROOF_KEY,) if PROOF_KEY in params else ()
     # vLLM treats a null value as "no ids"; stripping leaves the same meaning.
     if keys and (ignores_reused_ids(document) or any(params[key] is None for key in keys)):
-        return Strip((*keys, *proof_key), "ignored_by_upstream", count)
+        return Strip(keys=(*keys, *proof_key), reason=Reason.IGNORED_BY_UPSTREAM, id_count=count)
     for key in keys:
         refusal = _invalid_ids(key, Ids.of(params[key]), policy)
         if refusal is not None:
             return Deny(refusal, count)
     if proof_key:
-        return Strip(proof_key, reason, count, honored=True)
+        return Strip(keys=proof_key, reason=reason, id_count=count, honored=True)
     return Allow(reason, count)
 
 
@@ -286,13 +284,14 @@ def mint_response(
     if value is not None:
         ids = Ids.of(value)
         if _invalid_ids(IDS_KEY, ids, _ANY_IDS) is not None:
-            return Allow("response_ids_malformed"), None
+            return Allow(Reason.RESPONSE_IDS_MALFORMED), None
         minted[IDS_KEY], count = value, ids.count
     if not minted:
-        return Allow("nothing_to_mint"), None
+        return Allow(Reason.NOTHING_TO_MINT), None
     if connector_bounds.refusal(minted, count) is not None:
-        return Allow("response_connector_out_of_bounds"), None
+        return Allow(Reason.RESPONSE_CONNECTOR_OUT_OF_BOUNDS), None
     token = proof.mint(keys, minted, digest, expiry)
     if token is None:
-        return Allow("no_signing_key" if keys.signing is None else "not_renderable"), None
-    return Mint("minted", count), {**minted, PROOF_KEY: token}
+        unsigned = Reason.NO_SIGNING_KEY if keys.signing is None else Reason.NOT_RENDERABLE
+        return Allow(unsigned), None
+    return Mint(Reason.MINTED, count), {**minted, PROOF_KEY: token}

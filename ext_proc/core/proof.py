@@ -34,6 +34,7 @@ import orjson
 from ext_proc.core import reading
 from ext_proc.core.errors import BadRequest
 from ext_proc.core.ids import Ids
+from ext_proc.core.reasons import Reason
 from ext_proc.core.replay import TICKET_BYTES, Ticket
 from ext_proc.core.vllm_request import EC_KEY, IDS_KEY, KV_KEY
 
@@ -195,7 +196,7 @@ def prompt_digest_slow(document: Mapping[str, Any], endpoint: str) -> bytes:
         )
     except RecursionError as exc:
         raise BadRequest(
-            "request body is nested too deeply to be bound to a proof", reason="body_too_deep"
+            "request body is nested too deeply to be bound to a proof", reason=Reason.BODY_TOO_DEEP
         ) from exc
     slices = (text[at : at + _SLICE].encode("ascii") for at in range(0, len(text), _SLICE))
     return _digest(endpoint, b"j", slices)
@@ -286,35 +287,35 @@ def verify(
     skew: float,
     *,
     lifetime: float = math.inf,
-) -> str | None:
+) -> Reason | None:
     """None when ``params`` carry a valid proof for a request with ``digest``; otherwise
     the reason they are unproven (docs/trust.md lists them). ``lifetime``: the longest
     this deployment mints for (``ttl_seconds``): a proof that would live longer (minted
     with another lifetime than the connector's lease allows) is refused."""
     proof = params.get(PROOF_KEY)
     if proof is None:
-        return "proof_missing"
+        return Reason.PROOF_MISSING
     match = _PROOF.fullmatch(proof) if isinstance(proof, str) else None
     if match is None:
-        return "proof_malformed"
+        return Reason.PROOF_MALFORMED
     key_id, expiry, nonce, shown, mac = match.groups()
     if not (_canonical(nonce) and _canonical(shown) and _canonical(mac)):
-        return "proof_malformed"
+        return Reason.PROOF_MALFORMED
     key = keys.keys.get(key_id)
     if key is None:
-        return "proof_unknown_key"
+        return Reason.PROOF_UNKNOWN_KEY
     body = canonical(params)
     if body is None:
-        return "proof_malformed"
+        return Reason.PROOF_MALFORMED
     expected = _sealed(_mac(key, (key_id, expiry, shown), body), nonce)
     if not hmac.compare_digest(expected, _unb64(mac)):
-        return "proof_bad_signature"
+        return Reason.PROOF_BAD_SIGNATURE
     if now > int(expiry) + skew:
-        return "proof_expired"
+        return Reason.PROOF_EXPIRED
     if int(expiry) > now + lifetime + skew:
-        return "proof_outlives_lease"
+        return Reason.PROOF_OUTLIVES_LEASE
     if not hmac.compare_digest(_unb64(shown), digest):
-        return "prompt_mismatch"
+        return Reason.PROMPT_MISMATCH
     return None
 
 

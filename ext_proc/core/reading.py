@@ -39,6 +39,7 @@ import orjson
 from ext_proc.core import ids
 from ext_proc.core.bytescan import count, find, has_run, translate
 from ext_proc.core.errors import BadRequest
+from ext_proc.core.reasons import Reason
 from ext_proc.core.vllm_request import IDS_KEY, KV_KEY
 
 Document = dict[str, Any]
@@ -213,11 +214,13 @@ def parse_slow(raw: bytes, shape: Shape | None = None) -> Parsed:
     try:
         document = json.loads(raw)
     except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
-        raise BadRequest(f"request body is not valid JSON: {exc}", reason="body_not_json") from exc
+        raise BadRequest(
+            f"request body is not valid JSON: {exc}", reason=Reason.BODY_NOT_JSON
+        ) from exc
     return _object(document, False, len(raw), shape if shape is not None else scan(raw))
 
 
 def _object(document: Any, orjson_safe: bool, size: int, shape: Shape) -> Parsed:
     if not isinstance(document, dict):
-        raise BadRequest("request body must be a JSON object", reason="body_not_object")
+        raise BadRequest("request body must be a JSON object", reason=Reason.BODY_NOT_OBJECT)
     return Parsed(document, orjson_safe, size, shape.values)

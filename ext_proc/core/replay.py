@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Final, Protocol
 
+from ext_proc.core.reasons import Reason
+
 # Bytes of a proof's MAC that name it in the record (``Ticket.key``).
 TICKET_BYTES: Final = 16
 
@@ -44,12 +46,17 @@ class Ticket:
 
 class Verdict(StrEnum):
     """The record's answer. Every value but ``FIRST`` is the reason the proof is then
-    treated as unproven."""
+    treated as unproven (``reason``)."""
 
     FIRST = "first"  # recorded now: the proof is honored
-    SPENT = "proof_replayed"  # honored before: not again
-    UNAVAILABLE = "proof_record_unavailable"  # the record could not be consulted
-    FULL = "proof_record_full"  # the record has no room left to remember it
+    SPENT = Reason.PROOF_REPLAYED  # honored before: not again
+    UNAVAILABLE = Reason.PROOF_RECORD_UNAVAILABLE  # the record could not be consulted
+    FULL = Reason.PROOF_RECORD_FULL  # the record has no room left to remember it
+
+    @property
+    def reason(self) -> Reason | None:
+        """Why the proof is not honored; None: it is (``FIRST``)."""
+        return None if self is Verdict.FIRST else Reason(self.value)
 
 
 class Record(Protocol):

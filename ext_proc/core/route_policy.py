@@ -43,6 +43,7 @@ from enum import StrEnum
 from typing import Final, TypeVar
 
 from ext_proc.core.errors import RoutePolicyError
+from ext_proc.core.reasons import Reason
 from ext_proc.core.vllm_request import CONNECTOR_REQUESTS, POLICED_KEYS, TOKEN_ID_BOUND
 
 DEFAULT_NAMESPACE: Final = "ext_proc.token_policy"
@@ -125,7 +126,7 @@ E = TypeVar("E", bound=StrEnum)
 
 def _invalid(problem: str, param: str) -> RoutePolicyError:
     return RoutePolicyError(
-        f"invalid route policy metadata: {problem}", reason="invalid_route_policy", param=param
+        f"invalid route policy metadata: {problem}", reason=Reason.INVALID_ROUTE_POLICY, param=param
     )
 
 

@@ -85,6 +85,7 @@ from ext_proc.core.events import (
     Unexpected,
 )
 from ext_proc.core.reading import Parsed
+from ext_proc.core.reasons import Reason
 from ext_proc.core.replay import Ticket, Verdict
 from ext_proc.core.route_policy import Action
 from ext_proc.core.spelling import spelled
@@ -240,12 +241,7 @@ class Stream:
 
     def handle(self, event: Event) -> Step:
         if self._asking is not None:
-            self._fail(
-                ProtocolError(
-                    f"{message(event).name} before the proof record answered",
-                    reason="protocol_violation",
-                )
-            )
+            self._fail(ProtocolError(f"{message(event).name} before the proof record answered"))
         entry = TRANSITIONS.get((self.state, message(event)))
         if entry is None:
             self._fail(_violation(self.state, event))
@@ -269,12 +265,12 @@ class Stream:
         denies unproven ones), and the body's answers go out."""
         asking = self._asking
         if asking is None:
-            self._fail(ProtocolError("no proof was asked about", reason="protocol_violation"))
+            self._fail(ProtocolError("no proof was asked about"))
         self._asking = None
         decision = self._decision
         assert decision is not None, "decided before asking"
         if verdict is not Verdict.FIRST:
-            evidence = dataclasses.replace(asking.evidence, spent=verdict.value)
+            evidence = dataclasses.replace(asking.evidence, spent=verdict.reason)
             decision = policy.decide(
                 self._policy, asking.parsed.document, evidence, asking.carriers
             )
@@ -340,7 +336,7 @@ class Stream:
         begun = self._begin(event)
         if begun is not None:
             return begun
-        self._decision = Allow("no_body")
+        self._decision = Allow(Reason.NO_BODY)
         return [ContinueHeaders()]
 
     def _on_headers(self, event: Event) -> list[Answer] | Refusal:
@@ -395,7 +391,7 @@ class Stream:
             return RoutePolicyError(
                 f"invalid route policy metadata: the request path does not begin with the "
                 f"route's match_prefix {parsed.match_prefix!r}",
-                reason="invalid_route_policy",
+                reason=Reason.INVALID_ROUTE_POLICY,
                 param=f"{config.route_metadata_namespace}.match_prefix",
             ).refusal()
         self._endpoint = vllm_request.endpoint(upstream)
@@ -472,7 +468,7 @@ class Stream:
         # body's last chunk adds nothing.
         if self._last_chunk is not None and event.chunk == self._last_chunk:
             return []
-        raise ProtocolError("request body after the end of the stream", reason="protocol_violation")
+        raise ProtocolError("request body after the end of the stream")
 
     def _after_rejection(self, event: Event) -> list[Answer] | Refusal:
         # In FULL_DUPLEX_STREAMED mode Envoy keeps sending the chunks (and trailers) it
@@ -483,20 +479,20 @@ class Stream:
 
     def _on_streamed_trailers(self, event: Event) -> list[Answer] | Refusal:
         return BadRequest(
-            "request trailers are not accepted on this route", reason="trailers_unsupported"
+            "request trailers are not accepted on this route", reason=Reason.TRAILERS_UNSUPPORTED
         ).refusal()
 
     def _on_trailers_without_body(self, event: Event) -> list[Answer] | Refusal:
         # Headers promised a body but trailers came first: the body is empty, which
         # vLLM cannot parse either.
-        return BadRequest("request body is empty", reason="body_not_json").refusal()
+        return BadRequest("request body is empty", reason=Reason.BODY_NOT_JSON).refusal()
 
     def _on_trailers(self, event: Event) -> list[Answer] | Refusal:
         return [ContinueTrailers()]
 
     def _on_timeout(self, event: Event) -> list[Answer] | Refusal:
         return RequestTimeout(
-            "the request body did not arrive in time", reason="body_timeout"
+            "the request body did not arrive in time", reason=Reason.BODY_TIMEOUT
         ).refusal()
 
     def _decide(self, raw: bytes) -> bytes | Refusal | _Ask | None:
@@ -598,9 +594,7 @@ class Stream:
     def _on_response_headers_only(self, event: Event) -> list[Answer] | Refusal:
         assert isinstance(event, ResponseHeaders)
         pending = mint.checked(self._pending, event)
-        self._response_decision = Allow(
-            "response_without_body" if pending.digest is not None else pending.refused
-        )
+        self._response_decision = Allow(pending.unsigned)
         return [ContinueResponseHeaders()]
 
     def _on_response_body(self, event: Event) -> list[Answer] | Refusal:
@@ -700,26 +694,19 @@ def _violation(state: State, event: Event) -> ProtocolError:
         assert isinstance(event, RequestHeaders)
         return ProtocolError(
             f"request body mode {event.body_mode.name} cannot be inspected; "
-            "configure request_body_mode BUFFERED or FULL_DUPLEX_STREAMED",
-            reason="unsupported_body_mode",
+            "configure request_body_mode BUFFERED or FULL_DUPLEX_STREAMED"
         )
     if kind in (Message.FIRST_BODY_UNREADABLE, Message.FIRST_TRAILERS_UNREADABLE):
         return ProtocolError(
-            "request_header_mode SKIP is supported with request_body_mode BUFFERED only",
-            reason="unsupported_body_mode",
+            "request_header_mode SKIP is supported with request_body_mode BUFFERED only"
         )
     if kind is Message.RESPONSE_BODY_PART:
-        return ProtocolError(
-            "response bodies are processed in response_body_mode BUFFERED only",
-            reason="unsupported_body_mode",
-        )
+        return ProtocolError("response bodies are processed in response_body_mode BUFFERED only")
     if state is State.EXPECT_HEADERS and kind in (Message.BODY, Message.BODY_END):
-        return ProtocolError("request body before request headers", reason="protocol_violation")
+        return ProtocolError("request body before request headers")
     if state is State.EXPECT_HEADERS and kind is Message.TRAILERS:
-        return ProtocolError("request trailers before request headers", reason="protocol_violation")
-    return ProtocolError(
-        f"unexpected {kind.name} in state {state.name}", reason="protocol_violation"
-    )
+        return ProtocolError("request trailers before request headers")
+    return ProtocolError(f"unexpected {kind.name} in state {state.name}")
 
 
 _Handler = Callable[[Stream, Event], "list[Answer] | Refusal"]

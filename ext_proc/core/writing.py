@@ -29,6 +29,7 @@ import orjson
 from ext_proc.core import ids
 from ext_proc.core.errors import BadRequest
 from ext_proc.core.reading import Document, Parsed
+from ext_proc.core.reasons import Reason
 from ext_proc.core.vllm_request import Path
 
 
@@ -103,5 +104,5 @@ def serialize(document: Document) -> bytes:
             return json.dumps(document, separators=_COMPACT, default=ids.listed).encode()
     except RecursionError as exc:
         raise BadRequest(
-            "request body is nested too deeply to be forwarded", reason="body_too_deep"
+            "request body is nested too deeply to be forwarded", reason=Reason.BODY_TOO_DEEP
         ) from exc

@@ -30,7 +30,7 @@ def test_bad_request_is_the_refusal_of_a_400():
 def test_a_protocol_error_is_no_refusal():
     # Envoy broke the message order: the stream ends in error, nothing is answered.
     assert not issubclass(ProtocolError, HttpError)
-    assert not hasattr(ProtocolError("m", reason="r"), "refusal")
+    assert not hasattr(ProtocolError("m"), "refusal")
 
 
 def test_refusals_are_frozen_values():

@@ -24,7 +24,7 @@ def test_only_chat_completions_responses_are_signed():
         rendered.append(1)
         return DIGEST
 
-    assert mint.expect("/v1/chat/completions", digest) == mint.Pending(DIGEST, "")
+    assert mint.expect("/v1/chat/completions", digest) == mint.Pending(DIGEST)
     assert mint.expect("/v1/completions", digest) == mint.Pending(None, "endpoint_not_mintable")
     assert len(rendered) == 1  # rendered only where it is kept
 
@@ -40,8 +40,8 @@ def test_only_chat_completions_responses_are_signed():
 def test_a_request_naming_a_carrier_elsewhere_is_signed_only_for_a_trusted_caller(
     alone, decision, kept
 ):
-    judged = mint.judged(mint.Pending(DIGEST, ""), decision, alone)
-    assert judged == (mint.Pending(DIGEST, "") if kept else mint.Pending(None, "request_may_echo"))
+    judged = mint.judged(mint.Pending(DIGEST), decision, alone)
+    assert judged == (mint.Pending(DIGEST) if kept else mint.Pending(None, "request_may_echo"))
 
 
 @pytest.mark.parametrize(
@@ -57,15 +57,15 @@ def test_a_request_naming_a_carrier_elsewhere_is_signed_only_for_a_trusted_calle
     ],
 )
 def test_only_a_plain_json_200_is_signed(headers, reason):
-    checked = mint.checked(mint.Pending(DIGEST, ""), ResponseHeaders(headers, False))
-    assert checked == (mint.Pending(DIGEST, "") if reason is None else mint.Pending(None, reason))
+    checked = mint.checked(mint.Pending(DIGEST), ResponseHeaders(headers, False))
+    assert checked == (mint.Pending(DIGEST) if reason is None else mint.Pending(None, reason))
     # A reason found with the request stands.
     assert mint.checked(mint.NOTHING, ResponseHeaders(headers, False)) == mint.NOTHING
 
 
 def test_a_response_is_signed_and_written_back():
     raw = json.dumps({"id": "x", "prompt_token_ids": [1, 2], "kv_transfer_params": {"p": 7}})
-    decision, signed = mint.sign(mint.Pending(DIGEST, ""), raw.encode(), signing())
+    decision, signed = mint.sign(mint.Pending(DIGEST), raw.encode(), signing())
     assert decision == Mint("minted", 2)
     params = json.loads(signed)["kv_transfer_params"]
     assert params["prompt_token_ids"] == [1, 2]
@@ -77,12 +77,12 @@ def test_a_response_is_signed_and_written_back():
     ("pending", "raw", "options", "reason"),
     [
         (mint.Pending(None, "response_not_ok"), b"{}", {}, "response_not_ok"),
-        (mint.Pending(DIGEST, ""), b"x" * 200, {"limit": 100}, "response_not_affordable"),
-        (mint.Pending(DIGEST, ""), b'{"a": 1}', {"budget": 10}, "response_not_affordable"),
-        (mint.Pending(DIGEST, ""), b"[1]", {}, "response_not_json"),
-        (mint.Pending(DIGEST, ""), b'{"a": 1}', {}, "nothing_to_mint"),
+        (mint.Pending(DIGEST), b"x" * 200, {"limit": 100}, "response_not_affordable"),
+        (mint.Pending(DIGEST), b'{"a": 1}', {"budget": 10}, "response_not_affordable"),
+        (mint.Pending(DIGEST), b"[1]", {}, "response_not_json"),
+        (mint.Pending(DIGEST), b'{"a": 1}', {}, "nothing_to_mint"),
         (
-            mint.Pending(DIGEST, ""),
+            mint.Pending(DIGEST),
             b'{"prompt_token_ids": [1]}',
             {"keys": proof.NO_KEYS},
             "no_signing_key",
@@ -97,12 +97,12 @@ def test_a_response_with_connector_values_out_of_bounds_passes_unsigned():
     # vllm#51137: a tp_size the decode side would allocate by is never signed.
     connector = {"remote_port": 5600, "tp_size": 20_000_000, "remote_block_ids": [[1]]}
     raw = json.dumps({"id": "x", "prompt_token_ids": [1, 2], "kv_transfer_params": connector})
-    assert mint.sign(mint.Pending(DIGEST, ""), raw.encode(), signing()) == (
+    assert mint.sign(mint.Pending(DIGEST), raw.encode(), signing()) == (
         Allow("response_connector_out_of_bounds"),
         None,
     )
     # In bounds, the same response is signed.
     raw = raw.replace("20000000", "2")
-    decision, signed = mint.sign(mint.Pending(DIGEST, ""), raw.encode(), signing())
+    decision, signed = mint.sign(mint.Pending(DIGEST), raw.encode(), signing())
     assert decision == Mint("minted", 2)
     assert json.loads(signed)["kv_transfer_params"]["tp_size"] == 2
