@@ -15,6 +15,8 @@ from prometheus_client.multiprocess import MultiProcessCollector
 
 from ext_proc.core.address import HostPort
 from ext_proc.core.config import ConfigError
+from ext_proc.core.decisions import REASONS_BY_ACTION
+from ext_proc.core.reasons import Reason
 
 # How a stream can end in error (``ext_proc_stream_errors_total``'s kind label).
 STREAM_ERROR_KINDS: Final = ("protocol_violation", "internal", "cancelled")
@@ -91,12 +93,16 @@ class Metrics:
         # this package.
         self._decided: dict[tuple[str, ...], tuple[Any, Any]] = {}
         self._processing: dict[str, Any] = {}
+        # The (route, mode) pairs whose every decision series is exported.
+        self._exported: set[tuple[str, str]] = set()
 
-    def decided(self, route: str, action: str, reason: str, mode: str, body_size: int) -> None:
+    def decided(self, route: str, action: str, reason: Reason, mode: str, body_size: int) -> None:
         """Count one decision; a request's body size is observed too (0: none)."""
         key = (route, action, reason, mode)
         children = self._decided.get(key)
         if children is None:
+            if (route, mode) not in self._exported:
+                self._export(route, mode)
             children = self._decided[key] = (
                 self.decisions.labels(route, action, reason, mode),
                 self.body_bytes.labels(route),
@@ -104,6 +110,16 @@ class Metrics:
         children[0].inc()
         if body_size:
             children[1].observe(body_size)
+
+    def _export(self, route: str, mode: str) -> None:
+        """Every action and reason it is reported with, at 0 for ``route`` in ``mode``
+        (the route's first outcome in that mode): a panel or a ratio then reads 0 for a
+        reason not seen yet, rather than no series. A route is known only once Envoy
+        names it, so nothing is exported before a route's first outcome."""
+        self._exported.add((route, mode))
+        for action, reasons in REASONS_BY_ACTION.items():
+            for reason in reasons:
+                self.decisions.labels(route, action, reason, mode)
 
     def observe_processing(self, route: str, seconds: float) -> None:
         child = self._processing.get(route)
