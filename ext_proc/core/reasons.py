@@ -1,4 +1,4 @@
-"""Every reason an outcome can carry: the one list (docs/trust.md#every-reason).
+"""Every reason an outcome can carry: the one list (docs/trust.md#what-is-reported).
 
 A member's value is its wire text: the reason in a 400's ``details``
 (``token_policy_<reason>``), the log lines, the ``reason`` label of
