@@ -15,6 +15,8 @@ from prometheus_client import multiprocess
 from prometheus_client.parser import text_string_to_metric_families
 
 from ext_proc.core.address import HostPort
+from ext_proc.core.decisions import REASONS_BY_ACTION
+from ext_proc.core.reasons import Reason
 from ext_proc.edge.metrics import BODY_BUCKETS, TIME_BUCKETS, Metrics, aggregate, serve_metrics
 
 REPO = Path(__file__).resolve().parents[2]
@@ -82,6 +84,32 @@ def test_sample_sets_the_inflight_gauges(metrics):
 def test_every_stream_error_kind_is_exported_at_zero_before_the_first(metrics):
     for kind in ("protocol_violation", "internal", "cancelled"):
         assert value(metrics, "ext_proc_stream_errors_total", kind=kind) == 0
+
+
+def exported(metrics: Metrics) -> dict[tuple[str, ...], float]:
+    """Every decision series: (route, action, reason, mode) to its count."""
+    (family,) = [f for f in metrics.registry.collect() if f.name == "ext_proc_decisions"]
+    return {
+        tuple(s.labels[k] for k in ("route", "action", "reason", "mode")): s.value
+        for s in family.samples
+        if s.name == "ext_proc_decisions_total"
+    }
+
+
+def test_a_routes_first_outcome_exports_every_reason_at_zero(metrics):
+    assert exported(metrics) == {}  # no route is known before Envoy names one
+    metrics.decided("r", "deny", Reason.PROOF_EXPIRED, "enforce", 10)
+    series = exported(metrics)
+    pairs = {(a, r) for a, reasons in REASONS_BY_ACTION.items() for r in reasons}
+    assert {(a, r) for (_, a, r, _) in series} == pairs
+    assert {r for (_, _, r, _) in series} == {r.value for r in Reason}
+    assert {(route, mode) for (route, _, _, mode) in series} == {("r", "enforce")}
+    assert sum(series.values()) == 1
+    assert series[("r", "deny", "proof_expired", "enforce")] == 1
+    # Another mode, or another route, gets its own zeros.
+    metrics.decided("r", "allow", Reason.NO_BODY, "audit", 0)
+    metrics.decided("s", "allow", Reason.NO_BODY, "enforce", 0)
+    assert len(exported(metrics)) == 3 * len(pairs)
 
 
 def test_stream_errors_are_counted_by_kind(metrics):
