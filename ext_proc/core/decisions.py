@@ -3,6 +3,7 @@ the stream enforces and the edge reports. No behaviour beyond naming the action.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, Final
 
@@ -73,7 +74,7 @@ NO_PARAMS: Final = Allow(Reason.NO_TRANSFER_PARAMS)
 
 # The reasons each action is reported with: the metrics export every pair from the
 # start. Every reason is under at least one action (tests/core/test_reasons.py).
-REASONS_BY_ACTION: Final[dict[str, frozenset[Reason]]] = {
+REASONS_BY_ACTION: Final[Mapping[str, frozenset[Reason]]] = {
     Allow.action: frozenset(
         {
             Reason.NO_BODY,
