@@ -241,7 +241,10 @@ def test_a_forwarding_route_without_the_filter_is_an_error(disable, tmp_path, ca
     path.write_text(yaml.safe_dump(config))
     assert main(path) == 1
     out = capsys.readouterr().out
-    assert f"error: http_connection_manager[0] route vllm/aggregated: {NOT_INSPECTED}" in out
+    assert (
+        f"error[ext-proc-not-running]: http_connection_manager[0] route vllm/aggregated: "
+        f"{NOT_INSPECTED}"
+    ) in out
     assert "FAILED" in out
 
 
