@@ -12,7 +12,7 @@ no processor there, fails closed with a 500. Requests are body-less GETs, so a r
 that runs the filter with one message per request forwards them without asking it.
 
 The shipped configs forward no probe. The same run on configs edited to forward them
-(the regexes of tests/tools/test_check_envoy.py's six edits, the echo 404 removed) shows the
+(the regexes of the audit's edits in tests/tools/check_envoy/, the echo 404 removed) shows the
 check's forwards happen on Envoy too, at the upstream paths it computed.
 """
 

@@ -51,6 +51,7 @@ YAML, ``cli`` is the command. Every ``envoy/*.yaml`` is generated from
 ``envoy/inputs/`` (``make envoy-configs``).
 """
 
+from ext_proc.tools.envoy_names import BUFFER_FILTER, PER_ROUTE_TYPE
 from ext_proc.tools.envoygen.cli import generate, main
 from ext_proc.tools.envoygen.inputs import (
     MINT_BUFFER_MIN,
@@ -66,11 +67,9 @@ from ext_proc.tools.envoygen.inputs import (
     state_rewrite,
 )
 from ext_proc.tools.envoygen.output import (
-    BUFFER_FILTER,
     DECOMPRESSOR_FILTER,
     EXT_PROC_FILTER,
     HTTP_OPTIONS,
-    PER_ROUTE_TYPE,
     PROCESSOR_SERVICE,
     ROUTER_FILTER,
     TLS_SOCKET,

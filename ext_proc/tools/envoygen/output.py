@@ -18,6 +18,7 @@ from ext_proc.core.address import HostPort
 from ext_proc.core.route_policy import Action
 from ext_proc.edge.attributes import HEADERS, attribute_keys
 from ext_proc.tools import carrier_headers
+from ext_proc.tools.envoy_names import BUFFER_FILTER, MINT_RESPONSE
 from ext_proc.tools.envoygen import route_headers
 from ext_proc.tools.envoygen.inputs import (
     PROCESSOR_CLUSTER,
@@ -74,10 +75,8 @@ with warnings.catch_warnings():
 PROCESSOR_SERVICE: Final = "envoy.service.ext_proc.v3.ExternalProcessor"
 HCM_NAME: Final = "envoy.filters.network.http_connection_manager"
 DECOMPRESSOR_FILTER: Final = "envoy.filters.http.decompressor"
-BUFFER_FILTER: Final = "envoy.filters.http.buffer"
 EXT_PROC_FILTER: Final = "envoy.filters.http.ext_proc"
 ROUTER_FILTER: Final = "envoy.filters.http.router"
-PER_ROUTE_TYPE: Final = "envoy.extensions.filters.http.ext_proc.v3.ExtProcPerRoute"
 HTTP_OPTIONS: Final = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
 TLS_SOCKET: Final = "envoy.transport_sockets.tls"
 # The overload manager's resource monitors and actions (Envoy's edge best practices).
@@ -251,27 +250,22 @@ def upstream_cluster(name: str, address: HostPort) -> cluster.Cluster:
 def processing_mode(spec: GeneratorInput, *, response: bool) -> ext_proc.ProcessingMode:
     """The filter's modes; with ``response``, the response headers and the buffered
     response body go to the processor as well (a ``mint`` route)."""
-    send, skip = (
-        ext_proc.ProcessingModeHeaderSendMode.SEND,
-        ext_proc.ProcessingModeHeaderSendMode.SKIP,
-    )
+    headers, bodies = ext_proc.ProcessingModeHeaderSendMode, ext_proc.ProcessingModeBodySendMode
     return ext_proc.ProcessingMode(
         # One message: no headers message; the headers checked come as attributes.
-        request_header_mode=skip if spec.one_message else send,
+        request_header_mode=headers.SKIP if spec.one_message else headers.SEND,
         request_body_mode=(
-            ext_proc.ProcessingModeBodySendMode.BUFFERED
-            if spec.body_mode == "buffered"
-            else ext_proc.ProcessingModeBodySendMode.FULL_DUPLEX_STREAMED
+            bodies.BUFFERED if spec.body_mode == "buffered" else bodies.FULL_DUPLEX_STREAMED
         ),
         # FULL_DUPLEX_STREAMED needs the trailers sent.
-        request_trailer_mode=send,
-        response_header_mode=send if response else skip,
-        response_body_mode=(
-            ext_proc.ProcessingModeBodySendMode.BUFFERED
-            if response
-            else ext_proc.ProcessingModeBodySendMode.NONE
+        request_trailer_mode=headers.SEND,
+        response_header_mode=(
+            headers[MINT_RESPONSE["response_header_mode"]] if response else headers.SKIP
         ),
-        response_trailer_mode=skip,
+        response_body_mode=(
+            bodies[MINT_RESPONSE["response_body_mode"]] if response else bodies.NONE
+        ),
+        response_trailer_mode=headers.SKIP,
     )
 
 

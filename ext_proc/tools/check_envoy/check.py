@@ -1,0 +1,70 @@
+"""The check: every connection manager (of the named listeners), its filter chain, then
+each virtual host's routes, the rules applied in that order."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from ext_proc.core.route_policy import DEFAULT_NAMESPACE
+from ext_proc.tools.check_envoy import reader
+from ext_proc.tools.check_envoy.findings import Finding, Report, error
+from ext_proc.tools.check_envoy.rules import filters, manager, token_paths
+from ext_proc.tools.check_envoy.rules.header_step import header_step
+from ext_proc.tools.check_envoy.rules.route import route_rules
+
+
+def check(
+    config: Any, namespace: str = DEFAULT_NAMESPACE, listeners: frozenset[str] | None = None
+) -> Report:
+    """``listeners``: check only these listeners' connection managers (the ones in front
+    of model servers), not an admin or readiness listener beside them."""
+    found, missing = reader.managers(config, listeners)
+    findings: list[Finding] = []
+    if missing:
+        findings.append(error("listener-missing", "", f"no listener named {', '.join(missing)}"))
+    if not found:
+        findings.append(error("no-connection-manager", "", "no HTTP connection manager found"))
+    routes = 0
+    for index, entry in enumerate(found):
+        chain = reader.read_chain(index, entry, namespace)
+        findings.extend(_chain(chain))
+        if chain.ours:
+            for vhost in reader.virtual_hosts(chain):
+                routes += len(vhost.routes)
+                findings.extend(_virtual_host(vhost, chain))
+    return Report(tuple(findings), routes)
+
+
+def _chain(chain: reader.Chain) -> Iterator[Finding]:
+    if not chain.ours:
+        others = any(reader.is_ext_proc(f) for f in chain.filters)
+        yield error(
+            "ext-proc-missing",
+            chain.place,
+            "no ext_proc filter of this processor (none requests its route attributes"
+            f"{', though other ext_proc filters run' if others else ''}); no request is "
+            "inspected",
+        )
+        return
+    yield from filters.other_filters(chain)
+    yield from header_step(chain)
+    for entry in chain.ours:
+        place = f"{chain.place} filter {entry.get('name')}"
+        yield from filters.filter_settings(place, entry, chain.namespace)
+    yield from manager.path_handling(chain)
+    yield from filters.per_route_names(chain)
+    yield from manager.upgrades(chain)
+    yield from manager.unseen_routes(chain)
+    top = chain.manager.get("route_config", {}).get("typed_per_filter_config", {})
+    for name, config in reader.per_route(top):
+        yield from filters.override(f"{chain.place} route_config", name, config, chain.requested)
+
+
+def _virtual_host(vhost: reader.VirtualHost, chain: reader.Chain) -> Iterator[Finding]:
+    yield from manager.matcher_tree(vhost)
+    for name, config in reader.per_route(vhost.entry.get("typed_per_filter_config", {})):
+        yield from filters.override(vhost.place, name, config, chain.requested)
+    for route in vhost.routes:
+        yield from route_rules(route, chain)
+    yield from token_paths.token_paths(vhost)

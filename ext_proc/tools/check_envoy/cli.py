@@ -1,0 +1,36 @@
+"""``python -m ext_proc check-envoy FILE``: one line per finding, its severity and code
+first, then a verdict line; exit 1 when there is an error."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import yaml
+
+from ext_proc.core.route_policy import DEFAULT_NAMESPACE
+from ext_proc.tools.check_envoy.check import check
+from ext_proc.tools.check_envoy.findings import Finding
+
+
+def line(finding: Finding) -> str:
+    """``error[ext-proc-not-running]: http_connection_manager[0] route vllm/x: ...``"""
+    return f"{finding.severity}[{finding.code}]: {finding.text}"
+
+
+def main(path: Path, namespace: str | None = None, listeners: frozenset[str] | None = None) -> int:
+    try:
+        config = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        print(f"{path}: cannot read: {exc}", file=sys.stderr)
+        return 1
+    report = check(config, namespace or DEFAULT_NAMESPACE, listeners)
+    # Warnings first, then errors: the errors end up next to the verdict.
+    for severity in ("warning", "error"):
+        for finding in report.findings:
+            if finding.severity == severity:
+                print(line(finding))
+    errors, warnings = len(report.errors), len(report.warnings)
+    verdict = "FAILED" if errors else "OK"
+    print(f"{path}: {verdict} ({report.routes} routes, {errors} errors, {warnings} warnings)")
+    return 1 if errors else 0

@@ -1,0 +1,97 @@
+"""A filter's setting on one route, as Envoy picks it from the per-route
+configurations: the most specific ``typed_per_filter_config`` that says something about
+it wins (a weighted cluster's, then the route's, the virtual host's, the route
+configuration's), else the filter's own.
+
+``effective`` is that walk, written once; each reading below states what one level
+says about one filter, or None when it leaves the decision to the levels around it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, Final, Literal, TypeVar
+
+from ext_proc.tools.check_envoy.reader import (
+    BUFFER_PER_ROUTE,
+    FILTER_CONFIG,
+    Hold,
+    ext_proc_per_route,
+)
+
+T = TypeVar("T")
+# A level's word that the filter does not run there.
+OFF: Final = "off"
+Off = Literal["off"]
+
+
+def effective(levels: Sequence[Any], name: str, says: Callable[[Any], T | None], default: T) -> T:
+    """What the most specific level that decides says about filter ``name``
+    (``levels``: typed_per_filter_config mappings, most specific first), else
+    ``default``."""
+    for level in levels:
+        if not isinstance(level, dict) or name not in level:
+            continue
+        decided = says(level[name])
+        if decided is not None:
+            return decided
+    return default
+
+
+def _ext_proc_runs(given: Any) -> bool | None:
+    # Any configuration decides: one enables a filter disabled by default.
+    config = ext_proc_per_route(given)
+    return None if config is None else not config.get("disabled")
+
+
+def ext_proc_runs(name: str, by_default: bool, levels: Sequence[Any]) -> bool:
+    """Whether ext_proc filter ``name`` runs on the route."""
+    return effective(levels, name, _ext_proc_runs, by_default)
+
+
+def _ext_proc_mode(given: Any) -> dict[str, Any] | Off | None:
+    # Overrides merge field by field: a level without a processing mode leaves it to
+    # the levels around it.
+    config = ext_proc_per_route(given)
+    if config is None:
+        return None
+    if config.get("disabled"):
+        return OFF
+    overrides = config.get("overrides", {})
+    return dict(overrides["processing_mode"]) if "processing_mode" in overrides else None
+
+
+def ext_proc_mode(name: str, mode: dict[str, Any], levels: Sequence[Any]) -> dict[str, Any] | None:
+    """The processing mode of ext_proc filter ``name``, whose own is ``mode``, on the
+    route; None where it is disabled."""
+    default: dict[str, Any] | Off = mode
+    found = effective(levels, name, _ext_proc_mode, default)
+    return None if isinstance(found, str) else found
+
+
+def _buffer_settings(hold: Hold) -> Callable[[Any], dict[str, Any] | Off | None]:
+    def says(given: Any) -> dict[str, Any] | Off | None:
+        if not isinstance(given, dict):
+            return None
+        if given.get("@type") == FILTER_CONFIG:
+            if given.get("disabled"):
+                return OFF
+            given = given.get("config") or {}
+            if not isinstance(given, dict) or given.get("@type") != BUFFER_PER_ROUTE:
+                return hold.config  # an empty wrapper enables the filter as configured
+        if given.get("@type") == BUFFER_PER_ROUTE:
+            if given.get("disabled"):
+                return OFF
+            if isinstance(given.get("buffer"), dict):
+                return dict(given["buffer"])
+        return None
+
+    return says
+
+
+def hold_settings(hold: Hold, levels: Sequence[Any]) -> dict[str, Any] | None:
+    """The buffer filter's settings (a ``Buffer``) on the route: the most specific
+    ``BufferPerRoute`` or ``FilterConfig``; None where it does not run."""
+    default: dict[str, Any] | Off = OFF if hold.off_by_default else hold.config
+    found = effective(levels, hold.name, _buffer_settings(hold), default)
+    return None if isinstance(found, str) else found

@@ -1,0 +1,119 @@
+"""What ``check-envoy`` finds: values with a stable code, a place and a severity.
+
+A code names one kind of problem and never changes meaning; its message may be
+reworded. ``CODES`` is their one list (docs/operations.md#check-envoy-findings shows
+it): a finding with a code not listed cannot be made.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Final, Literal
+
+Severity = Literal["error", "warning"]
+
+CODES: Final[Mapping[str, str]] = MappingProxyType(
+    {
+        # The configuration as a whole.
+        "no-connection-manager": "no HTTP connection manager (of the listeners named)",
+        "listener-missing": "a listener named with --listener is not in the configuration",
+        "ext-proc-missing": "a connection manager runs no ext_proc filter of this processor",
+        "routes-unseen": "routes come from RDS or scoped routes, which the check cannot read",
+        "matcher-tree": "a virtual host chooses routes by a matcher tree",
+        "path-not-normalized": "normalize_path is not true",
+        "escaped-slashes-kept": "path_with_escaped_slashes_action keeps '%2F' in the path",
+        "upgrade-filter-chain": "an upgrade runs a filter chain of its own",
+        # This processor's ext_proc filter, and its per-route configurations.
+        "failure-mode-allow": "the filter fails open (failure_mode_allow)",
+        "observability-mode": "the filter runs in observability_mode",
+        "content-length-allowed": "allow_content_length_header lets stale lengths through",
+        "refusals-dropped": "disable_immediate_response drops the processor's refusals",
+        "attributes-missing": "request_attributes lacks a route metadata attribute",
+        "body-not-inspected": "a request_body_mode the processor cannot inspect",
+        "one-message-incomplete": "headers skipped without a BUFFERED body and header attributes",
+        "streamed-without-trailers": "FULL_DUPLEX_STREAMED without request_trailer_mode SEND",
+        "override-fails-open": "an ExtProcPerRoute override sets failure_mode_allow",
+        "per-route-name-unknown": "an ext_proc per-route configuration names no filter",
+        # Other filters of the chain.
+        "other-ext-proc-first": "another ext_proc filter runs before this processor's",
+        "other-ext-proc-before-hold": "another ext_proc filter runs before the buffer filter",
+        "other-ext-proc-fails-open": "another service's ext_proc filter fails open",
+        "header-step-missing": "no working header step before this processor's filter",
+        "header-rewritten-by-filter": "a filter writes a guarded header from the request",
+        "header-rewritten-by-route": "request_headers_to_add writes a guarded header",
+        "header-step-per-route": "a route or virtual host configures the header step",
+        "underscore-headers": "header names with underscores pass",
+        # A forwarding route.
+        "ext-proc-not-running": "no ext_proc filter of this processor runs on the route",
+        "ext-proc-off-for-cluster": "a weighted cluster turns every ext_proc filter off",
+        "hold-missing": "headers skipped and no buffer filter after the filter holds them",
+        "hold-limit-unstated": "a buffer filter sets a limit on a route that states none",
+        "hold-limit-raised": "a buffer filter's limit is above the route's",
+        "hold-limit-lowered": "a buffer filter's limit is below the route's",
+        "policy-missing": "no policy metadata (aggregated + strip)",
+        "policy-not-mapping": "the policy metadata is not a mapping",
+        "policy-invalid": "the policy metadata is invalid, as the processor would refuse it",
+        "mint-response-unseen": "a mint route whose response the processor does not see",
+        "trust-any-caller": "an honor route trusts any caller",
+        "vocab-size-missing": "an honor route without vocab_size",
+        "rewrite-stated-not-made": "metadata states a rewrite the route does not make",
+        "rewrite-unfollowed": "a prefix_rewrite of a matcher that is not a prefix",
+        "rewrite-unstated": "a prefix_rewrite the metadata does not state",
+        "rewrite-misstated": "metadata states a rewrite other than the route's",
+        # Route selection and vLLM's token-in and echo endpoints.
+        "route-unreadable": "a route whose paths the simulation cannot tell",
+        "rewrite-unreadable": "a rewrite whose upstream paths the simulation cannot tell",
+        "pattern-before-404s": "a pattern route forwards before the 404s of every token path",
+        "token-path-forwarded": "a route forwards a path that reaches a token endpoint",
+    }
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    """One problem: ``code`` (one of ``CODES``), where it is (``place``, the connection
+    manager and the route or filter; empty for the configuration as a whole), how bad
+    (``severity``: an error fails the check) and what it means (``message``)."""
+
+    code: str
+    place: str
+    severity: Severity
+    message: str
+
+    def __post_init__(self) -> None:
+        if self.code not in CODES:
+            raise ValueError(f"finding code {self.code!r} is not in CODES")
+
+    @property
+    def text(self) -> str:
+        """The place and the message, as one line."""
+        return f"{self.place}: {self.message}" if self.place else self.message
+
+
+def error(code: str, place: str, message: str) -> Finding:
+    return Finding(code, place, "error", message)
+
+
+def warning(code: str, place: str, message: str) -> Finding:
+    return Finding(code, place, "warning", message)
+
+
+@dataclass(frozen=True, slots=True)
+class Report:
+    """Every finding, in the order the check made them, and the routes it read."""
+
+    findings: tuple[Finding, ...]
+    routes: int
+
+    @property
+    def errors(self) -> list[str]:
+        return [f.text for f in self.findings if f.severity == "error"]
+
+    @property
+    def warnings(self) -> list[str]:
+        return [f.text for f in self.findings if f.severity == "warning"]
+
+    def codes(self, severity: Severity | None = None) -> list[str]:
+        return [f.code for f in self.findings if severity in (None, f.severity)]

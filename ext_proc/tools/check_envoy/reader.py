@@ -1,0 +1,209 @@
+"""The parts of an Envoy bootstrap the check reads: the HTTP connection managers (of the
+listeners named), their filter chains, their virtual hosts and routes, and the ext_proc
+filter's per-route configurations, each with the place a finding names.
+
+Nothing here judges: the rules do (``rules``), from what this module reads.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any, Final
+
+from ext_proc.edge.attributes import attribute_keys
+from ext_proc.tools.envoy_names import PER_ROUTE_TYPE
+
+_TYPE_URL: Final = "type.googleapis.com/"
+EXT_PROC: Final = _TYPE_URL + "envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor"
+PER_ROUTE: Final = _TYPE_URL + PER_ROUTE_TYPE
+FILTER_CONFIG: Final = _TYPE_URL + "envoy.config.route.v3.FilterConfig"
+BUFFER: Final = _TYPE_URL + "envoy.extensions.filters.http.buffer.v3.Buffer"
+BUFFER_PER_ROUTE: Final = _TYPE_URL + "envoy.extensions.filters.http.buffer.v3.BufferPerRoute"
+HCM: Final = (
+    _TYPE_URL + "envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager"
+)
+
+
+def walk(node: Any) -> Iterator[dict[str, Any]]:
+    """Every mapping in the document, depth first."""
+    if isinstance(node, dict):
+        yield node
+        for value in node.values():
+            yield from walk(value)
+    elif isinstance(node, list):
+        for item in node:
+            yield from walk(item)
+
+
+def managers(config: Any, listeners: frozenset[str] | None) -> tuple[list[Any], list[str]]:
+    """The connection managers to check (every one, or those of the named listeners),
+    and the names of listeners named but not found."""
+    if listeners is None:
+        return [n for n in walk(config) if n.get("@type") == HCM], []
+    found = [
+        listener
+        for listener in walk(config)
+        if listener.get("name") in listeners
+        and ("filter_chains" in listener or "default_filter_chain" in listener)
+    ]
+    missing = sorted(listeners - {str(listener["name"]) for listener in found})
+    return [n for listener in found for n in walk(listener) if n.get("@type") == HCM], missing
+
+
+def ext_proc_per_route(given: Any) -> dict[str, Any] | None:
+    """An ext_proc per-route configuration as the filter receives it, also from inside
+    a ``FilterConfig`` wrapper (whose own ``disabled`` counts as the filter's); None for
+    anything else."""
+    config = given
+    if isinstance(given, dict) and given.get("@type") == FILTER_CONFIG:
+        if given.get("disabled"):
+            return {"@type": PER_ROUTE, "disabled": True}
+        config = given.get("config", {})
+        if not isinstance(config, dict) or config.get("@type") != PER_ROUTE:
+            # An empty wrapper enables a filter that is disabled by default.
+            return {"@type": PER_ROUTE}
+    if isinstance(config, dict) and config.get("@type") == PER_ROUTE:
+        return config
+    return None
+
+
+def per_route(configs: Any) -> Iterator[tuple[str, dict[str, Any]]]:
+    """The ext_proc per-route configurations of a ``typed_per_filter_config``."""
+    if not isinstance(configs, dict):
+        return
+    for name, given in configs.items():
+        config = ext_proc_per_route(given)
+        if config is not None:
+            yield name, config
+
+
+def overrides_in(node: Any) -> Iterator[tuple[str, dict[str, Any]]]:
+    """Every ext_proc per-route configuration under ``node`` (weighted clusters too)."""
+    for mapping in walk(node):
+        yield from per_route(mapping.get("typed_per_filter_config"))
+
+
+def is_ext_proc(entry: dict[str, Any]) -> bool:
+    return bool(entry.get("typed_config", {}).get("@type") == EXT_PROC)
+
+
+def is_ours(entry: dict[str, Any], namespace: str) -> bool:
+    """Whether an ext_proc filter is this processor's: it requests one of the route
+    metadata attributes of its namespace. Another service's (an endpoint picker's) is
+    checked only for where it runs."""
+    requested = entry.get("typed_config", {}).get("request_attributes", [])
+    keys = attribute_keys(namespace)
+    return any(key in requested for key in (*keys.fields.values(), keys.size))
+
+
+@dataclass(frozen=True)
+class Hold:
+    """A buffer filter of the chain: it holds a request until its whole body is there."""
+
+    name: str
+    position: int
+    config: dict[str, Any]
+    off_by_default: bool
+
+
+@dataclass(frozen=True)
+class Chain:
+    """One connection manager with this processor's ext_proc filters (``ours``), as
+    every route of it is checked."""
+
+    place: str
+    manager: dict[str, Any]
+    namespace: str
+    filters: list[dict[str, Any]]
+    ours: list[dict[str, Any]]
+    # Every attribute one of ours requests.
+    requested: set[str]
+    # Ours by name: their typed_config.
+    configs: dict[str, dict[str, Any]]
+    # Ours that run unless a route says otherwise (HttpFilter.disabled false).
+    on_by_default: set[str]
+    # Each of ours' place in the filter chain.
+    positions: dict[str, int]
+    holds: list[Hold]
+
+    @property
+    def names(self) -> list[str]:
+        return [str(f.get("name")) for f in self.ours]
+
+
+def read_chain(index: int, manager: dict[str, Any], namespace: str) -> Chain:
+    filters = [f for f in manager.get("http_filters", []) if isinstance(f, dict)]
+    ours = [f for f in filters if is_ext_proc(f) and is_ours(f, namespace)]
+    return Chain(
+        place=f"http_connection_manager[{index}]",
+        manager=manager,
+        namespace=namespace,
+        filters=filters,
+        ours=ours,
+        requested={a for f in ours for a in f["typed_config"].get("request_attributes", [])},
+        configs={str(f.get("name")): f["typed_config"] for f in ours},
+        on_by_default={str(f.get("name")) for f in ours if not f.get("disabled", False)},
+        positions={str(f.get("name")): filters.index(f) for f in ours},
+        holds=[
+            Hold(str(f.get("name")), position, f["typed_config"], bool(f.get("disabled")))
+            for position, f in enumerate(filters)
+            if f.get("typed_config", {}).get("@type") == BUFFER
+        ],
+    )
+
+
+@dataclass(frozen=True)
+class Route:
+    """One route of a virtual host. ``levels``: its own typed_per_filter_config, its
+    virtual host's and its route configuration's, most specific first."""
+
+    place: str
+    entry: dict[str, Any]
+    levels: list[Any]
+
+    @property
+    def forwards(self) -> bool:
+        """A direct response or a redirect reaches no upstream."""
+        return "route" in self.entry
+
+    def clusters(self) -> Iterator[tuple[Any, list[Any]]]:
+        """Each weighted cluster of a forwarding route: its name and its levels (its
+        own configuration the most specific of all)."""
+        for cluster in self.entry["route"].get("weighted_clusters", {}).get("clusters", []):
+            inner = cluster.get("typed_per_filter_config", {}) if isinstance(cluster, dict) else {}
+            yield cluster.get("name"), [inner, *self.levels]
+
+
+@dataclass(frozen=True)
+class VirtualHost:
+    place: str
+    # The prefix of its routes' places ("... route NAME"; a route adds "/ROUTE").
+    routes_place: str
+    entry: dict[str, Any]
+    # Its routes that are mappings, in order.
+    listed: list[dict[str, Any]]
+    routes: list[Route]
+
+
+def virtual_hosts(chain: Chain) -> Iterator[VirtualHost]:
+    route_config = chain.manager.get("route_config", {})
+    top = route_config.get("typed_per_filter_config", {})
+    for vhost in route_config.get("virtual_hosts", []):
+        host = vhost.get("typed_per_filter_config", {})
+        routes_place = f"{chain.place} route {vhost.get('name')}"
+        listed = [r for r in vhost.get("routes", []) if isinstance(r, dict)]
+        yield VirtualHost(
+            place=f"{chain.place} virtual_host {vhost.get('name')}",
+            routes_place=routes_place,
+            entry=vhost,
+            listed=listed,
+            routes=[
+                Route(
+                    f"{routes_place}/{entry.get('name') or f'#{position}'}",
+                    entry,
+                    [entry.get("typed_per_filter_config", {}), host, top],
+                )
+                for position, entry in enumerate(listed)
+            ],
+        )

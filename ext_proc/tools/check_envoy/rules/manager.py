@@ -1,0 +1,72 @@
+"""What a connection manager must do for its routes to be checked at all: normalise the
+path as the upstream decodes it, run this chain for upgrades too, and carry its routes
+where the check can read them."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Final
+
+from ext_proc.tools.check_envoy.findings import Finding, error
+from ext_proc.tools.check_envoy.reader import Chain, VirtualHost
+
+# What the connection manager must do to the path before routes match, so that route
+# matches see the path the upstream decodes (uvicorn percent-decodes it).
+UNESCAPING: Final = ("UNESCAPE_AND_REDIRECT", "UNESCAPE_AND_FORWARD", "REJECT_REQUEST")
+
+
+def path_handling(chain: Chain) -> Iterator[Finding]:
+    manager = chain.manager
+    if manager.get("normalize_path") is not True:
+        yield error(
+            "path-not-normalized",
+            chain.place,
+            "normalize_path is not true: route matches see dot segments and escaped letters "
+            "the upstream resolves ('/v1/chat/completions/%64erender' reaches derender). Set "
+            "normalize_path: true",
+        )
+    action = manager.get("path_with_escaped_slashes_action", "KEEP_UNCHANGED")
+    if action not in UNESCAPING:
+        yield error(
+            "escaped-slashes-kept",
+            chain.place,
+            f"path_with_escaped_slashes_action {action} keeps '%2F' in the path routes match "
+            "while the upstream decodes it ('/pd/v1/chat/completions%2Fderender' reaches "
+            f"derender). Use one of {', '.join(UNESCAPING)}",
+        )
+
+
+def upgrades(chain: Chain) -> Iterator[Finding]:
+    """An upgrade (websocket, CONNECT...) with a filter chain of its own runs that chain
+    instead of this one: the request's headers reach the upstream without this
+    processor's filter, and its body waits for a 101."""
+    for upgrade in chain.manager.get("upgrade_configs", []):
+        if isinstance(upgrade, dict) and "filters" in upgrade:
+            yield error(
+                "upgrade-filter-chain",
+                chain.place,
+                f"upgrade_configs {upgrade.get('upgrade_type')!r} runs filters of its own: its "
+                "requests skip this processor's filter (headers forwarded uninspected). Remove "
+                "its filters (the upgrade then runs this chain) or the upgrade",
+            )
+
+
+def unseen_routes(chain: Chain) -> Iterator[Finding]:
+    for unseen in ("rds", "scoped_routes"):
+        if unseen in chain.manager:
+            yield error(
+                "routes-unseen",
+                chain.place,
+                f"routes come from {unseen}: this check cannot see them (give the connection "
+                "manager its route_config inline to check it)",
+            )
+
+
+def matcher_tree(vhost: VirtualHost) -> Iterator[Finding]:
+    if "matcher" in vhost.entry:
+        yield error(
+            "matcher-tree",
+            vhost.place,
+            "routes chosen by a matcher tree: this check cannot see which routes forward "
+            "what; use routes",
+        )

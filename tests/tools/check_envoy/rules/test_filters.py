@@ -1,0 +1,201 @@
+"""This processor's filter and its overrides fail closed; other ext_proc filters run
+after the decision; per-route configurations name a filter of the chain."""
+
+import copy
+
+import pytest
+
+from tests.tools.check_envoy.shipped import (
+    BUFFER,
+    EXT_PROC,
+    EXT_PROC_TYPE,
+    FILTER_CONFIG,
+    HCM,
+    OURS,
+    VHOST,
+    at,
+    ext_proc,
+    ext_proc_index,
+    filter_names,
+    found,
+    hcm,
+    mint_mode,
+    mutated,
+    per_route,
+    route,
+)
+
+OVERRIDES = f"{at('prefill')} {EXT_PROC} overrides"
+FAILS_OPEN = per_route(overrides={"failure_mode_allow": True})
+
+
+def _weighted_fail_open(config):
+    route(config, "aggregated")["route"].update(
+        weighted_clusters={
+            "clusters": [{"name": "aggregated", "weight": 1, "typed_per_filter_config": FAILS_OPEN}]
+        }
+    )
+
+
+def _mint_override_fails_open(config):
+    route(config, "prefill")["typed_per_filter_config"][EXT_PROC]["overrides"].update(
+        failure_mode_allow=True
+    )
+
+
+@pytest.mark.parametrize(
+    ("change", "expected"),
+    [
+        (
+            lambda c: ext_proc(c).update(failure_mode_allow=True),
+            [("failure-mode-allow", OURS)],
+        ),
+        (
+            lambda c: ext_proc(c).update(observability_mode=True),
+            [("observability-mode", OURS)],
+        ),
+        (
+            lambda c: ext_proc(c).update(allow_content_length_header=True),
+            [("content-length-allowed", OURS)],
+        ),
+        (
+            lambda c: ext_proc(c).update(disable_immediate_response=True),
+            [("refusals-dropped", OURS)],
+        ),
+        (
+            lambda c: ext_proc(c)["processing_mode"].update(request_body_mode="STREAMED"),
+            [("body-not-inspected", OURS), ("one-message-incomplete", OURS)],
+        ),
+        # A header attribute missing: the filter and the mint route's override (which
+        # skips the headers too) both need it.
+        (
+            lambda c: ext_proc(c)["request_attributes"].pop(),
+            [("one-message-incomplete", OURS), ("one-message-incomplete", OVERRIDES)],
+        ),
+        (
+            lambda c: ext_proc(c)["processing_mode"].update(
+                request_body_mode="FULL_DUPLEX_STREAMED", request_trailer_mode="SKIP"
+            ),
+            [("one-message-incomplete", OURS), ("streamed-without-trailers", OURS)],
+        ),
+        (
+            lambda c: ext_proc(c)["request_attributes"].pop(0),
+            [("attributes-missing", OURS)],
+        ),
+        # The override replaces the filter's whole mode: its request side is checked too.
+        (
+            lambda c: mint_mode(c).pop("request_body_mode"),
+            [("body-not-inspected", OVERRIDES), ("one-message-incomplete", OVERRIDES)],
+        ),
+        # Overrides that fail open, wherever they sit, also inside a FilterConfig.
+        (
+            lambda c: route(c, "aggregated").update(typed_per_filter_config=FAILS_OPEN),
+            [("override-fails-open", at("aggregated"))],
+        ),
+        (
+            lambda c: route(c, "aggregated").update(
+                typed_per_filter_config={
+                    EXT_PROC: {"@type": FILTER_CONFIG, "config": FAILS_OPEN[EXT_PROC]}
+                }
+            ),
+            [("override-fails-open", at("aggregated"))],
+        ),
+        (_mint_override_fails_open, [("override-fails-open", at("prefill"))]),
+        (
+            lambda c: hcm(c)["route_config"]["virtual_hosts"][0].update(
+                typed_per_filter_config=FAILS_OPEN
+            ),
+            [("override-fails-open", VHOST)],
+        ),
+        (
+            lambda c: hcm(c)["route_config"].update(typed_per_filter_config=FAILS_OPEN),
+            [("override-fails-open", f"{HCM} route_config")],
+        ),
+        (_weighted_fail_open, [("override-fails-open", at("aggregated"))]),
+    ],
+)
+def test_a_filter_or_override_that_fails_open_is_an_error(change, expected):
+    report = mutated(change)
+    assert found(report) == expected
+    assert found(report, "warning") == []
+
+
+def test_a_per_route_config_under_the_types_name_is_an_error():
+    # The 404s' disable keyed by the filter's type: Envoy looks per-route configs up by
+    # the filter's name only, so the processor still runs on them.
+    def change(config):
+        configs = route(config, "token-endpoint-echo")["typed_per_filter_config"]
+        configs[EXT_PROC_TYPE.removeprefix("type.googleapis.com/")] = configs.pop(EXT_PROC)
+
+    assert found(mutated(change)) == [("per-route-name-unknown", HCM)]
+
+
+# --- other ext_proc filters -------------------------------------------------------------------
+
+# An endpoint picker's filter: another service, failing open, none of our attributes.
+PICKER = {
+    "name": "picker",
+    "typed_config": {
+        "@type": EXT_PROC_TYPE,
+        "grpc_service": {"envoy_grpc": {"cluster_name": "picker"}},
+        "failure_mode_allow": True,
+        "processing_mode": {"request_body_mode": "FULL_DUPLEX_STREAMED"},
+    },
+}
+
+
+def picker(*, fails_open):
+    entry = copy.deepcopy(PICKER)
+    entry["typed_config"]["failure_mode_allow"] = fails_open
+    return entry
+
+
+def after_hold(config):
+    return filter_names(config).index(BUFFER) + 1
+
+
+def test_another_services_filter_after_the_hold_is_left_to_its_service():
+    report = mutated(
+        lambda c: hcm(c)["http_filters"].insert(after_hold(c), picker(fails_open=True))
+    )
+    # Failing open is its own service's business, but worth saying.
+    assert (found(report), found(report, "warning")) == ([], [("other-ext-proc-fails-open", HCM)])
+    closed = picker(fails_open=False)
+    assert mutated(lambda c: hcm(c)["http_filters"].insert(after_hold(c), closed)).findings == ()
+
+
+@pytest.mark.parametrize(
+    ("position", "code"),
+    [(EXT_PROC, "other-ext-proc-first"), (BUFFER, "other-ext-proc-before-hold")],
+    ids=["before-ours", "before-the-hold"],
+)
+def test_another_services_filter_before_the_decision_is_an_error(position, code):
+    def change(config):
+        hcm(config)["http_filters"].insert(
+            filter_names(config).index(position), picker(fails_open=False)
+        )
+
+    assert found(mutated(change)) == [(code, HCM)]
+
+
+def test_a_filter_asking_only_for_generic_attributes_is_not_ours():
+    # The route name and path are anyone's to ask for: only the route metadata fields
+    # make a filter this processor's.
+    entry = picker(fails_open=False)
+    entry["typed_config"]["request_attributes"] = ["xds.route_name", "request.url_path"]
+    assert mutated(lambda c: hcm(c)["http_filters"].insert(after_hold(c), entry)).findings == ()
+
+
+def test_a_chain_with_only_another_services_filter_is_an_error():
+    def change(config):
+        filters = hcm(config)["http_filters"]
+        filters[:] = [copy.deepcopy(PICKER), filters[-1]]
+
+    (finding,) = mutated(change).findings
+    assert (finding.code, finding.place, finding.severity) == ("ext-proc-missing", HCM, "error")
+
+
+def test_without_this_processors_filter_nothing_else_is_checked():
+    report = mutated(lambda c: hcm(c)["http_filters"].pop(ext_proc_index(c)))
+    assert found(report) == [("ext-proc-missing", HCM)]
+    assert report.routes == 0

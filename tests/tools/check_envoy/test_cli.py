@@ -1,0 +1,59 @@
+"""``python -m ext_proc check-envoy``: one line per finding with its severity and code,
+then the verdict; exit 1 on an error."""
+
+import copy
+
+import yaml
+
+from ext_proc.tools.check_envoy import main
+from tests.tools.check_envoy.shipped import SHIPPED, per_route, route
+from tests.tools.check_envoy.test_check import with_admin_listener
+
+
+def write(tmp_path, config):
+    path = tmp_path / "envoy.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def test_an_error_is_a_line_with_its_code_and_exit_1(tmp_path, capsys):
+    config = copy.deepcopy(SHIPPED)
+    route(config, "aggregated").update(typed_per_filter_config=per_route(disabled=True))
+    path = write(tmp_path, config)
+    assert main(path) == 1
+    error, verdict = capsys.readouterr().out.splitlines()
+    assert error.startswith(
+        "error[ext-proc-not-running]: http_connection_manager[0] route vllm/aggregated: "
+    )
+    assert verdict == f"{path}: FAILED (8 routes, 1 errors, 0 warnings)"
+
+
+def test_warnings_alone_pass(tmp_path, capsys):
+    config = copy.deepcopy(SHIPPED)
+    route(config, "disaggregated").pop("metadata")
+    path = write(tmp_path, config)
+    assert main(path) == 0
+    warning, verdict = capsys.readouterr().out.splitlines()
+    assert warning.startswith("warning[policy-missing]: http_connection_manager[0] route ")
+    assert verdict == f"{path}: OK (8 routes, 0 errors, 1 warnings)"
+
+
+def test_main_takes_listener_names(tmp_path, capsys):
+    config = copy.deepcopy(SHIPPED)
+    with_admin_listener(config)
+    path = write(tmp_path, config)
+    gateway = config["static_resources"]["listeners"][0]["name"]
+    assert main(path) == 1
+    assert main(path, listeners=frozenset({gateway})) == 0
+    assert (
+        capsys.readouterr().out.splitlines()[-1] == f"{path}: OK (8 routes, 0 errors, 0 warnings)"
+    )
+
+
+def test_an_unreadable_file_is_one_line_and_exit_1(tmp_path, capsys):
+    path = tmp_path / "bad.yaml"
+    path.write_text("a: [")
+    assert main(path) == 1
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.startswith(f"{path}: cannot read: ")
