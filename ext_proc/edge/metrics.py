@@ -38,38 +38,8 @@ class Metrics:
             ["route", "action", "reason", "mode"],
             registry=self.registry,
         )
-        self.body_bytes = Histogram(
-            "ext_proc_request_body_bytes",
-            "Size of inspected request bodies.",
-            ["route"],
-            buckets=BODY_BUCKETS,
-            registry=self.registry,
-        )
-        self.processing_seconds = Histogram(
-            "ext_proc_processing_seconds",
-            "Processor time spent on one request (parsing, policy, rewriting, encoding).",
-            ["route"],
-            buckets=TIME_BUCKETS,
-            registry=self.registry,
-        )
-        self.inflight_streams = Gauge(
-            "ext_proc_inflight_streams",
-            "ext_proc streams open now.",
-            registry=self.registry,
-            multiprocess_mode="livesum",
-        )
-        self.inflight_bytes = Gauge(
-            "ext_proc_inflight_body_bytes",
-            "Request-body bytes held now (the in-flight budget in use).",
-            registry=self.registry,
-            multiprocess_mode="livesum",
-        )
-        self.inflight_limit = Gauge(
-            "ext_proc_inflight_budget_limit_bytes",
-            "The in-flight budget: request-body bytes that may be held at once (503 beyond).",
-            registry=self.registry,
-            multiprocess_mode="livesum",
-        )
+        self.body_bytes, self.processing_seconds = _histograms(self.registry)
+        self.inflight_streams, self.inflight_bytes, self.inflight_limit = _gauges(self.registry)
         self.stream_errors = Counter(
             "ext_proc_stream_errors",
             "Streams ended with an error: protocol_violation, internal, cancelled.",
@@ -132,6 +102,45 @@ class Metrics:
         self.inflight_streams.set(streams)
         self.inflight_bytes.set(held)
         self.inflight_limit.set(limit)
+
+
+def _histograms(registry: CollectorRegistry) -> tuple[Histogram, Histogram]:
+    """Body sizes and processor time, per route."""
+    body_bytes = Histogram(
+        "ext_proc_request_body_bytes",
+        "Size of inspected request bodies.",
+        ["route"],
+        buckets=BODY_BUCKETS,
+        registry=registry,
+    )
+    processing_seconds = Histogram(
+        "ext_proc_processing_seconds",
+        "Processor time spent on one request (parsing, policy, rewriting, encoding).",
+        ["route"],
+        buckets=TIME_BUCKETS,
+        registry=registry,
+    )
+    return body_bytes, processing_seconds
+
+
+def _gauges(registry: CollectorRegistry) -> tuple[Gauge, Gauge, Gauge]:
+    """What is held now: streams, body bytes, and the budget they are held against
+    (summed over live workers)."""
+
+    def gauge(name: str, doc: str) -> Gauge:
+        return Gauge(name, doc, registry=registry, multiprocess_mode="livesum")
+
+    return (
+        gauge("ext_proc_inflight_streams", "ext_proc streams open now."),
+        gauge(
+            "ext_proc_inflight_body_bytes",
+            "Request-body bytes held now (the in-flight budget in use).",
+        ),
+        gauge(
+            "ext_proc_inflight_budget_limit_bytes",
+            "The in-flight budget: request-body bytes that may be held at once (503 beyond).",
+        ),
+    )
 
 
 class Endpoint:
