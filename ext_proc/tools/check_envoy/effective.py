@@ -49,24 +49,28 @@ def ext_proc_runs(name: str, by_default: bool, levels: Sequence[Any]) -> bool:
     return effective(levels, name, _ext_proc_runs, by_default)
 
 
-def _ext_proc_mode(given: Any) -> dict[str, Any] | Off | None:
-    # Overrides merge field by field: a level without a processing mode leaves it to
-    # the levels around it.
-    config = ext_proc_per_route(given)
-    if config is None:
-        return None
-    if config.get("disabled"):
-        return OFF
-    overrides = config.get("overrides", {})
-    return dict(overrides["processing_mode"]) if "processing_mode" in overrides else None
-
-
 def ext_proc_mode(name: str, mode: dict[str, Any], levels: Sequence[Any]) -> dict[str, Any] | None:
     """The processing mode of ext_proc filter ``name``, whose own is ``mode``, on the
-    route; None where it is disabled."""
-    default: dict[str, Any] | Off = mode
-    found = effective(levels, name, _ext_proc_mode, default)
-    return None if isinstance(found, str) else found
+    route; None where it is disabled.
+
+    Envoy merges the per-route configurations from the least specific up, each merge
+    taking the more specific level's ``disabled`` and, unless that is set, its processing
+    mode or else the merged one below it; a disabled level's merged mode is none. So the
+    most specific level that states something wins, a level without a processing mode
+    leaves it to the levels around it, and a disabled level that is not the most
+    specific ends the search: the filter's own mode applies, not one stated below it."""
+    most_specific = True
+    for level in levels:
+        config = ext_proc_per_route(level.get(name)) if isinstance(level, dict) else None
+        if config is None:
+            continue
+        if config.get("disabled"):
+            return None if most_specific else mode
+        most_specific = False
+        overrides = config.get("overrides", {})
+        if "processing_mode" in overrides:
+            return dict(overrides["processing_mode"])
+    return mode
 
 
 def _buffer_settings(hold: Hold) -> Callable[[Any], dict[str, Any] | Off | None]:

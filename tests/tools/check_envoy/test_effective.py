@@ -67,6 +67,11 @@ def test_whether_the_filter_runs(configs, by_default, runs):
         ((ON, MODE), SEND),
         ((OFF, MODE), None),
         ((MODE, OFF), SEND),
+        # A disabled level below the one that enables the filter ends the search: the
+        # filter's own mode applies, not one stated further down (Envoy's merge).
+        ((ON, OFF), SKIP),
+        ((ON, OFF, MODE), SKIP),
+        ((ON, None, MODE), SEND),
         (({"@type": FILTER_CONFIG, "config": MODE}, None), SEND),
     ],
 )
