@@ -63,7 +63,3 @@ def render(root: Path = REPO) -> str:
 def updated(readme: str, root: Path = REPO) -> str:
     """``readme`` with the text between the markers replaced by the current map."""
     return splice(readme, BEGIN, END, render(root))
-
-
-def write() -> None:
-    README.write_text(updated(README.read_text()))
