@@ -21,14 +21,15 @@ run: $(STAMP)
 test: lint typecheck unit e2e hostile bench-smoke test-vllm test-pd
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check ext_proc devstack tests bench
-	$(VENV)/bin/ruff format --check ext_proc devstack tests bench
+	$(VENV)/bin/ruff check ext_proc devstack tests bench conftest.py
+	$(VENV)/bin/ruff format --check ext_proc devstack tests bench conftest.py
 
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy
 
+# Each test carries exactly one tier marker (conftest.py), so a tier runs only when asked.
 unit: $(STAMP)
-	$(PY) -m pytest -m "not e2e and not hostile and not vllm and not bench and not pd" -q
+	$(PY) -m pytest -m unit -q
 
 e2e: $(STAMP)
 	$(PY) -m pytest -m e2e -q
