@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-vllm test-pd conformance-matrix pd-pair rules monitoring-rules dashboard llm-d-manifests lint typecheck unit e2e hostile bench bench-smoke profile protos envoy-config envoy-configs clean
+.PHONY: run test test-vllm test-pd conformance-matrix pd-pair rules generate monitoring-rules dashboard llm-d-manifests lint typecheck unit e2e hostile bench bench-smoke profile protos envoy-config envoy-configs clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -21,14 +21,15 @@ run: $(STAMP)
 test: lint typecheck unit e2e hostile bench-smoke test-vllm test-pd
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check ext_proc devstack tests bench
-	$(VENV)/bin/ruff format --check ext_proc devstack tests bench
+	$(VENV)/bin/ruff check ext_proc devstack tests bench conftest.py
+	$(VENV)/bin/ruff format --check ext_proc devstack tests bench conftest.py
 
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy
 
+# Each test carries exactly one tier marker (conftest.py), so a tier runs only when asked.
 unit: $(STAMP)
-	$(PY) -m pytest -m "not e2e and not hostile and not vllm and not bench and not pd" -q
+	$(PY) -m pytest -m unit -q
 
 e2e: $(STAMP)
 	$(PY) -m pytest -m e2e -q
@@ -75,37 +76,34 @@ pd-pair: $(STAMP)
 rules: $(STAMP)
 	$(PY) -m pytest -m e2e -q tests/e2e/test_monitoring.py
 
-# Regenerate deploy/kubernetes/monitoring/prometheusrule.yaml from deploy/monitoring/rules.yaml.
-monitoring-rules: $(STAMP)
-	$(PY) -m devstack monitoring
+# Regenerate every generated file (devstack/generated.py lists them with their
+# generators); tests/test_generated.py fails when a committed one differs.
+generate: $(STAMP)
+	$(PY) -m devstack generate
 
-# Regenerate deploy/llm-d/: the coordinator's HTTPRoute, Istio EnvoyFilter and Envoy
-# Gateway patch policy (from envoy/inputs/envoy-coordinator.yaml and the shipped gateway
-# manifests), and the routing-sidecar component's copies of envoy/envoy-pod-*.yaml.
+# One generator's files each:
+# envoy/*.yaml from envoy/inputs/;
+envoy-configs: $(STAMP)
+	$(PY) -m devstack envoy-configs
+# ext_proc/_pb from protos/ (wire-compatible subsets of the Envoy ext_proc API;
+# tests/edge/test_protos.py checks them against the upstream descriptors);
+protos: $(STAMP)
+	$(PY) -m devstack protos
+# deploy/llm-d/: the coordinator's HTTPRoute, Istio EnvoyFilter and Envoy Gateway patch
+# policy (from envoy/inputs/envoy-coordinator.yaml and the shipped gateway manifests), and
+# the routing-sidecar component's copies of envoy/envoy-pod-*.yaml;
 llm-d-manifests: $(STAMP)
 	$(PY) -m devstack llm-d
-
-# Regenerate deploy/monitoring/dashboard.json (Grafana) from devstack/dashboard.py.
+# deploy/kubernetes/monitoring/prometheusrule.yaml from deploy/monitoring/rules.yaml;
+monitoring-rules: $(STAMP)
+	$(PY) -m devstack monitoring
+# deploy/monitoring/dashboard.json (Grafana) from devstack/dashboard.py.
 dashboard: $(STAMP)
 	$(PY) -m devstack dashboard
-
-# Regenerate ext_proc/_pb from protos/ (wire-compatible subsets of the Envoy ext_proc
-# API); tests/edge/test_protos.py checks them against the upstream descriptors.
-protos: $(STAMP)
-	$(PY) -m grpc_tools.protoc -Iprotos --python_out=. --pyi_out=. \
-		protos/ext_proc/_pb/*.proto
-	$(PY) -m grpc_tools.protoc -Iprotos --grpc_python_out=. \
-		protos/ext_proc/_pb/external_processor.proto
 
 # A fail-closed Envoy bootstrap from a short description (INPUT=..., OUTPUT=...).
 envoy-config: $(STAMP)
 	$(PY) -m ext_proc envoy-config $(or $(INPUT),deploy/envoy-config.example.yaml) $(if $(OUTPUT),-o $(OUTPUT))
-
-# Regenerate every envoy/*.yaml from its input in envoy/inputs/;
-# tests/tools/envoygen/test_freshness.py fails when a committed config differs from its
-# generated form.
-envoy-configs: $(STAMP)
-	$(PY) -m ext_proc envoy-config envoy/inputs/*.yaml --output-dir envoy
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

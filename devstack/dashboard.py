@@ -7,9 +7,9 @@ route); the recording rules of deploy/monitoring/rules.yaml carry ``job`` too. E
 series (its admin endpoint's ``/stats/prometheus``) are selected with
 ``job=~"$envoy_job"``. Rates of the processor's raw counters use 5-minute windows, as the
 recording rules and alerts do; Envoy's use ``$__rate_interval``.
-tests/e2e/test_dashboard.py fails when the committed JSON differs from ``render()``, and
-checks every expression with promtool and every series name against the rules, the
-processor's metrics and the Envoy stats it was verified with."""
+tests/test_generated.py fails when the committed JSON differs from ``render()``;
+tests/e2e/test_dashboard.py checks every expression with promtool and every series name
+against the rules, the processor's metrics and the Envoy stats it was verified with."""
 
 from __future__ import annotations
 
@@ -458,7 +458,3 @@ def build() -> dashboard_builder.Dashboard:
 
 def render() -> str:
     return json.dumps(build().build(), cls=JSONEncoder, sort_keys=True, indent=2) + "\n"
-
-
-def write(output: Path = DASHBOARD) -> None:
-    output.write_text(render())

@@ -18,8 +18,8 @@ that makes its refusal a 400.
 
 It writes the HTTPRoute (one rule per phase, so that each phase is one route name to
 patch), the Istio EnvoyFilter and the Envoy Gateway patch policy with route patches for
-those rules. tests/e2e/test_llmd_coordinator.py fails when a committed file differs from
-what this writes.
+those rules. tests/test_generated.py fails when a committed file differs from what this
+writes.
 """
 
 from __future__ import annotations
@@ -250,6 +250,17 @@ def _dump(document: dict[str, Any], *sources: str) -> str:
     return header + yaml.dump(document, Dumper=_Plain, sort_keys=False, width=1000)
 
 
+# Every file ``files()`` writes, listed without generating them (tests/test_generated.py
+# holds the two equal).
+OUTPUTS: Final = (
+    OUTPUT / "routes" / "httproute.yaml",
+    OUTPUT / "istio" / "envoyfilter.yaml",
+    OUTPUT / "envoy-gateway" / "patch-policy.yaml",
+    OUTPUT / "envoy-gateway" / "extension-policy.yaml",
+    *(COMPONENT / name for name in POD_CONFIGS),
+)
+
+
 def files() -> dict[Path, str]:
     """Every generated file and its text."""
     source = INPUT.relative_to(REPO).as_posix()
@@ -274,9 +285,3 @@ def files() -> dict[Path, str]:
             for name in POD_CONFIGS
         },
     }
-
-
-def write() -> None:
-    for path, text in files().items():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)

@@ -2,7 +2,7 @@
 generated from the one source of the rules, ``deploy/monitoring/rules.yaml``.
 
 The rules file serves a plain Prometheus (``rule_files``) as it is; the operator takes
-the same groups as the ``spec`` of a ``PrometheusRule``. tests/test_monitoring.py fails
+the same groups as the ``spec`` of a ``PrometheusRule``. tests/test_generated.py fails
 when the committed object differs from what this writes."""
 
 from __future__ import annotations
@@ -47,7 +47,3 @@ def render(source: Path = RULES) -> str:
     rules = yaml.safe_load(source.read_text())
     document = prometheus_rule(rules)
     return _HEADER + yaml.dump(document, Dumper=_Dumper, sort_keys=False, width=1000)
-
-
-def write(output: Path = PROMETHEUS_RULE) -> None:
-    output.write_text(render())

@@ -1,31 +1,11 @@
-"""Per-route token-id reuse policy, read from Envoy route metadata.
+"""Per-route token-id reuse policy, read from Envoy route metadata
+(``metadata.filter_metadata[NAMESPACE]``, default namespace ``ext_proc.token_policy``).
 
-Schema (route ``metadata.filter_metadata[NAMESPACE]``, default namespace
-``ext_proc.token_policy``):
-
-    topology:         aggregated | disaggregated    (default aggregated)
-    action:           strip | deny | honor | mint   (default strip when aggregated,
-                                                     honor when disaggregated)
-    vocab_size:       positive integer, optional    (ids must be < vocab_size, at most
-                                                     2**31 and 2**31 without it: vLLM's
-                                                     ids are 32-bit)
-    max_ids:          positive integer, optional    (at most this many ids)
-    audit:            true | false                  (default false: decisions are logged,
-                                                     counted and exported, requests pass)
-    unproven:         strip | deny                  (honor and mint: what unproven
-                                                     kv_transfer_params get; default strip)
-    keep_other_keys:  true | false                  (stripping keeps the non-policed keys)
-    peers:            "type:id | type:id | ..."     (honor and mint: trusted mTLS peers;
-                                                     type uri, dns or subject)
-    trust_any_caller: true | false                  (honor: validated ids from anyone)
-    match_prefix:     "/pd/v1/"                     (with prefix_rewrite: the route's
-    prefix_rewrite:   "/v1/"                         path prefix and what replaces it
-                                                     upstream; both or neither)
-    connector:        nixl | '{"k": v, ...}'        (mint: the kv_transfer_params every
-                                                     untrusted caller's request is sent
-                                                     with, by connector name or as JSON)
-
-docs/trust.md explains the trust model these fields select.
+Each field is declared once, in ``RoutePolicy``: its type and default there, and in its
+``Spec`` how the value Envoy sends is read, the values it takes, the actions it applies
+to and a line saying what it does. Parsing, the field list (``FIELDS``) and the field
+table of README.md and docs/trust.md (``python -m devstack route-policy-docs``) are read
+off that one declaration. docs/trust.md explains the trust model these fields select.
 
 How the fields reach the processor (CEL attributes) is ``attributes``' business; this
 module validates the values that arrive.
@@ -37,17 +17,16 @@ import dataclasses
 import functools
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Final, TypeVar
+from typing import Any, Final, TypeVar
 
 from ext_proc.core.errors import RoutePolicyError
 from ext_proc.core.reasons import Reason
 from ext_proc.core.vllm_request import CONNECTOR_REQUESTS, POLICED_KEYS, TOKEN_ID_BOUND
 
 DEFAULT_NAMESPACE: Final = "ext_proc.token_policy"
-_DECIMAL = re.compile(r"[1-9][0-9]{0,17}")
 
 
 class Topology(StrEnum):
@@ -78,24 +57,241 @@ class IdentityType(StrEnum):
 # A peer identity: its type and its value, matched only against the same part of a
 # certificate.
 Identity = tuple[IdentityType, str]
+# A metadata value as the codec hands it over (CEL renders numbers as decimal text).
+Scalar = str | float | bool | None
+T = TypeVar("T")
+E = TypeVar("E", bound=StrEnum)
+
+
+class Rejected(ValueError):
+    """A field's value cannot be read. ``expected`` says what could be; ``shown`` is
+    the value as the message quotes it (by default its repr). Raised by the readers
+    below, turned into ``RoutePolicyError`` by ``parse_items`` only."""
+
+    def __init__(self, expected: str, shown: str | None = None) -> None:
+        super().__init__(expected)
+        self.expected = expected
+        self.shown = shown
+
+
+# --- readers: what Envoy sent -> the field's value, or Rejected ------------------------
+
+
+def _one_of(enum: type[E]) -> Callable[[Scalar], E]:
+    def read(value: Scalar) -> E:
+        if isinstance(value, str):
+            try:
+                return enum(value)
+            except ValueError:
+                pass
+        raise Rejected("allowed values: " + ", ".join(repr(member.value) for member in enum))
+
+    return read
+
+
+_DECIMAL = re.compile(r"[1-9][0-9]{0,17}")
+
+
+def _positive_int(value: Scalar) -> int:
+    # CEL renders a metadata number as its decimal text; a float arrives only from
+    # callers that pass Struct values straight through.
+    if isinstance(value, str) and _DECIMAL.fullmatch(value):
+        return int(value)
+    if isinstance(value, float) and value.is_integer() and 0 < value < 2**53:
+        return int(value)
+    raise Rejected("expected a positive integer")
+
+
+def _vocab_size(value: Scalar) -> int:
+    size = _positive_int(value)
+    if size > TOKEN_ID_BOUND:
+        raise Rejected(f"vLLM's token ids are 32-bit: at most {TOKEN_ID_BOUND}", shown=str(size))
+    return size
+
+
+def _flag(value: Scalar) -> bool:
+    if not isinstance(value, bool):
+        raise Rejected("allowed values: true, false")
+    return value
+
+
+# An identity as Envoy renders a certificate's URI SAN, DNS SAN or subject: printable
+# ASCII without "|", which separates identities (subjects contain commas and spaces),
+# after its type and a colon.
+_IDENTITY = re.compile(r"(uri|dns|subject):([!-{}~]([ !-{}~]{0,510}[!-{}~])?)")
+PEER_SEPARATOR: Final = "|"
+
+
+def _peers(value: Scalar) -> frozenset[Identity]:
+    """Typed identities separated by "|" (CEL carries no lists)."""
+    names = value.split(PEER_SEPARATOR) if isinstance(value, str) else []
+    matches = [_IDENTITY.fullmatch(name.strip()) for name in names]
+    if not matches or None in matches:
+        raise Rejected(
+            "expected typed identities (uri:<URI SAN>, dns:<DNS SAN> or "
+            "subject:<certificate subject>) separated by '|'"
+        )
+    return frozenset((IdentityType(m.group(1)), m.group(2)) for m in matches if m is not None)
+
+
+# A path prefix as a route matches it and as its rewrite replaces it.
+_PATH_PREFIX = re.compile(r"/[!-~]{0,1023}")
+
+
+def _path_prefix(value: Scalar) -> str:
+    if not (isinstance(value, str) and _PATH_PREFIX.fullmatch(value)):
+        raise Rejected("expected a path prefix starting with '/'")
+    return value
+
+
+def _connector(value: Scalar) -> tuple[tuple[str, Scalar], ...]:
+    """A connector's name (``CONNECTOR_REQUESTS``) or a JSON object of scalars: the
+    kv_transfer_params written into a mint route's requests. Never the policed keys:
+    ids are the prefill server's to produce."""
+    request: object = None
+    if isinstance(value, str):
+        request = CONNECTOR_REQUESTS.get(value)
+        if request is None and value.startswith("{"):
+            try:
+                request = json.loads(value)
+            except ValueError:
+                request = None
+    if (
+        isinstance(request, dict)
+        and request
+        and all(isinstance(v, str | int | float | bool) or v is None for v in request.values())
+        and not any(key in request for key in POLICED_KEYS)
+    ):
+        return tuple((str(key), item) for key, item in request.items())
+    raise Rejected(
+        f"expected a connector's name ({', '.join(CONNECTOR_REQUESTS)}) or a JSON object "
+        f"of scalars without {' or '.join(POLICED_KEYS)}"
+    )
+
+
+# --- the schema ------------------------------------------------------------------------
+
+ALL_ACTIONS: Final = tuple(Action)
+
+
+@dataclass(frozen=True, slots=True)
+class Spec:
+    """A field beyond its type and default: how Envoy's value is read, what values it
+    takes (markdown, for the docs), the actions it means something on (elsewhere a
+    value other than false is invalid metadata), and what it does (one line)."""
+
+    read: Callable[[Scalar], Any]
+    values: str
+    doc: str
+    actions: tuple[Action, ...] = ALL_ACTIONS
+    # The default as the docs state it, where the field's own default does not say it.
+    default_doc: str | None = None
+
+
+_SPEC: Final = "spec"
+
+
+def _field(default: T, read: Callable[[Scalar], T], values: str, doc: str, **more: Any) -> T:
+    spec = Spec(read, values, doc, **more)
+    return dataclasses.field(default=default, metadata={_SPEC: spec})
+
+
+def _choices(enum: type[StrEnum]) -> str:
+    return " | ".join(f"`{member.value}`" for member in enum)
+
+
+_BOOL: Final = "`false` | `true`"
+_PATH: Final = "a path prefix (`/...`)"
+_CONNECTORS: Final = ", ".join(f"`{name}`" for name in CONNECTOR_REQUESTS)
+_POLICED: Final = ", ".join(f"`{key}`" for key in POLICED_KEYS)
 
 
 @dataclass(frozen=True, slots=True)
 class RoutePolicy:
-    topology: Topology = Topology.AGGREGATED
-    action: Action = Action.STRIP
-    vocab_size: int | None = None
-    max_ids: int | None = None
-    audit: bool = False
-    unproven: Unproven = Unproven.STRIP
-    keep_other_keys: bool = False
-    peers: frozenset[Identity] = frozenset()
-    trust_any_caller: bool = False
-    match_prefix: str | None = None
-    prefix_rewrite: str | None = None
+    """A route's policy; each field's ``Spec`` is in its metadata (``SCHEMA``)."""
+
+    topology: Topology = _field(
+        Topology.AGGREGATED,
+        _one_of(Topology),
+        _choices(Topology),
+        "which servers sit behind the route; sets the default action",
+    )
+    action: Action = _field(
+        Action.STRIP,
+        _one_of(Action),
+        _choices(Action),
+        "what the route does with a caller's `kv_transfer_params`: remove them, refuse "
+        "them, honor trusted ones, or honor trusted ones and sign the response's",
+        default_doc="`strip` (aggregated), `honor` (disaggregated)",
+    )
+    vocab_size: int | None = _field(
+        None,
+        _vocab_size,
+        f"a positive integer, at most {TOKEN_ID_BOUND}",
+        "honored ids must be below it (without it, below 2**31: vLLM's ids are 32-bit)",
+    )
+    max_ids: int | None = _field(
+        None, _positive_int, "a positive integer", "at most this many honored ids"
+    )
+    audit: bool = _field(
+        False,
+        _flag,
+        _BOOL,
+        "report only: decisions are logged, counted and exported, requests pass",
+    )
+    unproven: Unproven = _field(
+        Unproven.STRIP,
+        _one_of(Unproven),
+        _choices(Unproven),
+        "what untrusted parameters get: removed as on `strip`, or a 400",
+        actions=(Action.HONOR, Action.MINT),
+    )
+    # Never on a mint route: a caller's kept keys reach the prefill server, whose
+    # response could echo them into what the gateway signs.
+    keep_other_keys: bool = _field(
+        False,
+        _flag,
+        _BOOL,
+        f"removing untrusted parameters takes only {_POLICED} and the proof, keeping the "
+        "caller's other keys",
+        actions=(Action.STRIP, Action.DENY, Action.HONOR),
+    )
+    peers: frozenset[Identity] = _field(
+        frozenset(),
+        _peers,
+        f"typed identities separated by `{PEER_SEPARATOR}`",
+        "mTLS peers whose parameters are trusted, each `uri:<URI SAN>`, `dns:<DNS SAN>` "
+        "or `subject:<subject>` (e.g. `uri:spiffe://cluster.local/ns/llm-d/sa/router | "
+        "subject:CN=router,O=acme`)",
+        actions=(Action.HONOR, Action.MINT),
+    )
+    trust_any_caller: bool = _field(
+        False,
+        _flag,
+        _BOOL,
+        "validated ids from any caller are honored (`check-envoy` warns)",
+        actions=(Action.HONOR,),
+    )
+    match_prefix: str | None = _field(
+        None,
+        _path_prefix,
+        _PATH,
+        "the route's own path prefix, stated with `prefix_rewrite` (both or neither): the "
+        "processor computes the upstream path from them",
+    )
+    prefix_rewrite: str | None = _field(
+        None, _path_prefix, _PATH, "what the route's rewrite puts in place of `match_prefix`"
+    )
     # Mint: the kv_transfer_params every request from a caller the route does not trust
     # is forwarded with (what the prefill server's KV connector needs), as pairs.
-    connector: tuple[tuple[str, Scalar], ...] | None = None
+    connector: tuple[tuple[str, Scalar], ...] | None = _field(
+        None,
+        _connector,
+        f"a connector's name ({_CONNECTORS}) or a JSON object of scalars",
+        "the `kv_transfer_params` every request from a caller the route does not trust is "
+        "forwarded with, in place of whatever it sent",
+        actions=(Action.MINT,),
+    )
 
     @property
     def untrusted_denied(self) -> bool:
@@ -116,12 +312,19 @@ class RoutePolicy:
 
 
 DEFAULT_POLICY: Final = RoutePolicy()
-# The metadata fields, in order: the one list, read off the policy itself.
-FIELDS: Final = tuple(field.name for field in dataclasses.fields(RoutePolicy))
+# Every field's Spec, in the order of the fields: the metadata's one list.
+SCHEMA: Final[Mapping[str, Spec]] = {
+    field.name: field.metadata[_SPEC] for field in dataclasses.fields(RoutePolicy)
+}
+FIELDS: Final = tuple(SCHEMA)
+# Two fields that describe one thing, a route's rewrite: both or neither.
+_TWINS: Final = ("match_prefix", "prefix_rewrite")
 
 
-Scalar = str | float | bool | None
-E = TypeVar("E", bound=StrEnum)
+def admitting(name: str) -> Action:
+    """An action on which the field ``name`` is valid (honor admits all but a few)."""
+    allowed = SCHEMA[name].actions
+    return Action.HONOR if Action.HONOR in allowed else allowed[0]
 
 
 def _invalid(problem: str, param: str) -> RoutePolicyError:
@@ -130,126 +333,14 @@ def _invalid(problem: str, param: str) -> RoutePolicyError:
     )
 
 
-def _choice(enum: type[E], name: str, value: Scalar, namespace: str) -> E:
-    if isinstance(value, str):
-        try:
-            return enum(value)
-        except ValueError:
-            pass
-    allowed = ", ".join(repr(member.value) for member in enum)
-    raise _invalid(
-        f"field '{namespace}.{name}' is {value!r}; allowed values: {allowed}", f"{namespace}.{name}"
-    )
-
-
-def _positive_int(name: str, value: Scalar, namespace: str) -> int:
-    # CEL renders a metadata number as its decimal text; a float arrives only from
-    # callers that pass Struct values straight through.
-    if isinstance(value, str) and _DECIMAL.fullmatch(value):
-        return int(value)
-    if isinstance(value, float) and value.is_integer() and 0 < value < 2**53:
-        return int(value)
-    raise _invalid(
-        f"field '{namespace}.{name}' is {value!r}; expected a positive integer",
-        f"{namespace}.{name}",
-    )
-
-
-def _flag(name: str, value: Scalar, namespace: str) -> bool:
-    if not isinstance(value, bool):
+def _read(name: str, value: Scalar, namespace: str) -> Any:
+    try:
+        return SCHEMA[name].read(value)
+    except Rejected as rejected:
+        shown = rejected.shown if rejected.shown is not None else repr(value)
         raise _invalid(
-            f"field '{namespace}.{name}' is {value!r}; allowed values: true, false",
-            f"{namespace}.{name}",
-        )
-    return value
-
-
-# An identity as Envoy renders a certificate's URI SAN, DNS SAN or subject: printable
-# ASCII without "|", which separates identities (subjects contain commas and spaces),
-# after its type and a colon.
-_IDENTITY = re.compile(r"(uri|dns|subject):([!-{}~]([ !-{}~]{0,510}[!-{}~])?)")
-PEER_SEPARATOR: Final = "|"
-
-
-def _peers(value: Scalar, namespace: str) -> frozenset[Identity]:
-    """Typed identities separated by "|" (CEL carries no lists)."""
-    names = value.split(PEER_SEPARATOR) if isinstance(value, str) else []
-    matches = [_IDENTITY.fullmatch(name.strip()) for name in names]
-    if not matches or None in matches:
-        raise _invalid(
-            f"field '{namespace}.peers' is {value!r}; expected typed identities "
-            "(uri:<URI SAN>, dns:<DNS SAN> or subject:<certificate subject>) separated by '|'",
-            f"{namespace}.peers",
-        )
-    return frozenset((IdentityType(m.group(1)), m.group(2)) for m in matches if m is not None)
-
-
-# A path prefix as a route matches it and as its rewrite replaces it.
-_PATH_PREFIX = re.compile(r"/[!-~]{0,1023}")
-
-
-def _path_prefix(name: str, value: Scalar, namespace: str) -> str:
-    if not (isinstance(value, str) and _PATH_PREFIX.fullmatch(value)):
-        raise _invalid(
-            f"field '{namespace}.{name}' is {value!r}; expected a path prefix starting with '/'",
-            f"{namespace}.{name}",
-        )
-    return value
-
-
-def _connector(value: Scalar, namespace: str) -> tuple[tuple[str, Scalar], ...]:
-    """A connector's name (``CONNECTOR_REQUESTS``) or a JSON object of scalars: the
-    kv_transfer_params written into a mint route's requests. Never the policed keys:
-    ids are the prefill server's to produce."""
-    request: object = None
-    if isinstance(value, str):
-        request = CONNECTOR_REQUESTS.get(value)
-        if request is None and value.startswith("{"):
-            try:
-                request = json.loads(value)
-            except ValueError:
-                request = None
-    if (
-        isinstance(request, dict)
-        and request
-        and all(isinstance(v, str | int | float | bool) or v is None for v in request.values())
-        and not any(key in request for key in POLICED_KEYS)
-    ):
-        return tuple((str(key), item) for key, item in request.items())
-    raise _invalid(
-        f"field '{namespace}.connector' is {value!r}; expected a connector's name "
-        f"({', '.join(CONNECTOR_REQUESTS)}) or a JSON object of scalars without "
-        f"{' or '.join(POLICED_KEYS)}",
-        f"{namespace}.connector",
-    )
-
-
-# Fields that mean something only for some actions; elsewhere they are a mistake.
-_APPLIES_TO: Final = {
-    "unproven": (Action.HONOR, Action.MINT),
-    "peers": (Action.HONOR, Action.MINT),
-    "trust_any_caller": (Action.HONOR,),
-    # Never on a mint route: a caller's kept keys reach the prefill server, whose
-    # response could echo them into what the gateway signs.
-    "keep_other_keys": (Action.STRIP, Action.DENY, Action.HONOR),
-    "connector": (Action.MINT,),
-}
-
-
-def admitting(name: str) -> Action:
-    """An action on which the field ``name`` is valid (honor admits all but a few)."""
-    allowed = _APPLIES_TO.get(name, (Action.HONOR,))
-    return Action.HONOR if Action.HONOR in allowed else allowed[0]
-
-
-def _check_applies(action: Action, given: Mapping[str, bool], namespace: str) -> None:
-    for name, allowed in _APPLIES_TO.items():
-        if given[name] and action not in allowed:
-            raise _invalid(
-                f"field '{namespace}.{name}' applies only to action "
-                f"{' or '.join(a.value for a in allowed)}, not {action.value}",
-                f"{namespace}.{name}",
-            )
+            f"field '{namespace}.{name}' is {shown}; {rejected.expected}", f"{namespace}.{name}"
+        ) from None
 
 
 def parse(
@@ -278,7 +369,8 @@ def items_of(values: Mapping[str, Scalar]) -> Items:
 def parse_items(
     items: Items, size: float | None, namespace: str = DEFAULT_NAMESPACE
 ) -> RoutePolicy:
-    """``parse`` of the values ``items_of`` made ``items`` from."""
+    """``parse`` of the values ``items_of`` made ``items`` from. Fields are read in
+    their declared order; the first bad one is named."""
     values = {name: value for name, _, value in items}
     if size is None and not values:
         return DEFAULT_POLICY
@@ -288,65 +380,23 @@ def parse_items(
             f"are known; allowed fields: {', '.join(FIELDS)}",
             namespace,
         )
-    topology = Topology.AGGREGATED
-    if "topology" in values:
-        topology = _choice(Topology, "topology", values["topology"], namespace)
-    default_action = Action.HONOR if topology is Topology.DISAGGREGATED else Action.STRIP
-    action = default_action
-    if "action" in values:
-        action = _choice(Action, "action", values["action"], namespace)
-    limits = {
-        name: _positive_int(name, values[name], namespace)
-        for name in ("vocab_size", "max_ids")
-        if name in values
-    }
-    if limits.get("vocab_size", 0) > TOKEN_ID_BOUND:
+    given = {name: _read(name, values[name], namespace) for name in FIELDS if name in values}
+    if "action" not in given and given.get("topology") is Topology.DISAGGREGATED:
+        given["action"] = Action.HONOR
+    policy: RoutePolicy = dataclasses.replace(DEFAULT_POLICY, **given)
+    if len(twins := [name for name in _TWINS if name in given]) == 1:
         raise _invalid(
-            f"field '{namespace}.vocab_size' is {limits['vocab_size']}; vLLM's token ids "
-            f"are 32-bit: at most {TOKEN_ID_BOUND}",
-            f"{namespace}.vocab_size",
-        )
-    flags = {
-        name: _flag(name, values[name], namespace)
-        for name in ("audit", "keep_other_keys", "trust_any_caller")
-        if name in values
-    }
-    unproven = Unproven.STRIP
-    if "unproven" in values:
-        unproven = _choice(Unproven, "unproven", values["unproven"], namespace)
-    peers = _peers(values["peers"], namespace) if "peers" in values else frozenset()
-    rewrite = {
-        name: _path_prefix(name, values[name], namespace)
-        for name in ("match_prefix", "prefix_rewrite")
-        if name in values
-    }
-    if len(rewrite) == 1:
-        (given_name,) = rewrite
-        raise _invalid(
-            f"field '{namespace}.{given_name}' needs its twin: match_prefix and "
+            f"field '{namespace}.{twins[0]}' needs its twin: match_prefix and "
             "prefix_rewrite describe a route's rewrite together",
-            f"{namespace}.{given_name}",
+            f"{namespace}.{twins[0]}",
         )
-    connector = _connector(values["connector"], namespace) if "connector" in values else None
-    given = {
-        "connector": connector is not None,
-        "unproven": "unproven" in values,
-        "peers": bool(peers),
-        "trust_any_caller": flags.get("trust_any_caller", False),
-        "keep_other_keys": flags.get("keep_other_keys", False),
-    }
-    _check_applies(action, given, namespace)
-    return RoutePolicy(
-        topology=topology,
-        action=action,
-        vocab_size=limits.get("vocab_size"),
-        max_ids=limits.get("max_ids"),
-        audit=flags.get("audit", False),
-        unproven=unproven,
-        keep_other_keys=flags.get("keep_other_keys", False),
-        peers=peers,
-        trust_any_caller=flags.get("trust_any_caller", False),
-        match_prefix=rewrite.get("match_prefix"),
-        prefix_rewrite=rewrite.get("prefix_rewrite"),
-        connector=connector,
-    )
+    for name, value in given.items():
+        # false is every route's default; any other value is a statement about the route.
+        allowed = SCHEMA[name].actions
+        if value is not False and policy.action not in allowed:
+            raise _invalid(
+                f"field '{namespace}.{name}' applies only to action "
+                f"{' or '.join(a.value for a in allowed)}, not {policy.action.value}",
+                f"{namespace}.{name}",
+            )
+    return policy

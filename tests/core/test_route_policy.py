@@ -3,11 +3,14 @@ import pytest
 from ext_proc.core.errors import RoutePolicyError
 from ext_proc.core.route_policy import (
     DEFAULT_POLICY,
+    FIELDS,
+    SCHEMA,
     Action,
     IdentityType,
     RoutePolicy,
     Topology,
     Unproven,
+    admitting,
     parse,
 )
 
@@ -210,3 +213,15 @@ def test_a_connector_request_is_a_known_name_or_an_object_of_scalars(value):
 def test_only_a_mint_route_writes_a_connector_request(action):
     with pytest.raises(RoutePolicyError, match="applies only to action mint"):
         parse({"action": action, "connector": "nixl"}, 2.0)
+
+
+def test_of_several_bad_fields_the_first_declared_is_named():
+    with pytest.raises(RoutePolicyError) as caught:
+        parse({"peers": "x", "unproven": "maybe", "topology": "aggregated"}, 3.0)
+    assert caught.value.param == "ext_proc.token_policy.unproven"
+
+
+@pytest.mark.parametrize("name", FIELDS)
+def test_every_field_is_valid_on_the_action_it_is_admitted_on(name):
+    assert admitting(name) in SCHEMA[name].actions
+    assert SCHEMA[name].doc

@@ -1,6 +1,6 @@
-"""deploy/llm-d/coordinator/: the manifests for llm-d's coordinator architecture are
-what `make llm-d-manifests` writes, and as Istio and Envoy Gateway would assemble them
-they give each EPP-Profile phase the policy of envoy/envoy-coordinator.yaml (which
+"""deploy/llm-d/coordinator/: the manifests for llm-d's coordinator architecture (what
+`make llm-d-manifests` writes: tests/test_generated.py), as Istio and Envoy Gateway would
+assemble them, give each EPP-Profile phase the policy of envoy/envoy-coordinator.yaml (which
 tests/e2e/test_coordinator.py runs end to end), pass check-envoy and the real
 `envoy --mode validate`; the overlays render with kustomize."""
 
@@ -48,11 +48,6 @@ def envoy_gateway(patch: dict[str, Any] | None = None) -> dict[str, Any]:
     return gateway_assembly.envoy_gateway_bootstrap(
         extension, patch or found, [httproute()], EG_LISTENER
     )
-
-
-def test_the_committed_manifests_are_generated():
-    for path, text in llmd.files().items():
-        assert path.read_text() == text, f"{path} differs: run `make llm-d-manifests`"
 
 
 def expected_policies(name_of: Any) -> dict[str, Any]:

@@ -14,7 +14,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from devstack import llmd, processes
+from devstack import processes
 from ext_proc.core.config import Config
 from ext_proc.tools import check_envoy
 
@@ -78,18 +78,6 @@ def envoy_config(rendered: list[dict[str, Any]], role: str) -> str:
     (config_map,) = [d for d in objects(rendered, "ConfigMap") if d["metadata"]["name"] == name]
     text: str = config_map["data"]["envoy.yaml"]
     return text
-
-
-@pytest.mark.parametrize("role", ROLES)
-def test_the_components_copies_are_the_generated_configs(role):
-    name = ROLES[role][0]
-    assert (COMPONENT / name).read_text() == llmd.files()[COMPONENT / name], (
-        f"deploy/llm-d/routing-sidecar/component/{name} differs from envoy/{name}: "
-        "run `make llm-d-manifests`"
-    )
-    # The copy is the generated config, with one comment line before it.
-    copy = (COMPONENT / name).read_text()
-    assert yaml.safe_load(copy) == yaml.safe_load((REPO / "envoy" / name).read_text())
 
 
 def test_the_objects_follow_the_kubernetes_schemas(rendered):
