@@ -2,8 +2,9 @@
 pyproject.toml registers are the tiers), and a test that carries none fails collection
 instead of running in some tier by default. The tier directories' conftests mark their
 tests (tests/e2e: e2e, tests/hostile: hostile, tests/conformance: vllm, tests/pd: pd), a
-test may name its tier itself (bench/test_smoke.py: bench), and the tests in
-``UNIT_DIRECTORIES`` that name none are ``unit``: `make unit` runs ``-m unit``."""
+test may name its tier itself (bench/test_smoke.py: bench), and every other test under
+tests/ (the layers' mirrors, at any depth) or in bench/ that names none is ``unit``:
+`make unit` runs ``-m unit``."""
 
 from __future__ import annotations
 
@@ -13,12 +14,17 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent
-# Directories whose own test files (not their subdirectories') are unit tests unless they
-# name another tier.
-UNIT_DIRECTORIES = frozenset(
-    ROOT / name for name in ("tests", "tests/core", "tests/edge", "tests/tools", "bench")
-)
 UNIT = "unit"
+# Directories whose tests have a tier of their own (their conftest marks it).
+TIER_DIRECTORIES = tuple(ROOT / "tests" / name for name in ("e2e", "hostile", "conformance", "pd"))
+
+
+def _unit_by_default(path: Path) -> bool:
+    if path.parent == ROOT / "bench":
+        return True
+    return path.is_relative_to(ROOT / "tests") and not any(
+        path.is_relative_to(tier) for tier in TIER_DIRECTORIES
+    )
 
 
 def _tiers() -> frozenset[str]:
@@ -35,7 +41,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     wrong = []
     for item in items:
         named = {mark.name for mark in item.iter_markers()} & tiers
-        if not named and item.path.parent in UNIT_DIRECTORIES:
+        if not named and _unit_by_default(item.path):
             item.add_marker(UNIT)
             named = {UNIT}
         if len(named) != 1:
