@@ -265,7 +265,7 @@ class Stream:
         refusal is answered and everything released), and the step that tells the edge."""
         if isinstance(result, list):
             self.state = target
-            return self._step(result, None)
+            return self._step(result)
         if isinstance(result, Deny):
             self.state = State.REJECTED
             self.close()
@@ -284,7 +284,9 @@ class Stream:
         exc.request_id = self._request.request_id
         raise exc
 
-    def _step(self, answers: list[Answer], decision: Decision | None, phase: str = "") -> Step:
+    def _step(
+        self, answers: list[Answer], decision: Decision | None = None, phase: str = "request"
+    ) -> Step:
         waiting = self.state in _WAITING
         # Once decided, what the stream holds is what its answers carry.
         held = 0 if waiting else self._account.hand_over()
@@ -297,7 +299,7 @@ class Stream:
                 request.route,
                 self._body_size,
                 request.request_id,
-                phase or "request",
+                phase,
             )
         final = self.state is State.REJECTED
         return Step(answers, outcome, waiting, held, request.request_id, final)
