@@ -10,9 +10,13 @@ breaks the message order; after that the stream stays in error.
 The legal message order is the table ``TRANSITIONS``, the whole diagram: each event is
 first named as a ``Message`` (its type, and where that decides the next state, its end
 of stream or body mode), and for each legal (state, message) the table gives the
-handler that does the work and the target state. A handler never moves the stream: it
-returns answers (the stream moves to the target), a refusal (to ``REJECTED``) or raises
-``ProtocolError`` (to ``ERROR``); anything not in the table is a protocol violation.
+handler that does the work and the target state. The table is kept by event class, so
+each handler is typed for the event it is given. A handler never moves the stream: it
+returns a value (answers; a ``Decided`` phase; a ``Deny``, which moves the stream to
+``REJECTED`` instead; a proof to ask about) or raises ``ProtocolError`` (to ``ERROR``);
+``_moved`` acts on it. Anything not in the table is a protocol violation. What a request
+is and what its body decides are ``inspection``'s and ``mint``'s values: the stream
+keeps what its headers said, accumulates the body and moves.
 
 Two body modes, detected from Envoy's ``protocol_config`` on the first message:
 - BUFFERED: the headers are answered at once; Envoy holds the body and sends it whole
@@ -25,45 +29,31 @@ Two body modes, detected from Envoy's ``protocol_config`` on the first message:
 Invariants (fail closed):
 - a request with a body is let through only after the whole body was parsed and the
   policy returned Allow or Strip;
-- a refusal is a value (``errors.Refusal``); the exceptions that parsing and
-  validation raise become refusals in ``errors.attempt`` only, and every refusal
-  becomes a ``Reject`` answer in ``handle`` and nowhere else;
+- a refusal is a value (a ``Deny``); the exceptions that parsing and validation raise
+  become refusals in ``errors.attempt`` only, and every refusal becomes a ``Reject``
+  answer in ``_moved`` and nowhere else;
 - a body mode this machine cannot inspect is a protocol error, never a pass;
 - what a stream holds is charged to the shared budget (in ``memory``'s units) before
   it is parsed (``admission``); the charge for a decided body is handed over with the
   answers that carry its rewrite, and the rest is refunded by ``close``; nothing is
   charged for bytes that have not arrived, so announcing a large body costs nothing;
-- audit mode (global, or the route's ``audit: true``) computes and records the same
-  decision but forwards the request unchanged; it relaxes only refusals that come from
-  inspecting the request (``Refusal.auditable``), never protocol errors, limits,
-  timeouts or invalid route metadata, and only in ``_enforced``.
+- audit mode relaxes refusals only in ``inspection.enforced``.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import IntEnum, auto
-from typing import Final, NoReturn
+from typing import Any, Final, Generic, NoReturn, TypeVar
 
-from ext_proc.core import admission, memory, mint, policy, proof, route_policy, vllm_request
+from ext_proc.core import admission, inspection, memory, mint, proof
 from ext_proc.core.budget import Account, Budget
 from ext_proc.core.config import Config
-from ext_proc.core.content_headers import check_headers
-from ext_proc.core.decisions import NO_PARAMS, Allow, Decision, Deny, Strip
-from ext_proc.core.errors import (
-    BadRequest,
-    ProtocolError,
-    Refusal,
-    RequestTimeout,
-    RoutePolicyError,
-    attempt,
-)
+from ext_proc.core.decisions import Allow, Decision, Deny
+from ext_proc.core.errors import BadRequest, ProtocolError, RequestTimeout, attempt
 from ext_proc.core.events import (
-    CHECKED_HEADERS,
-    NO_PEER,
     Answer,
     BodyMode,
     ContinueBody,
@@ -84,12 +74,9 @@ from ext_proc.core.events import (
     TimedOut,
     Unexpected,
 )
-from ext_proc.core.reading import Parsed
+from ext_proc.core.inspection import Inspection
 from ext_proc.core.reasons import Reason
-from ext_proc.core.replay import Ticket, Verdict
-from ext_proc.core.route_policy import Action
-from ext_proc.core.spelling import spelled
-from ext_proc.core.vllm_request import CARRIER_NAMES, EC_KEY, KV_KEY, only_kv_params
+from ext_proc.core.replay import Verdict
 
 # Size of each StreamedBody piece: well under every gRPC message limit on both sides.
 STREAM_CHUNK: Final = 1024 * 1024
@@ -106,6 +93,10 @@ class State(IntEnum):  # hashed in C: the transition table is keyed by it
     ERROR = auto()
     EXPECT_RESPONSE_BODY = auto()  # a route that processes the response (mint)
     RESPONSE_DONE = auto()
+
+
+# The states in which a body is still arriving.
+_WAITING: Final = frozenset({State.EXPECT_BODY, State.STREAMING})
 
 
 class Message(IntEnum):
@@ -133,11 +124,11 @@ class Message(IntEnum):
 
 def message(event: Event) -> Message:
     """How the table reads ``event``."""
-    return _READERS[type(event)](event)
+    table: _Table[Any] = TRANSITIONS[type(event)]
+    return table.read(event)
 
 
-def _headers(event: Event) -> Message:
-    assert isinstance(event, RequestHeaders)
+def _headers(event: RequestHeaders) -> Message:
     if event.end_of_stream:
         return Message.HEADERS_ONLY
     if event.body_mode is BodyMode.BUFFERED:
@@ -147,8 +138,7 @@ def _headers(event: Event) -> Message:
     return Message.HEADERS_UNREADABLE
 
 
-def _body(event: Event) -> Message:
-    assert isinstance(event, RequestBody)
+def _body(event: RequestBody) -> Message:
     if event.preamble is None:
         return Message.BODY_END if event.end_of_stream else Message.BODY
     if event.preamble.body_mode is not BodyMode.BUFFERED:
@@ -156,8 +146,7 @@ def _body(event: Event) -> Message:
     return Message.FIRST_BODY if event.end_of_stream else Message.FIRST_BODY_TRAILED
 
 
-def _trailers(event: Event) -> Message:
-    assert isinstance(event, RequestTrailers)
+def _trailers(event: RequestTrailers) -> Message:
     if event.preamble is None:
         return Message.TRAILERS
     if event.preamble.body_mode not in _INSPECTABLE:
@@ -165,25 +154,46 @@ def _trailers(event: Event) -> Message:
     return Message.FIRST_TRAILERS
 
 
-def _response_headers(event: Event) -> Message:
-    assert isinstance(event, ResponseHeaders)
+def _response_headers(event: ResponseHeaders) -> Message:
     return Message.RESPONSE_HEADERS_ONLY if event.end_of_stream else Message.RESPONSE_HEADERS
 
 
-def _response_body(event: Event) -> Message:
-    assert isinstance(event, ResponseBody)
+def _response_body(event: ResponseBody) -> Message:
     return Message.RESPONSE_BODY if event.end_of_stream else Message.RESPONSE_BODY_PART
 
 
-_READERS: Final[dict[type, Callable[[Event], Message]]] = {
-    RequestHeaders: _headers,
-    RequestBody: _body,
-    RequestTrailers: _trailers,
-    ResponseHeaders: _response_headers,
-    ResponseBody: _response_body,
-    TimedOut: lambda _: Message.TIMED_OUT,
-    Unexpected: lambda _: Message.UNEXPECTED,
-}
+def _timed_out(event: TimedOut) -> Message:
+    return Message.TIMED_OUT
+
+
+def _unexpected(event: Unexpected) -> Message:
+    return Message.UNEXPECTED
+
+
+@dataclass(frozen=True, slots=True)
+class Decided:
+    """A handler's answers that settle a phase, with the decision they report."""
+
+    answers: list[Answer]
+    decision: Decision
+    phase: str = "request"  # or "response": what a mint route did with the response
+
+
+_Answerer = Callable[[bytes | None], list[Answer]]
+
+
+@dataclass(frozen=True, slots=True)
+class _Asking:
+    """A body's decision that honors a proof, waiting for the record's verdict, and how
+    its answers are written once it stands."""
+
+    proof: inspection.Proof
+    answer: _Answerer
+
+
+# What a handler returns: answers that settle nothing, a settled phase, the refusal that
+# moves the stream to REJECTED, or a proof to ask about before the body's answers.
+Result = list[Answer] | Decided | Deny | _Asking
 
 
 class Stream:
@@ -192,22 +202,13 @@ class Stream:
     __slots__ = (
         "_account",
         "_asking",
-        "_audit",
         "_body_size",
         "_chunks",
         "_config",
-        "_decision",
-        "_endpoint",
-        "_held",
         "_last_chunk",
-        "_peer",
         "_pending",
-        "_policy",
         "_received",
-        "_reported",
-        "_request_id",
-        "_response_decision",
-        "_route",
+        "_request",
         "_trust",
         "state",
     )
@@ -217,252 +218,185 @@ class Stream:
         self._config = config
         self._account = Account(budget)
         self._trust = trust if trust is not None else proof.Trust()
-        self._decision: Decision | None = None
-        self._reported = False
-        # Effective audit mode: the global setting, or the route's, once headers are in.
-        self._audit = config.audit
-        self._route = ""
-        self._request_id = ""
+        # What the request's headers said (before them, the global audit mode only).
+        self._request = inspection.unseen(config.audit)
         self._body_size = 0
-        # A decision made before the body arrived, enforced (audit: reported) with it.
-        self._held: Deny | None = None
-        self._policy = route_policy.DEFAULT_POLICY
         self._chunks: list[bytes] = []
         self._received = 0
         self._last_chunk: bytes | None = None
-        self._peer = NO_PEER
-        # The API the upstream serves the request on (the path after the route's
-        # rewrite, as vLLM routes it); a proof binds it.
-        self._endpoint = ""
+        # What the request left for its response (a mint route's prompt digest).
         self._pending = mint.NOTHING
-        self._response_decision: Decision | None = None
         # A proof to spend before the body's decision stands (``spent``).
         self._asking: _Asking | None = None
 
     def handle(self, event: Event) -> Step:
         if self._asking is not None:
             self._fail(ProtocolError(f"{message(event).name} before the proof record answered"))
-        entry = TRANSITIONS.get((self.state, message(event)))
-        if entry is None:
-            self._fail(_violation(self.state, event))
-        handler, target = entry
+        # Keyed by the event's own class: the reader and handlers take that class.
+        table: _Table[Any] = TRANSITIONS[type(event)]
+        kind = table.read(event)
+        row = table.rows.get((self.state, kind))
+        if row is None:
+            self._fail(_violation(self.state, kind, event))
+        handler, target = row
         try:
             result = handler(self, event)
         except ProtocolError as exc:
             self._fail(exc)
-        if isinstance(result, Refusal):
-            return self._rejected(result)
-        self.state = target
-        if self._asking is not None:
-            # Nothing is answered, reported or handed over before the verdict.
-            return Step([], request_id=self._request_id, ask=self._asking.ticket)
-        return self._step(result)
+        return self._moved(result, target)
 
     def spent(self, verdict: Verdict) -> Step:
         """The record's verdict on the proof the last step asked about: the decision
         stands (``FIRST``), or the request is decided again with the proof unproven
-        for the verdict's reason (its parameters removed, or refused on a route that
-        denies unproven ones), and the body's answers go out."""
+        for the verdict's reason, and the body's answers go out."""
         asking = self._asking
         if asking is None:
             self._fail(ProtocolError("no proof was asked about"))
         self._asking = None
-        decision = self._decision
-        assert decision is not None, "decided before asking"
-        if verdict is not Verdict.FIRST:
-            evidence = dataclasses.replace(asking.evidence, spent=verdict.reason)
-            decision = policy.decide(
-                self._policy, asking.parsed.document, evidence, asking.carriers
-            )
-            self._decision = decision
-        replacement = self._enforce(decision, asking.parsed)
-        if isinstance(replacement, Refusal):
-            return self._rejected(replacement)
-        return self._step(asking.answer(replacement))
+        settled = inspection.settle(asking.proof, verdict, self._request, self._account)
+        return self._moved(self._forwarded(settled, asking.answer), self.state)
 
-    def _rejected(self, refusal: Refusal) -> Step:
-        """Into REJECTED: the refusal is answered, its decision reported, all released."""
-        self.state = State.REJECTED
-        decision = self._decision
-        if not (isinstance(decision, Deny) and decision.refusal is refusal):
-            self._decision = Deny(refusal)
-        self.close()
-        return self._step([Reject.of(refusal)])
+    def _moved(self, result: Result, target: State) -> Step:
+        """Into ``target`` with a handler's result (into REJECTED with a Deny, whose
+        refusal is answered and everything released), and the step that tells the edge."""
+        if isinstance(result, list):
+            self.state = target
+            return self._step(result)
+        if isinstance(result, Deny):
+            self.state = State.REJECTED
+            self.close()
+            return self._step([Reject.of(result.refusal)], result)
+        self.state = target
+        if isinstance(result, _Asking):
+            self._asking = result
+            # Nothing is answered, reported or handed over before the verdict.
+            return Step([], request_id=self._request.request_id, ask=result.proof.ticket)
+        return self._step(result.answers, result.decision, result.phase)
 
     def _fail(self, exc: ProtocolError) -> NoReturn:
         """Into ERROR for good, everything released, and ``exc`` raised."""
         self.state = State.ERROR
         self.close()
-        exc.request_id = self._request_id
+        exc.request_id = self._request.request_id
         raise exc
 
-    def _step(self, answers: list[Answer]) -> Step:
-        waiting = self.state in (State.EXPECT_BODY, State.STREAMING)
+    def _step(
+        self, answers: list[Answer], decision: Decision | None = None, phase: str = "request"
+    ) -> Step:
+        waiting = self.state in _WAITING
         # Once decided, what the stream holds is what its answers carry.
         held = 0 if waiting else self._account.hand_over()
+        request = self._request
         outcome: Outcome | None = None
-        if self._response_decision is not None:
-            outcome = self._outcome(self._response_decision, "response")
-            self._response_decision = None
-        elif self._decision is not None and not self._reported:
-            self._reported = True
-            outcome = self._outcome(self._decision, "request")
+        if decision is not None:
+            outcome = Outcome(
+                decision,
+                request.audit,
+                request.route,
+                self._body_size,
+                request.request_id,
+                phase,
+            )
         final = self.state is State.REJECTED
-        return Step(answers, outcome, waiting, held, self._request_id, final)
-
-    def _outcome(self, decision: Decision, phase: str) -> Outcome:
-        return Outcome(decision, self._audit, self._route, self._body_size, self._request_id, phase)
+        return Step(answers, outcome, waiting, held, request.request_id, final)
 
     def close(self) -> None:
         """Refund everything held and drop held chunks; safe to call twice."""
         self._account.release()
         self._chunks.clear()
 
-    def _enforced(self, decision: Decision) -> Refusal | bool:
-        """Whether ``decision`` is enforced: its refusal, or True when what it forwards
-        (a rewrite, a signed response) replaces the original; False: the original is
-        forwarded unchanged. The one place audit mode relaxes anything: it forwards
-        unchanged, except refusals that do not come from inspecting the request."""
-        if isinstance(decision, Deny):
-            if self._audit and decision.refusal.auditable:
-                return False
-            return decision.refusal
-        return not self._audit
-
     # --- request headers ---------------------------------------------------------------
 
-    def _on_headers_only(self, event: Event) -> list[Answer] | Refusal:
-        assert isinstance(event, RequestHeaders)
-        begun = self._begin(event)
-        if begun is not None:
-            return begun
-        self._decision = Allow(Reason.NO_BODY)
-        return [ContinueHeaders()]
+    def _read(self, headers: RequestHeaders, *, with_body: bool = True) -> Deny | None:
+        """What the headers say (kept for the request), and the refusal that ends the
+        request at them."""
+        self._request = inspection.read(headers, self._config, with_body=with_body)
+        return self._request.refused
 
-    def _on_headers(self, event: Event) -> list[Answer] | Refusal:
+    def _on_headers_only(self, event: RequestHeaders) -> Result:
+        refused = self._read(event, with_body=False)
+        if refused is not None:
+            return refused
+        return Decided([ContinueHeaders()], Allow(Reason.NO_BODY))
+
+    def _on_headers(self, event: RequestHeaders) -> Result:
         """Headers before a body: BUFFERED answers them now, FULL_DUPLEX_STREAMED with
         the body."""
-        assert isinstance(event, RequestHeaders)
-        refused = self._begin(event) or self._expect_body(event)
+        refused = self._read(event)
         if refused is not None:
             return refused
         return [ContinueHeaders()] if event.body_mode is BodyMode.BUFFERED else []
 
-    def _on_first_body(self, event: Event) -> list[Answer] | Refusal:
+    def _on_first_body(self, event: RequestBody) -> Result:
         """request_header_mode SKIP: one message per request, the whole body, with the
         headers and route metadata rebuilt from CEL attributes."""
-        assert isinstance(event, RequestBody)
-        assert event.preamble is not None
-        refused = self._begin(event.preamble) or self._expect_body(event.preamble)
+        assert event.preamble is not None  # FIRST_BODY: the table read it
+        refused = self._read(event.preamble)
         if refused is not None:
             return refused
         return self._on_buffered_body(event)
 
-    def _on_first_trailers(self, event: Event) -> list[Answer] | Refusal:
+    def _on_first_trailers(self, event: RequestTrailers) -> Result:
         """request_header_mode SKIP and trailers without a body (HTTP/2): the route is
         judged from the attributes, then the empty body like any other."""
-        assert isinstance(event, RequestTrailers)
-        assert event.preamble is not None
-        refused = self._begin(event.preamble) or self._expect_body(event.preamble)
+        assert event.preamble is not None  # FIRST_TRAILERS: the table read it
+        refused = self._read(event.preamble)
         if refused is not None:
             return refused
         if event.preamble.body_mode is BodyMode.FULL_DUPLEX_STREAMED:
             return self._on_streamed_trailers(event)
         return self._on_trailers_without_body(event)
 
-    def _begin(self, event: RequestHeaders) -> Refusal | None:
-        """The route, its policy and the endpoint; a refusal when the route's metadata
-        is invalid."""
-        route = event.route
-        self._route = route.name
-        self._peer = event.peer
-        found = _checked_headers(event.headers)
-        self._request_id = b"".join(found["x-request-id"]).decode("latin-1")
-        config = self._config
-        parsed = attempt(
-            route_policy.parse_items, route.items, route.size, config.route_metadata_namespace
-        )
-        if isinstance(parsed, Refusal):
-            return parsed
-        self._policy = parsed
-        self._audit = self._audit or parsed.audit
-        upstream = parsed.upstream_path(event.path)
-        if upstream is None:
-            return RoutePolicyError(
-                f"invalid route policy metadata: the request path does not begin with the "
-                f"route's match_prefix {parsed.match_prefix!r}",
-                reason=Reason.INVALID_ROUTE_POLICY,
-                param=f"{config.route_metadata_namespace}.match_prefix",
-            ).refusal()
-        self._endpoint = vllm_request.endpoint(upstream)
-        return None
-
-    def _expect_body(self, event: RequestHeaders) -> Refusal | None:
-        """The headers of a request with a body: its media type and encoding, and an
-        announced size."""
-        found = _checked_headers(event.headers)
-        checked = attempt(check_headers, found["content-type"], found["content-encoding"])
-        if isinstance(checked, Refusal):
-            enforced = self._enforced(Deny(checked))
-            if isinstance(enforced, Refusal):
-                return enforced
-            self._held = Deny(checked)  # audit: reported at the end of the body
-        declared = found["content-length"]
-        if len(declared) == 1 and declared[0].isdigit():
-            # Refuse an announced oversized body before it is sent. Nothing is charged
-            # for it: an announcement is not bytes held.
-            too_large = attempt(admission.check_size, int(declared[0]), self._config.max_body_bytes)
-            if too_large is not None:
-                return too_large
-        return None
-
     # --- request body ------------------------------------------------------------------
 
-    def _on_buffered_body(self, event: Event) -> list[Answer] | Refusal:
+    def _on_buffered_body(self, event: RequestBody) -> Result:
         """The whole body in one message; end_of_stream is false only when trailers
         follow."""
-        assert isinstance(event, RequestBody)
         too_large = attempt(admission.check_size, len(event.chunk), self._config.max_body_bytes)
         if too_large is not None:
-            return too_large
+            return Deny(too_large)
         answer = functools.partial(_buffered, length_header=event.preamble is None)
-        return self._answered(self._decide(event.chunk), answer)
+        return self._inspected(event.chunk, answer)
 
-    def _on_chunk(self, event: Event) -> list[Answer] | Refusal:
-        assert isinstance(event, RequestBody)
-        self._received += len(event.chunk)
+    def _accumulate(self, chunk: bytes) -> Deny | None:
+        """``chunk`` held with the others, or the refusal when the body outgrows its
+        limit or the budget."""
+        self._received += len(chunk)
         refused = attempt(admission.check_size, self._received, self._config.max_body_bytes)
         refused = refused or attempt(self._account.hold, memory.held(self._received))
         if refused is not None:
-            return refused
-        self._chunks.append(event.chunk)
-        return []
+            return Deny(refused)
+        self._chunks.append(chunk)
+        return None
 
-    def _on_last_chunk(self, event: Event) -> list[Answer] | Refusal:
-        assert isinstance(event, RequestBody)
-        accumulated = self._on_chunk(event)
-        if isinstance(accumulated, Refusal):
-            return accumulated
+    def _on_chunk(self, event: RequestBody) -> Result:
+        return self._accumulate(event.chunk) or []
+
+    def _on_last_chunk(self, event: RequestBody) -> Result:
+        refused = self._accumulate(event.chunk)
+        if refused is not None:
+            return refused
         self._last_chunk = event.chunk
         raw = b"".join(self._chunks)
         self._chunks.clear()
-        return self._answered(self._decide(raw), functools.partial(_streamed, raw))
+        return self._inspected(raw, functools.partial(_streamed, raw))
 
-    def _answered(
-        self, replacement: bytes | Refusal | _Ask | None, answer: _Answerer
-    ) -> list[Answer] | Refusal:
-        """The answers that forward a decided body (``answer`` of its replacement), its
-        refusal, or none yet while its proof is asked about (``answer`` is kept)."""
-        if isinstance(replacement, _Ask):
-            assert self._asking is not None
-            self._asking.answer = answer
-            return []
-        if isinstance(replacement, Refusal):
-            return replacement
-        return answer(replacement)
+    def _inspected(self, raw: bytes, answer: _Answerer) -> Result:
+        """The whole body's answers (``answer`` of what is forwarded) and decision, its
+        refusal, or the proof to ask about first (``answer`` is kept for then)."""
+        self._body_size = len(raw)
+        found = inspection.inspect(raw, self._request, self._account, self._config, self._trust)
+        if found.proof is not None:
+            return _Asking(found.proof, answer)
+        return self._forwarded(found, answer)
 
-    def _on_repeated_chunk(self, event: Event) -> list[Answer] | Refusal:
-        assert isinstance(event, RequestBody)
+    def _forwarded(self, found: Inspection, answer: _Answerer) -> Decided | Deny:
+        if found.refused is not None:
+            return found.refused
+        self._pending = found.pending
+        return Decided(answer(found.replacement), found.decision)
+
+    def _on_repeated_chunk(self, event: RequestBody) -> Result:
         # Envoy can send the final chunk a second time on large bodies (envoy#46237).
         # The request was already decided and answered; an exact repeat of a streamed
         # body's last chunk adds nothing.
@@ -470,135 +404,49 @@ class Stream:
             return []
         raise ProtocolError("request body after the end of the stream")
 
-    def _after_rejection(self, event: Event) -> list[Answer] | Refusal:
+    def _after_rejection(self, event: Event) -> Result:
         # In FULL_DUPLEX_STREAMED mode Envoy keeps sending the chunks (and trailers) it
         # had already read when our ImmediateResponse reaches it; the local reply has
         # ended the request, so they are dropped unanswered. Nothing is held or reserved:
         # close() ran on rejection. Headers or any other message stay protocol errors.
         return []
 
-    def _on_streamed_trailers(self, event: Event) -> list[Answer] | Refusal:
-        return BadRequest(
-            "request trailers are not accepted on this route", reason=Reason.TRAILERS_UNSUPPORTED
-        ).refusal()
+    def _on_streamed_trailers(self, event: RequestTrailers) -> Result:
+        return Deny(
+            BadRequest(
+                "request trailers are not accepted on this route",
+                reason=Reason.TRAILERS_UNSUPPORTED,
+            ).refusal()
+        )
 
-    def _on_trailers_without_body(self, event: Event) -> list[Answer] | Refusal:
+    def _on_trailers_without_body(self, event: RequestTrailers) -> Result:
         # Headers promised a body but trailers came first: the body is empty, which
         # vLLM cannot parse either.
-        return BadRequest("request body is empty", reason=Reason.BODY_NOT_JSON).refusal()
+        return Deny(BadRequest("request body is empty", reason=Reason.BODY_NOT_JSON).refusal())
 
-    def _on_trailers(self, event: Event) -> list[Answer] | Refusal:
+    def _on_trailers(self, event: RequestTrailers) -> Result:
         return [ContinueTrailers()]
 
-    def _on_timeout(self, event: Event) -> list[Answer] | Refusal:
-        return RequestTimeout(
-            "the request body did not arrive in time", reason=Reason.BODY_TIMEOUT
-        ).refusal()
-
-    def _decide(self, raw: bytes) -> bytes | Refusal | _Ask | None:
-        """The body to forward instead of ``raw`` (None: unchanged), a refusal, or
-        ``_ASK``: its proof must be spent first (``_asking``)."""
-        self._body_size = len(raw)
-        parsed: Parsed | None = None
-        if self._held is not None:
-            decision: Decision = self._held
-        else:
-            inspected = attempt(self._inspect, raw)
-            decision, parsed = (
-                (Deny(inspected), None) if isinstance(inspected, Refusal) else inspected
-            )
-        self._decision = decision
-        if self._asking is not None:
-            return _ASK
-        return self._enforce(decision, parsed)
-
-    def _enforce(self, decision: Decision, parsed: Parsed | None) -> bytes | Refusal | None:
-        """What enforcing ``decision`` forwards instead of the body (None: unchanged), or
-        its refusal."""
-        enforced = self._enforced(decision)
-        if isinstance(enforced, Refusal):
-            return enforced
-        if enforced and isinstance(decision, Strip) and parsed is not None:
-            # Rewriting may refuse: a body too deep to write back, or json.dumps's extra
-            # beyond the budget.
-            connector = None if decision.connector is None else dict(decision.connector)
-            return attempt(admission.without, parsed, decision.paths, self._account, connector)
-        return None
-
-    def _inspect(self, raw: bytes) -> tuple[Decision, Parsed | None]:
-        """The policy's decision, and the document it was made on (None: not parsed).
-        Charging, parsing and the prompt digest (a body too deep, or json.dumps's extra
-        beyond its limits or the budget) raise their refusals."""
-        account = self._account
-        # How often the bytes name each carrier (None: they cannot tell).
-        named = spelled(raw, CARRIER_NAMES)
-        if self._policy.action is not Action.MINT and named is not None and not any(named.values()):
-            # Nothing to judge or rewrite: the body is forwarded as it came, unparsed
-            # (a mint route parses every request for its prompt digest).
-            account.hold(memory.held(len(raw)))
-            return NO_PARAMS, None
-        shape = admission.admit(raw, account, self._config.max_json_values)
-        parsed = admission.parse(raw, shape, account, lift_ids=True)
-        # No member but the top-level kv_transfer_params (and its policed keys) is named
-        # as a carrier when the bytes spell no other name of one: then no carrier is
-        # looked for.
-        alone = named is not None and only_kv_params(named, parsed.document)
-        # Nor any member of a name vLLM reads transfer parameters from, that its
-        # response could carry back (a mint route signs only then: mint.judged).
-        echo_free = alone or (
-            named is not None and named[KV_KEY] <= (KV_KEY in parsed.document) and not named[EC_KEY]
+    def _on_timeout(self, event: TimedOut) -> Result:
+        return Deny(
+            RequestTimeout(
+                "the request body did not arrive in time", reason=Reason.BODY_TIMEOUT
+            ).refusal()
         )
-        return self._judge(parsed, alone, echo_free), parsed
-
-    def _judge(self, parsed: Parsed, alone: bool, echo_free: bool) -> Decision:
-        """The policy's decision; the prompt digest is rendered only when needed (a
-        proof to check) or kept for the response (a mint route on an endpoint it may
-        sign). ``alone``: no member but the top-level kv_transfer_params is named as a
-        carrier; ``echo_free``: none of a name vLLM reads transfer parameters from.
-        Rendering the digest may raise ``BadRequest`` for a body too deep, and
-        ``PayloadTooLarge`` or ``ServiceUnavailable`` where only json.dumps renders it
-        (``admission.digest``)."""
-        carriers = () if alone else None
-        if self._policy.action not in policy.WEIGHS_EVIDENCE:
-            return policy.decide(self._policy, parsed.document, policy.NO_EVIDENCE, carriers)
-        digest = _Once(functools.partial(admission.digest, parsed, self._endpoint, self._account))
-        minting = self._policy.action is Action.MINT
-        pending = mint.expect(self._endpoint, digest) if minting else mint.NOTHING
-        trust = self._trust
-        settings = self._config.proof
-        evidence = policy.Evidence(
-            digest,
-            self._peer,
-            trust.keys(),
-            trust.clock(),
-            settings.clock_skew_seconds,
-            settings.ttl_seconds,
-        )
-        decision = policy.decide(self._policy, parsed.document, evidence, carriers)
-        self._pending = mint.judged(pending, decision, echo_free)
-        if decision.reason == policy.HONORED_PROOF and not isinstance(decision, Deny):
-            params = parsed.document[KV_KEY]
-            self._asking = _Asking(
-                proof.ticket(params, evidence.skew), parsed, evidence, carriers, _no_answer
-            )
-        return decision
 
     # --- response ----------------------------------------------------------------------
 
-    def _on_response_headers(self, event: Event) -> list[Answer] | Refusal:
+    def _on_response_headers(self, event: ResponseHeaders) -> Result:
         """A mint route's response headers: they may add a reason not to sign."""
-        assert isinstance(event, ResponseHeaders)
         self._pending = mint.checked(self._pending, event)
         return [ContinueResponseHeaders()]
 
-    def _on_response_headers_only(self, event: Event) -> list[Answer] | Refusal:
-        assert isinstance(event, ResponseHeaders)
+    def _on_response_headers_only(self, event: ResponseHeaders) -> Result:
         pending = mint.checked(self._pending, event)
-        self._response_decision = Allow(pending.unsigned)
-        return [ContinueResponseHeaders()]
+        decision = Allow(pending.unsigned)
+        return Decided([ContinueResponseHeaders()], decision, "response")
 
-    def _on_response_body(self, event: Event) -> list[Answer] | Refusal:
-        assert isinstance(event, ResponseBody)
+    def _on_response_body(self, event: ResponseBody) -> Result:
         config, trust = self._config, self._trust
         signing = mint.Signing(
             self._account,
@@ -608,13 +456,12 @@ class Stream:
             int(trust.clock()) + config.proof.ttl_seconds,
         )
         decision, signed = mint.sign(self._pending, event.chunk, signing)
-        self._response_decision = decision
         # A response is never refused: its decision is an Allow or a Mint.
-        return [ContinueResponseBody(signed if self._enforced(decision) is True else None)]
+        forwarded = signed if inspection.enforced(decision, self._request.audit) else None
+        return Decided([ContinueResponseBody(forwarded)], decision, "response")
 
 
 _UNCHANGED: Final = ContinueBody()
-_Answerer = Callable[[bytes | None], list[Answer]]
 
 
 def _buffered(replacement: bytes | None, *, length_header: bool) -> list[Answer]:
@@ -634,64 +481,10 @@ def _streamed(raw: bytes, replacement: bytes | None) -> list[Answer]:
     ]
 
 
-def _no_answer(replacement: bytes | None) -> list[Answer]:
-    raise AssertionError("the body handler sets the answer before the stream asks")
-
-
-class _Ask:
-    """The marker ``_decide`` returns while a proof waits for the record's verdict."""
-
-    __slots__ = ()
-
-
-_ASK: Final = _Ask()
-
-
-@dataclass(slots=True)
-class _Asking:
-    """A decision that honors a proof, held until the record says it was not spent:
-    what deciding again and answering need."""
-
-    ticket: Ticket
-    parsed: Parsed
-    evidence: policy.Evidence
-    carriers: tuple[vllm_request.Path, ...] | None
-    answer: _Answerer
-
-
-_CHECKED: Final = CHECKED_HEADERS
-
-
-def _checked_headers(headers: tuple[tuple[str, bytes], ...]) -> dict[str, list[bytes]]:
-    """The values of each of ``_CHECKED`` in order, in one pass over the headers."""
-    found: dict[str, list[bytes]] = {name: [] for name in _CHECKED}
-    for key, value in headers:
-        if key in found:
-            found[key].append(value)
-    return found
-
-
-class _Once:
-    """``make()`` computed on the first call only (functools.cache builds a whole LRU
-    wrapper, too costly for one call per request)."""
-
-    __slots__ = ("_make", "_value")
-
-    def __init__(self, make: Callable[[], bytes]) -> None:
-        self._make = make
-        self._value: bytes | None = None
-
-    def __call__(self) -> bytes:
-        if self._value is None:
-            self._value = self._make()
-        return self._value
-
-
-def _violation(state: State, event: Event) -> ProtocolError:
-    """The protocol error for ``event`` in ``state``, which the table does not allow."""
-    kind = message(event)
-    if kind is Message.HEADERS_UNREADABLE:
-        assert isinstance(event, RequestHeaders)
+def _violation(state: State, kind: Message, event: Event) -> ProtocolError:
+    """The protocol error for ``event`` (read as ``kind``) in ``state``, which the table
+    does not allow."""
+    if kind is Message.HEADERS_UNREADABLE and isinstance(event, RequestHeaders):
         return ProtocolError(
             f"request body mode {event.body_mode.name} cannot be inspected; "
             "configure request_body_mode BUFFERED or FULL_DUPLEX_STREAMED"
@@ -709,43 +502,76 @@ def _violation(state: State, event: Event) -> ProtocolError:
     return ProtocolError(f"unexpected {kind.name} in state {state.name}")
 
 
-_Handler = Callable[[Stream, Event], "list[Answer] | Refusal"]
+E = TypeVar("E")
+# (state, message) -> (handler, target state), for the messages of one event class.
+_Rows = Mapping[tuple[State, Message], tuple[Callable[[Stream, E], Result], State]]
+
+
+@dataclass(frozen=True, slots=True)
+class _Table(Generic[E]):
+    """The table's part for one event class: how it reads an event, and its rows."""
+
+    read: Callable[[E], Message]
+    rows: _Rows[E]
+
+
 S, M = State, Message
-# (state, message) -> (handler, target state): the whole diagram. A refusal moves the
-# stream to REJECTED instead, a ProtocolError to ERROR; ERROR, RESPONSE_DONE and every
-# pair not listed accept nothing.
-TRANSITIONS: Final[dict[tuple[State, Message], tuple[_Handler, State]]] = {
+# The whole diagram, by the class of the event Envoy sent. A Deny moves the stream to
+# REJECTED instead of the target, a ProtocolError to ERROR; ERROR, RESPONSE_DONE and
+# every pair not listed accept nothing.
+_ON_HEADERS: Final[_Rows[RequestHeaders]] = {
     (S.EXPECT_HEADERS, M.HEADERS): (Stream._on_headers, S.EXPECT_BODY),
     (S.EXPECT_HEADERS, M.HEADERS_STREAMED): (Stream._on_headers, S.STREAMING),
     (S.EXPECT_HEADERS, M.HEADERS_ONLY): (Stream._on_headers_only, S.DONE),
+}
+_ON_BODY: Final[_Rows[RequestBody]] = {
     (S.EXPECT_HEADERS, M.FIRST_BODY): (Stream._on_first_body, S.DONE),
     (S.EXPECT_HEADERS, M.FIRST_BODY_TRAILED): (Stream._on_first_body, S.EXPECT_TRAILERS),
-    (S.EXPECT_HEADERS, M.FIRST_TRAILERS): (Stream._on_first_trailers, S.REJECTED),
     (S.EXPECT_BODY, M.BODY_END): (Stream._on_buffered_body, S.DONE),
     (S.EXPECT_BODY, M.BODY): (Stream._on_buffered_body, S.EXPECT_TRAILERS),
-    (S.EXPECT_BODY, M.TRAILERS): (Stream._on_trailers_without_body, S.REJECTED),
-    (S.EXPECT_BODY, M.TIMED_OUT): (Stream._on_timeout, S.REJECTED),
     (S.STREAMING, M.BODY): (Stream._on_chunk, S.STREAMING),
     (S.STREAMING, M.BODY_END): (Stream._on_last_chunk, S.DONE),
+    (S.DONE, M.BODY_END): (Stream._on_repeated_chunk, S.DONE),
+    (S.EXPECT_RESPONSE_BODY, M.BODY_END): (Stream._on_repeated_chunk, S.EXPECT_RESPONSE_BODY),
+    (S.REJECTED, M.BODY): (Stream._after_rejection, S.REJECTED),
+    (S.REJECTED, M.BODY_END): (Stream._after_rejection, S.REJECTED),
+}
+_ON_TRAILERS: Final[_Rows[RequestTrailers]] = {
+    (S.EXPECT_HEADERS, M.FIRST_TRAILERS): (Stream._on_first_trailers, S.REJECTED),
+    (S.EXPECT_BODY, M.TRAILERS): (Stream._on_trailers_without_body, S.REJECTED),
     (S.STREAMING, M.TRAILERS): (Stream._on_streamed_trailers, S.REJECTED),
-    (S.STREAMING, M.TIMED_OUT): (Stream._on_timeout, S.REJECTED),
     (S.EXPECT_TRAILERS, M.TRAILERS): (Stream._on_trailers, S.DONE),
-    # A mint route's response to a request the processor was never sent: one without a
-    # body (one message per request), or an answer of Envoy's own or of a filter before
-    # this one (a buffer limit's 413, a route header stated twice). Nothing of it was
-    # judged, so nothing is signed (mint.NOTHING); it passes unchanged.
+    (S.REJECTED, M.TRAILERS): (Stream._after_rejection, S.REJECTED),
+}
+_ON_TIMEOUT: Final[_Rows[TimedOut]] = {
+    (S.EXPECT_BODY, M.TIMED_OUT): (Stream._on_timeout, S.REJECTED),
+    (S.STREAMING, M.TIMED_OUT): (Stream._on_timeout, S.REJECTED),
+}
+# A mint route's response. From EXPECT_HEADERS: the response to a request the processor
+# was never sent: one without a body (one message per request), or an answer of
+# Envoy's own or of a filter before this one (a buffer limit's 413, a route header
+# stated twice). Nothing of it was judged, so nothing is signed (mint.NOTHING); it
+# passes unchanged.
+_ON_RESPONSE_HEADERS: Final[_Rows[ResponseHeaders]] = {
     (S.EXPECT_HEADERS, M.RESPONSE_HEADERS): (Stream._on_response_headers, S.EXPECT_RESPONSE_BODY),
     (S.EXPECT_HEADERS, M.RESPONSE_HEADERS_ONLY): (
         Stream._on_response_headers_only,
         S.RESPONSE_DONE,
     ),
-    (S.DONE, M.BODY_END): (Stream._on_repeated_chunk, S.DONE),
     (S.DONE, M.RESPONSE_HEADERS): (Stream._on_response_headers, S.EXPECT_RESPONSE_BODY),
     (S.DONE, M.RESPONSE_HEADERS_ONLY): (Stream._on_response_headers_only, S.RESPONSE_DONE),
+}
+_ON_RESPONSE_BODY: Final[_Rows[ResponseBody]] = {
     (S.EXPECT_RESPONSE_BODY, M.RESPONSE_BODY): (Stream._on_response_body, S.RESPONSE_DONE),
-    (S.EXPECT_RESPONSE_BODY, M.BODY_END): (Stream._on_repeated_chunk, S.EXPECT_RESPONSE_BODY),
-    (S.REJECTED, M.BODY): (Stream._after_rejection, S.REJECTED),
-    (S.REJECTED, M.BODY_END): (Stream._after_rejection, S.REJECTED),
-    (S.REJECTED, M.TRAILERS): (Stream._after_rejection, S.REJECTED),
 }
 del S, M
+
+TRANSITIONS: Final[dict[type, _Table[Any]]] = {
+    RequestHeaders: _Table(_headers, _ON_HEADERS),
+    RequestBody: _Table(_body, _ON_BODY),
+    RequestTrailers: _Table(_trailers, _ON_TRAILERS),
+    TimedOut: _Table(_timed_out, _ON_TIMEOUT),
+    ResponseHeaders: _Table(_response_headers, _ON_RESPONSE_HEADERS),
+    ResponseBody: _Table(_response_body, _ON_RESPONSE_BODY),
+    Unexpected: _Table(_unexpected, {}),
+}

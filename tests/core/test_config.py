@@ -101,7 +101,8 @@ def test_loading_the_configuration_imports_no_parser():
         "import sys, ext_proc.core.config; "
         "print(sorted(m for m in sys.modules if m.split('.')[0] in "
         "('numpy', 'orjson', 'stringzilla', 'grpc') "
-        "or m in ('ext_proc.core.body', 'ext_proc.core.ids')))"
+        "or m in ('ext_proc.core.reading', 'ext_proc.core.spelling', 'ext_proc.core.writing', "
+        "'ext_proc.core.ids')))"
     )
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "[]"

@@ -1,5 +1,6 @@
 import pytest
 
+from ext_proc.core import vllm_request
 from ext_proc.core.vllm_request import ignores_reused_ids, policed_keys
 
 
@@ -43,3 +44,17 @@ def test_policed_keys():
 )
 def test_ignores_reused_ids(document, ignored):
     assert ignores_reused_ids(document) is ignored
+
+
+@pytest.mark.parametrize(
+    ("path", "expected"),
+    [
+        ("/v1/chat/completions", "/v1/chat/completions"),
+        ("/v1/chat/%63ompletions", "/v1/chat/completions"),
+        ("/v1/chat/completions%0A", "/v1/chat/completions"),  # Starlette's $ ignores it
+        ("/v1/chat/completions%0A%0A", "/v1/chat/completions\n"),
+        ("/v1/chat/completions%2Fderender", "/v1/chat/completions/derender"),
+    ],
+)
+def test_the_endpoint_is_the_path_as_vllm_routes_it(path, expected):
+    assert vllm_request.endpoint(path) == expected

@@ -1,0 +1,314 @@
+"""Inspecting one request, as values: what its headers say (``read``: a ``Request``)
+and what its body decides (``inspect``: an ``Inspection``), as ``mint`` is for the
+response. The stream calls them and acts on what they return.
+
+An ``Inspection`` is the body's decision, what is forwarded instead of the body (None:
+the body as it came), the Deny the request is refused with when the decision refuses
+it, and what the request leaves for its response (``mint.Pending``); or, when the
+decision honors a proof, the ``Proof`` the record of spent proofs is asked about first
+(``settle`` decides with the record's verdict).
+
+Invariants (fail closed):
+- the exceptions that parsing and validation raise become refusals in
+  ``errors.attempt`` only, and every refusal here is a ``Deny``;
+- what inspecting holds (the parsed document, a rewrite) is charged to the stream's
+  account (``admission``) before it is taken;
+- audit mode (global, or the route's ``audit: true``) computes the same decision but
+  forwards the request unchanged; it relaxes only refusals that come from inspecting
+  the request (``Refusal.auditable``), never limits, timeouts or invalid route
+  metadata, and only in ``enforced``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Final
+
+from ext_proc.core import admission, memory, mint, policy, proof, route_policy, vllm_request
+from ext_proc.core.budget import Account
+from ext_proc.core.config import Config
+from ext_proc.core.content_headers import check_headers
+from ext_proc.core.decisions import NO_PARAMS, Decision, Deny, Strip
+from ext_proc.core.errors import Refusal, RoutePolicyError, attempt
+from ext_proc.core.events import CHECKED_HEADERS, NO_PEER, Peer, RequestHeaders
+from ext_proc.core.reading import Parsed
+from ext_proc.core.reasons import Reason
+from ext_proc.core.replay import Ticket, Verdict
+from ext_proc.core.route_policy import Action, RoutePolicy
+from ext_proc.core.spelling import spelled
+from ext_proc.core.vllm_request import CARRIER_NAMES, EC_KEY, KV_KEY, Path, only_kv_params
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """What a request's headers say, read once (``read``)."""
+
+    route: str  # the route's name, for metrics and logs
+    request_id: str  # its x-request-id, for logs
+    audit: bool  # the effective audit mode: the global setting, or the route's
+    policy: RoutePolicy = route_policy.DEFAULT_POLICY
+    # The API the upstream serves the request on (the path after the route's rewrite,
+    # as vLLM routes it); a proof binds it.
+    endpoint: str = ""
+    peer: Peer = NO_PEER
+    # The refusal that ends the request at its headers; then nothing more is read.
+    refused: Deny | None = None
+    # A refusal of the headers that audit mode lets pass: the body's decision,
+    # reported with the body.
+    held: Deny | None = None
+
+
+# A request whose headers were never sent (a mint route's response to a request the
+# processor did not see): only the global audit mode applies.
+_UNSEEN: Final = {audit: Request("", "", audit) for audit in (False, True)}
+
+
+def unseen(audit: bool) -> Request:
+    """What is known of a request before its headers: the global audit mode."""
+    return _UNSEEN[audit]
+
+
+@dataclass(frozen=True, slots=True)
+class Proof:
+    """A decision that honors a proof, held until the record says the proof was not
+    spent: the ticket to ask about, and what deciding again needs."""
+
+    ticket: Ticket
+    decision: Decision
+    parsed: Parsed
+    evidence: policy.Evidence
+    carriers: tuple[Path, ...] | None
+    pending: mint.Pending
+
+
+@dataclass(frozen=True, slots=True)
+class Inspection:
+    """What a request's body decides."""
+
+    decision: Decision
+    # Forwarded instead of the body when the decision is enforced; None: the body.
+    replacement: bytes | None = None
+    # ``decision`` when it is a Deny that is enforced: the request is answered with its
+    # refusal, nothing is forwarded.
+    refused: Deny | None = None
+    # What the request leaves for its response (a mint route's prompt digest).
+    pending: mint.Pending = mint.NOTHING
+    # Set when the decision honors a proof: nothing above stands until ``settle``.
+    proof: Proof | None = None
+
+
+def read(event: RequestHeaders, config: Config, *, with_body: bool) -> Request:
+    """The route, its policy and the endpoint; refused when the route's metadata is
+    invalid and, for a request ``with_body``, when its media type, encoding or
+    announced size is not accepted."""
+    route = event.route
+    found = _checked_headers(event.headers)
+    request_id = b"".join(found["x-request-id"]).decode("latin-1")
+    namespace = config.route_metadata_namespace
+    parsed = attempt(route_policy.parse_items, route.items, route.size, namespace)
+    if isinstance(parsed, Refusal):
+        return Request(route.name, request_id, config.audit, peer=event.peer, refused=Deny(parsed))
+    audit = config.audit or parsed.audit
+    upstream = parsed.upstream_path(event.path)
+    if upstream is None:
+        outside = _outside_prefix(parsed, namespace)
+        return Request(route.name, request_id, audit, parsed, peer=event.peer, refused=outside)
+    refused, held = _body_headers(found, audit, config.max_body_bytes) if with_body else _NONE
+    endpoint = vllm_request.endpoint(upstream)
+    return Request(route.name, request_id, audit, parsed, endpoint, event.peer, refused, held)
+
+
+_NONE: Final = (None, None)
+
+
+def _outside_prefix(parsed: RoutePolicy, namespace: str) -> Deny:
+    return Deny(
+        RoutePolicyError(
+            f"invalid route policy metadata: the request path does not begin with the "
+            f"route's match_prefix {parsed.match_prefix!r}",
+            reason=Reason.INVALID_ROUTE_POLICY,
+            param=f"{namespace}.match_prefix",
+        ).refusal()
+    )
+
+
+def _body_headers(
+    found: dict[str, list[bytes]], audit: bool, limit: int
+) -> tuple[Deny | None, Deny | None]:
+    """The headers of a request with a body, its media type and encoding, and an
+    announced size: the refusal that ends it now, and the one audit mode lets pass."""
+    held = None
+    checked = attempt(check_headers, found["content-type"], found["content-encoding"])
+    if checked is not None:
+        held = Deny(checked)
+        if enforced(held, audit):
+            return held, None
+    declared = found["content-length"]
+    if len(declared) == 1 and declared[0].isdigit():
+        # Refuse an announced oversized body before it is sent. Nothing is charged
+        # for it: an announcement is not bytes held.
+        too_large = attempt(admission.check_size, int(declared[0]), limit)
+        if too_large is not None:
+            return Deny(too_large), held
+    return None, held
+
+
+def enforced(decision: Decision, audit: bool) -> bool:
+    """Whether ``decision`` is enforced: a Deny refuses the request, and what a Strip
+    or a Mint forwards (a rewrite, a signed response) replaces the original; False:
+    the original is forwarded unchanged. The one place audit mode relaxes anything: it
+    forwards unchanged, except refusals that do not come from inspecting the request."""
+    if isinstance(decision, Deny):
+        return not (audit and decision.refusal.auditable)
+    return not audit
+
+
+def inspect(
+    raw: bytes, request: Request, account: Account, config: Config, trust: proof.Trust
+) -> Inspection:
+    """What the whole body ``raw`` of ``request`` decides. What it holds stays in
+    ``account`` until the stream hands it over with the answers."""
+    if request.held is not None:
+        return _enforce(request.held, None, request.audit, account, mint.NOTHING)
+    judged = attempt(_judge, raw, request, account, config, trust)
+    if isinstance(judged, Refusal):
+        return _enforce(Deny(judged), None, request.audit, account, mint.NOTHING)
+    if isinstance(judged, Proof):
+        return Inspection(judged.decision, pending=judged.pending, proof=judged)
+    decision, parsed, pending = judged
+    return _enforce(decision, parsed, request.audit, account, pending)
+
+
+def settle(asked: Proof, verdict: Verdict, request: Request, account: Account) -> Inspection:
+    """The record's verdict on ``asked``: the decision stands (``FIRST``), or the
+    request is decided again with the proof unproven for the verdict's reason (its
+    parameters removed, or refused on a route that denies unproven ones)."""
+    decision = asked.decision
+    if verdict is not Verdict.FIRST:
+        evidence = dataclasses.replace(asked.evidence, spent=verdict.reason)
+        decision = policy.decide(request.policy, asked.parsed.document, evidence, asked.carriers)
+    return _enforce(decision, asked.parsed, request.audit, account, asked.pending)
+
+
+def _enforce(
+    decision: Decision,
+    parsed: Parsed | None,
+    audit: bool,
+    account: Account,
+    pending: mint.Pending,
+) -> Inspection:
+    """What enforcing ``decision`` forwards, or refuses."""
+    if not enforced(decision, audit):
+        return Inspection(decision, pending=pending)
+    if isinstance(decision, Deny):
+        return Inspection(decision, refused=decision, pending=pending)
+    if isinstance(decision, Strip) and parsed is not None:
+        # Rewriting may refuse: a body too deep to write back, or json.dumps's extra
+        # beyond the budget.
+        connector = None if decision.connector is None else dict(decision.connector)
+        written = attempt(admission.without, parsed, decision.paths, account, connector)
+        if isinstance(written, Refusal):
+            refused = Deny(written)
+            return Inspection(refused, refused=refused, pending=pending)
+        return Inspection(decision, written, pending=pending)
+    return Inspection(decision, pending=pending)
+
+
+# The policy's decision, the document it was made on (None: not parsed) and what the
+# request leaves for its response; or the proof to spend before it stands.
+_Judged = tuple[Decision, Parsed | None, mint.Pending] | Proof
+
+
+def _judge(
+    raw: bytes, request: Request, account: Account, config: Config, trust: proof.Trust
+) -> _Judged:
+    """The policy's judgment of ``raw``. Charging, parsing and the prompt digest (a body
+    too deep, or json.dumps's extra beyond its limits or the budget) raise their
+    refusals."""
+    minting = request.policy.action is Action.MINT
+    # How often the bytes name each carrier (None: they cannot tell).
+    named = spelled(raw, CARRIER_NAMES)
+    if not minting and named is not None and not any(named.values()):
+        # Nothing to judge or rewrite: the body is forwarded as it came, unparsed
+        # (a mint route parses every request for its prompt digest).
+        account.hold(memory.held(len(raw)))
+        return NO_PARAMS, None, mint.NOTHING
+    shape = admission.admit(raw, account, config.max_json_values)
+    parsed = admission.parse(raw, shape, account, lift_ids=True)
+    # No member but the top-level kv_transfer_params (and its policed keys) is named
+    # as a carrier when the bytes spell no other name of one: then no carrier is
+    # looked for.
+    alone = named is not None and only_kv_params(named, parsed.document)
+    # Nor any member of a name vLLM reads transfer parameters from, that its
+    # response could carry back (a mint route signs only then: mint.judged).
+    echo_free = alone or (
+        named is not None and named[KV_KEY] <= (KV_KEY in parsed.document) and not named[EC_KEY]
+    )
+    carriers = () if alone else None
+    if request.policy.action not in policy.WEIGHS_EVIDENCE:
+        decision = policy.decide(request.policy, parsed.document, policy.NO_EVIDENCE, carriers)
+        return decision, parsed, mint.NOTHING
+    digest = _Once(functools.partial(admission.digest, parsed, request.endpoint, account))
+    settings = config.proof
+    evidence = policy.Evidence(
+        digest,
+        request.peer,
+        trust.keys(),
+        trust.clock(),
+        settings.clock_skew_seconds,
+        settings.ttl_seconds,
+    )
+    return _weigh(parsed, carriers, echo_free, request, evidence)
+
+
+def _weigh(
+    parsed: Parsed,
+    carriers: tuple[Path, ...] | None,
+    echo_free: bool,
+    request: Request,
+    evidence: policy.Evidence,
+) -> _Judged:
+    """The decision of a route that weighs evidence; the prompt digest is rendered only
+    when needed (a proof to check) or kept for the response (a mint route on an
+    endpoint it may sign). ``carriers``: () when no member but the top-level
+    kv_transfer_params is named as a carrier; ``echo_free``: none of a name vLLM reads
+    transfer parameters from. Rendering the digest may raise ``BadRequest`` for a body
+    too deep, and ``PayloadTooLarge`` or ``ServiceUnavailable`` where only json.dumps
+    renders it (``admission.digest``)."""
+    minting = request.policy.action is Action.MINT
+    pending = mint.expect(request.endpoint, evidence.digest) if minting else mint.NOTHING
+    decision = policy.decide(request.policy, parsed.document, evidence, carriers)
+    pending = mint.judged(pending, decision, echo_free)
+    if decision.reason == policy.HONORED_PROOF and not isinstance(decision, Deny):
+        ticket = proof.ticket(parsed.document[KV_KEY], evidence.skew)
+        return Proof(ticket, decision, parsed, evidence, carriers, pending)
+    return decision, parsed, pending
+
+
+def _checked_headers(headers: tuple[tuple[str, bytes], ...]) -> dict[str, list[bytes]]:
+    """The values of each of ``CHECKED_HEADERS`` in order, in one pass over the
+    headers."""
+    found: dict[str, list[bytes]] = {name: [] for name in CHECKED_HEADERS}
+    for key, value in headers:
+        if key in found:
+            found[key].append(value)
+    return found
+
+
+class _Once:
+    """``make()`` computed on the first call only (functools.cache builds a whole LRU
+    wrapper, too costly for one call per request)."""
+
+    __slots__ = ("_make", "_value")
+
+    def __init__(self, make: Callable[[], bytes]) -> None:
+        self._make = make
+        self._value: bytes | None = None
+
+    def __call__(self) -> bytes:
+        if self._value is None:
+            self._value = self._make()
+        return self._value
