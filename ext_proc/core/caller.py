@@ -1,7 +1,8 @@
 """Who sent a request, as its route sees it: trusted or not, and why (docs/trust.md).
 
-Decided once per decision (``policy.decide``) from the route and the connection's peer;
-a proof is another matter (it covers parameters, not the caller).
+Decided once per request (``inspection``, which hands it to every ``policy.decide`` of
+the request, a second decision after the record's verdict included) from the route and
+the connection's peer; a proof is another matter (it covers parameters, not the caller).
 """
 
 from __future__ import annotations

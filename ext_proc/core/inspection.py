@@ -27,8 +27,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
 
-from ext_proc.core import admission, memory, mint, policy, proof, route_policy, vllm_request
+from ext_proc.core import admission, caller, memory, mint, policy, proof, route_policy, vllm_request
 from ext_proc.core.budget import Account
+from ext_proc.core.caller import Caller
 from ext_proc.core.config import Config
 from ext_proc.core.content_headers import check_headers
 from ext_proc.core.decisions import NO_PARAMS, Decision, Deny, Strip
@@ -82,6 +83,7 @@ class Proof:
     evidence: policy.Evidence
     carriers: tuple[Path, ...] | None
     pending: mint.Pending
+    sender: Caller
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,7 +191,9 @@ def settle(asked: Proof, verdict: Verdict, request: Request, account: Account) -
     decision = asked.decision
     if verdict is not Verdict.FIRST:
         evidence = dataclasses.replace(asked.evidence, spent=verdict.reason)
-        decision = policy.decide(request.policy, asked.parsed.document, evidence, asked.carriers)
+        decision = policy.decide(
+            request.policy, asked.parsed.document, evidence, asked.carriers, asked.sender
+        )
     return _enforce(decision, asked.parsed, request.audit, account, asked.pending)
 
 
@@ -248,8 +252,12 @@ def _judge(
         named is not None and named[KV_KEY] <= (KV_KEY in parsed.document) and not named[EC_KEY]
     )
     carriers = () if alone else None
+    # Who the caller is: decided once for the request, a second decision included.
+    sender = caller.of(request.policy, request.peer)
     if request.policy.action not in policy.WEIGHS_EVIDENCE:
-        decision = policy.decide(request.policy, parsed.document, policy.NO_EVIDENCE, carriers)
+        decision = policy.decide(
+            request.policy, parsed.document, policy.NO_EVIDENCE, carriers, sender
+        )
         return decision, parsed, mint.NOTHING
     digest = _Once(functools.partial(admission.digest, parsed, request.endpoint, account))
     settings = config.proof
@@ -261,7 +269,7 @@ def _judge(
         settings.clock_skew_seconds,
         settings.ttl_seconds,
     )
-    return _weigh(parsed, carriers, echo_free, request, evidence)
+    return _weigh(parsed, carriers, echo_free, request, evidence, sender=sender)
 
 
 def _weigh(
@@ -270,6 +278,8 @@ def _weigh(
     echo_free: bool,
     request: Request,
     evidence: policy.Evidence,
+    *,
+    sender: Caller,
 ) -> _Judged:
     """The decision of a route that weighs evidence; the prompt digest is rendered only
     when needed (a proof to check) or kept for the response (a mint route on an
@@ -280,11 +290,11 @@ def _weigh(
     renders it (``admission.digest``)."""
     minting = request.policy.action is Action.MINT
     pending = mint.expect(request.endpoint, evidence.digest) if minting else mint.NOTHING
-    decision = policy.decide(request.policy, parsed.document, evidence, carriers)
+    decision = policy.decide(request.policy, parsed.document, evidence, carriers, sender)
     pending = mint.judged(pending, decision, echo_free)
     if decision.reason == policy.HONORED_PROOF and not isinstance(decision, Deny):
         ticket = proof.ticket(parsed.document[KV_KEY], evidence.skew)
-        return Proof(ticket, decision, parsed, evidence, carriers, pending)
+        return Proof(ticket, decision, parsed, evidence, carriers, pending, sender)
     return decision, parsed, pending
 
 

@@ -150,12 +150,15 @@ def decide(
     document: Document,
     evidence: Evidence,
     carriers: tuple[Path, ...] | None = None,
+    sender: caller.Caller | None = None,
 ) -> Decision:
     """The decision for a request ``document``. ``carriers``: its other members that
     carry transfer parameters (``vllm_request.other_carriers``), when the caller has
-    shown there are none cheaply; None: looked for here."""
-    # Who the caller is, decided here once for every part of the decision.
-    sender = caller.of(policy, evidence.peer)
+    shown there are none cheaply; None: looked for here. ``sender``: who the caller is
+    (``caller.of`` for this route and ``evidence.peer``), when the request already
+    knows; None: decided here, once for every part of the decision."""
+    if sender is None:
+        sender = caller.of(policy, evidence.peer)
     decision = _decide_carriers(policy, document, evidence, sender, carriers)
     if policy.connector is None or isinstance(decision, Deny):
         return decision

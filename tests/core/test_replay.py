@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from ext_proc.core import proof
+from ext_proc.core import caller, proof
 from ext_proc.core.errors import ProtocolError
 from ext_proc.core.events import (
     BodyMode,
@@ -151,3 +151,15 @@ def test_parameters_trusted_for_another_reason_spend_nothing():
     assert step.ask is None
     assert step.outcome is not None
     assert step.outcome.decision.reason == "trusted_any_caller"
+
+
+def test_who_the_caller_is_is_decided_once_for_a_request_decided_twice(monkeypatch):
+    asked = []
+    of = caller.of
+    monkeypatch.setattr(caller, "of", lambda *args: asked.append(args) or of(*args))
+    record = LocalRecord.anonymous(64, TRUST.clock)
+    present(BODY, record)
+    assert len(asked) == 1
+    again, _ = present(BODY, record)  # decided again: proof_replayed
+    assert again.decision.reason == "proof_replayed"
+    assert len(asked) == 2
