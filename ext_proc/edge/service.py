@@ -22,7 +22,7 @@ from ext_proc.core.budget import Budget
 from ext_proc.core.config import Config, ConfigError
 from ext_proc.core.decisions import Allow
 from ext_proc.core.errors import ProtocolError
-from ext_proc.core.events import Event, Outcome, TimedOut
+from ext_proc.core.events import Event, Outcome, Step, TimedOut
 from ext_proc.core.proof import Trust
 from ext_proc.core.replay import Record
 from ext_proc.core.stream import Stream
@@ -151,33 +151,14 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc
             event = await self._next(context, deadline)
             if event is None:
                 break
-            started = time.perf_counter()
             try:
-                step = stream.handle(event)
-                if step.ask is not None:
-                    # The record's round trip is not this processor's time.
-                    usage.busy += time.perf_counter() - started
-                    verdict = await self.record.spend(step.ask)
-                    started = time.perf_counter()
-                    step = stream.spent(verdict)
+                responses, step = await self._answer(stream, event, usage)
             except ProtocolError as exc:
                 await self._abort(context, exc.request_id, str(exc))
                 return
-            responses = self._encode(step)
-            if step.outcome is not None:
-                usage.outcome = step.outcome
-                self._record(step.outcome)
-            usage.busy += time.perf_counter() - started
-            usage.request_id = step.request_id
             waiting, held, final = step.waiting_for_body, step.held, step.final
             del event, step  # nothing of the body outlives its answers
-            try:
-                while responses:
-                    await context.write(responses.pop(0))
-            finally:
-                # Once gRPC took the last answer (or the RPC ended), what the answers
-                # carried is not held.
-                self.budget.release(held)
+            await self._send(context, responses, held)
             if final:
                 # The request is answered (Envoy ended it with the local reply): the RPC
                 # ends now rather than wait for Envoy to cancel it. Late chunks Envoy
@@ -187,6 +168,42 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc
             # Envoy closed its side mid-body. Ending the RPC cleanly now could let a held
             # request through; end it with an error instead.
             await self._abort(context, usage.request_id, "stream ended before the end of the body")
+
+    async def _answer(
+        self, stream: Stream, event: Event, usage: _Usage
+    ) -> tuple[list[pb.ProcessingResponse], Step]:
+        """The stream's step for ``event`` (the record of spent proofs asked first where
+        the step says so) and its encoded answers; its outcome is counted. The
+        processor's time goes to ``usage``, the record's round trip does not. Raises
+        ``ProtocolError``."""
+        started = time.perf_counter()
+        step = stream.handle(event)
+        if step.ask is not None:
+            usage.busy += time.perf_counter() - started
+            verdict = await self.record.spend(step.ask)
+            started = time.perf_counter()
+            step = stream.spent(verdict)
+        responses = self._encode(step)
+        if step.outcome is not None:
+            usage.outcome = step.outcome
+            self._record(step.outcome)
+        usage.busy += time.perf_counter() - started
+        usage.request_id = step.request_id
+        return responses, step
+
+    async def _send(
+        self,
+        context: grpc.aio.ServicerContext[pb.ProcessingRequest, pb.ProcessingResponse],
+        responses: list[pb.ProcessingResponse],
+        held: int,
+    ) -> None:
+        """Write ``responses`` in order. Once gRPC took the last one (or the RPC ended),
+        the ``held`` bytes they carried are released."""
+        try:
+            while responses:
+                await context.write(responses.pop(0))
+        finally:
+            self.budget.release(held)
 
     async def _abort(
         self,
