@@ -25,7 +25,10 @@ def _parser() -> argparse.ArgumentParser:
     commands.add_parser("generate", help="write every generated file")
     for generator in generated.GENERATORS:
         commands.add_parser(generator.name, help=f"write {generator.summary}")
-    commands.add_parser("code-figures", help="print the package's size and longest functions")
+    figures = commands.add_parser(
+        "code-figures", help="print the package's size and longest functions"
+    )
+    figures.add_argument("--root", type=Path, default=code_figures.REPO, help="another checkout")
     return parser
 
 
@@ -35,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
         asyncio.run(upstream.serve_forever(args.listen))
         return 0
     if args.command == "code-figures":
-        print(code_figures.report())
+        print(code_figures.report(args.root))
         return 0
     if args.command == "generate" or args.command in generated.BY_NAME:
         chosen = (

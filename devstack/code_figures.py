@@ -49,6 +49,7 @@ def _self_writes(stream: Path) -> set[str]:
 
 
 def report(root: Path = REPO) -> str:
+    """The figures of the checkout at ``root``."""
     package = root / "ext_proc"
     modules = _modules(package)
     layers: dict[str, list[int]] = {}
@@ -68,8 +69,9 @@ def report(root: Path = REPO) -> str:
     )
     lines.append(f"functions over {LONG} lines: {sum(size > LONG for size, _ in functions)}")
     lines += [f"  {size:4d} {name}" for size, name in functions[:8]]
-    stream = package / "core" / "stream.py"
+    # Wherever the layout puts it (an older checkout's flat package too).
+    (stream,) = (path for path in modules if path.name == "stream.py")
     written = sorted(_self_writes(stream))
-    lines.append(f"core/stream.py: {len(stream.read_text().splitlines())} lines")
+    lines.append(f"{stream.relative_to(package)}: {len(stream.read_text().splitlines())} lines")
     lines.append(f"attributes Stream's handlers write: {len(written)} ({', '.join(written)})")
     return "\n".join(lines)

@@ -20,4 +20,5 @@ def test_figures_of_a_small_tree(tmp_path: Path) -> None:
     assert "  ext_proc/core/: 1, 62" in figures
     assert "functions over 50 lines: 1" in figures
     assert "    56 ext_proc/core/stream.py:long" in figures
+    assert "core/stream.py: 62 lines" in figures
     assert "attributes Stream's handlers write: 3 (b, c, state)" in figures
