@@ -15,8 +15,8 @@ from typing import Any, Final, Literal, TypeVar
 from ext_proc.tools.check_envoy.reader import (
     BUFFER_PER_ROUTE,
     FILTER_CONFIG,
+    PER_ROUTE,
     Hold,
-    ext_proc_per_route,
 )
 
 T = TypeVar("T")
@@ -38,15 +38,40 @@ def effective(levels: Sequence[Any], name: str, says: Callable[[Any], T | None],
     return default
 
 
-def _ext_proc_runs(given: Any) -> bool | None:
-    # Any configuration decides: one enables a filter disabled by default.
-    config = ext_proc_per_route(given)
-    return None if config is None else not config.get("disabled")
+def _enables(given: Any) -> bool | None:
+    # The filter chain's word (Envoy's route entry per filter name): a FilterConfig
+    # wrapper by its own ``disabled``, any ext_proc configuration by being there (one
+    # enables a filter disabled by default).
+    if not isinstance(given, dict):
+        return None
+    if given.get("@type") == FILTER_CONFIG:
+        return not given.get("disabled")
+    return True if given.get("@type") == PER_ROUTE else None
+
+
+def _own(given: Any) -> dict[str, Any] | None:
+    # ext_proc's own per-route configuration at a level: what its merge reads. A
+    # wrapper with an empty config enables the filter but configures nothing.
+    if isinstance(given, dict) and given.get("@type") == FILTER_CONFIG:
+        given = None if given.get("disabled") else given.get("config")
+    if isinstance(given, dict) and given.get("@type") == PER_ROUTE:
+        return given
+    return None
+
+
+def _own_disabled(given: Any) -> bool | None:
+    own = _own(given)
+    return None if own is None else bool(own.get("disabled"))
 
 
 def ext_proc_runs(name: str, by_default: bool, levels: Sequence[Any]) -> bool:
-    """Whether ext_proc filter ``name`` runs on the route."""
-    return effective(levels, name, _ext_proc_runs, by_default)
+    """Whether ext_proc filter ``name`` processes the route: the filter chain runs it
+    (the most specific level naming it enables it) and ext_proc's merged per-route
+    configuration does not disable it (Envoy takes ``disabled`` from the most specific
+    ext_proc configuration, so a wrapper that only enables the filter leaves a disabled
+    one below it in force)."""
+    runs = effective(levels, name, _enables, by_default)
+    return runs and not effective(levels, name, _own_disabled, False)
 
 
 def ext_proc_mode(name: str, mode: dict[str, Any], levels: Sequence[Any]) -> dict[str, Any] | None:
@@ -61,7 +86,7 @@ def ext_proc_mode(name: str, mode: dict[str, Any], levels: Sequence[Any]) -> dic
     specific ends the search: the filter's own mode applies, not one stated below it."""
     most_specific = True
     for level in levels:
-        config = ext_proc_per_route(level.get(name)) if isinstance(level, dict) else None
+        config = _own(level.get(name)) if isinstance(level, dict) else None
         if config is None:
             continue
         if config.get("disabled"):

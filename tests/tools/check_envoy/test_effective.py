@@ -51,6 +51,12 @@ def test_the_first_level_that_decides_wins_else_the_default():
         (({"@type": FILTER_CONFIG, "disabled": True}, ON, None), True, False),
         # Another type under the filter's name says nothing.
         (({"@type": "type.googleapis.com/x"}, OFF, None), True, False),
+        # A wrapper that only enables the filter configures nothing of ext_proc's: a
+        # disabled ext_proc configuration below it stays in force (Envoy's merge).
+        (({"@type": FILTER_CONFIG, "config": {}}, OFF, None), True, False),
+        (({"@type": FILTER_CONFIG, "config": {}}, OFF, None), False, False),
+        (({"@type": FILTER_CONFIG, "config": {}}, None, ON), False, True),
+        (({"@type": FILTER_CONFIG, "config": ON}, OFF, None), True, True),
     ],
 )
 def test_whether_the_filter_runs(configs, by_default, runs):
