@@ -79,16 +79,14 @@ def settled(pair: Pair, before: KvCounters, prompt_tokens: int) -> KvCounters:
 
 def decode(
     gateway: Gateway, pair: Pair, chat: list[dict[str, str]], params: Any
-) -> tuple[KvCounters, int, float]:
-    """The decode leg: the counters' change, the prompt's tokens and the leg's seconds."""
+) -> tuple[KvCounters, int]:
+    """The decode leg: the counters' change and the prompt's tokens."""
     before = pair.kv_counters()
-    started = time.monotonic()
     body = {"model": "tiny", "messages": chat, "max_tokens": 8, "kv_transfer_params": params}
     reply = post(gateway, DECODE, body)
-    seconds = time.monotonic() - started
     assert reply.status_code == 200, reply.text
     tokens = reply.json()["usage"]["prompt_tokens"]
-    return settled(pair, before, tokens), tokens, seconds
+    return settled(pair, before, tokens), tokens
 
 
 def assert_moved(delta: KvCounters, tokens: int) -> None:
@@ -173,7 +171,7 @@ def test_a_clients_connector_keys_never_reach_the_prefill_server(
         assert value not in forwarded
     assert b'"do_remote_decode":true' in forwarded
     assert minted["remote_host"] == "127.0.0.1"  # the prefill server's own side channel
-    delta, tokens, _ = decode(gateway, pair, chat, minted)
+    delta, tokens = decode(gateway, pair, chat, minted)
     assert_moved(delta, tokens)
 
 
@@ -207,10 +205,10 @@ def test_tampered_parameters_move_nothing(gateway: Gateway, pair: Pair, tamper: 
     chat = messages()
     minted = prefill(gateway, chat)
     gateway.decode.clear()
-    delta, tokens, _ = decode(gateway, pair, chat, tamper(minted))
+    delta, tokens = decode(gateway, pair, chat, tamper(minted))
     assert_recomputed(delta, tokens)
     assert b"kv_transfer_params" not in gateway.decode.received()
-    delta, tokens, _ = decode(gateway, pair, chat, minted)
+    delta, tokens = decode(gateway, pair, chat, minted)
     assert delta.external > 0, delta
     assert delta.nixl_bytes > 0, delta
     assert delta.local == 0, delta
@@ -219,59 +217,80 @@ def test_tampered_parameters_move_nothing(gateway: Gateway, pair: Pair, tamper: 
 def test_a_proof_for_another_prompt_moves_nothing(gateway: Gateway, pair: Pair) -> None:
     minted = prefill(gateway, messages())
     other = messages()
-    delta, tokens, _ = decode(gateway, pair, other, minted)
+    delta, tokens = decode(gateway, pair, other, minted)
     assert_recomputed(delta, tokens)
 
 
+def _hand_off(
+    pair: Pair, prefill_at: str, decode_at: str, chat: list[dict[str, str]]
+) -> tuple[float, float, KvCounters, int]:
+    """One hand-off, the prefill leg sent to ``prefill_at`` and the decode leg to
+    ``decode_at`` with what the prefill leg answered: the two legs' seconds (nothing
+    else inside the spans), then the decode server's counters once settled."""
+    body: dict[str, Any] = {
+        "model": "tiny",
+        "messages": chat,
+        "max_tokens": 1,
+        "return_token_ids": True,
+        "kv_transfer_params": ORCHESTRATOR,
+    }
+    before = pair.kv_counters()
+    started = time.monotonic()
+    reply = httpx.post(prefill_at, json=body, timeout=120)
+    handed = time.monotonic()
+    assert reply.status_code == 200, reply.text
+    params = reply.json()["kv_transfer_params"]
+    body = {"model": "tiny", "messages": chat, "max_tokens": 8, "kv_transfer_params": params}
+    reply = httpx.post(decode_at, json=body, timeout=120)
+    done = time.monotonic()
+    assert reply.status_code == 200, reply.text
+    tokens = reply.json()["usage"]["prompt_tokens"]
+    return handed - started, done - handed, settled(pair, before, tokens), tokens
+
+
 def test_twenty_hand_offs_each_move_the_kv_cache(gateway: Gateway, pair: Pair) -> None:
-    """Timed for the record (the summary), never asserted on: a shared machine's speed
-    says nothing about the code."""
-    legs, totals = [], []
+    """Twenty hand-offs through the gateway and twenty straight to the pair, taken in
+    turn, each arm timing the same spans (the prefill leg, the decode leg, both; the
+    metrics' settling outside them), for the record (the summary), never asserted on:
+    a shared machine's speed says nothing about the code."""
+    arms = {
+        "through the gateway": (gateway.url + PREFILL, gateway.url + DECODE),
+        "straight to the pair": (pair.prefill + CHAT, pair.decode + CHAT),
+    }
+    spans: dict[str, dict[str, list[float]]] = {
+        arm: {"prefill leg": [], "decode leg": [], "whole hand-off": []} for arm in arms
+    }
     for _ in range(20):
-        chat = messages()
-        started = time.monotonic()
-        minted = prefill(gateway, chat)
-        delta, tokens, seconds = decode(gateway, pair, chat, minted)
-        totals.append(time.monotonic() - started)
-        legs.append(seconds)
-        assert_moved(delta, tokens)
-    RESULTS.append(f"through the gateway, decode leg (s): {_spread(legs)}")
-    RESULTS.append(f"through the gateway, whole hand-off (s): {_spread(totals)}")
-    # The same hand-offs straight to the pair, for comparison: what the servers take.
-    legs, totals = [], []
-    for _ in range(20):
-        chat = messages()
-        started = time.monotonic()
-        body = {
-            "model": "tiny",
-            "messages": chat,
-            "max_tokens": 1,
-            "kv_transfer_params": ORCHESTRATOR,
-        }
-        reply = httpx.post(pair.prefill + CHAT, json=body, timeout=120)
-        assert reply.status_code == 200, reply.text
-        before = pair.kv_counters()
-        leg = time.monotonic()
-        body = {
-            "model": "tiny",
-            "messages": chat,
-            "max_tokens": 8,
-            "kv_transfer_params": reply.json()["kv_transfer_params"],
-        }
-        reply = httpx.post(pair.decode + CHAT, json=body, timeout=120)
-        assert reply.status_code == 200, reply.text
-        legs.append(time.monotonic() - leg)
-        totals.append(time.monotonic() - started)
-        tokens = reply.json()["usage"]["prompt_tokens"]
-        assert_moved(settled(pair, before, tokens), tokens)
-    RESULTS.append(f"straight to the pair, decode leg (s): {_spread(legs)}")
-    RESULTS.append(f"straight to the pair, whole hand-off (s): {_spread(totals)}")
+        for arm, (prefill_at, decode_at) in arms.items():
+            first, second, delta, tokens = _hand_off(pair, prefill_at, decode_at, messages())
+            assert_moved(delta, tokens)
+            spans[arm]["prefill leg"].append(first)
+            spans[arm]["decode leg"].append(second)
+            spans[arm]["whole hand-off"].append(first + second)
+    for arm, by_span in spans.items():
+        for span, values in by_span.items():
+            RESULTS.append(f"{arm}, {span} (s): {_spread(values)}")
+    gateway_spans, straight = spans["through the gateway"], spans["straight to the pair"]
+    for span, values in gateway_spans.items():
+        RESULTS.append(f"the gateway adds, {span} (ms): {_added(values, straight[span])}")
+
+
+def _added(through: list[float], straight: list[float]) -> str:
+    """The gateway arm's median and p90 minus the straight arm's, in milliseconds."""
+    return (
+        f"median {1000 * (statistics.median(through) - statistics.median(straight)):+.1f}, "
+        f"p90 {1000 * (_p90(through) - _p90(straight)):+.1f}"
+    )
+
+
+def _p90(values: list[float]) -> float:
+    ordered = sorted(values)
+    return ordered[int(0.9 * (len(ordered) - 1))]
 
 
 def _spread(values: list[float]) -> str:
     ordered = sorted(values)
-    p90 = ordered[int(0.9 * (len(ordered) - 1))]
     return (
         f"n={len(values)} min {ordered[0]:.3f} median {statistics.median(ordered):.3f} "
-        f"p90 {p90:.3f} max {ordered[-1]:.3f}"
+        f"p90 {_p90(ordered):.3f} max {ordered[-1]:.3f}"
     )

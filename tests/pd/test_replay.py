@@ -42,9 +42,9 @@ def test_a_replayed_proof_recomputes(gateway: Gateway, pair: Pair) -> None:
     chat = messages()
     minted = prefill(gateway, chat)
     before = decisions(gateway)
-    delta, tokens, _ = decode(gateway, pair, chat, minted)
+    delta, tokens = decode(gateway, pair, chat, minted)
     assert_moved(delta, tokens)
-    delta, tokens, _ = decode(gateway, pair, chat, minted)
+    delta, tokens = decode(gateway, pair, chat, minted)
     # Nothing read from the prefill server (the decode server may serve the prompt from
     # its own prefix cache now: the first decode left it there).
     assert delta.external == 0, delta
@@ -82,7 +82,7 @@ def test_a_proof_first_presented_after_the_lease_recomputes(gateway: Gateway, pa
         time.sleep(0.5)
     assert time.monotonic() - minted_at >= NIXL_LEASE_SECONDS - 1
     before = decisions(gateway)
-    delta, tokens, _ = decode(gateway, pair, chat, minted)
+    delta, tokens = decode(gateway, pair, chat, minted)
     assert_recomputed(delta, tokens)
     legs = decisions(gateway) - before
     assert legs == {("disaggregated", "strip", "proof_expired"): 1}, legs
