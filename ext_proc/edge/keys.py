@@ -20,7 +20,7 @@ from typing import Final
 from ext_proc.core.config import ConfigError, ProofKey
 from ext_proc.core.proof import KeySet
 
-log = logging.getLogger("ext_proc.edge.keys")
+log = logging.getLogger("ext_proc.keys")
 MIN_KEY_BYTES: Final = 32
 
 

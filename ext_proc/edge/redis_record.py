@@ -36,7 +36,7 @@ from redis.exceptions import RedisError
 
 from ext_proc.core.replay import Ticket, Verdict
 
-log = logging.getLogger("ext_proc.edge.record")
+log = logging.getLogger("ext_proc.record")
 PREFIX: Final = "ext_proc:spent:"
 SINCE: Final = "ext_proc:spent-since"
 # KEYS: SINCE, the proof's key; ARGV: now (unix seconds), warm-up (seconds), lifetime

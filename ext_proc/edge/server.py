@@ -36,7 +36,7 @@ from ext_proc.edge.record import LocalRecord
 from ext_proc.edge.redis_record import RedisRecord
 from ext_proc.edge.service import ExternalProcessor
 
-log = logging.getLogger("ext_proc.edge.server")
+log = logging.getLogger("ext_proc.server")
 GC_THRESHOLD = 20_000  # CPython's default is 700
 # How often the in-flight gauges are read: a request costs no gauge update.
 SAMPLE_SECONDS = 1.0

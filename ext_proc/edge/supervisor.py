@@ -39,7 +39,7 @@ from prometheus_client import multiprocess
 from ext_proc.core.config import Config, ConfigError
 from ext_proc.edge import logs, metrics, record
 
-log = logging.getLogger("ext_proc.edge.supervisor")
+log = logging.getLogger("ext_proc.supervisor")
 RESTART_BACKOFF_SECONDS: Final = 1.0
 QUICK_SECONDS: Final = 10.0
 GIVE_UP_AFTER: Final = 5

@@ -117,7 +117,7 @@ def test_lines_from_info_are_batched_until_flushed(configured):
 def test_a_batch_is_written_before_any_other_record(configured):
     alone()
     logs.info(logging.getLogger("ext_proc.decision"), "decision", FIELDS)
-    logging.getLogger("ext_proc.edge.server").warning("forced stop")
+    logging.getLogger("ext_proc.server").warning("forced stop")
     assert [line["message"] for line in lines(configured)] == ["decision", "forced stop"]
 
 

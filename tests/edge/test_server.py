@@ -87,7 +87,7 @@ def test_health_is_not_serving_until_the_server_says_so():
 
 
 def test_sigterm_drains_serving_new_streams_then_stops_with_0(caplog):
-    caplog.set_level("INFO", "ext_proc.edge.server")
+    caplog.set_level("INFO", "ext_proc.server")
 
     async def scenario() -> tuple[int, list[int], grpc.StatusCode]:
         server = Server(config(drain_seconds=0.6, shutdown_grace_seconds=5))
@@ -105,14 +105,14 @@ def test_sigterm_drains_serving_new_streams_then_stops_with_0(caplog):
     assert status == 0
     assert statuses == [SERVING, NOT_SERVING]
     assert served == grpc.StatusCode.OK
-    messages = [r.getMessage() for r in caplog.records if r.name == "ext_proc.edge.server"]
+    messages = [r.getMessage() for r in caplog.records if r.name == "ext_proc.server"]
     assert messages == ["serving", "draining", "stopped"]
     (draining,) = [r for r in caplog.records if r.getMessage() == "draining"]
     assert (draining.drain_seconds, draining.grace_seconds) == (0.6, 5)
 
 
 def test_a_second_signal_forces_the_stop_with_1(caplog):
-    caplog.set_level("INFO", "ext_proc.edge.server")
+    caplog.set_level("INFO", "ext_proc.server")
 
     async def scenario() -> int:
         server = Server(config(drain_seconds=60, shutdown_grace_seconds=60))
@@ -124,7 +124,7 @@ def test_a_second_signal_forces_the_stop_with_1(caplog):
         return await asyncio.wait_for(main, 5)  # not the 60 s drain window
 
     assert run(scenario()) == 1
-    messages = [r.getMessage() for r in caplog.records if r.name == "ext_proc.edge.server"]
+    messages = [r.getMessage() for r in caplog.records if r.name == "ext_proc.server"]
     assert messages == ["serving", "draining", "forced stop"]
 
 

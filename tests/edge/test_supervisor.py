@@ -72,7 +72,7 @@ def supervise(supervisor: Supervisor, drive: Callable[[], None]) -> int:
 
 
 def test_a_dead_worker_is_restarted_and_all_stop_together(caplog):
-    caplog.set_level("INFO", "ext_proc.edge.supervisor")
+    caplog.set_level("INFO", "ext_proc.supervisor")
     supervisor = Supervisor(config(), backoff=0.1)
     victims: list[int] = []
 
@@ -111,7 +111,7 @@ def test_a_stop_signal_is_not_held_up_by_a_pending_restart():
 
 
 def test_a_worker_failing_at_start_up_is_given_up_on_with_exit_1(caplog):
-    caplog.set_level("INFO", "ext_proc.edge.supervisor")
+    caplog.set_level("INFO", "ext_proc.supervisor")
     with taken() as address:
         status = Supervisor(config(listen=address), backoff=0.05, give_up_after=2).run()
     assert status == 1
