@@ -95,3 +95,14 @@ def without(*names: str) -> Callable[[dict[str, Any]], None]:
         entries[:] = [r for r in entries if r.get("name") not in names]
 
     return change
+
+
+def forwarding_first(match: Any, name: str = "edit") -> Callable[[dict[str, Any]], None]:
+    """An edit: a forwarding route matched by ``match``, before the token endpoint 404s."""
+
+    def change(config: dict[str, Any]) -> None:
+        entry = copy.deepcopy(route(config, "default"))
+        entry.update(name=name, match=match)
+        routes(config).insert(0, entry)
+
+    return change

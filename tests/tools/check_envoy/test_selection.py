@@ -10,6 +10,7 @@ from ext_proc.tools.check_envoy.selection import PatternRoute, TokenForward, sel
 from tests.tools.check_envoy.shipped import (
     SHIPPED,
     SHIPPED_CONFIGS,
+    forwarding_first,
     policy,
     route,
     routes,
@@ -202,17 +203,6 @@ def test_a_rewrite_into_a_token_endpoint_spelled_with_escapes_is_caught(prefix, 
         listed.insert(first, entry)
 
     assert probe in [path for path, _ in forwarded(change)["escaped"]]
-
-
-def forwarding_first(match, name="edit"):
-    """A forwarding route matched by ``match``, before the token endpoint 404s."""
-
-    def change(config):
-        entry = copy.deepcopy(route(config, "default"))
-        entry.update(name=name, match=match)
-        routes(config).insert(0, entry)
-
-    return change
 
 
 @pytest.mark.parametrize("regex", ["/api/.*", "(?i)/v2/.*", "/[[:alpha:]]+/.*"])

@@ -5,20 +5,17 @@ import copy
 
 import pytest
 
-from tests.tools.check_envoy.shipped import at, found, mutated, route, routes, without
+from tests.tools.check_envoy.shipped import (
+    at,
+    forwarding_first,
+    found,
+    mutated,
+    route,
+    routes,
+    without,
+)
 
 POLICY_ROUTES = ["prefill", "disaggregated", "aggregated", "default"]
-
-
-def forwarding_first(match, name="edit"):
-    """A forwarding route matched by ``match``, before the token endpoint 404s."""
-
-    def change(config):
-        entry = copy.deepcopy(route(config, "default"))
-        entry.update(name=name, match=match)
-        routes(config).insert(0, entry)
-
-    return change
 
 
 def test_one_finding_per_route_that_forwards_token_paths():
