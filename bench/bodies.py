@@ -11,13 +11,17 @@ would (at 1 MiB the routes' max_ids, 128k):
 - ``strip``: the ids on ``/v1/``; the service removes them and rewrites the body.
 - ``deny``: the ids with a ``true`` in the middle on ``/pd-any/v1/``, a route that
   honors any caller's ids once validated (``trust_any_caller``); the service answers 400.
-- ``honor``: the valid ids on ``/pd-any/v1/``: validated and forwarded unchanged (the
-  unproven honor, what a route reachable only by trusted components does).
-- ``honor-proven``: the valid ids on the shipped decode route ``/pd/v1/`` with the proof
+- ``honor``: the valid ids with a proof on ``/pd-any/v1/``: validated and forwarded
+  unchanged, the proof unchecked (the caller is trusted: what a route reachable only by
+  trusted components does).
+- ``honor-proven``: the same bytes on the shipped decode route ``/pd/v1/``, the proof
   the gateway mints on the prefill leg (bench/proofs.py): the proof verified (HMAC over
   the parameters, the prompt digest), spent in the record of spent proofs, the ids
-  validated, the proof removed (body rewritten). A proof is honored once, so ``data``
-  holds a placeholder proof (``proof_at``) and every request another (bench/load.py).
+  validated, the body forwarded unchanged (its proof included).
+
+A proof is honored once, so ``data`` of both holds a placeholder proof (``proof_at``)
+and every request carries another (bench/load.py): the two cells' clients do the same
+work and send the same bytes.
 
 The direct and naive arrangements do not look at bodies: every body reaches the upstream.
 """
@@ -164,13 +168,15 @@ def build(size: str, decision: str) -> Body:
         return Body(size, decision, AGGREGATED, _exact(None, SIZES[size]), 0)
     if decision == "strip":
         return Body(size, decision, AGGREGATED, _exact(ids, SIZES[size]), count)
-    if decision == "honor":
-        return Body(size, decision, ANY_CALLER, _exact(ids, SIZES[size]), count)
-    if decision == "honor-proven":
+    if decision in ("honor", "honor-proven"):
+        # The same bytes on either route, a proof spliced into each request: the cells
+        # differ only in the route, which verifies the proof (/pd/v1/) or trusts the
+        # caller and leaves it unchecked (/pd-any/v1/).
         data = _exact(ids, SIZES[size], True)
         token = json.loads(data)["kv_transfer_params"]["token_policy_proof"].encode()
         if len(token) != proofs.WIDTH or data.count(token) != 1:
             raise ValueError("the placeholder proof is not where a proof can be spliced")
-        return Body(size, decision, DISAGGREGATED, data, count, data.index(token))
+        path = ANY_CALLER if decision == "honor" else DISAGGREGATED
+        return Body(size, decision, path, data, count, data.index(token))
     ids[count // 2] = True
     return Body(size, decision, ANY_CALLER, _exact(ids, SIZES[size]), count)

@@ -6,7 +6,7 @@ import re
 from collections import defaultdict
 
 from bench.judge import FLOOR
-from bench.results_model import LABEL, Results, by_cell
+from bench.results_model import LABEL, Meta, Results, by_cell
 
 
 def _num(value: float | None, digits: int = 2, suffix: str = "") -> str:
@@ -27,14 +27,27 @@ def render(results: Results) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _machine(meta: Meta) -> str:
+    return meta.machine if meta.cpu_model is None else f"{meta.cpu_model}; {meta.machine}"
+
+
+def _code(meta: Meta) -> str:
+    return "" if meta.commit is None else f"code at {meta.commit}; "
+
+
+def _packages(meta: Meta) -> str:
+    return f" ({', '.join(meta.packages)})" if meta.packages else ""
+
+
 def _introduction(results: Results) -> list[str]:
     meta = results.meta
     only = ", the targets' cells" if meta.cells == "targets" else ""
     return [
         f"# ext_proc benchmark ({meta.mode}{only})",
         "",
-        f"Started {meta.started} on {meta.cpus} CPUs ({meta.machine}); "
-        f"Python {meta.python}; {meta.envoy}; {meta.nginx}; {meta.wrk}.",
+        f"Started {meta.started} on {meta.cpus} CPUs ({_machine(meta)}); "
+        f"{_code(meta)}Python {meta.python}{_packages(meta)}; {meta.envoy}; {meta.nginx}; "
+        f"{meta.wrk}.",
         f"Each cell: {1 if meta.rounds is None else meta.rounds} round(s), each arrangement "
         f"once per round: {meta.seconds_per_cell} s of closed-loop HTTP/1.1 keep-alive load "
         f"from wrk ({meta.wrk_threads} thread) after {meta.warmup_seconds} s of warm-up, "
@@ -50,11 +63,12 @@ def _introduction(results: Results) -> list[str]:
         "",
         "Bodies (ids: 200 at 2 KiB, 8000 at 64 KiB, 131072 at 1 MiB): `allow` = chat request "
         "without ids on `/v1/`; `strip` = ids on `/v1/` (removed, body rewritten); `deny` = "
-        "ids with a `true` on `/pd-any/v1/` (400 from the service); `honor` = valid ids on "
-        "`/pd-any/v1/` (`trust_any_caller`: validated, forwarded unchanged); `honor-proven` = "
-        "valid ids and the gateway's proof on `/pd/v1/` (verified, spent in the record of "
-        "spent proofs, validated, the proof removed), a different proof in every request "
-        "(a pool minted for the cell, spliced in by wrk's script in every arrangement). "
+        "ids with a `true` on `/pd-any/v1/` (400 from the service); `honor` = valid ids and a "
+        "proof on `/pd-any/v1/` (`trust_any_caller`: validated, forwarded unchanged, the "
+        "proof unchecked); `honor-proven` = the same bytes on `/pd/v1/` (the gateway's proof "
+        "verified, spent in the record of spent proofs, the ids validated, forwarded "
+        "unchanged); both with a different proof in every request (a pool minted for the "
+        "cell, spliced in by wrk's script in every arrangement). "
         "Direct and naive forward every body.",
         "",
     ]
@@ -169,9 +183,9 @@ def _proof_md(results: Results) -> list[str]:
     lines = [
         "## Proof verification",
         "",
-        "`honor-proven` (ids + proof on `/pd/v1/`: verified, validated, the proof removed) "
-        "against `honor` (the same ids on `/pd-any/v1/`, `trust_any_caller`: validated, "
-        "forwarded unchanged), same body size, same run. Added = proven minus unproven.",
+        "`honor-proven` (ids + proof on `/pd/v1/`: verified, validated, forwarded unchanged) "
+        "against `honor` (the same bytes on `/pd-any/v1/`, `trust_any_caller`: validated, "
+        "forwarded unchanged, the proof unchecked), same body size, same run. Added = proven minus unproven.",
         "",
         "| body | ids | c | arrangement | p50 honor ms | p50 proven ms | added p50 ms | "
         "processor CPU honor ms/req | proven ms/req | added CPU ms/req |",
@@ -200,7 +214,7 @@ def _records_md(results: Results) -> list[str]:
         "Each proof is honored once: `honor-proven` spends it in the processor's record, "
         "its own table (`service-wN`) or a Redis on loopback (`service-wN-redis`, one "
         "`SET NX` script per proof). Added = p50 minus Envoy direct's p50 in the same "
-        "cell; `honor` (no proof, no record) on the local arrangement. Ratios are of "
+        "cell; `honor` (the proof unchecked, no record) on the local arrangement. Ratios are of "
         "added latencies.",
         "",
         "| body | c | arrangement | +p50 honor ms | +p50 proven local ms | "

@@ -279,10 +279,23 @@ class Meta:
     record_slots: int | None = None
     proof_lifetime_seconds: int | None = None
     redis: str | None = None
+    cpu_model: str | None = None  # the processor's model name (/proc/cpuinfo)
+    commit: str | None = None  # the code measured (git describe --always --dirty)
+    packages: tuple[str, ...] | None = None  # "name version" of the Python packages
 
 
 _META_OPTIONAL = frozenset(
-    {"cells", "records", "rounds", "record_slots", "proof_lifetime_seconds", "redis"}
+    {
+        "cells",
+        "records",
+        "rounds",
+        "record_slots",
+        "proof_lifetime_seconds",
+        "redis",
+        "cpu_model",
+        "commit",
+        "packages",
+    }
 )
 
 

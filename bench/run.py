@@ -188,6 +188,9 @@ def _meta(plan: Plan, paths: dict[str, str], flag: bool) -> dict[str, Any]:
         "nginx": tools.version([paths["nginx"], "-v"]),
         "wrk": tools.version([paths["wrk"], "--version"]),
         "service_workers_option": flag,
+        "cpu_model": tools.cpu_model(),
+        "commit": tools.commit(Path(__file__).resolve().parents[1]),
+        "packages": list(tools.packages()),
     }
 
 

@@ -25,3 +25,13 @@ def test_allow_is_a_long_realistic_prompt_without_ids() -> None:
     assert len(prompt) > 900_000
     for piece in ("\n", "\t", '"', "\\", "é", "東京", "🙂", "def "):
         assert piece in prompt
+
+
+@pytest.mark.parametrize("size", sorted(bodies.SIZES))
+def test_honor_and_honor_proven_send_the_same_bytes_to_two_routes(size: str) -> None:
+    honor, proven = bodies.build(size, "honor"), bodies.build(size, "honor-proven")
+    assert honor.data == proven.data
+    assert honor.proof_at == proven.proof_at is not None
+    assert (honor.path, proven.path) == (bodies.ANY_CALLER, bodies.DISAGGREGATED)
+    params = json.loads(honor.data)["kv_transfer_params"]
+    assert len(params["prompt_token_ids"]) == bodies.ID_COUNTS[size]

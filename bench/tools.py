@@ -11,6 +11,7 @@ import re
 import shutil
 import subprocess
 import sys
+from importlib import metadata
 from pathlib import Path
 
 # command -> Debian package providing it
@@ -81,7 +82,54 @@ def version(args: list[str]) -> str:
     except OSError as exc:
         return f"unknown ({exc})"
     lines = (done.stdout + done.stderr).strip().splitlines()
-    return lines[0].strip() if lines else "unknown"
+    if not lines:
+        return "unknown"
+    # A program that names itself by the path it was run from (envoy) is named by its
+    # file name: a report says which version ran, not where this machine keeps it.
+    return lines[0].strip().replace(args[0], Path(args[0]).name)
+
+
+def cpu_model() -> str | None:
+    """The processor's model name, as the kernel reports it."""
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return None
+    for line in info.splitlines():
+        name, _, value = line.partition(":")
+        if name.strip() == "model name":
+            return value.strip()
+    return None
+
+
+def commit(root: Path) -> str | None:
+    """The checkout measured: ``git describe --always --dirty`` (None outside git)."""
+    try:
+        done = subprocess.run(
+            ["git", "-C", str(root), "describe", "--always", "--dirty"],  # noqa: S607
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
+    except OSError:
+        return None
+    return done.stdout.strip() or None
+
+
+# The Python packages the processor's speed depends on.
+PACKAGES = ("grpcio", "protobuf", "orjson", "numpy", "prometheus-client")
+
+
+def packages() -> tuple[str, ...]:
+    """``name version`` of each of ``PACKAGES`` installed here."""
+    found = []
+    for name in PACKAGES:
+        try:
+            found.append(f"{name} {metadata.version(name)}")
+        except metadata.PackageNotFoundError:
+            continue
+    return tuple(found)
 
 
 def serve_options() -> frozenset[str]:
