@@ -22,10 +22,23 @@ class Allow:
 
 
 @dataclass(frozen=True, slots=True)
+class Honor:
+    """Forward the body unchanged: its kv_transfer_params are trusted and carry a proof,
+    which goes on with them. The proof is no secret (whoever presents it holds it
+    already), it is honored once (replay.py), and vLLM's connectors read only the keys
+    they know (tests/conformance)."""
+
+    action: ClassVar[str] = "honor"
+    reason: Reason
+    id_count: int = 0
+
+
+@dataclass(frozen=True, slots=True)
 class Strip:
     """Forward the body with ``keys`` removed from kv_transfer_params (None: the whole
     object) and the ``carriers`` (other members carrying transfer parameters) removed.
-    ``honored``: the parameters are trusted and only the proof goes. ``connector``: the
+    ``honored``: the kv_transfer_params are trusted and stay as they are (an ``Honor``
+    whose request also named other carriers, which go). ``connector``: the
     kv_transfer_params then written in their place (a mint route's connector request),
     as pairs."""
 
@@ -38,7 +51,7 @@ class Strip:
 
     @property
     def action(self) -> str:
-        return "honor" if self.honored else "strip"
+        return Honor.action if self.honored else "strip"
 
     @property
     def paths(self) -> tuple[Path, ...]:
@@ -68,7 +81,7 @@ class Deny:
         return self.refusal.reason
 
 
-Decision = Allow | Strip | Mint | Deny
+Decision = Allow | Honor | Strip | Mint | Deny
 # The decision for a document without kv_transfer_params (or an empty one).
 NO_PARAMS: Final = Allow(Reason.NO_TRANSFER_PARAMS)
 
@@ -93,7 +106,7 @@ REASONS_BY_ACTION: Final[Mapping[str, frozenset[Reason]]] = {
             Reason.NO_REUSED_IDS,  # other carriers of a caller whose keys are kept
         }
     ),
-    "honor": TRUSTED,  # trusted parameters that carried a proof
+    Honor.action: TRUSTED,  # trusted parameters that carried a proof
     Deny.action: frozenset({*(UNTRUSTED - {Reason.STRIPPED_BY_POLICY}), *REFUSED}),
     Mint.action: frozenset({Reason.MINTED}),
 }

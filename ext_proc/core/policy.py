@@ -18,7 +18,7 @@ from typing import Any, Final
 
 from ext_proc.core import caller, connector_bounds, proof
 from ext_proc.core.caller import Caller
-from ext_proc.core.decisions import NO_PARAMS, Allow, Decision, Deny, Mint, Strip
+from ext_proc.core.decisions import NO_PARAMS, Allow, Decision, Deny, Honor, Mint, Strip
 from ext_proc.core.errors import Refusal, bad_request
 from ext_proc.core.events import NO_PEER, Peer
 from ext_proc.core.ids import MAX_BOUND, Ids, Kind
@@ -52,6 +52,8 @@ class Evidence:
     # The longest lifetime this deployment mints proofs for (proof.ttl_seconds).
     lifetime: float = math.inf
     spent: Reason | None = None
+    # Where a proof's MAC is computed while the digest and the ids' validation run.
+    beside: proof.Beside = proof.at_once
 
 
 def _no_digest() -> bytes:
@@ -88,8 +90,7 @@ def _invalid_ids(key: str, ids: Ids, policy: RoutePolicy) -> Refusal | None:
             reason=Reason.IDS_TOO_MANY,
             param=param,
         )
-    bound = policy.vocab_size if policy.vocab_size is not None else MAX_BOUND
-    fault = ids.fault(bound)
+    fault = ids.fault(_bound(policy))
     if fault is None:
         return None
     if fault.kind is Kind.MALFORMED:
@@ -107,26 +108,41 @@ def _invalid_ids(key: str, ids: Ids, policy: RoutePolicy) -> Refusal | None:
     )
 
 
+def _bound(policy: RoutePolicy) -> int:
+    """What every id must be below: the route's vocab_size, else 2**31."""
+    return policy.vocab_size if policy.vocab_size is not None else MAX_BOUND
+
+
 def _trusted(
     policy: RoutePolicy, params: dict[str, Any], evidence: Evidence, sender: Caller
 ) -> Reason:
     """Why the parameters are trusted (``reasons.TRUSTED``), or why they are not: the
-    caller's trust, else (on an honor route) their proof's."""
+    caller's trust, else (on an honor route) their proof's (``proof.verify``)."""
     if sender.trusted or policy.action is not Action.HONOR:
         return sender.reason
-    why = proof.verify(
-        evidence.keys,
-        params,
-        evidence.digest(),
-        evidence.now,
-        evidence.skew,
-        lifetime=evidence.lifetime,
-    )
-    if why is None:
-        return evidence.spent or HONORED_PROOF
-    if why is Reason.PROOF_MISSING and policy.peers:
-        return Reason.PEER_NOT_LISTED
-    return why
+    claim = proof.claim(evidence.keys, params)
+    if isinstance(claim, Reason):
+        return Reason.PEER_NOT_LISTED if claim is Reason.PROOF_MISSING and policy.peers else claim
+    # The MAC is a pass over the ids; it runs beside the prompt digest and the ids'
+    # validation (all three release the GIL for most of their work), whose verdict the
+    # ids keep for when the parameters turn out trusted.
+    expected = evidence.beside(claim.mac)
+    try:
+        digest = evidence.digest()
+        _check_ahead(policy, params)
+    finally:
+        mac = expected()  # never left running past the request
+    why = claim.settle(mac, digest, evidence.now, evidence.skew, evidence.lifetime)
+    return (evidence.spent or HONORED_PROOF) if why is None else why
+
+
+def _check_ahead(policy: RoutePolicy, params: dict[str, Any]) -> None:
+    """Validate the ids read from the body's bytes that ``_invalid_ids`` would (its
+    verdict is kept by each, ``Ids.fault``)."""
+    for key in policed_keys(params):
+        ids = params[key]
+        if isinstance(ids, Ids) and (policy.max_ids is None or ids.count <= policy.max_ids):
+            ids.fault(_bound(policy))
 
 
 def _untrusted(policy: RoutePolicy, params: dict[str, Any], reason: Reason, count: int) -> Decision:
@@ -214,6 +230,14 @@ def _decide_carriers(
         )
     if isinstance(decision, Strip):
         return dataclasses.replace(decision, carriers=(*decision.carriers, *found))
+    if isinstance(decision, Honor):
+        return Strip(
+            keys=(),
+            reason=decision.reason,
+            id_count=decision.id_count,
+            honored=True,
+            carriers=found,
+        )
     reason = sender.reason if decision is NO_PARAMS else decision.reason
     return Strip(keys=(), reason=reason, id_count=decision.id_count, carriers=found)
 
@@ -267,9 +291,8 @@ def _decide_params(
         refusal = _invalid_ids(key, Ids.of(params[key]), policy)
         if refusal is not None:
             return Deny(refusal, count)
-    if proof_key:
-        return Strip(keys=proof_key, reason=reason, id_count=count, honored=True)
-    return Allow(reason, count)
+    # Trusted parameters that carry a proof go on unchanged, the proof with them.
+    return Honor(reason, count) if proof_key else Allow(reason, count)
 
 
 def mint_response(

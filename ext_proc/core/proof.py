@@ -75,13 +75,26 @@ class KeySet:
 NO_KEYS: Final = KeySet({}, None)
 
 
+# Starts computing a value and returns what waits for it: ``beside`` the caller's own
+# work (the edge's worker thread) or, by default, ``at_once``.
+Beside = Callable[[Callable[[], bytes]], Callable[[], bytes]]
+
+
+def at_once(make: Callable[[], bytes]) -> Callable[[], bytes]:
+    """``make()`` computed now; the returned function gives it."""
+    value = make()
+    return lambda: value
+
+
 @dataclass(frozen=True, slots=True)
 class Trust:
-    """What proofs need from outside a stream: the current keys and the clock (their
-    lifetime and skew are the configuration's, ``config.Proof``)."""
+    """What proofs need from outside a stream: the current keys, the clock (their
+    lifetime and skew are the configuration's, ``config.Proof``) and where a MAC is
+    computed while the stream goes on (``Beside``)."""
 
     keys: Callable[[], KeySet] = lambda: NO_KEYS
     clock: Callable[[], float] = time.time
+    beside: Beside = at_once
 
 
 def _b64(raw: bytes) -> str:
@@ -279,19 +292,40 @@ def mint(
     return make(secrets.token_bytes(NONCE_BYTES) if nonce is None else nonce)
 
 
-def verify(
-    keys: KeySet,
-    params: Mapping[str, Any],
-    digest: bytes,
-    now: float,
-    skew: float,
-    *,
-    lifetime: float = math.inf,
-) -> Reason | None:
-    """None when ``params`` carry a valid proof for a request with ``digest``; otherwise
-    the reason they are unproven (docs/trust.md lists them). ``lifetime``: the longest
-    this deployment mints for (``ttl_seconds``): a proof that would live longer (minted
-    with another lifetime than the connector's lease allows) is refused."""
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """A proof that is well formed and names a known key, before its MAC is checked:
+    what ``settle`` needs. ``mac`` computes the MAC the proof should carry, the one
+    long step (a pass over the ids), which the caller may run beside other work."""
+
+    key: bytes
+    fields: tuple[str, str, str]  # key id, expiry, the digest shown
+    nonce: str
+    shown: bytes  # the MAC the proof carries
+    body: tuple[bytes, bytes]
+
+    def mac(self) -> bytes:
+        return _sealed(_mac(self.key, self.fields, self.body), self.nonce)
+
+    def settle(
+        self, expected: bytes, digest: bytes, now: float, skew: float, lifetime: float
+    ) -> Reason | None:
+        """``verify``'s verdict once the MAC is ``expected``."""
+        if not hmac.compare_digest(expected, self.shown):
+            return Reason.PROOF_BAD_SIGNATURE
+        _, expiry, shown = self.fields
+        if now > int(expiry) + skew:
+            return Reason.PROOF_EXPIRED
+        if int(expiry) > now + lifetime + skew:
+            return Reason.PROOF_OUTLIVES_LEASE
+        if not hmac.compare_digest(_unb64(shown), digest):
+            return Reason.PROMPT_MISMATCH
+        return None
+
+
+def claim(keys: KeySet, params: Mapping[str, Any]) -> Claim | Reason:
+    """The proof in ``params`` as a ``Claim``, or why it is none (missing, malformed,
+    an unknown key): the checks that need neither the MAC nor the prompt digest."""
     proof = params.get(PROOF_KEY)
     if proof is None:
         return Reason.PROOF_MISSING
@@ -307,16 +341,27 @@ def verify(
     body = canonical(params)
     if body is None:
         return Reason.PROOF_MALFORMED
-    expected = _sealed(_mac(key, (key_id, expiry, shown), body), nonce)
-    if not hmac.compare_digest(expected, _unb64(mac)):
-        return Reason.PROOF_BAD_SIGNATURE
-    if now > int(expiry) + skew:
-        return Reason.PROOF_EXPIRED
-    if int(expiry) > now + lifetime + skew:
-        return Reason.PROOF_OUTLIVES_LEASE
-    if not hmac.compare_digest(_unb64(shown), digest):
-        return Reason.PROMPT_MISMATCH
-    return None
+    return Claim(key, (key_id, expiry, shown), nonce, _unb64(mac), body)
+
+
+def verify(
+    keys: KeySet,
+    params: Mapping[str, Any],
+    digest: bytes,
+    now: float,
+    skew: float,
+    *,
+    lifetime: float = math.inf,
+) -> Reason | None:
+    """None when ``params`` carry a valid proof for a request with ``digest``; otherwise
+    the reason they are unproven (docs/trust.md lists them, in this order).
+    ``lifetime``: the longest this deployment mints for (``ttl_seconds``): a proof that
+    would live longer (minted with another lifetime than the connector's lease allows)
+    is refused."""
+    found = claim(keys, params)
+    if isinstance(found, Reason):
+        return found
+    return found.settle(found.mac(), digest, now, skew, lifetime)
 
 
 def ticket(params: Mapping[str, Any], skew: float) -> Ticket:

@@ -28,7 +28,7 @@ Two body modes, detected from Envoy's ``protocol_config`` on the first message:
 
 Invariants (fail closed):
 - a request with a body is let through only after the whole body was parsed and the
-  policy returned Allow or Strip;
+  policy returned Allow, Honor or Strip;
 - a refusal is a value (a ``Deny``); the exceptions that parsing and validation raise
   become refusals in ``errors.attempt`` only, and every refusal becomes a ``Reject``
   answer in ``_moved`` and nowhere else;

@@ -165,6 +165,23 @@ def test_straight_to_vllm_the_clients_ids_are_honored(vllm, plain):
     assert count == len(IDS) != plain
 
 
+def test_straight_to_vllm_a_proof_beside_the_ids_changes_nothing(vllm, minted):
+    # A proven decode leg reaches vLLM with its proof (docs/trust.md, "The proof goes
+    # on"): vLLM takes the ids and ignores the key it does not know, answering exactly
+    # as for the same parameters without it (greedy decoding: the same text).
+    ids = minted["prompt_token_ids"]
+    bare = {"prompt_token_ids": ids}
+    answers = [
+        post(vllm, CHAT, chat_body(temperature=0, kv_transfer_params=params))
+        for params in (bare, {**bare, "token_policy_proof": minted["token_policy_proof"]})
+    ]
+    counts = [prompt_count(answer) for answer in answers]
+    record("hand-off (b) straight to vLLM, minted ids + proof", "chat", counts[1])
+    assert counts == [len(ids), len(ids)]
+    texts = [answer.json()["choices"][0]["message"]["content"] for answer in answers]
+    assert texts[0] == texts[1]
+
+
 def test_shipped_routes_hand_off(gateway, plain):
     # The shipped prefill (mint) and decode (honor) routes, in front of the same vLLM.
     prefill, _ = send(gateway, "/pd/prefill" + CHAT, chat_body(max_tokens=1, return_token_ids=True))

@@ -5,7 +5,7 @@ import dataclasses
 
 import pytest
 
-from ext_proc.core.decisions import NO_PARAMS, Allow, Deny, Mint, Strip
+from ext_proc.core.decisions import NO_PARAMS, Allow, Deny, Honor, Mint, Strip
 from ext_proc.core.errors import Refusal
 from ext_proc.core.vllm_request import KV_KEY
 
@@ -18,7 +18,9 @@ def test_each_decision_names_its_action():
     assert Mint("r").action == "mint"
     assert Deny(REFUSAL).action == "deny"
     assert Strip(None, "r", 0).action == "strip"
-    assert Strip(("prompt_token_ids",), "r", 3, honored=True).action == "honor"
+    assert Honor("r", 3).action == "honor"
+    # Trusted parameters stay and only other carriers go: still an honor.
+    assert Strip((), "r", 3, honored=True, carriers=CARRIERS).action == "honor"
 
 
 def test_a_denial_reports_its_refusals_reason():
@@ -33,7 +35,7 @@ def test_stripping_the_whole_object_removes_it_and_the_carriers():
 
 def test_stripping_keys_removes_each_from_the_object_and_the_carriers():
     keys = ("prompt_token_ids", "token_policy_proof")
-    strip = Strip(keys, "r", 2, honored=True, carriers=CARRIERS)
+    strip = Strip(keys, "r", 2, carriers=CARRIERS)
     assert strip.paths == ((KV_KEY, keys[0]), (KV_KEY, keys[1]), *CARRIERS)
     # Keeping everything removes only the carriers.
     assert Strip((), "r", 0, carriers=CARRIERS).paths == CARRIERS

@@ -280,7 +280,8 @@ def forwarded_params(raw: bytes, answer: Reject | bytes | None) -> Any:
 
 
 # No escapes of its own, so escape_some can spell any character of its keys as \uXXXX.
-GOOD = json.dumps({**CHAT, "kv_transfer_params": proven([7, 8])}, ensure_ascii=False)
+GOOD_PARAMS = proven([7, 8])
+GOOD = json.dumps({**CHAT, "kv_transfer_params": GOOD_PARAMS}, ensure_ascii=False)
 TAMPERED = json.dumps(
     {"prompt_token_ids": [7, 9], proof.PROOF_KEY: proven([7, 8])[proof.PROOF_KEY]}
 )
@@ -294,7 +295,9 @@ def test_a_valid_proof_is_honored_however_json_loads_spells_it(seed, mode):
     encoding = rng.choice(["utf-8", "utf-8-sig", "utf-16", "utf-16-be", "utf-32"])
     raw = text.encode(encoding)
     answer = decode_leg(raw, mode)
-    assert forwarded_params(raw, answer) == {"prompt_token_ids": [7, 8]}
+    # Forwarded as it came (vLLM reads these bytes as the processor did), the proof too.
+    assert answer is None
+    assert forwarded_params(raw, answer) == GOOD_PARAMS
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -315,9 +318,12 @@ def test_a_proof_shadowed_inside_the_object_is_not_honored(mode):
 
 @pytest.mark.parametrize("mode", MODES)
 def test_the_last_copy_wins_when_it_is_the_valid_one(mode):
+    last = proven([7, 8])
     raw = (
         json.dumps(CHAT)[:-1] + f', "kv_transfer_params": {TAMPERED}'
-        f', "kv_transfer_params": {json.dumps(proven([7, 8]))}}}'
+        f', "kv_transfer_params": {json.dumps(last)}}}'
     ).encode()
     answer = decode_leg(raw, mode)
-    assert forwarded_params(raw, answer) == {"prompt_token_ids": [7, 8]}
+    # Forwarded as it came: vLLM reads the last copy too, and honors it.
+    assert answer is None
+    assert forwarded_params(raw, answer) == last

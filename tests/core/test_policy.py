@@ -8,8 +8,10 @@ from hypothesis import strategies as st
 
 from ext_proc.core import ids as ids_module
 from ext_proc.core import policy, proof
+from ext_proc.core.errors import BadRequest
 from ext_proc.core.events import Peer
-from ext_proc.core.policy import Allow, Deny, Evidence, Mint, Strip
+from ext_proc.core.policy import Allow, Deny, Evidence, Honor, Mint, Strip
+from ext_proc.core.reasons import Reason
 from ext_proc.core.route_policy import Action, IdentityType, RoutePolicy, Topology, Unproven
 from ext_proc.core.vllm_request import MAX_CARRIERS
 from tests.parsing import read
@@ -302,10 +304,10 @@ def verified(route, document, *, peer=policy.NO_PEER, now=NOW, keys=KEYS):
     return decide(route, document, Evidence(lambda: digest, peer, keys, now, 5.0))
 
 
-def test_a_proven_request_is_honored_and_only_the_proof_removed():
+def test_a_proven_request_is_honored_unchanged_its_proof_included():
     document = doc(proven_params(doc()))
     decision = verified(PROVEN, document)
-    assert decision == Strip((proof.PROOF_KEY,), "trusted_proof", 3, honored=True)
+    assert decision == Honor("trusted_proof", 3)
     assert decision.action == "honor"
 
 
@@ -411,9 +413,7 @@ def test_mint_response_signs_the_ids_and_the_connector_keys():
     assert params is not None
     assert params["prompt_token_ids"] == [5, 6]
     assert params["remote_port"] == 7
-    assert verified(PROVEN, doc(params)) == Strip(
-        (proof.PROOF_KEY,), "trusted_proof", 2, honored=True
-    )
+    assert verified(PROVEN, doc(params)) == Honor("trusted_proof", 2)
 
 
 @pytest.mark.parametrize(
@@ -497,8 +497,9 @@ def test_every_carrier_is_removed_from_an_untrusted_caller(extra, path):
 def test_a_proof_covers_only_the_top_level_parameters(extra, path):
     document = doc(proven_params(doc(**extra)), **extra)
     decision = verified(PROVEN, document)
-    assert decision == Strip((proof.PROOF_KEY,), "trusted_proof", 3, True, (path,))
-    assert decision.paths == (("kv_transfer_params", proof.PROOF_KEY), path)
+    # The proven parameters stay as sent, their proof included; the other carrier goes.
+    assert decision == Strip((), "trusted_proof", 3, True, (path,))
+    assert decision.paths == (path,)
 
 
 @pytest.mark.parametrize(("extra", "path"), CARRIED)
@@ -776,3 +777,53 @@ def test_a_trusted_callers_other_parameters_are_held_to_the_same_bounds(extra, p
         assert (decision.reason, decision.refusal.param) == ("connector_out_of_bounds", param)
     # In bounds, they are kept as before; from an untrusted caller they go, unchecked.
     assert isinstance(decide(STRIP, document), Strip)
+
+
+class Beside:
+    """A ``proof.Beside`` that records what happens while the MAC is out."""
+
+    def __init__(self, log):
+        self.log = log
+
+    def __call__(self, make):
+        self.log.append("mac started")
+
+        def wait():
+            self.log.append("mac awaited")
+            return make()
+
+        return wait
+
+
+def test_a_proofs_mac_is_out_while_the_digest_and_the_ids_are_checked(monkeypatch):
+    log = []
+    document = doc(proven_params(doc()))
+    read = ids_module.Ids.read(orjson.dumps(document["kv_transfer_params"]["prompt_token_ids"]))
+    assert read is not None
+    document["kv_transfer_params"]["prompt_token_ids"] = read
+    digest = proof.prompt_digest(doc(), True, "/v1/chat/completions")
+    checked = ids_module.Ids._fault
+    monkeypatch.setattr(
+        ids_module.Ids,
+        "_fault",
+        lambda self, bound: log.append("ids checked") or checked(self, bound),
+    )
+    evidence = Evidence(
+        lambda: log.append("digest") or digest, policy.NO_PEER, KEYS, NOW, 5.0, beside=Beside(log)
+    )
+    assert decide(PROVEN, document, evidence) == Honor("trusted_proof", 3)
+    # Checked once, while the MAC was out; the decision used that verdict.
+    assert log == ["mac started", "digest", "ids checked", "mac awaited"]
+
+
+def test_the_mac_is_awaited_when_the_digest_fails():
+    log = []
+    document = doc(proven_params(doc()))
+
+    def failing():
+        raise BadRequest("too deep", reason=Reason.BODY_TOO_DEEP)
+
+    evidence = Evidence(failing, policy.NO_PEER, KEYS, NOW, 5.0, beside=Beside(log))
+    with pytest.raises(BadRequest):
+        decide(PROVEN, document, evidence)
+    assert log == ["mac started", "mac awaited"]

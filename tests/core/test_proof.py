@@ -291,3 +291,33 @@ def test_parameters_too_large_to_render_are_not_provable_and_cost_little():
     signed = {"prompt_token_ids": [1], "remote_block_ids": list(range(8192)), "h": "é" * 1000}
     assert proof.canonical(signed) is not None  # a long prompt's block ids sign
     assert proof.mint(KEYS, big, digest(), 100) is None
+
+
+def test_a_claim_settled_with_its_own_mac_is_verify():
+    params = minted({"prompt_token_ids": [1, 2], "remote_port": 5600})
+    claim = proof.claim(KEYS, params)
+    assert isinstance(claim, proof.Claim)
+    for now, skew, lifetime, seen in [
+        (100, 0, math.inf, digest()),
+        (101, 0, math.inf, digest()),  # expired
+        (50, 0, 10, digest()),  # outlives the lease
+        (100, 0, math.inf, digest({"model": "other"})),  # another prompt
+    ]:
+        expected = proof.verify(KEYS, params, seen, now, skew, lifetime=lifetime)
+        assert claim.settle(claim.mac(), seen, now, skew, lifetime) == expected
+    assert claim.settle(bytes(32), digest(), 100, 0, math.inf) == "proof_bad_signature"
+
+
+def test_what_a_claim_refuses_before_any_mac():
+    params = minted({"prompt_token_ids": [1]})
+    assert proof.claim(KEYS, {"prompt_token_ids": [1]}) == "proof_missing"
+    assert proof.claim(KEYS, {**params, proof.PROOF_KEY: "tp2.x"}) == "proof_malformed"
+    assert proof.claim(proof.KeySet({}, None), params) == "proof_unknown_key"
+
+
+def test_at_once_computes_before_it_returns():
+    calls = []
+    waiting = proof.at_once(lambda: calls.append(1) or b"v")
+    assert calls == [1]
+    assert waiting() == waiting() == b"v"
+    assert calls == [1]

@@ -6,6 +6,7 @@ import json
 import pytest
 
 from ext_proc.core import caller, proof
+from ext_proc.core.decisions import Honor
 from ext_proc.core.errors import ProtocolError
 from ext_proc.core.events import (
     BodyMode,
@@ -17,7 +18,6 @@ from ext_proc.core.events import (
     RouteMetadata,
     StreamedBody,
 )
-from ext_proc.core.policy import Strip
 from ext_proc.core.proof import Trust
 from ext_proc.core.replay import Verdict
 from ext_proc.edge.record import LocalRecord
@@ -55,6 +55,11 @@ def present(raw, record, route=HONOR, **options):
     return stream, stream.handle(RequestBody(raw.encode(), True))
 
 
+def unchanged(answers):
+    """Whether the body was forwarded as it came (no replacement)."""
+    return answers == [ContinueBody(None)]
+
+
 def forwarded(answers):
     (answer,) = answers
     assert isinstance(answer, ContinueBody)
@@ -64,11 +69,11 @@ def forwarded(answers):
 def test_a_proof_is_honored_once_then_refused_as_a_replay():
     record = LocalRecord.anonymous(64, TRUST.clock)
     first, answers = present(BODY, record)
-    assert first.decision == Strip((proof.PROOF_KEY,), "trusted_proof", 2, honored=True)
-    assert forwarded(answers)["kv_transfer_params"] == PARAMS
+    assert first.decision == Honor("trusted_proof", 2)
+    assert unchanged(answers)
     again, answers = present(BODY, record)
     assert again.decision.reason == "proof_replayed"
-    assert not again.decision.honored
+    assert again.decision.action == "strip"
     assert "kv_transfer_params" not in forwarded(answers)  # the decode recomputes
 
 

@@ -118,9 +118,7 @@ def test_a_proven_request_keeps_its_parameters_and_loses_a_clients_carrier(gatew
     post(client, gateway, DECODE, sent, rid)
     _received, document = sent_upstream(gateway)
     assert "ec_transfer_params" not in document
-    assert document["kv_transfer_params"] == {
-        k: v for k, v in params.items() if k != "token_policy_proof"
-    }
+    assert document["kv_transfer_params"] == params  # as sent, its proof included
     assert access_log(gateway, rid)["policy_reason"] == "trusted_proof"
 
 

@@ -103,8 +103,10 @@ def test_the_coordinators_hand_off_moves_the_kv_cache(gateway):
     # cannot tell them from a client's), and the hand-off is signed and honored anyway.
     assert "tokens" not in prefill
     assert "tokens" not in decode
-    # The decode server got the keys the prefill server's connector wrote, the proof
-    # removed: the KV cache moves.
+    # The decode server got the keys the prefill server's connector wrote, with the
+    # proof that let them through: the KV cache moves.
+    proof = decode["kv_transfer_params"].pop("token_policy_proof")
+    assert proof.startswith("tp2.")
     assert decode["kv_transfer_params"] == tokens.CONNECTOR_REPLY
     assert {k: v for k, v in decode.items() if k != "kv_transfer_params"} == CHAT
     decided = gateway.decisions(before)
@@ -173,10 +175,11 @@ def test_a_forged_prefill_leg_writes_the_connectors_request_only(gateway):
 )
 def test_tampered_decode_parameters_are_removed(gateway, tamper):
     params = decode_body(CHAT, {"kv_transfer_params": minted(gateway, CHAT)})["kv_transfer_params"]
-    # Untouched, the same parameters are honored: the check below can fail.
-    assert decode_params(gateway, {**LEG, "kv_transfer_params": dict(params)}, "decode") == (
-        tokens.CONNECTOR_REPLY
-    )
+    # Untouched, the same parameters are honored, as sent: the check below can fail.
+    assert decode_params(gateway, {**LEG, "kv_transfer_params": dict(params)}, "decode") == {
+        **tokens.CONNECTOR_REPLY,
+        "token_policy_proof": params["token_policy_proof"],
+    }
     tamper(params)
     assert decode_params(gateway, {**LEG, "kv_transfer_params": params}, "decode") is None
 

@@ -190,20 +190,29 @@ def test_without_ids_asked_the_connectors_parameters_alone_are_signed(gateway, c
 # --- the decode leg ----------------------------------------------------------------------
 
 
-def test_decode_honors_the_signed_ids_without_the_proof(gateway, client):
+def test_decode_forwards_the_proven_request_unchanged(gateway, client):
     params = minted(client, gateway)
     ids = params["prompt_token_ids"]
     # The orchestrator copies the object verbatim; max_tokens may change between legs.
     sent = chat(params, max_tokens=64)
+    assert set(params) == {*tokens.CONNECTOR_REPLY, "prompt_token_ids", "token_policy_proof"}
+    # Python's spelling (a space after each separator): no rewrite would write it so.
+    raw = json.dumps(sent).encode()
     rid = request_id()
-    reply = post(client, gateway, DECODE, sent, rid)
-    _received, document = sent_upstream(gateway)
-    # What the decode server's connector needs, the proof gone.
-    assert document["kv_transfer_params"] == {**tokens.CONNECTOR_REPLY, "prompt_token_ids": ids}
-    assert without_params(document) == without_params(sent)
+    reply = client.post(
+        gateway.url + DECODE,
+        content=raw,
+        headers={"content-type": "application/json", "x-request-id": rid},
+    )
+    assert reply.status_code == 200, reply.text
+    received, _document = sent_upstream(gateway)
+    # The request as the client sent it, byte for byte: the connector's parameters and
+    # the ids the decode server needs, the proof with them (docs/trust.md).
+    assert received.body == raw
     assert reply.json()["usage"]["prompt_tokens"] == len(ids)  # the stand-in ran on them
     line = access_log(gateway, rid)
     assert line["policy_action"] == "honor", line
+    assert line["policy_reason"] == "trusted_proof", line
     assert line["policy_id_count"] == len(ids)
 
 
@@ -220,11 +229,7 @@ def test_fields_an_orchestrator_changes_keep_the_proof_valid(gateway, client, ch
     params = minted(client, gateway)
     post(client, gateway, DECODE, chat(params, **change))
     _received, document = sent_upstream(gateway)
-    assert document["kv_transfer_params"] == without_proof(params)
-
-
-def without_proof(params: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in params.items() if k != "token_policy_proof"}
+    assert document["kv_transfer_params"] == params
 
 
 def tampered_ids(params: dict[str, Any]) -> dict[str, Any]:

@@ -100,11 +100,10 @@ def test_make_run_serves_the_routes_and_the_hand_off_and_cleans_up_on_ctrl_c(tmp
         # The route wrote the connector request: the stand-in answered as NIXL does.
         assert set(params) == {*tokens.CONNECTOR_REPLY, "prompt_token_ids", "token_policy_proof"}
         assert params["token_policy_proof"].startswith(f"tp2.{stack.THROWAWAY_KEY_ID}.")
-        # The decode leg reached the stand-in with the signed parameters (the
-        # connector's and the ids) and without the proof.
+        # The decode leg reached the stand-in as sent: the signed parameters (the
+        # connector's and the ids) with their proof.
         decode = json.loads(json.loads(decoded)["stub_received"]["body"])
-        signed = {k: v for k, v in params.items() if k != "token_policy_proof"}
-        assert decode == {**stack.DECODE_CHAT, "kv_transfer_params": signed}
+        assert decode == {**stack.DECODE_CHAT, "kv_transfer_params": params}
         os.kill(run.pid, signal.SIGINT)
         assert run.wait(timeout=30) == 0
     finally:

@@ -155,7 +155,7 @@ def test_a_listed_peers_prefill_leg_moves_connector_keys_signed(internal, cert_d
     assert reply.status_code == 200, reply.text
     (received,) = internal.received()
     forwarded = json.loads(received.body)["kv_transfer_params"]
-    assert forwarded == {k: v for k, v in params.items() if k != "token_policy_proof"}
+    assert forwarded == params  # as sent, the proof included
     assert access_log(internal, "pd-2")["policy_reason"] == "trusted_proof"
     internal.clear()
     redirected = {**CHAT, "kv_transfer_params": {**params, "remote_host": "169.254.169.254"}}

@@ -52,9 +52,10 @@ def client() -> Iterator[httpx.Client]:
 
 
 def assert_honored(stack: Stack, sent: dict[str, Any], rid: str) -> None:
-    """The decode leg reached the upstream with the proven parameters, the proof gone."""
+    """The decode leg reached the upstream with the proven parameters as sent, their
+    proof included."""
     _received, document = sent_upstream(stack)
-    params = {k: v for k, v in sent["kv_transfer_params"].items() if k != "token_policy_proof"}
+    params = sent["kv_transfer_params"]
     assert document["kv_transfer_params"] == params
     assert params["prompt_token_ids"]
     assert {k: params[k] for k in tokens.CONNECTOR_REPLY} == tokens.CONNECTOR_REPLY

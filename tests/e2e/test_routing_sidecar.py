@@ -150,6 +150,14 @@ def without_params(document: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in document.items() if k != "kv_transfer_params"}
 
 
+def proven(leg: dict[str, Any]) -> dict[str, Any]:
+    """A decode leg's kv_transfer_params without their proof, which the decode pod's
+    gateway forwarded with them (docs/trust.md)."""
+    params = dict(leg["kv_transfer_params"])
+    assert params.pop("token_policy_proof").startswith("tp2.")
+    return params
+
+
 def only(pod: Pod) -> tuple[str, dict[str, list[str]], dict[str, Any]]:
     (received,) = pod.received()
     assert received[0] == CHAT
@@ -182,11 +190,11 @@ def test_the_proven_hand_off_is_honored(cluster):
     (rid,) = prefill_headers[CLIENT_REQUEST_ID]
     assert prefill_headers[REQUEST_ID] != [rid]
 
-    # The decode leg: the prefill server's connector keys, the proof gone, the client's
-    # request otherwise as sent.
+    # The decode leg: the prefill server's connector keys with their proof, the
+    # client's request otherwise as sent.
     _path, decode_headers, decode_leg = only(cluster.decode)
     assert decode_headers[CLIENT_REQUEST_ID] == [rid]
-    assert decode_leg["kv_transfer_params"] == tokens.CONNECTOR_REPLY
+    assert proven(decode_leg) == tokens.CONNECTOR_REPLY
     assert without_params(decode_leg) == sent
 
     # What each pod's processor decided, in the access log, its own log and its metrics.
@@ -292,7 +300,7 @@ def test_a_clients_parameters_through_the_sidecar_never_reach_the_prefill_server
     assert prefill_leg["kv_transfer_params"] == CONNECTOR_REQUEST
     # The decode leg carries what the prefill server answered, never the client's.
     _path, _headers, decode_leg = only(cluster.decode)
-    assert decode_leg["kv_transfer_params"] == tokens.CONNECTOR_REPLY
+    assert proven(decode_leg) == tokens.CONNECTOR_REPLY
 
 
 # --- (e) the gateway in front of the sidecar: client routing headers ----------------------
@@ -402,7 +410,7 @@ def test_the_pickers_own_header_still_reaches_the_sidecar(fronted):
     _path, _headers, prefill_leg = only(cluster.prefill)
     assert prefill_leg["kv_transfer_params"] == CONNECTOR_REQUEST
     _path, _headers, decode_leg = only(cluster.decode)
-    assert decode_leg["kv_transfer_params"] == tokens.CONNECTOR_REPLY
+    assert proven(decode_leg) == tokens.CONNECTOR_REPLY
     assert without_params(decode_leg) == sent
 
 

@@ -71,7 +71,9 @@ def test_the_coordinators_hand_off_moves_the_kv_cache(coordinated: Coordinated, 
     assert "kv_transfer_params" not in coordinated.coordinator.received[-1]
     for recorder in (gateway.prefill, gateway.decode):
         assert b"203.0.113.77" not in recorder.received()
-        assert b"token_policy_proof" not in recorder.received()
+    # The decode request is forwarded as the coordinator sent it, its proof included.
+    assert b"token_policy_proof" not in gateway.prefill.received()
+    assert b"token_policy_proof" in gateway.decode.received()
     assert b'"do_remote_decode":true' in gateway.prefill.received()
     legs = decisions(gateway) - decided
     assert legs == Counter(

@@ -139,7 +139,8 @@ def test_the_printed_hand_off_moves_the_kv_cache(gateway: Gateway, pair: Pair) -
     delta = settled(pair, before, tokens)
     assert_moved(delta, tokens)
     assert b'"do_remote_decode":true' in gateway.prefill.received()
-    assert b"token_policy_proof" not in gateway.decode.received()
+    # The proven decode request reaches the decode server as sent, proof included.
+    assert b"token_policy_proof" in gateway.decode.received()
     # One decision per leg: the prefill request, its response, the decode request.
     legs = decisions(gateway) - decided
     assert legs == Counter(
