@@ -185,7 +185,8 @@ def _proof_md(results: Results) -> list[str]:
         "",
         "`honor-proven` (ids + proof on `/pd/v1/`: verified, validated, forwarded unchanged) "
         "against `honor` (the same bytes on `/pd-any/v1/`, `trust_any_caller`: validated, "
-        "forwarded unchanged, the proof unchecked), same body size, same run. Added = proven minus unproven.",
+        "forwarded unchanged, the proof unchecked), same body size, same run. "
+        "Added = proven minus unproven.",
         "",
         "| body | ids | c | arrangement | p50 honor ms | p50 proven ms | added p50 ms | "
         "processor CPU honor ms/req | proven ms/req | added CPU ms/req |",
