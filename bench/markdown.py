@@ -6,7 +6,7 @@ import re
 from collections import defaultdict
 
 from bench.judge import FLOOR
-from bench.results_model import LABEL, Meta, Results, by_cell
+from bench.results_model import LABEL, Meta, ProofCost, Results, by_cell
 
 
 def _num(value: float | None, digits: int = 2, suffix: str = "") -> str:
@@ -176,6 +176,13 @@ def _targets_md(results: Results) -> list[str]:
     return [*lines, ""]
 
 
+def _over_direct(row: ProofCost) -> str:
+    if row.added_ratio is None:
+        return "n/a"
+    rounds = ", ".join(f"{x:.2f}x" for x in row.added_ratio_rounds or ())
+    return f"{row.added_ratio:.2f}x ({rounds})"
+
+
 def _proof_md(results: Results) -> list[str]:
     """What verifying a proof costs; nothing when no cell was measured both ways."""
     if not results.judged.verification:
@@ -186,18 +193,22 @@ def _proof_md(results: Results) -> list[str]:
         "`honor-proven` (ids + proof on `/pd/v1/`: verified, validated, forwarded unchanged) "
         "against `honor` (the same bytes on `/pd-any/v1/`, `trust_any_caller`: validated, "
         "forwarded unchanged, the proof unchecked), same body size, same run. "
-        "Added = proven minus unproven.",
+        "Added = proven minus unproven; proven / honor over direct = the latency each adds "
+        "over Envoy direct, proven over unproven, the median of the rounds' ratios (the "
+        "decode leg's target: at most 1.1x at 1 MiB, c=1, on the default arrangement).",
         "",
         "| body | ids | c | arrangement | p50 honor ms | p50 proven ms | added p50 ms | "
+        "proven / honor over direct (rounds) | "
         "processor CPU honor ms/req | proven ms/req | added CPU ms/req |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results.judged.verification:
         mark = "" if r.ok else " !"
         lines.append(
             f"| {r.body_bytes:,} B | {r.id_count:,} | {r.concurrency} | "
             f"{r.arrangement}{mark} | {r.honor_p50_ms:.3f} | {r.proven_p50_ms:.3f} | "
-            f"{_num(r.added_p50_ms, 3)} | {_num(r.honor_cpu_ms_per_req, 3)} | "
+            f"{_num(r.added_p50_ms, 3)} | {_over_direct(r)} | "
+            f"{_num(r.honor_cpu_ms_per_req, 3)} | "
             f"{_num(r.proven_cpu_ms_per_req, 3)} | {_num(r.added_cpu_ms_per_req, 3)} |"
         )
     return [*lines, ""]

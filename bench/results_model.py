@@ -359,6 +359,13 @@ class ProofCost:
     proven_cpu_ms_per_req: float | None
     added_cpu_ms_per_req: float | None
     ok: bool
+    # Latency added over Envoy direct, proven over unproven: the median of the rounds'
+    # ratios and each round's (rounds paired by order); None in results from before.
+    added_ratio: float | None = None
+    added_ratio_rounds: tuple[float, ...] | None = None
+
+
+_PROOF_COST_OPTIONAL = frozenset({"added_ratio", "added_ratio_rounds"})
 
 
 @dataclass(frozen=True)
@@ -401,7 +408,7 @@ class Derived:
             tuple(_read(TargetRow, r) for r in f.take("targets")),
             tuple(_read(TargetSummary, r) for r in f.take("target_summary")),
             tuple(_read(Slope, r) for r in f.take("slopes")),
-            tuple(_read(ProofCost, r) for r in f.take("verification")),
+            tuple(_read(ProofCost, r, _PROOF_COST_OPTIONAL) for r in f.take("verification")),
             None if records is None else tuple(_read(RecordCost, r) for r in records),
         )
 
@@ -410,7 +417,7 @@ class Derived:
             "targets": [_write(r) for r in self.targets],
             "target_summary": [_write(r) for r in self.target_summary],
             "slopes": [_write(r) for r in self.slopes],
-            "verification": [_write(r) for r in self.verification],
+            "verification": [_write(r, _PROOF_COST_OPTIONAL) for r in self.verification],
         }
         if self.records is not None:
             out["records"] = [_write(r) for r in self.records]

@@ -1,10 +1,12 @@
 """What verifying a proof costs: ``honor-proven`` against ``honor`` in the same run.
 
-Both carry the same ids in a body of the same size; ``honor`` is validated and forwarded
-unchanged on a route that trusts any caller, ``honor-proven`` is verified (the HMAC over
-the parameters, the prompt digest), validated, and forwarded without its proof (the
-body rewritten). The difference of their p50s, and of the processor's CPU time per
-request, is the price of honoring only what the deployment minted.
+Both send the same bytes (ids and a proof, bench/bodies.py); ``honor`` is validated and
+forwarded unchanged on a route that trusts any caller, the proof unchecked;
+``honor-proven`` is verified (the HMAC over the parameters, the prompt digest), spent,
+validated, and forwarded unchanged. The difference of their p50s, and of the
+processor's CPU time per request, is the price of honoring only what the deployment
+minted; ``added_ratio`` is the latency each adds over Envoy direct, proven over
+unproven (the decode leg's target: at most 1.1x at 1 MiB, c=1).
 
 Each proof is honored once: the processor spends it in its record of spent proofs, its
 own table (``service-wN``) or Redis (``service-wN-redis``, ``python -m bench --records
@@ -14,6 +16,8 @@ bench/markdown.py's.
 """
 
 from __future__ import annotations
+
+import statistics
 
 from bench.results_model import ProofCost, Record, RecordCost, Results
 
@@ -39,6 +43,28 @@ def _services(results: Results) -> set[str]:
     return {a.name for a in results.arrangements if a.kind == "service"}
 
 
+def _added_rounds(record: Record, direct: Record | None) -> list[float] | None:
+    """Each round's p50 over direct's in the same round (rounds paired by order)."""
+    if record.rounds is None or direct is None or direct.rounds is None:
+        return None
+    if len(record.rounds) != len(direct.rounds):
+        return None
+    return [r.p50_ms - d.p50_ms for r, d in zip(record.rounds, direct.rounds, strict=True)]
+
+
+def _added_ratios(
+    found: dict[tuple[str, str, int, str], Record], proven: Record, unproven: Record
+) -> tuple[float, ...] | None:
+    """Each round's latency added over direct, proven over unproven."""
+    mine = _added_rounds(proven, found.get(("direct", proven.body, proven.concurrency, PROVEN)))
+    base = _added_rounds(
+        unproven, found.get(("direct", unproven.body, unproven.concurrency, UNPROVEN))
+    )
+    if mine is None or base is None or len(mine) != len(base) or min(base) <= 0:
+        return None
+    return tuple(round(a / b, 3) for a, b in zip(mine, base, strict=True))
+
+
 def rows(results: Results) -> tuple[ProofCost, ...]:
     """One row per service arrangement, body size and concurrency measured both ways."""
     found = _found(results)
@@ -48,6 +74,7 @@ def rows(results: Results) -> tuple[ProofCost, ...]:
         proven = found.get((name, body, concurrency, PROVEN))
         if decision != UNPROVEN or name not in services or proven is None:
             continue
+        ratios = _added_ratios(found, proven, unproven)
         out.append(
             ProofCost(
                 arrangement=name,
@@ -62,6 +89,8 @@ def rows(results: Results) -> tuple[ProofCost, ...]:
                 proven_cpu_ms_per_req=proven.cpu.processor,
                 added_cpu_ms_per_req=_cost(unproven.cpu.processor, proven.cpu.processor),
                 ok=unproven.ok and proven.ok,
+                added_ratio=None if not ratios else round(statistics.median(ratios), 3),
+                added_ratio_rounds=ratios,
             )
         )
     return tuple(sorted(out, key=lambda r: (r.body_bytes, r.concurrency, r.arrangement)))

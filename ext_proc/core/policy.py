@@ -123,10 +123,10 @@ def _trusted(
     claim = proof.claim(evidence.keys, params)
     if isinstance(claim, Reason):
         return Reason.PEER_NOT_LISTED if claim is Reason.PROOF_MISSING and policy.peers else claim
-    # The MAC is a pass over the ids; it runs beside the prompt digest and the ids'
-    # validation (all three release the GIL for most of their work), whose verdict the
-    # ids keep for when the parameters turn out trusted.
-    expected = evidence.beside(claim.mac)
+    # The MAC is a pass over the ids; when long, it runs beside the prompt digest and
+    # the ids' validation (all three release the GIL for most of their work), whose
+    # verdict the ids keep for when the parameters turn out trusted.
+    expected = (evidence.beside if claim.long else proof.at_once)(claim.mac)
     try:
         digest = evidence.digest()
         _check_ahead(policy, params)

@@ -78,6 +78,10 @@ NO_KEYS: Final = KeySet({}, None)
 # Starts computing a value and returns what waits for it: ``beside`` the caller's own
 # work (the edge's worker thread) or, by default, ``at_once``.
 Beside = Callable[[Callable[[], bytes]], Callable[[], bytes]]
+# The signed bytes (``canonical``'s two parts) from which a MAC runs beside: handing it
+# to another thread and back costs a fixed two thread wake-ups, which only a long MAC
+# (and an id validation as long beside it) repays.
+BESIDE_BYTES: Final = 256 * 1024
 
 
 def at_once(make: Callable[[], bytes]) -> Callable[[], bytes]:
@@ -303,6 +307,11 @@ class Claim:
     nonce: str
     shown: bytes  # the MAC the proof carries
     body: tuple[bytes, bytes]
+
+    @property
+    def long(self) -> bool:
+        """Whether its MAC is worth computing beside (``BESIDE_BYTES``)."""
+        return len(self.body[0]) + len(self.body[1]) >= BESIDE_BYTES
 
     def mac(self) -> bytes:
         return _sealed(_mac(self.key, self.fields, self.body), self.nonce)

@@ -796,6 +796,7 @@ class Beside:
 
 
 def test_a_proofs_mac_is_out_while_the_digest_and_the_ids_are_checked(monkeypatch):
+    monkeypatch.setattr(proof, "BESIDE_BYTES", 0)  # these ids count as long
     log = []
     document = doc(proven_params(doc()))
     read = ids_module.Ids.read(orjson.dumps(document["kv_transfer_params"]["prompt_token_ids"]))
@@ -816,7 +817,17 @@ def test_a_proofs_mac_is_out_while_the_digest_and_the_ids_are_checked(monkeypatc
     assert log == ["mac started", "digest", "ids checked", "mac awaited"]
 
 
-def test_the_mac_is_awaited_when_the_digest_fails():
+def test_a_short_mac_is_computed_at_once():
+    log = []
+    document = doc(proven_params(doc()))
+    digest = proof.prompt_digest(doc(), True, "/v1/chat/completions")
+    evidence = Evidence(lambda: digest, policy.NO_PEER, KEYS, NOW, 5.0, beside=Beside(log))
+    assert decide(PROVEN, document, evidence) == Honor("trusted_proof", 3)
+    assert log == []
+
+
+def test_the_mac_is_awaited_when_the_digest_fails(monkeypatch):
+    monkeypatch.setattr(proof, "BESIDE_BYTES", 0)
     log = []
     document = doc(proven_params(doc()))
 
