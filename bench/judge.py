@@ -276,11 +276,10 @@ def _round_ratios(
     a: list[float | None]
     b: list[float | None]
     if measure is ADDED_P50:
-        if direct is None or direct.rounds is None or len(direct.rounds) != len(mine.rounds):
+        added, floor_added = mine.added_rounds(direct), floor.added_rounds(direct)
+        if added is None or floor_added is None:
             return []
-        base = [r.p50_ms for r in direct.rounds]
-        a = [r.p50_ms - d for r, d in zip(mine.rounds, base, strict=True)]
-        b = [r.p50_ms - d for r, d in zip(floor.rounds, base, strict=True)]
+        a, b = list(added), list(floor_added)
     else:
         a = [measure.of(r) for r in mine.rounds]
         b = [measure.of(r) for r in floor.rounds]

@@ -201,6 +201,15 @@ class Record:
     def key(self) -> Key:
         return self.body, self.decision, self.concurrency
 
+    def added_rounds(self, direct: Record | None) -> list[float] | None:
+        """Each round's p50 minus ``direct``'s in the same round (rounds paired by
+        order); None when either has no rounds or they differ in number."""
+        if self.rounds is None or direct is None or direct.rounds is None:
+            return None
+        if len(self.rounds) != len(direct.rounds):
+            return None
+        return [r.p50_ms - d.p50_ms for r, d in zip(self.rounds, direct.rounds, strict=True)]
+
     @classmethod
     def from_json(cls, raw: Mapping[str, Any]) -> Record:
         f = _Fields(raw, "cell record")

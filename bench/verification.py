@@ -43,22 +43,13 @@ def _services(results: Results) -> set[str]:
     return {a.name for a in results.arrangements if a.kind == "service"}
 
 
-def _added_rounds(record: Record, direct: Record | None) -> list[float] | None:
-    """Each round's p50 over direct's in the same round (rounds paired by order)."""
-    if record.rounds is None or direct is None or direct.rounds is None:
-        return None
-    if len(record.rounds) != len(direct.rounds):
-        return None
-    return [r.p50_ms - d.p50_ms for r, d in zip(record.rounds, direct.rounds, strict=True)]
-
-
 def _added_ratios(
     found: dict[tuple[str, str, int, str], Record], proven: Record, unproven: Record
 ) -> tuple[float, ...] | None:
     """Each round's latency added over direct, proven over unproven."""
-    mine = _added_rounds(proven, found.get(("direct", proven.body, proven.concurrency, PROVEN)))
-    base = _added_rounds(
-        unproven, found.get(("direct", unproven.body, unproven.concurrency, UNPROVEN))
+    mine = proven.added_rounds(found.get(("direct", proven.body, proven.concurrency, PROVEN)))
+    base = unproven.added_rounds(
+        found.get(("direct", unproven.body, unproven.concurrency, UNPROVEN))
     )
     if mine is None or base is None or len(mine) != len(base) or min(base) <= 0:
         return None

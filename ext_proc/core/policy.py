@@ -90,7 +90,8 @@ def _invalid_ids(key: str, ids: Ids, policy: RoutePolicy) -> Refusal | None:
             reason=Reason.IDS_TOO_MANY,
             param=param,
         )
-    fault = ids.fault(_bound(policy))
+    bound = policy.vocab_size if policy.vocab_size is not None else MAX_BOUND
+    fault = ids.fault(bound)
     if fault is None:
         return None
     if fault.kind is Kind.MALFORMED:
@@ -106,11 +107,6 @@ def _invalid_ids(key: str, ids: Ids, policy: RoutePolicy) -> Refusal | None:
     return bad_request(
         f"{param}[{fault.index}] = {fault.value} {why}", reason=Reason.IDS_OUT_OF_VOCAB, param=param
     )
-
-
-def _bound(policy: RoutePolicy) -> int:
-    """What every id must be below: the route's vocab_size, else 2**31."""
-    return policy.vocab_size if policy.vocab_size is not None else MAX_BOUND
 
 
 def _trusted(
@@ -137,12 +133,12 @@ def _trusted(
 
 
 def _check_ahead(policy: RoutePolicy, params: dict[str, Any]) -> None:
-    """Validate the ids read from the body's bytes that ``_invalid_ids`` would (its
-    verdict is kept by each, ``Ids.fault``)."""
+    """``_invalid_ids`` on the ids read from the body's bytes, ahead of the decision:
+    each keeps its verdict (``Ids.fault``) for when the decision asks again."""
     for key in policed_keys(params):
         ids = params[key]
-        if isinstance(ids, Ids) and (policy.max_ids is None or ids.count <= policy.max_ids):
-            ids.fault(_bound(policy))
+        if isinstance(ids, Ids):
+            _invalid_ids(key, ids, policy)
 
 
 def _untrusted(policy: RoutePolicy, params: dict[str, Any], reason: Reason, count: int) -> Decision:
