@@ -268,7 +268,6 @@ def _judge(
         trust.clock(),
         settings.clock_skew_seconds,
         settings.ttl_seconds,
-        beside=trust.beside,
     )
     return _weigh(parsed, carriers, echo_free, request, evidence, sender=sender)
 

@@ -52,8 +52,6 @@ class Evidence:
     # The longest lifetime this deployment mints proofs for (proof.ttl_seconds).
     lifetime: float = math.inf
     spent: Reason | None = None
-    # Where a proof's MAC is computed while the digest and the ids' validation run.
-    beside: proof.Beside = proof.at_once
 
 
 def _no_digest() -> bytes:
@@ -119,26 +117,11 @@ def _trusted(
     claim = proof.claim(evidence.keys, params)
     if isinstance(claim, Reason):
         return Reason.PEER_NOT_LISTED if claim is Reason.PROOF_MISSING and policy.peers else claim
-    # The MAC is a pass over the ids; when long, it runs beside the prompt digest and
-    # the ids' validation (all three release the GIL for most of their work), whose
-    # verdict the ids keep for when the parameters turn out trusted.
-    expected = (evidence.beside if claim.long else proof.at_once)(claim.mac)
-    try:
-        digest = evidence.digest()
-        _check_ahead(policy, params)
-    finally:
-        mac = expected()  # never left running past the request
-    why = claim.settle(mac, digest, evidence.now, evidence.skew, evidence.lifetime)
+    # The prompt digest is rendered only for a proof that names a known key.
+    why = claim.settle(
+        claim.mac(), evidence.digest(), evidence.now, evidence.skew, evidence.lifetime
+    )
     return (evidence.spent or HONORED_PROOF) if why is None else why
-
-
-def _check_ahead(policy: RoutePolicy, params: dict[str, Any]) -> None:
-    """``_invalid_ids`` on the ids read from the body's bytes, ahead of the decision:
-    each keeps its verdict (``Ids.fault``) for when the decision asks again."""
-    for key in policed_keys(params):
-        ids = params[key]
-        if isinstance(ids, Ids):
-            _invalid_ids(key, ids, policy)
 
 
 def _untrusted(policy: RoutePolicy, params: dict[str, Any], reason: Reason, count: int) -> Decision:

@@ -312,7 +312,6 @@ class Server:
         if self.running is not None:
             await self.running.server.stop(None)
             await self.running.processor.record.close()
-            self.running.processor.beside.close()
         if self.metrics is not None:
             await asyncio.to_thread(self.metrics.close)
         logs.flush()

@@ -28,7 +28,6 @@ from ext_proc.core.replay import Record
 from ext_proc.core.stream import Stream
 from ext_proc.edge import logs
 from ext_proc.edge.attributes import attribute_keys
-from ext_proc.edge.beside import Beside
 from ext_proc.edge.codec import Decoder, Encoder
 from ext_proc.edge.keys import KeyRing
 from ext_proc.edge.metrics import Metrics
@@ -74,8 +73,7 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc
         self.open_streams = 0  # sampled into the metrics (see sample_metrics)
         # Envoy cancels a stream whenever a client goes away: counted without a lookup.
         self._cancelled = self.metrics.stream_errors.labels("cancelled")
-        self.beside = Beside()
-        self._trust = Trust(keys=KeyRing(config.proof.keys).current, beside=self.beside)
+        self._trust = Trust(keys=KeyRing(config.proof.keys).current)
 
     def sample_metrics(self) -> None:
         """The in-flight gauges, now."""

@@ -223,7 +223,7 @@ def test_a_mint_route_parses_every_request_for_its_digest():
 @pytest.mark.parametrize("depth", [255, 1000, 1023])
 def test_deep_bodies_on_trust_routes_are_decided_or_refused_never_raised(route, depth):
     # The prompt digest renders the body too: past the recursion limit it is refused.
-    proof_param = '"token_policy_proof":"tp2.k1.1.x","prompt_token_ids":[1]'
+    proof_param = '"token_policy_proof":"tp3.k1.1.x","prompt_token_ids":[1]'
     data = deep(depth).replace(b'"prompt_token_ids":[1]', proof_param.encode())
     metadata = MINT_ROUTE if route == "mint" else RouteMetadata({"action": "honor"}, 1.0)
     stream = Driven(max_body_bytes=1 << 20, trust=Trust(keys=lambda: KEYS))

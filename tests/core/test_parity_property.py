@@ -310,7 +310,7 @@ def test_a_shadowed_valid_proof_is_not_honored(mode):
 
 @pytest.mark.parametrize("mode", MODES)
 def test_a_proof_shadowed_inside_the_object_is_not_honored(mode):
-    params = json.dumps(proven([7, 8]))[:-1] + f', "{proof.PROOF_KEY}": "tp2.k1.x"}}'
+    params = json.dumps(proven([7, 8]))[:-1] + f', "{proof.PROOF_KEY}": "tp3.k1.x"}}'
     raw = json.dumps(CHAT)[:-1] + f', "kv_transfer_params": {params}}}'
     answer = decode_leg(raw.encode(), mode)
     assert forwarded_params(raw.encode(), answer) is None

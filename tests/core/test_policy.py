@@ -8,10 +8,8 @@ from hypothesis import strategies as st
 
 from ext_proc.core import ids as ids_module
 from ext_proc.core import policy, proof
-from ext_proc.core.errors import BadRequest
 from ext_proc.core.events import Peer
 from ext_proc.core.policy import Allow, Deny, Evidence, Honor, Mint, Strip
-from ext_proc.core.reasons import Reason
 from ext_proc.core.route_policy import Action, IdentityType, RoutePolicy, Topology, Unproven
 from ext_proc.core.vllm_request import MAX_CARRIERS
 from tests.parsing import read
@@ -332,7 +330,7 @@ def test_unproven_deny_answers_400_with_the_reason():
         (lambda d: d["kv_transfer_params"].update(remote_host="10.0.0.9"), "proof_bad_signature"),
         (lambda d: d["messages"].append({"role": "user", "content": "x"}), "prompt_mismatch"),
         (lambda d: d.update(model="other"), "prompt_mismatch"),
-        (lambda d: d["kv_transfer_params"].update(token_policy_proof="tp2.x"), "proof_malformed"),
+        (lambda d: d["kv_transfer_params"].update(token_policy_proof="tp3.x"), "proof_malformed"),
         (lambda d: d["kv_transfer_params"].update(token_policy_proof=7), "proof_malformed"),
     ],
 )
@@ -779,62 +777,22 @@ def test_a_trusted_callers_other_parameters_are_held_to_the_same_bounds(extra, p
     assert isinstance(decide(STRIP, document), Strip)
 
 
-class Beside:
-    """A ``proof.Beside`` that records what happens while the MAC is out."""
-
-    def __init__(self, log):
-        self.log = log
-
-    def __call__(self, make):
-        self.log.append("mac started")
-
-        def wait():
-            self.log.append("mac awaited")
-            return make()
-
-        return wait
-
-
-def test_a_proofs_mac_is_out_while_the_digest_and_the_ids_are_checked(monkeypatch):
-    monkeypatch.setattr(proof, "BESIDE_BYTES", 0)  # these ids count as long
-    log = []
-    document = doc(proven_params(doc()))
-    read = ids_module.Ids.read(orjson.dumps(document["kv_transfer_params"]["prompt_token_ids"]))
-    assert read is not None
-    document["kv_transfer_params"]["prompt_token_ids"] = read
+def test_the_prompt_digest_is_rendered_only_for_a_proof_of_a_known_key():
+    rendered = []
     digest = proof.prompt_digest(doc(), True, "/v1/chat/completions")
-    checked = ids_module.Ids._fault
-    monkeypatch.setattr(
-        ids_module.Ids,
-        "_fault",
-        lambda self, bound: log.append("ids checked") or checked(self, bound),
-    )
-    evidence = Evidence(
-        lambda: log.append("digest") or digest, policy.NO_PEER, KEYS, NOW, 5.0, beside=Beside(log)
-    )
-    assert decide(PROVEN, document, evidence) == Honor("trusted_proof", 3)
-    # Checked once, while the MAC was out; the decision used that verdict.
-    assert log == ["mac started", "digest", "ids checked", "mac awaited"]
+    assert digest is not None
 
+    def evidence(keys=KEYS):
+        return Evidence(lambda: rendered.append(1) or digest, policy.NO_PEER, keys, NOW, 5.0)
 
-def test_a_short_mac_is_computed_at_once():
-    log = []
-    document = doc(proven_params(doc()))
-    digest = proof.prompt_digest(doc(), True, "/v1/chat/completions")
-    evidence = Evidence(lambda: digest, policy.NO_PEER, KEYS, NOW, 5.0, beside=Beside(log))
-    assert decide(PROVEN, document, evidence) == Honor("trusted_proof", 3)
-    assert log == []
-
-
-def test_the_mac_is_awaited_when_the_digest_fails(monkeypatch):
-    monkeypatch.setattr(proof, "BESIDE_BYTES", 0)
-    log = []
-    document = doc(proven_params(doc()))
-
-    def failing():
-        raise BadRequest("too deep", reason=Reason.BODY_TOO_DEEP)
-
-    evidence = Evidence(failing, policy.NO_PEER, KEYS, NOW, 5.0, beside=Beside(log))
-    with pytest.raises(BadRequest):
-        decide(PROVEN, document, evidence)
-    assert log == ["mac started", "mac awaited"]
+    params = proven_params(doc())
+    malformed = {**params, proof.PROOF_KEY: "tp3.x"}
+    for document, keys, reason in [
+        (doc(malformed), KEYS, "proof_malformed"),
+        (doc(params), proof.KeySet({}, None), "proof_unknown_key"),
+        (doc({k: v for k, v in params.items() if k != proof.PROOF_KEY}), KEYS, "proof_missing"),
+    ]:
+        assert decide(PROVEN, document, evidence(keys)).reason == reason
+    assert rendered == []
+    assert decide(PROVEN, doc(params), evidence()) == Honor("trusted_proof", 3)
+    assert rendered == [1]

@@ -1,9 +1,12 @@
+import base64
 import contextlib
 import hashlib
+import hmac
 import json
 import math
 import tracemalloc
 
+import blake3
 import orjson
 import pytest
 
@@ -35,9 +38,36 @@ def test_format():
     token = proof.mint(KEYS, {"prompt_token_ids": [1]}, digest(), 1234)
     assert token is not None
     version, key_id, expiry, nonce, shown, mac = token.split(".")
-    assert (version, key_id, expiry) == ("tp2", "k1", "1234")
+    assert (version, key_id, expiry) == ("tp3", "k1", "1234")
     assert len(nonce) == 16
     assert len(shown) == len(mac) == 43
+
+
+def _b64(raw):
+    return base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
+
+
+def test_the_mac_is_keyed_blake3_as_documented():
+    # docs/trust.md's definition, written out with the test's copy of the key.
+    params = {"prompt_token_ids": [7, 8], "remote_port": 5600}
+    token = proof.mint(KEYS, params, digest(), 1234, nonce=bytes(range(12)))
+    assert token is not None
+    nonce, shown = _b64(bytes(range(12))), _b64(digest())
+    key = blake3.blake3(b"k" * 32, derive_key_context="ext_proc token_policy_proof tp3 MAC key")
+    message = f'tp3\nk1\n1234\n{shown}\n{{"remote_port":5600}}\n[7,8]\n{nonce}'.encode()
+    mac = blake3.blake3(message, key=key.digest()).digest()
+    assert token == f"tp3.k1.1234.{nonce}.{shown}.{_b64(mac)}"
+
+
+def test_a_proof_of_the_earlier_format_is_malformed():
+    # tp2: HMAC-SHA256 and a SHA-256 prompt digest. A decode leg whose prefill an older
+    # replica signed is unproven during a rollout (docs/trust.md).
+    params = {"prompt_token_ids": [7, 8]}
+    nonce, shown = "A" * 16, _b64(hashlib.sha256(b"x").digest())
+    message = f"tp2\nk1\n1234\n{shown}\n{{}}\n[7,8]\n{nonce}".encode()
+    mac = _b64(hmac.new(b"k" * 32, message, hashlib.sha256).digest())
+    old = {**params, proof.PROOF_KEY: f"tp2.k1.1234.{nonce}.{shown}.{mac}"}
+    assert proof.verify(KEYS, old, digest(), 100, 0) == "proof_malformed"
 
 
 def test_every_mint_is_another_proof_of_the_same_parameters():
@@ -124,7 +154,7 @@ def _other_nonce(params):
         (lambda p: p.pop(proof.PROOF_KEY), "proof_missing"),
         (lambda p: p.update({proof.PROOF_KEY: None}), "proof_missing"),
         (lambda p: p.update({proof.PROOF_KEY: ["tp1"]}), "proof_malformed"),
-        (lambda p: p.update({proof.PROOF_KEY: "tp3" + p[proof.PROOF_KEY][3:]}), "proof_malformed"),
+        (lambda p: p.update({proof.PROOF_KEY: "tp2" + p[proof.PROOF_KEY][3:]}), "proof_malformed"),
         (lambda p: p.update({proof.PROOF_KEY: _without_nonce(p)}), "proof_malformed"),
         (lambda p: p.update({proof.PROOF_KEY: _other_nonce(p)}), "proof_bad_signature"),
         (lambda p: p.update({proof.PROOF_KEY: p[proof.PROOF_KEY] + "x"}), "proof_malformed"),
@@ -203,7 +233,7 @@ def rendered_digest(document, endpoint=CHAT_PATH):
         text = json.dumps(bound, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
         rendering = b"j" + text.encode()
     named = endpoint.encode()
-    return hashlib.sha256(b"%d:%s" % (len(named), named) + rendering).digest()
+    return blake3.blake3(b"%d:%s" % (len(named), named) + rendering).digest()
 
 
 def _values(value):
@@ -311,13 +341,5 @@ def test_a_claim_settled_with_its_own_mac_is_verify():
 def test_what_a_claim_refuses_before_any_mac():
     params = minted({"prompt_token_ids": [1]})
     assert proof.claim(KEYS, {"prompt_token_ids": [1]}) == "proof_missing"
-    assert proof.claim(KEYS, {**params, proof.PROOF_KEY: "tp2.x"}) == "proof_malformed"
+    assert proof.claim(KEYS, {**params, proof.PROOF_KEY: "tp3.x"}) == "proof_malformed"
     assert proof.claim(proof.KeySet({}, None), params) == "proof_unknown_key"
-
-
-def test_at_once_computes_before_it_returns():
-    calls = []
-    waiting = proof.at_once(lambda: calls.append(1) or b"v")
-    assert calls == [1]
-    assert waiting() == waiting() == b"v"
-    assert calls == [1]
