@@ -118,7 +118,7 @@ def commit(root: Path) -> str | None:
 
 
 # The Python packages the processor's speed depends on.
-PACKAGES = ("grpcio", "protobuf", "orjson", "numpy", "prometheus-client")
+PACKAGES = ("grpcio", "protobuf", "orjson", "numpy", "blake3", "stringzilla", "prometheus-client")
 
 
 def packages() -> tuple[str, ...]:
