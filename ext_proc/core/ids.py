@@ -73,13 +73,12 @@ class Ids:
     """Token ids: how many there are and their canonical text, with the checks the
     policy and the proof need. ``read`` and ``of`` build it; nothing else does."""
 
-    __slots__ = ("_checked", "_items", "_text", "count")
+    __slots__ = ("_items", "_text", "count")
 
     def __init__(self, count: int, text: bytes | None, items: Any = None) -> None:
         self.count = count  # 0 for anything but a non-empty list
         self._text = text  # the canonical text once known
         self._items = items  # the parsed value, or _READ: built from the bytes
-        self._checked: tuple[int, Fault | None] | None = None  # the last bound, its fault
 
     def __repr__(self) -> str:
         return f"Ids(count={self.count})"
@@ -131,15 +130,7 @@ class Ids:
 
     def fault(self, bound: int) -> Fault | None:
         """None when every id is below ``bound`` (at most ``MAX_BOUND``) and the ids are
-        a non-empty list; otherwise why not. The verdict for the last bound is kept
-        (the ids are a value: it cannot change)."""
-        if self._checked is not None and self._checked[0] == bound:
-            return self._checked[1]
-        fault = self._fault(bound)
-        self._checked = (bound, fault)
-        return fault
-
-    def _fault(self, bound: int) -> Fault | None:
+        a non-empty list; otherwise why not."""
         assert 0 < bound <= MAX_BOUND
         text = self._canonical()
         if text is None:

@@ -118,9 +118,7 @@ def _trusted(
     if isinstance(claim, Reason):
         return Reason.PEER_NOT_LISTED if claim is Reason.PROOF_MISSING and policy.peers else claim
     # The prompt digest is rendered only for a proof that names a known key.
-    why = claim.settle(
-        claim.mac(), evidence.digest(), evidence.now, evidence.skew, evidence.lifetime
-    )
+    why = claim.settle(evidence.digest(), evidence.now, evidence.skew, evidence.lifetime)
     return (evidence.spent or HONORED_PROOF) if why is None else why
 
 

@@ -298,8 +298,7 @@ def mint(
 @dataclass(frozen=True, slots=True)
 class Claim:
     """A proof that is well formed and names a known key, before its MAC is checked:
-    what ``settle`` needs. ``mac`` computes the MAC the proof should carry (a pass over
-    the ids)."""
+    what ``settle`` needs."""
 
     key: bytes
     fields: tuple[str, str, str]  # key id, expiry, the digest shown
@@ -307,13 +306,10 @@ class Claim:
     shown: bytes  # the MAC the proof carries
     body: tuple[bytes, bytes]
 
-    def mac(self) -> bytes:
-        return _sealed(_mac(self.key, self.fields, self.body), self.nonce)
-
-    def settle(
-        self, expected: bytes, digest: bytes, now: float, skew: float, lifetime: float
-    ) -> Reason | None:
-        """``verify``'s verdict once the MAC is ``expected``."""
+    def settle(self, digest: bytes, now: float, skew: float, lifetime: float) -> Reason | None:
+        """``verify``'s verdict: the MAC the proof should carry (a pass over the ids)
+        computed and compared first."""
+        expected = _sealed(_mac(self.key, self.fields, self.body), self.nonce)
         if not hmac.compare_digest(expected, self.shown):
             return Reason.PROOF_BAD_SIGNATURE
         _, expiry, shown = self.fields
@@ -364,7 +360,7 @@ def verify(
     found = claim(keys, params)
     if isinstance(found, Reason):
         return found
-    return found.settle(found.mac(), digest, now, skew, lifetime)
+    return found.settle(digest, now, skew, lifetime)
 
 
 def ticket(params: Mapping[str, Any], skew: float) -> Ticket:

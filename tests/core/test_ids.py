@@ -273,19 +273,3 @@ def test_what_a_proof_signs_is_the_canonical_text_or_nothing():
     assert Ids.of([1, float("nan")]).signed is None
     assert Ids.of([1, float("inf")]).signed is None
     assert Ids.of([2**64]).signed is None  # orjson cannot write it
-
-
-def test_the_verdict_for_the_last_bound_is_kept(monkeypatch):
-    ids = Ids.read(b"[5,99,7]")
-    assert ids is not None
-    calls = []
-    checked = Ids._fault
-    monkeypatch.setattr(
-        Ids, "_fault", lambda self, bound: calls.append(bound) or checked(self, bound)
-    )
-    assert ids.fault(100) is None
-    assert ids.fault(100) is None
-    assert calls == [100]
-    assert ids.fault(50) == Fault(Kind.OUT_OF_RANGE, 1, 99)  # another bound: checked
-    assert ids.fault(50) == Fault(Kind.OUT_OF_RANGE, 1, 99)
-    assert calls == [100, 50]
