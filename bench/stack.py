@@ -25,6 +25,7 @@ import contextlib
 import copy
 import http.client
 import json
+import math
 import subprocess
 import sys
 import time
@@ -228,8 +229,13 @@ class BenchStack:
         processes.wait_for_port(self.upstream.port, nginx)
         if any(a.record == "redis" for a in self.arrangements):
             self._start_redis()
+        started = time.time()
         for arrangement in self.arrangements:
             self.running[arrangement.name] = self._start_arrangement(arrangement)
+        # A processor's own table honors only proofs minted after it began, a skew
+        # rounded up included (ext_proc/edge/record.py): the pools are minted after that.
+        fresh = math.ceil(started) + proofs.SKEW + 1
+        time.sleep(max(0.0, fresh - time.time()))
 
     def _start_redis(self) -> None:
         """One redis-server on loopback, nothing persisted, nothing evicted."""
@@ -242,15 +248,16 @@ class BenchStack:
         server = processes.start(args, self.workdir / "redis.log", cwd=REPO)
         self._children.append(server)
         processes.wait_for_port(self.redis_address.port, server)
-        # A record that began recently honors nothing until every proof it may have
-        # forgotten has expired (ext_proc/edge/redis_record.py): this server is new and no
-        # proof of the benchmark's key was honored before it, so each database states
-        # it began a lifetime ago.
+        # A record honors only proofs minted after it began (ext_proc/edge/redis_record.py):
+        # this server is new and no proof of the benchmark's key was honored before it,
+        # so each database states it began a lifetime ago, on this server.
         began = int(time.time()) - 2 * (proofs.LIFETIME + 3 * proofs.SKEW)
         for number in range(len([a for a in self.arrangements if a.record == "redis"])):
             client = redis.Redis(host=LOCAL, port=self.redis_address.port, db=number)
             try:
-                client.set(redis_record.SINCE, began)
+                run_id = client.info("server")["run_id"]
+                replid = client.info("replication")["master_replid"]
+                client.set(redis_record.SINCE, redis_record.since(run_id, replid, began))
             finally:
                 client.close()
 

@@ -26,6 +26,9 @@ def config(**fields: Any) -> Config:
     return Config.model_validate(fields)
 
 
+DAY = 86400
+
+
 class Driven:
     """``handle`` returns the answers; the last outcome is kept (a phase reported twice
     fails)."""
@@ -41,9 +44,12 @@ class Driven:
         self.config = config(**fields)
         self.budget = budget if budget is not None else Budget(self.config.inflight_budget_bytes)
         self.stream = Stream(self.config, self.budget, trust)
-        # The record a proof is spent in, as the servicer's (one per stream unless given).
+        # The record a proof is spent in, as the servicer's (one per stream unless given),
+        # of a processor that has run for a day: it honors proofs minted before the stream.
         clock = trust.clock if trust is not None else time.time
-        self.spent = spent if spent is not None else LocalRecord.anonymous(64, clock)
+        if spent is None:
+            spent = LocalRecord.anonymous(64, clock, began=clock() - DAY)
+        self.spent = spent
         self.outcome: Outcome | None = None
         self.last: Step | None = None
         self._held = 0  # what the last step's answers carry, until they are "sent"

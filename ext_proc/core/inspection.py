@@ -293,7 +293,7 @@ def _weigh(
     decision = policy.decide(request.policy, parsed.document, evidence, carriers, sender)
     pending = mint.judged(pending, decision, echo_free)
     if decision.reason == policy.HONORED_PROOF and not isinstance(decision, Deny):
-        ticket = proof.ticket(parsed.document[KV_KEY], evidence.skew)
+        ticket = proof.ticket(parsed.document[KV_KEY], evidence.skew, evidence.lifetime)
         return Proof(ticket, decision, parsed, evidence, carriers, pending, sender)
     return decision, parsed, pending
 

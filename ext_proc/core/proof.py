@@ -90,6 +90,10 @@ class Trust:
     clock: Callable[[], float] = time.time
 
 
+# ``Ticket.minted_after`` of a proof whose minting time nothing bounds.
+_NEVER: Final = -(2**62)
+
+
 def _b64(raw: bytes) -> str:
     return base64.urlsafe_b64encode(raw).rstrip(b"=").decode("ascii")
 
@@ -363,11 +367,25 @@ def verify(
     return found.settle(digest, now, skew, lifetime)
 
 
-def ticket(params: Mapping[str, Any], skew: float) -> Ticket:
-    """The record's entry for the proof in ``params``, which ``verify`` accepted. It
-    outlives the proof by one more skew: a processor whose clock is up to ``skew``
-    behind this one's still honors it that much later."""
+def ticket(params: Mapping[str, Any], skew: float, lifetime: float) -> Ticket:
+    """The record's entry for the proof in ``params``, which ``verify`` accepted with
+    ``skew`` and ``lifetime``.
+
+    ``skew`` bounds how far apart any two processors' clocks are (minters and verifiers
+    alike). A proof minted at expiry - lifetime by its minter's clock is verified until
+    expiry + skew by a verifier's, so it can be honored until expiry + 2 x skew by the
+    minter's clock, and a spender's clock may read up to one more skew less than the
+    minter's: the entry is kept until expiry + 3 x skew by the spender's clock. (3 x, not
+    2 x, so that processors merely each within ``skew`` of the minter, up to 2 x skew
+    apart, still never honor a proof another has already forgotten.)
+
+    Every processor's clock had reached expiry - lifetime - skew when it was minted
+    (``Ticket.minted_after``), given the minter minted for at most ``lifetime``; an
+    unbounded ``lifetime`` says nothing of when it was minted, and no record honors
+    such a ticket."""
     match = _PROOF.fullmatch(params[PROOF_KEY])
     assert match is not None, "verified"
     _, expiry, _, _, mac = match.groups()
-    return Ticket(_unb64(mac)[:TICKET_BYTES], int(expiry) + 2 * math.ceil(skew))
+    margin = math.ceil(skew)
+    since = int(expiry) - math.ceil(lifetime) - margin if math.isfinite(lifetime) else _NEVER
+    return Ticket(_unb64(mac)[:TICKET_BYTES], int(expiry) + 3 * margin, since)

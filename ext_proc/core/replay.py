@@ -25,7 +25,7 @@ TICKET_BYTES: Final = 16
 # ``BUCKET_SLOTS`` slots. Its layout is stated here because the configuration charges
 # the table's size to the in-flight budget before any record exists.
 BUCKET_SLOTS: Final = 32
-TABLE_HEADER: Final = struct.Struct("<8sQ16s")  # magic, buckets, secret
+TABLE_HEADER: Final = struct.Struct("<8sQ16sq")  # magic, buckets, secret, began (unix s)
 TABLE_SLOT: Final = struct.Struct(f"<{TICKET_BYTES}sq")  # key, kept until (unix seconds)
 
 
@@ -37,11 +37,22 @@ def table_bytes(slots: int) -> int:
 @dataclass(frozen=True, slots=True)
 class Ticket:
     """One proof, as the record keeps it: ``key`` identifies it (part of its MAC, which
-    no one without the signing key can choose), ``expires_at`` (unix seconds) is when no
-    processor whose clock is within the skew of this one can still verify it."""
+    no one without the signing key can choose); ``expires_at`` (unix seconds, this
+    processor's clock) is when no processor can still verify it; ``minted_after`` (unix
+    seconds) is a time every processor's clock had reached when it was minted.
+
+    A record that began (was created, or found Redis forgot or may have forgotten what
+    it held) at ``began`` by some processor's clock honors only a ticket with
+    ``minted_after >= began``: that proof was minted after the record began, so no
+    record that came before could have spent it."""
 
     key: bytes
     expires_at: int
+    minted_after: int
+
+    def fresh(self, began: int) -> bool:
+        """Minted after a record that began at ``began`` (unix seconds) began."""
+        return self.minted_after >= began
 
 
 class Verdict(StrEnum):

@@ -7,7 +7,13 @@ not succeed by landing on another. An exclusive ``flock`` on the file serialises
 few microseconds each lookup takes; the kernel releases it when a holder dies, so a
 killed worker never wedges the others.
 
-Layout: a header (magic, the bucket count, a random secret), then buckets of
+A table begins when it is created (``began``, in its header): a processor restarted
+whole (a crash, an OOM kill, a rollout) starts a new one that has forgotten every proof
+spent before, so it honors only proofs minted after it began (``Ticket.fresh``); the
+others answer ``UNAVAILABLE``. A worker the supervisor restarts maps the same table and
+keeps its ``began``.
+
+Layout: a header (magic, the bucket count, a random secret, when it began), then buckets of
 ``BUCKET_SLOTS`` slots, each a proof's key and the unix second until which it is kept.
 A key goes in the bucket its keyed hash names (the secret keeps clients who hold many
 proofs from aiming them at one bucket); a slot whose time has passed is free. A bucket
@@ -22,6 +28,8 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
+import logging
+import math
 import mmap
 import os
 import secrets
@@ -39,26 +47,36 @@ from ext_proc.core.replay import (
     table_bytes,
 )
 
-MAGIC: Final = b"xpspent1"
+log = logging.getLogger("ext_proc.record")
+MAGIC: Final = b"xpspent2"
 _HEADER: Final = TABLE_HEADER
 _SLOT: Final = TABLE_SLOT
 _BUCKET_BYTES: Final = BUCKET_SLOTS * _SLOT.size
 
 
-def create(path: Path, slots: int) -> None:
+def _header(slots: int, began: float) -> bytes:
+    # ``began`` rounded up: a proof minted within the second the table began is not fresh.
+    return _HEADER.pack(MAGIC, -(-slots // BUCKET_SLOTS), secrets.token_bytes(16), math.ceil(began))
+
+
+def create(path: Path, slots: int, clock: Callable[[], float] = time.time) -> None:
     """A new, empty table of ``slots`` slots in the file ``path`` (for ``LocalRecord.open``)."""
     with path.open("wb") as out:
         out.truncate(table_bytes(slots))
-        out.write(_HEADER.pack(MAGIC, -(-slots // BUCKET_SLOTS), secrets.token_bytes(16)))
+        out.write(_header(slots, clock()))
 
 
 class LocalRecord:
     """Spent proofs in a table mapped by every worker of this processor."""
 
     def __init__(
-        self, table: mmap.mmap, fd: int | None, clock: Callable[[], float] = time.time
+        self,
+        table: mmap.mmap,
+        fd: int | None,
+        clock: Callable[[], float] = time.time,
+        on_error: Callable[[], None] = lambda: None,
     ) -> None:
-        magic, buckets, secret = _HEADER.unpack_from(table, 0)
+        magic, buckets, secret, began = _HEADER.unpack_from(table, 0)
         if magic != MAGIC or len(table) != _HEADER.size + buckets * _BUCKET_BYTES:
             raise ValueError("not a table of spent proofs")
         self._table = table
@@ -66,10 +84,17 @@ class LocalRecord:
         self._buckets = buckets
         self._secret = secret
         self._clock = clock
+        self._on_error = on_error
+        self.began = began
         self.size = len(table)
 
     @classmethod
-    def open(cls, path: Path, clock: Callable[[], float] = time.time) -> LocalRecord:
+    def open(
+        cls,
+        path: Path,
+        clock: Callable[[], float] = time.time,
+        on_error: Callable[[], None] = lambda: None,
+    ) -> LocalRecord:
         """The table in ``path`` (made by ``create``), shared with every process that
         opens it."""
         fd = os.open(path, os.O_RDWR)
@@ -78,22 +103,35 @@ class LocalRecord:
         except BaseException:
             os.close(fd)
             raise
-        return cls(table, fd, clock)
+        return cls(table, fd, clock, on_error)
 
     @classmethod
-    def anonymous(cls, slots: int, clock: Callable[[], float] = time.time) -> LocalRecord:
-        """A table for this process alone (no lock: one event loop uses it)."""
+    def anonymous(
+        cls,
+        slots: int,
+        clock: Callable[[], float] = time.time,
+        on_error: Callable[[], None] = lambda: None,
+        began: float | None = None,
+    ) -> LocalRecord:
+        """A table for this process alone (no lock: one event loop uses it), begun now
+        unless ``began`` says when."""
         table = mmap.mmap(-1, table_bytes(slots))
-        table[: _HEADER.size] = _HEADER.pack(
-            MAGIC, -(-slots // BUCKET_SLOTS), secrets.token_bytes(16)
-        )
-        return cls(table, None, clock)
+        table[: _HEADER.size] = _header(slots, clock() if began is None else began)
+        return cls(table, None, clock, on_error)
 
     async def spend(self, ticket: Ticket) -> Verdict:
         return self.spend_now(ticket)
 
     def spend_now(self, ticket: Ticket) -> Verdict:
         """``FIRST`` and recorded until ``ticket.expires_at``, or why not."""
+        if not ticket.fresh(self.began):
+            self._on_error()
+            log.warning(
+                "proof record unavailable: the proof may have been minted before this "
+                "processor's record of spent proofs began",
+                extra={"store": "local", "error": "record_began_after_mint"},
+            )
+            return Verdict.UNAVAILABLE
         now = int(self._clock())
         hashed = hashlib.blake2b(ticket.key, key=self._secret, digest_size=8).digest()
         start = _HEADER.size + int.from_bytes(hashed, "little") % self._buckets * _BUCKET_BYTES

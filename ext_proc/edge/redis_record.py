@@ -2,21 +2,34 @@
 
 ``SET <prefix><key> 1 NX PX <ms>``: Redis sets the key only when it is absent, in one
 command, so exactly one of any number of processors presenting the same proof is told
-``FIRST``; the key lives until the ticket expires (by this processor's clock, so the
-Redis server's clock never matters).
+``FIRST``; the key lives until the ticket expires (by this processor's clock).
 
-A Redis that restarted (or was flushed) has forgotten the proofs honored before: until
-every one of them has expired, any could be honored again. So the record keeps the
-time it began (``SINCE``, set once, without expiry, so no eviction policy for expiring
-keys removes it) and answers ``UNAVAILABLE`` until ``warm_up`` seconds (the longest a
-proof lives, plus a clock skew between processors) have passed since: one script, one
-round trip, the proof's key set only once the record is complete.
+A Redis that lost writes has forgotten proofs honored before, and any of them could be
+honored again: one restarted (from an RDB snapshot or an AOF, or empty), restored from
+a backup, flushed, or a replica promoted after a failover (which lacks what was not yet
+replicated). Each of these changes what ``SINCE`` is checked against, so the record
+notices it whatever the data it came back with says:
 
-Every failure (refused, reset, timed out, a reply that is not Redis's) is
-``UNAVAILABLE``: the proof is not honored, a warning is logged and counted, and the next
-proof tries again, so honoring resumes on its own once Redis answers. One attempt per
-proof, bounded by ``timeout`` seconds: a Redis that stalls delays only the decode legs
-waiting for it, never another stream.
+- ``SINCE`` holds the incarnation of the Redis that wrote it, its ``run_id`` (new on
+  every start of a redis-server process, so on every restart, restore or failover to
+  another process) and ``master_replid`` (new when a replica is promoted, and when a
+  master that followed another is made master again), and the time the record began.
+  A missing ``SINCE`` (a flush), or one of another incarnation (whatever a snapshot,
+  AOF, backup or replication brought back), is rewritten: the record begins now.
+- A proof is honored only when it was minted after the record began
+  (``Ticket.fresh``): no earlier incarnation can have spent it.
+- A replica is refused (``role`` is not ``master``): a writable replica would keep a
+  second record. So is an eviction policy other than ``noeviction``: an evicted key is
+  a forgotten proof.
+
+All of it in one script, one round trip, read from the server itself at each spend, so
+a processor that just started, or that never saw the Redis before, judges alike.
+
+Every failure (refused, reset, timed out, a reply that is not Redis's, a script error)
+is ``UNAVAILABLE``: the proof is not honored, a warning is logged and counted, and the
+next proof tries again, so honoring resumes on its own once Redis answers. One attempt
+per proof, bounded by ``timeout`` seconds: a Redis that stalls delays only the decode
+legs waiting for it, never another stream.
 """
 
 from __future__ import annotations
@@ -39,12 +52,35 @@ from ext_proc.core.replay import Ticket, Verdict
 log = logging.getLogger("ext_proc.record")
 PREFIX: Final = "ext_proc:spent:"
 SINCE: Final = "ext_proc:spent-since"
-# KEYS: SINCE, the proof's key; ARGV: now (unix seconds), warm-up (seconds), lifetime
-# (ms). 1: recorded now; 0: recorded before; -1: the record began too recently.
+# KEYS: SINCE, the proof's key; ARGV: now (unix seconds, rounded up), when the proof was
+# minted after (unix seconds), its lifetime (ms). 1: recorded now; 0: recorded before;
+# -1: minted before the record began; -2: not a master; -3: keys may be evicted.
+# A field missing from INFO (not a Redis) fails the script: UNAVAILABLE.
 _SPEND: Final = """
-redis.call('SET', KEYS[1], ARGV[1], 'NX')
-local since = tonumber(redis.call('GET', KEYS[1]))
-if since == nil or tonumber(ARGV[1]) - since < tonumber(ARGV[2]) then
+local replication = redis.call('INFO', 'replication')
+if string.match(replication, 'role:(%a+)') ~= 'master' then
+  return -2
+end
+local memory = redis.call('INFO', 'memory')
+if string.match(memory, 'maxmemory_policy:([%w-]+)') ~= 'noeviction' then
+  return -3
+end
+local server = redis.call('INFO', 'server')
+local incarnation = string.match(server, 'run_id:(%x+)') .. ':'
+  .. string.match(replication, 'master_replid:(%x+)')
+local began = nil
+local since = redis.call('GET', KEYS[1])
+if since then
+  local at = string.find(since, ' ', 1, true)
+  if at and string.sub(since, 1, at - 1) == incarnation then
+    began = tonumber(string.sub(since, at + 1))
+  end
+end
+if began == nil then
+  began = tonumber(ARGV[1])
+  redis.call('SET', KEYS[1], incarnation .. ' ' .. ARGV[1])
+end
+if tonumber(ARGV[2]) < began then
   return -1
 end
 if redis.call('SET', KEYS[2], '1', 'NX', 'PX', ARGV[3]) then
@@ -52,6 +88,26 @@ if redis.call('SET', KEYS[2], '1', 'NX', 'PX', ARGV[3]) then
 end
 return 0
 """
+# Why a spend was refused, by the script's answer: the log's ``error`` and its words.
+_REFUSED: Final = {
+    -1: (
+        "record_began_after_mint",
+        "the proof may have been minted before this Redis "
+        "began its record (a restart, restore, failover or flush)",
+    ),
+    -2: ("redis_not_master", "the Redis is a replica; the record needs the master"),
+    -3: (
+        "redis_evicts_keys",
+        "the Redis may evict keys (maxmemory-policy is not "
+        "noeviction): an evicted key is a forgotten proof",
+    ),
+}
+
+
+def since(run_id: str, replid: str, began: int) -> str:
+    """``SINCE``'s value for a record that began at ``began`` (unix seconds) on the Redis
+    of ``run_id`` and ``master_replid`` ``replid``, as the script writes it."""
+    return f"{run_id}:{replid} {began}"
 
 
 class RedisRecord:
@@ -59,7 +115,6 @@ class RedisRecord:
         self,
         url: str,
         timeout: float,
-        warm_up: float,
         on_error: Callable[[], None] = lambda: None,
         clock: Callable[[], float] = time.time,
     ) -> None:
@@ -71,7 +126,6 @@ class RedisRecord:
         )
         self._spend = self._client.register_script(_SPEND)
         self._timeout = timeout
-        self._warm_up = warm_up
         self._on_error = on_error
         self._clock = clock
         self.size = 0  # nothing held here beyond a connection
@@ -88,21 +142,19 @@ class RedisRecord:
         try:
             async with asyncio.timeout(self._timeout):
                 recorded = await self._spend(
-                    keys=[SINCE, name], args=[int(now), math.ceil(self._warm_up), lifetime]
+                    keys=[SINCE, name], args=[math.ceil(now), ticket.minted_after, lifetime]
                 )
         except (RedisError, OSError, TimeoutError) as exc:
-            return self._unavailable(type(exc).__name__)
-        if recorded == -1:
-            return self._unavailable("record_warming_up")
+            return self._unavailable(type(exc).__name__, "Redis could not be consulted")
+        if recorded in _REFUSED:
+            return self._unavailable(*_REFUSED[recorded])
+        if recorded not in (0, 1):
+            return self._unavailable("unexpected_reply", "Redis answered the script oddly")
         return Verdict.FIRST if recorded == 1 else Verdict.SPENT
 
-    def _unavailable(self, why: str) -> Verdict:
+    def _unavailable(self, why: str, words: str) -> Verdict:
         self._on_error()
-        log.warning(
-            "proof record unavailable: no proof is honored until Redis answers with a "
-            "complete record",
-            extra={"store": "redis", "error": why},
-        )
+        log.warning(f"proof record unavailable: {words}", extra={"store": "redis", "error": why})
         return Verdict.UNAVAILABLE
 
     async def close(self) -> None:

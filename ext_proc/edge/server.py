@@ -113,12 +113,11 @@ def open_record(config: Config, metrics: Metrics, shared: Path | None = None) ->
     proof = config.proof
     if proof.record:
         errors = metrics.record_errors.labels("redis")
-        # A record that began later than this may miss a proof honored before it.
-        warm_up = proof.ttl_seconds + 3 * proof.clock_skew_seconds
-        return RedisRecord(proof.record, proof.record_timeout_seconds, warm_up, on_error=errors.inc)
+        return RedisRecord(proof.record, proof.record_timeout_seconds, on_error=errors.inc)
+    errors = metrics.record_errors.labels("local")
     if shared is not None:
-        return LocalRecord.open(shared)
-    return LocalRecord.anonymous(proof.record_slots)
+        return LocalRecord.open(shared, on_error=errors.inc)
+    return LocalRecord.anonymous(proof.record_slots, on_error=errors.inc)
 
 
 async def listen(

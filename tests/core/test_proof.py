@@ -79,7 +79,7 @@ def test_every_mint_is_another_proof_of_the_same_parameters():
     assert first != second
     for token in (first, second):
         assert proof.verify(KEYS, {**params, proof.PROOF_KEY: token}, digest(), 100, 0) is None
-    tickets = {proof.ticket({proof.PROOF_KEY: t}, 0).key for t in (first, second)}
+    tickets = {proof.ticket({proof.PROOF_KEY: t}, 0, 20).key for t in (first, second)}
     assert len(tickets) == 2
     fixed = proof.mint(KEYS, params, digest(), 100, nonce=bytes(12))
     assert fixed == proof.mint(KEYS, params, digest(), 100, nonce=bytes(12))
@@ -345,3 +345,19 @@ def test_what_a_claim_refuses_before_any_mac():
     assert proof.claim(KEYS, {"prompt_token_ids": [1]}) == "proof_missing"
     assert proof.claim(KEYS, {**params, proof.PROOF_KEY: "tp3.x"}) == "proof_malformed"
     assert proof.claim(proof.KeySet({}, None), params) == "proof_unknown_key"
+
+
+def test_a_ticket_is_kept_three_skews_past_expiry_and_minted_a_lifetime_and_a_skew_before():
+    token = proof.mint(KEYS, {"remote_engine_id": "e"}, bytes(32), 5000)
+    assert token is not None
+    found = proof.ticket({proof.PROOF_KEY: token}, 2, 20)
+    assert (found.expires_at, found.minted_after) == (5000 + 3 * 2, 5000 - 20 - 2)
+    # A fraction of a second of skew counts whole, in the direction that keeps longer.
+    found = proof.ticket({proof.PROOF_KEY: token}, 0.5, 20)
+    assert (found.expires_at, found.minted_after) == (5003, 4979)
+
+
+def test_a_ticket_of_an_unbounded_lifetime_is_fresh_for_no_record():
+    token = proof.mint(KEYS, {"remote_engine_id": "e"}, bytes(32), 5000)
+    assert token is not None
+    assert not proof.ticket({proof.PROOF_KEY: token}, 0, math.inf).fresh(-(2**61))

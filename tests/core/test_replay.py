@@ -21,7 +21,7 @@ from ext_proc.core.events import (
 from ext_proc.core.proof import Trust
 from ext_proc.core.replay import Verdict
 from ext_proc.edge.record import LocalRecord
-from tests.driver import Driven
+from tests.driver import DAY, Driven
 
 KEYS = proof.KeySet({"k1": b"k" * 32}, "k1")
 NOW = 1000.0
@@ -67,7 +67,7 @@ def forwarded(answers):
 
 
 def test_a_proof_is_honored_once_then_refused_as_a_replay():
-    record = LocalRecord.anonymous(64, TRUST.clock)
+    record = LocalRecord.anonymous(64, TRUST.clock, began=NOW - DAY)
     first, answers = present(BODY, record)
     assert first.decision == Honor("trusted_proof", 2)
     assert unchanged(answers)
@@ -78,7 +78,7 @@ def test_a_proof_is_honored_once_then_refused_as_a_replay():
 
 
 def test_a_replay_is_a_400_on_a_route_that_denies_unproven_parameters():
-    record = LocalRecord.anonymous(64, TRUST.clock)
+    record = LocalRecord.anonymous(64, TRUST.clock, began=NOW - DAY)
     present(BODY, record, HONOR_DENY)
     stream, answers = present(BODY, record, HONOR_DENY)
     (answer,) = answers
@@ -89,21 +89,23 @@ def test_a_replay_is_a_400_on_a_route_that_denies_unproven_parameters():
 
 
 def test_the_same_parameters_under_another_proof_are_another_ticket():
-    record = LocalRecord.anonymous(64, TRUST.clock)
+    record = LocalRecord.anonymous(64, TRUST.clock, began=NOW - DAY)
     present(BODY, record)
     stream, _ = present(decode_body(expiry=int(NOW) + 19), record)
     assert stream.decision.reason == "trusted_proof"
 
 
 def test_a_streamed_body_waits_for_the_verdict_and_is_answered_once():
-    record = LocalRecord.anonymous(64, TRUST.clock)
+    record = LocalRecord.anonymous(64, TRUST.clock, began=NOW - DAY)
     stream = Driven(max_body_bytes=1 << 20, trust=TRUST, spent=record)
     stream.handle(headers(mode=BodyMode.FULL_DUPLEX_STREAMED))
     step = stream.stream.handle(RequestBody(BODY.encode(), True))
     assert step.answers == []
     assert step.outcome is None  # nothing reported before the verdict
     assert step.ask is not None
-    assert step.ask.expires_at == int(NOW) + 20 + 2 * 5  # the proof's expiry and two skews
+    # Kept for the proof's expiry and three skews; minted after a lifetime and a skew before it.
+    assert step.ask.expires_at == int(NOW) + 20 + 3 * 5
+    assert step.ask.minted_after == int(NOW) + 20 - 20 - 5
     answers = stream.stream.spent(Verdict.FIRST).answers
     assert answers[0] == ContinueHeaders()
     assert all(isinstance(a, StreamedBody) for a in answers[1:])
@@ -123,7 +125,7 @@ def test_every_verdict_but_first_leaves_the_proof_unproven(verdict):
 
 
 def test_audit_mode_spends_the_proof_and_reports_a_replay_but_forwards_unchanged():
-    record = LocalRecord.anonymous(64, TRUST.clock)
+    record = LocalRecord.anonymous(64, TRUST.clock, began=NOW - DAY)
     present(BODY, record, audit=True)
     stream, answers = present(BODY, record, audit=True)
     assert stream.decision.reason == "proof_replayed"
@@ -162,7 +164,7 @@ def test_who_the_caller_is_is_decided_once_for_a_request_decided_twice(monkeypat
     asked = []
     of = caller.of
     monkeypatch.setattr(caller, "of", lambda *args: asked.append(args) or of(*args))
-    record = LocalRecord.anonymous(64, TRUST.clock)
+    record = LocalRecord.anonymous(64, TRUST.clock, began=NOW - DAY)
     present(BODY, record)
     assert len(asked) == 1
     again, _ = present(BODY, record)  # decided again: proof_replayed

@@ -13,8 +13,8 @@ from ext_proc.edge.record import BUCKET_SLOTS, LocalRecord
 NOW = 1000.0
 
 
-def ticket(n, expires_at=int(NOW) + 30):
-    return Ticket(n.to_bytes(16, "big"), expires_at)
+def ticket(n, expires_at=int(NOW) + 30, minted_after=int(NOW)):
+    return Ticket(n.to_bytes(16, "big"), expires_at, minted_after)
 
 
 def test_a_ticket_is_first_once_and_spent_after():
@@ -64,7 +64,7 @@ def _spend_all(path, count, out):
 
 def test_processes_sharing_the_file_honor_each_ticket_once(tmp_path):
     path = tmp_path / "spent"
-    record.create(path, 4096)
+    record.create(path, 4096, lambda: NOW)
     context = multiprocessing.get_context("spawn")
     out = context.Queue()
     workers = [context.Process(target=_spend_all, args=(path, 500, out)) for _ in range(3)]
@@ -77,3 +77,34 @@ def test_processes_sharing_the_file_honor_each_ticket_once(tmp_path):
     firsts = [sum(column) for column in zip(*results, strict=True)]
     assert firsts == [1] * 500  # each ticket honored by exactly one process
     assert os.path.getsize(path) == replay.table_bytes(4096)
+
+
+def test_a_proof_minted_before_the_table_began_is_not_honored():
+    errors = []
+    table = LocalRecord.anonymous(64, lambda: NOW, lambda: errors.append(1))
+    assert table.began == NOW
+    assert table.spend_now(ticket(1, minted_after=int(NOW) - 1)) is Verdict.UNAVAILABLE
+    assert errors == [1]
+    assert table.spend_now(ticket(1, minted_after=int(NOW))) is Verdict.FIRST
+    # A fraction of a second counts as the next second: the table began after it.
+    assert LocalRecord.anonymous(64, lambda: NOW + 0.1).began == NOW + 1
+
+
+def test_a_processor_restarted_whole_honors_no_proof_spent_before_it():
+    spent_before = ticket(1, minted_after=int(NOW))
+    first = LocalRecord.anonymous(64, lambda: NOW)
+    assert first.spend_now(spent_before) is Verdict.FIRST
+    restarted = LocalRecord.anonymous(64, lambda: NOW + 3)  # a new table: it forgot
+    assert restarted.spend_now(spent_before) is Verdict.UNAVAILABLE
+    assert restarted.spend_now(ticket(2, minted_after=int(NOW) + 3)) is Verdict.FIRST
+
+
+def test_a_worker_that_maps_the_table_again_keeps_when_it_began(tmp_path):
+    path = tmp_path / "spent"
+    record.create(path, 64, lambda: NOW)
+    worker = LocalRecord.open(path, lambda: NOW + 1)
+    assert worker.spend_now(ticket(1, int(NOW) + 90)) is Verdict.FIRST
+    restarted = LocalRecord.open(path, lambda: NOW + 60)  # the supervisor's new worker
+    assert restarted.began == NOW
+    assert restarted.spend_now(ticket(1, int(NOW) + 90)) is Verdict.SPENT
+    assert restarted.spend_now(ticket(2, int(NOW) + 90)) is Verdict.FIRST

@@ -16,11 +16,11 @@ def closed_port() -> int:
 
 def test_a_redis_that_refuses_connections_is_unavailable_at_once():
     errors = []
-    record = RedisRecord(f"redis://127.0.0.1:{closed_port()}/0", 0.25, 0, lambda: errors.append(1))
+    record = RedisRecord(f"redis://127.0.0.1:{closed_port()}/0", 0.25, lambda: errors.append(1))
 
     async def spend():
         try:
-            return await record.spend(Ticket(b"k" * 16, int(time.time()) + 30))
+            return await record.spend(Ticket(b"k" * 16, int(time.time()) + 30, int(time.time())))
         finally:
             await record.close()
 
@@ -35,11 +35,13 @@ def test_a_redis_that_never_answers_is_unavailable_after_the_timeout():
         silent.bind(("127.0.0.1", 0))
         silent.listen(8)
         port = silent.getsockname()[1]
-        record = RedisRecord(f"redis://127.0.0.1:{port}/0", 0.2, 0)
+        record = RedisRecord(f"redis://127.0.0.1:{port}/0", 0.2)
 
         async def spend():
             try:
-                return await record.spend(Ticket(b"k" * 16, int(time.time()) + 30))
+                return await record.spend(
+                    Ticket(b"k" * 16, int(time.time()) + 30, int(time.time()))
+                )
             finally:
                 await record.close()
 
@@ -47,5 +49,8 @@ def test_a_redis_that_never_answers_is_unavailable_after_the_timeout():
 
 
 def test_a_ticket_past_its_time_is_never_new():
-    record = RedisRecord("redis://127.0.0.1:1/0", 0.2, 0)
-    assert asyncio.run(record.spend(Ticket(b"k" * 16, int(time.time()) - 1))) is Verdict.SPENT
+    record = RedisRecord("redis://127.0.0.1:1/0", 0.2)
+    assert (
+        asyncio.run(record.spend(Ticket(b"k" * 16, int(time.time()) - 1, int(time.time()) - 30)))
+        is Verdict.SPENT
+    )

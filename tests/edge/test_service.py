@@ -16,8 +16,10 @@ from ext_proc._pb import external_processor_pb2_grpc as pb_grpc
 from ext_proc.core import proof
 from ext_proc.core.config import Config
 from ext_proc.core.stream import Stream
-from ext_proc.edge import attributes
+from ext_proc.edge import attributes, server
+from ext_proc.edge.record import LocalRecord
 from ext_proc.edge.server import SERVICE_NAME, build, loop_factory
+from tests.driver import DAY
 from tests.messages import headers_request, route_attributes
 
 MiB = 1024 * 1024
@@ -441,7 +443,15 @@ def test_after_a_refusal_the_rpc_ends_without_waiting_for_envoy():
     assert errors == 0
 
 
-def test_a_long_proven_body_is_verified_and_forwarded_unchanged(tmp_path):
+def test_a_long_proven_body_is_verified_and_forwarded_unchanged(tmp_path, monkeypatch):
+    # A processor that has run for a day: its record began before the proof was minted.
+    monkeypatch.setattr(
+        server,
+        "open_record",
+        lambda config, *_: LocalRecord.anonymous(
+            config.proof.record_slots, began=time.time() - DAY
+        ),
+    )
     secret = tmp_path / "k1"
     secret.write_bytes(b"k" * 32)
     config = Config.load(listen="127.0.0.1:0", proof={"keys": [{"id": "k1", "file": str(secret)}]})
