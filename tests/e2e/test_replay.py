@@ -7,6 +7,8 @@ of one prompt differ is their nonce alone."""
 
 from __future__ import annotations
 
+import asyncio
+import math
 import os
 import shutil
 import signal
@@ -20,9 +22,14 @@ import httpx
 import pytest
 from prometheus_client import CollectorRegistry
 from prometheus_client.multiprocess import MultiProcessCollector
+from redis import Redis as RedisClient
 
 from bench import tools
 from devstack import processes, tokens
+from ext_proc.core import proof
+from ext_proc.core.replay import Verdict
+from ext_proc.edge import redis_record
+from ext_proc.edge.redis_record import RedisRecord
 from tests.e2e.conftest import KEY_ID
 from tests.e2e.stack import Stack, new_key
 from tests.e2e.test_gateway import chat
@@ -184,29 +191,39 @@ def test_a_proof_first_presented_after_the_lease_is_refused(short_lease, client)
 
 
 class Redis:
-    """A real redis-server on a loopback port, stopped and started again at will."""
+    """A real redis-server on a loopback port, stopped and started again at will, on the
+    same port and working directory (``extra``: further settings)."""
 
-    def __init__(self, workdir: Path) -> None:
+    def __init__(self, workdir: Path, *extra: str) -> None:
         self.binary = tools.ensure_tools({"redis-server": "redis-server"})["redis-server"]
         self.port = processes.free_port()
+        self.workdir = workdir
         self.log = workdir / "redis.log"
+        self.extra = extra or ("--save", "", "--appendonly", "no")
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}/0"
 
+    def client(self) -> RedisClient:
+        return RedisClient(host="127.0.0.1", port=self.port, socket_timeout=10)
+
     def start(self) -> None:
         args = [self.binary, "--port", str(self.port), "--bind", "127.0.0.1"]
-        args += ["--save", "", "--appendonly", "no", "--daemonize", "no"]
+        args += ["--dir", str(self.workdir), "--daemonize", "no", *self.extra]
         self.process = processes.start(args, self.log)
         processes.wait_for_port(self.port, self.process)
 
-    def stop(self) -> None:
+    def stop(self, how: int = signal.SIGTERM) -> None:
         if self.process is not None:
-            os.killpg(self.process.pid, signal.SIGTERM)
+            os.killpg(self.process.pid, how)
             self.process.wait(timeout=20)
             self.process = None
+
+    def signal(self, number: int) -> None:
+        assert self.process is not None
+        os.killpg(self.process.pid, number)
 
 
 @pytest.fixture(scope="module")
@@ -219,9 +236,9 @@ def redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Redis]:
         server.stop()
 
 
-# Proofs live 2 s, clocks 1 s apart: a record that begins honors after 2 + 3 x 1 s.
+# Proofs live 2 s, clocks 1 s apart.
 SHORT = {"ttl_seconds": 2, "clock_skew_seconds": 1, "kv_lease_seconds": 5}
-WARM_UP = 5
+SKEW = SHORT["clock_skew_seconds"]
 
 
 @pytest.fixture(scope="module")
@@ -244,17 +261,40 @@ def sharing(
             stack.stop()
 
 
+def refusals(stack: Stack, error: str) -> int:
+    """How many times the processor logged the record's refusal ``error``."""
+    return stack.logs("processor").count(f'"error":"{error}"')
+
+
+def assert_record_refused(
+    client: httpx.Client, stack: Stack, sent: dict[str, Any], error: str
+) -> float:
+    """The decode leg is not honored because the record refused it for ``error``; when."""
+    before = refusals(stack, error)
+    rid = decode(client, stack, sent)
+    refused_at = time.time()
+    assert_not_honored(stack, sent, rid, "proof_record_unavailable")
+    wait_for(lambda: refusals(stack, error) == before + 1)
+    return refused_at
+
+
 def warmed_up(client: httpx.Client, stack: Stack) -> None:
-    """A record that has just begun honors nothing until every proof honored before it
-    began (by a Redis since restarted or flushed) has expired; then it honors."""
-    began = time.monotonic()
+    """A record that has just begun (a new Redis, or one restarted, restored, failed over
+    or flushed) honors only proofs minted after it began, a skew included: the first,
+    minted before, is refused; one minted after is honored."""
     sent = chat(minted(client, stack))
-    assert_not_honored(stack, sent, decode(client, stack, sent), "proof_record_unavailable")
-    assert "record_warming_up" in stack.logs("processor")
-    while time.monotonic() < began + WARM_UP + 0.5:
-        time.sleep(0.1)
+    began = assert_record_refused(client, stack, sent, "record_began_after_mint")
+    fresh = math.ceil(began) + SKEW + 1
+    time.sleep(max(0.0, fresh - time.time()))
     sent = chat(minted(client, stack))
     assert_honored(stack, sent, decode(client, stack, sent))
+
+
+def reconnect(client: httpx.Client, stack: Stack) -> None:
+    """A decode leg whose only use is to let the processor find its Redis again (its
+    connection died with the server it knew; the first command on it fails)."""
+    sent = chat(minted(client, stack))
+    decode(client, stack, sent)
 
 
 def test_a_proof_replayed_through_a_second_processor_is_refused(sharing, client):
@@ -289,3 +329,208 @@ def test_no_proof_is_honored_while_redis_is_down_and_honoring_resumes(sharing, r
     sent = chat(minted(client, first))
     assert_honored(first, sent, decode(client, first, sent))
     assert_not_honored(first, sent, decode(client, first, sent), "proof_replayed")
+
+
+# --- a Redis that lost writes --------------------------------------------------------------
+
+
+@pytest.fixture
+def persisted(tmp_path: Path) -> Iterator[tuple[Redis, Stack]]:
+    """A gateway whose Redis writes RDB snapshots and an AOF when told (``SAVE``), and
+    reloads them when it starts again."""
+    server = Redis(tmp_path, "--save", "", "--appendonly", "yes", "--appendfsync", "always")
+    server.start()
+    config = {"proof": {"record": server.url, **SHORT}}
+    stack = Stack(tmp_path / "gateway", proof_keys={KEY_ID: new_key()}, processor_config=config)
+    (tmp_path / "gateway").mkdir()
+    try:
+        stack.start()
+        yield server, stack
+    finally:
+        stack.stop()
+        server.stop()
+
+
+def test_a_redis_restarted_from_a_snapshot_honors_no_proof_it_forgot(persisted, client):
+    """The snapshot holds the record's beginning but not a proof honored after it:
+    the restarted server is another incarnation, so the record begins again."""
+    server, stack = persisted
+    warmed_up(client, stack)
+    server.client().config_set("appendonly", "no")  # the snapshot alone comes back
+    server.client().save()
+    sent = chat(minted(client, stack))
+    assert_honored(stack, sent, decode(client, stack, sent))
+    server.stop(signal.SIGKILL)
+    server.extra = ("--save", "", "--appendonly", "no")
+    server.start()
+    assert server.client().exists(redis_record.SINCE)  # the snapshot came back
+    reconnect(client, stack)
+    assert_record_refused(client, stack, sent, "record_began_after_mint")
+    warmed_up(client, stack)
+
+
+def test_a_redis_restored_from_an_older_aof_honors_no_proof_it_forgot(persisted, client):
+    """A backup of the append-only file, taken before a proof was honored, restored
+    after a crash: the record begins again."""
+    server, stack = persisted
+    warmed_up(client, stack)
+    backup = server.workdir / "backup"
+    shutil.copytree(server.workdir / "appendonlydir", backup)
+    sent = chat(minted(client, stack))
+    assert_honored(stack, sent, decode(client, stack, sent))
+    server.stop(signal.SIGKILL)
+    shutil.rmtree(server.workdir / "appendonlydir")
+    shutil.copytree(backup, server.workdir / "appendonlydir")
+    server.start()
+    assert server.client().exists(redis_record.SINCE)  # the AOF came back
+    reconnect(client, stack)
+    assert_record_refused(client, stack, sent, "record_began_after_mint")
+    warmed_up(client, stack)
+
+
+@pytest.fixture
+def failover(tmp_path: Path) -> Iterator[tuple[Redis, Redis, Stack, Stack]]:
+    """A master and its replica, a gateway on each (the second reaches the replica, as a
+    gateway reaches whichever server a failover made master), one key."""
+    (tmp_path / "master").mkdir()
+    (tmp_path / "replica").mkdir()
+    master = Redis(tmp_path / "master")
+    master.start()
+    replica = Redis(tmp_path / "replica", "--save", "", "--appendonly", "no")
+    replica.extra += ("--replicaof", "127.0.0.1", str(master.port))
+    replica.start()
+    key = new_key()
+    stacks = []
+    try:
+        for name, server in (("on-master", master), ("on-replica", replica)):
+            config = {"proof": {"record": server.url, **SHORT}}
+            (tmp_path / name).mkdir()
+            stack = Stack(tmp_path / name, proof_keys={KEY_ID: key}, processor_config=config)
+            stacks.append(stack)
+            stack.start()
+        yield master, replica, stacks[0], stacks[1]
+    finally:
+        for stack in stacks:
+            stack.stop()
+        replica.stop()
+        master.stop()
+
+
+def replicated(master: Redis, replica: Redis) -> None:
+    """The replica holds everything the master wrote so far."""
+    wait_for(
+        lambda: (
+            master.client().info("replication")["master_repl_offset"]
+            == replica.client().info("replication").get("slave_repl_offset")
+        )
+    )
+
+
+def test_a_promoted_replica_honors_no_proof_its_master_did_not_pass_on(failover, client):
+    master, replica, on_master, on_replica = failover
+    warmed_up(client, on_master)
+    replicated(master, replica)
+    assert replica.client().exists(redis_record.SINCE)
+    # A replica keeps no record of its own: writing to one would split the record.
+    sent = chat(minted(client, on_replica))
+    assert_record_refused(client, on_replica, sent, "redis_not_master")
+    # The replica is cut off; a proof honored on the master never reaches it; the master
+    # dies and the replica is promoted.
+    replica.signal(signal.SIGSTOP)
+    try:
+        master.client().client_kill_filter(_type="replica")
+        sent = chat(minted(client, on_master))
+        assert_honored(on_master, sent, decode(client, on_master, sent))
+        master.stop(signal.SIGKILL)
+    finally:
+        replica.signal(signal.SIGCONT)
+    replica.client().replicaof("NO", "ONE")
+    assert replica.client().exists(redis_record.SINCE)  # what the master passed on
+    assert_record_refused(client, on_replica, sent, "record_began_after_mint")
+    warmed_up(client, on_replica)
+
+
+def test_a_redis_that_may_evict_keys_keeps_no_record(redis, tmp_path, client):
+    """An evicted key is a forgotten proof: only noeviction keeps the record."""
+    server = Redis(
+        tmp_path, "--save", "", "--appendonly", "no", "--maxmemory-policy", "allkeys-lru"
+    )
+    server.start()
+    config = {"proof": {"record": server.url, **SHORT}}
+    (tmp_path / "gateway").mkdir()
+    stack = Stack(tmp_path / "gateway", proof_keys={KEY_ID: new_key()}, processor_config=config)
+    try:
+        stack.start()
+        sent = chat(minted(client, stack))
+        assert_record_refused(client, stack, sent, "redis_evicts_keys")
+        server.client().config_set("maxmemory-policy", "noeviction")
+        warmed_up(client, stack)
+    finally:
+        stack.stop()
+        server.stop()
+
+
+# --- a processor restarted whole -------------------------------------------------------
+
+
+def test_a_processor_restarted_whole_honors_no_proof_spent_before(tmp_path, client):
+    """Its own table is new: a proof spent in the one before is not honored again."""
+    stack = Stack(tmp_path, proof_keys={KEY_ID: new_key()}).start()
+    try:
+        sent = chat(minted(client, stack))
+        assert_honored(stack, sent, decode(client, stack, sent))
+        processes.stop(stack.children["processor"])
+        stack.start_processor()  # returns once a proof minted now is fresh
+        before = refusals(stack, "record_began_after_mint")
+        assert_not_honored(stack, sent, decode(client, stack, sent), "proof_record_unavailable")
+        wait_for(lambda: refusals(stack, "record_began_after_mint") == before + 1)
+        sent = chat(minted(client, stack))
+        assert_honored(stack, sent, decode(client, stack, sent))
+    finally:
+        stack.stop()
+
+
+# --- clocks apart ----------------------------------------------------------------------
+
+
+def test_verifiers_whose_clocks_are_apart_never_honor_a_proof_twice(redis):
+    """The minter's clock is true; the verifier that honors first runs ahead by just
+    under the skew (it forgets first), the other behind by just under it (it verifies
+    longest): the second verifier refuses the proof on every try until it expires by
+    its own clock."""
+    ttl, skew = 1, 1
+    keys = proof.KeySet({KEY_ID: b"k" * 32}, KEY_ID)
+    params = {"remote_engine_id": "e", "prompt_token_ids": [1, 2, 3]}
+    digest = bytes(32)
+    with redis.client() as seed:  # the record began well before the proof was minted
+        run_id = seed.info("server")["run_id"]
+        replid = seed.info("replication")["master_replid"]
+        began = int(time.time()) - 60
+        seed.set(redis_record.SINCE, redis_record.since(run_id, replid, began))
+    expiry = int(time.time()) + ttl
+    params[proof.PROOF_KEY] = proof.mint(keys, params, digest, expiry)
+
+    async def run() -> list[Verdict]:
+        ahead = RedisRecord(redis.url, 1.0, clock=lambda: time.time() + 0.9)
+        behind = RedisRecord(redis.url, 1.0, clock=lambda: time.time() - 0.9)
+        verdicts = []
+        try:
+            for record, offset in ((ahead, 0.9), (behind, -0.9)):
+                while True:
+                    now = time.time() + offset
+                    if proof.verify(keys, params, digest, now, skew, lifetime=ttl):
+                        break  # expired by this verifier's clock
+                    ticket = proof.ticket(params, skew, ttl)
+                    verdicts.append(await record.spend(ticket))
+                    if record is ahead:
+                        break
+                    await asyncio.sleep(0.05)
+        finally:
+            await ahead.close()
+            await behind.close()
+        return verdicts
+
+    verdicts = asyncio.run(run())
+    assert verdicts[0] is Verdict.FIRST
+    assert len(verdicts) > 20  # the second verifier tried for about three seconds
+    assert set(verdicts[1:]) == {Verdict.SPENT}
