@@ -74,7 +74,6 @@ class LocalRecord:
         table: mmap.mmap,
         fd: int | None,
         clock: Callable[[], float] = time.time,
-        on_error: Callable[[], None] = lambda: None,
     ) -> None:
         magic, buckets, secret, began = _HEADER.unpack_from(table, 0)
         if magic != MAGIC or len(table) != _HEADER.size + buckets * _BUCKET_BYTES:
@@ -84,7 +83,6 @@ class LocalRecord:
         self._buckets = buckets
         self._secret = secret
         self._clock = clock
-        self._on_error = on_error
         self.began = began
         self.size = len(table)
 
@@ -93,7 +91,6 @@ class LocalRecord:
         cls,
         path: Path,
         clock: Callable[[], float] = time.time,
-        on_error: Callable[[], None] = lambda: None,
     ) -> LocalRecord:
         """The table in ``path`` (made by ``create``), shared with every process that
         opens it."""
@@ -103,21 +100,20 @@ class LocalRecord:
         except BaseException:
             os.close(fd)
             raise
-        return cls(table, fd, clock, on_error)
+        return cls(table, fd, clock)
 
     @classmethod
     def anonymous(
         cls,
         slots: int,
         clock: Callable[[], float] = time.time,
-        on_error: Callable[[], None] = lambda: None,
         began: float | None = None,
     ) -> LocalRecord:
         """A table for this process alone (no lock: one event loop uses it), begun now
         unless ``began`` says when."""
         table = mmap.mmap(-1, table_bytes(slots))
         table[: _HEADER.size] = _header(slots, clock() if began is None else began)
-        return cls(table, None, clock, on_error)
+        return cls(table, None, clock)
 
     async def spend(self, ticket: Ticket) -> Verdict:
         return self.spend_now(ticket)
@@ -125,7 +121,7 @@ class LocalRecord:
     def spend_now(self, ticket: Ticket) -> Verdict:
         """``FIRST`` and recorded until ``ticket.expires_at``, or why not."""
         if not ticket.fresh(self.began):
-            self._on_error()
+            # The record working as it should after a restart: logged, not an error.
             log.warning(
                 "proof record unavailable: the proof may have been minted before this "
                 "processor's record of spent proofs began",

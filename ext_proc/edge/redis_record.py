@@ -88,18 +88,21 @@ if redis.call('SET', KEYS[2], '1', 'NX', 'PX', ARGV[3]) then
 end
 return 0
 """
-# Why a spend was refused, by the script's answer: the log's ``error`` and its words.
+# The script's refusals: the log's ``error`` and its words. A record that began after
+# the proof was minted is the record working as it should after Redis forgot: logged,
+# not counted as an error (the alert on record errors would fire after every restart).
+_BEGAN_AFTER_MINT: Final = -1
 _REFUSED: Final = {
     -1: (
         "record_began_after_mint",
-        "the proof may have been minted before this Redis "
-        "began its record (a restart, restore, failover or flush)",
+        "the proof may have been minted before this Redis began its record (a restart, "
+        "restore, failover or flush)",
     ),
     -2: ("redis_not_master", "the Redis is a replica; the record needs the master"),
     -3: (
         "redis_evicts_keys",
-        "the Redis may evict keys (maxmemory-policy is not "
-        "noeviction): an evicted key is a forgotten proof",
+        "the Redis may evict keys (maxmemory-policy is not noeviction): an evicted key "
+        "is a forgotten proof",
     ),
 }
 
@@ -132,7 +135,8 @@ class RedisRecord:
 
     async def spend(self, ticket: Ticket) -> Verdict:
         """``FIRST`` when this call recorded the proof; ``SPENT`` when it was recorded
-        before; ``UNAVAILABLE`` when Redis could not be consulted."""
+        before; ``UNAVAILABLE`` when Redis could not be consulted or the record cannot
+        vouch for the proof (see the module's docstring)."""
         now = self._clock()
         lifetime = math.ceil((ticket.expires_at - now) * 1000)
         if lifetime <= 0:
@@ -147,13 +151,15 @@ class RedisRecord:
         except (RedisError, OSError, TimeoutError) as exc:
             return self._unavailable(type(exc).__name__, "Redis could not be consulted")
         if recorded in _REFUSED:
-            return self._unavailable(*_REFUSED[recorded])
+            why, words = _REFUSED[recorded]
+            return self._unavailable(why, words, error=recorded != _BEGAN_AFTER_MINT)
         if recorded not in (0, 1):
             return self._unavailable("unexpected_reply", "Redis answered the script oddly")
         return Verdict.FIRST if recorded == 1 else Verdict.SPENT
 
-    def _unavailable(self, why: str, words: str) -> Verdict:
-        self._on_error()
+    def _unavailable(self, why: str, words: str, *, error: bool = True) -> Verdict:
+        if error:
+            self._on_error()
         log.warning(f"proof record unavailable: {words}", extra={"store": "redis", "error": why})
         return Verdict.UNAVAILABLE
 

@@ -114,10 +114,9 @@ def open_record(config: Config, metrics: Metrics, shared: Path | None = None) ->
     if proof.record:
         errors = metrics.record_errors.labels("redis")
         return RedisRecord(proof.record, proof.record_timeout_seconds, on_error=errors.inc)
-    errors = metrics.record_errors.labels("local")
     if shared is not None:
-        return LocalRecord.open(shared, on_error=errors.inc)
-    return LocalRecord.anonymous(proof.record_slots, on_error=errors.inc)
+        return LocalRecord.open(shared)
+    return LocalRecord.anonymous(proof.record_slots)
 
 
 async def listen(

@@ -80,11 +80,9 @@ def test_processes_sharing_the_file_honor_each_ticket_once(tmp_path):
 
 
 def test_a_proof_minted_before_the_table_began_is_not_honored():
-    errors = []
-    table = LocalRecord.anonymous(64, lambda: NOW, lambda: errors.append(1))
+    table = LocalRecord.anonymous(64, lambda: NOW)
     assert table.began == NOW
     assert table.spend_now(ticket(1, minted_after=int(NOW) - 1)) is Verdict.UNAVAILABLE
-    assert errors == [1]
     assert table.spend_now(ticket(1, minted_after=int(NOW))) is Verdict.FIRST
     # A fraction of a second counts as the next second: the table began after it.
     assert LocalRecord.anonymous(64, lambda: NOW + 0.1).began == NOW + 1
