@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import secrets
 import shlex
@@ -37,6 +38,7 @@ import yaml
 
 from devstack import envoy_config, processes
 from ext_proc.core.address import HostPort
+from ext_proc.core.config import Config, ConfigError
 
 PROG = "make run"
 _CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
@@ -247,10 +249,12 @@ def _run(plan: Plan) -> int:
             os.environ[PROOF_VARIABLE] = throwaway_proof(Path(workdir))
             print(THROWAWAY_NOTICE, flush=True)
         try:
+            started = time.time()
             for args, cwd, ready in _commands(plan, Path(workdir)):
                 children.append(child := processes.start(args, cwd=cwd))
                 with _starting():
                     ready(child)
+            _until_proofs_are_honored(plan, started)
             if not stopping:
                 print(_examples(plan.port("GATEWAY_PORT"), plan.port("METRICS_PORT")), flush=True)
             while not stopping:
@@ -268,6 +272,17 @@ def _run(plan: Plan) -> int:
 
 
 Ready = Callable[[subprocess.Popen[bytes]], None]
+
+
+def _until_proofs_are_honored(plan: Plan, started: float) -> None:
+    """Ready means every route works, the hand-off included: the processor's record of
+    spent proofs honors only proofs minted a skew after it began (ext_proc/edge/record.py),
+    so the run waits that out before it says the stack is up."""
+    try:
+        skew = Config.load(plan.processor_config).proof.clock_skew_seconds
+    except ConfigError:
+        return  # the processor said why; it does not serve
+    time.sleep(max(0.0, math.ceil(started) + skew + 1 - time.time()))
 
 
 def _commands(plan: Plan, workdir: Path) -> Iterator[tuple[list[str], Path | None, Ready]]:

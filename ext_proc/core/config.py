@@ -53,7 +53,11 @@ class Proof(BaseModel):
     # The first key signs; every key verifies, so keys rotate without downtime.
     keys: tuple[ProofKey, ...] = Field((), strict=False)  # YAML gives a list
     # Lifetime of a minted proof: the decode leg follows the prefill leg within seconds.
+    # The same on every processor that shares a key: a record tells a proof minted after
+    # it began by its expiry less this lifetime (docs/trust.md#a-record-that-begins).
     ttl_seconds: int = Field(20, gt=0, le=3600)
+    # How far apart the clocks of any two processors may be, minters and verifiers alike
+    # (docs/trust.md#clocks).
     clock_skew_seconds: int = Field(5, ge=0, le=300)
     # How long the prefill server's KV connector keeps a finished request's blocks for
     # the decode to read before it frees them (vLLM's NIXL connector: 30 s in every
@@ -66,7 +70,7 @@ class Proof(BaseModel):
     # processors serve the same routes.
     record: str = ""
     # The local table's size in proofs (bounded memory, charged to the in-flight
-    # budget): enough for every proof honored within ttl_seconds + 2 x clock_skew.
+    # budget): enough for every proof honored within ttl_seconds + 3 x clock_skew.
     record_slots: int = Field(65536, ge=32, le=1 << 24)
     # The longest one Redis command may take; past it the proof is not honored.
     record_timeout_seconds: float = Field(0.25, gt=0, le=5)
