@@ -38,6 +38,12 @@ def _parser() -> argparse.ArgumentParser:
         action="append",
         help="check only this listener (repeatable): the ones in front of model servers",
     )
+    check_envoy.add_argument(
+        "--declared-filter",
+        action="append",
+        help="a filter after this processor's that may change the request by design "
+        "(repeatable): llm-d's endpoint picker",
+    )
     commands.add_parser(
         "envoy-config",
         help="write a fail-closed Envoy bootstrap from a short YAML input "
@@ -104,7 +110,8 @@ def main(argv: list[str] | None = None) -> int:
     from ext_proc.tools import check_envoy
 
     listeners = frozenset(args.listener) if args.listener else None
-    return check_envoy.main(args.file, args.namespace, listeners)
+    declared = frozenset(args.declared_filter or ())
+    return check_envoy.main(args.file, args.namespace, listeners, declared)
 
 
 if __name__ == "__main__":

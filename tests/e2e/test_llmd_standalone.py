@@ -303,14 +303,23 @@ def test_connection_manager_is_the_shipped_one():
 def test_check_envoy_passes_the_gateway_listener():
     config = bootstrap()
     # The EPP's filter is another service's (it requests none of this processor's
-    # attributes) and runs beside ours unchecked; the listener `vllm` is clean.
-    report = check_envoy.check(config, listeners=frozenset({"vllm"}))
+    # attributes); it runs after our decision and changes requests by design, so the
+    # deployment declares it; the listener `vllm` is clean.
+    declared = frozenset({EPP})
+    report = check_envoy.check(config, listeners=frozenset({"vllm"}), declared=declared)
     assert (report.errors, report.warnings, report.routes) == ([], [], 5)
-    assert check_envoy.check(listener(config)).errors == []
+    assert check_envoy.check(listener(config), declared=declared).errors == []
+    # Undeclared, it is a filter that can change what the processor decided.
+    undeclared = check_envoy.check(config, listeners=frozenset({"vllm"}))
+    assert undeclared.codes("error") == ["filter-after-decision"]
     # Unnamed, the readiness listener (19001, Envoy's own stats) is held to the contract
     # too: it runs no filter of this processor.
-    (error,) = check_envoy.check(config).errors
+    (error,) = check_envoy.check(config, declared=declared).errors
     assert "no ext_proc filter of this processor" in error
+    # Declared, it still may not change the path or routing headers.
+    filters(config)[EPP].pop("mutation_rules")
+    unbounded = check_envoy.check(config, listeners=frozenset({"vllm"}), declared=declared)
+    assert unbounded.codes("error") == ["declared-filter-unbounded"]
 
 
 # --- mutations: the checks above catch what they are for ----------------------------------

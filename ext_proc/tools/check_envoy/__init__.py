@@ -1,5 +1,5 @@
-"""``check-envoy FILE [--listener NAME]``: check an Envoy configuration offline, before it
-protects anything.
+"""``check-envoy FILE [--listener NAME] [--declared-filter NAME]``: check an Envoy
+configuration offline, before it protects anything.
 
 This processor's ext_proc filters are those that request its route metadata attributes;
 another service's ext_proc filter (an endpoint picker's) may run after them and after
@@ -25,6 +25,12 @@ route where a filter skips the request headers (one message) runs a buffer filte
 it, which holds the request until the decision. The filter keeps the processor's
 refusals (no ``disable_immediate_response``), every ext_proc per-route configuration
 names a filter of the chain, and no upgrade runs a filter chain of its own.
+A ``mint`` or ``honor`` route's decided body reaches the upstreams once: no retry that
+can follow a request an upstream read, no hedge, no mirror, at any level Envoy reads them
+(``rules.replay``). Nothing after this processor's filter (HTTP filters, the router's and
+clusters' upstream filters) can change the request it decided, unless known not to or
+declared by the deployment (``declared``: llm-d's endpoint picker), and a declared
+ext_proc filter may not change the path or routing headers (``rules.after_decision``).
 Warnings: forwarding routes without policy metadata, ``strip`` or ``deny`` routes with a
 rewrite their metadata does not state, and ``honor`` routes that trust any caller or
 have no ``vocab_size``. Routes that forward nothing (a direct response or a redirect)

@@ -9,17 +9,24 @@ from typing import Any
 from ext_proc.core.route_policy import DEFAULT_NAMESPACE
 from ext_proc.tools.check_envoy import reader
 from ext_proc.tools.check_envoy.findings import Finding, Report, error
-from ext_proc.tools.check_envoy.rules import filters, manager, token_paths
+from ext_proc.tools.check_envoy.rules import filters, manager, replay, token_paths
+from ext_proc.tools.check_envoy.rules.after_decision import after_decision
 from ext_proc.tools.check_envoy.rules.header_step import header_step
 from ext_proc.tools.check_envoy.rules.route import route_rules
 
 
 def check(
-    config: Any, namespace: str = DEFAULT_NAMESPACE, listeners: frozenset[str] | None = None
+    config: Any,
+    namespace: str = DEFAULT_NAMESPACE,
+    listeners: frozenset[str] | None = None,
+    declared: frozenset[str] = frozenset(),
 ) -> Report:
     """``listeners``: check only these listeners' connection managers (the ones in front
-    of model servers), not an admin or readiness listener beside them."""
+    of model servers), not an admin or readiness listener beside them. ``declared``: the
+    names of filters after this processor's that the deployment trusts to change the
+    request (llm-d's endpoint picker)."""
     found, missing = reader.managers(config, listeners)
+    clusters = reader.http_options(config)
     findings: list[Finding] = []
     if missing:
         findings.append(error("listener-missing", "", f"no listener named {', '.join(missing)}"))
@@ -30,9 +37,10 @@ def check(
         chain = reader.read_chain(index, entry, namespace)
         findings.extend(_chain(chain))
         if chain.ours:
+            findings.extend(after_decision(chain, declared, clusters))
             for vhost in reader.virtual_hosts(chain):
                 routes += len(vhost.routes)
-                findings.extend(_virtual_host(vhost, chain))
+                findings.extend(_virtual_host(vhost, chain, clusters))
     return Report(tuple(findings), routes)
 
 
@@ -61,10 +69,13 @@ def _chain(chain: reader.Chain) -> Iterator[Finding]:
         yield from filters.override(f"{chain.place} route_config", name, config, chain.requested)
 
 
-def _virtual_host(vhost: reader.VirtualHost, chain: reader.Chain) -> Iterator[Finding]:
+def _virtual_host(
+    vhost: reader.VirtualHost, chain: reader.Chain, clusters: dict[str, dict[str, Any]]
+) -> Iterator[Finding]:
     yield from manager.matcher_tree(vhost)
     for name, config in reader.per_route(vhost.entry.get("typed_per_filter_config", {})):
         yield from filters.override(vhost.place, name, config, chain.requested)
     for route in vhost.routes:
         yield from route_rules(route, chain)
+        yield from replay.replays(route, vhost, chain, clusters)
     yield from token_paths.token_paths(vhost)

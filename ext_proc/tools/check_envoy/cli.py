@@ -18,13 +18,18 @@ def line(finding: Finding) -> str:
     return f"{finding.severity}[{finding.code}]: {finding.text}"
 
 
-def main(path: Path, namespace: str | None = None, listeners: frozenset[str] | None = None) -> int:
+def main(
+    path: Path,
+    namespace: str | None = None,
+    listeners: frozenset[str] | None = None,
+    declared: frozenset[str] = frozenset(),
+) -> int:
     try:
         config = yaml.safe_load(path.read_text())
     except (OSError, yaml.YAMLError) as exc:
         print(f"{path}: cannot read: {exc}", file=sys.stderr)
         return 1
-    report = check(config, namespace or DEFAULT_NAMESPACE, listeners)
+    report = check(config, namespace or DEFAULT_NAMESPACE, listeners, declared)
     # Warnings first, then errors: the errors end up next to the verdict.
     for severity in ("warning", "error"):
         for finding in report.findings:

@@ -45,6 +45,9 @@ CODES: Final[Mapping[str, str]] = MappingProxyType(
         "header-rewritten-by-route": "request_headers_to_add writes a guarded header",
         "header-step-per-route": "a route or virtual host configures the header step",
         "underscore-headers": "header names with underscores pass",
+        "filter-after-decision": "a filter after this processor's can change the request",
+        "declared-filter-unbounded": "a declared ext_proc filter may change path or routing",
+        "declared-filter-absent": "a filter declared with --declared-filter is not in the chain",
         # A forwarding route.
         "ext-proc-not-running": "no ext_proc filter of this processor runs on the route",
         "ext-proc-off-for-cluster": "a weighted cluster turns every ext_proc filter off",
@@ -62,6 +65,9 @@ CODES: Final[Mapping[str, str]] = MappingProxyType(
         "rewrite-unfollowed": "a prefix_rewrite of a matcher that is not a prefix",
         "rewrite-unstated": "a prefix_rewrite the metadata does not state",
         "rewrite-misstated": "metadata states a rewrite other than the route's",
+        "body-retried": "a retry policy can resend a mint or honor route's body",
+        "body-hedged": "a hedge policy sends a mint or honor route's body twice",
+        "body-mirrored": "a mirror policy copies a mint or honor route's body",
         # Route selection and vLLM's token-in and echo endpoints.
         "route-unreadable": "a route whose paths the simulation cannot tell",
         "rewrite-unreadable": "a rewrite whose upstream paths the simulation cannot tell",

@@ -207,3 +207,20 @@ def virtual_hosts(chain: Chain) -> Iterator[VirtualHost]:
                 for position, entry in enumerate(listed)
             ],
         )
+
+
+HTTP_OPTIONS: Final = "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
+
+
+def http_options(config: Any) -> dict[str, dict[str, Any]]:
+    """Each cluster's ``HttpProtocolOptions`` (what Envoy applies to every request routed
+    to it: its own retry and mirror policies, its upstream filters), by cluster name."""
+    found: dict[str, dict[str, Any]] = {}
+    for node in walk(config):
+        options = node.get("typed_extension_protocol_options")
+        if "name" not in node or not isinstance(options, dict):
+            continue
+        for given in options.values():
+            if isinstance(given, dict) and given.get("@type") == HTTP_OPTIONS:
+                found[str(node["name"])] = given
+    return found

@@ -5,6 +5,7 @@ import copy
 
 import yaml
 
+from ext_proc.__main__ import main as cli
 from ext_proc.tools.check_envoy import main
 from tests.tools.check_envoy.shipped import SHIPPED, per_route, route
 from tests.tools.check_envoy.test_check import with_admin_listener
@@ -57,3 +58,15 @@ def test_an_unreadable_file_is_one_line_and_exit_1(tmp_path, capsys):
     captured = capsys.readouterr()
     assert captured.out == ""
     assert captured.err.startswith(f"{path}: cannot read: ")
+
+
+def test_a_declared_filter_is_named_on_the_command_line(tmp_path, capsys):
+    config = copy.deepcopy(SHIPPED)
+    chain = config["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0][
+        "typed_config"
+    ]["http_filters"]
+    chain.insert(len(chain) - 1, {"name": "picker", "typed_config": {"@type": "x.Wasm"}})
+    path = write(tmp_path, config)
+    assert cli(["check-envoy", str(path)]) == 1
+    assert capsys.readouterr().out.startswith("error[filter-after-decision]: ")
+    assert cli(["check-envoy", str(path), "--declared-filter", "picker"]) == 0

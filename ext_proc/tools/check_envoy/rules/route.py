@@ -29,7 +29,7 @@ def route_rules(route: Route, chain: Chain) -> Iterator[Finding]:
     if not route.forwards:
         return
     yield from _inspected(route, chain)
-    found = _policy(route, chain.namespace)
+    found = policy_of(route, chain.namespace)
     if isinstance(found, Finding):
         yield found
         return
@@ -37,15 +37,16 @@ def route_rules(route: Route, chain: Chain) -> Iterator[Finding]:
     yield from rewrite(route.place, route.entry, found)
 
 
-def _running(chain: Chain, levels: Sequence[Any]) -> list[str]:
+def running(chain: Chain, levels: Sequence[Any]) -> list[str]:
+    """This processor's filters that process a request under ``levels``."""
     return [
         name for name in chain.configs if ext_proc_runs(name, name in chain.on_by_default, levels)
     ]
 
 
 def _inspected(route: Route, chain: Chain) -> Iterator[Finding]:
-    running = _running(chain, route.levels)
-    if not running:
+    on_route = running(chain, route.levels)
+    if not on_route:
         # Fail closed: whatever this route forwards reaches the upstream uninspected,
         # client-chosen kv_transfer_params included.
         yield error(
@@ -55,12 +56,12 @@ def _inspected(route: Route, chain: Chain) -> Iterator[Finding]:
             "request bodies would reach the upstream uninspected. Enable the filter, or answer "
             "the route with a direct_response",
         )
-    yield from hold(route.place, route.entry, route.levels, running, chain)
+    yield from hold(route.place, route.entry, route.levels, on_route, chain)
     # A weighted cluster's own configuration is the most specific of all: one that
     # turns the filter off forwards its share of the route's requests uninspected.
     for cluster, levels in route.clusters():
-        here = _running(chain, levels)
-        if running and not here:
+        here = running(chain, levels)
+        if on_route and not here:
             yield error(
                 "ext-proc-off-for-cluster",
                 route.place,
@@ -71,7 +72,7 @@ def _inspected(route: Route, chain: Chain) -> Iterator[Finding]:
         yield from hold(place, route.entry, levels, here, chain)
 
 
-def _policy(route: Route, namespace: str) -> RoutePolicy | Finding:
+def policy_of(route: Route, namespace: str) -> RoutePolicy | Finding:
     """The route's policy as the processor reads it, or what is wrong with it."""
     policy = route.entry.get("metadata", {}).get("filter_metadata", {}).get(namespace)
     if policy is None:
@@ -89,7 +90,7 @@ def _policy(route: Route, namespace: str) -> RoutePolicy | Finding:
 
 def _responds(chain: Chain, levels: Sequence[Any]) -> bool:
     """Whether one of the filters running here sends the processor the response."""
-    for name in _running(chain, levels):
+    for name in running(chain, levels):
         mode = ext_proc_mode(name, chain.configs[name].get("processing_mode", {}), levels)
         if mode is not None and all(mode.get(k) == v for k, v in MINT_RESPONSE.items()):
             return True

@@ -1,0 +1,139 @@
+"""A body the processor decided reaches the upstreams once, on every ``mint`` and
+``honor`` route it processes: the processor decides once per request, and Envoy's
+retries, hedges and mirrors resend the decided body without running any filter again,
+so a proof honored once would reach two decode pods, a prefill would run twice.
+
+What resends a body, in Envoy 1.40 (route and router protos, checked with
+``envoy --mode validate``), each at the levels Envoy reads it, the most specific that
+states it winning:
+
+- ``retry_policy`` / ``retry_policy_typed_config``: the route's replaces the virtual
+  host's entirely; a cluster's (``HttpProtocolOptions.retry_policy``) replaces both. A
+  retry that only follows a request no upstream received (``connect-failure``,
+  ``refused-stream``, ``reset-before-request``) or makes no retry (``num_retries: 0``)
+  resends nothing an upstream read. A typed retry extension is not readable here.
+- ``hedge_policy`` (route, virtual host): a hedged request runs beside the first.
+- ``request_mirror_policies`` (route, virtual host, route configuration: the most
+  specific non-empty list; a cluster's replaces the route's): a shadow copy to another
+  cluster.
+
+Not a replay: ``internal_redirect_policy``. Envoy answers an upstream redirect with a
+new internal stream that runs the filter chain again, ext_proc included, so the
+redirected request is decided again (a spent proof is refused then); its upstream got
+one copy per decision. The router filter itself has no retry setting beyond the
+``x-envoy-retry-on`` family of request headers, which the connection manager removes
+from external requests (``use_remote_address``, no internal addresses)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any, Final
+
+from ext_proc.core.route_policy import Action
+from ext_proc.tools.check_envoy.findings import Finding, error
+from ext_proc.tools.check_envoy.reader import Chain, Route, VirtualHost
+from ext_proc.tools.check_envoy.rules.route import policy_of, running
+
+# Retry conditions that hold only for a request no upstream has read: the connection
+# was never made, the upstream refused the stream unprocessed (HTTP/2 REFUSED_STREAM),
+# or the stream reset before the request went out.
+UNSENT: Final = frozenset({"connect-failure", "refused-stream", "reset-before-request"})
+# A route's cluster chosen at request time: any cluster may serve it.
+_ANY_CLUSTER: Final = (
+    "cluster_header",
+    "cluster_specifier_plugin",
+    "inline_cluster_specifier_plugin",
+)
+
+
+def resends(policy: Any) -> bool:
+    """Whether a ``RetryPolicy`` can send a body to an upstream a second time."""
+    if not isinstance(policy, dict):
+        return True
+    if str(policy.get("num_retries", 1)) == "0":
+        return False
+    conditions = {c.strip() for c in str(policy.get("retry_on", "")).split(",") if c.strip()}
+    return not conditions <= UNSENT
+
+
+def replays(
+    route: Route, vhost: VirtualHost, chain: Chain, clusters: dict[str, dict[str, Any]]
+) -> Iterator[Finding]:
+    if not route.forwards or not running(chain, route.levels):
+        return
+    policy = policy_of(route, chain.namespace)
+    if isinstance(policy, Finding) or policy.action not in (Action.MINT, Action.HONOR):
+        return
+    action = route.entry["route"]
+    why = f"this {policy.action.value} route's body, decided once, would reach upstreams twice"
+    # Where the route's settings come from, the most specific first, and the settings of
+    # each cluster it may send to.
+    levels = [
+        (route.place, action),
+        (f"{route.place} virtual_host", vhost.entry),
+        (f"{route.place} route_config", chain.manager.get("route_config", {})),
+    ]
+    targets = _targets(route, clusters)
+    yield from _retries(levels[:2], targets, why)
+    for place, holder in levels[:2]:
+        if "hedge_policy" in holder:
+            yield error("body-hedged", place, f"hedge_policy: {why}. Remove it")
+            break
+    yield from _mirrors(levels, targets, why)
+
+
+_Levels = list[tuple[str, dict[str, Any]]]
+
+
+def _clusters(action: dict[str, Any]) -> list[str]:
+    named = [action.get("cluster")]
+    named += [c.get("name") for c in action.get("weighted_clusters", {}).get("clusters", [])]
+    return [str(name) for name in named if name is not None]
+
+
+def _targets(route: Route, clusters: dict[str, dict[str, Any]]) -> _Levels:
+    action = route.entry["route"]
+    if any(key in action for key in _ANY_CLUSTER):
+        # Chosen per request: any cluster, those without settings of their own too.
+        return [
+            *((f"{route.place} cluster {n!r}", o) for n, o in sorted(clusters.items())),
+            (f"{route.place} cluster *", {}),
+        ]
+    return [(f"{route.place} cluster {n!r}", clusters.get(n, {})) for n in _clusters(action)]
+
+
+def _retries(levels: _Levels, targets: _Levels, why: str) -> Iterator[Finding]:
+    # A cluster's retry policy replaces the route's for requests sent to it; a route's
+    # that no cluster replaces stands for the others.
+    replaced = [(place, options) for place, options in targets if "retry_policy" in options]
+    for place, options in replaced:
+        if resends(options["retry_policy"]):
+            yield error("body-retried", place, f"the cluster's retry_policy: {why}")
+    if targets and len(replaced) == len(targets):
+        return
+    for place, holder in levels:
+        if "retry_policy_typed_config" in holder:
+            yield error(
+                "body-retried", place, f"retry_policy_typed_config (unreadable here): {why}"
+            )
+            return
+        if "retry_policy" in holder:
+            if resends(holder["retry_policy"]):
+                yield error(
+                    "body-retried",
+                    place,
+                    f"retry_policy retries after an upstream read the request: {why}. Remove "
+                    f"it, or retry only on {', '.join(sorted(UNSENT))}",
+                )
+            return
+
+
+def _mirrors(levels: _Levels, targets: _Levels, why: str) -> Iterator[Finding]:
+    # A cluster's mirror policies replace the route's; either copies the body.
+    for place, options in targets:
+        if options.get("request_mirror_policies"):
+            yield error("body-mirrored", place, f"the cluster's request_mirror_policies: {why}")
+    for place, holder in levels:
+        if holder.get("request_mirror_policies"):
+            yield error("body-mirrored", place, f"request_mirror_policies: {why}. Remove them")
+            return

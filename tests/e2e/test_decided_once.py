@@ -1,0 +1,162 @@
+"""A decode body the processor honored once reaches the upstream once, on the real Envoy:
+the shipped honor route delivers one copy; the same route with a retry, a hedge or a
+mirror delivers two (Envoy resends the decided body without running ext_proc again), and
+with a Lua filter after the processor's the upstream gets a path the processor never
+judged. check-envoy passes the shipped config and fails each edit with its own code, so
+its claims are checked against Envoy here.
+
+The stand-in upstream answers 200 to everything: the retry edit retries on 200
+(``retriable_status_codes``), the mechanism a 503 would trigger, made certain; the hedge
+edit hedges on a per-try timeout the stand-in's delay header exceeds."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+
+from ext_proc.tools import check_envoy
+from tests.e2e.conftest import ENVOY, KEY_ID
+from tests.e2e.stack import Received, Stack, new_key
+from tests.e2e.test_gateway import chat
+from tests.e2e.test_handoff import DECODE, UPSTREAM_PATH, minted
+
+Edit = Callable[[dict[str, Any]], None]
+LUA = "type.googleapis.com/envoy.extensions.filters.http.lua.v3.Lua"
+ROUTER = "envoy.filters.http.router"
+DELAY = "x-stub-delay-seconds"
+SHIPPED = ENVOY / "envoy.yaml"
+
+
+def _hcm(config: dict[str, Any]) -> dict[str, Any]:
+    manager: dict[str, Any] = config["static_resources"]["listeners"][0]["filter_chains"][0][
+        "filters"
+    ][0]["typed_config"]
+    return manager
+
+
+def _decode_action(config: dict[str, Any]) -> dict[str, Any]:
+    (vhost,) = _hcm(config)["route_config"]["virtual_hosts"]
+    (route,) = [r for r in vhost["routes"] if r.get("name") == "disaggregated"]
+    action: dict[str, Any] = route["route"]
+    return action
+
+
+def retried(config: dict[str, Any]) -> None:
+    _decode_action(config)["retry_policy"] = {
+        "retry_on": "retriable-status-codes",
+        "retriable_status_codes": [200],
+        "num_retries": 1,
+    }
+
+
+def hedged(config: dict[str, Any]) -> None:
+    _decode_action(config).update(
+        retry_policy={"retry_on": "5xx", "num_retries": 1, "per_try_timeout": "0.3s"},
+        hedge_policy={"hedge_on_per_try_timeout": True},
+    )
+
+
+def mirrored(config: dict[str, Any]) -> None:
+    _decode_action(config)["request_mirror_policies"] = [{"cluster": "disaggregated"}]
+
+
+def path_rewritten(config: dict[str, Any]) -> None:
+    # The audit's filter: after the processor passed the request, another endpoint.
+    filters = _hcm(config)["http_filters"]
+    at = [f["name"] for f in filters].index(ROUTER)
+    source = "function envoy_on_request(h) h:headers():replace(':path', '/v1/completions') end"
+    filters.insert(
+        at,
+        {
+            "name": "rewrite",
+            "typed_config": {"@type": LUA, "default_source_code": {"inline_string": source}},
+        },
+    )
+
+
+# Each edit, the code check-envoy fails it with, how many copies reach the upstream and
+# at which path.
+CASES: dict[str, tuple[Edit | None, list[str], int, str]] = {
+    "shipped": (None, [], 1, UPSTREAM_PATH),
+    "retry": (retried, ["body-retried"], 2, UPSTREAM_PATH),
+    "hedge": (hedged, ["body-retried", "body-hedged"], 2, UPSTREAM_PATH),
+    "mirror": (mirrored, ["body-mirrored"], 2, UPSTREAM_PATH),
+    "lua-path": (path_rewritten, ["filter-after-decision"], 1, "/v1/completions"),
+}
+
+
+@pytest.fixture(scope="module", params=list(CASES))
+def case(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[Stack, list[str], int, str]]:
+    edit, codes, copies, path = CASES[request.param]
+    workdir = tmp_path_factory.mktemp(request.param)
+    with Stack(workdir, proof_keys={KEY_ID: new_key()}, edit=edit) as running:
+        yield running, codes, copies, path
+
+
+def _copies(stack: Stack, expected: int) -> list[Received]:
+    # A mirror and a hedge reach the upstream beside the answered request: wait for
+    # them a little, then for anything more.
+    deadline = time.monotonic() + 3
+    while stack.received_count() < expected and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.5)
+    return stack.received()
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_check_envoy_fails_exactly_the_edits(name):
+    # The shipped config with the edit the stack runs (the stack adds test routes of
+    # its own, with policies no shipped config has).
+    edit, codes, _copies, _path = CASES[name]
+    config = yaml.safe_load(SHIPPED.read_text())
+    if edit is not None:
+        edit(config)
+    assert check_envoy.check(config).codes() == codes
+
+
+def test_a_proven_decode_body_reaches_the_upstream_once_unless_edited(case):
+    stack, _codes, copies, path = case
+    with httpx.Client(timeout=20) as client:
+        params = minted(client, stack)
+        raw = json.dumps(chat(params, max_tokens=8)).encode()
+        reply = client.post(
+            stack.url + DECODE,
+            content=raw,
+            headers={"content-type": "application/json", DELAY: "1"},
+        )
+    assert reply.status_code == 200, reply.text
+    received = _copies(stack, copies)
+    # Each copy is the proven body, its proof included: one decision, `copies` uses.
+    assert [(r.target, r.body) for r in received] == [(path, raw)] * copies
+
+
+@pytest.fixture(scope="module")
+def shipped(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    with Stack(tmp_path_factory.mktemp("shipped"), proof_keys={KEY_ID: new_key()}) as running:
+        yield running
+
+
+def test_a_clients_retry_headers_make_no_second_copy(shipped):
+    # The router's retry headers, from a client: the connection manager removes them
+    # from external requests (use_remote_address), so the body goes out once.
+    with httpx.Client(timeout=20) as client:
+        params = minted(client, shipped)
+        reply = client.post(
+            shipped.url + DECODE,
+            json=chat(params, max_tokens=8),
+            headers={
+                "x-envoy-retry-on": "retriable-status-codes",
+                "x-envoy-retriable-status-codes": "200",
+                "x-envoy-max-retries": "1",
+            },
+        )
+    assert reply.status_code == 200, reply.text
+    assert len(_copies(shipped, 2)) == 1

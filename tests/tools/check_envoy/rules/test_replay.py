@@ -1,0 +1,165 @@
+"""A mint or honor route's body, decided once, reaches the upstreams once: no retry that
+can follow a request an upstream read, no hedge, no mirror, at any level Envoy reads."""
+
+import pytest
+
+from tests.tools.check_envoy.shipped import at, clean, found, hcm, mutated, route
+
+RETRY = {"retry_on": "5xx", "num_retries": 1}
+MIRROR = [{"cluster": "aggregated"}]
+HTTP_OPTIONS = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
+HTTP_OPTIONS_TYPE = "type.googleapis.com/" + HTTP_OPTIONS
+
+
+def _vhost(config):
+    return hcm(config)["route_config"]["virtual_hosts"][0]
+
+
+def _action(name):
+    def change(config, **settings):
+        route(config, name)["route"].update(settings)
+
+    return change
+
+
+def _cluster_options(name, **settings):
+    def change(config):
+        (cluster,) = [c for c in config["static_resources"]["clusters"] if c["name"] == name]
+        options = cluster.setdefault("typed_extension_protocol_options", {})
+        options.setdefault(HTTP_OPTIONS, {"@type": HTTP_OPTIONS_TYPE}).update(settings)
+
+    return change
+
+
+HONOR, MINT = at("disaggregated"), at("prefill")
+
+
+@pytest.mark.parametrize(
+    ("change", "expected"),
+    [
+        # Route level, on the honor and the mint route.
+        (lambda c: _action("disaggregated")(c, retry_policy=RETRY), [("body-retried", HONOR)]),
+        (lambda c: _action("prefill")(c, retry_policy=RETRY), [("body-retried", MINT)]),
+        (
+            lambda c: _action("disaggregated")(
+                c, retry_policy_typed_config={"@type": "type.googleapis.com/x.Retry"}
+            ),
+            [("body-retried", HONOR)],
+        ),
+        (
+            lambda c: _action("disaggregated")(c, hedge_policy={"hedge_on_per_try_timeout": True}),
+            [("body-hedged", HONOR)],
+        ),
+        (
+            lambda c: _action("disaggregated")(c, request_mirror_policies=MIRROR),
+            [("body-mirrored", HONOR)],
+        ),
+        # Virtual host level: every mint and honor route under it.
+        (
+            lambda c: _vhost(c).update(retry_policy=RETRY),
+            [("body-retried", f"{MINT} virtual_host"), ("body-retried", f"{HONOR} virtual_host")],
+        ),
+        (
+            lambda c: _vhost(c).update(retry_policy_typed_config={"@type": "x"}),
+            [("body-retried", f"{MINT} virtual_host"), ("body-retried", f"{HONOR} virtual_host")],
+        ),
+        (
+            lambda c: _vhost(c).update(hedge_policy={"hedge_on_per_try_timeout": True}),
+            [("body-hedged", f"{MINT} virtual_host"), ("body-hedged", f"{HONOR} virtual_host")],
+        ),
+        (
+            lambda c: _vhost(c).update(request_mirror_policies=MIRROR),
+            [
+                ("body-mirrored", f"{MINT} virtual_host"),
+                ("body-mirrored", f"{HONOR} virtual_host"),
+            ],
+        ),
+        # Route configuration level (mirrors only).
+        (
+            lambda c: hcm(c)["route_config"].update(request_mirror_policies=MIRROR),
+            [
+                ("body-mirrored", f"{MINT} route_config"),
+                ("body-mirrored", f"{HONOR} route_config"),
+            ],
+        ),
+        # Cluster level (HttpProtocolOptions): the clusters the routes send to.
+        (
+            _cluster_options("disaggregated", retry_policy=RETRY),
+            [("body-retried", f"{HONOR} cluster 'disaggregated'")],
+        ),
+        (
+            _cluster_options("prefill", request_mirror_policies=MIRROR),
+            [("body-mirrored", f"{MINT} cluster 'prefill'")],
+        ),
+    ],
+    ids=[
+        "route-retry-honor",
+        "route-retry-mint",
+        "route-retry-typed",
+        "route-hedge",
+        "route-mirror",
+        "vhost-retry",
+        "vhost-retry-typed",
+        "vhost-hedge",
+        "vhost-mirror",
+        "route-config-mirror",
+        "cluster-retry",
+        "cluster-mirror",
+    ],
+)
+def test_a_second_copy_of_a_decided_body_is_an_error(change, expected):
+    report = mutated(change)
+    assert found(report) == expected
+    assert found(report, "warning") == []
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        # Strip routes: a second copy of a stripped body spends no proof.
+        lambda c: _action("aggregated")(c, retry_policy=RETRY, request_mirror_policies=MIRROR),
+        lambda c: _action("default")(c, hedge_policy={"hedge_on_per_try_timeout": True}),
+        _cluster_options("aggregated", retry_policy=RETRY, request_mirror_policies=MIRROR),
+        # Retries that follow only requests no upstream read, or none at all.
+        lambda c: _action("disaggregated")(
+            c, retry_policy={"retry_on": "connect-failure,refused-stream,reset-before-request"}
+        ),
+        lambda c: _action("disaggregated")(c, retry_policy={"retry_on": "5xx", "num_retries": 0}),
+        # The route's own policy replaces the virtual host's entirely.
+        lambda c: (
+            _vhost(c).update(retry_policy=RETRY),
+            _action("prefill")(c, retry_policy={"retry_on": "connect-failure"}),
+            _action("disaggregated")(c, retry_policy={"retry_on": "connect-failure"}),
+        ),
+        # A cluster's replaces the route's for the requests sent to it.
+        lambda c: (
+            _action("disaggregated")(c, retry_policy=RETRY),
+            _cluster_options("disaggregated", retry_policy={"retry_on": "connect-failure"})(c),
+        ),
+        # An internal redirect runs the filter chain again: decided again, not replayed.
+        lambda c: _action("disaggregated")(c, internal_redirect_policy={}),
+    ],
+    ids=[
+        "strip-route",
+        "strip-route-hedge",
+        "strip-cluster",
+        "unsent-only",
+        "no-retries",
+        "route-replaces-vhost",
+        "cluster-replaces-route",
+        "internal-redirect",
+    ],
+)
+def test_what_resends_no_decided_body_passes(change):
+    assert clean(mutated(change))
+
+
+def test_a_cluster_chosen_per_request_may_be_any_cluster():
+    def change(config):
+        action = route(config, "disaggregated")["route"]
+        del action["cluster"]
+        action.update(cluster_header="x-cluster", retry_policy=RETRY)
+        _cluster_options("aggregated", retry_policy={"retry_on": "connect-failure"})(config)
+
+    # The route's retry still stands for the clusters without a policy of their own.
+    assert found(mutated(change)) == [("body-retried", HONOR)]
