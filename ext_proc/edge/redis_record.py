@@ -92,14 +92,16 @@ return 0
 # the proof was minted is the record working as it should after Redis forgot: logged,
 # not counted as an error (the alert on record errors would fire after every restart).
 _BEGAN_AFTER_MINT: Final = -1
+_NOT_MASTER: Final = -2
+_EVICTS: Final = -3
 _REFUSED: Final = {
-    -1: (
+    _BEGAN_AFTER_MINT: (
         "record_began_after_mint",
         "the proof may have been minted before this Redis began its record (a restart, "
         "restore, failover or flush)",
     ),
-    -2: ("redis_not_master", "the Redis is a replica; the record needs the master"),
-    -3: (
+    _NOT_MASTER: ("redis_not_master", "the Redis is a replica; the record needs the master"),
+    _EVICTS: (
         "redis_evicts_keys",
         "the Redis may evict keys (maxmemory-policy is not noeviction): an evicted key "
         "is a forgotten proof",
@@ -162,6 +164,35 @@ class RedisRecord:
             self._on_error()
         log.warning(f"proof record unavailable: {words}", extra={"store": "redis", "error": why})
         return Verdict.UNAVAILABLE
+
+    async def announce(self) -> None:
+        """One log line at start-up saying what the record will find: the spends judge
+        for themselves (a Redis can change under a running processor); this only tells
+        the operator early."""
+        try:
+            async with asyncio.timeout(4 * self._timeout):
+                role = (await self._client.info("replication")).get("role")
+                policy = (await self._client.info("memory")).get("maxmemory_policy")
+        except (RedisError, OSError, TimeoutError) as exc:
+            log.warning(
+                "proof record: Redis cannot be consulted yet; no proof is honored until it answers",
+                extra={"store": "redis", "error": type(exc).__name__},
+            )
+            return
+        fields = {"store": "redis", "role": role, "maxmemory_policy": policy}
+        refused = [
+            _REFUSED[code][0]
+            for code, wrong in ((_NOT_MASTER, role != "master"), (_EVICTS, policy != "noeviction"))
+            if wrong
+        ]
+        if refused:
+            log.warning(
+                "proof record: this Redis cannot keep the record; no proof is honored "
+                "(docs/operations.md#what-the-redis-must-be)",
+                extra=fields | {"error": ",".join(refused)},
+            )
+        else:
+            log.info("proof record: Redis", extra=fields)
 
     async def close(self) -> None:
         await self._client.aclose()

@@ -283,7 +283,13 @@ def warmed_up(client: httpx.Client, stack: Stack) -> None:
     or flushed) honors only proofs minted after it began, a skew included: the first,
     minted before, is refused; one minted after is honored."""
     sent = chat(minted(client, stack))
-    began = assert_record_refused(client, stack, sent, "record_began_after_mint")
+    honored_after(
+        client, stack, assert_record_refused(client, stack, sent, "record_began_after_mint")
+    )
+
+
+def honored_after(client: httpx.Client, stack: Stack, began: float) -> None:
+    """A proof minted a skew (rounded up) after a record began at ``began`` is honored."""
     fresh = math.ceil(began) + SKEW + 1
     time.sleep(max(0.0, fresh - time.time()))
     sent = chat(minted(client, stack))
@@ -365,8 +371,9 @@ def test_a_redis_restarted_from_a_snapshot_honors_no_proof_it_forgot(persisted, 
     server.start()
     assert server.client().exists(redis_record.SINCE)  # the snapshot came back
     reconnect(client, stack)
-    assert_record_refused(client, stack, sent, "record_began_after_mint")
-    warmed_up(client, stack)
+    honored_after(
+        client, stack, assert_record_refused(client, stack, sent, "record_began_after_mint")
+    )
 
 
 def test_a_redis_restored_from_an_older_aof_honors_no_proof_it_forgot(persisted, client):
@@ -384,8 +391,9 @@ def test_a_redis_restored_from_an_older_aof_honors_no_proof_it_forgot(persisted,
     server.start()
     assert server.client().exists(redis_record.SINCE)  # the AOF came back
     reconnect(client, stack)
-    assert_record_refused(client, stack, sent, "record_began_after_mint")
-    warmed_up(client, stack)
+    honored_after(
+        client, stack, assert_record_refused(client, stack, sent, "record_began_after_mint")
+    )
 
 
 @pytest.fixture
@@ -432,6 +440,7 @@ def test_a_promoted_replica_honors_no_proof_its_master_did_not_pass_on(failover,
     replicated(master, replica)
     assert replica.client().exists(redis_record.SINCE)
     # A replica keeps no record of its own: writing to one would split the record.
+    assert '"error":"redis_not_master"' in on_replica.logs("processor")  # at start-up
     sent = chat(minted(client, on_replica))
     assert_record_refused(client, on_replica, sent, "redis_not_master")
     # The replica is cut off; a proof honored on the master never reaches it; the master
@@ -446,8 +455,8 @@ def test_a_promoted_replica_honors_no_proof_its_master_did_not_pass_on(failover,
         replica.signal(signal.SIGCONT)
     replica.client().replicaof("NO", "ONE")
     assert replica.client().exists(redis_record.SINCE)  # what the master passed on
-    assert_record_refused(client, on_replica, sent, "record_began_after_mint")
-    warmed_up(client, on_replica)
+    began = assert_record_refused(client, on_replica, sent, "record_began_after_mint")
+    honored_after(client, on_replica, began)
 
 
 def test_a_redis_that_may_evict_keys_keeps_no_record(redis, tmp_path, client):
@@ -461,6 +470,7 @@ def test_a_redis_that_may_evict_keys_keeps_no_record(redis, tmp_path, client):
     stack = Stack(tmp_path / "gateway", proof_keys={KEY_ID: new_key()}, processor_config=config)
     try:
         stack.start()
+        assert "this Redis cannot keep the record" in stack.logs("processor")  # at start-up
         sent = chat(minted(client, stack))
         assert_record_refused(client, stack, sent, "redis_evicts_keys")
         server.client().config_set("maxmemory-policy", "noeviction")
