@@ -15,7 +15,7 @@ would (at 1 MiB the routes' max_ids, 128k):
   unchanged, the proof unchecked (the caller is trusted: what a route reachable only by
   trusted components does).
 - ``honor-proven``: the same bytes on the shipped decode route ``/pd/v1/``, the proof
-  the gateway mints on the prefill leg (bench/proofs.py): the proof verified (HMAC over
+  the gateway mints on the prefill leg (bench/proofs.py): the proof verified (MAC over
   the parameters, the prompt digest), spent in the record of spent proofs, the ids
   validated, the body forwarded unchanged (its proof included).
 

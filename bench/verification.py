@@ -2,7 +2,7 @@
 
 Both send the same bytes (ids and a proof, bench/bodies.py); ``honor`` is validated and
 forwarded unchanged on a route that trusts any caller, the proof unchecked;
-``honor-proven`` is verified (the HMAC over the parameters, the prompt digest), spent,
+``honor-proven`` is verified (the MAC over the parameters, the prompt digest), spent,
 validated, and forwarded unchanged. The difference of their p50s, and of the
 processor's CPU time per request, is the price of honoring only what the deployment
 minted; ``added_ratio`` is the latency each adds over Envoy direct, proven over

@@ -22,8 +22,8 @@ class JsonFormatter(logging.Formatter):
         self._stamp = ""
 
     def _time(self, created: float) -> str:
-        # A decision line is written per stripped or denied request: the date part is
-        # rendered once per second.
+        # A decision line is written per request but an allow without ids: the date
+        # part is rendered once per second.
         second = int(created)
         if second != self._second:
             self._second = second
@@ -50,7 +50,7 @@ class JsonFormatter(logging.Formatter):
         line.update(fields)
         if exception:
             line["exception"] = exception
-        # orjson: a decision line is written per stripped or denied request.
+        # orjson: a decision line is written per request but an allow without ids.
         return orjson.dumps(line, default=str).decode()
 
     def format(self, record: logging.LogRecord) -> str:

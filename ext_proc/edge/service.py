@@ -217,7 +217,8 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc
         await context.abort(grpc.StatusCode.FAILED_PRECONDITION, reason)
 
     def _record(self, outcome: Outcome) -> None:
-        """Count every outcome; log the ones with ids (never the ids, never any text)."""
+        """Count every outcome; log every one but an allow without ids (never the ids,
+        never any text)."""
         decision = outcome.decision
         size = outcome.body_size if outcome.phase == "request" else 0
         self.metrics.decided(outcome.route, decision.action, decision.reason, outcome.mode, size)
