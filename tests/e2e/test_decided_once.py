@@ -7,7 +7,10 @@ its claims are checked against Envoy here.
 
 The stand-in upstream answers 200 to everything: the retry edit retries on 200
 (``retriable_status_codes``), the mechanism a 503 would trigger, made certain; the hedge
-edit hedges on a per-try timeout the stand-in's delay header exceeds."""
+edit hedges on a per-try timeout the stand-in's delay header exceeds. Istio's default
+retry policy on the Istio gateway's honor route (the last section) meets a real first
+failure: the stand-in fails the first copy of the decode request, 503 or gRPC
+UNAVAILABLE."""
 
 from __future__ import annotations
 
