@@ -113,6 +113,14 @@ def istio_filter(entries: list[RouteInput]) -> dict[str, Any]:
     limits = next({k: p[k] for k in LIMITS} for p in policies if p.get("action") == "honor")
     (mint,) = [p for p in named if _policy_of(p["patch"]["value"]).get("action") == "mint"]
     override = mint["patch"]["value"]["typed_per_filter_config"]
+    # The retry policy of the shipped mint and honor routes: no second copy of a body
+    # the processor decided (deploy/istio/envoyfilter.yaml, 4.).
+    no_resend, *others = [
+        p["patch"]["value"]["route"]
+        for p in named
+        if _policy_of(p["patch"]["value"]).get("action") in ("mint", "honor")
+    ]
+    assert all(other == no_resend for other in others), others
     at = patches.index(named[0])
     generated = []
     for index, entry in enumerate(entries):
@@ -121,6 +129,8 @@ def istio_filter(entries: list[RouteInput]) -> dict[str, Any]:
         }
         if entry.read().action.value == "mint":
             value["typed_per_filter_config"] = copy.deepcopy(override)
+        if entry.read().action.value in ("mint", "honor"):
+            value["route"] = copy.deepcopy(no_resend)
         generated.append(
             {
                 "applyTo": "HTTP_ROUTE",

@@ -193,6 +193,27 @@ def _delay(record: Recorded) -> float:
         return 0.0
 
 
+# Request headers that make the stand-in fail the first copy of a request (one whose
+# method, target and body it has not recorded before) and answer any later copy as
+# usual: an upstream that fails once, for a gateway's retries to act on. The first
+# names the first copy's status, the second a grpc-status header to answer it with.
+FIRST_STATUS_HEADER = "x-stub-first-status"
+FIRST_GRPC_STATUS_HEADER = "x-stub-first-grpc-status"
+
+
+def _first_copy(recorder: Recorder, record: Recorded) -> tuple[int | None, list[tuple[str, str]]]:
+    """The status (None: the usual one) and the further headers of the reply to
+    ``record``, before it is recorded."""
+    asked = {k.lower(): v.strip() for k, v in record.headers}
+    status = asked.get(FIRST_STATUS_HEADER, "")
+    grpc = asked.get(FIRST_GRPC_STATUS_HEADER, "")
+    key = (record.method, record.target, record.body)
+    if not (status or grpc) or any((r.method, r.target, r.body) == key for r in recorder.requests):
+        return None, []
+    code = int(status) if status.isdigit() and 200 <= int(status) <= 599 else None
+    return code, [("grpc-status", grpc)] if grpc.isdigit() else []
+
+
 async def _serve_http1(
     recorder: Recorder, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, raw: bytes
 ) -> None:
@@ -220,10 +241,12 @@ async def _serve_http1(
                 raw=bytes(pending),
             )
             pending.clear()
+            first, extra = _first_copy(recorder, record)
             status, payload = _respond(recorder, record)
             await asyncio.sleep(_delay(record))
             data = json.dumps(payload).encode()
             headers = [("content-type", "application/json"), ("content-length", str(len(data)))]
+            status, headers = first or status, headers + extra
             writer.write(conn.send(h11.Response(status_code=status, headers=headers)))
             writer.write(conn.send(h11.Data(data=data)))
             writer.write(conn.send(h11.EndOfMessage()))
@@ -267,14 +290,16 @@ async def _serve_http2(
                     raw=bytes(body),
                     protocol="HTTP/2",
                 )
+                first, extra = _first_copy(recorder, record)
                 status, payload = _respond(recorder, record)
                 reply = json.dumps(payload).encode()
                 conn.send_headers(
                     event.stream_id,
                     [
-                        (":status", str(status)),
+                        (":status", str(first or status)),
                         ("content-type", "application/json"),
                         ("content-length", str(len(reply))),
+                        *extra,
                     ],
                 )
                 size = conn.max_outbound_frame_size

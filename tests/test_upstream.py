@@ -8,7 +8,16 @@ from typing import Any
 import pytest
 
 from devstack import tokens
-from devstack.upstream import ADMIN_PATH, Recorded, Recorder, _respond, openai_response
+from devstack.upstream import (
+    ADMIN_PATH,
+    FIRST_GRPC_STATUS_HEADER,
+    FIRST_STATUS_HEADER,
+    Recorded,
+    Recorder,
+    _first_copy,
+    _respond,
+    openai_response,
+)
 
 HELLO = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "héllo"}]
 RENDERED = "<|system|>Be brief.\n<|user|>héllo\n"
@@ -151,3 +160,20 @@ def test_the_admin_path_counts_recorded_requests_without_their_bodies():
     admin = Recorded("GET", ADMIN_PATH + "?count", [], b"", b"")
     assert _respond(recorder, admin) == (200, {"count": 3})
     assert len(_respond(recorder, Recorded("GET", ADMIN_PATH, [], b"", b""))[1]) == 3
+
+
+def test_a_request_asking_to_fail_once_fails_its_first_copy_only():
+    recorder = Recorder()
+    asked = [(FIRST_STATUS_HEADER, "503"), (FIRST_GRPC_STATUS_HEADER, "14")]
+    first = Recorded("POST", "/v1/chat/completions", asked, b"{}", b"{}")
+    assert _first_copy(recorder, first) == (503, [("grpc-status", "14")])
+    _respond(recorder, first)
+    # The same request again (a retry): answered as usual; another body fails once too.
+    assert _first_copy(recorder, first) == (None, [])
+    other = Recorded("POST", "/v1/chat/completions", asked, b"{ }", b"{ }")
+    assert _first_copy(recorder, other) == (503, [("grpc-status", "14")])
+    # Without the headers, or with values that are no status: the usual reply.
+    plain = Recorded("POST", "/v1/completions", [], b"{}", b"{}")
+    assert _first_copy(recorder, plain) == (None, [])
+    odd = Recorded("POST", "/v1/completions", [(FIRST_STATUS_HEADER, "99x")], b"{}", b"{}")
+    assert _first_copy(recorder, odd) == (None, [])

@@ -4,7 +4,8 @@ Neither Istio nor Envoy Gateway runs here, so the tests rebuild what each contro
 would hand Envoy from our manifests and give that to the real ``envoy --mode validate``:
 
 - Istio: the routes istiod makes of the HTTPRoutes (named
-  ``<namespace>.<HTTPRoute name>.<rule index>``), the EnvoyFilter's CLUSTER value, its
+  ``<namespace>.<HTTPRoute name>.<rule index>``, each with Istio's default retry
+  policy), the EnvoyFilter's CLUSTER value, its
   HTTP_FILTER values (INSERT_FIRST, INSERT_AFTER a named filter, in patch order, before
   the router), its HTTP_ROUTE MERGE values
   merged into routes with the matched names (or every route), its HTTP_ROUTE
@@ -147,12 +148,26 @@ def _longest_path_first(entry: dict[str, Any]) -> tuple[int, int]:
     return -len(path), -len(match.get("headers", []))
 
 
+# The map fields our patches merge into: proto merge replaces each entry named in the
+# patch whole (no merge within an entry).
+_MAPS = frozenset({"filter_metadata", "typed_filter_metadata", "typed_per_filter_config"})
+
+
 def deep_merge(base: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
-    """Istio's MERGE: proto merge semantics for the maps and messages we use."""
+    """Istio's MERGE (pkg/proto/merge, protobuf's Merge): messages merge field by field,
+    repeated fields append, a map's entries are replaced whole, and a scalar the patch
+    sets to its zero value (0, "", false; a wrapper such as ``num_retries: 0`` too) is
+    not set in the patch's proto, so it leaves the base's value in place."""
     out = copy.deepcopy(base)
     for key, value in patch.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict):
+        if key in _MAPS and isinstance(value, dict):
+            out[key] = {**out.get(key, {}), **copy.deepcopy(value)}
+        elif isinstance(value, dict) and isinstance(out.get(key), dict):
             out[key] = deep_merge(out[key], value)
+        elif isinstance(value, list) and isinstance(out.get(key), list):
+            out[key] = [*out[key], *copy.deepcopy(value)]
+        elif value in (0, "", False) and key in out:
+            continue
         else:
             out[key] = copy.deepcopy(value)
     return out
@@ -166,20 +181,59 @@ def deep_merge(base: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
 ISTIO_PATH_DEFAULTS = {"normalize_path": True, "path_with_escaped_slashes_action": "KEEP_UNCHANGED"}
 
 
-def istio_routes(httproutes: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The Envoy routes istiod makes of ``httproutes``, to the cluster ``upstream``."""
+# The retry policy istiod gives every route it makes of an HTTPRoute rule without a
+# `retry` field (of a VirtualService route without `retries` too): meshConfig
+# defaultHttpRetryPolicy, unset by default, and then Istio's default
+# (pilot/pkg/networking/core/route/retry: DefaultPolicy; route.go applies it to every
+# forwarding route; conversion.go sets a policy of its own only for a rule's `retry`).
+# It is what `istioctl proxy-config route` shows on any Istio gateway. "unavailable" and
+# "cancelled" retry on a response's gRPC status; "retriable-status-codes" with no codes
+# retries none. retry_host_predicate is left out for a destination with a consistent
+# hash load balancer (DefaultConsistentHashPolicy).
+ISTIO_RETRY_POLICY: dict[str, Any] = {
+    "retry_on": "connect-failure,refused-stream,unavailable,cancelled,retriable-status-codes",
+    "num_retries": 2,
+    "retry_host_predicate": [
+        {
+            "name": "envoy.retry_host_predicates.previous_hosts",
+            "typed_config": {
+                "@type": "type.googleapis.com/"
+                "envoy.extensions.retry.host.previous_hosts.v3.PreviousHostsPredicate"
+            },
+        }
+    ],
+    "host_selection_retry_max_attempts": 5,
+}
+# Istio up to 1.23 retried a 503 by default too, as 1.24 to 1.26 do with
+# EXCLUDE_UNSAFE_503_FROM_DEFAULT_RETRY=false or compatibilityVersion 1.23 (the flag is
+# gone from 1.27).
+ISTIO_1_23_RETRY_POLICY: dict[str, Any] = {**ISTIO_RETRY_POLICY, "retriable_status_codes": [503]}
+
+
+def istio_routes(
+    httproutes: list[dict[str, Any]], retry_policy: dict[str, Any] | None = None
+) -> list[dict[str, Any]]:
+    """The Envoy routes istiod makes of ``httproutes``, to the cluster ``upstream``, each
+    forwarding one with ``retry_policy`` (by default Istio's, ``ISTIO_RETRY_POLICY``)."""
+    policy = ISTIO_RETRY_POLICY if retry_policy is None else retry_policy
     out = []
     for httproute in httproutes:
         meta = httproute["metadata"]
         for index, rule in enumerate(httproute["spec"]["rules"]):
             name = f"{meta['namespace']}.{meta['name']}.{index}"
             out += [gateway_api_route(name, rule, m, "upstream") for m in rule["matches"]]
+    for entry in out:
+        if "route" in entry:
+            entry["route"]["retry_policy"] = copy.deepcopy(policy)
     return sorted(out, key=_longest_path_first)
 
 
 def istio_bootstrap(
-    envoy_filter: dict[str, Any], httproutes: list[dict[str, Any]]
+    envoy_filter: dict[str, Any],
+    httproutes: list[dict[str, Any]],
+    retry_policy: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
+    """``retry_policy``: the one istiod gives the routes (``istio_routes``)."""
     patches = envoy_filter["spec"]["configPatches"]
     clusters = [p["patch"]["value"] for p in patches if p["applyTo"] == "CLUSTER"]
     http_filters = [ROUTER]
@@ -197,7 +251,7 @@ def istio_bootstrap(
     route_patches = [p for p in patches if p["applyTo"] == "HTTP_ROUTE"]
     routes = []
     # The routes first: merges apply to those that exist, then the inserts.
-    for generated in istio_routes(httproutes):
+    for generated in istio_routes(httproutes, retry_policy):
         entry = generated
         for patch in route_patches:
             if patch["patch"]["operation"] != "MERGE":

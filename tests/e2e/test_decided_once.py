@@ -7,7 +7,10 @@ its claims are checked against Envoy here.
 
 The stand-in upstream answers 200 to everything: the retry edit retries on 200
 (``retriable_status_codes``), the mechanism a 503 would trigger, made certain; the hedge
-edit hedges on a per-try timeout the stand-in's delay header exceeds."""
+edit hedges on a per-try timeout the stand-in's delay header exceeds. Istio's default
+retry policy on the Istio gateway's honor route (the last section) meets a real first
+failure: the stand-in fails the first copy of the decode request, 503 or gRPC
+UNAVAILABLE."""
 
 from __future__ import annotations
 
@@ -20,9 +23,13 @@ import httpx
 import pytest
 import yaml
 
+from devstack.upstream import FIRST_GRPC_STATUS_HEADER, FIRST_STATUS_HEADER
 from ext_proc.tools import check_envoy
+from tests.e2e import gateway_assembly
 from tests.e2e.conftest import ENVOY, KEY_ID
+from tests.e2e.gateway_assembly import ISTIO_1_23_RETRY_POLICY, ISTIO_RETRY_POLICY
 from tests.e2e.stack import Received, Stack, new_key
+from tests.e2e.test_deploy import httproutes, istio_filter, routes_of
 from tests.e2e.test_gateway import chat
 from tests.e2e.test_handoff import DECODE, UPSTREAM_PATH, minted
 
@@ -160,3 +167,92 @@ def test_a_clients_retry_headers_make_no_second_copy(shipped):
         )
     assert reply.status_code == 200, reply.text
     assert len(_copies(shipped, 2)) == 1
+
+
+# --- Istio's default retry policy ------------------------------------------------------
+#
+# The honor route of the Istio gateway (deploy/istio with the example HTTPRoutes, as
+# tests/e2e/gateway_assembly.py assembles it) carries the retry policy istiod gives
+# every route; the EnvoyFilter replaces its retry_on. Here that route's policy, with the
+# EnvoyFilter's override and without, goes on the shipped config's honor route, and
+# the stand-in fails the first copy of the decode request.
+
+ISTIO_HONOR = "llm-d.llama-pd.0"
+FAILED_503 = {FIRST_STATUS_HEADER: "503"}
+# A 503 with grpc-status 14 (UNAVAILABLE): what Istio's "unavailable" condition retries.
+FAILED_UNAVAILABLE = {FIRST_STATUS_HEADER: "503", FIRST_GRPC_STATUS_HEADER: "14"}
+
+
+def istio_honor_retry_policy(default: dict[str, Any], shipped: bool) -> dict[str, Any]:
+    """The Istio honor route's retry policy when istiod's is ``default``: with the
+    EnvoyFilter as shipped, or without its retry override."""
+    envoy_filter = istio_filter()
+    if not shipped:
+        for patch in envoy_filter["spec"]["configPatches"]:
+            patch["patch"]["value"].pop("route", None)
+    config = gateway_assembly.istio_bootstrap(envoy_filter, httproutes(), default)
+    (route,) = [r for r in routes_of(config) if r["name"] == ISTIO_HONOR]
+    policy: dict[str, Any] = route["route"]["retry_policy"]
+    return policy
+
+
+def with_retry_policy(policy: dict[str, Any]) -> Edit:
+    def edit(config: dict[str, Any]) -> None:
+        _decode_action(config)["retry_policy"] = policy
+
+    return edit
+
+
+# istiod's policy, the EnvoyFilter's override or not, how the first copy fails, the
+# code check-envoy fails the shipped config with that policy with, how many copies
+# reach the upstream, and the status the client gets.
+ISTIO_CASES: dict[str, tuple[dict[str, Any], bool, dict[str, str], list[str], int, int]] = {
+    # Istio up to 1.23: a 503 is retried, the proven body delivered twice.
+    "1.23-default-503": (ISTIO_1_23_RETRY_POLICY, False, FAILED_503, ["body-retried"], 2, 200),
+    "1.23-shipped-503": (ISTIO_1_23_RETRY_POLICY, True, FAILED_503, [], 1, 503),
+    # Istio since 1.24 retries no status code, but a gRPC UNAVAILABLE status.
+    "default-503": (ISTIO_RETRY_POLICY, False, FAILED_503, ["body-retried"], 1, 503),
+    "default-unavailable": (
+        ISTIO_RETRY_POLICY,
+        False,
+        FAILED_UNAVAILABLE,
+        ["body-retried"],
+        2,
+        200,
+    ),
+    "shipped-unavailable": (ISTIO_RETRY_POLICY, True, FAILED_UNAVAILABLE, [], 1, 503),
+}
+
+
+@pytest.mark.parametrize("name", list(ISTIO_CASES))
+def test_check_envoy_fails_istios_retry_on_the_honor_route_unless_overridden(name):
+    default, shipped, _failed, codes, _copies, _status = ISTIO_CASES[name]
+    config = yaml.safe_load(SHIPPED.read_text())
+    with_retry_policy(istio_honor_retry_policy(default, shipped))(config)
+    assert check_envoy.check(config).codes() == codes
+
+
+@pytest.fixture(scope="module", params=list(ISTIO_CASES))
+def istio_case(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[Stack, dict[str, str], int, int]]:
+    default, shipped, failed, _codes, copies, status = ISTIO_CASES[request.param]
+    edit = with_retry_policy(istio_honor_retry_policy(default, shipped))
+    workdir = tmp_path_factory.mktemp(f"istio-{request.param}")
+    with Stack(workdir, proof_keys={KEY_ID: new_key()}, edit=edit) as running:
+        yield running, failed, copies, status
+
+
+def test_istios_retry_delivers_a_proven_body_once_only_with_the_envoyfilter(istio_case):
+    stack, failed, copies, status = istio_case
+    with httpx.Client(timeout=20) as client:
+        params = minted(client, stack)
+        raw = json.dumps(chat(params, max_tokens=8)).encode()
+        reply = client.post(
+            stack.url + DECODE,
+            content=raw,
+            headers={"content-type": "application/json", **failed},
+        )
+    assert reply.status_code == status, reply.text
+    received = _copies(stack, copies)
+    assert [(r.target, r.body) for r in received] == [(UPSTREAM_PATH, raw)] * copies

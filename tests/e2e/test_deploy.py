@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -24,6 +25,7 @@ from ext_proc.core.route_policy import Action, RoutePolicy, Topology
 from ext_proc.core.vllm_request import CONNECTOR_REQUESTS
 from ext_proc.edge.attributes import attribute_keys
 from ext_proc.tools import carrier_headers, check_envoy, envoygen, token_endpoints
+from ext_proc.tools.check_envoy.rules.replay import UNSENT
 from tests.e2e import gateway_assembly
 from tests.e2e.stack import Stack, new_key
 from tests.filters import assert_fails_closed
@@ -808,8 +810,70 @@ def test_check_envoy_catches_an_istio_filter_without_each_part(change, error):
     assert any(error in e for e in errors), errors
 
 
-def test_istio_envoy_config_validates(tmp_path):
-    envoy_validate(istio_bootstrap(), tmp_path, "istio")
+def _no_retry_override(envoy_filter: dict[str, Any]) -> None:
+    for patch in envoy_filter["spec"]["configPatches"]:
+        patch["patch"]["value"].pop("route", None)
+
+
+def _zero_retries(envoy_filter: dict[str, Any]) -> None:
+    # A zero is no value in a proto merge: istiod's num_retries stays.
+    for patch in envoy_filter["spec"]["configPatches"]:
+        if "route" in patch["patch"]["value"]:
+            patch["patch"]["value"]["route"] = {"retry_policy": {"num_retries": 0}}
+
+
+def _empty_retry_on(envoy_filter: dict[str, Any]) -> None:
+    # Likewise an empty retry_on: istiod's conditions stay.
+    for patch in envoy_filter["spec"]["configPatches"]:
+        if "route" in patch["patch"]["value"]:
+            patch["patch"]["value"]["route"] = {"retry_policy": {"retry_on": ""}}
+
+
+ISTIO_DEFAULTS = pytest.mark.parametrize(
+    "default",
+    [gateway_assembly.ISTIO_RETRY_POLICY, gateway_assembly.ISTIO_1_23_RETRY_POLICY],
+    ids=["istio", "istio-1.23"],
+)
+MINT_AND_HONOR = ["llm-d.llama-pd.0", "llm-d.llama-pd.1"]
+
+
+def _flagged_routes(errors: list[str]) -> list[str]:
+    return sorted(m.group(1) for e in errors if (m := re.search(r" route gateway/(\S+):", e)))
+
+
+@ISTIO_DEFAULTS
+def test_istio_mint_and_honor_routes_retry_only_unread_requests(default):
+    config = gateway_assembly.istio_bootstrap(istio_filter(), httproutes(), default)
+    assert check_envoy.check(config).errors == []
+    by_name = {r["name"]: r for r in routes_of(config) if "route" in r}
+    kept = {k: v for k, v in default.items() if k != "retry_on"}
+    for name in MINT_AND_HONOR:
+        policy = dict(by_name[name]["route"]["retry_policy"])
+        # Only conditions no upstream read the request under; istiod's other fields stay
+        # and act on those conditions alone (retriable_status_codes on none of them).
+        assert set(policy.pop("retry_on").split(",")) == UNSENT
+        assert policy == kept
+    # The aggregated (strip) route keeps istiod's policy: its copies spend no proof.
+    assert by_name["llm-d.llama.0"]["route"]["retry_policy"] == default
+
+
+@ISTIO_DEFAULTS
+@pytest.mark.parametrize(
+    "change", [_no_retry_override, _zero_retries, _empty_retry_on], ids=["none", "zero", "empty"]
+)
+def test_check_envoy_catches_istios_retry_on_mint_and_honor_routes(default, change):
+    envoy_filter = istio_filter()
+    change(envoy_filter)
+    config = gateway_assembly.istio_bootstrap(envoy_filter, httproutes(), default)
+    report = check_envoy.check(config)
+    assert report.codes() == ["body-retried", "body-retried"]
+    assert _flagged_routes(report.errors) == MINT_AND_HONOR
+
+
+@ISTIO_DEFAULTS
+def test_istio_envoy_config_validates(default, tmp_path):
+    config = gateway_assembly.istio_bootstrap(istio_filter(), httproutes(), default)
+    envoy_validate(config, tmp_path, "istio")
 
 
 # --- Envoy Gateway -----------------------------------------------------------------------

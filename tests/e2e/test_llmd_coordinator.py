@@ -15,6 +15,7 @@ import yaml
 
 from devstack import llmd
 from ext_proc.tools import check_envoy
+from ext_proc.tools.check_envoy.rules.replay import UNSENT
 from tests.e2e import gateway_assembly
 from tests.e2e.test_deploy import (
     KUBE_VERSION,
@@ -86,6 +87,22 @@ def test_each_phase_gets_its_policy(assemble, name_of, tmp_path):
     assert report.errors == []
     assert report.warnings == []
     envoy_validate(config, tmp_path, "coordinator")
+
+
+def test_istio_prefill_and_decode_phases_retry_only_unread_requests():
+    # istiod's default retry policy on every phase route; the EnvoyFilter replaces its
+    # retry_on on the mint and honor phases (deploy/istio/envoyfilter.yaml, 4.).
+    routes = {r["name"]: r for r in routes_of(istio()) if "route" in r}
+    retry_on = {name: routes[name]["route"]["retry_policy"]["retry_on"] for name in routes}
+    for index in (0, 1):  # prefill (mint), decode (honor)
+        assert set(retry_on[f"llm-d.llm-d-coordinator.{index}"].split(",")) == UNSENT
+    for index in (2, 3):  # encode, the coordinator (strip)
+        expected = gateway_assembly.ISTIO_RETRY_POLICY["retry_on"]
+        assert retry_on[f"llm-d.llm-d-coordinator.{index}"] == expected
+    envoy_filter = documents(OUT / "istio" / "envoyfilter.yaml")[0]
+    for patch in envoy_filter["spec"]["configPatches"]:
+        patch["patch"]["value"].pop("route", None)
+    assert check_envoy.check(istio(envoy_filter)).codes() == ["body-retried"] * 2
 
 
 def test_the_phase_header_selects_the_route():
