@@ -18,7 +18,7 @@ from typing import Final
 
 from grpc_tools import protoc
 
-from devstack import dashboard, llmd, module_map, monitoring, route_policy_docs
+from devstack import connector_keys_docs, dashboard, llmd, module_map, monitoring, route_policy_docs
 from ext_proc.tools import envoygen
 
 REPO: Final = Path(__file__).resolve().parents[1]
@@ -109,6 +109,12 @@ GENERATORS: Final = (
         "the route policy field table in README.md and docs/trust.md",
         lambda: route_policy_docs.DOCUMENTS,
         route_policy_docs.files,
+    ),
+    Generator(
+        "connector-keys-docs",
+        "the connector key table in docs/trust.md",
+        lambda: (connector_keys_docs.DOCUMENT,),
+        connector_keys_docs.files,
     ),
     Generator(
         "module-map",

@@ -1,7 +1,7 @@
 """Connector values within bounds: the numbers in an honored or minted
 ``kv_transfer_params`` that vLLM's KV connectors size lists, loops and connections by,
-checked against bounds read from the connectors' code
-(docs/trust.md#connector-values-within-bounds).
+checked against bounds read from the connectors' code (connector_keys.py: every key the
+connectors read, where and how; docs/trust.md#connector-values-within-bounds).
 
 A proof, a listed peer or a route that trusts any caller says who wrote the parameters,
 not that their values are sane; vLLM 0.32 reads them without a check (vllm#51137: a
@@ -9,74 +9,36 @@ large ``tp_size`` makes the decode side allocate without bound in
 ``TransferTopology.handshake_target_ranks``, and the EngineCore dies of it). So every
 honored or minted object is checked here first. Pure: no I/O; ``refusal`` returns the
 refusal or None. A key that is absent or null is fine (the connector's default); keys
-not named here are not looked at. A value must be a JSON integer: a boolean, a float
-or a string is refused (``type(value) is int``), whatever ``int()`` would make of it.
+the table does not check are not looked at. A value must be a JSON integer: a boolean,
+a float or a string is refused (``type(value) is int``), whatever ``int()`` would make
+of it; the one clock value, ``remote_blocks_expiry_time``, may also be a finite float.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any, Final
 
+from ext_proc.core.connector_keys import (
+    BLOCK_ID_BOUND,
+    BY_NAME,
+    MAX_CLOCK_SECONDS,
+    MAX_GROUPS,
+    MAX_PROMPT_TOKENS,
+    MAX_RANKS,
+    SPANS,
+)
 from ext_proc.core.errors import Refusal, bad_request
 from ext_proc.core.reasons import Reason
 from ext_proc.core.vllm_request import KV_KEY
 
-# The most ranks one engine has, along any axis and in all (tp_size times pp_size): an
-# operator's ceiling far above any deployment (a rack-scale NVL72 engine has 72), and
-# what bounds the decode side's work. Its sources, by key:
-# - tp_size: NIXL's decode side builds ``[tp_rank * abs_ratio + i for i in
-#   range(abs_ratio)]`` with abs_ratio = remote tp_size // local tp_size
-#   (kv_connector/utils.py ``TransferTopology.handshake_target_ranks``; vllm#51137's
-#   OOM) and divides by it in ``tp_ratio`` (0: ZeroDivisionError); vllm#51137's fix
-#   refuses a tp_size below 1 or above its ``_MAX_KV_TRANSFER_TP_SIZE`` (its tests
-#   refuse 0, -1, "big" and 20,000,000; the value itself is not in what was read, so
-#   the ceiling here is this gateway's own). MoRIIO reads the same value as
-#   ``remote_tp_size`` first, then ``tp_size`` (moriio_common.py ``add_new_req``).
-# - pp_size: NIXL's handshake asks ``itertools.product(range(remote_pp_size),
-#   ranks)``, one metadata round trip (5 s timeout) each (nixl/base_worker.py
-#   ``_nixl_handshake``); vllm#51137's fix bounds it like tp_size
-#   (``_MAX_KV_TRANSFER_PP_SIZE``). Their product is the number of those round trips
-#   at most, so it is bounded too.
-# - dcp_size: divides NIXL's reader count (``dcp_consumer_count``) and picks its
-#   source ranks (``dcp_source_ranks``); vLLM's own ``decode_context_parallel_size``
-#   is at least 1 (config/parallel.py).
-# - remote_dp_size: MoRIIO's DP fan-out and notify port offsets (``dp_rank * tp_size +
-#   tp_rank``, moriio_common.py ``get_port_offset``); vLLM's ``data_parallel_size`` is at
-#   least 1.
-MAX_RANKS: Final = 1024
-# TCP ports: NIXL's side channel (``make_zmq_path("tcp", host, port)``), MoRIIO's
-# handshake and notify sockets; vllm#51137's fix refuses 0 and 65536 for remote_port.
-MIN_PORT: Final = 1
-MAX_PORT: Final = 65535
-# vLLM's block tables are int32 (v1/worker/block_table.py): no block id reaches 2**31.
-BLOCK_ID_BOUND: Final = 2**31
-# The most tokens a prompt may have when neither its ids nor the route's max_ids say:
-# above every context length vLLM serves (the longest published is 10M tokens).
-MAX_PROMPT_TOKENS: Final = 2**24
-# The most KV cache groups one ``remote_block_ids`` may list: vLLM groups a model's
-# layers by their KV cache spec, so there are never more groups than layers.
-MAX_GROUPS: Final = 1024
-
-# Integers within fixed bounds, checked in this order: (key, lowest, highest).
-_FIXED: Final = (
-    ("tp_size", 1, MAX_RANKS),
-    ("remote_tp_size", 1, MAX_RANKS),
-    ("pp_size", 1, MAX_RANKS),
-    ("dcp_size", 1, MAX_RANKS),
-    ("remote_dp_size", 1, MAX_RANKS),
-    ("remote_port", MIN_PORT, MAX_PORT),
-    ("remote_handshake_port", MIN_PORT, MAX_PORT),
-    ("remote_notify_port", MIN_PORT, MAX_PORT),
-)
-# Every key checked, for the documentation's table and the tests.
-KEYS: Final = (
-    *(key for key, _, _ in _FIXED),
-    "remote_dp_rank",
-    "remote_dp_size_local",
-    "remote_num_tokens",
-    "remote_block_ids",
-)
+# Every key checked: the table's checked keys (connector_keys.py, where each bound's
+# source is written).
+KEYS: Final = tuple(name for name, key in BY_NAME.items() if key.checked)
+# The engine's TP size under either key; each times pp_size is at most MAX_RANKS, the
+# number of NIXL's handshake round trips at most (connector_keys.py: pp_size).
+_TP_KEYS: Final = ("tp_size", "remote_tp_size")
 
 
 def refusal(
@@ -86,13 +48,23 @@ def refusal(
     bounds, or None. ``tokens``: the most tokens the prompt has (its ids' count, else
     the route's max_ids); None or 0: ``MAX_PROMPT_TOKENS``. ``where``: the member the
     object is (refusals name its keys below it)."""
-    for key, low, high in _FIXED:
+    for key, low, high in SPANS:
         if not _within(params.get(key), low, high):
             return _out(where, key, f"an integer from {low} to {high}")
-    tp, pp = params.get("tp_size"), params.get("pp_size")
-    if tp is not None and pp is not None and tp * pp > MAX_RANKS:
+    if (pp := params.get("pp_size")) is not None:
+        for key in _TP_KEYS:
+            tp = params.get(key)
+            if tp is not None and tp * pp > MAX_RANKS:
+                return _out(
+                    where,
+                    "pp_size",
+                    f"at most {MAX_RANKS // tp} with {key} {tp} ({MAX_RANKS} ranks)",
+                )
+    if not _clock(params.get("remote_blocks_expiry_time")):
         return _out(
-            where, "pp_size", f"at most {MAX_RANKS // tp} with tp_size {tp} ({MAX_RANKS} ranks)"
+            where,
+            "remote_blocks_expiry_time",
+            f"a finite number from 0 to {MAX_CLOCK_SECONDS} (seconds of the decode server's clock)",
         )
     # MoRIIO: the rank a notify goes to (its port offset), and the per-pod DP size it
     # folds ranks by (0: one pod); moriio_connector.py ``update_state_after_alloc``.
@@ -113,6 +85,17 @@ def refusal(
 def _within(value: Any, low: int, high: int) -> bool:
     """Absent or null, or an integer (not a boolean) from ``low`` to ``high``."""
     return value is None or (type(value) is int and low <= value <= high)
+
+
+def _clock(value: Any) -> bool:
+    """Absent or null, or a finite number (an integer or a float, not a boolean) from 0
+    to ``MAX_CLOCK_SECONDS``: NIXL subtracts a clock offset from it and compares it
+    with ``time.perf_counter()``."""
+    if value is None:
+        return True
+    if type(value) is int:
+        return 0 <= value <= MAX_CLOCK_SECONDS
+    return type(value) is float and math.isfinite(value) and 0 <= value <= MAX_CLOCK_SECONDS
 
 
 def _out(where: str, key: str, rule: str) -> Refusal:

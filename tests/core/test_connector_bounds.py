@@ -4,6 +4,7 @@ are stated here again, apart from the package, as docs/trust.md's table gives th
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import pytest
@@ -23,6 +24,7 @@ FIXED = {
     "remote_port": (1, 65535),
     "remote_handshake_port": (1, 65535),
     "remote_notify_port": (1, 65535),
+    "remote_block_size": (1, 2**24),
     # Without remote_dp_size beside them:
     "remote_dp_rank": (0, 1023),
     "remote_dp_size_local": (0, 1024),
@@ -30,6 +32,8 @@ FIXED = {
     "remote_num_tokens": (0, 2**24),
 }
 BLOCK_ID_BOUND = 2**31
+# remote_blocks_expiry_time: a finite number from 0 to this (seconds).
+CLOCK_BOUND = 2**32
 # What vLLM 0.32's NixlConnector answered a 14-token prefill with (deploy/LLM-D.md).
 NIXL_REPLY = {
     "do_remote_prefill": True,
@@ -45,6 +49,17 @@ NIXL_REPLY = {
     "remote_num_tokens": 14,
     "remote_blocks_expiry_time": None,
     "transfer_mode": "pull",
+}
+# What vLLM 0.32's NixlConnector answers after a decode with bidirectional_kv_xfer, for
+# the next turn's prefill to read back (nixl/pull_scheduler.py request_finished): the
+# expiry is the decode server's time.perf_counter() plus decoder_kv_blocks_ttl (480 s).
+NIXL_TURN2_REPLY = {
+    **NIXL_REPLY,
+    "do_remote_prefill": False,
+    "do_remote_decode": True,
+    "remote_block_ids": [[3, 4]],
+    "remote_num_tokens": 30,
+    "remote_blocks_expiry_time": 183_402.734_501_2 + 480,
 }
 # What vLLM 0.32's MoRIIOConnector answers (moriio_connector.py request_finished).
 MORIIO_REPLY = {
@@ -70,7 +85,11 @@ def param(refused: Any) -> str | None:
 
 
 def test_every_key_the_module_checks_is_in_the_table():
-    assert set(connector_bounds.KEYS) == {*FIXED, "remote_block_ids"}
+    assert set(connector_bounds.KEYS) == {
+        *FIXED,
+        "remote_block_ids",
+        "remote_blocks_expiry_time",
+    }
 
 
 @pytest.mark.parametrize("params", [NIXL_REPLY, MORIIO_REPLY, {}, {"x": 10**40}])
@@ -78,7 +97,11 @@ def test_what_the_connectors_answer_passes(params):
     assert refusal(params, 14) is None
 
 
-@pytest.mark.parametrize("key", sorted(FIXED))
+def test_what_a_decode_server_answers_for_the_read_back_passes():
+    assert refusal(NIXL_TURN2_REPLY, 30) is None
+
+
+@pytest.mark.parametrize("key", [*sorted(FIXED), "remote_blocks_expiry_time"])
 def test_absent_and_null_pass(key):
     assert refusal({key: None}) is None
     assert refusal({"remote_block_ids": None}) is None
@@ -105,8 +128,38 @@ def test_absent_and_null_pass(key):
         ({"remote_tp_size": 0}, None, "remote_tp_size"),
         ({"dcp_size": 0}, None, "dcp_size"),
         ({"remote_dp_size": 0}, None, "remote_dp_size"),
-        # One engine's ranks in all.
+        # One engine's ranks in all, under either TP key: the smallest products refused.
         ({"tp_size": 64, "pp_size": 32}, None, "pp_size"),
+        ({"tp_size": 41, "pp_size": 25}, None, "pp_size"),
+        ({"remote_tp_size": 64, "pp_size": 32}, None, "pp_size"),
+        ({"remote_tp_size": 5, "pp_size": 205}, None, "pp_size"),
+        ({"remote_tp_size": 2, "pp_size": 513}, None, "pp_size"),
+        ({"tp_size": 1, "remote_tp_size": 1024, "pp_size": 2}, None, "pp_size"),
+        # remote_block_size: the smallest refused above and below.
+        ({"remote_block_size": 2**24 + 1}, None, "remote_block_size"),
+        ({"remote_block_size": 0}, None, "remote_block_size"),
+        ({"remote_block_size": -16}, None, "remote_block_size"),
+        ({"remote_block_size": 16.0}, None, "remote_block_size"),
+        ({"remote_block_size": True}, None, "remote_block_size"),
+        ({"remote_block_size": "16"}, None, "remote_block_size"),
+        ({"remote_block_size": 10**400}, None, "remote_block_size"),
+        ({"remote_tp_size": True}, None, "remote_tp_size"),
+        ({"remote_tp_size": 4.0}, None, "remote_tp_size"),
+        ({"remote_tp_size": 1025}, None, "remote_tp_size"),
+        ({"remote_tp_size": -4}, None, "remote_tp_size"),
+        ({"remote_tp_size": 10**400}, None, "remote_tp_size"),
+        # remote_blocks_expiry_time: a finite number, 0 to 2**32 seconds.
+        ({"remote_blocks_expiry_time": -1}, None, "remote_blocks_expiry_time"),
+        ({"remote_blocks_expiry_time": -0.001}, None, "remote_blocks_expiry_time"),
+        ({"remote_blocks_expiry_time": 2**32 + 1}, None, "remote_blocks_expiry_time"),
+        ({"remote_blocks_expiry_time": 2.0**32 + 0.001}, None, "remote_blocks_expiry_time"),
+        ({"remote_blocks_expiry_time": 10**400}, None, "remote_blocks_expiry_time"),
+        ({"remote_blocks_expiry_time": float("nan")}, None, "remote_blocks_expiry_time"),
+        ({"remote_blocks_expiry_time": float("inf")}, None, "remote_blocks_expiry_time"),
+        ({"remote_blocks_expiry_time": float("-inf")}, None, "remote_blocks_expiry_time"),
+        ({"remote_blocks_expiry_time": True}, None, "remote_blocks_expiry_time"),
+        ({"remote_blocks_expiry_time": "1234.5"}, None, "remote_blocks_expiry_time"),
+        ({"remote_blocks_expiry_time": [1234.5]}, None, "remote_blocks_expiry_time"),
         # A rank below the size sent beside it.
         ({"remote_dp_size": 4, "remote_dp_rank": 4}, None, "remote_dp_rank"),
         ({"remote_dp_rank": -1}, None, "remote_dp_rank"),
@@ -145,6 +198,16 @@ def test_out_of_bounds_is_refused_naming_the_key(params, tokens, key):
     [
         {"tp_size": 1024, "pp_size": 1},
         {"tp_size": 32, "pp_size": 32},
+        {"tp_size": 1, "pp_size": 1024},
+        {"remote_tp_size": 1024, "pp_size": 1},
+        {"remote_tp_size": 512, "pp_size": 2},
+        {"tp_size": 4, "remote_tp_size": 256, "pp_size": 4},
+        {"remote_block_size": 1},
+        {"remote_block_size": 2**24},
+        {"remote_blocks_expiry_time": 0},
+        {"remote_blocks_expiry_time": 0.0},
+        {"remote_blocks_expiry_time": 2**32},
+        {"remote_blocks_expiry_time": 2.0**32},
         {"remote_dp_size": 4, "remote_dp_rank": 3, "remote_dp_size_local": 4},
         {"remote_dp_size_local": 0},
         {"remote_num_tokens": 0},
@@ -167,6 +230,14 @@ def test_the_message_names_the_group_and_the_item():
     refused = refusal({"remote_block_ids": [[1], list(range(20))]}, 14)
     assert refused is not None
     assert "remote_block_ids[1] has 20 block ids" in refused.message
+
+
+def test_the_product_names_the_tp_key_it_was_taken_with():
+    refused = refusal({"tp_size": 1, "remote_tp_size": 64, "pp_size": 32})
+    assert refused is not None
+    assert refused.message == (
+        "kv_transfer_params.pp_size must be at most 16 with remote_tp_size 64 (1024 ranks)"
+    )
 
 
 def test_values_are_not_echoed():
@@ -193,8 +264,17 @@ def test_every_value_in_bounds_passes(data):
         if data.draw(st.booleans(), label=f"has {key}"):
             params[key] = data.draw(st.integers(low, high), label=key)
     # The dependent bounds, as docs/trust.md states them.
-    if "tp_size" in params and "pp_size" in params:
-        params["pp_size"] = max(1, min(params["pp_size"], 1024 // params["tp_size"]))
+    if "pp_size" in params:
+        widest = max(params.get("tp_size", 1), params.get("remote_tp_size", 1))
+        params["pp_size"] = max(1, min(params["pp_size"], 1024 // widest))
+    params["remote_blocks_expiry_time"] = data.draw(
+        st.one_of(
+            st.none(),
+            st.integers(0, CLOCK_BOUND),
+            st.floats(0, CLOCK_BOUND, allow_nan=False, allow_infinity=False),
+        ),
+        label="expiry",
+    )
     if "remote_dp_size" in params:
         size = params["remote_dp_size"]
         if "remote_dp_rank" in params:
@@ -270,3 +350,27 @@ def test_a_bad_block_id_or_too_many_fail_anywhere(tokens, groups, bad, data):
     assert param(refusal({"remote_block_ids": many}, tokens)) == (
         "kv_transfer_params.remote_block_ids"
     )
+
+
+@given(
+    value=st.one_of(
+        not_an_int,
+        st.integers(),
+        st.floats(),  # NaN and both infinities too
+    )
+)
+def test_an_expiry_passes_exactly_when_a_finite_number_from_0_to_2_32(value):
+    number = type(value) in (int, float)
+    fits = number and math.isfinite(value) and 0 <= value <= CLOCK_BOUND
+    refused = refusal({"remote_blocks_expiry_time": value})
+    assert param(refused) == (None if fits else "kv_transfer_params.remote_blocks_expiry_time")
+
+
+@given(
+    key=st.sampled_from(["tp_size", "remote_tp_size"]),
+    tp=st.integers(1, 1024),
+    pp=st.integers(1, 1024),
+)
+def test_either_tp_size_times_pp_size_passes_exactly_up_to_1024(key, tp, pp):
+    refused = refusal({key: tp, "pp_size": pp})
+    assert param(refused) == (None if tp * pp <= 1024 else "kv_transfer_params.pp_size")
