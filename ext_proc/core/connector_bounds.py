@@ -9,9 +9,10 @@ large ``tp_size`` makes the decode side allocate without bound in
 ``TransferTopology.handshake_target_ranks``, and the EngineCore dies of it). So every
 honored or minted object is checked here first. Pure: no I/O; ``refusal`` returns the
 refusal or None. A key that is absent or null is fine (the connector's default); keys
-the table does not check are not looked at. A value must be a JSON integer: a boolean,
+the table does not check are not looked at. A number must be a JSON integer: a boolean,
 a float or a string is refused (``type(value) is int``), whatever ``int()`` would make
 of it; the one clock value, ``remote_blocks_expiry_time``, may also be a finite float.
+The names the connectors key their records by (``TEXTS``) must be strings.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from ext_proc.core.connector_keys import (
     MAX_PROMPT_TOKENS,
     MAX_RANKS,
     SPANS,
+    TEXTS,
 )
 from ext_proc.core.errors import Refusal, bad_request
 from ext_proc.core.reasons import Reason
@@ -48,6 +50,9 @@ def refusal(
     bounds, or None. ``tokens``: the most tokens the prompt has (its ids' count, else
     the route's max_ids); None or 0: ``MAX_PROMPT_TOKENS``. ``where``: the member the
     object is (refusals name its keys below it)."""
+    for key in TEXTS:
+        if (value := params.get(key)) is not None and type(value) is not str:
+            return _out(where, key, "a string")
     for key, low, high in SPANS:
         if not _within(params.get(key), low, high):
             return _out(where, key, f"an integer from {low} to {high}")

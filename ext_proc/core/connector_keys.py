@@ -62,6 +62,7 @@ class Key:
     reads: tuple[Read, ...]
     span: tuple[int, int] | None = None  # an integer from the first to the second
     checked: bool = True
+    text: bool = False  # a string (a name the connector keeps as a dictionary key)
 
 
 def _ranks(extra: str = "") -> str:
@@ -72,6 +73,10 @@ def _ports() -> str:
     return f"integer, {MIN_PORT} to {MAX_PORT}"
 
 
+_NAME: Final = (
+    "a string (real ones are; a list or an object is unhashable as the dictionary key "
+    "the connector keeps it under)"
+)
 _TP_TIMES_PP: Final = f", and it times `pp_size` at most {MAX_RANKS}"
 
 KEYS: Final = (
@@ -317,7 +322,7 @@ KEYS: Final = (
     ),
     Key(
         "remote_engine_id",
-        "none: a name",
+        _NAME,
         (
             Read(
                 NIXL,
@@ -328,11 +333,11 @@ KEYS: Final = (
             Read(MORIIO, FIRST, "moriio/moriio_common.py", "the same"),
             Read(MOONCAKE, FIRST, "mooncake/mooncake_connector.py", "the same"),
         ),
-        checked=False,
+        text=True,
     ),
     Key(
         "remote_request_id",
-        "none: a name",
+        _NAME,
         (
             Read(
                 NIXL,
@@ -341,7 +346,7 @@ KEYS: Final = (
                 "the prefill request whose blocks are read, named in the notification",
             ),
         ),
-        checked=False,
+        text=True,
     ),
     Key(
         "transfer_id",
@@ -429,5 +434,7 @@ KEYS: Final = (
     ),
 )
 BY_NAME: Final = {key.name: key for key in KEYS}
+# The names that must be strings, in the table's order.
+TEXTS: Final = tuple(key.name for key in KEYS if key.text)
 # The integers checked within fixed bounds, in the table's order: (key, lowest, highest).
 SPANS: Final = tuple((key.name, *key.span) for key in KEYS if key.span is not None)

@@ -89,7 +89,17 @@ def test_every_key_the_module_checks_is_in_the_table():
         *FIXED,
         "remote_block_ids",
         "remote_blocks_expiry_time",
+        "remote_engine_id",
+        "remote_request_id",
     }
+
+
+@pytest.mark.parametrize("key", ["remote_engine_id", "remote_request_id"])
+@pytest.mark.parametrize("value", [["e"], {"e": 1}, 7, True, 1.5])
+def test_a_name_the_connector_keys_a_record_by_is_a_string(key, value):
+    assert param(refusal({**NIXL_REPLY, key: value})) == f"kv_transfer_params.{key}"
+    assert param(refusal({**NIXL_REPLY, key: "any name"})) is None
+    assert param(refusal({**NIXL_REPLY, key: None})) is None
 
 
 @pytest.mark.parametrize("params", [NIXL_REPLY, MORIIO_REPLY, {}, {"x": 10**40}])
