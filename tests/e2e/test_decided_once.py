@@ -129,16 +129,23 @@ def test_check_envoy_fails_exactly_the_edits(name):
     assert check_envoy.check(config).codes() == codes
 
 
-def test_a_proven_decode_body_reaches_the_upstream_once_unless_edited(case):
-    stack, _codes, copies, path = case
+def proven_decode(stack: Stack, headers: dict[str, str]) -> tuple[httpx.Response, bytes]:
+    """A decode leg whose proof the gateway minted just before, sent with ``headers``:
+    the answer and the body sent."""
     with httpx.Client(timeout=20) as client:
         params = minted(client, stack)
         raw = json.dumps(chat(params, max_tokens=8)).encode()
         reply = client.post(
             stack.url + DECODE,
             content=raw,
-            headers={"content-type": "application/json", DELAY: "1"},
+            headers={"content-type": "application/json", **headers},
         )
+    return reply, raw
+
+
+def test_a_proven_decode_body_reaches_the_upstream_once_unless_edited(case):
+    stack, _codes, copies, path = case
+    reply, raw = proven_decode(stack, {DELAY: "1"})
     assert reply.status_code == 200, reply.text
     received = _copies(stack, copies)
     # Each copy is the proven body, its proof included: one decision, `copies` uses.
@@ -245,14 +252,7 @@ def istio_case(
 
 def test_istios_retry_delivers_a_proven_body_once_only_with_the_envoyfilter(istio_case):
     stack, failed, copies, status = istio_case
-    with httpx.Client(timeout=20) as client:
-        params = minted(client, stack)
-        raw = json.dumps(chat(params, max_tokens=8)).encode()
-        reply = client.post(
-            stack.url + DECODE,
-            content=raw,
-            headers={"content-type": "application/json", **failed},
-        )
+    reply, raw = proven_decode(stack, failed)
     assert reply.status_code == status, reply.text
     received = _copies(stack, copies)
     assert [(r.target, r.body) for r in received] == [(UPSTREAM_PATH, raw)] * copies
