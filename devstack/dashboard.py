@@ -60,7 +60,11 @@ HONOR_REASONS: Final = (
     "proof_unknown_key",
     "proof_bad_signature",
     "proof_expired",
+    "proof_outlives_lease",
     "prompt_mismatch",
+    "proof_replayed",
+    "proof_record_unavailable",
+    "proof_record_full",
 )
 NOT_MINTED_REASONS: Final = (
     "no_signing_key",
