@@ -255,9 +255,7 @@ class BenchStack:
         for number in range(len([a for a in self.arrangements if a.record == "redis"])):
             client = redis.Redis(host=LOCAL, port=self.redis_address.port, db=number)
             try:
-                run_id = client.info("server")["run_id"]
-                replid = client.info("replication")["master_replid"]
-                client.set(redis_record.SINCE, redis_record.since(run_id, replid, began))
+                redis_record.begin(client, began)
             finally:
                 client.close()
 

@@ -12,8 +12,10 @@ notices it whatever the data it came back with says:
 
 - ``SINCE`` holds the incarnation of the Redis that wrote it, its ``run_id`` (new on
   every start of a redis-server process, so on every restart, restore or failover to
-  another process) and ``master_replid`` (new when a replica is promoted, and when a
-  master that followed another is made master again), and the time the record began.
+  another process), ``master_replid`` (new when a replica is promoted, and when a
+  master that followed another is made master again) and its history (how many keys it
+  evicted, and how often it ran a command that puts other data in place of a key:
+  SWAPDB, MOVE, COPY, RESTORE, a flush, DEBUG), and the time the record began.
   A missing ``SINCE`` (a flush), or one of another incarnation (whatever a snapshot,
   AOF, backup or replication brought back), is rewritten: the record begins now.
 - A proof is honored only when it was minted after the record began
@@ -42,6 +44,7 @@ import time
 from collections.abc import Callable
 from typing import Final
 
+import redis
 import redis.asyncio
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
@@ -56,8 +59,36 @@ SINCE: Final = "ext_proc:spent-since"
 # minted after (unix seconds), its lifetime (ms). 1: recorded now; 0: recorded before;
 # -1: minted before the record began; -2: not a master; -3: keys may be evicted.
 # A field missing from INFO (not a Redis) fails the script: UNAVAILABLE.
-_SPEND: Final = """
+# The commands that put other data in place of a key without a new run_id or replid
+# (SWAPDB swaps a database back, MOVE, COPY and RESTORE bring an older key back, a
+# flush or DEBUG RELOAD replaces it) and the count of evicted keys make the record's
+# history: a change in any of them since the record began begins it again.
+_REWRITERS: Final = (
+    "swapdb",
+    "move",
+    "copy",
+    "restore",
+    "restore-asking",
+    "flushdb",
+    "flushall",
+    "debug",
+)
+# Sets ``incarnation``: the server's run_id, its master_replid and its history.
+_INCARNATION: Final = """
+local server = redis.call('INFO', 'server')
 local replication = redis.call('INFO', 'replication')
+local stats = redis.call('INFO', 'stats')
+local commands = redis.call('INFO', 'commandstats')
+local history = string.match(stats, 'evicted_keys:(%d+)')
+for _, name in ipairs({@REWRITERS@}) do
+  history = history .. ',' .. (string.match(commands, 'cmdstat_' .. name .. ':calls=(%d+)') or '0')
+end
+local incarnation = string.match(server, 'run_id:(%x+)') .. ':'
+  .. string.match(replication, 'master_replid:(%x+)') .. ':' .. history
+""".replace("@REWRITERS@", ", ".join(f"'{name.replace('-', '%-')}'" for name in _REWRITERS))
+_SPEND: Final = (
+    _INCARNATION
+    + """
 if string.match(replication, 'role:(%a+)') ~= 'master' then
   return -2
 end
@@ -65,9 +96,6 @@ local memory = redis.call('INFO', 'memory')
 if string.match(memory, 'maxmemory_policy:([%w-]+)') ~= 'noeviction' then
   return -3
 end
-local server = redis.call('INFO', 'server')
-local incarnation = string.match(server, 'run_id:(%x+)') .. ':'
-  .. string.match(replication, 'master_replid:(%x+)')
 local began = nil
 local since = redis.call('GET', KEYS[1])
 if since then
@@ -88,6 +116,23 @@ if redis.call('SET', KEYS[2], '1', 'NX', 'PX', ARGV[3]) then
 end
 return 0
 """
+)
+# KEYS: SINCE; ARGV: when the record began (unix seconds). For a Redis known to have
+# recorded nothing before (a benchmark's, a test's): the record began then, on it.
+_BEGIN: Final = (
+    _INCARNATION
+    + """
+redis.call('SET', KEYS[1], incarnation .. ' ' .. ARGV[1])
+"""
+)
+
+
+def begin(client: redis.Redis, began: int) -> None:
+    """State that the record on the Redis of ``client`` began at ``began`` (unix
+    seconds), as a spend would have written it then."""
+    client.eval(_BEGIN, 1, SINCE, began)
+
+
 # The script's refusals: the log's ``error`` and its words. A record that began after
 # the proof was minted is the record working as it should after Redis forgot: logged,
 # not counted as an error (the alert on record errors would fire after every restart).
@@ -107,12 +152,6 @@ _REFUSED: Final = {
         "is a forgotten proof",
     ),
 }
-
-
-def since(run_id: str, replid: str, began: int) -> str:
-    """``SINCE``'s value for a record that began at ``began`` (unix seconds) on the Redis
-    of ``run_id`` and ``master_replid`` ``replid``, as the script writes it."""
-    return f"{run_id}:{replid} {began}"
 
 
 class RedisRecord:

@@ -8,6 +8,8 @@ of one prompt differ is their nonce alone."""
 from __future__ import annotations
 
 import asyncio
+import base64
+import contextlib
 import math
 import os
 import shutil
@@ -23,11 +25,12 @@ import pytest
 from prometheus_client import CollectorRegistry
 from prometheus_client.multiprocess import MultiProcessCollector
 from redis import Redis as RedisClient
+from redis.exceptions import ResponseError
 
 from bench import tools
 from devstack import processes, tokens
 from ext_proc.core import proof
-from ext_proc.core.replay import Verdict
+from ext_proc.core.replay import Ticket, Verdict
 from ext_proc.edge import redis_record
 from ext_proc.edge.redis_record import RedisRecord
 from tests.e2e.conftest import KEY_ID
@@ -513,10 +516,7 @@ def test_verifiers_whose_clocks_are_apart_never_honor_a_proof_twice(redis):
     params = {"remote_engine_id": "e", "prompt_token_ids": [1, 2, 3]}
     digest = bytes(32)
     with redis.client() as seed:  # the record began well before the proof was minted
-        run_id = seed.info("server")["run_id"]
-        replid = seed.info("replication")["master_replid"]
-        began = int(time.time()) - 60
-        seed.set(redis_record.SINCE, redis_record.since(run_id, replid, began))
+        redis_record.begin(seed, int(time.time()) - 60)
     expiry = int(time.time()) + ttl
     params[proof.PROOF_KEY] = proof.mint(keys, params, digest, expiry)
 
@@ -544,3 +544,79 @@ def test_verifiers_whose_clocks_are_apart_never_honor_a_proof_twice(redis):
     assert verdicts[0] is Verdict.FIRST
     assert len(verdicts) > 20  # the second verifier tried for about three seconds
     assert set(verdicts[1:]) == {Verdict.SPENT}
+
+
+# --- a Redis whose data went back in time without a restart ----------------------------
+
+
+def began_at(server: Redis) -> int:
+    """When the record on ``server`` began (unix seconds), as it states."""
+    with server.client() as client:
+        since = client.get(redis_record.SINCE)
+    assert since is not None
+    return int(since.split(b" ")[1])
+
+
+def spend(server: Redis, ticket: Ticket) -> Verdict:
+    async def once() -> Verdict:
+        record = RedisRecord(server.url, 1.0)
+        try:
+            return await record.spend(ticket)
+        finally:
+            await record.close()
+
+    return asyncio.run(once())
+
+
+def after(moment: int) -> None:
+    """Until the clock has passed ``moment`` (unix seconds)."""
+    while time.time() <= moment:
+        time.sleep(0.05)
+
+
+def test_a_database_swapped_back_begins_the_record_again(tmp_path):
+    server = Redis(tmp_path)
+    server.start()
+    try:
+        with server.client() as client:
+            redis_record.begin(client, int(time.time()) - 60)
+            client.swapdb(0, 1)  # the record is elsewhere now: this one begins anew
+            assert spend(server, Ticket(b"a" * 16, int(time.time()) + 30, 0)) is Verdict.UNAVAILABLE
+            began = began_at(server)
+            proof = Ticket(b"p" * 16, began + 30, began)  # minted after the new record began
+            assert spend(server, proof) is Verdict.FIRST
+            assert spend(server, proof) is Verdict.SPENT
+            client.swapdb(0, 1)  # the older record is back, without the proof
+            after(began)
+            assert spend(server, proof) is Verdict.UNAVAILABLE
+            assert began_at(server) > began  # it began again
+    finally:
+        server.stop()
+
+
+def test_keys_evicted_while_a_policy_allowed_it_begin_the_record_again(tmp_path):
+    server = Redis(tmp_path)
+    server.start()
+    try:
+        with server.client() as client:
+            now = int(time.time())
+            redis_record.begin(client, now - 60)
+            proof = Ticket(b"p" * 16, now + 30, now)
+            assert spend(server, proof) is Verdict.FIRST
+            # For a while keys may be evicted: the proof's (the one with a lifetime) is.
+            used = client.info("memory")["used_memory"]
+            client.config_set("maxmemory-policy", "volatile-lru")
+            client.config_set("maxmemory", used + 64 * 1024)
+            with contextlib.suppress(ResponseError):
+                client.set("filler", b"x" * 256 * 1024)
+            assert client.info("stats")["evicted_keys"] >= 1
+            assert not client.exists(
+                redis_record.PREFIX + base64.urlsafe_b64encode(proof.key).decode()
+            )
+            client.delete("filler")
+            client.config_set("maxmemory", 0)
+            client.config_set("maxmemory-policy", "noeviction")
+            after(now)
+            assert spend(server, proof) is Verdict.UNAVAILABLE  # the record began again
+    finally:
+        server.stop()
