@@ -77,7 +77,7 @@ def _cannot_listen(listen: str, reason: object) -> ConfigError:
     )
 
 
-def _check_free(listen: str, *, reuse_port: bool) -> None:
+def check_free(listen: str, *, reuse_port: bool) -> None:
     """Raise ``ConfigError`` when no address ``listen`` resolves to can be bound.
 
     gRPC reports a taken port only as a core log line and a bare ``RuntimeError``; the
@@ -127,7 +127,7 @@ async def listen(
 
     Raises ``ConfigError`` when ``config.listen`` cannot be bound.
     """
-    _check_free(config.listen, reuse_port=reuse_port)
+    check_free(config.listen, reuse_port=reuse_port)
     limit = config.grpc_message_limit
     server = grpc.aio.server(
         options=[

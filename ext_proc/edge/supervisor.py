@@ -19,6 +19,7 @@ workers and exits 1. The metrics folder is removed on every exit path.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import logging
 import multiprocessing
 import os
@@ -46,12 +47,26 @@ GIVE_UP_AFTER: Final = 5
 # The longest the loop waits without looking: a safety net, every event wakes it.
 TICK_SECONDS: Final = 1.0
 MULTIPROC_DIR: Final = "PROMETHEUS_MULTIPROC_DIR"
+_PR_SET_PDEATHSIG: Final = 1  # linux/prctl.h
 STOP_SIGNALS: Final = (signal.SIGTERM, signal.SIGINT)
 # A worker stopped while still starting up: it held no streams.
 CLEAN_EXITS: Final = (0, -signal.SIGTERM)
 
 
-def _worker(config: Config, record_file: Path | None) -> None:
+def _die_with(supervisor: int) -> None:
+    """The kernel kills this worker when its supervisor dies (Linux's
+    PR_SET_PDEATHSIG), and a supervisor already gone ends it now. A worker outliving
+    its supervisor would keep serving the port with the old table of spent proofs
+    beside a restarted processor's new one: a proof could be honored in each."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
+    if os.getppid() != supervisor:  # it died before the line above
+        os._exit(1)
+
+
+def _worker(config: Config, record_file: Path | None, supervisor: int) -> None:
+    _die_with(supervisor)
     # Ctrl-C reaches the whole process group; only the supervisor reacts to SIGINT and
     # it forwards a SIGTERM, so a worker never sees one signal twice.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -112,6 +127,15 @@ class Supervisor:
         cleanup = contextlib.ExitStack()
         try:
             wake = self._catch_signals(cleanup)
+            # No other processor's workers may share the port (SO_REUSEPORT): they would
+            # keep a table of spent proofs of their own beside this one's.
+            from ext_proc.edge.server import check_free  # noqa: PLC0415 - grpc in workers only
+
+            try:
+                check_free(self.config.listen, reuse_port=False)
+            except ConfigError as exc:
+                log.error(str(exc))  # noqa: TRY400 - one line naming the setting, no traceback
+                return 2
             self.directory = _metrics_folder(cleanup)
             if not self.config.proof.record:
                 self.record_file = Path(self.directory) / "spent-proofs"
@@ -151,7 +175,9 @@ class Supervisor:
 
     def _start(self, worker: Worker) -> None:
         process = self.context.Process(
-            target=_worker, args=(self.config, self.record_file), name=f"worker-{worker.slot}"
+            target=_worker,
+            args=(self.config, self.record_file, os.getpid()),
+            name=f"worker-{worker.slot}",
         )
         process.start()
         worker.process, worker.started, worker.restart_at = process, time.monotonic(), None

@@ -503,6 +503,29 @@ def test_a_processor_restarted_whole_honors_no_proof_spent_before(tmp_path, clie
         stack.stop()
 
 
+def test_workers_die_with_their_supervisor_and_leave_no_table_behind(tmp_path, client):
+    """A supervisor killed alone takes its workers with it, so the restarted processor
+    serves the port alone, with its new table: a proof spent before is honored by no
+    worker."""
+    stack = Stack(
+        tmp_path, proof_keys={KEY_ID: new_key()}, workers=2, edit=one_stream_per_connection
+    ).start()
+    try:
+        supervisor = stack.children["processor"].pid
+        wait_for(lambda: len({p for p in children_of(supervisor) if _is_worker(p)}) == 2)
+        workers = {p for p in children_of(supervisor) if _is_worker(p)}
+        sent = chat(minted(client, stack))
+        assert_honored(stack, sent, decode(client, stack, sent))
+        os.kill(supervisor, signal.SIGKILL)
+        wait_for(lambda: not any(Path(f"/proc/{pid}").exists() for pid in workers), 5)
+        stack.children["processor"].wait(timeout=5)
+        stack.start_processor()
+        for _ in range(10):  # one stream per connection: spread over the new workers
+            assert_not_honored(stack, sent, decode(client, stack, sent), "proof_record_unavailable")
+    finally:
+        stack.stop()
+
+
 # --- clocks apart ----------------------------------------------------------------------
 
 

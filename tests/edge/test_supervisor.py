@@ -2,6 +2,7 @@
 
 import os
 import signal
+import socket
 import tempfile
 import threading
 import time
@@ -110,16 +111,17 @@ def test_a_stop_signal_is_not_held_up_by_a_pending_restart():
     assert supervisor.workers[0].process is None  # never restarted
 
 
-def test_a_worker_failing_at_start_up_is_given_up_on_with_exit_1(caplog):
+def test_a_worker_failing_at_start_up_is_given_up_on_with_exit_1(caplog, tmp_path):
     caplog.set_level("INFO", "ext_proc.supervisor")
-    with taken() as address:
-        status = Supervisor(config(listen=address), backoff=0.05, give_up_after=2).run()
+    missing = str(tmp_path / "missing.pem")  # each worker fails to read it (status 1)
+    tls = {"cert_file": missing, "key_file": missing}
+    status = Supervisor(config(tls=tls), backoff=0.05, give_up_after=2).run()
     assert status == 1
     messages = [r.getMessage() for r in caplog.records]
     assert messages.count("worker keeps failing at start-up; giving up") == 1
     assert messages[-1] == "stopped"
     (gave_up,) = [r for r in caplog.records if r.getMessage().endswith("giving up")]
-    assert (gave_up.failures, gave_up.exitcode) == (2, 2)
+    assert (gave_up.failures, gave_up.exitcode) == (2, 1)
 
 
 def test_a_taken_metrics_address_is_one_error_line_and_exit_2(temp_folder):
@@ -130,3 +132,18 @@ def test_a_taken_metrics_address_is_one_error_line_and_exit_2(temp_folder):
         )  # fmt: skip
     message = one_error_line(done)
     assert message.startswith(f"cannot listen on {address} for metrics: ")
+
+
+def test_an_address_another_process_serves_is_refused_before_any_worker_starts(caplog):
+    """Workers of another processor sharing the port (SO_REUSEPORT) would keep a table
+    of spent proofs of their own: one bind without it tells."""
+    caplog.set_level("INFO", "ext_proc.supervisor")
+    with socket.socket() as other:
+        other.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        other.bind(("127.0.0.1", 0))
+        other.listen(1)
+        address = f"127.0.0.1:{other.getsockname()[1]}"
+        supervisor = Supervisor(config(listen=address))
+        assert supervisor.run() == 2
+    assert all(worker.process is None for worker in supervisor.workers)
+    assert any(r.getMessage().startswith(f"cannot listen on {address}") for r in caplog.records)
