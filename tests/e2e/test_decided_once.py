@@ -73,20 +73,6 @@ def mirrored(config: dict[str, Any]) -> None:
     _decode_action(config)["request_mirror_policies"] = [{"cluster": "disaggregated"}]
 
 
-def retry_headers_added(config: dict[str, Any]) -> None:
-    # The router reads retry headers after the route added them.
-    (vhost,) = _hcm(config)["route_config"]["virtual_hosts"]
-    (route,) = [r for r in vhost["routes"] if r.get("name") == "disaggregated"]
-    added = {
-        "x-envoy-retry-on": "retriable-status-codes",
-        "x-envoy-retriable-status-codes": "200",
-        "x-envoy-max-retries": "1",
-    }
-    route["request_headers_to_add"] = [
-        {"header": {"key": key, "value": value}} for key, value in added.items()
-    ]
-
-
 def path_rewritten(config: dict[str, Any]) -> None:
     # The audit's filter: after the processor passed the request, another endpoint.
     filters = _hcm(config)["http_filters"]
@@ -108,7 +94,6 @@ CASES: dict[str, tuple[Edit | None, list[str], int, str]] = {
     "retry": (retried, ["body-retried"], 2, UPSTREAM_PATH),
     "hedge": (hedged, ["body-retried", "body-hedged"], 2, UPSTREAM_PATH),
     "mirror": (mirrored, ["body-mirrored"], 2, UPSTREAM_PATH),
-    "retry-header": (retry_headers_added, ["retry-header-added"] * 3, 2, UPSTREAM_PATH),
     "lua-path": (path_rewritten, ["filter-after-decision"], 1, "/v1/completions"),
 }
 

@@ -68,8 +68,6 @@ CODES: Final[Mapping[str, str]] = MappingProxyType(
         "body-retried": "a retry policy can resend a mint or honor route's body",
         "body-hedged": "a hedge policy sends a mint or honor route's body twice",
         "body-mirrored": "a mirror policy copies a mint or honor route's body",
-        "retry-header-added": "a mint or honor route adds an x-envoy-* header the router obeys",
-        "retry-header-trusted": "the connection manager counts clients as internal",
         # Route selection and vLLM's token-in and echo endpoints.
         "route-unreadable": "a route whose paths the simulation cannot tell",
         "rewrite-unreadable": "a rewrite whose upstream paths the simulation cannot tell",

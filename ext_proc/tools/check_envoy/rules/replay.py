@@ -20,15 +20,9 @@ states it winning:
 Not a replay: ``internal_redirect_policy``. Envoy answers an upstream redirect with a
 new internal stream that runs the filter chain again, ext_proc included, so the
 redirected request is decided again (a spent proof is refused then); its upstream got
-one copy per decision.
-
-The router also retries, hedges and times tries by the ``x-envoy-*`` request headers
-(``x-envoy-retry-on``, ``x-envoy-max-retries``, ...) of a request it counts as
-internal, after the route has added its headers: so no level of a mint or honor route
-may add an ``x-envoy-*`` header (``retry-header-added``), and the connection manager
-may count no client as internal (``retry-header-trusted``: no ``internal_address_config``
-ranges or unix sockets; with none, Envoy 1.40 counts no address internal and removes
-the client's ``x-envoy-*`` headers)."""
+one copy per decision. The router filter itself has no retry setting beyond the
+``x-envoy-retry-on`` family of request headers, which the connection manager removes
+from external requests (``use_remote_address``, no internal addresses)."""
 
 from __future__ import annotations
 
@@ -44,8 +38,6 @@ from ext_proc.tools.check_envoy.rules.route import policy_of, running
 # was never made, the upstream refused the stream unprocessed (HTTP/2 REFUSED_STREAM),
 # or the stream reset before the request went out.
 UNSENT: Final = frozenset({"connect-failure", "refused-stream", "reset-before-request"})
-# The request headers the router takes settings from (retries, hedges, timeouts).
-ENVOY_HEADERS: Final = "x-envoy-"
 # A route's cluster chosen at request time: any cluster may serve it.
 _ANY_CLUSTER: Final = (
     "cluster_header",
@@ -88,10 +80,6 @@ def replays(
             yield error("body-hedged", place, f"hedge_policy: {why}. Remove it")
             break
     yield from _mirrors(levels, targets, why)
-    # Headers are added by the route itself (not its action), its virtual host, its
-    # route configuration.
-    headed = [(route.place, route.entry), *levels[1:]]
-    yield from _retry_headers(headed, chain.manager, route.place, why)
 
 
 _Levels = list[tuple[str, dict[str, Any]]]
@@ -149,26 +137,3 @@ def _mirrors(levels: _Levels, targets: _Levels, why: str) -> Iterator[Finding]:
         if holder.get("request_mirror_policies"):
             yield error("body-mirrored", place, f"request_mirror_policies: {why}. Remove them")
             return
-
-
-def _retry_headers(
-    levels: _Levels, manager: dict[str, Any], place: str, why: str
-) -> Iterator[Finding]:
-    for where, holder in levels:
-        for entry in holder.get("request_headers_to_add", []):
-            name = str(entry.get("header", {}).get("key", "")) if isinstance(entry, dict) else ""
-            if name.lower().startswith(ENVOY_HEADERS):
-                yield error(
-                    "retry-header-added",
-                    where,
-                    f"request_headers_to_add {name}: the router reads it after the route "
-                    f"adds it (a retry, a hedge): {why}. Remove it",
-                )
-    internal = manager.get("internal_address_config") or {}
-    if internal.get("cidr_ranges") or internal.get("unix_sockets"):
-        yield error(
-            "retry-header-trusted",
-            f"{place} connection manager",
-            f"internal_address_config makes clients internal, and the router honors an "
-            f"internal request's x-envoy-retry-on and x-envoy-max-retries: {why}. Remove it",
-        )

@@ -54,40 +54,6 @@ HONOR, MINT = at("disaggregated"), at("prefill")
             lambda c: _action("disaggregated")(c, request_mirror_policies=MIRROR),
             [("body-mirrored", HONOR)],
         ),
-        # Retry headers the route adds, or a client's the router trusts.
-        (
-            lambda c: route(c, "disaggregated").update(
-                request_headers_to_add=[{"header": {"key": "X-Envoy-Retry-On", "value": "5xx"}}]
-            ),
-            [("retry-header-added", HONOR)],
-        ),
-        (
-            lambda c: _vhost(c).update(
-                request_headers_to_add=[{"header": {"key": "x-envoy-max-retries", "value": "1"}}]
-            ),
-            [
-                ("retry-header-added", f"{MINT} virtual_host"),
-                ("retry-header-added", f"{HONOR} virtual_host"),
-            ],
-        ),
-        (
-            lambda c: hcm(c).update(
-                internal_address_config={
-                    "cidr_ranges": [{"address_prefix": "127.0.0.0", "prefix_len": 8}]
-                }
-            ),
-            [
-                ("retry-header-trusted", f"{MINT} connection manager"),
-                ("retry-header-trusted", f"{HONOR} connection manager"),
-            ],
-        ),
-        (
-            lambda c: hcm(c).update(internal_address_config={"unix_sockets": True}),
-            [
-                ("retry-header-trusted", f"{MINT} connection manager"),
-                ("retry-header-trusted", f"{HONOR} connection manager"),
-            ],
-        ),
         # Virtual host level: every mint and honor route under it.
         (
             lambda c: _vhost(c).update(retry_policy=RETRY),
@@ -132,10 +98,6 @@ HONOR, MINT = at("disaggregated"), at("prefill")
         "route-retry-typed",
         "route-hedge",
         "route-mirror",
-        "route-retry-header",
-        "vhost-retry-header",
-        "internal-ranges",
-        "internal-unix-sockets",
         "vhost-retry",
         "vhost-retry-typed",
         "vhost-hedge",
