@@ -87,25 +87,88 @@ def path_rewritten(config: dict[str, Any]) -> None:
     )
 
 
+# The router's retry headers, asking it to retry the stand-in's 200 once.
+RETRY_HEADERS = {
+    "x-envoy-retry-on": "retriable-status-codes",
+    "x-envoy-retriable-status-codes": "200",
+    "x-envoy-max-retries": "1",
+}
+
+
+def retry_headers_added(config: dict[str, Any]) -> None:
+    # The audit's edit: the honor route adds them; the router reads them after.
+    (vhost,) = _hcm(config)["route_config"]["virtual_hosts"]
+    (route,) = [r for r in vhost["routes"] if r.get("name") == "disaggregated"]
+    route["request_headers_to_add"] = [
+        {"header": {"key": key, "value": value}} for key, value in RETRY_HEADERS.items()
+    ]
+
+
+def loopback_internal(config: dict[str, Any]) -> None:
+    # The audit's edit: the test client (on loopback) is internal, its retry headers kept.
+    _hcm(config).update(
+        use_remote_address=True,
+        internal_address_config={"cidr_ranges": [{"address_prefix": "127.0.0.0", "prefix_len": 8}]},
+    )
+
+
+def loopback_internal_by_default(config: dict[str, Any]) -> None:
+    # Set but empty: Envoy's private ranges are internal, loopback among them.
+    _hcm(config).update(use_remote_address=True, internal_address_config={})
+
+
+def loopback_internal_headers_removed(config: dict[str, Any]) -> None:
+    # The honor route removes the kept headers before the router reads them: one copy,
+    # yet still refused (the check does not weigh removals against other levels).
+    loopback_internal(config)
+    (vhost,) = _hcm(config)["route_config"]["virtual_hosts"]
+    (route,) = [r for r in vhost["routes"] if r.get("name") == "disaggregated"]
+    route["request_headers_to_remove"] = list(RETRY_HEADERS)
+
+
+def xff_trusted(config: dict[str, Any]) -> None:
+    # Which address is judged, not which are internal: still none is.
+    _hcm(config).update(use_remote_address=True, xff_num_trusted_hops=1)
+
+
 # Each edit, the code check-envoy fails it with, how many copies reach the upstream and
 # at which path.
 CASES: dict[str, tuple[Edit | None, list[str], int, str]] = {
     "shipped": (None, [], 1, UPSTREAM_PATH),
+    "retry-header-added": (retry_headers_added, ["retry-header-added"], 2, UPSTREAM_PATH),
+    "retry-header-trusted": (loopback_internal, ["retry-header-trusted"], 2, UPSTREAM_PATH),
+    "internal-empty": (loopback_internal_by_default, ["retry-header-trusted"], 2, UPSTREAM_PATH),
+    "internal-removed": (
+        loopback_internal_headers_removed,
+        ["retry-header-trusted"],
+        1,
+        UPSTREAM_PATH,
+    ),
+    "xff-trusted-hops": (xff_trusted, [], 1, UPSTREAM_PATH),
     "retry": (retried, ["body-retried"], 2, UPSTREAM_PATH),
     "hedge": (hedged, ["body-retried", "body-hedged"], 2, UPSTREAM_PATH),
     "mirror": (mirrored, ["body-mirrored"], 2, UPSTREAM_PATH),
     "lua-path": (path_rewritten, ["filter-after-decision"], 1, "/v1/completions"),
+}
+# What the client adds to the proven decode request, by case: the router's retry headers
+# where the edit is about who may send them (with an x-forwarded-for that names an
+# internal address, were any).
+SENT: dict[str, dict[str, str]] = {
+    "retry-header-trusted": RETRY_HEADERS,
+    "internal-empty": RETRY_HEADERS,
+    "internal-removed": RETRY_HEADERS,
+    "xff-trusted-hops": {**RETRY_HEADERS, "x-forwarded-for": "127.0.0.1"},
 }
 
 
 @pytest.fixture(scope="module", params=list(CASES))
 def case(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[tuple[Stack, list[str], int, str]]:
-    edit, codes, copies, path = CASES[request.param]
+) -> Iterator[tuple[Stack, dict[str, str], int, str]]:
+    edit, _codes, copies, path = CASES[request.param]
     workdir = tmp_path_factory.mktemp(request.param)
     with Stack(workdir, proof_keys={KEY_ID: new_key()}, edit=edit) as running:
-        yield running, codes, copies, path
+        yield running, SENT.get(request.param, {}), copies, path
 
 
 def _copies(stack: Stack, expected: int) -> list[Received]:
@@ -144,8 +207,8 @@ def proven_decode(stack: Stack, headers: dict[str, str]) -> tuple[httpx.Response
 
 
 def test_a_proven_decode_body_reaches_the_upstream_once_unless_edited(case):
-    stack, _codes, copies, path = case
-    reply, raw = proven_decode(stack, {DELAY: "1"})
+    stack, sent, copies, path = case
+    reply, raw = proven_decode(stack, {DELAY: "1", **sent})
     assert reply.status_code == 200, reply.text
     received = _copies(stack, copies)
     # Each copy is the proven body, its proof included: one decision, `copies` uses.
@@ -160,7 +223,8 @@ def shipped(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
 
 def test_a_clients_retry_headers_make_no_second_copy(shipped):
     # The router's retry headers, from a client: the connection manager removes them
-    # from external requests (use_remote_address), so the body goes out once.
+    # from external requests, and with no internal_address_config every request is
+    # external, so the body goes out once.
     with httpx.Client(timeout=20) as client:
         params = minted(client, shipped)
         reply = client.post(

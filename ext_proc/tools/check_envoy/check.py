@@ -38,9 +38,13 @@ def check(
         findings.extend(_chain(chain))
         if chain.ours:
             findings.extend(after_decision(chain, declared, clusters))
+            decides = False
             for vhost in reader.virtual_hosts(chain):
                 routes += len(vhost.routes)
                 findings.extend(_virtual_host(vhost, chain, clusters))
+                decides = decides or any(replay.decided(r, chain) is not None for r in vhost.routes)
+            if decides:
+                findings.extend(replay.trusted(chain))
     return Report(tuple(findings), routes)
 
 

@@ -68,6 +68,8 @@ CODES: Final[Mapping[str, str]] = MappingProxyType(
         "body-retried": "a retry policy can resend a mint or honor route's body",
         "body-hedged": "a hedge policy sends a mint or honor route's body twice",
         "body-mirrored": "a mirror policy copies a mint or honor route's body",
+        "retry-header-added": "request_headers_to_add sets a header the router retries by",
+        "retry-header-trusted": "internal_address_config lets clients' retry headers through",
         # Route selection and vLLM's token-in and echo endpoints.
         "route-unreadable": "a route whose paths the simulation cannot tell",
         "rewrite-unreadable": "a rewrite whose upstream paths the simulation cannot tell",

@@ -17,12 +17,16 @@ states it winning:
   specific non-empty list; a cluster's replaces the route's): a shadow copy to another
   cluster.
 
+- the router's retry request headers (``RETRY_HEADERS``): the router reads them from the
+  request after the route's header additions, so ``request_headers_to_add`` of any of
+  them (route, weighted cluster, virtual host, route configuration) retries or hedges as
+  a policy would; and from a client when the connection manager counts its request as
+  internal (``trusted``).
+
 Not a replay: ``internal_redirect_policy``. Envoy answers an upstream redirect with a
 new internal stream that runs the filter chain again, ext_proc included, so the
 redirected request is decided again (a spent proof is refused then); its upstream got
-one copy per decision. The router filter itself has no retry setting beyond the
-``x-envoy-retry-on`` family of request headers, which the connection manager removes
-from external requests (``use_remote_address``, no internal addresses)."""
+one copy per decision."""
 
 from __future__ import annotations
 
@@ -44,6 +48,19 @@ _ANY_CLUSTER: Final = (
     "cluster_specifier_plugin",
     "inline_cluster_specifier_plugin",
 )
+# The request headers the router reads to retry or hedge (its "HTTP headers consumed
+# from downstreams" that make or time a second attempt), lower case.
+RETRY_HEADERS: Final = frozenset(
+    {
+        "x-envoy-retry-on",
+        "x-envoy-retry-grpc-on",
+        "x-envoy-max-retries",
+        "x-envoy-retriable-status-codes",
+        "x-envoy-retriable-header-names",
+        "x-envoy-upstream-rq-per-try-timeout-ms",
+        "x-envoy-hedge-on-per-try-timeout",
+    }
+)
 
 
 def resends(policy: Any) -> bool:
@@ -56,16 +73,25 @@ def resends(policy: Any) -> bool:
     return not conditions <= UNSENT
 
 
+def decided(route: Route, chain: Chain) -> Action | None:
+    """The action of a forwarding ``mint`` or ``honor`` route this processor's filter
+    runs on; None for any other route."""
+    if not route.forwards or not running(chain, route.levels):
+        return None
+    policy = policy_of(route, chain.namespace)
+    if isinstance(policy, Finding) or policy.action not in (Action.MINT, Action.HONOR):
+        return None
+    return policy.action
+
+
 def replays(
     route: Route, vhost: VirtualHost, chain: Chain, clusters: dict[str, dict[str, Any]]
 ) -> Iterator[Finding]:
-    if not route.forwards or not running(chain, route.levels):
-        return
-    policy = policy_of(route, chain.namespace)
-    if isinstance(policy, Finding) or policy.action not in (Action.MINT, Action.HONOR):
+    decision = decided(route, chain)
+    if decision is None:
         return
     action = route.entry["route"]
-    why = f"this {policy.action.value} route's body, decided once, would reach upstreams twice"
+    why = f"this {decision.value} route's body, decided once, would reach upstreams twice"
     # Where the route's settings come from, the most specific first, and the settings of
     # each cluster it may send to.
     levels = [
@@ -80,6 +106,40 @@ def replays(
             yield error("body-hedged", place, f"hedge_policy: {why}. Remove it")
             break
     yield from _mirrors(levels, targets, why)
+    # Header additions are the route's own (not its action's), at the levels above.
+    yield from _retry_headers([(route.place, route.entry), *levels[1:]], action, route.place, why)
+
+
+def trusted(chain: Chain) -> Iterator[Finding]:
+    """The connection manager of a ``mint`` or ``honor`` route lets a client's retry
+    headers through to the router.
+
+    The connection manager removes ``RETRY_HEADERS`` from every request it counts as
+    external and keeps them on an internal one. A request is internal when the address
+    it is judged by (the peer's with ``use_remote_address``, else the last
+    ``x-forwarded-for`` entry, ``xff_num_trusted_hops`` entries in) is internal by
+    ``internal_address_config``, and in Envoy 1.40 only by it: unset, no address is
+    internal (the runtime guard that restored RFC1918 is gone since 1.36), so
+    ``use_remote_address``, ``xff_num_trusted_hops`` and original IP detection choose
+    which address is judged but cannot make one internal. Set, even empty, it trusts
+    addresses: its ``cidr_ranges``, or when they are empty every RFC1918, RFC4193 and
+    loopback address, and with ``unix_sockets`` every Unix socket peer. A client at such
+    an address, or one that writes such an address into ``x-forwarded-for``, retries the
+    decided body at will. So any ``internal_address_config`` is refused. The honor
+    route's own ``request_headers_to_remove`` of the headers does keep them from the
+    router (tests/e2e/test_decided_once.py), but is not taken as a remedy: every level
+    removes and then adds, so a virtual host's or route configuration's addition, or a
+    route that removes only some of them, would undo it, and the check does not follow
+    which level Envoy applies last."""
+    if "internal_address_config" not in chain.manager:
+        return
+    yield error(
+        "retry-header-trusted",
+        chain.place,
+        "internal_address_config makes some clients internal: the router honors their "
+        f"{', '.join(sorted(RETRY_HEADERS))} headers and resends a mint or honor route's "
+        "body decided once. Remove it",
+    )
 
 
 _Levels = list[tuple[str, dict[str, Any]]]
@@ -137,3 +197,34 @@ def _mirrors(levels: _Levels, targets: _Levels, why: str) -> Iterator[Finding]:
         if holder.get("request_mirror_policies"):
             yield error("body-mirrored", place, f"request_mirror_policies: {why}. Remove them")
             return
+
+
+def _added(holder: dict[str, Any]) -> list[str]:
+    names = [
+        str(entry.get("header", {}).get("key", "")).lower()
+        for entry in holder.get("request_headers_to_add", [])
+        if isinstance(entry, dict)
+    ]
+    return sorted(RETRY_HEADERS.intersection(names))
+
+
+def _retry_headers(
+    levels: _Levels, action: dict[str, Any], place: str, why: str
+) -> Iterator[Finding]:
+    # Every level's additions reach the request the router reads, whichever wins where
+    # two levels add the same header; a weighted cluster's apply to the requests sent
+    # to it.
+    weighted = [
+        (f"{place} weighted_cluster {c.get('name')!r}", c)
+        for c in action.get("weighted_clusters", {}).get("clusters", [])
+        if isinstance(c, dict)
+    ]
+    for where, holder in [*levels, *weighted]:
+        names = _added(holder)
+        if names:
+            yield error(
+                "retry-header-added",
+                where,
+                f"request_headers_to_add sets {', '.join(names)}, which the router reads "
+                f"as a retry or hedge policy: {why}. Remove them",
+            )

@@ -3,7 +3,7 @@ can follow a request an upstream read, no hedge, no mirror, at any level Envoy r
 
 import pytest
 
-from tests.tools.check_envoy.shipped import at, clean, found, hcm, mutated, route
+from tests.tools.check_envoy.shipped import HCM, at, clean, found, hcm, mutated, policy, route
 
 RETRY = {"retry_on": "5xx", "num_retries": 1}
 MIRROR = [{"cluster": "aggregated"}]
@@ -163,3 +163,122 @@ def test_a_cluster_chosen_per_request_may_be_any_cluster():
 
     # The route's retry still stands for the clusters without a policy of their own.
     assert found(mutated(change)) == [("body-retried", HONOR)]
+
+
+def _retry_headers(*names):
+    return [{"header": {"key": name, "value": "1"}} for name in names]
+
+
+RETRY_ADDED = _retry_headers("x-envoy-retry-on", "x-envoy-max-retries")
+
+
+def _weighted(config):
+    action = route(config, "disaggregated")["route"]
+    name = action.pop("cluster")
+    action["weighted_clusters"] = {
+        "clusters": [{"name": name, "weight": 1, "request_headers_to_add": RETRY_ADDED}]
+    }
+
+
+@pytest.mark.parametrize(
+    ("change", "expected"),
+    [
+        (
+            lambda c: route(c, "disaggregated").update(request_headers_to_add=RETRY_ADDED),
+            [("retry-header-added", HONOR)],
+        ),
+        (
+            lambda c: route(c, "prefill").update(
+                request_headers_to_add=_retry_headers("X-Envoy-Hedge-On-Per-Try-Timeout")
+            ),
+            [("retry-header-added", MINT)],
+        ),
+        *(
+            (
+                lambda c, name=name: route(c, "disaggregated").update(
+                    request_headers_to_add=_retry_headers(name)
+                ),
+                [("retry-header-added", HONOR)],
+            )
+            for name in (
+                "x-envoy-retry-grpc-on",
+                "x-envoy-retriable-status-codes",
+                "x-envoy-retriable-header-names",
+                "x-envoy-upstream-rq-per-try-timeout-ms",
+            )
+        ),
+        (_weighted, [("retry-header-added", f"{HONOR} weighted_cluster 'disaggregated'")]),
+        (
+            lambda c: _vhost(c).update(request_headers_to_add=RETRY_ADDED),
+            [
+                ("retry-header-added", f"{MINT} virtual_host"),
+                ("retry-header-added", f"{HONOR} virtual_host"),
+            ],
+        ),
+        (
+            lambda c: hcm(c)["route_config"].update(request_headers_to_add=RETRY_ADDED),
+            [
+                ("retry-header-added", f"{MINT} route_config"),
+                ("retry-header-added", f"{HONOR} route_config"),
+            ],
+        ),
+    ],
+    ids=[
+        "route-honor",
+        "route-mint-any-case",
+        "retry-grpc-on",
+        "retriable-status-codes",
+        "retriable-header-names",
+        "per-try-timeout",
+        "weighted-cluster",
+        "vhost",
+        "route-config",
+    ],
+)
+def test_a_retry_header_added_to_a_decided_request_is_an_error(change, expected):
+    report = mutated(change)
+    assert found(report) == expected
+    assert found(report, "warning") == []
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        # A strip route may be retried.
+        lambda c: route(c, "aggregated").update(request_headers_to_add=RETRY_ADDED),
+        # Headers the router does not retry by.
+        lambda c: route(c, "disaggregated").update(
+            request_headers_to_add=_retry_headers("x-envoy-upstream-rq-timeout-ms", "x-retry")
+        ),
+        # Which address is judged, not which addresses are internal: with no
+        # internal_address_config no request is internal.
+        lambda c: hcm(c).update(use_remote_address=True, xff_num_trusted_hops=1),
+    ],
+    ids=["strip-route", "other-headers", "xff-trusted-hops"],
+)
+def test_what_adds_or_trusts_no_retry_header_passes(change):
+    assert clean(mutated(change))
+
+
+@pytest.mark.parametrize(
+    "internal",
+    [
+        {"cidr_ranges": [{"address_prefix": "10.0.0.0", "prefix_len": 8}]},
+        # Empty: RFC1918, RFC4193 and loopback addresses are internal.
+        {},
+        {"unix_sockets": True},
+    ],
+    ids=["cidr-ranges", "empty", "unix-sockets"],
+)
+def test_internal_addresses_on_a_deciding_manager_are_an_error(internal):
+    report = mutated(lambda c: hcm(c).update(internal_address_config=internal))
+    assert found(report) == [("retry-header-trusted", HCM)]
+
+
+def test_internal_addresses_where_no_route_decides_pass():
+    def change(config):
+        hcm(config)["internal_address_config"] = {}
+        for name in ("prefill", "disaggregated"):
+            policy(config, name)["action"] = "strip"
+
+    assert "retry-header-trusted" not in mutated(change).codes()
