@@ -229,12 +229,12 @@ class BenchStack:
         processes.wait_for_port(self.upstream.port, nginx)
         if any(a.record == "redis" for a in self.arrangements):
             self._start_redis()
-        started = time.time()
         for arrangement in self.arrangements:
             self.running[arrangement.name] = self._start_arrangement(arrangement)
-        # A processor's own table honors only proofs minted after it began, a skew
-        # rounded up included (ext_proc/edge/record.py): the pools are minted after that.
-        fresh = math.ceil(started) + proofs.SKEW + 1
+        # A processor's own table, made before it serves, honors only proofs minted after
+        # it began, a skew rounded up included (ext_proc/edge/record.py): the pools are
+        # minted after that.
+        fresh = math.ceil(time.time()) + proofs.SKEW + 1
         time.sleep(max(0.0, fresh - time.time()))
 
     def _start_redis(self) -> None:

@@ -249,12 +249,12 @@ def _run(plan: Plan) -> int:
             os.environ[PROOF_VARIABLE] = throwaway_proof(Path(workdir))
             print(THROWAWAY_NOTICE, flush=True)
         try:
-            started = time.time()
             for args, cwd, ready in _commands(plan, Path(workdir)):
                 children.append(child := processes.start(args, cwd=cwd))
                 with _starting():
                     ready(child)
-            _until_proofs_are_honored(plan, started)
+            # Everything serves: the processor's record began before now.
+            _until_proofs_are_honored(plan, time.time())
             if not stopping:
                 print(_examples(plan.port("GATEWAY_PORT"), plan.port("METRICS_PORT")), flush=True)
             while not stopping:
@@ -274,7 +274,7 @@ def _run(plan: Plan) -> int:
 Ready = Callable[[subprocess.Popen[bytes]], None]
 
 
-def _until_proofs_are_honored(plan: Plan, started: float) -> None:
+def _until_proofs_are_honored(plan: Plan, serving: float) -> None:
     """Ready means every route works, the hand-off included: the processor's record of
     spent proofs honors only proofs minted a skew after it began (ext_proc/edge/record.py),
     so the run waits that out before it says the stack is up."""
@@ -282,7 +282,7 @@ def _until_proofs_are_honored(plan: Plan, started: float) -> None:
         skew = Config.load(plan.processor_config).proof.clock_skew_seconds
     except ConfigError:
         return  # the processor said why; it does not serve
-    time.sleep(max(0.0, math.ceil(started) + skew + 1 - time.time()))
+    time.sleep(max(0.0, math.ceil(serving) + skew + 1 - time.time()))
 
 
 def _commands(plan: Plan, workdir: Path) -> Iterator[tuple[list[str], Path | None, Ready]]:

@@ -294,7 +294,6 @@ class Stack:
         path = self.workdir / "processor.yaml"
         path.write_text(yaml.safe_dump(config))
         args += ["--config", str(path), "--workers", str(self.workers)]
-        launched = time.time()
         proc = processes.start(args, self._log("processor"))
         self.children["processor"] = proc
         if self.processor_socket is not None:
@@ -302,9 +301,10 @@ class Stack:
         else:
             processes.wait_for_port(self.processor.port, proc)
         if self.proof_keys and not config["proof"].get("record"):
-            # Its own table honors only proofs minted after it began, a skew rounded up
-            # included (ext_proc/edge/record.py): tests mint after that.
-            fresh = math.ceil(launched) + config["proof"]["clock_skew_seconds"] + 1
+            # Its own table, made before it serves, honors only proofs minted after it
+            # began, a skew rounded up included (ext_proc/edge/record.py): tests mint
+            # after that.
+            fresh = math.ceil(time.time()) + config["proof"]["clock_skew_seconds"] + 1
             time.sleep(max(0.0, fresh - time.time()))
 
     def _write_keys(self) -> list[dict[str, str]]:
