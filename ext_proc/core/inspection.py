@@ -33,12 +33,12 @@ from ext_proc.core.caller import Caller
 from ext_proc.core.config import Config
 from ext_proc.core.content_headers import check_headers
 from ext_proc.core.decisions import NO_PARAMS, Decision, Deny, Strip
-from ext_proc.core.errors import Refusal, RoutePolicyError, attempt
+from ext_proc.core.errors import Refusal, RoutePolicyError, attempt, bad_request
 from ext_proc.core.events import CHECKED_HEADERS, NO_PEER, Peer, RequestHeaders
 from ext_proc.core.reading import Parsed
 from ext_proc.core.reasons import Reason
 from ext_proc.core.replay import Ticket, Verdict
-from ext_proc.core.route_policy import Action, RoutePolicy
+from ext_proc.core.route_policy import Accept, Action, RoutePolicy
 from ext_proc.core.spelling import spelled
 from ext_proc.core.vllm_request import CARRIER_NAMES, EC_KEY, KV_KEY, Path, only_kv_params
 
@@ -118,12 +118,31 @@ def read(event: RequestHeaders, config: Config, *, with_body: bool) -> Request:
     if upstream is None:
         outside = _outside_prefix(parsed, namespace)
         return Request(route.name, request_id, audit, parsed, peer=event.peer, refused=outside)
-    refused, held = _body_headers(found, audit, config.max_body_bytes) if with_body else _NONE
     endpoint = vllm_request.endpoint(upstream)
+    token = vllm_request.token_endpoint(endpoint)
+    # Token ids are such an endpoint's prompt: nothing in its body could be policed into
+    # a rendered one. Refused at the headers; audit mode reports it with the body.
+    denied = None
+    if token is not None and Accept.TOKEN_ENDPOINTS not in parsed.accept:
+        denied = _token_endpoint(token)
+        if enforced(denied, audit):
+            return Request(route.name, request_id, audit, parsed, endpoint, event.peer, denied)
+    refused, held = _body_headers(found, audit, config.max_body_bytes) if with_body else _NONE
+    held = held or denied
     return Request(route.name, request_id, audit, parsed, endpoint, event.peer, refused, held)
 
 
 _NONE: Final = (None, None)
+
+
+def _token_endpoint(path: str) -> Deny:
+    return Deny(
+        bad_request(
+            f"{path} takes token ids as its prompt; this route does not serve it (its "
+            "policy's accept: token_endpoints)",
+            reason=Reason.TOKEN_ENDPOINT_REFUSED,
+        )
+    )
 
 
 def _outside_prefix(parsed: RoutePolicy, namespace: str) -> Deny:

@@ -25,12 +25,13 @@ from ext_proc.core.ids import MAX_BOUND, Ids, Kind
 from ext_proc.core.proof import NO_KEYS, PROOF_KEY, KeySet
 from ext_proc.core.reading import Document
 from ext_proc.core.reasons import TRUSTED, Reason
-from ext_proc.core.route_policy import Action, RoutePolicy
+from ext_proc.core.route_policy import Accept, Action, RoutePolicy
 from ext_proc.core.vllm_request import (
     IDS_KEY,
     KV_KEY,
     MAX_CARRIERS,
     Path,
+    embeddings,
     ignores_reused_ids,
     other_carriers,
     policed_keys,
@@ -147,7 +148,8 @@ def decide(
 ) -> Decision:
     """The decision for a request ``document``. ``carriers``: its other members that
     carry transfer parameters (``vllm_request.other_carriers``), when the caller has
-    shown there are none cheaply; None: looked for here. ``sender``: who the caller is
+    shown there are none cheaply (then it holds no prompt embeddings either); None:
+    both looked for here. ``sender``: who the caller is
     (``caller.of`` for this route and ``evidence.peer``), when the request already
     knows; None: decided here, once for every part of the decision."""
     if sender is None:
@@ -178,6 +180,21 @@ def _decide_carriers(
 ) -> Decision:
     """The decision on every carrier of transfer parameters (``decide``)."""
     decision = _decide_params(policy, document, evidence, sender)
+    if isinstance(decision, Deny):
+        return decision
+    if carriers is None and not sender.trusted and Accept.EMBEDDINGS not in policy.accept:
+        embedded = embeddings(document)
+        if embedded:
+            param = ".".join(map(str, embedded[0]))
+            return Deny(
+                bad_request(
+                    f"{param} carries prompt embeddings, which this route does not accept "
+                    "from this caller",
+                    reason=Reason.EMBEDDINGS_REFUSED,
+                    param=param,
+                ),
+                decision.id_count,
+            )
     found = other_carriers(document, MAX_CARRIERS + 1) if carriers is None else carriers
     if not found or isinstance(decision, Deny):
         return decision

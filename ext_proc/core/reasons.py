@@ -47,6 +47,9 @@ class Reason(StrEnum):
     IDS_OUT_OF_VOCAB = "ids_out_of_vocab"
     CONNECTOR_OUT_OF_BOUNDS = "connector_out_of_bounds"
     CARRIERS_TOO_MANY = "carriers_too_many"
+    EMBEDDINGS_REFUSED = "embeddings_refused"
+    TOKEN_ENDPOINT_REFUSED = "token_endpoint_refused"
+    UNDECLARED_MEMBER = "undeclared_member"
     UNSUPPORTED_MEDIA_TYPE = "unsupported_media_type"
     CONTENT_ENCODING = "content_encoding"
     BODY_NOT_JSON = "body_not_json"
@@ -110,6 +113,9 @@ REFUSED: Final = frozenset(
         Reason.IDS_OUT_OF_VOCAB,
         Reason.CONNECTOR_OUT_OF_BOUNDS,
         Reason.CARRIERS_TOO_MANY,
+        Reason.EMBEDDINGS_REFUSED,
+        Reason.TOKEN_ENDPOINT_REFUSED,
+        Reason.UNDECLARED_MEMBER,
         Reason.UNSUPPORTED_MEDIA_TYPE,
         Reason.CONTENT_ENCODING,
         Reason.BODY_NOT_JSON,

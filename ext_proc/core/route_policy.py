@@ -46,6 +46,14 @@ class Unproven(StrEnum):
     DENY = "deny"
 
 
+class Accept(StrEnum):
+    """What a route serves on purpose that it otherwise refuses from a caller it does
+    not trust (docs/trust.md#carriers)."""
+
+    EMBEDDINGS = "embeddings"  # prompt embeddings: vLLM's prompt_embeds and *_embeds parts
+    TOKEN_ENDPOINTS = "token_endpoints"  # endpoints that take token ids as their prompt
+
+
 class IdentityType(StrEnum):
     """Which part of a peer's certificate an identity names (docs/trust.md)."""
 
@@ -132,6 +140,29 @@ def _peers(value: Scalar) -> frozenset[Identity]:
             "subject:<certificate subject>) separated by '|'"
         )
     return frozenset((IdentityType(m.group(1)), m.group(2)) for m in matches if m is not None)
+
+
+def _accepted(value: Scalar) -> frozenset[Accept]:
+    """Names of ``Accept`` separated by "|" (CEL carries no lists)."""
+    names = [name.strip() for name in value.split(PEER_SEPARATOR)] if isinstance(value, str) else []
+    try:
+        return frozenset(Accept(name) for name in names)
+    except ValueError:
+        raise Rejected(
+            f"expected {' and/or '.join(repr(a.value) for a in Accept)} separated by "
+            f"'{PEER_SEPARATOR}'"
+        ) from None
+
+
+_ENGINE = re.compile(r"[a-z][a-z0-9-]{0,31} [0-9A-Za-z.+-]{1,32}")
+
+
+def _engine(value: Scalar) -> str:
+    """An engine and release as the inventory names them (``vllm 0.32.0``); whether the
+    inventory holds it is checked where the inventory is read (``strict``)."""
+    if not (isinstance(value, str) and _ENGINE.fullmatch(value)):
+        raise Rejected("expected an engine and its release, e.g. 'vllm 0.32.0'")
+    return value
 
 
 # A path prefix as a route matches it and as its rewrite replaces it.
@@ -291,6 +322,22 @@ class RoutePolicy:
         "the `kv_transfer_params` every request from a caller the route does not trust is "
         "forwarded with, in place of whatever it sent",
         actions=(Action.MINT,),
+    )
+    accept: frozenset[Accept] = _field(
+        frozenset(),
+        _accepted,
+        ", ".join(f"`{a.value}`" for a in Accept) + f", separated by `{PEER_SEPARATOR}`",
+        "served to a caller the route does not trust: prompt embeddings (refused with a "
+        "400 otherwise), endpoints that take token ids as their prompt "
+        "(`/generative_scoring`...; refused otherwise)",
+    )
+    strict_body: str | None = _field(
+        None,
+        _engine,
+        "an engine and release of the inventory (`vllm 0.32.0`, `sglang 0.5.23`)",
+        "forward only the members that engine declares for the endpoint; anything else a "
+        "caller the route does not trust sent is removed (refused where the route denies "
+        "untrusted parameters)",
     )
 
     @property

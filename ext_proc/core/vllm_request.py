@@ -13,6 +13,8 @@ from collections.abc import Iterator
 from typing import Any, Final
 from urllib.parse import unquote
 
+from ext_proc.core import classified
+
 KV_KEY: Final = "kv_transfer_params"
 # vLLM's token ids are 32-bit signed: no id at or above this bound is a token of any
 # model, and no route's vocabulary is larger.
@@ -25,44 +27,31 @@ EVERY: Final = "*"
 # The most carriers one request may have removed: each is removed by Python code, and
 # no client of vLLM sends more than a few (one derender request may nest a list).
 MAX_CARRIERS: Final = 64
-# Every request member vLLM reads transfer parameters from, besides the top-level
-# kv_transfer_params (which a proof covers): docs/trust.md#carriers names the vLLM code
-# that reads each.
-CARRIERS: Final = (
-    (EC_KEY,),
-    # SamplingParams.extra_args: the dict the engine reads both from.
-    ("vllm_xargs", KV_KEY),
-    ("vllm_xargs", EC_KEY),
-    # /inference/v1/generate (token in, token out).
-    ("sampling_params", "extra_args", KV_KEY),
-    ("sampling_params", "extra_args", EC_KEY),
-    # /v1/chat/completions/derender and /v1/completions/derender: copied into the
-    # response's own transfer parameters.
-    ("generate_response", KV_KEY),
-    ("generate_response", EC_KEY),
-    ("generate_responses", EVERY, KV_KEY),
-    ("generate_responses", EVERY, EC_KEY),
-    # Prompts that skip rendering in the stacks that deploy vLLM (docs/trust.md#carriers):
-    # vLLM's coming top-level ids beside the messages (vllm #55771; 0.32 ignores them),
-    # also written by AIBrix for TensorRT-LLM backends;
-    ("prompt_token_ids",),
-    ("prompt_features",),
-    # NVIDIA Dynamo's frontend: ids sent to the worker as the prompt, and that worker;
-    ("nvext", "token_data"),
-    ("nvext", "backend_instance_id"),
-    # llm-d's coordinator: {token_ids, features} for its endpoint picker (a list is
-    # vLLM's own /detokenize input: ids to text, nothing generated: TOKENS_LIST_KEPT).
-    ("tokens",),
-    # The request id vLLM falls back to (and /v1/responses always takes) when the
-    # x-request-id header is absent: vLLM's MoRIIO connector parses a peer's address
-    # from it. The gateway's header step always sets that header (carrier_headers).
-    ("request_id",),
-)
+# Every request member a server or a stack behind the gateway reads tokens, a peer, a
+# request id or transfer parameters from, besides the top-level kv_transfer_params
+# (which a proof covers): generated from the classification of what their sources read
+# (docs/trust.md#carriers names who reads each).
+CARRIERS: Final = classified.BODY_CARRIERS
+# Members and chat content parts that carry prompt embeddings: refused from a caller
+# the route does not trust unless it accepts them (``Accept.EMBEDDINGS``).
+EMBEDDING_MEMBERS: Final = classified.EMBEDDING_MEMBERS
+EMBEDDING_PART_TYPES: Final = frozenset(classified.EMBEDDING_PART_TYPES)
+# The members whose items are chat messages (or input items) with content parts.
+_MESSAGE_LISTS: Final = ("messages", "input")
 # A ``tokens`` that is a list is not llm-d's object: vLLM's /detokenize reads it.
 TOKENS_LIST_KEPT: Final = ("tokens",)
 # The member names whose presence the bytes are searched for before a body is parsed:
 # every carrier's last step. With none spelled, no carrier can be present.
-CARRIER_NAMES: Final = tuple(dict.fromkeys((KV_KEY, *(str(c[-1]) for c in CARRIERS))))
+CARRIER_NAMES: Final = tuple(
+    dict.fromkeys(
+        (
+            KV_KEY,
+            *(str(c[-1]) for c in CARRIERS),
+            *(str(c[-1]) for c in EMBEDDING_MEMBERS),
+            *sorted(EMBEDDING_PART_TYPES),
+        )
+    )
+)
 # The upstream endpoints whose response a mint route signs: their returned ids and
 # connector parameters come from the server's own rendering and KV connector, never
 # from the request (docs/trust.md gives the argument for each).
@@ -140,6 +129,38 @@ def other_carriers(document: dict[str, Any], most: int) -> tuple[Path, ...]:
     found = itertools.chain.from_iterable(_present(document, c, ()) for c in CARRIERS)
     kept = (p for p in found if p != TOKENS_LIST_KEPT or type(document["tokens"]) is not list)
     return tuple(itertools.islice(kept, most))
+
+
+def embeddings(document: dict[str, Any]) -> tuple[Path, ...]:
+    """The paths of prompt embeddings in ``document``: each of ``EMBEDDING_MEMBERS``
+    present with a value other than null, and each content part of a message (or input
+    item) whose ``type`` is one of ``EMBEDDING_PART_TYPES`` (its path ends at the part)."""
+    found = [path for member in EMBEDDING_MEMBERS for path in _present(document, member, ())]
+    for key in _MESSAGE_LISTS:
+        items = document.get(key)
+        if type(items) is not list:
+            continue
+        for index, item in enumerate(items):
+            content = item.get("content") if type(item) is dict else None
+            if type(content) is not list:
+                continue
+            found.extend(
+                (key, index, "content", at)
+                for at, part in enumerate(content)
+                if type(part) is dict and part.get("type") in EMBEDDING_PART_TYPES
+            )
+    return tuple(found)
+
+
+def token_endpoint(path: str) -> str | None:
+    """The token endpoint (``classified.TOKEN_ENDPOINTS``) that the upstream endpoint
+    ``path`` (``endpoint``) is, behind any root path, in any case, with or without one
+    trailing slash; None when it is none."""
+    bare = path.lower().rstrip("/") if path != "/" else path
+    for known in classified.TOKEN_ENDPOINTS:
+        if bare == known or bare.endswith(known):
+            return known
+    return None
 
 
 def only_kv_params(named: dict[str, int], document: dict[str, Any]) -> bool:

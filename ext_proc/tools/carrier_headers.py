@@ -16,6 +16,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Final
 
+from ext_proc.core import classified
+
 # Envoy's filter that removes and sets request headers in the filter chain (not the
 # route's headers_to_remove, which the router applies after every filter: it would also
 # remove what a later filter such as the endpoint picker wrote).
@@ -24,28 +26,11 @@ FILTER_TYPE: Final = (
     "type.googleapis.com/envoy.extensions.filters.http.header_mutation.v3.HeaderMutation"
 )
 
-# Each with who reads it and what a client's copy does there.
-ROUTING_HEADERS: Final = (
-    # llm-d's endpoint picker writes these for its routing sidecar (set, never removed:
-    # when it picks decode-only it writes none and a client's copy reaches the sidecar,
-    # which sends the prefill leg, and so the NIXL read, where the header points).
-    "x-prefiller-host-port",
-    "x-encoder-hosts-ports",
-    "x-kv-cache-source-host-port",
-    "x-data-parallel-host-port",
-    # Gateway API Inference Extension: the endpoint the picker chose; Envoy's original
-    # destination cluster and Ray Serve's inference-gateway router read it as a header.
-    "x-gateway-destination-endpoint",
-    "x-gateway-destination-endpoint-subset",
-    # NVIDIA Dynamo's frontend: the worker that receives nvext.token_data as the prompt.
-    "x-worker-instance-id",
-    # Ray Serve LLM: the key of the prompt ids a replica's store hands to
-    # kv_transfer_params["prompt_token_ids"].
-    "x-kv-token-key",
-    # vLLM's own: the data-parallel engine an external load balancer picks for the
-    # request (entrypoints/generate/base/serving.py ``_get_data_parallel_rank``).
-    "x-data-parallel-rank",
-)
+# Every request header a component behind the gateway reads an address, a peer, tokens
+# or transfer parameters from, generated from the classification of what their sources
+# read (docs/trust.md#header-carriers says who reads each and what a client's copy
+# does there).
+ROUTING_HEADERS: Final = classified.HEADER_CARRIERS
 
 # vLLM builds its request id from this header (else the body's request_id); vLLM's
 # MoRIIO connector reads a peer's address from that id, and a prefill server's

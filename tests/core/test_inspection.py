@@ -359,3 +359,41 @@ def test_invalid_route_metadata_refuses_at_the_headers():
     assert request.refused is not None
     assert request.refused.reason == "invalid_route_policy"
     assert (request.route, request.request_id, request.audit) == ("", "r1", False)
+
+
+SCORING = json.dumps({"model": "m", "query": [5, 6, 7], "items": [[8, 9]]}).encode()
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/generative_scoring",
+        "/x/generative_scoring",
+        "/GENERATIVE_SCORING/",
+        "/generative_scoring%0A",
+        "/generative_%73coring",
+    ],
+)
+def test_a_token_endpoint_is_refused_unless_the_route_accepts_it(path):
+    stream = new()
+    error = error_body(stream.handle(headers(path=path)))
+    assert "/generative_scoring" in error["message"]
+    assert stream.decision.refusal.reason == "token_endpoint_refused"
+    accepting = RouteMetadata({"action": "strip", "accept": "token_endpoints"}, 2.0)
+    served = new()
+    served.handle(headers(accepting, path=path))
+    assert served.handle(RequestBody(SCORING, True)) == [ContinueBody(None)]
+
+
+def test_a_token_endpoint_is_only_reported_in_audit_mode():
+    audited = RouteMetadata({"action": "strip", "audit": True}, 2.0)
+    stream = new()
+    assert stream.handle(headers(audited, path="/generative_scoring")) == [ContinueHeaders()]
+    assert stream.handle(RequestBody(SCORING, True)) == [ContinueBody(None)]
+    assert stream.decision.refusal.reason == "token_endpoint_refused"
+
+
+def test_a_path_that_only_ends_like_a_token_endpoint_is_served():
+    stream = new()
+    stream.handle(headers(path="/v1/my_generative_scoring"))
+    assert stream.handle(RequestBody(SCORING, True)) == [ContinueBody(None)]

@@ -10,7 +10,7 @@ from ext_proc.core import ids as ids_module
 from ext_proc.core import policy, proof
 from ext_proc.core.events import Peer
 from ext_proc.core.policy import Allow, Deny, Evidence, Honor, Mint, Strip
-from ext_proc.core.route_policy import Action, IdentityType, RoutePolicy, Topology, Unproven
+from ext_proc.core.route_policy import Accept, Action, IdentityType, RoutePolicy, Topology, Unproven
 from ext_proc.core.vllm_request import MAX_CARRIERS
 from tests.parsing import read
 
@@ -544,13 +544,14 @@ def test_every_carrier_of_one_request_goes_at_once():
     )
     decision = decide(STRIP, document)
     assert isinstance(decision, Strip)
+    # In the order of the generated carrier list (shorter paths first).
     assert decision.paths == (
         ("kv_transfer_params",),
         ("prompt_token_ids",),
-        ("nvext", "token_data"),
-        ("nvext", "backend_instance_id"),
-        ("tokens",),
         ("request_id",),
+        ("tokens",),
+        ("nvext", "backend_instance_id"),
+        ("nvext", "token_data"),
     )
 
 
@@ -796,3 +797,67 @@ def test_the_prompt_digest_is_rendered_only_for_a_proof_of_a_known_key():
     assert rendered == []
     assert decide(PROVEN, doc(params), evidence()) == Honor("trusted_proof", 3)
     assert rendered == [1]
+
+
+# --- prompt embeddings (docs/trust.md#carriers) ------------------------------------------
+
+EMBEDS_PART = {"type": "prompt_embeds", "data": "AAAA"}
+EMBEDDED = [
+    (doc(prompt_embeds="AAAA"), "prompt_embeds"),
+    (doc(input_embeds=[[0.5]]), "input_embeds"),
+    (
+        doc(messages=[{"role": "user", "content": [{"type": "text", "text": "x"}, EMBEDS_PART]}]),
+        "messages.0.content.1",
+    ),
+    (doc(input=[{"role": "user", "content": [{"type": "image_embeds"}]}]), "input.0.content.0"),
+]
+
+
+@pytest.mark.parametrize(("document", "param"), EMBEDDED)
+@pytest.mark.parametrize("route", [STRIP, DENY, RoutePolicy(Topology.DISAGGREGATED, Action.HONOR)])
+def test_prompt_embeddings_are_refused_from_an_untrusted_caller(route, document, param):
+    decision = decide(route, document)
+    assert isinstance(decision, Deny)
+    assert decision.refusal.reason == "embeddings_refused"
+    assert decision.refusal.param == param
+    assert decision.refusal.status == 400
+
+
+@pytest.mark.parametrize(("document", "param"), EMBEDDED)
+def test_prompt_embeddings_pass_where_the_route_accepts_them_or_the_caller_is_trusted(
+    document, param
+):
+    accepting = RoutePolicy(
+        Topology.AGGREGATED, Action.STRIP, accept=frozenset({Accept.EMBEDDINGS})
+    )
+    assert decide(accepting, document) == Allow("no_transfer_params")
+    assert decide(HONOR, document) == Allow("no_transfer_params")
+
+
+def test_null_embeddings_and_text_parts_are_no_embeddings():
+    assert decide(STRIP, doc(prompt_embeds=None)) == Allow("no_transfer_params")
+    text = doc(messages=[{"role": "user", "content": [{"type": "text", "text": "prompt_embeds"}]}])
+    assert decide(STRIP, text) == Allow("no_transfer_params")
+
+
+def test_embeddings_are_not_looked_for_when_the_caller_showed_there_are_no_carriers():
+    # ``carriers=()``: the bytes name no carrier and no embedding (inspection's byte scan).
+    assert policy.decide(STRIP, doc(prompt_embeds="A"), EVIDENCE, ()) == Allow("no_transfer_params")
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {"input_ids": [1, 2]},
+        {"bootstrap_host": "10.0.0.9", "bootstrap_port": 8998, "bootstrap_room": 7},
+        {"rid": "r"},
+        {"nvext": {"prefill_worker_id": 1, "decode_worker_id": 2, "dp_rank": 0}},
+        {"nvext": {"prefill_dp_rank": 1}},
+    ],
+)
+def test_sglang_and_dynamo_carriers_are_removed_from_an_untrusted_caller(extra):
+    decision = decide(STRIP, doc(**extra))
+    assert isinstance(decision, Strip)
+    assert decision.carriers
+    assert isinstance(decide(DENY, doc(**extra)), Deny)
+    assert decide(HONOR, doc(**extra)) == Allow("no_transfer_params")
