@@ -21,9 +21,13 @@ import json
 import re
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Final
 
 GENERATED_BY: Final = "python -m ext_proc.tools.inventory refresh"
+# The committed files: the whole inventory, and the stacks snapshot merged into it.
+INVENTORY: Final = Path(__file__).with_name("inventory.json")
+STACKS: Final = Path(__file__).with_name("stacks.json")
 LIST: Final = "list:"
 DICT: Final = "dict:"
 EXT: Final = "ext:"
