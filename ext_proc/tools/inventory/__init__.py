@@ -1,0 +1,1 @@
+"""Inventories of what the programs in front of and behind vLLM read."""
