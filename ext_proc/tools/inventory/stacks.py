@@ -254,7 +254,8 @@ _GO_UNMARSHAL_TARGET = re.compile(r"json\.Unmarshal\(\s*\w+\s*,\s*&(\w+)\s*\)")
 # Reads of a decoded body held as ``map[string]any``: ``v[k]`` (not assigned, not in
 # ``delete``) where ``v`` is one of the plan's body variables or was bound from one by
 # ``x := v[k]`` / ``x, ok := v[k].(T)`` (x holds v.k), ``x, ok := v.(T)`` (x is v) or
-# ``for _, x := range v`` (x is v.*), within one function. A path the function itself
+# ``for _, x := range v`` (x is v.*), within one function; any other assignment to x
+# ends its binding (a helper's parameter is not followed). A path the function itself
 # assigned (``v[k] = ...``) is its own value when read after that, not the client's.
 _GO_BIND_INDEX = re.compile(
     r"^\s*(?:(?:else\s+)?if\s+)?(\w+)(?:\s*,\s*\w+)?\s*:?=\s*([A-Za-z_][\w.]*)\[\s*("
@@ -264,6 +265,7 @@ _GO_BIND_INDEX = re.compile(
 _GO_BIND_ASSERT = re.compile(
     r"^\s*(?:(?:else\s+)?if\s+)?(\w+)(?:\s*,\s*\w+)?\s*:?=\s*([A-Za-z_][\w.]*)\.\("
 )
+_GO_BIND_OTHER = re.compile(r"^\s*(?:(?:else\s+)?if\s+)?(\w+)(?:\s*,\s*\w+)?\s*:?=[^=]")
 _GO_BIND_RANGE = re.compile(r"\bfor\s+(?:\w+|_)\s*,\s*(\w+)\s*:=\s*range\s+([A-Za-z_][\w.]*)")
 _GO_WRITE = re.compile(r"(?<![\w.])([A-Za-z_][\w.]*)\[\s*(" + _GO_KEY + r")\s*\]\s*=[^=]")
 _GO_INDEX = re.compile(r"(?<![\w.])([A-Za-z_][\w.]*)\[\s*(" + _GO_KEY + r")\s*\](?!\s*=[^=])")
@@ -654,6 +656,8 @@ class _GoFunctionReads:
             return m.group(1), self._path(m.group(2), m.group(3))
         if m := _GO_BIND_ASSERT.match(line):
             return m.group(1), self.paths.get(m.group(2))
+        if m := _GO_BIND_OTHER.match(line):
+            return m.group(1), None
         return "", None
 
 
