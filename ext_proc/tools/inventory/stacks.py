@@ -191,6 +191,13 @@ def _join(prefix: str, step: str) -> str:
     return f"{prefix}.{step}" if prefix else step
 
 
+def _steps(prefix: str, stars: str) -> str:
+    """``prefix`` with one ``*`` step per character of ``stars``."""
+    for _ in stars:
+        prefix = _join(prefix, "*")
+    return prefix
+
+
 # --- Go ----------------------------------------------------------------------------------
 
 # A Go package is a directory; its string constants are top-level ``Name = "value"``
@@ -668,18 +675,29 @@ _RUST_CONST = re.compile(
     r'\bconst\s+([A-Z_][A-Z0-9_]*)\s*:\s*&\s*(?:\'static\s+)?str\s*=\s*"((?:[^"\\]|\\.)*)"\s*;'
 )
 _RUST_KEY = r'"[^"\n]*"|[A-Za-z_][\w]*(?:::[A-Za-z_]\w*)*'
-# Where Rust code reads a request header: ``headers.get(k)`` / ``get_all`` /
-# ``contains_key`` on an http ``HeaderMap`` reached as ``…headers`` or ``…headers()``
-# (whitespace and line breaks allowed, as in a ``.or_else(|| headers.get(ALIAS))`` chain).
-_RUST_HEADER_READ = re.compile(
-    r"\bheaders(?:\(\))?\s*\.\s*(?:get|get_all|contains_key)\(\s*&?(" + _RUST_KEY + r")\s*\)"
+# Where Rust code reads a request header:
+# - ``headers.get(k)`` / ``get_all`` / ``contains_key`` on an http ``HeaderMap`` reached
+#   as ``…headers`` or ``…headers()`` (whitespace and line breaks allowed, as in a
+#   ``.or_else(|| headers.get(ALIAS))`` chain);
+# - a helper called with the map and a name, ``value(headers, k)``;
+# - a table row naming the header a helper then reads, a field ``…_header: k`` (or
+#   ``Some(k)``) set to a header constant.
+_RUST_HEADER_READS = (
+    re.compile(
+        r"\bheaders(?:\(\))?\s*\.\s*(?:get|get_all|contains_key)\(\s*&?(" + _RUST_KEY + r")\s*\)"
+    ),
+    re.compile(r"\b[a-z_]\w*\(\s*&?headers\s*,\s*&?(" + _RUST_KEY + r")\s*[,)]"),
+    re.compile(r"\b\w*_header\s*:\s*(?:Some\(\s*)?(" + _RUST_KEY + r")\s*\)?\s*[,}]"),
 )
 # The http crate's ``header::CONTENT_TYPE`` constants are the standard names, lower-kebab.
 _RUST_HTTP_HEADER = re.compile(r"(?:http::)?header::([A-Z][A-Z0-9_]*)")
 # A test module: everything from ``#[cfg(test)]`` before a ``mod`` is test code.
 _RUST_TEST_MODULE = re.compile(r"#\[cfg\(test\)\]\s*(?:pub\s+)?mod\b")
+# An axum handler's body: the extractor ``Json(request): Json<T>`` names its type.
+_RUST_EXTRACTOR = re.compile(r"\bJson\(\s*(?:mut\s+)?\w+\s*\)\s*:\s*Json<\s*([\w:]+)\s*>")
 _RUST_STRUCT = re.compile(r"\bstruct\s+([A-Za-z_]\w*)\s*(?:<[^{;()]*>)?\s*(?:where[^{;]*)?\{")
-_RUST_ENUM = re.compile(r"\benum\s+([A-Za-z_]\w*)")
+_RUST_ENUM = re.compile(r"\benum\s+([A-Za-z_]\w*)\s*(?:<[^{;()]*>)?\s*\{")
+_RUST_VARIANT = re.compile(r"([A-Za-z_]\w*)\s*(?:(\()|(\{)|=[^,]*)?")
 _RUST_ATTR_SERDE = re.compile(r"#\[serde\((.*?)\)\]\s*$", re.S)
 _RUST_RENAME_ALL = re.compile(r'rename_all\s*=\s*"([^"]+)"')
 
@@ -704,7 +722,7 @@ def rust_headers(texts: Mapping[str, str]) -> Evidence:
     found: Evidence = {}
     for path in sorted(texts):
         text = texts[path]
-        for m in _RUST_HEADER_READ.finditer(text):
+        for m in (m for p in _RUST_HEADER_READS for m in p.finditer(text)):
             key = m.group(1)
             if key.startswith('"'):
                 value: str | None = key[1:-1]
@@ -719,7 +737,7 @@ def rust_headers(texts: Mapping[str, str]) -> Evidence:
 
 @dataclass(frozen=True)
 class _RustField:
-    names: tuple[str, ...]  # the JSON name, then its aliases
+    names: tuple[str, ...]  # the JSON name, then its aliases; none: the value itself
     type_expr: str
     flatten: bool
 
@@ -731,18 +749,106 @@ class _RustStruct:
 
 
 def _rust_structs(texts: Mapping[str, str]) -> tuple[dict[str, list[_RustStruct]], set[str]]:
+    """Every struct, and every enum with data, as its serde members; and the names of
+    the enums without data (their values are strings, not members)."""
     structs: dict[str, list[_RustStruct]] = defaultdict(list)
     enums: set[str] = set()
     for path in sorted(texts):
         text = texts[path]
-        enums.update(m.group(1) for m in _RUST_ENUM.finditer(text))
         for m in _RUST_STRUCT.finditer(text):
             start, end = _block(text, m.end() - 1)
-            attrs = _rust_attributes_before(text, m.start())
-            rename_all = r.group(1) if (r := _RUST_RENAME_ALL.search(attrs)) else ""
+            serde = _rust_serde(_rust_attributes_before(text, m.start()))
+            rename_all = r.group(1) if (r := _RUST_RENAME_ALL.search(serde)) else ""
             fields = tuple(_rust_fields(text[start:end], rename_all))
             structs[m.group(1)].append(_RustStruct(path, fields))
+        for m in _RUST_ENUM.finditer(text):
+            start, end = _block(text, m.end() - 1)
+            serde = _rust_serde(_rust_attributes_before(text, m.start()))
+            fields = tuple(_rust_variants(text[start:end], serde))
+            if fields:
+                structs[m.group(1)].append(_RustStruct(path, fields))
+            else:
+                enums.add(m.group(1))
     return structs, enums
+
+
+def _rust_serde(attributes: str) -> str:
+    """The arguments of every ``#[serde(...)]`` in ``attributes``, joined."""
+    return " ".join(
+        a[len("#[serde(") : -2] for a in re.findall(r"#\[serde\(.*?\)\]", attributes, re.S)
+    )
+
+
+def _rust_variants(body: str, serde: str) -> Iterator[_RustField]:
+    """An enum's members, by its serde representation: untagged or internally tagged
+    (``tag = "type"``), a newtype variant's type is the enum's value itself, a
+    struct variant's fields are that level's, and the tag is a member; externally
+    tagged (the default), each variant with data is a member named by the variant.
+    An enum whose variants hold no data has no members."""
+    tag = t.group(1) if (t := re.search(r'\btag\s*=\s*"([^"]+)"', serde)) else None
+    inline = tag is not None or re.search(r"\buntagged\b", serde) is not None
+    rename_all = r.group(1) if (r := _RUST_RENAME_ALL.search(serde)) else ""
+    members: list[_RustField] = []
+    attrs, i = "", 0
+    while i < len(body):
+        if body[i] in " \t\n,":
+            i += 1
+        elif body.startswith("#[", i):
+            end = _attribute_end(body, i)
+            attrs, i = attrs + body[i:end], end
+        elif m := _RUST_VARIANT.match(body, i):
+            rename = re.search(r'\brename\s*=\s*"([^"]+)"', _rust_serde(attrs))
+            name = rename.group(1) if rename else _rename_variant(m.group(1), rename_all)
+            attrs, i = "", m.end()
+            if m.group(2):  # Variant(Type): one type is a newtype, more a tuple
+                close = _closing(body, m.end() - 1)
+                type_expr, i = body[m.end() : close].strip(), close + 1
+                if _type_end(type_expr, 0) == len(type_expr):
+                    members.append(_RustField(() if inline else (name,), type_expr, flatten=False))
+            elif m.group(3):  # Variant { fields }
+                start, end = _block(body, m.end() - 1)
+                i = end + 1
+                if inline:
+                    members += _rust_fields(body[start:end], "")
+                else:
+                    members.append(_RustField((name,), "", flatten=False))
+        else:
+            i += 1
+    if members and tag:
+        members.append(_RustField((tag,), "String", flatten=False))
+    return iter(members)
+
+
+def _closing(text: str, open_at: int) -> int:
+    """The offset of the bracket that closes the one at ``open_at``."""
+    depth = 0
+    for i in range(open_at, len(text)):
+        if text[i] in "(<[{":
+            depth += 1
+        elif text[i] in ")>]}" and not (text[i] == ">" and text[i - 1] == "-"):
+            depth -= 1
+            if depth == 0:
+                return i
+    return len(text)
+
+
+def _rename_variant(name: str, rule: str) -> str:
+    snake = re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
+    match rule:
+        case "snake_case":
+            return snake
+        case "lowercase":
+            return name.lower()
+        case "UPPERCASE":
+            return name.upper()
+        case "kebab-case":
+            return snake.replace("_", "-")
+        case "camelCase":
+            return name[:1].lower() + name[1:]
+        case "SCREAMING_SNAKE_CASE":
+            return snake.upper()
+        case _:
+            return name
 
 
 def _rust_attributes_before(text: str, at: int) -> str:
@@ -831,17 +937,18 @@ _RUST_WRAPPERS = ("Option", "Box", "Arc", "Rc")
 _RUST_COLLECTIONS = ("Vec", "VecDeque", "HashSet", "BTreeSet", "HashMap", "BTreeMap", "IndexMap")
 
 
-def rust_serde_reads(texts: Mapping[str, str], root_pattern: str, under: str) -> Evidence:
-    """Body paths of the structs named by ``root_pattern`` under ``under`` (each a
-    request's top level), through every struct their fields refer to."""
+def rust_serde_reads(texts: Mapping[str, str], handlers: str) -> Evidence:
+    """Body paths of the request types the HTTP handlers under ``handlers`` extract
+    (each a request's top level), through every struct their fields refer to."""
     structs, enums = _rust_structs(texts)
     walk = _RustWalk(structs, enums, {})
-    for name in sorted(structs):
-        if not re.fullmatch(root_pattern, name):
+    for path in sorted(texts):
+        if not path.startswith(handlers.rstrip("/") + "/"):
             continue
-        for struct in structs[name]:
-            if struct.path.startswith(under.rstrip("/") + "/"):
-                walk.struct(struct, "", frozenset({(struct.path, name)}))
+        extracted = {m.group(1).rsplit("::", 1)[-1] for m in _RUST_EXTRACTOR.finditer(texts[path])}
+        for name in sorted(extracted):
+            if (root := _rust_nearest(structs, name, path)) is not None:
+                walk.struct(root, "", frozenset({(root.path, name)}))
     return walk.found
 
 
@@ -866,11 +973,13 @@ class _RustWalk:
                 if target and not steps:
                     self.struct(target, prefix, inner)
                 continue
+            if not f.names and target:  # an untagged or tagged enum's variant
+                self.struct(target, _steps(prefix, steps), inner)
             for json_name in f.names:
                 path = _join(prefix, json_name)
                 self.found.setdefault(path, set()).add(struct.path)
                 if target:
-                    self.struct(target, path + ".*" * len(steps), inner)
+                    self.struct(target, _steps(path, steps), inner)
 
 
 def _rust_type(type_expr: str) -> tuple[str, str]:
@@ -907,7 +1016,8 @@ def _rust_nearest(
 ) -> _RustStruct | None:
     """The definition of ``name`` nearest to the file ``path`` by module nesting: the
     same file, then the file's own module directory (``x.rs`` -> ``x/``), then each
-    enclosing directory up to the crate; at one level, only a single definition counts."""
+    enclosing directory up to the crate (at one level, only a single definition counts);
+    else the only definition there is."""
     candidates = structs.get(name, [])
     if not candidates:
         return None
@@ -922,7 +1032,7 @@ def _rust_nearest(
             return at_level[0]
         if at_level:
             return None
-    return None
+    return candidates[0] if len(candidates) == 1 else None
 
 
 # --- Python ------------------------------------------------------------------------------
@@ -1015,17 +1125,13 @@ class Plan:
     name: str
     repository: str  # OWNER/REPO on GitHub
     language: str  # "go" | "rust" | "python"
-    header_dirs: tuple[str, ...]
+    # The files read (directories or files). For Go, where header and map reads count;
+    # its constants and types are resolved across every package of the repository.
+    dirs: tuple[str, ...]
     go_roots: tuple[GoRoot, ...] = ()
     go_maps: tuple[GoMapReads, ...] = ()
-    rust_roots: str = ""  # a regular expression over struct names
-    rust_roots_under: str = ""
+    rust_handlers: str = ""  # the directory of the HTTP handlers
     python_request_names: tuple[str, ...] = ()
-
-    def read_dirs(self) -> tuple[str, ...]:
-        if self.language == "go":
-            return ()  # every Go file: constants and types are resolved across packages
-        return self.header_dirs
 
 
 _EPP_TYPES: Final = "pkg/epp/framework/interface/requesthandling"
@@ -1043,7 +1149,7 @@ PLANS: Final[Mapping[str, Plan]] = {
             name="llm-d-router",
             repository="llm-d/llm-d-router",
             language="go",
-            header_dirs=("pkg/epp", "pkg/coordinator", "pkg/common", "cmd/epp", "cmd/coordinator"),
+            dirs=("pkg/epp", "pkg/coordinator", "pkg/common", "cmd/epp", "cmd/coordinator"),
             go_roots=(GoRoot(_EPP_TYPES, "InferenceRequestBody", envelope=True),),
             go_maps=(
                 GoMapReads(
@@ -1063,18 +1169,18 @@ PLANS: Final[Mapping[str, Plan]] = {
             name="llm-d-sidecar",
             repository="llm-d/llm-d-router",
             language="go",
-            header_dirs=("pkg/sidecar", "cmd/pd-sidecar"),
+            dirs=("pkg/sidecar", "cmd/pd-sidecar"),
             go_maps=(GoMapReads(("pkg/sidecar",), ("completionRequest", "requestData", "req")),),
         ),
-        # Dynamo's Rust frontend (lib/llm): its HTTP service and protocol types. Its
-        # request bodies are the ``NvCreate*Request`` structs of protocols/openai.
+        # Dynamo's Rust frontend (lib/llm) and its request types (lib/protocols, its
+        # own copy of the OpenAI and Anthropic types); the bodies are what the HTTP
+        # service's handlers extract as ``Json<T>``.
         Plan(
             name="dynamo",
             repository="ai-dynamo/dynamo",
             language="rust",
-            header_dirs=("lib/llm/src",),
-            rust_roots=r"NvCreate\w*Request",
-            rust_roots_under="lib/llm/src/protocols/openai",
+            dirs=("lib/llm/src", "lib/protocols/src"),
+            rust_handlers="lib/llm/src/http/service",
         ),
         # Ray Serve LLM (python/ray/llm/_internal/serve, python/ray/serve/llm) and the
         # Serve HTTP proxy every request passes (python/ray/serve/_private: the proxy,
@@ -1083,7 +1189,7 @@ PLANS: Final[Mapping[str, Plan]] = {
             name="ray-serve",
             repository="ray-project/ray",
             language="python",
-            header_dirs=(
+            dirs=(
                 "python/ray/llm/_internal/serve",
                 "python/ray/serve/llm",
                 "python/ray/serve/_private/proxy.py",
@@ -1131,17 +1237,17 @@ def read_component(plan: Plan, tree: Tree) -> Reading:
         paths = tree.paths(())
         texts = tree.read([p for p in paths if _is_go_source(p) or p == "go.mod"])
         source = GoSource.load(texts, texts.get("go.mod", ""))
-        headers = go_headers(source, plan.header_dirs)
+        headers = go_headers(source, plan.dirs)
         reads = go_struct_reads(source, plan.go_roots)
         for maps in plan.go_maps:
             for name, where in go_map_reads(source, maps).items():
                 reads.setdefault(name, set()).update(where)
     elif plan.language == "rust":
-        texts = _rust_texts(tree.read(tree.paths(plan.header_dirs)))
+        texts = _rust_texts(tree.read(tree.paths(plan.dirs)))
         headers = rust_headers(texts)
-        reads = rust_serde_reads(texts, plan.rust_roots, plan.rust_roots_under)
+        reads = rust_serde_reads(texts, plan.rust_handlers)
     else:
-        texts = _python_texts(tree.read(tree.paths(plan.header_dirs)))
+        texts = _python_texts(tree.read(tree.paths(plan.dirs)))
         headers = python_headers(texts)
         reads = python_body_reads(texts, plan.python_request_names)
     return Reading(plan, tree.commit, headers, reads)

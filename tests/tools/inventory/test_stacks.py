@@ -401,7 +401,7 @@ CHAT_RS = """use super::nvext::NvExt;
 #[derive(Deserialize)]
 pub struct NvCreateChatRequest {
     #[serde(flatten)]
-    pub inner: upstream::types::CreateChatCompletionRequest,
+    pub inner: protocols::types::CreateChatCompletionRequest,
 
     #[serde(flatten, default)]
     pub common: CommonExt,
@@ -418,12 +418,18 @@ pub struct NvCreateChatRequest {
 pub struct CommonExt {
     pub ignore_eos: Option<bool>,
 }
+
+pub struct NvCreateUnusedRequest {
+    pub not_extracted: bool,
+}
 """
 
 IMAGES_RS = """mod nvext;
 pub use nvext::NvExt;
 
 pub struct NvCreateImageRequest {
+    #[serde(flatten)]
+    pub inner: upstream::types::CreateImageRequest,
     pub prompt: String,
     pub nvext: Option<NvExt>,
 }
@@ -434,9 +440,89 @@ IMAGES_NVEXT_RS = """pub struct NvExt {
 }
 """
 
-SERVICE_RS = """fn id(request: &Request) {
+AGENTS_RS = """pub(crate) const HEADER_SESSION: &str = "x-agent-session";
+pub(crate) const HEADER_PARENT: &str =
+    "x-agent-parent";
+pub(crate) const HEADER_FINAL: &str = "x-agent-final";
+
+struct Mapping {
+    root_header: &'static str,
+    parent_header: Option<&'static str>,
+}
+
+const MAPPINGS: &[Mapping] = &[Mapping {
+    root_header: HEADER_SESSION,
+    parent_header: Some(HEADER_PARENT) }];
+
+fn values(headers: &HeaderMap) -> Option<bool> {
+    flag(headers, HEADER_FINAL)
+}
+"""
+
+SERVICE_RS = """async fn chat(headers: HeaderMap, Json(mut request): Json<NvCreateChatRequest>) {}
+
+async fn images(Json(request): Json<openai::NvCreateImageRequest>) -> Result<(), Json<Error>> {}
+
+fn id(request: &Request) {
     let a = request.headers().get("X-Request-Id").cloned();
     let b = req.headers.contains_key(header::AUTHORIZATION);
+}
+"""
+
+
+PROTOCOL_TYPES_RS = """pub struct CreateChatCompletionRequest {
+    pub messages: Vec<Message>,
+    pub reasoning_effort: Option<Effort>,
+    pub tool_choice: Option<Choice>,
+}
+
+#[derive(Deserialize)]
+#[serde(tag = "role", rename_all = "lowercase")]
+pub enum Message {
+    User(UserMessage),
+    System { content: String },
+}
+
+pub struct UserMessage {
+    pub content: Content,
+}
+
+#[serde(untagged)]
+pub enum Content {
+    Text(String),
+    Parts(Vec<Part>),
+}
+
+#[serde(tag = "type")]
+#[serde(rename_all = "snake_case")]
+pub enum Part {
+    ImageUrl(ImagePart),
+    #[serde(rename = "input_text")]
+    Text { text: String },
+}
+
+pub struct ImagePart {
+    pub image_url: Url,
+}
+
+pub struct Url {
+    pub url: String,
+}
+
+pub enum Effort {
+    Low,
+    High = 2,
+}
+
+#[serde(rename_all = "snake_case")]
+pub enum Choice {
+    Auto,
+    Named(NamedChoice),
+    Pair(String, u32),
+}
+
+pub struct NamedChoice {
+    pub name: String,
 }
 """
 
@@ -447,26 +533,34 @@ def _dynamo_files() -> dict[str, str]:
         "lib/llm/src/protocols/openai/chat.rs": CHAT_RS,
         "lib/llm/src/protocols/openai/images.rs": IMAGES_RS,
         "lib/llm/src/protocols/openai/images/nvext.rs": IMAGES_NVEXT_RS,
-        "lib/llm/src/http/service.rs": SERVICE_RS,
+        "lib/llm/src/http/service/openai.rs": SERVICE_RS,
+        "lib/llm/src/protocols/agents.rs": AGENTS_RS,
+        "lib/protocols/src/types/chat.rs": PROTOCOL_TYPES_RS,
         "lib/llm/tests/http.rs": 'fn t(headers: H) { headers.get("x-test-dir"); }',
         "lib/runtime/src/x.rs": 'fn t(headers: H) { headers.get("x-other-crate"); }',
     }
 
 
-def test_rust_headers_consts_chains_and_standard_names(tmp_path):
+DYNAMO_HEADERS = [
+    "authorization",
+    "x-agent-final",
+    "x-agent-parent",
+    "x-agent-session",
+    "x-dynamo-worker",
+    "x-request-id",
+    "x-worker",
+]
+
+
+def test_rust_headers_consts_chains_helpers_tables_and_standard_names(tmp_path):
     reading = stacks.read_component(
         PLANS["dynamo"], Tree.open(bare_repo(tmp_path, _dynamo_files()))
     )
-    assert sorted(reading.headers) == [
-        "authorization",
-        "x-dynamo-worker",
-        "x-request-id",
-        "x-worker",
-    ]
+    assert sorted(reading.headers) == DYNAMO_HEADERS
     assert reading.headers["x-worker"] == {"lib/llm/src/protocols/openai/nvext.rs:10"}
 
 
-def test_rust_serde_reads_from_the_request_structs(tmp_path):
+def test_rust_serde_reads_from_the_extracted_request_types(tmp_path):
     reading = stacks.read_component(
         PLANS["dynamo"], Tree.open(bare_repo(tmp_path, _dynamo_files()))
     )
@@ -474,6 +568,13 @@ def test_rust_serde_reads_from_the_request_structs(tmp_path):
         "chat_template_args",
         "chat_template_kwargs",
         "ignore_eos",
+        "messages",
+        "messages.*.content",
+        "messages.*.content.*.image_url",
+        "messages.*.content.*.image_url.url",
+        "messages.*.content.*.text",
+        "messages.*.content.*.type",
+        "messages.*.role",
         "nvext",
         "nvext.backend_id",
         "nvext.guidance",
@@ -483,6 +584,10 @@ def test_rust_serde_reads_from_the_request_structs(tmp_path):
         "nvext.mode",
         "nvext.token_data",
         "prompt",
+        "reasoning_effort",
+        "tool_choice",
+        "tool_choice.named",
+        "tool_choice.named.name",
     ]
 
 
@@ -558,7 +663,7 @@ def test_main_writes_the_source_and_keeps_the_others(tmp_path):
     assert source["refresh"] == (
         f"python -m ext_proc.tools.inventory stacks --tree dynamo=$GITDIR@{commit}"
     )
-    assert source["headers"] == ["authorization", "x-dynamo-worker", "x-request-id", "x-worker"]
+    assert source["headers"] == DYNAMO_HEADERS
     assert source["release"] == commit[:12]
 
 
