@@ -1050,9 +1050,11 @@ _PY_HEADER_READS = (
     re.compile(r"\bheaders\s*\[\s*(" + _PY_KEY + r")\s*\](?!\s*=[^=])"),
 )
 _PY_HEADER_LOOP = re.compile(r"\bfor\s+(\w+)\s*,\s*\w+\s+in\s+[^\n:]*headers\b")
-# Body reads: ``getattr(request, "member")`` on one of the plan's request variables,
-# ``<...>kv_transfer_params.get(k)`` / ``[k]`` (a key of the transfer parameters).
-_PY_GETATTR = re.compile(r"\bgetattr\(\s*(\w+)\s*,\s*[\"'](\w+)[\"']")
+# Body reads: ``getattr(request, "member")`` / ``hasattr`` on one of the plan's request
+# variables; ``body.member`` (read, not called or assigned) on one of its parsed-body
+# variables; ``<...>kv_transfer_params.get(k)`` / ``[k]`` (a key of the parameters).
+_PY_GETATTR = re.compile(r"\b(?:get|has)attr\(\s*(\w+)\s*,\s*[\"'](\w+)[\"']")
+_PY_ATTRIBUTE = re.compile(r"(?<![\w.])(\w+)\.([A-Za-z_]\w*)\b(?!\s*\()(?!\s*=[^=])")
 _PY_KV_KEY = re.compile(
     r"\b\w*kv_transfer_params\s*(?:\.\s*get\(\s*|\[\s*)(" + _PY_KEY + r")\s*(\]\s*=(?!=))?"
 )
@@ -1100,13 +1102,18 @@ def python_headers(texts: Mapping[str, str]) -> Evidence:
     return found
 
 
-def python_body_reads(texts: Mapping[str, str], request_names: Sequence[str]) -> Evidence:
+def python_body_reads(
+    texts: Mapping[str, str], request_names: Sequence[str], body_names: Sequence[str]
+) -> Evidence:
     consts = _py_consts(texts)
     found: Evidence = {}
     for path in sorted(texts):
         text = texts[path]
         for m in _PY_GETATTR.finditer(text):
             if m.group(1) in request_names:
+                _add(found, m.group(2), path, text, m.start())
+        for m in _PY_ATTRIBUTE.finditer(text):
+            if m.group(1) in body_names:
                 _add(found, m.group(2), path, text, m.start())
         for m in _PY_KV_KEY.finditer(text):
             key = _py_resolve(m.group(1), consts)
@@ -1131,7 +1138,8 @@ class Plan:
     go_roots: tuple[GoRoot, ...] = ()
     go_maps: tuple[GoMapReads, ...] = ()
     rust_handlers: str = ""  # the directory of the HTTP handlers
-    python_request_names: tuple[str, ...] = ()
+    python_request_names: tuple[str, ...] = ()  # getattr/hasattr on these
+    python_body_names: tuple[str, ...] = ()  # attributes of these
 
 
 _EPP_TYPES: Final = "pkg/epp/framework/interface/requesthandling"
@@ -1184,7 +1192,9 @@ PLANS: Final[Mapping[str, Plan]] = {
         ),
         # Ray Serve LLM (python/ray/llm/_internal/serve, python/ray/serve/llm) and the
         # Serve HTTP proxy every request passes (python/ray/serve/_private: the proxy,
-        # its request wrapper, its HTTP helpers and constants).
+        # its request wrapper, its HTTP helpers and constants). Its bodies are vLLM's
+        # request models (the wheel inventory lists them); its handlers name the parsed
+        # body ``body``, its servers the request model ``request``.
         Plan(
             name="ray-serve",
             repository="ray-project/ray",
@@ -1198,6 +1208,7 @@ PLANS: Final[Mapping[str, Plan]] = {
                 "python/ray/serve/_private/constants.py",
             ),
             python_request_names=("request", "req", "prefill_request", "decode_request"),
+            python_body_names=("body",),
         ),
     )
 }
@@ -1249,7 +1260,7 @@ def read_component(plan: Plan, tree: Tree) -> Reading:
     else:
         texts = _python_texts(tree.read(tree.paths(plan.dirs)))
         headers = python_headers(texts)
-        reads = python_body_reads(texts, plan.python_request_names)
+        reads = python_body_reads(texts, plan.python_request_names, plan.python_body_names)
     return Reading(plan, tree.commit, headers, reads)
 
 

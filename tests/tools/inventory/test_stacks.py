@@ -612,6 +612,13 @@ class Router:
         port = kv_transfer_params["remote_port"]
         kv_transfer_params["prompt_token_ids"] = ids
         other = getattr(response, "usage", None)
+        streamed = hasattr(request, "stream")
+
+    async def chat(self, body, request):
+        model_id = await self._get_model_id(body.model)
+        body.options = None
+        copy = body.model_copy()
+        return request.state
 """
 
 
@@ -632,6 +639,8 @@ def test_python_headers_and_body_reads(tmp_path):
         "kv_transfer_params",
         "kv_transfer_params.remote_host",
         "kv_transfer_params.remote_port",
+        "model",
+        "stream",
     ]
 
 
