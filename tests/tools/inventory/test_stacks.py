@@ -682,3 +682,52 @@ def test_main_refuses_an_unknown_component_or_commit(tmp_path, capsys):
     assert main(["--tree", f"dynamo={tmp_path}@v1", "--out", str(out)]) == 2
     assert not out.exists()
     assert "NAME must be one of llm-d-router" in capsys.readouterr().err
+
+
+SNAPSHOT = Path(stacks.__file__).with_name("stacks.json")
+
+
+def _snapshot() -> dict[str, dict[str, object]]:
+    document = json.loads(SNAPSHOT.read_text())
+    assert SNAPSHOT.read_text() == stacks.dumps(document)
+    assert document["generated_by"] == stacks.GENERATED_BY
+    return document["sources"]
+
+
+def test_the_snapshot_has_one_source_per_component_with_its_provenance():
+    sources = _snapshot()
+    assert sorted(source["engine"] for source in sources.values()) == sorted(PLANS)
+    for key, source in sources.items():
+        plan = PLANS[source["engine"]]
+        sha = source["origin"].rpartition("@")[2]
+        assert re.fullmatch(r"[0-9a-f]{40}", sha)
+        assert key == f"{plan.name} {sha[:12]}" == f"{source['engine']} {source['release']}"
+        assert source["origin"] == f"github:{plan.repository}@{sha}"
+        assert source["refresh"] == f"{stacks.GENERATED_BY} --tree {plan.name}=$GITDIR@{sha}"
+        for name in ("headers", "reads", "part_types", "connector_keys"):
+            assert source[name] == sorted(set(source[name]))
+        assert all(h == h.lower() for h in source["headers"])
+
+
+def test_the_snapshot_holds_the_carriers_known_from_the_sources():
+    by_engine = {source["engine"]: source for source in _snapshot().values()}
+    sidecar = set(by_engine["llm-d-sidecar"]["headers"])
+    assert {
+        "x-prefiller-host-port",
+        "x-encoder-hosts-ports",
+        "x-kv-cache-source-host-port",
+        "x-data-parallel-host-port",
+    } <= sidecar
+    assert "epp-profile" in by_engine["llm-d-router"]["headers"]
+    assert {"token_ids", "messages.*.content.*.type"} <= set(by_engine["llm-d-router"]["reads"])
+    dynamo = by_engine["dynamo"]
+    assert {"x-worker-instance-id", "x-prefill-instance-id", "x-dp-rank"} <= set(dynamo["headers"])
+    assert {
+        "nvext.token_data",
+        "nvext.backend_instance_id",
+        "nvext.prefill_worker_id",
+        "nvext.decode_worker_id",
+        "nvext.dp_rank",
+        "nvext.prefill_dp_rank",
+    } <= set(dynamo["reads"])
+    assert "kv_transfer_params" in by_engine["ray-serve"]["reads"]
