@@ -27,6 +27,12 @@ any pattern runs (string literals kept); test files and generated protobuf code 
 read. Header names are lower-cased; body paths are dotted from the request's top level,
 with ``*`` for a list item or a map value (``messages.*.content``). ``--explain`` prints
 where each name was found.
+
+What the patterns do not see, so a review of a new snapshot should: a header whose name
+an operator configures without a default in the source (llm-d's session-affinity and
+rollout headers), a body key read through a helper's parameter (a Go map handed to a
+function), a flattened type from outside the files read, and any read written in a
+shape none of the patterns states.
 """
 
 from __future__ import annotations
