@@ -17,11 +17,12 @@ Invariants (each one a heuristic stated as what it guarantees):
   ``Annotated`` (its first argument), ``Required``/``NotRequired``/``ReadOnly``/``Final``,
   string forward references and the wheel's own type aliases; a list, tuple, set or
   other iterable adds ``list:``, a mapping's value ``dict:`` (a mapping of scalars is
-  ``*``: its keys are the body's to choose). ``Literal`` and scalars
-  (builtins, the standard library's values, pydantic's constrained types, enums) add
-  nothing. ``*`` stands for what a body may fill freely: ``Any``, ``object``, a bare
-  ``dict``/``list``, pydantic's ``Json``, a ``TypeVar``, a recursive alias, a class of
-  the wheel that is not a model, and a name nothing binds; a type of another package is
+  ``*``: its keys are the body's to choose). ``Literal`` and scalars (builtins, the
+  standard library's values, pydantic's constrained types, enums) add nothing. ``*``
+  stands for what a body may fill freely: ``Any``, ``object``, a bare ``dict``/``list``,
+  pydantic's ``Json``, a ``TypeVar`` (one with a ``bound`` refers to the bound), a
+  recursive alias, a class of the wheel that is not a model, and a name nothing binds;
+  a type of another package is
   ``ext:`` its dotted name as imported."""
 
 from __future__ import annotations
@@ -261,7 +262,9 @@ class Schema:
         function = _last(call.func)
         bound = _keyword(call, "bound")
         if function == "TypeVar":
-            if isinstance(bound, ast.expr):
+            if isinstance(bound, str):
+                yield from self._forward(module, bound, steps, seen)
+            elif isinstance(bound, ast.expr):
                 yield from self._refs(module, bound, steps, seen)
             else:
                 yield Reference("", OPEN)

@@ -25,6 +25,7 @@ MODELS = """
     from typing_extensions import Required, TypedDict
 
     T = TypeVar("T")
+    B = TypeVar("B", bound="Options")
 
     class OpenAIBaseModel(BaseModel):
         model_config: ClassVar[dict[str, Any]] = {}
@@ -85,6 +86,7 @@ MODELS = """
         generic: T | None = None
         bare: dict = {}
         forward: "list[Options]" = []
+        bounded: list[B] = []
 """
 
 
@@ -157,6 +159,7 @@ def test_references_through_the_typing_forms(schema: Schema) -> None:
     assert fields["generic"] == ["*"]  # a TypeVar
     assert fields["bare"] == ["*"]
     assert fields["forward"] == ["list:Options"]
+    assert fields["bounded"] == ["list:Options"]
 
 
 def test_an_alias_of_a_union_is_its_members(schema: Schema) -> None:
