@@ -24,7 +24,15 @@ from typing import Final
 
 from grpc_tools import protoc
 
-from devstack import connector_keys_docs, dashboard, llmd, module_map, monitoring, route_policy_docs
+from devstack import (
+    classified,
+    connector_keys_docs,
+    dashboard,
+    llmd,
+    module_map,
+    monitoring,
+    route_policy_docs,
+)
 from ext_proc.tools import envoygen
 
 REPO: Final = Path(__file__).resolve().parents[1]
@@ -90,6 +98,14 @@ def _relative(path: Path, root: Path = REPO) -> str:
 
 
 GENERATORS: Final = (
+    # First: the Envoy configs' header step and the processor's lists come from it.
+    Generator(
+        "classified",
+        "ext_proc/core/classified.py, declared.json and docs/trust.md's carrier tables, "
+        "from the inventory and its classification",
+        lambda: classified.OUTPUTS,
+        classified.files,
+    ),
     Generator("envoy-configs", "envoy/*.yaml from envoy/inputs/", _envoy_outputs, _envoy_files),
     Generator("protos", "ext_proc/_pb from protos/", _proto_outputs, _proto_files),
     Generator(

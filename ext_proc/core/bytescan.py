@@ -4,6 +4,8 @@ reads, where the bytes sought are frequent."""
 
 from __future__ import annotations
 
+import functools
+import re
 from typing import Final
 
 import numpy as np
@@ -55,3 +57,64 @@ def has_run(raw: bytes, byte: int, length: int) -> bool:
         if not bool((words == np.uint64(int.from_bytes(bytes([byte]) * 8, "little"))).any()):
             return False
     return find(raw, bytes([byte]) * length) != -1
+
+
+_QUOTE: Final = ord('"')
+# Below this size one regular expression finds every name sooner than the vectors
+# (whose dozen calls cost more than the search).
+_QUOTED_VECTOR_MIN: Final = 1 << 18
+
+
+def quoted(raw: bytes, names: tuple[bytes, ...], most: int) -> dict[bytes, int]:
+    """For each of ``names`` (each at least 3 bytes, none holding a quote),
+    ``min(occurrences(raw, b'"' + name + b'"', most), most)``: how often ``raw`` writes
+    it between two quotes, counted to ``most``, in one pass however many names there are.
+
+    A small ``raw`` is searched by one regular expression of every name; a large one by
+    vectors: each quote's next four bytes are compared, as one word, with each name's
+    first four bytes (a name of three with its closing quote), and only the quotes that
+    match one are compared in full. Two occurrences of the same token never overlap:
+    each begins at its own opening quote and ends at a closing quote that no name
+    holds."""
+    counts = dict.fromkeys(names, 0)
+    if len(raw) < _QUOTED_VECTOR_MIN:
+        for found in _pattern(names).findall(raw):
+            counts[found] = min(counts[found] + 1, most)
+        return counts
+    arr = np.frombuffer(raw, np.uint8)
+    quotes = np.flatnonzero(arr == _QUOTE)
+    quotes = quotes[quotes + 4 < len(raw)]
+    words = arr[quotes + 1].astype(np.uint32)
+    for shift in (1, 2, 3):
+        words |= arr[quotes + 1 + shift].astype(np.uint32) << np.uint32(8 * shift)
+    heads = _heads(names)
+    slot = np.minimum(np.searchsorted(heads[0], words), len(heads[0]) - 1)
+    for at in quotes[heads[0][slot] == words].tolist():
+        for name in heads[1][_word(raw, at + 1)]:
+            if counts[name] < most and raw.startswith(b'"' + name + b'"', at):
+                counts[name] += 1
+    return counts
+
+
+def _word(raw: bytes, at: int) -> int:
+    return int.from_bytes(raw[at : at + 4], "little")
+
+
+@functools.cache
+def _heads(names: tuple[bytes, ...]) -> tuple[np.ndarray, dict[int, tuple[bytes, ...]]]:
+    """Each name's first four bytes (a name of three: with its closing quote) as a
+    little-endian word, and the names that begin with each word."""
+    by_word: dict[int, list[bytes]] = {}
+    for name in names:
+        if len(name) < 3 or b'"' in name:
+            raise ValueError(f"{name!r}: at least 3 bytes, no quote")
+        by_word.setdefault(int.from_bytes((name + b'"')[:4], "little"), []).append(name)
+    words = np.array(sorted(by_word), dtype=np.uint32)
+    return words, {word: tuple(found) for word, found in by_word.items()}
+
+
+@functools.cache
+def _pattern(names: tuple[bytes, ...]) -> re.Pattern[bytes]:
+    # Longer names first: an alternation takes the first branch that matches.
+    ordered = sorted(names, key=len, reverse=True)
+    return re.compile(b'"(' + b"|".join(re.escape(name) for name in ordered) + b')"')

@@ -27,7 +27,17 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
 
-from ext_proc.core import admission, caller, memory, mint, policy, proof, route_policy, vllm_request
+from ext_proc.core import (
+    admission,
+    caller,
+    declared,
+    memory,
+    mint,
+    policy,
+    proof,
+    route_policy,
+    vllm_request,
+)
 from ext_proc.core.budget import Account
 from ext_proc.core.caller import Caller
 from ext_proc.core.config import Config
@@ -55,6 +65,8 @@ class Request:
     # as vLLM routes it); a proof binds it.
     endpoint: str = ""
     peer: Peer = NO_PEER
+    # What the route's engine declares for the endpoint (a strict_body route), else None.
+    body: declared.Body | None = None
     # The refusal that ends the request at its headers; then nothing more is read.
     refused: Deny | None = None
     # A refusal of the headers that audit mode lets pass: the body's decision,
@@ -119,30 +131,54 @@ def read(event: RequestHeaders, config: Config, *, with_body: bool) -> Request:
         outside = _outside_prefix(parsed, namespace)
         return Request(route.name, request_id, audit, parsed, peer=event.peer, refused=outside)
     endpoint = vllm_request.endpoint(upstream)
-    token = vllm_request.token_endpoint(endpoint)
-    # Token ids are such an endpoint's prompt: nothing in its body could be policed into
-    # a rendered one. Refused at the headers; audit mode reports it with the body.
-    denied = None
-    if token is not None and Accept.TOKEN_ENDPOINTS not in parsed.accept:
-        denied = _token_endpoint(token)
-        if enforced(denied, audit):
-            return Request(route.name, request_id, audit, parsed, endpoint, event.peer, denied)
+    # Token ids are a token endpoint's prompt: nothing in its body could be policed
+    # into a rendered one; an internal endpoint is the operator's. Refused at the
+    # headers; audit mode reports it with the body.
+    denied = _endpoint_refused(endpoint, parsed.accept)
+    if denied is not None and enforced(denied, audit):
+        return Request(route.name, request_id, audit, parsed, endpoint, event.peer, refused=denied)
+    body = None
+    if parsed.strict_body is not None:
+        body = declared.body(parsed.strict_body, endpoint)
+        if body is None:
+            refusal = _undeclared_endpoint(parsed.strict_body, endpoint)
+            return Request(
+                route.name, request_id, audit, parsed, endpoint, event.peer, refused=refusal
+            )
     refused, held = _body_headers(found, audit, config.max_body_bytes) if with_body else _NONE
     held = held or denied
-    return Request(route.name, request_id, audit, parsed, endpoint, event.peer, refused, held)
+    return Request(route.name, request_id, audit, parsed, endpoint, event.peer, body, refused, held)
 
 
 _NONE: Final = (None, None)
 
 
-def _token_endpoint(path: str) -> Deny:
+def _undeclared_endpoint(engine: str, endpoint: str) -> Deny:
     return Deny(
         bad_request(
-            f"{path} takes token ids as its prompt; this route does not serve it (its "
-            "policy's accept: token_endpoints)",
-            reason=Reason.TOKEN_ENDPOINT_REFUSED,
+            f"{engine}, this route's engine (strict_body), declares no body for {endpoint}",
+            reason=Reason.UNDECLARED_MEMBER,
         )
     )
+
+
+def _endpoint_refused(endpoint: str, accept: frozenset[Accept]) -> Deny | None:
+    """The refusal of a token or internal endpoint the route does not accept."""
+    token = vllm_request.token_endpoint(endpoint)
+    if token is not None and Accept.TOKEN_ENDPOINTS not in accept:
+        why = f"{token} takes token ids as its prompt; this route does not serve it (its "
+        return _refused(why + "policy's accept: token_endpoints)", Reason.TOKEN_ENDPOINT_REFUSED)
+    internal = vllm_request.internal_endpoint(endpoint)
+    if internal is not None and Accept.INTERNAL_ENDPOINTS not in accept:
+        why = f"{internal} is a server's internal endpoint; this route does not serve it (its "
+        return _refused(
+            why + "policy's accept: internal_endpoints)", Reason.INTERNAL_ENDPOINT_REFUSED
+        )
+    return None
+
+
+def _refused(message: str, reason: Reason) -> Deny:
+    return Deny(bad_request(message, reason=reason))
 
 
 def _outside_prefix(parsed: RoutePolicy, namespace: str) -> Deny:
@@ -211,7 +247,12 @@ def settle(asked: Proof, verdict: Verdict, request: Request, account: Account) -
     if verdict is not Verdict.FIRST:
         evidence = dataclasses.replace(asked.evidence, spent=verdict.reason)
         decision = policy.decide(
-            request.policy, asked.parsed.document, evidence, asked.carriers, asked.sender
+            request.policy,
+            asked.parsed.document,
+            evidence,
+            asked.carriers,
+            asked.sender,
+            body=request.body,
         )
     return _enforce(decision, asked.parsed, request.audit, account, asked.pending)
 
@@ -254,7 +295,8 @@ def _judge(
     minting = request.policy.action is Action.MINT
     # How often the bytes name each carrier (None: they cannot tell).
     named = spelled(raw, CARRIER_NAMES)
-    if not minting and named is not None and not any(named.values()):
+    strict = request.body is not None
+    if not minting and not strict and named is not None and not any(named.values()):
         # Nothing to judge or rewrite: the body is forwarded as it came, unparsed
         # (a mint route parses every request for its prompt digest).
         account.hold(memory.held(len(raw)))
@@ -275,7 +317,7 @@ def _judge(
     sender = caller.of(request.policy, request.peer)
     if request.policy.action not in policy.WEIGHS_EVIDENCE:
         decision = policy.decide(
-            request.policy, parsed.document, policy.NO_EVIDENCE, carriers, sender
+            request.policy, parsed.document, policy.NO_EVIDENCE, carriers, sender, body=request.body
         )
         return decision, parsed, mint.NOTHING
     digest = _Once(functools.partial(admission.digest, parsed, request.endpoint, account))
@@ -309,7 +351,9 @@ def _weigh(
     renders it (``admission.digest``)."""
     minting = request.policy.action is Action.MINT
     pending = mint.expect(request.endpoint, evidence.digest) if minting else mint.NOTHING
-    decision = policy.decide(request.policy, parsed.document, evidence, carriers, sender)
+    decision = policy.decide(
+        request.policy, parsed.document, evidence, carriers, sender, body=request.body
+    )
     pending = mint.judged(pending, decision, echo_free)
     if decision.reason == policy.HONORED_PROOF and not isinstance(decision, Deny):
         ticket = proof.ticket(parsed.document[KV_KEY], evidence.skew, evidence.lifetime)

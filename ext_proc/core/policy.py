@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final
 
-from ext_proc.core import caller, connector_bounds, proof
+from ext_proc.core import caller, connector_bounds, declared, proof
 from ext_proc.core.caller import Caller
 from ext_proc.core.decisions import NO_PARAMS, Allow, Decision, Deny, Honor, Mint, Strip
 from ext_proc.core.errors import Refusal, bad_request
@@ -145,16 +145,22 @@ def decide(
     evidence: Evidence,
     carriers: tuple[Path, ...] | None = None,
     sender: caller.Caller | None = None,
+    *,
+    body: declared.Body | None = None,
 ) -> Decision:
     """The decision for a request ``document``. ``carriers``: its other members that
     carry transfer parameters (``vllm_request.other_carriers``), when the caller has
     shown there are none cheaply (then it holds no prompt embeddings either); None:
     both looked for here. ``sender``: who the caller is
     (``caller.of`` for this route and ``evidence.peer``), when the request already
-    knows; None: decided here, once for every part of the decision."""
+    knows; None: decided here, once for every part of the decision. ``body``: what the
+    route's engine declares for the endpoint (a ``strict_body`` route): an untrusted
+    caller's undeclared members go too."""
     if sender is None:
         sender = caller.of(policy, evidence.peer)
     decision = _decide_carriers(policy, document, evidence, sender, carriers)
+    if body is not None and not sender.trusted and not isinstance(decision, Deny):
+        decision = _strict(policy, document, body, decision, sender)
     if policy.connector is None or isinstance(decision, Deny):
         return decision
     if sender.trusted:
@@ -234,6 +240,56 @@ def _decide_carriers(
         )
     reason = sender.reason if decision is NO_PARAMS else decision.reason
     return Strip(keys=(), reason=reason, id_count=decision.id_count, carriers=found)
+
+
+def _strict(
+    policy: RoutePolicy, document: Document, body: declared.Body, decision: Decision, sender: Caller
+) -> Decision:
+    """``decision`` with the members ``body`` does not declare removed, or refused where
+    the route denies untrusted parameters (never more than ``MAX_CARRIERS``)."""
+    found = declared.undeclared(document, body, MAX_CARRIERS + 1)
+    if not found:
+        return decision
+    if len(found) > MAX_CARRIERS:
+        message = f"request has more than {MAX_CARRIERS} members its endpoint does not declare"
+        return Deny(bad_request(message, reason=Reason.UNDECLARED_MEMBER), decision.id_count)
+    if policy.untrusted_denied:
+        param = ".".join(map(str, found[0]))
+        return Deny(
+            bad_request(
+                f"{param} is not a member this route's engine ({policy.strict_body}) declares "
+                "for this endpoint",
+                reason=Reason.UNDECLARED_MEMBER,
+                param=param,
+            ),
+            decision.id_count,
+        )
+    if isinstance(decision, Strip):
+        # An engine that declares no kv_transfer_params loses the whole object.
+        keys = None if (KV_KEY,) in found else decision.keys
+        inner = tuple(path for path in found if path != (KV_KEY,))
+        carriers = _outermost((*decision.carriers, *inner))
+        return dataclasses.replace(decision, keys=keys, carriers=carriers)
+    if isinstance(decision, Honor):
+        return Strip(
+            keys=(),
+            reason=decision.reason,
+            id_count=decision.id_count,
+            honored=True,
+            carriers=found,
+        )
+    reason = sender.reason if decision is NO_PARAMS else decision.reason
+    return Strip(keys=(), reason=reason, id_count=decision.id_count, carriers=found)
+
+
+def _outermost(paths: tuple[Path, ...]) -> tuple[Path, ...]:
+    """``paths`` without those inside another (removing the outer removes them), each
+    once, in order."""
+    unique = tuple(dict.fromkeys(paths))
+    kept = frozenset(unique)
+    return tuple(
+        path for path in unique if not any(path[:end] in kept for end in range(1, len(path)))
+    )
 
 
 def _carried_out_of_bounds(document: Document, found: tuple[Path, ...]) -> Refusal | None:

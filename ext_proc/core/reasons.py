@@ -49,6 +49,7 @@ class Reason(StrEnum):
     CARRIERS_TOO_MANY = "carriers_too_many"
     EMBEDDINGS_REFUSED = "embeddings_refused"
     TOKEN_ENDPOINT_REFUSED = "token_endpoint_refused"
+    INTERNAL_ENDPOINT_REFUSED = "internal_endpoint_refused"
     UNDECLARED_MEMBER = "undeclared_member"
     UNSUPPORTED_MEDIA_TYPE = "unsupported_media_type"
     CONTENT_ENCODING = "content_encoding"
@@ -115,6 +116,7 @@ REFUSED: Final = frozenset(
         Reason.CARRIERS_TOO_MANY,
         Reason.EMBEDDINGS_REFUSED,
         Reason.TOKEN_ENDPOINT_REFUSED,
+        Reason.INTERNAL_ENDPOINT_REFUSED,
         Reason.UNDECLARED_MEMBER,
         Reason.UNSUPPORTED_MEDIA_TYPE,
         Reason.CONTENT_ENCODING,

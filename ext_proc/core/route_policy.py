@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Final, TypeVar
 
+from ext_proc.core import declared
 from ext_proc.core.errors import RoutePolicyError
 from ext_proc.core.reasons import Reason
 from ext_proc.core.vllm_request import CONNECTOR_REQUESTS, POLICED_KEYS, TOKEN_ID_BOUND
@@ -52,6 +53,7 @@ class Accept(StrEnum):
 
     EMBEDDINGS = "embeddings"  # prompt embeddings: vLLM's prompt_embeds and *_embeds parts
     TOKEN_ENDPOINTS = "token_endpoints"  # endpoints that take token ids as their prompt
+    INTERNAL_ENDPOINTS = "internal_endpoints"  # weights, caches, profiling, sessions...
 
 
 class IdentityType(StrEnum):
@@ -158,10 +160,10 @@ _ENGINE = re.compile(r"[a-z][a-z0-9-]{0,31} [0-9A-Za-z.+-]{1,32}")
 
 
 def _engine(value: Scalar) -> str:
-    """An engine and release as the inventory names them (``vllm 0.32.0``); whether the
-    inventory holds it is checked where the inventory is read (``strict``)."""
-    if not (isinstance(value, str) and _ENGINE.fullmatch(value)):
-        raise Rejected("expected an engine and its release, e.g. 'vllm 0.32.0'")
+    """An engine and release whose request models the catalog holds (``vllm 0.32.0``)."""
+    known = declared.engines()
+    if not (isinstance(value, str) and _ENGINE.fullmatch(value) and value in known):
+        raise Rejected("expected one of " + ", ".join(repr(name) for name in sorted(known)))
     return value
 
 
@@ -329,7 +331,8 @@ class RoutePolicy:
         ", ".join(f"`{a.value}`" for a in Accept) + f", separated by `{PEER_SEPARATOR}`",
         "served to a caller the route does not trust: prompt embeddings (refused with a "
         "400 otherwise), endpoints that take token ids as their prompt "
-        "(`/generative_scoring`...; refused otherwise)",
+        "(`/generative_scoring`...), the servers' internal endpoints (`/collective_rpc`, "
+        "`/update_weights`...; both refused otherwise)",
     )
     strict_body: str | None = _field(
         None,

@@ -28,7 +28,7 @@ import functools
 from collections.abc import Iterable
 from typing import Final
 
-from ext_proc.core.bytescan import find, occurrences
+from ext_proc.core.bytescan import find, quoted
 
 # JSON's whitespace, and how far from each end of a body its braces are looked for.
 _WHITESPACE: Final = b" \t\n\r"
@@ -56,13 +56,20 @@ def spelled(raw: bytes, keys: Iterable[str]) -> dict[str, int] | None:
     (``tokens`` in ``max_tokens``) or of prose is not counted."""
     if not _braced(raw):
         return None
-    counts: dict[str, int] = {}
+    names, escapes = _all_spellings(tuple(keys))
+    if _holds_any(raw, escapes):
+        return None
+    found = quoted(raw, names, SPELLED_MOST)
+    return {name.decode(): count for name, count in found.items()}
+
+
+@functools.cache
+def _all_spellings(keys: tuple[str, ...]) -> tuple[tuple[bytes, ...], tuple[bytes, ...]]:
+    """``keys`` as written, and the starts of every escape of their characters."""
     escapes: set[bytes] = set()
     for key in keys:
-        written, spellings = _spellings(key)
-        escapes.update(spellings)
-        counts[key] = occurrences(raw, b'"' + written + b'"', SPELLED_MOST)
-    return None if _holds_any(raw, tuple(sorted(escapes))) else counts
+        escapes.update(_spellings(key)[1])
+    return tuple(_spellings(key)[0] for key in keys), tuple(sorted(escapes))
 
 
 @functools.cache

@@ -8,7 +8,9 @@ messages instead when the request echoes or carries non-text content.
 
 from __future__ import annotations
 
+import functools
 import itertools
+import re
 from collections.abc import Iterator
 from typing import Any, Final
 from urllib.parse import unquote
@@ -154,13 +156,33 @@ def embeddings(document: dict[str, Any]) -> tuple[Path, ...]:
 
 def token_endpoint(path: str) -> str | None:
     """The token endpoint (``classified.TOKEN_ENDPOINTS``) that the upstream endpoint
-    ``path`` (``endpoint``) is, behind any root path, in any case, with or without one
-    trailing slash; None when it is none."""
+    ``path`` (``endpoint``) is; None when it is none (``_named``)."""
+    return _named(path, classified.TOKEN_ENDPOINTS)
+
+
+def internal_endpoint(path: str) -> str | None:
+    """The internal endpoint (``classified.INTERNAL_ENDPOINTS``: weights, caches,
+    profiling...) that the upstream endpoint ``path`` is; None when it is none."""
+    return _named(path, classified.INTERNAL_ENDPOINTS)
+
+
+def _named(path: str, known: tuple[str, ...]) -> str | None:
+    """The one of ``known`` that ``path`` is, behind any root path, in any case, with or
+    without one trailing slash (a ``{name}`` segment stands for any one segment); the
+    longest when several are."""
     bare = path.lower().rstrip("/") if path != "/" else path
-    for known in classified.TOKEN_ENDPOINTS:
-        if bare == known or bare.endswith(known):
-            return known
-    return None
+    found = [
+        name
+        for name in known
+        if (_template(name).search(bare) if "{" in name else bare.endswith(name))
+    ]
+    return max(found, key=len, default=None)
+
+
+@functools.cache
+def _template(name: str) -> re.Pattern[str]:
+    parts = [re.escape(part) if not part.startswith("{") else "[^/]+" for part in name.split("/")]
+    return re.compile("/".join(parts) + r"\Z")
 
 
 def only_kv_params(named: dict[str, int], document: dict[str, Any]) -> bool:

@@ -397,3 +397,23 @@ def test_a_path_that_only_ends_like_a_token_endpoint_is_served():
     stream = new()
     stream.handle(headers(path="/v1/my_generative_scoring"))
     assert stream.handle(RequestBody(SCORING, True)) == [ContinueBody(None)]
+
+
+@pytest.mark.parametrize(
+    ("path", "named"),
+    [
+        ("/collective_rpc", "/collective_rpc"),
+        ("/x/update_weights/", "/update_weights"),
+        ("/v1/load_lora_adapter", "/v1/load_lora_adapter"),
+        ("/dumper/anything", "/dumper/{method}"),
+    ],
+)
+def test_an_internal_endpoint_is_refused_unless_the_route_accepts_it(path, named):
+    stream = new()
+    error = error_body(stream.handle(headers(path=path)))
+    assert named in error["message"]
+    assert stream.decision.refusal.reason == "internal_endpoint_refused"
+    accepting = RouteMetadata({"action": "strip", "accept": "internal_endpoints"}, 2.0)
+    served = new()
+    served.handle(headers(accepting, path=path))
+    assert served.handle(RequestBody(b"{}", True)) == [ContinueBody(None)]

@@ -318,7 +318,7 @@ SIGNED_RESPONSE = json.dumps({"id": "c", "prompt_token_ids": [3, 4]}).encode()
         (MINT_ROUTE, "/v1/completions/derender", False),
         (MINT_ROUTE, "/v1/chat/completions/render", False),
         (MINT_ROUTE, "/v1/completions", False),
-        (MINT_ROUTE, "/inference/v1/generate", False),
+        (MINT_ROUTE, "/v1/embeddings", False),
         (MINT_ROUTE, "/tokenize", False),
         (MINT_ROUTE, "/v1/messages", False),
         (MINT_ROUTE, "/v1/responses", False),

@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from ext_proc.core import declared, policy, proof
 from ext_proc.core import ids as ids_module
-from ext_proc.core import policy, proof
 from ext_proc.core.events import Peer
 from ext_proc.core.policy import Allow, Deny, Evidence, Honor, Mint, Strip
 from ext_proc.core.route_policy import Accept, Action, IdentityType, RoutePolicy, Topology, Unproven
@@ -861,3 +861,59 @@ def test_sglang_and_dynamo_carriers_are_removed_from_an_untrusted_caller(extra):
     assert decision.carriers
     assert isinstance(decide(DENY, doc(**extra)), Deny)
     assert decide(HONOR, doc(**extra)) == Allow("no_transfer_params")
+
+
+# --- strict bodies -----------------------------------------------------------------------
+
+STRICT_BODY = declared.Body(
+    "Chat",
+    {
+        "Chat": {"model": (), "messages": ("list:Message",), "kv_transfer_params": ("*",)},
+        "Message": {"role": (), "content": ()},
+    },
+)
+
+
+def strict(route, document, **kwargs):
+    return policy.decide(route, document, EVIDENCE, body=STRICT_BODY, **kwargs)
+
+
+def test_a_strict_route_removes_what_the_engine_does_not_declare():
+    document = doc(
+        {"prompt_token_ids": [1]}, next_release_carrier=1, messages=[{"role": "u", "x": 1}]
+    )
+    decision = strict(STRIP, document)
+    assert isinstance(decision, Strip)
+    assert decision.paths == (
+        ("kv_transfer_params",),
+        ("messages", 0, "x"),
+        ("next_release_carrier",),
+    )
+    assert strict(STRIP, doc(next_release_carrier=1)) == Strip(
+        keys=(), reason="stripped_by_policy", id_count=0, carriers=(("next_release_carrier",),)
+    )
+    assert strict(STRIP, doc()) == Allow("no_transfer_params")
+
+
+def test_a_strict_route_that_denies_names_the_undeclared_member():
+    denied = strict(DENY, doc(next_release_carrier=1))
+    assert isinstance(denied, Deny)
+    assert denied.refusal.reason == "undeclared_member"
+    assert denied.refusal.param == "next_release_carrier"
+    many = strict(STRIP, doc(**{f"k{i}": i for i in range(MAX_CARRIERS + 1)}))
+    assert isinstance(many, Deny)
+    assert many.refusal.reason == "undeclared_member"
+
+
+def test_a_strict_route_keeps_a_trusted_callers_members_and_a_carrier_once():
+    assert strict(HONOR, doc(next_release_carrier=1)) == Allow("no_transfer_params")
+    # A carrier the engine does not declare either is removed once, whole.
+    decision = strict(STRIP, doc(nvext={"token_data": [1], "other": 2}))
+    assert decision.paths == (("nvext",),)
+
+
+def test_an_engine_without_kv_transfer_params_loses_the_whole_object():
+    body = declared.Body("Chat", {"Chat": {"model": (), "messages": ()}})
+    route = RoutePolicy(Topology.AGGREGATED, Action.STRIP, keep_other_keys=True)
+    decision = policy.decide(route, doc({"prompt_token_ids": [1], "k": 2}), EVIDENCE, body=body)
+    assert decision.paths == (("kv_transfer_params",),)

@@ -1,0 +1,568 @@
+"""The one classification of what the engines and stacks behind the gateway read: every
+body member (by name, the last step of its path), request header, chat content-part
+type and endpoint of the inventory (``inventory.json``, generated from their sources)
+has one class here, and the class says what a caller the route does not trust gets.
+
+Hand-kept: a release that adds a name nobody has classified fails
+tests/tools/inventory/test_classification.py (and the release matrix), so a new carrier
+is decided here before the gateway claims that release. The gateway's lists (the body
+carriers, the embeddings, the header step, the token endpoints) and docs/trust.md's
+carrier tables are generated from this table with the inventory
+(``python -m devstack classified``: ``ext_proc/core/classified.py``).
+
+What each class gets from a caller the route does not trust:
+- ``prompt``, ``generation``, ``scheduling``, ``model``, ``metadata``, ``transport``:
+  forwarded (a ``strict_body`` route forwards only what its engine declares);
+- ``tokens``, ``peer``, ``request_id``, ``transfer``, ``cache_key``, ``code``,
+  ``framing`` (a *carrier*): removed from the body,
+  or the request refused where the route denies untrusted parameters; kept for a trusted
+  caller (a listed peer, ``trust_any_caller``). The top-level ``kv_transfer_params`` is
+  the one carrier a proof covers (docs/trust.md). As a header: removed for every caller
+  by the header step before any filter reads it (the request id is renewed instead);
+- ``embeddings``: refused with a 400 naming it unless the route accepts embeddings
+  (``accept: embeddings``); kept for a trusted caller.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Final
+
+
+class Class(StrEnum):
+    PROMPT = "prompt"  # text or media the server renders into the prompt
+    TOKENS = "tokens"  # token ids read as the prompt: the chat template is skipped
+    EMBEDDINGS = "embeddings"  # tensors read as the prompt or as media: unreadable here
+    PEER = "peer"  # an address, a peer, a worker or a rank: where the request or its KV goes
+    REQUEST_ID = "request_id"  # a request id a connector parses, or a proof binds
+    TRANSFER = "transfer"  # transfer parameters handed to a KV or EC connector
+    CACHE_KEY = "cache_key"  # a key a server's cache trusts instead of the content it names
+    CODE = "code"  # serialized code the server runs
+    FRAMING = "framing"  # changes how the server reads the body (a header)
+    GENERATION = "generation"  # sampling, limits, output shape, tools, structured output
+    SCHEDULING = "scheduling"  # priority, cache salt, session: the caller's by design
+    MODEL = "model"  # which model, adapter or template
+    METADATA = "metadata"  # user, tags, logging and bookkeeping
+    TRANSPORT = "transport"  # HTTP itself, authentication, tracing
+
+
+# The classes whose untrusted copies the gateway removes (body) or never lets a client
+# set (headers).
+CARRIERS: Final = frozenset(
+    {
+        Class.TOKENS,
+        Class.PEER,
+        Class.REQUEST_ID,
+        Class.TRANSFER,
+        Class.CACHE_KEY,
+        Class.CODE,
+        Class.FRAMING,
+    }
+)
+
+
+class Endpoint(StrEnum):
+    SERVED = "served"  # a client API: policed member by member
+    TOKEN_IN = "token_in"  # token ids or embeddings are its prompt: refused unless accepted
+    ECHO = "echo"  # echoes request content: answered 404 by Envoy (token_endpoints.py)
+    INTERNAL = "internal"  # administration, development, training: refused with a body
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One name's class, and for a carrier who reads it and what a caller's copy does."""
+
+    cls: Class
+    why: str = ""
+
+
+def _each(cls: Class, names: str) -> dict[str, Entry]:
+    return {name: Entry(cls) for name in names.split()}
+
+
+# --- body members, by name -----------------------------------------------------------
+
+# Carriers: who reads each and what a caller's copy does there.
+_BODY_CARRIERS: Final = {
+    "kv_transfer_params": Entry(
+        Class.TRANSFER,
+        "vLLM: handed to the KV connector (`to_sampling_params` writes it into "
+        "`extra_args`); its `prompt_token_ids` become the prompt "
+        "(`_reused_prompt_token_ids`); nested, the same where vLLM copies it "
+        "(derender's `generate_response(s)`)",
+    ),
+    "ec_transfer_params": Entry(
+        Class.TRANSFER,
+        "vLLM: handed to the EC connector, which reads push and pull targets from it",
+    ),
+    "prompt_token_ids": Entry(
+        Class.TOKENS,
+        "vLLM's coming chat field (vllm #55771): the template is skipped; AIBrix writes it "
+        "for TensorRT-LLM backends",
+    ),
+    "prompt_features": Entry(Class.TOKENS, "read beside `prompt_token_ids` as the prompt"),
+    "token_data": Entry(
+        Class.TOKENS,
+        "NVIDIA Dynamo's frontend (`nvext.token_data`): tokenization skipped, the ids are "
+        "the worker's prompt",
+    ),
+    "tokens": Entry(
+        Class.TOKENS,
+        "llm-d's coordinator writes `{token_ids, features}` for its endpoint picker; a "
+        "list is vLLM's own `/detokenize` input (ids to text) and stays",
+    ),
+    "input_ids": Entry(
+        Class.TOKENS,
+        "SGLang (chat, completions, `/generate`): 'bypasses chat template tokenization entirely'",
+    ),
+    "token_ids": Entry(Class.TOKENS, "vLLM's token-in `/inference/v1/generate` prompt"),
+    "backend_instance_id": Entry(
+        Class.PEER, "NVIDIA Dynamo (`nvext`): the worker that runs the request"
+    ),
+    "prefill_worker_id": Entry(Class.PEER, "NVIDIA Dynamo (`nvext`): the prefill worker"),
+    "decode_worker_id": Entry(Class.PEER, "NVIDIA Dynamo (`nvext`): the decode worker"),
+    "dp_rank": Entry(Class.PEER, "NVIDIA Dynamo (`nvext`): the data-parallel rank"),
+    "prefill_dp_rank": Entry(
+        Class.PEER, "NVIDIA Dynamo (`nvext`): the prefill worker's data-parallel rank"
+    ),
+    "bootstrap_host": Entry(
+        Class.PEER, "SGLang prefill/decode: the host the KV is read from or sent to"
+    ),
+    "bootstrap_port": Entry(Class.PEER, "SGLang prefill/decode: that host's bootstrap port"),
+    "bootstrap_room": Entry(
+        Class.PEER, "SGLang prefill/decode: the room that pairs a prefill with its decode"
+    ),
+    "routed_dp_rank": Entry(Class.PEER, "SGLang: the data-parallel rank that runs it"),
+    "data_parallel_rank": Entry(Class.PEER, "SGLang: the data-parallel rank that runs it"),
+    "request_id": Entry(
+        Class.REQUEST_ID,
+        "vLLM's request id when the `x-request-id` header is absent (always on "
+        "`/v1/responses`); its MoRIIO connector parses the peers' addresses from it",
+    ),
+    "rid": Entry(Class.REQUEST_ID, "SGLang's request id (its prefill/decode pairs by it)"),
+    "request_ids": Entry(Class.REQUEST_ID, "vLLM `/abort_requests`: the requests to abort"),
+    "session_params": Entry(
+        Class.REQUEST_ID,
+        "SGLang: the session and the request (`rid`) whose KV cache the prompt continues",
+    ),
+    "features": Entry(
+        Class.TOKENS,
+        "vLLM `/inference/v1/generate` (and llm-d's `tokens.features`): multimodal "
+        "features beside token ids, the prompt without rendering",
+    ),
+    "mm_placeholders": Entry(Class.TOKENS, "vLLM token-in multimodal features: placeholders"),
+    "mm_metadata": Entry(Class.TOKENS, "vLLM token-in multimodal features: metadata"),
+    "token_chunks": Entry(Class.TOKENS, "SGLang external corpus: token ids"),
+    "context": Entry(
+        Class.TOKENS, "SGLang's Ollama `/api/generate`: the previous answer's token ids"
+    ),
+    "raw": Entry(
+        Class.TOKENS,
+        "SGLang's Ollama `/api/generate`: the prompt goes without the template (the "
+        "system prompt is dropped)",
+    ),
+    "bootstrap_pair_key": Entry(Class.PEER, "SGLang prefill/decode: pairs a prefill and a decode"),
+    "disagg_prefill_dp_rank": Entry(Class.PEER, "SGLang prefill/decode: the prefill's rank"),
+    "routing_key": Entry(Class.PEER, "SGLang's router: the key a request is routed by"),
+    "encoder_urls": Entry(
+        Class.PEER, "SGLang encode/prefill/decode: the encoders the server calls"
+    ),
+    "http_worker_ipc": Entry(Class.PEER, "SGLang: the IPC address results are sent to"),
+    "master_address": Entry(Class.PEER, "SGLang weight transfer: the address to join"),
+    "master_port": Entry(Class.PEER, "SGLang weight transfer: the port to join"),
+    "ports": Entry(Class.PEER, "SGLang weight transfer: the ports to use"),
+    "zmq_handles": Entry(Class.PEER, "SGLang weight transfer: the sockets to read"),
+    "decode_tp_size": Entry(
+        Class.TRANSFER, "SGLang prefill/decode: the decode's tensor-parallel size"
+    ),
+    "kv_hints": Entry(Class.TRANSFER, "SGLang: hints that act on the KV cache"),
+    "uuid": Entry(
+        Class.CACHE_KEY,
+        "vLLM: a media item's id, which its multimodal caches trust instead of hashing the "
+        "content ('User must guarantee that it is properly generated and unique')",
+    ),
+    "content_hash": Entry(Class.CACHE_KEY, "SGLang: an image's hash, trusted by its cache"),
+    "mm_hashes": Entry(Class.CACHE_KEY, "SGLang and vLLM token-in: multimodal hashes"),
+    "mm_content_hashes": Entry(Class.CACHE_KEY, "SGLang: multimodal content hashes"),
+    "custom_logit_processor": Entry(
+        Class.CODE,
+        "SGLang (`--enable-custom-logit-processor`): a serialized callable the server runs",
+    ),
+    "method": Entry(
+        Class.CODE,
+        "Ray Serve LLM's dev ingress `/collective_rpc` (and vLLM's): a method every worker runs",
+    ),
+    "args": Entry(Class.CODE, "Ray Serve LLM `/collective_rpc`: that method's arguments"),
+    "kwargs": Entry(Class.CODE, "Ray Serve LLM `/collective_rpc`: that method's arguments"),
+    "use_raw_prompt": Entry(
+        Class.TOKENS,
+        "NVIDIA Dynamo (`nvext`): the prompt goes to the worker without the template",
+    ),
+    "session_control": Entry(
+        Class.REQUEST_ID,
+        "NVIDIA Dynamo (`nvext`): opens, continues and closes a worker's session by id",
+    ),
+}
+_EMBEDDINGS: Final = {
+    "prompt_embeds": Entry(
+        Class.EMBEDDINGS,
+        "vLLM `/v1/completions` (`--enable-prompt-embeds`): serialized tensors read as the prompt",
+    ),
+    "input_embeds": Entry(Class.EMBEDDINGS, "SGLang `/generate`: embeddings read as the prompt"),
+    "image_embeds": Entry(Class.EMBEDDINGS, "vLLM: image embeddings (a content part's tensor)"),
+    "audio_embeds": Entry(Class.EMBEDDINGS, "vLLM: audio embeddings (a content part's tensor)"),
+    "video_embeds": Entry(Class.EMBEDDINGS, "vLLM: video embeddings (a content part's tensor)"),
+    "embed_overrides": Entry(Class.EMBEDDINGS, "SGLang: embeddings put in place of tokens"),
+    "positional_embed_overrides": Entry(
+        Class.EMBEDDINGS, "SGLang: embeddings put in place of tokens, by position"
+    ),
+    "query_embed_overrides": Entry(Class.EMBEDDINGS, "SGLang scoring: the query's embeddings"),
+    "item_embed_overrides": Entry(Class.EMBEDDINGS, "SGLang scoring: the items' embeddings"),
+    "kwargs_data": Entry(Class.EMBEDDINGS, "vLLM token-in: serialized multimodal tensors"),
+    "mm_payload": Entry(Class.EMBEDDINGS, "SGLang: preprocessed multimodal data"),
+    "serialized_named_tensors": Entry(
+        Class.EMBEDDINGS, "SGLang weight and adapter loading: serialized tensors"
+    ),
+}
+
+# What the prompt is made of: text, messages, media (a media URL is fetched by the server
+# itself, bounded by its own allowed-domains settings), documents, stored conversations
+# the caller names by the id the server gave it.
+_PROMPT: Final = """
+    messages content text role name prompt input inputs texts instances system suffix
+    query queries items documents data data_1 data_2 text_1 text_2 file images videos
+    image video audio image_data audio_data video_data image_url audio_url video_url
+    input_audio image_pil url source title tool_calls tool_call_id function arguments
+    description strict key_order namespace phase prefix question questions criteria
+    instruction instructions instruct label levels yes no true false value choice choices
+    joint state previous_input_messages previous_response_id reasoning reasoning_content
+    thinking signature tool tool_name tool_use_id is_error id generate_response
+    generate_responses generate_chunk chat_request completion_request stream_state
+    content_parts definition input_schema corpus_id
+"""
+# How the output is generated and shaped: sampling, limits, stops, logprobs, structured
+# output, tools, reasoning, streaming, pooling and preprocessing settings.
+_GENERATION: Final = """
+    temperature top_p top_k min_p n best_of seed frequency_penalty presence_penalty
+    repetition_penalty length_penalty logit_bias logprobs top_logprobs prompt_logprobs
+    max_tokens max_completion_tokens max_output_tokens min_tokens max_thinking_tokens
+    thinking_token_budget budget_tokens stop stop_token_ids stop_sequences stop_regex
+    bad_words allowed_token_ids ignore_eos no_stop_trim include_stop_str_in_output
+    skip_special_tokens spaces_between_special_tokens echo use_beam_search early_stopping
+    stream stream_options stream_interval stream_reasoning include_usage
+    continuous_usage_stats stream_include_usage stream_continuous_usage_stats
+    response_format structured_outputs json json_object json_schema regex ebnf grammar
+    structural_tag structures triggers begin end schema at_least_one whitespace_pattern
+    disable_any_whitespace disable_additional_properties guided_decoding_backend format
+    tools tool_choice parallel_tool_calls disable_parallel_tool_use max_tool_calls
+    strict_tools tool_call_parser history_tool_call_cnt parse_context defer_loading
+    allowed_domains blocked_domains max_uses display display_height_px display_width_px
+    display_number tool_reference output_config task_budget remaining total
+    reasoning_effort include_reasoning separate_reasoning require_reasoning effort summary
+    closed think reasoning_parser reasoning_parser_kwargs reasoning_ended betas
+    citation_options safety_mode k p options parameters
+    return_token_ids return_tokens_as_token_ids return_prompt_token_ids return_prompt_text
+    return_hidden_states return_meta_info return_logprob return_text_in_logprobs
+    return_entropy return_bytes return_cached_tokens_details return_spec_tokens_details
+    return_token_offsets return_weight_versions return_routed_experts return_sampling_mask
+    return_assistant_tokens_mask return_mm_kwargs return_indexer_topk
+    return_input_ids_in_sglext return_output_ids_in_sglext return_flat_raw_top_logprobs
+    return_flat_raw_top_logprobs_b64 return_flat_raw_output_top_logprobs
+    return_pooled_hidden_states return_token_logprobs return_token_strs return_documents
+    return_blocks enable_response_messages logprob_start_len top_logprobs_num
+    token_ids_logprob logprob_token_ids
+    prompt_logprob_token_ids prompt_logprob_start trace_decode_token_ids label_token_ids
+    sampling_logprobs_mode flat_logprobs output_kind output_mode output_text_buffer_length
+    detokenize skip_clone skip_reading_prefix_cache extra_args vllm_xargs custom_params
+    sampling_params watermark watermarking repetition_detection min_count
+    min_pattern_size max_pattern_size routed_experts_prompt_start routed_experts_start_len
+    embed_override_token_id score_extraction_token item_first apply_softmax
+    token_indices_to_pool is_cross_encoder_request decision_layout
+    multi_item_delimiter_indices num_items_assigned assistant_tokens_mask token_offsets
+    images_config video_config max_dynamic_patch min_dynamic_patch image_max_dynamic_patch
+    video_max_dynamic_patch fps max_frames max_image_tokens max_tokens_per_frame
+    max_long_side_pixel detail preprocess_kwargs modalities use_audio_in_video
+    media_io_kwargs mm_processor_kwargs need_wait_for_mm_inputs padding dimensions
+    embed_dtype encoding_format endianness embedding_types input_type output_dimension
+    truncate use_activation truncate_prompt_tokens truncation_side truncation
+    max_tokens_per_doc max_tokens_per_query top_n hotwords language to_language
+    timestamp_granularities[] mode add_generation_prompt add_special_tokens
+    continue_final_message task prompt_format_version _all_stop_token_ids
+    _bad_words_token_ids _eos_token_id _watermarking_skipped
+    last_content last_reasoning last_tool_call_ids logprob_context_token_ids
+    logprob_text_offset output_chunk_lens output_token_ids prefix_offset prev_token_ids
+    prev_tokens read_offset role_sent tools_streamed
+"""
+# Which model, adapter, template or weights.
+_MODEL: Final = """
+    model lora_path lora_id lora_int_id lora_name pinned load_inplace is_3d_lora_weight
+    config_dict added_tokens_config expected_checksums chat_template chat_template_kwargs
+    template model_path load_format file_path weight_version new_version names dtypes
+    shapes selector flush_cache keep_pause is_async recapture_cuda_graph token_step
+    torch_empty_cache manifest truncate_size skip_tensor_list allow_quant_error action
+    abort_all_requests backend
+"""
+# The caller's own scheduling and cache isolation, by the engines' design.
+_SCHEDULING: Final = """
+    priority cache_salt extra_key prompt_cache_key prompt_cache_options
+    prompt_cache_retention ttl prewarm comparison_response_id session_id conversation_id
+    capacity_of_str_len streaming timeout keep_alive background service_tier store
+"""
+# Bookkeeping: users, tags, logging, profiling, metrics and usage the servers report.
+_METADATA: Final = """
+    user metadata safety_identifier custom_labels include log_metrics no_logs
+    received_time tags server_args log_level log_requests log_requests_format
+    log_requests_level dump_requests_folder dump_requests_threshold
+    dump_requests_exclude_meta_keys crash_dump_folder activities detailed_annotations
+    merge_profiles num_steps output_dir profile_by_stage profile_id profile_prefix
+    profile_stages record_shapes req_type start_step with_stack delay_iterations
+    max_iterations profiler_kwargs forward_sleep_time abort_all abort_message
+    finished_reason group_name group_rank rank_offset world_size decode_cuda_graph_bs
+    decode_cuda_graph_memory_gb new_role prepare_only hicache_storage_backend
+    hicache_storage_backend_extra_config_json hicache_storage_prefetch_policy
+    hicache_write_policy weight_versions version start created index finish_reason
+    stop_reason usage metrics prompt_tokens prompt_tokens_details completion_tokens
+    completion_tokens_details total_tokens reasoning_tokens cached_tokens
+    created_cache_tokens multimodal_tokens sampling_mask routed_experts length offset
+    acceptance_histogram draft_acceptance_rate mean_acceptance_length
+    num_accepted_draft_tokens num_draft_tokens num_spec_steps num_spec_tokens
+    per_step_accepted per_step_drafted generation_time_ms mean_itl_ms queue_time_ms
+    time_to_first_token_ms tokens_per_second speculative_decoding prompt_token_id_logprobs
+    token token_id bytes logprob rank decoded_token message_id actions action_id
+    action_type action_version payload protocol_version type
+"""
+_TRANSPORT: Final = "external_trace_header"
+# NVIDIA Dynamo's extension members (`nvext`) that are not carriers (its routing hints,
+# ids and raw prompt are, above), and Dynamo's and llm-d's own reading of the OpenAI
+# and Anthropic schemas.
+_STACKS: Final = {
+    Class.GENERATION: """
+        nvext agent_hints osl speculative_prefill latency_sensitivity greed_sampling
+        guidance_scale guidance_scale_2 negative_prompt num_frames num_inference_steps
+        boundary_ratio task_type max_new_tokens guided_choice guided_grammar guided_json
+        guided_regex guided_whitespace_pattern chat_template_args function_call
+        functions prediction web_search_options voice speed seconds size limits
+        max_alloc max_image_height max_image_width named cache_control
+        cache_hit_threshold active_decode_blocks_threshold
+        active_prefill_tokens_threshold active_prefill_tokens_threshold_frac
+    """,
+    Class.PROMPT: """
+        ref_audio ref_text refusal citations file_id media_type input_reference
+        conversation container status
+    """,
+    Class.METADATA: "annotations extra_fields request_timestamp_ms",
+}
+
+FIELDS: Final[Mapping[str, Entry]] = {
+    **_each(Class.PROMPT, _PROMPT),
+    **_each(Class.GENERATION, _GENERATION),
+    **_each(Class.MODEL, _MODEL),
+    **_each(Class.SCHEDULING, _SCHEDULING),
+    **_each(Class.METADATA, _METADATA),
+    **_each(Class.TRANSPORT, _TRANSPORT),
+    **{name: entry for cls, names in _STACKS.items() for name, entry in _each(cls, names).items()},
+    **_BODY_CARRIERS,
+    **_EMBEDDINGS,
+}
+
+# Members the sources read out of an untyped member (a dict the model declares as any
+# JSON), by their full path ("*": every item of a list): the inventory cannot see them.
+READS: Final[Mapping[str, str]] = {
+    "prompt_token_ids": "vLLM's coming chat field (vllm #55771, open): ids beside `messages`, "
+    "templating skipped; AIBrix writes it for TensorRT-LLM backends",
+    "prompt_features": "read beside `prompt_token_ids` (vllm #55771)",
+    "vllm_xargs.kv_transfer_params": "vLLM: `vllm_xargs` is `SamplingParams.extra_args`, "
+    "which the engine reads transfer parameters from",
+    "vllm_xargs.ec_transfer_params": "vLLM: the same, for the EC connector",
+    "sampling_params.extra_args.kv_transfer_params": "vLLM `/inference/v1/generate`",
+    "sampling_params.extra_args.ec_transfer_params": "vLLM `/inference/v1/generate`",
+}
+
+# --- chat content-part types ---------------------------------------------------------
+
+PART_TYPES: Final[Mapping[str, Entry]] = {
+    **_each(Class.PROMPT, "text input_text output_text refusal thinking reasoning tool_reference"),
+    **_each(
+        Class.PROMPT,
+        "image_url audio_url video_url input_audio input_image input_file file image audio "
+        "video image_pil",
+    ),
+    "prompt_embeds": Entry(
+        Class.EMBEDDINGS,
+        "vLLM's chat renderer (`--enable-prompt-embeds`): a serialized tensor spliced into "
+        "the prompt",
+    ),
+    "image_embeds": Entry(Class.EMBEDDINGS, "vLLM: image embeddings (`--enable-mm-embeds`)"),
+    "audio_embeds": Entry(Class.EMBEDDINGS, "vLLM: audio embeddings (`--enable-mm-embeds`)"),
+    "video_embeds": Entry(Class.EMBEDDINGS, "vLLM: video embeddings (`--enable-mm-embeds`)"),
+}
+
+# --- request headers -----------------------------------------------------------------
+
+# The request id header the header step renews rather than removes (carrier_headers).
+RENEWED_HEADER: Final = "x-request-id"
+
+HEADERS: Final[Mapping[str, Entry]] = {
+    "x-prefiller-host-port": Entry(
+        Class.PEER,
+        "llm-d's routing sidecar: sends the prefill leg (and the NIXL read) there; its "
+        "endpoint picker writes it with set-header mutations only, and none when it picks "
+        "decode-only",
+    ),
+    "x-encoder-hosts-ports": Entry(Class.PEER, "llm-d's routing sidecar: the encoders"),
+    "x-kv-cache-source-host-port": Entry(Class.PEER, "llm-d's routing sidecar: the KV source"),
+    "x-data-parallel-host-port": Entry(
+        Class.PEER, "llm-d's routing sidecar: the data-parallel engine"
+    ),
+    "x-gateway-destination-endpoint": Entry(
+        Class.PEER,
+        "Gateway API Inference Extension: the endpoint the picker chose (an original-"
+        "destination cluster, Ray Serve's inference-gateway router)",
+    ),
+    "x-gateway-destination-endpoint-subset": Entry(
+        Class.PEER, "Gateway API Inference Extension: the endpoints the picker allows"
+    ),
+    "x-kv-token-key": Entry(
+        Class.TOKENS,
+        "Ray Serve LLM: the key of stored prompt ids a replica puts in "
+        "`kv_transfer_params.prompt_token_ids`",
+    ),
+    "x-data-parallel-rank": Entry(
+        Class.PEER,
+        "vLLM (`_get_data_parallel_rank`): the engine rank; NVIDIA Dynamo: an alias of "
+        "`x-dynamo-dp-rank`",
+    ),
+    "x-dynamo-worker-instance-id": Entry(Class.PEER, "NVIDIA Dynamo's frontend: the worker"),
+    "x-worker-instance-id": Entry(
+        Class.PEER, "NVIDIA Dynamo: alias of `x-dynamo-worker-instance-id`"
+    ),
+    "x-dynamo-prefill-instance-id": Entry(
+        Class.PEER, "NVIDIA Dynamo's frontend: the prefill worker"
+    ),
+    "x-prefill-instance-id": Entry(
+        Class.PEER, "NVIDIA Dynamo: alias of `x-dynamo-prefill-instance-id`"
+    ),
+    "x-dynamo-dp-rank": Entry(Class.PEER, "NVIDIA Dynamo's frontend: the data-parallel rank"),
+    "x-dp-rank": Entry(Class.PEER, "NVIDIA Dynamo: alias of `x-dynamo-dp-rank`"),
+    "x-dynamo-prefill-dp-rank": Entry(
+        Class.PEER, "NVIDIA Dynamo's frontend: the prefill worker's data-parallel rank"
+    ),
+    "x-prefill-dp-rank": Entry(Class.PEER, "NVIDIA Dynamo: alias of `x-dynamo-prefill-dp-rank`"),
+    "x-request-id": Entry(
+        Class.REQUEST_ID,
+        "vLLM builds its request id from it; its MoRIIO connector parses the peers' "
+        "addresses from that id; NIXL returns it as `remote_request_id`",
+    ),
+    "x-dynamo-request-id": Entry(Class.REQUEST_ID, "NVIDIA Dynamo's frontend: the request id"),
+    "x-override-rid": Entry(Class.REQUEST_ID, "SGLang: replaces the body's `rid`"),
+    "x-override-bootstrap-host": Entry(Class.PEER, "SGLang: replaces the body's `bootstrap_host`"),
+    "x-override-bootstrap-port": Entry(Class.PEER, "SGLang: replaces the body's `bootstrap_port`"),
+    "x-override-bootstrap-room": Entry(Class.PEER, "SGLang: replaces the body's `bootstrap_room`"),
+    "x-override-routed-dp-rank": Entry(Class.PEER, "SGLang: replaces the body's `routed_dp_rank`"),
+    "x-override-disagg-prefill-dp-rank": Entry(
+        Class.PEER, "SGLang: replaces the body's `disagg_prefill_dp_rank`"
+    ),
+    "x-smg-routing-key": Entry(Class.PEER, "SGLang's model gateway: the key it routes by"),
+    "x-body-compressed": Entry(
+        Class.FRAMING,
+        "SGLang: the body is compressed; the server would read bytes other than the ones "
+        "the gateway judged",
+    ),
+    "x-sglext-ids-framed": Entry(
+        Class.FRAMING, "SGLang: token ids framed in the body, read other than as JSON"
+    ),
+    **_each(
+        Class.TRANSPORT,
+        "authorization content-type traceparent tracestate cookie user-agent prefer "
+        "anthropic-version x-forwarded-path x-original-path",
+    ),
+    **_each(
+        Class.SCHEDULING,
+        "x-vllm-priority x-session-id session-id session_id x-session-affinity "
+        "x-claude-code-session-id x-override-priority x-override-conversation-id "
+        "x-dynamo-request-priority x-dynamo-request-strict-priority "
+        "x-gateway-inference-fairness-id x-llm-d-inference-fairness-id "
+        "x-gateway-inference-objective x-llm-d-inference-objective x-llm-d-slo-tpot-ms "
+        "x-llm-d-slo-ttft-ms x-slo-tpot-ms x-slo-ttft-ms",
+    ),
+    # The phase route a request takes (llm-d's coordinator): every route's policy holds
+    # whoever names it, and a phase named twice is refused (docs/trust.md).
+    "epp-profile": Entry(Class.SCHEDULING),
+    **_each(
+        Class.MODEL,
+        "x-gateway-model-name-rewrite x-llm-d-model-name-rewrite serve_multiplexed_model_id",
+    ),
+    **_each(
+        Class.GENERATION,
+        "x-sglext-return-input-ids x-sglext-return-output-ids x-llm-d-video-duration-seconds "
+        "x-llm-d-video-fps x-llm-d-video-resolution",
+    ),
+    **_each(Class.METADATA, "endpoint-load-metrics-format"),
+}
+
+# --- endpoints, by path as the server declares it ------------------------------------
+
+
+def _endpoints(cls: Endpoint, paths: str) -> dict[str, Endpoint]:
+    return dict.fromkeys(paths.split(), cls)
+
+
+ENDPOINTS: Final[Mapping[str, Endpoint]] = {
+    # Client APIs: vLLM's OpenAI, Anthropic, Cohere, pooling and SageMaker ones (its
+    # /invocations dispatches to chat, completions and pooling), SGLang's native,
+    # OpenAI, Ollama and Vertex ones.
+    **_endpoints(
+        Endpoint.SERVED,
+        """
+        /v1/chat/completions /v1/completions /v1/embeddings /v1/messages
+        /v1/messages/count_tokens /v1/responses /v1/responses/{response_id}/cancel
+        /v1/rerank /v1/score /v1/classify /v1/tokenize /v1/detokenize /tokenize
+        /detokenize /pooling /classify /score /rerank /v2/rerank /v2/embed
+        /cohere/v2/chat /v1/audio/transcriptions /v1/audio/translations
+        /v1/chat/completions/batch /v1/systemone /v1/decisions /invocations /ping
+        /generate /encode /api/chat /api/generate /api/show /vertex_generate
+        /parse_function_call /separate_reasoning
+        """,
+    ),
+    # Token ids as the prompt (/inference/v1/generate is answered 404 by Envoy too).
+    **_endpoints(Endpoint.TOKEN_IN, "/generative_scoring /inference/v1/generate"),
+    **_endpoints(
+        Endpoint.ECHO,
+        """
+        /v1/chat/completions/render /v1/chat/completions/derender /v1/completions/render
+        /v1/completions/derender /v1/messages/render /v1/responses/render
+        /cohere/v2/chat/render
+        """,
+    ),
+    # Weights, adapters, caches, memory, profiling, logging, sessions, aborts, elastic
+    # scaling and fault tolerance: the operator's, never a client's.
+    **_endpoints(
+        Endpoint.INTERNAL,
+        """
+        /abort_request /abort_requests /inference/v1/abort_requests /add_external_corpus
+        /remove_external_corpus /begin_weight_update /end_weight_update
+        /checkpoint/prepare /checkpoint/restore /close_session /open_session
+        /collective_rpc /configure_logging /continue_generation
+        /destroy_weights_update_group /dump_expert_distribution_record /dumper/{method}
+        /fault_tolerance/apply /v1/fault_tolerance/apply /finish_weight_update
+        /flush_cache /freeze_gc /get_weights_by_name /hicache/storage-backend
+        /hicache/storage-backend/clear /init_weight_transfer_engine
+        /init_weights_send_group_for_remote_instance /init_weights_update_group
+        /is_scaling_elastic_ep /scale_elastic_ep /load_lora_adapter
+        /load_lora_adapter_from_tensors /unload_lora_adapter /v1/load_lora_adapter
+        /v1/unload_lora_adapter /pause /pause_generation /resume /pd_role_switch
+        /release_kv_cache_memory /release_memory_occupation /resume_memory_occupation
+        /reset_encoder_cache /reset_mm_cache /reset_prefix_cache
+        /send_weights_to_remote_instance /set_internal_state /set_trace_level
+        /shutdown_weight_transfer_engine /sleep /wake_up /slow_down
+        /start_draft_weight_update /start_expert_distribution_record
+        /stop_expert_distribution_record /start_profile /stop_profile
+        /start_weight_update /update_weight_version /update_weights
+        /update_weights_from_disk /update_weights_from_distributed
+        /update_weights_from_ipc /update_weights_from_tensor /weight_checker
+        /weights_checker
+        """,
+    ),
+}

@@ -1,0 +1,228 @@
+"""The gateway's lists, derived from the inventory and its classification: the text of
+``ext_proc/core/classified.py`` (what the processor and the config tools read) and of
+docs/trust.md's carrier tables. ``python -m devstack classified`` writes both;
+tests/test_generated.py fails when a committed copy differs.
+
+Also what is not classified yet (``unclassified``): every name of the inventory the
+classification must hold.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Final
+
+from ext_proc.tools.inventory import classification as c
+from ext_proc.tools.inventory.model import Inventory, Source, paths
+
+# A path as the processor walks it: member names, and "*" for every item of a list.
+EVERY: Final = "*"
+# The top-level transfer parameters: the policy's own (proofs, peers), never a carrier
+# path, and nothing below them is one either.
+POLICED_ROOT: Final = "kv_transfer_params"
+
+
+@dataclass(frozen=True)
+class Found:
+    """Where the sources read one classified name: the paths, and which sources."""
+
+    paths: frozenset[tuple[str, ...]]
+    sources: frozenset[str]
+
+
+def _body_paths(inventory: Inventory) -> Iterator[tuple[str, tuple[str, ...]]]:
+    """(source, path) for every body member the inventory holds: each endpoint's model
+    paths, each stack's reads, and the classification's own reads."""
+    for name, source in inventory.sources.items():
+        for endpoint in source.endpoints:
+            for path in paths(source, endpoint):
+                yield name, tuple(path.split("."))
+        for read in source.reads:
+            yield name, tuple(read.split("."))
+    for read in c.READS:
+        yield "classification", tuple(read.split("."))
+
+
+def leaf(path: tuple[str, ...]) -> str:
+    """The name a path's member is classified by: its last step that is a name."""
+    return next(step for step in reversed(path) if step != EVERY)
+
+
+def carriers(inventory: Inventory, classes: Iterable[c.Class]) -> dict[str, Found]:
+    """Per classified body name in ``classes``: where the sources read it (never the
+    top-level ``kv_transfer_params`` nor anything below it)."""
+    wanted = frozenset(classes)
+    found: dict[str, tuple[set[tuple[str, ...]], set[str]]] = {}
+    for source, path in _body_paths(inventory):
+        if path[0] == POLICED_ROOT:
+            continue
+        name = leaf(path)
+        entry = c.FIELDS.get(name)
+        if entry is None or entry.cls not in wanted:
+            continue
+        where, who = found.setdefault(name, (set(), set()))
+        where.add(path)
+        who.add(source)
+    return {
+        name: Found(frozenset(where), frozenset(who))
+        for name, (where, who) in sorted(found.items())
+    }
+
+
+def unclassified(inventory: Inventory) -> dict[str, list[str]]:
+    """Every name of the inventory the classification lacks, by kind, each with the
+    first source (in the inventory's order) that reads it."""
+    missing: dict[str, dict[str, str]] = {
+        "field": {},
+        "header": {},
+        "part type": {},
+        "endpoint": {},
+    }
+    for name, source in inventory.sources.items():
+        for _, path in _body_paths_of(name, source):
+            if leaf(path) not in c.FIELDS:
+                missing["field"].setdefault(leaf(path), name)
+        for header in source.headers:
+            if header not in c.HEADERS:
+                missing["header"].setdefault(header, name)
+        for part in source.part_types:
+            if part not in c.PART_TYPES:
+                missing["part type"].setdefault(part, name)
+        for endpoint in source.endpoints:
+            if _endpoint_path(endpoint) not in c.ENDPOINTS:
+                missing["endpoint"].setdefault(endpoint, name)
+    return {
+        kind: [f"{item} ({source})" for item, source in sorted(names.items())]
+        for kind, names in missing.items()
+        if names
+    }
+
+
+def _body_paths_of(name: str, source: Source) -> Iterator[tuple[str, tuple[str, ...]]]:
+    for endpoint in source.endpoints:
+        for path in paths(source, endpoint):
+            yield name, tuple(path.split("."))
+    for read in source.reads:
+        yield name, tuple(read.split("."))
+
+
+def _endpoint_path(endpoint: str) -> str:
+    """``POST /v1/chat/completions`` -> ``/v1/chat/completions``."""
+    return endpoint.partition(" ")[2] or endpoint
+
+
+def endpoints(classes: Iterable[c.Endpoint]) -> tuple[str, ...]:
+    wanted = frozenset(classes)
+    return tuple(sorted(path for path, cls in c.ENDPOINTS.items() if cls in wanted))
+
+
+def headers(inventory: Inventory, classes: Iterable[c.Class]) -> dict[str, frozenset[str]]:
+    """Per classified header in ``classes``: the sources that read it (the
+    classification's own when no source of the inventory does)."""
+    wanted = frozenset(classes)
+    read: dict[str, set[str]] = {}
+    for name, source in inventory.sources.items():
+        for header in source.headers:
+            entry = c.HEADERS.get(header)
+            if entry is not None and entry.cls in wanted:
+                read.setdefault(header, set()).add(name)
+    for header, entry in c.HEADERS.items():
+        if entry.cls in wanted:
+            read.setdefault(header, {"classification"})
+    return {header: frozenset(who) for header, who in sorted(read.items())}
+
+
+def part_types(classes: Iterable[c.Class]) -> tuple[str, ...]:
+    wanted = frozenset(classes)
+    return tuple(sorted(name for name, entry in c.PART_TYPES.items() if entry.cls in wanted))
+
+
+def _sorted_paths(found: Mapping[str, Found]) -> list[tuple[str, ...]]:
+    every = {path for item in found.values() for path in item.paths}
+    return sorted(every, key=lambda path: (len(path), path))
+
+
+def module(inventory: Inventory) -> str:
+    """The text of ``ext_proc/core/classified.py``."""
+    body = carriers(inventory, c.CARRIERS)
+    embedded = carriers(inventory, {c.Class.EMBEDDINGS})
+    removed = [name for name in headers(inventory, c.CARRIERS) if name != c.RENEWED_HEADER]
+    lines = [
+        '"""What the classification (ext_proc/tools/inventory/classification.py) makes of the',
+        "inventory of what the engines and stacks read (ext_proc/tools/inventory/inventory.json):",
+        "the lists the processor and the config tools take. Generated by `python -m devstack",
+        'classified`; do not edit."""',
+        "",
+        "from __future__ import annotations",
+        "",
+        "from typing import Final",
+        "",
+        "# Every body member a source reads tokens, a peer, a request id or transfer",
+        '# parameters from, by path ("*": every item of a list), but the top-level',
+        "# kv_transfer_params (the policy's own).",
+        "BODY_CARRIERS: Final[tuple[tuple[str, ...], ...]] = (",
+        *(f"    {_tuple(path)}," for path in _sorted_paths(body)),
+        ")",
+        "# Every body member a source reads prompt embeddings from, by path.",
+        "EMBEDDING_MEMBERS: Final[tuple[tuple[str, ...], ...]] = (",
+        *(f"    {_tuple(path)}," for path in _sorted_paths(embedded)),
+        ")",
+        "# Chat content-part types that carry embeddings.",
+        "EMBEDDING_PART_TYPES: Final[tuple[str, ...]] = (",
+        *(f'    "{name}",' for name in part_types({c.Class.EMBEDDINGS})),
+        ")",
+        "# Request headers a component behind the gateway reads an address, a peer, tokens",
+        "# or transfer parameters from: removed by the header step for every caller.",
+        "HEADER_CARRIERS: Final[tuple[str, ...]] = (",
+        *(f'    "{name}",' for name in removed),
+        ")",
+        "# Endpoints whose prompt is token ids or embeddings, as their servers declare them.",
+        "TOKEN_ENDPOINTS: Final[tuple[str, ...]] = (",
+        *(f'    "{path}",' for path in endpoints({c.Endpoint.TOKEN_IN})),
+        ")",
+        "# Endpoints for administration, development and training, not for clients.",
+        "INTERNAL_ENDPOINTS: Final[tuple[str, ...]] = (",
+        *(f'    "{path}",' for path in endpoints({c.Endpoint.INTERNAL})),
+        ")",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def _tuple(path: tuple[str, ...]) -> str:
+    inner = ", ".join(f'"{step}"' for step in path)
+    return f"({inner},)" if len(path) == 1 else f"({inner})"
+
+
+def catalog(inventory: Inventory) -> str:
+    """The text of ``ext_proc/core/declared.json``: per engine and release whose sources
+    declare request models, each endpoint's root model and every model reachable from
+    one (what a ``strict_body`` route forwards; ``ext_proc.core.declared``)."""
+    engines: dict[str, object] = {}
+    for name, source in inventory.sources.items():
+        roots = {
+            _endpoint_path(endpoint): model for endpoint, model in sorted(source.endpoints.items())
+        }
+        if not any(roots.values()):
+            continue
+        reachable = _reachable(source, [model for model in roots.values() if model])
+        engines[name] = {
+            "endpoints": roots,
+            "models": {model: source.models[model] for model in sorted(reachable)},
+        }
+    return json.dumps({"engines": engines}, indent=1, sort_keys=True) + "\n"
+
+
+def _reachable(source: Source, roots: list[str]) -> set[str]:
+    seen: set[str] = set()
+    todo = list(roots)
+    while todo:
+        model = todo.pop()
+        if model in seen or model not in source.models:
+            continue
+        seen.add(model)
+        for refs in source.models[model].values():
+            todo.extend(ref.partition(":")[2] if ":" in ref else ref for ref in refs)
+    return seen

@@ -1,0 +1,86 @@
+"""The classification holds every name of the committed inventory, once; a name it lacks
+fails here (and in the release matrix), so a release that adds a carrier is decided
+before the gateway claims it."""
+
+import dataclasses
+
+from devstack import classified
+from ext_proc.core import classified as lists
+from ext_proc.tools.inventory import classification as c
+from ext_proc.tools.inventory import derive
+from ext_proc.tools.inventory.model import Source, inventory
+
+
+def test_every_name_of_the_committed_inventory_has_a_class():
+    assert derive.unclassified(classified.inventory()) == {}
+
+
+def _with(**names) -> dict:
+    base = Source(
+        "toy",
+        "1.0",
+        "test",
+        endpoints={"POST /v1/chat/completions": "Chat"},
+        models={"Chat": {"messages": ("list:Message",)}, "Message": {"role": ()}},
+    )
+    return derive.unclassified(inventory([dataclasses.replace(base, **names)]))
+
+
+def test_a_name_nobody_classified_fails_by_kind():
+    assert _with() == {}
+    nested = {"Chat": {"messages": ("list:Message",)}, "Message": {"next_carrier": ()}}
+    assert _with(models=nested) == {"field": ["next_carrier (toy 1.0)"]}
+    assert _with(headers=("x-next-peer",)) == {"header": ["x-next-peer (toy 1.0)"]}
+    assert _with(part_types=("next_embeds",)) == {"part type": ["next_embeds (toy 1.0)"]}
+    assert _with(endpoints={"POST /next": None}) == {"endpoint": ["POST /next (toy 1.0)"]}
+    assert _with(reads=("nvext.next_hint",)) == {"field": ["next_hint (toy 1.0)"]}
+
+
+def test_no_name_is_in_two_classes():
+    groups = (c._PROMPT, c._GENERATION, c._MODEL, c._SCHEDULING, c._METADATA, c._TRANSPORT)
+    names = [name for group in groups for name in group.split()]
+    names += [name for group in c._STACKS.values() for name in group.split()]
+    names += [*c._BODY_CARRIERS, *c._EMBEDDINGS]
+    assert len(names) == len(set(names)), sorted(n for n in set(names) if names.count(n) > 1)
+
+
+def test_every_carrier_says_who_reads_it():
+    for table in (c.FIELDS, c.HEADERS, c.PART_TYPES):
+        for name, entry in table.items():
+            if entry.cls in c.CARRIERS | {c.Class.EMBEDDINGS}:
+                assert entry.why, name
+
+
+def test_the_gateways_lists_hold_the_named_carriers():
+    # The carriers this gateway was first asked to close, each from its own source.
+    for path in [
+        ("input_ids",),
+        ("bootstrap_host",),
+        ("bootstrap_port",),
+        ("bootstrap_room",),
+        ("rid",),
+        ("nvext", "prefill_worker_id"),
+        ("nvext", "decode_worker_id"),
+        ("nvext", "dp_rank"),
+        ("nvext", "prefill_dp_rank"),
+        ("nvext", "backend_instance_id"),
+        ("nvext", "token_data"),
+    ]:
+        assert path in lists.BODY_CARRIERS, path
+    assert ("prompt_embeds",) in lists.EMBEDDING_MEMBERS
+    assert ("input_embeds",) in lists.EMBEDDING_MEMBERS
+    assert "prompt_embeds" in lists.EMBEDDING_PART_TYPES
+    assert "/generative_scoring" in lists.TOKEN_ENDPOINTS
+    for header in [
+        "x-dynamo-worker-instance-id",
+        "x-dynamo-prefill-instance-id",
+        "x-dynamo-dp-rank",
+        "x-dynamo-prefill-dp-rank",
+        "x-worker-instance-id",
+        "x-prefill-instance-id",
+        "x-dp-rank",
+        "x-prefill-dp-rank",
+        "x-data-parallel-rank",
+    ]:
+        assert header in lists.HEADER_CARRIERS, header
+    assert c.RENEWED_HEADER not in lists.HEADER_CARRIERS
