@@ -37,6 +37,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from devstack import classified
+from ext_proc.tools.inventory import derive, model, report, wheels
 from ext_proc.tools.inventory.wheels import RELEASES
 from tests.conformance import results, vllm_env
 from tests.conformance.test_echo import DERENDER, ELSEWHERE
@@ -398,6 +400,35 @@ def table(versions: Sequence[str]) -> str:
     return "\n".join([*lines, "", *notes, *([""] if notes else []), *runs])
 
 
+def inventory(versions: Sequence[str]) -> tuple[str, int]:
+    """What each release reads, read again from its own wheel (downloaded into the
+    inventory's cache when missing): its counts, the names new since the release before
+    it, and the names the classification lacks (ext_proc/tools/inventory/). The text,
+    and how many names lack a class: a release that adds an unclassified field or header
+    fails the matrix."""
+    wanted = {wheel.release: wheel for wheel in wheels.WHEELS if wheel.engine == "vllm"}
+    read = [wheels.read(wanted[version], wheels.cache()).source for version in versions]
+    committed = model.loads(classified.INVENTORY.read_text())
+    # Each release against the committed one before it (or the one read just before).
+    every = {**committed.sources, **{source.key: source for source in read}}
+    whole = model.Inventory(every)
+    out = ["", "What each release reads (from its wheel; ext_proc/tools/inventory/):", ""]
+    missing = 0
+    for source in read:
+        out.append(f"- {source.key}: {report.counts(source)}")
+        before = report.previous(whole, source)
+        if before is not None:
+            old = report.Names.of(before).by_kind()
+            for kind, names in report.Names.of(source).by_kind().items():
+                if new := sorted(names - old[kind]):
+                    out.append(f"  - new since {before.key}: {kind}: {', '.join(new)}")
+        lacking = derive.unclassified(model.Inventory({source.key: source}))
+        for kind, names in lacking.items():
+            missing += len(names)
+            out.append(f"  - NOT CLASSIFIED: {kind}: {', '.join(names)}")
+    return "\n".join(out), missing
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.conformance.matrix")
     parser.add_argument("--release", action="append", help=f"default: {', '.join(RELEASES)}")
@@ -412,7 +443,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args.report:
         for version in versions:
             run_release(version, pd=not args.no_pd, timeout=args.timeout)
-    print(table(sorted(versions, key=vllm_env.release_tuple)))
+    ordered = sorted(versions, key=vllm_env.release_tuple)
+    read, missing = inventory(ordered)
+    print(table(ordered))
+    print(read)
+    if missing:
+        print(f"\n{missing} names lack a class: add them to classification.py", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -380,6 +380,29 @@ READS: Final[Mapping[str, str]] = {
     "sampling_params.extra_args.ec_transfer_params": "vLLM `/inference/v1/generate`",
 }
 
+# --- kv_transfer_params keys ---------------------------------------------------------
+
+# Every key the KV connectors (and vLLM itself) read from kv_transfer_params is in
+# ext_proc/core/connector_keys.py, which bounds the connectors' numbers, or here. All of
+# them sit inside the top-level object the policy judges whole (proofs, peers).
+CONNECTOR_KEYS: Final[Mapping[str, Entry]] = {
+    "prompt_token_ids": Entry(Class.TOKENS, "vLLM's reuse path: the prompt (policed)"),
+    "disagg_spec": Entry(Class.PEER, "LMCache: its disaggregation spec, the receiver's address"),
+    "hidden_states_path": Entry(Class.PEER, "where a connector writes hidden states (a path)"),
+    "kv_load_tiers": Entry(Class.TRANSFER, "the offloading connector: the tiers to load from"),
+    "max_load_tokens": Entry(Class.TRANSFER, "the offloading connector: tokens to load"),
+    "max_offload_tokens": Entry(Class.TRANSFER, "the offloading connector: tokens to offload"),
+    "num_lmcache_extra_cached_tokens": Entry(Class.TRANSFER, "LMCache: cached tokens"),
+    "remote_prefill_cached_tokens": Entry(
+        Class.TRANSFER, "NIXL: the prefill's cached tokens, reported as the request's"
+    ),
+    "remote_registration_generation": Entry(
+        Class.TRANSFER, "NIXL (0.33): the generation of the remote's registered blocks"
+    ),
+    "include_output_tokens": Entry(Class.GENERATION, "a connector returns the output tokens"),
+    "ret_first_tok": Entry(Class.GENERATION, "a connector returns the first token"),
+}
+
 # --- chat content-part types ---------------------------------------------------------
 
 PART_TYPES: Final[Mapping[str, Entry]] = {

@@ -14,6 +14,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Final
 
+from ext_proc.core import connector_keys
 from ext_proc.tools.inventory import classification as c
 from ext_proc.tools.inventory.model import Inventory, Source, paths
 
@@ -79,7 +80,9 @@ def unclassified(inventory: Inventory) -> dict[str, list[str]]:
         "header": {},
         "part type": {},
         "endpoint": {},
+        "connector key": {},
     }
+    bounded = {key.name for key in connector_keys.KEYS}
     for name, source in inventory.sources.items():
         for _, path in _body_paths_of(name, source):
             if leaf(path) not in c.FIELDS:
@@ -93,6 +96,9 @@ def unclassified(inventory: Inventory) -> dict[str, list[str]]:
         for endpoint in source.endpoints:
             if _endpoint_path(endpoint) not in c.ENDPOINTS:
                 missing["endpoint"].setdefault(endpoint, name)
+        for key in source.connector_keys:
+            if key not in bounded and key not in c.CONNECTOR_KEYS:
+                missing["connector key"].setdefault(key, name)
     return {
         kind: [f"{item} ({source})" for item, source in sorted(names.items())]
         for kind, names in missing.items()

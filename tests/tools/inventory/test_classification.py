@@ -34,6 +34,9 @@ def test_a_name_nobody_classified_fails_by_kind():
     assert _with(part_types=("next_embeds",)) == {"part type": ["next_embeds (toy 1.0)"]}
     assert _with(endpoints={"POST /next": None}) == {"endpoint": ["POST /next (toy 1.0)"]}
     assert _with(reads=("nvext.next_hint",)) == {"field": ["next_hint (toy 1.0)"]}
+    assert _with(connector_keys=("remote_next",)) == {"connector key": ["remote_next (toy 1.0)"]}
+    # A key the connector bounds hold is classified there.
+    assert _with(connector_keys=("tp_size",)) == {}
 
 
 def test_no_name_is_in_two_classes():
