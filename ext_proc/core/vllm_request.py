@@ -38,8 +38,10 @@ CARRIERS: Final = classified.BODY_CARRIERS
 # the route does not trust unless it accepts them (``Accept.EMBEDDINGS``).
 EMBEDDING_MEMBERS: Final = classified.EMBEDDING_MEMBERS
 EMBEDDING_PART_TYPES: Final = frozenset(classified.EMBEDDING_PART_TYPES)
-# The members whose items are chat messages (or input items) with content parts.
-_MESSAGE_LISTS: Final = ("messages", "input")
+# The member names that hold embeddings, wherever they are (``embeddings``).
+EMBEDDING_NAMES: Final = frozenset(
+    (*(str(path[-1]) for path in EMBEDDING_MEMBERS), *EMBEDDING_PART_TYPES)
+)
 # A ``tokens`` that is a list is not llm-d's object: vLLM's /detokenize reads it.
 TOKENS_LIST_KEPT: Final = ("tokens",)
 # The member names whose presence the bytes are searched for before a body is parsed:
@@ -133,25 +135,50 @@ def other_carriers(document: dict[str, Any], most: int) -> tuple[Path, ...]:
     return tuple(itertools.islice(kept, most))
 
 
-def embeddings(document: dict[str, Any]) -> tuple[Path, ...]:
-    """The paths of prompt embeddings in ``document``: each of ``EMBEDDING_MEMBERS``
-    present with a value other than null, and each content part of a message (or input
-    item) whose ``type`` is one of ``EMBEDDING_PART_TYPES`` (its path ends at the part)."""
-    found = [path for member in EMBEDDING_MEMBERS for path in _present(document, member, ())]
-    for key in _MESSAGE_LISTS:
-        items = document.get(key)
-        if type(items) is not list:
-            continue
-        for index, item in enumerate(items):
-            content = item.get("content") if type(item) is dict else None
-            if type(content) is not list:
+def embeddings(document: dict[str, Any], most: int = 1) -> tuple[Path, ...]:
+    """The paths of prompt embeddings in ``document``, at most ``most`` of them: at any
+    depth, an object whose ``type`` is one of ``EMBEDDING_PART_TYPES`` (its path ends at
+    the object), and a member named like one of ``EMBEDDING_MEMBERS`` or a part type,
+    with a value other than null. Wider than the paths the sources declare, on purpose:
+    vLLM reads a content part by the member it holds when it has a ``uuid`` or no
+    ``type``, and takes lists of conversations (``/v1/chat/completions/batch``); no
+    shape of theirs escapes a search of every object. The walk keeps its own stack, so
+    no nesting exhausts Python's."""
+    found: list[Path] = []
+    # Each object or list met: its parent's index here and its step from the parent,
+    # so that a path is built only for what is found (copying one per level would cost
+    # the square of the depth).
+    steps: list[tuple[int, str | int]] = [(-1, "")]
+    stack: list[tuple[Any, int]] = [(document, 0)]
+    while stack and len(found) < most:
+        value, at = stack.pop()
+        if type(value) is dict:
+            kind = value.get("type")
+            if type(kind) is str and kind in EMBEDDING_PART_TYPES:
+                found.append(_path(steps, at))
                 continue
-            found.extend(
-                (key, index, "content", at)
-                for at, part in enumerate(content)
-                if type(part) is dict and part.get("type") in EMBEDDING_PART_TYPES
-            )
+            for key, item in value.items():
+                if key in EMBEDDING_NAMES and item is not None:
+                    found.append((*_path(steps, at), key))
+                    break
+                if type(item) is dict or type(item) is list:
+                    steps.append((at, key))
+                    stack.append((item, len(steps) - 1))
+        elif type(value) is list:
+            for index, item in enumerate(value):
+                if type(item) is dict or type(item) is list:
+                    steps.append((at, index))
+                    stack.append((item, len(steps) - 1))
     return tuple(found)
+
+
+def _path(steps: list[tuple[int, str | int]], at: int) -> Path:
+    """The path of the node ``at`` of ``steps`` (``embeddings``)."""
+    path: list[str | int] = []
+    while at > 0:
+        at, step = steps[at]
+        path.append(step)
+    return tuple(reversed(path))
 
 
 def token_endpoint(path: str) -> str | None:

@@ -917,3 +917,45 @@ def test_an_engine_without_kv_transfer_params_loses_the_whole_object():
     route = RoutePolicy(Topology.AGGREGATED, Action.STRIP, keep_other_keys=True)
     decision = policy.decide(route, doc({"prompt_token_ids": [1], "k": 2}), EVIDENCE, body=body)
     assert decision.paths == (("kv_transfer_params",),)
+
+
+@pytest.mark.parametrize(
+    ("document", "param"),
+    [
+        # vLLM reads a part with a uuid (or without a type) by the member it holds.
+        (
+            doc(
+                messages=[
+                    {"role": "u", "content": [{"type": "text", "uuid": "u", "image_embeds": "A"}]}
+                ]
+            ),
+            "messages.0.content.0.image_embeds",
+        ),
+        (
+            doc(messages=[{"role": "u", "content": [{"prompt_embeds": 0, "data": "A"}]}]),
+            "messages.0.content.0.prompt_embeds",
+        ),
+        # /v1/chat/completions/batch: a list of conversations.
+        (
+            doc(messages=[[{"role": "u", "content": [{"type": "prompt_embeds", "data": "A"}]}]]),
+            "messages.0.0.content.0",
+        ),
+        # Anthropic's system blocks, and any depth.
+        (doc(system=[{"type": "video_embeds"}]), "system.0"),
+        (doc(a={"b": [{"c": {"input_embeds": [[1.0]]}}]}), "a.b.0.c.input_embeds"),
+    ],
+)
+def test_embeddings_are_found_in_every_shape_and_depth(document, param):
+    decision = decide(STRIP, document)
+    assert isinstance(decision, Deny)
+    assert decision.refusal.param == param
+
+
+def test_the_search_for_embeddings_survives_any_nesting():
+    deep: list = []
+    document = doc(x=deep)
+    for _ in range(100_000):
+        deep.append([])
+        deep = deep[0]
+    deep.append({"type": "prompt_embeds"})
+    assert decide(STRIP, document).refusal.reason == "embeddings_refused"
