@@ -157,3 +157,46 @@ def test_null_embeddings_and_a_text_part_naming_them_are_no_embeddings(gateway):
     reply = httpx.post(gateway.url + "/v1/chat/completions", json=sent, timeout=20)
     assert reply.status_code == 200, reply.text
     assert json.loads(only_request(gateway).body) == sent
+
+
+# Shapes vLLM 0.32 reads prompt embeddings from that the processor does not look in
+# (vllm_request.embeddings judges a content part by its "type", in the items of
+# "messages" and "input" only): vLLM's part parser takes a part that has a "uuid" by the
+# member it holds, whatever its type (renderers/chat_utils.py,
+# _parse_chat_message_content_mm_part: {"type": "text", "uuid": ..., "image_embeds": ...}
+# is image embeddings), and /v1/chat/completions/batch renders each conversation of a
+# list of them (batch_serving.py). Both reach the stand-in today.
+UNSEEN = {
+    "text-part-with-uuid": Embedded(
+        "chat/completions",
+        chat_with_part({"type": "text", "text": "hi", "uuid": "u", "image_embeds": TENSOR}),
+        "messages.1.content.1",
+    ),
+    "text-part-with-uuid-prompt_embeds": Embedded(
+        "chat/completions",
+        chat_with_part(
+            {"type": "text", "text": "hi", "uuid": "u", "prompt_embeds": 0, "data": TENSOR}
+        ),
+        "messages.1.content.1",
+    ),
+    "batch-conversation": Embedded(
+        "chat/completions/batch",
+        {
+            "model": "tiny",
+            "messages": [
+                [{"role": "user", "content": [{"type": "prompt_embeds", "data": TENSOR}]}]
+            ],
+        },
+        "messages.0.0.content.0",
+    ),
+}
+
+
+@pytest.mark.xfail(reason="the processor does not find these embeddings yet", strict=True)
+@pytest.mark.parametrize("case", UNSEEN)
+def test_embeddings_in_the_other_shapes_vllm_reads_are_refused(gateway, case):
+    rid = f"embeds-{uuid.uuid4()}"
+    reply = send(gateway, "/v1/", UNSEEN[case], rid)
+    assert gateway.received() == []
+    assert reply.status_code == 400, reply.text
+    assert access_log(gateway, rid)["policy_reason"] == "embeddings_refused"
