@@ -1,20 +1,27 @@
-"""Every carrier of transfer parameters through the real Envoy (docs/trust.md#carriers):
-besides the top-level kv_transfer_params, vLLM reads ``ec_transfer_params`` and the
-transfer parameters inside ``vllm_xargs`` (its ``SamplingParams.extra_args``), and its
-token-in shapes nest them (``sampling_params.extra_args``, ``generate_response(s)``);
-the stacks that deploy vLLM read prompts and peers from members of their own.
+"""Every body carrier through the real Envoy (docs/trust.md#carriers): each member of
+the classification's list (``classified.BODY_CARRIERS``) that a server or a stack behind
+the gateway reads transfer parameters, a prompt's tokens, a peer, a rank or a request
+id from: vLLM's ``ec_transfer_params`` and the transfer parameters in ``vllm_xargs``
+(its ``SamplingParams.extra_args``) and in its token-in shapes, vLLM's coming top-level
+ids, SGLang's ``input_ids`` and disaggregation bootstrap, NVIDIA Dynamo's ``nvext``
+routing hints, llm-d's ``tokens``.
 From an untrusted caller each is removed before the upstream reads it (or denied where
-the route denies), on every route; what arrived is checked as the bytes the stand-in
+the route denies), on every route; a route trusting any caller keeps it. Each carrier
+has a case made from its path, and some also one by hand where a real value's shape
+matters; each is sent on its own in the default arrangement, and all of them in one
+request in every arrangement. What arrived is checked as the bytes the stand-in
 recorded. Proof tokens must be the canonical spelling of their bytes."""
 
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, NamedTuple
 
 import httpx
 import pytest
 
+from ext_proc.core import classified
+from ext_proc.core.vllm_request import EVERY
 from tests.e2e.test_gateway import chat, only_request
 from tests.e2e.test_handoff import (
     DECODE,
@@ -27,31 +34,140 @@ from tests.e2e.test_handoff import (
 )
 from tests.e2e.test_operations import access_log
 
+
+class Case(NamedTuple):
+    """Members added to a chat request, and the carriers among them by dotted path (list
+    items by index), as a deny route names them."""
+
+    members: dict[str, Any]
+    carriers: tuple[str, ...]
+
+
+def dotted(path: tuple[str, ...]) -> str:
+    """A carrier's path as the gateway names it, for the document ``nested`` makes."""
+    return ".".join("1" if step == EVERY else step for step in path)
+
+
+def nested(path: tuple[str, ...], value: Any) -> Any:
+    """``value`` at ``path``: a member per step; for ``EVERY``, a list whose second item
+    holds the rest (the first holds nothing: the carrier's index is told)."""
+    if not path:
+        return value
+    inner = nested(path[1:], value)
+    return [{}, inner] if path[0] == EVERY else {path[0]: inner}
+
+
+def merged(*documents: dict[str, Any]) -> dict[str, Any]:
+    """The members of every one of ``documents``; objects met twice merged, lists item
+    by item."""
+    out: dict[str, Any] = {}
+    for document in documents:
+        _merge(out, document)
+    return out
+
+
+def _merge(into: Any, new: Any) -> None:
+    if not isinstance(new, (dict, list)):
+        assert into == new, (into, new)  # a member two documents hold alike
+        return
+    pairs = enumerate(new) if isinstance(new, list) else new.items()
+    for key, value in pairs:
+        if isinstance(into, list) and key >= len(into):
+            into.append(json.loads(json.dumps(value)))
+        elif isinstance(into, dict) and key not in into:
+            into[key] = json.loads(json.dumps(value))
+        else:
+            _merge(into[key], value)
+
+
+def generated(path: tuple[str, ...]) -> Case:
+    return Case(nested(path, f"forged {dotted(path)}"), (dotted(path),))
+
+
 EC = {"consumer_zmq": "tcp://10.0.0.9:5555", "do_remote_encode": True}
+# Values as their readers take them, where a value's shape could matter to the gateway:
+# a string or a list where an object is usual, a member beside the carrier that stays,
+# a falsy rank, a 63-bit bootstrap room, batched ids.
+BY_HAND = {
+    "ec_transfer_params": Case({"ec_transfer_params": EC}, ("ec_transfer_params",)),
+    "vllm_xargs-string": Case(
+        {"vllm_xargs": {"kv_transfer_params": "remote_host=10.0.0.9", "seed_hint": 3}},
+        ("vllm_xargs.kv_transfer_params",),
+    ),
+    "vllm_xargs-list": Case(
+        {"vllm_xargs": {"ec_transfer_params": ["x"]}}, ("vllm_xargs.ec_transfer_params",)
+    ),
+    "sampling_params": Case(
+        {"sampling_params": {"extra_args": {"kv_transfer_params": {"remote_port": 1}}}},
+        ("sampling_params.extra_args.kv_transfer_params",),
+    ),
+    "generate_response": Case(
+        {"generate_response": {"kv_transfer_params": {"prompt_token_ids": [1, 2]}}},
+        ("generate_response.kv_transfer_params",),
+    ),
+    "generate_responses": Case(
+        {"generate_responses": [{}, {"kv_transfer_params": {"remote_host": "h"}}]},
+        ("generate_responses.1.kv_transfer_params",),
+    ),
+    # vLLM's coming top-level ids (vllm #55771).
+    "prompt_token_ids": Case({"prompt_token_ids": [7, 8, 9]}, ("prompt_token_ids",)),
+    "prompt_features": Case({"prompt_features": {"pixel": [1]}}, ("prompt_features",)),
+    # NVIDIA Dynamo's prompt ids and worker, every routing hint at once, a flag beside.
+    "nvext-token_data": Case(
+        {"nvext": {"token_data": [7, 8, 9], "ignore_eos": True}}, ("nvext.token_data",)
+    ),
+    "nvext-routing": Case(
+        {
+            "nvext": {
+                "backend_instance_id": 4,
+                "prefill_worker_id": 1,
+                "decode_worker_id": 2,
+                "dp_rank": 0,
+                "prefill_dp_rank": 1,
+                "ignore_eos": True,
+            }
+        },
+        (
+            "nvext.backend_instance_id",
+            "nvext.decode_worker_id",
+            "nvext.dp_rank",
+            "nvext.prefill_dp_rank",
+            "nvext.prefill_worker_id",
+        ),
+    ),
+    # llm-d's coordinator's tokens.
+    "tokens": Case({"tokens": {"token_ids": [7, 8, 9], "features": None}}, ("tokens",)),
+    # The request id vLLM's MoRIIO connector parses for its peer.
+    "request_id": Case(
+        {"request_id": "r___prefill_addr_10.0.0.9:1___decode_addr_10.0.0.8:2"}, ("request_id",)
+    ),
+    # SGLang: batched ids, its prefill server's bootstrap (a 63-bit room), a request id,
+    # data-parallel ranks (0 carries a rank as well as any).
+    "input_ids": Case({"input_ids": [[7, 8, 9], [10]]}, ("input_ids",)),
+    "bootstrap": Case(
+        {"bootstrap_host": "10.0.0.9", "bootstrap_port": 8998, "bootstrap_room": 2**63 - 1},
+        ("bootstrap_host", "bootstrap_port", "bootstrap_room"),
+    ),
+    "rid": Case({"rid": ["a", "b"]}, ("rid",)),
+    "ranks": Case(
+        {"routed_dp_rank": 0, "data_parallel_rank": 0}, ("data_parallel_rank", "routed_dp_rank")
+    ),
+}
 CARRIERS = {
-    "ec_transfer_params": {"ec_transfer_params": EC},
-    "vllm_xargs.kv_transfer_params": {
-        "vllm_xargs": {"kv_transfer_params": "remote_host=10.0.0.9", "seed_hint": 3}
-    },
-    "vllm_xargs.ec_transfer_params": {"vllm_xargs": {"ec_transfer_params": ["x"]}},
-    "sampling_params.extra_args.kv_transfer_params": {
-        "sampling_params": {"extra_args": {"kv_transfer_params": {"remote_port": 1}}}
-    },
-    "generate_response.kv_transfer_params": {
-        "generate_response": {"kv_transfer_params": {"prompt_token_ids": [1, 2]}}
-    },
-    "generate_responses.1.kv_transfer_params": {
-        "generate_responses": [{}, {"kv_transfer_params": {"remote_host": "h"}}]
-    },
-    # The stacks around vLLM: vLLM's coming top-level ids (vllm #55771), NVIDIA Dynamo's
-    # prompt ids and worker, llm-d's coordinator's tokens, the request id vLLM's MoRIIO
-    # connector parses for its peer.
-    "prompt_token_ids": {"prompt_token_ids": [7, 8, 9]},
-    "prompt_features": {"prompt_features": {"pixel": [1]}},
-    "nvext.token_data": {"nvext": {"token_data": [7, 8, 9], "ignore_eos": True}},
-    "nvext.backend_instance_id": {"nvext": {"backend_instance_id": 4}},
-    "tokens": {"tokens": {"token_ids": [7, 8, 9], "features": None}},
-    "request_id": {"request_id": "r___prefill_addr_10.0.0.9:1___decode_addr_10.0.0.8:2"},
+    **{dotted(path): generated(path) for path in classified.BODY_CARRIERS},
+    **{f"hand:{name}": case for name, case in BY_HAND.items()},
+}
+# Every carrier in one request: with the values made from the paths, and with those of
+# the cases by hand.
+AT_ONCE = {
+    "generated": Case(
+        merged(*(generated(path).members for path in classified.BODY_CARRIERS)),
+        tuple(dotted(path) for path in classified.BODY_CARRIERS),
+    ),
+    "by-hand": Case(
+        merged(*(case.members for case in BY_HAND.values())),
+        tuple(dict.fromkeys(c for case in BY_HAND.values() for c in case.carriers)),
+    ),
 }
 # (path, what the untrusted carriers get there): strip on /v1/, honor routes (a proof
 # covers only the top-level object; a caller is untrusted there), deny on /deny/v1/.
@@ -60,15 +176,21 @@ ROUTES = {
     "/pd/v1/chat/completions": "unproven",
     "/pd/prefill/v1/chat/completions": "unproven",
 }
+DENY = "/deny/v1/chat/completions"
+TRUSTED = "/trusted/v1/chat/completions"
+# Each carrier on its own in the default arrangement (one message per request); the
+# request with all of them runs in every arrangement.
+DEFAULT_ARRANGEMENT = pytest.mark.parametrize("stack", ["one-message"], indirect=True)
 
 
-def without(sent: dict[str, Any], dotted: str) -> dict[str, Any]:
+def without(sent: dict[str, Any], *carriers: str) -> dict[str, Any]:
     expected = json.loads(json.dumps(sent))
-    *way, last = dotted.split(".")
-    holder: Any = expected
-    for step in way:
-        holder = holder[int(step)] if isinstance(holder, list) else holder[step]
-    del holder[last]
+    for carrier in carriers:
+        *way, last = carrier.split(".")
+        holder: Any = expected
+        for step in way:
+            holder = holder[int(step)] if isinstance(holder, list) else holder[step]
+        del holder[last]
     return expected
 
 
@@ -78,15 +200,21 @@ def client():
         yield c
 
 
-@pytest.mark.parametrize("carrier", CARRIERS)
-@pytest.mark.parametrize("path", ROUTES)
-def test_an_untrusted_carrier_never_reaches_the_upstream(gateway, client, carrier, path):
-    sent = chat(**CARRIERS[carrier])
+def test_every_classified_carrier_has_a_case():
+    assert {dotted(path) for path in classified.BODY_CARRIERS} <= set(CARRIERS)
+    every = {dotted(path) for path in classified.BODY_CARRIERS}
+    assert set(AT_ONCE["generated"].carriers) == every
+    assert set(AT_ONCE["by-hand"].carriers) <= every
+
+
+def assert_removed(gateway, client, path: str, case: Case) -> None:
+    """``case``'s carriers sent to the untrusted ``path``: everything else arrives."""
+    sent = chat(**case.members)
     rid = request_id()
     reply = client.post(gateway.url + path, json=sent, headers={"x-request-id": rid})
     assert reply.status_code == 200, reply.text
     received = only_request(gateway)
-    expected = without(sent, carrier)
+    expected = without(sent, *case.carriers)
     if path == PREFILL:  # and the route's connector request written
         expected["kv_transfer_params"] = PREFILL_REQUEST_PARAMS
     assert json.loads(received.body) == expected
@@ -94,26 +222,73 @@ def test_an_untrusted_carrier_never_reaches_the_upstream(gateway, client, carrie
     assert (line["policy_action"], line["policy_reason"]) == ("strip", ROUTES[path])
 
 
-@pytest.mark.parametrize("carrier", CARRIERS)
-def test_a_deny_route_refuses_every_carrier(gateway, client, carrier):
-    reply = client.post(gateway.url + "/deny/v1/chat/completions", json=chat(**CARRIERS[carrier]))
+def assert_denied(gateway, client, case: Case) -> None:
+    reply = client.post(gateway.url + DENY, json=chat(**case.members))
     assert reply.status_code == 400
-    assert reply.json()["error"]["param"] == carrier
+    assert reply.json()["error"]["param"] in case.carriers
     assert gateway.received() == []
 
 
+def assert_kept(gateway, client, case: Case) -> None:
+    sent = json.dumps(chat(**case.members)).encode()
+    headers = {"content-type": "application/json"}
+    reply = client.post(gateway.url + TRUSTED, content=sent, headers=headers)
+    assert reply.status_code == 200, reply.text
+    assert only_request(gateway).body == sent
+
+
+@DEFAULT_ARRANGEMENT
+@pytest.mark.parametrize("carrier", CARRIERS)
+@pytest.mark.parametrize("path", ROUTES)
+def test_an_untrusted_carrier_never_reaches_the_upstream(gateway, client, carrier, path):
+    assert_removed(gateway, client, path, CARRIERS[carrier])
+
+
+@DEFAULT_ARRANGEMENT
+@pytest.mark.parametrize("carrier", CARRIERS)
+def test_a_deny_route_refuses_every_carrier(gateway, client, carrier):
+    assert_denied(gateway, client, CARRIERS[carrier])
+
+
+@DEFAULT_ARRANGEMENT
 @pytest.mark.parametrize("carrier", CARRIERS)
 def test_a_route_trusting_any_caller_keeps_every_carrier(gateway, client, carrier):
-    sent = chat(**CARRIERS[carrier])
-    reply = client.post(gateway.url + "/trusted/v1/chat/completions", json=sent)
+    assert_kept(gateway, client, CARRIERS[carrier])
+
+
+@pytest.mark.parametrize("values", AT_ONCE)
+@pytest.mark.parametrize("path", ROUTES)
+def test_every_carrier_at_once_is_removed_in_every_arrangement(gateway, client, path, values):
+    assert_removed(gateway, client, path, AT_ONCE[values])
+
+
+@pytest.mark.parametrize("values", AT_ONCE)
+def test_every_carrier_at_once_is_refused_in_every_arrangement(gateway, client, values):
+    assert_denied(gateway, client, AT_ONCE[values])
+
+
+@pytest.mark.parametrize("values", AT_ONCE)
+def test_every_carrier_at_once_is_kept_for_a_trusted_caller_in_every_arrangement(
+    gateway, client, values
+):
+    assert_kept(gateway, client, AT_ONCE[values])
+
+
+@DEFAULT_ARRANGEMENT
+@pytest.mark.parametrize("path", [*ROUTES, DENY])
+def test_a_tokens_list_is_vllms_detokenize_input_and_stays(gateway, client, path):
+    sent = json.dumps(chat(tokens=[7, 8, 9])).encode()
+    headers = {"content-type": "application/json"}
+    reply = client.post(gateway.url + path, content=sent, headers=headers)
     assert reply.status_code == 200, reply.text
-    assert json.loads(only_request(gateway).body) == sent
+    document = json.loads(only_request(gateway).body)
+    assert document["tokens"] == [7, 8, 9]
 
 
 def test_a_proven_request_keeps_its_parameters_and_loses_a_clients_carrier(gateway, client):
     # Transfer parameters are each leg's own: ec_transfer_params is not bound.
     params = minted(client, gateway)
-    sent = chat(params, **CARRIERS["ec_transfer_params"])
+    sent = chat(params, **BY_HAND["ec_transfer_params"].members)
     rid = request_id()
     post(client, gateway, DECODE, sent, rid)
     _received, document = sent_upstream(gateway)

@@ -1,14 +1,17 @@
-"""Header carriers through the real Envoy (ext_proc/tools/carrier_headers.py): the headers that
-llm-d, the Gateway API Inference Extension, Dynamo and Ray read for an address, a peer
-or a prompt, and the request id vLLM builds its own from, in every body arrangement, on
-every route. What arrived is what the stand-in recorded; the control arm is the same
-config without the header step, where every one of them arrives as the client wrote it.
+"""Header carriers through the real Envoy (ext_proc/tools/carrier_headers.py): every
+header of the classification's list (``classified.HEADER_CARRIERS``: what llm-d, the
+Gateway API Inference Extension, NVIDIA Dynamo, Ray and vLLM read for an address, a peer,
+a rank or a prompt) and the request id vLLM builds its own from, in every body
+arrangement, on every route. What arrived is what the stand-in recorded; the control arm
+is the same config without the header step, where every one of them arrives as the
+client wrote it.
 """
 
 from __future__ import annotations
 
 import json
 import uuid
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,31 +20,41 @@ import httpx
 import pytest
 import yaml
 
-from devstack import envoy_config
+from ext_proc.core import classified
 from ext_proc.tools import carrier_headers
+from tests.e2e.conftest import BODY_MODES
 from tests.e2e.stack import Received, Stack
 from tests.e2e.test_gateway import chat, only_request
 from tests.e2e.test_handoff import PREFILL_REQUEST_PARAMS
 from tests.e2e.test_operations import access_log
 
-# A client's value for each header: an address, a pod, a worker, a store key.
-FORGED = {
-    "x-prefiller-host-port": "10.0.0.66:8000",
-    "x-encoder-hosts-ports": "10.0.0.66:8000,10.0.0.67:8000",
-    "x-kv-cache-source-host-port": "10.0.0.66:8000",
-    "x-data-parallel-host-port": "10.0.0.66:8000",
-    "x-gateway-destination-endpoint": "10.0.0.66:8000",
-    "x-gateway-destination-endpoint-subset": "10.0.0.66:8000",
-    "x-worker-instance-id": "7",
-    "x-kv-token-key": "6f1c0ee0-0000-4000-8000-000000000000",
-    "x-data-parallel-rank": "3",
-}
+
+def forged(name: str) -> str:
+    """A client's value for the header ``name``, in the shape its name says it holds:
+    addresses for a host and port or an endpoint, a small integer (its own for each
+    name) for a rank or an instance id, a UUID for a store key. A name of no known shape
+    fails here: its reader's format should be stated before it is forged."""
+    if name.endswith("-hosts-ports"):
+        return "10.0.0.66:8000,10.0.0.67:8000"
+    if name.endswith("-host-port") or "-endpoint" in name:
+        return "10.0.0.66:8000"
+    if name.endswith(("-rank", "-id")):
+        return str(1 + zlib.crc32(name.encode()) % 9)
+    if name.endswith("-key"):
+        return str(uuid.uuid5(uuid.NAMESPACE_URL, name))
+    raise ValueError(f"{name}: no forged value for a header of this shape")
+
+
+FORGED = {name: forged(name) for name in classified.HEADER_CARRIERS}
 # vLLM's MoRIIO connector reads the prefill's and the decode's address from this shape.
 MORIIO_ID = "a___prefill_addr_10.0.0.66:7000___decode_addr_10.0.0.67:7001_" + "0" * 32
 ROUTES = ("/v1/chat/completions", "/pd/v1/chat/completions", "/trusted/v1/chat/completions")
+PREFILL = "/pd/prefill/v1/chat/completions"
+# The prefill leg as an orchestrator sends it: one token, the prompt's ids asked for.
+PREFILL_BODY = {**chat(), "max_tokens": 1, "return_token_ids": True}
 
 
-def test_the_forged_list_is_the_shipped_list():
+def test_the_forged_headers_are_the_ones_the_step_removes():
     assert tuple(FORGED) == carrier_headers.ROUTING_HEADERS
 
 
@@ -56,33 +69,34 @@ def _arrived(received: Received) -> dict[str, list[str]]:
     return out
 
 
+def _carriers_that_arrived(arrived: dict[str, list[str]]) -> dict[str, list[str]]:
+    return {name: arrived[name] for name in FORGED if name in arrived}
+
+
 @pytest.mark.parametrize("path", ROUTES)
 def test_no_client_routing_header_or_request_id_reaches_the_upstream(gateway, path):
     reply = httpx.post(gateway.url + path, json=chat(), headers=_sent_headers(), timeout=20)
     assert reply.status_code == 200, reply.text
     arrived = _arrived(only_request(gateway))
-    assert not set(FORGED) & set(arrived), arrived
+    assert _carriers_that_arrived(arrived) == {}
     (renewed,) = arrived[carrier_headers.REQUEST_ID]
     assert uuid.UUID(renewed).version == 4  # the gateway's own (Envoy's %UNIQUE_ID%)
     assert arrived[carrier_headers.CLIENT_REQUEST_ID] == [MORIIO_ID]
 
 
 def test_the_prefill_leg_loses_them_too(gateway):
-    body = {**chat(), "max_tokens": 1, "return_token_ids": True}
     reply = httpx.post(
-        gateway.url + "/pd/prefill/v1/chat/completions",
-        json=body,
-        headers=_sent_headers(),
-        timeout=20,
+        gateway.url + PREFILL, json=PREFILL_BODY, headers=_sent_headers(), timeout=20
     )
     assert reply.status_code == 200, reply.text
     received = only_request(gateway)
     arrived = _arrived(received)
-    assert not set(FORGED) & set(arrived)
+    assert _carriers_that_arrived(arrived) == {}
     # The prefill server's request id (which its connector returns as remote_request_id
     # in the parameters this route signs) is built from the gateway's id.
     (renewed,) = arrived[carrier_headers.REQUEST_ID]
     assert uuid.UUID(renewed).version == 4
+    assert arrived[carrier_headers.CLIENT_REQUEST_ID] == [MORIIO_ID]
     assert json.loads(received.body)["kv_transfer_params"] == PREFILL_REQUEST_PARAMS
 
 
@@ -107,7 +121,18 @@ def test_the_access_log_joins_both_ids(gateway):
     assert [line["request_id"]] == arrived[carrier_headers.REQUEST_ID]
 
 
-# --- the control arm: the same config without the header step ----------------------------
+def test_header_names_with_underscores_never_reach_the_upstream(gateway):
+    # A reader that takes "_" for "-" (CGI, WSGI, nginx with underscores_in_headers)
+    # would read these as the carriers: Envoy drops them at the listener.
+    forged = {name.replace("-", "_"): value for name, value in _sent_headers().items()}
+    reply = httpx.post(gateway.url + ROUTES[0], json=chat(), headers=forged, timeout=20)
+    assert reply.status_code == 200, reply.text
+    arrived = _arrived(only_request(gateway))
+    assert not {name for name in arrived if "_" in name}, arrived
+    assert arrived[carrier_headers.CLIENT_REQUEST_ID] != [MORIIO_ID]
+
+
+# --- the control arm: the same configs without the header step ---------------------------
 
 
 def _without_step(source: Path, target: Path) -> Path:
@@ -122,29 +147,22 @@ def _without_step(source: Path, target: Path) -> Path:
     return target
 
 
-@pytest.fixture(scope="module")
-def unguarded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    workdir = tmp_path_factory.mktemp("no-header-step")
-    source = _without_step(envoy_config.SHIPPED, workdir / "source.yaml")
+@pytest.fixture(scope="module", params=list(BODY_MODES))
+def unguarded(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Stack]:
+    workdir = tmp_path_factory.mktemp(f"no-header-step-{request.param}")
+    source = _without_step(BODY_MODES[request.param], workdir / "source.yaml")
     with Stack(workdir, source=source) as running:
         yield running
 
 
-def test_without_the_step_every_one_arrives_as_the_client_wrote_it(unguarded):
+@pytest.mark.parametrize("path", [*ROUTES, PREFILL])
+def test_without_the_step_every_one_arrives_as_the_client_wrote_it(unguarded, path):
     unguarded.clear()
-    reply = httpx.post(unguarded.url + ROUTES[0], json=chat(), headers=_sent_headers(), timeout=20)
-    assert reply.status_code == 200
+    body = PREFILL_BODY if path == PREFILL else chat()
+    reply = httpx.post(unguarded.url + path, json=body, headers=_sent_headers(), timeout=20)
+    assert reply.status_code == 200, reply.text
     arrived = _arrived(only_request(unguarded))
     expected: dict[str, Any] = {name: [value] for name, value in _sent_headers().items()}
     assert {name: arrived.get(name) for name in expected} == expected
-
-
-def test_header_names_with_underscores_never_reach_the_upstream(gateway):
-    # A reader that takes "_" for "-" (CGI, WSGI, nginx with underscores_in_headers)
-    # would read these as the carriers: Envoy drops them at the listener.
-    forged = {name.replace("-", "_"): value for name, value in _sent_headers().items()}
-    reply = httpx.post(gateway.url + ROUTES[0], json=chat(), headers=forged, timeout=20)
-    assert reply.status_code == 200, reply.text
-    arrived = _arrived(only_request(gateway))
-    assert not {name for name in arrived if "_" in name}, arrived
-    assert arrived[carrier_headers.CLIENT_REQUEST_ID] != [MORIIO_ID]
