@@ -329,10 +329,10 @@ class RoutePolicy:
         frozenset(),
         _accepted,
         ", ".join(f"`{a.value}`" for a in Accept) + f", separated by `{PEER_SEPARATOR}`",
-        "served to a caller the route does not trust: prompt embeddings (refused with a "
-        "400 otherwise), endpoints that take token ids as their prompt "
-        "(`/generative_scoring`...), the servers' internal endpoints (`/collective_rpc`, "
-        "`/update_weights`...; both refused otherwise)",
+        "what the route serves that it otherwise refuses with a 400: prompt embeddings "
+        "from a caller it does not trust (a trusted caller's always pass); endpoints that "
+        "take token ids as their prompt (`/generative_scoring`...) and the servers' "
+        "internal endpoints (`/collective_rpc`, `/update_weights`...), to any caller",
     )
     strict_body: str | None = _field(
         None,

@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import itertools
 import re
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any, Final
 from urllib.parse import unquote
 
@@ -225,15 +225,27 @@ def only_kv_params(named: dict[str, int], document: dict[str, Any]) -> bool:
 
 def _present(value: Any, carrier: tuple[str, ...], path: Path) -> Iterator[Path]:
     """Where ``carrier`` leads in ``value`` (below ``path``): each step a member name,
-    or ``EVERY`` item of a list. A list is searched in one comprehension for the items
-    that hold the next member: Python code then runs only for those."""
+    or ``EVERY`` item of a list or value of an object (the inventory writes one for
+    either). The items are searched in one comprehension for those that hold the next
+    member (or, before another ``EVERY``, that are lists or objects): Python code then
+    runs only for those."""
     step, rest = carrier[0], carrier[1:]
     if step == EVERY:
-        if type(value) is list and rest:
-            name = rest[0]
-            holding = [i for i, item in enumerate(value) if type(item) is dict and name in item]
-            for index in holding:
-                yield from _present(value[index], rest, (*path, index))
+        if not rest:
+            return
+        if type(value) is list:
+            items: Iterable[tuple[str | int, Any]] = enumerate(value)
+        elif type(value) is dict:
+            items = value.items()
+        else:
+            return
+        name = rest[0]
+        if name == EVERY:
+            holding = [(k, item) for k, item in items if type(item) in (list, dict)]
+        else:
+            holding = [(k, item) for k, item in items if type(item) is dict and name in item]
+        for key, item in holding:
+            yield from _present(item, rest, (*path, key))
     elif type(value) is dict:
         item = value.get(step)
         if item is not None:

@@ -32,16 +32,26 @@ from tests.e2e.test_operations import access_log
 def forged(name: str) -> str:
     """A client's value for the header ``name``, in the shape its name says it holds:
     addresses for a host and port or an endpoint, a small integer (its own for each
-    name) for a rank or an instance id, a UUID for a store key. A name of no known shape
+    name) for a rank or an instance id, a port or a room, a UUID for a store key, 1 for a
+    framing flag. A name of no known shape
     fails here: its reader's format should be stated before it is forged."""
     if name.endswith("-hosts-ports"):
         return "10.0.0.66:8000,10.0.0.67:8000"
     if name.endswith("-host-port") or "-endpoint" in name:
         return "10.0.0.66:8000"
+    if name.endswith(("-rid", "-request-id")):
+        return str(uuid.uuid5(uuid.NAMESPACE_URL, name))
     if name.endswith(("-rank", "-id")):
         return str(1 + zlib.crc32(name.encode()) % 9)
     if name.endswith("-key"):
         return str(uuid.uuid5(uuid.NAMESPACE_URL, name))
+    if name.endswith(("-room", "-port")):
+        return str(1024 + zlib.crc32(name.encode()) % 9)
+    if name.endswith("-host"):
+        return "10.0.0.66"
+    # A framing flag (x-body-compressed, x-sglext-ids-framed).
+    if name.endswith(("-compressed", "-framed")):
+        return "1"
     raise ValueError(f"{name}: no forged value for a header of this shape")
 
 
