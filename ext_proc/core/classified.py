@@ -108,6 +108,7 @@ BODY_CARRIERS: Final[tuple[tuple[str, ...], ...]] = (
     ("documents", "*", "content", "*", "uuid"),
     ("generate_responses", "*", "choices", "*", "token_ids"),
     ("input", "*", "content", "*", "uuid"),
+    ("input", "*", "output", "*", "uuid"),
     ("items", "*", "content", "*", "uuid"),
     ("messages", "*", "content", "*", "uuid"),
     ("queries", "*", "content", "*", "uuid"),
@@ -173,6 +174,11 @@ EMBEDDING_PART_TYPES: Final[tuple[str, ...]] = (
     "prompt_embeds",
     "video_embeds",
 )
+# Media item formats that are embeddings or a processor's output.
+EMBEDDING_FORMATS: Final[tuple[str, ...]] = (
+    "precomputed_embedding",
+    "processor_output",
+)
 # Request headers a component behind the gateway reads an address, a peer, tokens
 # or transfer parameters from: removed by the header step for every caller.
 HEADER_CARRIERS: Final[tuple[str, ...]] = (
@@ -236,6 +242,7 @@ INTERNAL_ENDPOINTS: Final[tuple[str, ...]] = (
     "/init_weights_send_group_for_remote_instance",
     "/init_weights_update_group",
     "/is_scaling_elastic_ep",
+    "/is_sleeping",
     "/load_lora_adapter",
     "/load_lora_adapter_from_tensors",
     "/open_session",
@@ -274,6 +281,7 @@ INTERNAL_ENDPOINTS: Final[tuple[str, ...]] = (
     "/v1/load_lora_adapter",
     "/v1/unload_lora_adapter",
     "/wake_up",
+    "/wakeup",
     "/weight_checker",
     "/weights_checker",
 )

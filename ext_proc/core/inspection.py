@@ -140,7 +140,9 @@ def read(event: RequestHeaders, config: Config, *, with_body: bool) -> Request:
     body = None
     if parsed.strict_body is not None:
         body = declared.body(parsed.strict_body, endpoint)
-        if body is None:
+        # An endpoint whose body the engine reads without a model (SageMaker's
+        # /invocations hands it to whichever API parses it) declares nothing to hold it to.
+        if body is None or body.root is None:
             refusal = _undeclared_endpoint(parsed.strict_body, endpoint)
             return Request(
                 route.name, request_id, audit, parsed, endpoint, event.peer, refused=refusal
@@ -156,7 +158,8 @@ _NONE: Final = (None, None)
 def _undeclared_endpoint(engine: str, endpoint: str) -> Deny:
     return Deny(
         bad_request(
-            f"{engine}, this route's engine (strict_body), declares no body for {endpoint}",
+            f"{engine}, this route's engine (strict_body), declares no request model for "
+            f"{endpoint}",
             reason=Reason.UNDECLARED_MEMBER,
         )
     )

@@ -19,7 +19,7 @@ from typing import Any, Final
 from ext_proc.core import caller, connector_bounds, declared, proof
 from ext_proc.core.caller import Caller
 from ext_proc.core.decisions import NO_PARAMS, Allow, Decision, Deny, Honor, Mint, Strip
-from ext_proc.core.errors import Refusal, bad_request
+from ext_proc.core.errors import PayloadTooLarge, Refusal, bad_request
 from ext_proc.core.events import NO_PEER, Peer
 from ext_proc.core.ids import MAX_BOUND, Ids, Kind
 from ext_proc.core.proof import NO_KEYS, PROOF_KEY, KeySet
@@ -30,6 +30,7 @@ from ext_proc.core.vllm_request import (
     IDS_KEY,
     KV_KEY,
     MAX_CARRIERS,
+    MAX_SEARCHED,
     Path,
     embeddings,
     ignores_reused_ids,
@@ -190,6 +191,8 @@ def _decide_carriers(
         return decision
     if carriers is None and not sender.trusted and Accept.EMBEDDINGS not in policy.accept:
         embedded = embeddings(document)
+        if embedded is None:
+            return Deny(_too_complex(), decision.id_count)
         if embedded:
             param = ".".join(map(str, embedded[0]))
             return Deny(
@@ -202,7 +205,9 @@ def _decide_carriers(
                 decision.id_count,
             )
     found = other_carriers(document, MAX_CARRIERS + 1) if carriers is None else carriers
-    if not found or isinstance(decision, Deny):
+    if found is None:
+        return Deny(_too_complex(), decision.id_count)
+    if not found:
         return decision
     # Only the top-level kv_transfer_params can be proven; every other carrier is
     # trusted only from a trusted caller, and untrusted like a client's parameters.
@@ -210,6 +215,8 @@ def _decide_carriers(
         # Kept for a trusted caller, and read by the connector like the top-level object
         # (vLLM takes extra_args' own when that is absent): the same bounds.
         every = found if len(found) <= MAX_CARRIERS else other_carriers(document, sys.maxsize)
+        if every is None:
+            return Deny(_too_complex(), decision.id_count)
         refused = _carried_out_of_bounds(document, every)
         return decision if refused is None else Deny(refused, decision.id_count)
     if len(found) > MAX_CARRIERS:
@@ -240,6 +247,13 @@ def _decide_carriers(
         )
     reason = sender.reason if decision is NO_PARAMS else decision.reason
     return Strip(keys=(), reason=reason, id_count=decision.id_count, carriers=found)
+
+
+def _too_complex() -> Refusal:
+    return PayloadTooLarge(
+        f"request body has more than {MAX_SEARCHED} objects and lists to search for carriers",
+        reason=Reason.BODY_TOO_COMPLEX,
+    ).refusal()
 
 
 def _strict(

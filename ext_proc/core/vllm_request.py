@@ -9,9 +9,9 @@ messages instead when the request echoes or carries non-text content.
 from __future__ import annotations
 
 import functools
-import itertools
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any, Final
 from urllib.parse import unquote
 
@@ -38,6 +38,9 @@ CARRIERS: Final = classified.BODY_CARRIERS
 # the route does not trust unless it accepts them (``Accept.EMBEDDINGS``).
 EMBEDDING_MEMBERS: Final = classified.EMBEDDING_MEMBERS
 EMBEDDING_PART_TYPES: Final = frozenset(classified.EMBEDDING_PART_TYPES)
+# The ``format`` values of media items that are embeddings or a processor's output
+# (SGLang's image_data items).
+EMBEDDING_FORMATS: Final = frozenset(classified.EMBEDDING_FORMATS)
 # The member names that hold embeddings, wherever they are (``embeddings``).
 EMBEDDING_NAMES: Final = frozenset(
     (*(str(path[-1]) for path in EMBEDDING_MEMBERS), *EMBEDDING_PART_TYPES)
@@ -53,6 +56,7 @@ CARRIER_NAMES: Final = tuple(
             *(str(c[-1]) for c in CARRIERS),
             *(str(c[-1]) for c in EMBEDDING_MEMBERS),
             *sorted(EMBEDDING_PART_TYPES),
+            *sorted(EMBEDDING_FORMATS),
         )
     )
 )
@@ -92,13 +96,18 @@ def policed_keys(params: dict[str, Any]) -> tuple[str, ...]:
     return tuple(key for key in POLICED_KEYS if key in params)
 
 
+def _kind(item: dict[str, Any], default: str | None = None) -> str | None:
+    """An object's ``type`` when it is a string (another value names no type: a JSON
+    list or object cannot be looked up in a set), else None."""
+    kind = item.get("type", default)
+    return kind if type(kind) is str else None
+
+
 def _text_only(content: Any) -> bool:
     if content is None or isinstance(content, str):
         return True
     if isinstance(content, list):
-        return all(
-            isinstance(part, dict) and part.get("type") in TEXT_PART_TYPES for part in content
-        )
+        return all(isinstance(part, dict) and _kind(part) in TEXT_PART_TYPES for part in content)
     return False
 
 
@@ -121,29 +130,116 @@ def ignores_reused_ids(document: dict[str, Any]) -> bool:
         for item in items:
             if not isinstance(item, dict) or not _text_only(item.get("content")):
                 return True
-            if item.get("type", "message") not in _TEXT_ITEM_TYPES:
+            if _kind(item, "message") not in _TEXT_ITEM_TYPES:
                 return True
     return False
 
 
-def other_carriers(document: dict[str, Any], most: int) -> tuple[Path, ...]:
+def other_carriers(document: dict[str, Any], most: int) -> tuple[Path, ...] | None:
     """The paths of ``CARRIERS`` present in ``document`` with a value other than null
     (``tokens``: other than null or a list), list items by index; at most ``most`` of
-    them (the search stops there)."""
-    found = itertools.chain.from_iterable(_present(document, c, ()) for c in CARRIERS)
-    kept = (p for p in found if p != TOKENS_LIST_KEPT or type(document["tokens"]) is not list)
-    return tuple(itertools.islice(kept, most))
+    them (the search stops there). A carrier inside another is not named: the outer one
+    goes whole. The document is walked once along ``_TRIE``, so each list item is met
+    once however many carriers lie below the list. None when the walk would meet more
+    than ``MAX_SEARCHED`` objects and lists: a body built to cost its search more than
+    its parse is refused, not searched."""
+    search = _Search(most)
+    search.walk(document, _TRIE, ())
+    return None if search.exhausted else tuple(search.found)
 
 
-def embeddings(document: dict[str, Any], most: int = 1) -> tuple[Path, ...]:
+# The most objects and lists one search of a body meets (the carriers' walk, the
+# embeddings' walk): far beyond any request of a real client (a chat of thousands of
+# messages with a few parts each), and a bound on the Python work a body can ask for.
+MAX_SEARCHED: Final = 1 << 16
+
+
+@dataclass(frozen=True, slots=True)
+class _Node:
+    """A step of the carriers' paths: the member names below it, the node for ``EVERY``
+    item or value, and whether a carrier ends here."""
+
+    names: dict[str, _Node]
+    every: _Node | None
+    ends: bool
+
+
+def _trie(paths: tuple[tuple[str, ...], ...]) -> _Node:
+    """The carriers' paths as a tree, names in the order of ``paths``."""
+    root: dict[str, Any] = {}
+    for path in paths:
+        node = root
+        for step in path:
+            node = node.setdefault(step, {})
+        node[""] = True  # "" is never a step: json keys here are the inventory's names
+
+    def build(node: dict[str, Any]) -> _Node:
+        names = {k: build(v) for k, v in node.items() if k not in ("", EVERY)}
+        every = build(node[EVERY]) if EVERY in node else None
+        return _Node(names, every, "" in node)
+
+    return build(root)
+
+
+_TRIE: Final = _trie(CARRIERS)
+
+
+class _Search:
+    """One walk along ``_TRIE``: what it found, and how many objects and lists it met."""
+
+    __slots__ = ("exhausted", "found", "left", "most")
+
+    def __init__(self, most: int) -> None:
+        self.found: list[Path] = []
+        self.most = most
+        self.left = MAX_SEARCHED
+        self.exhausted = False
+
+    def walk(self, value: Any, node: _Node, path: Path) -> None:
+        """Where ``node``'s carriers lie in ``value`` (below ``path``): its names, then
+        ``EVERY`` item of a list or value of an object."""
+        self.left -= 1
+        if self.left < 0:
+            self.exhausted = True
+            return
+        if type(value) is dict:
+            for name, child in node.names.items():
+                if len(self.found) >= self.most or self.exhausted:
+                    return
+                item = value.get(name)
+                if item is None:
+                    continue
+                if child.ends:
+                    if path or (name,) != TOKENS_LIST_KEPT or type(item) is not list:
+                        self.found.append((*path, name))
+                elif type(item) is dict or type(item) is list:
+                    self.walk(item, child, (*path, name))
+            if node.every is not None:
+                self.every(value.items(), node.every, path)
+        elif type(value) is list and node.every is not None:
+            self.every(enumerate(value), node.every, path)
+
+    def every(self, items: Iterable[tuple[str | int, Any]], node: _Node, path: Path) -> None:
+        for key, item in items:
+            if len(self.found) >= self.most or self.exhausted:
+                return
+            if node.ends and item is not None:
+                self.found.append((*path, key))
+            elif type(item) is dict or type(item) is list:
+                self.walk(item, node, (*path, key))
+
+
+def embeddings(document: dict[str, Any], most: int = 1) -> tuple[Path, ...] | None:
     """The paths of prompt embeddings in ``document``, at most ``most`` of them: at any
     depth, an object whose ``type`` is one of ``EMBEDDING_PART_TYPES`` (its path ends at
     the object), and a member named like one of ``EMBEDDING_MEMBERS`` or a part type,
-    with a value other than null. Wider than the paths the sources declare, on purpose:
+    (at the top level: with a value other than null), and a media item whose ``format``
+    is one of ``EMBEDDING_FORMATS``. Wider than the paths the sources declare, on purpose:
     vLLM reads a content part by the member it holds when it has a ``uuid`` or no
     ``type``, and takes lists of conversations (``/v1/chat/completions/batch``); no
     shape of theirs escapes a search of every object. The walk keeps its own stack, so
-    no nesting exhausts Python's."""
+    no nesting exhausts Python's. None when it would meet more than ``MAX_SEARCHED``
+    objects and lists."""
     found: list[Path] = []
     # Each object or list met: its parent's index here and its step from the parent,
     # so that a path is built only for what is found (copying one per level would cost
@@ -151,14 +247,17 @@ def embeddings(document: dict[str, Any], most: int = 1) -> tuple[Path, ...]:
     steps: list[tuple[int, str | int]] = [(-1, "")]
     stack: list[tuple[Any, int]] = [(document, 0)]
     while stack and len(found) < most:
+        if len(steps) > MAX_SEARCHED:
+            return None
         value, at = stack.pop()
         if type(value) is dict:
-            kind = value.get("type")
-            if type(kind) is str and kind in EMBEDDING_PART_TYPES:
+            if _kind(value) in EMBEDDING_PART_TYPES or _format(value) in EMBEDDING_FORMATS:
                 found.append(_path(steps, at))
                 continue
             for key, item in value.items():
-                if key in EMBEDDING_NAMES and item is not None:
+                # A request's own member that is null is absent (its model's default);
+                # below it, vLLM's part parser takes a part by the names it holds.
+                if key in EMBEDDING_NAMES and (item is not None or at != 0):
                     found.append((*_path(steps, at), key))
                     break
                 if type(item) is dict or type(item) is list:
@@ -170,6 +269,11 @@ def embeddings(document: dict[str, Any], most: int = 1) -> tuple[Path, ...]:
                     steps.append((at, index))
                     stack.append((item, len(steps) - 1))
     return tuple(found)
+
+
+def _format(item: dict[str, Any]) -> str | None:
+    kind = item.get("format")
+    return kind if type(kind) is str else None
 
 
 def _path(steps: list[tuple[int, str | int]], at: int) -> Path:
@@ -221,38 +325,6 @@ def only_kv_params(named: dict[str, int], document: dict[str, Any]) -> bool:
     if type(params) is dict:
         room.update((key, int(key in params)) for key in POLICED_KEYS)
     return all(count <= room.get(name, 0) for name, count in named.items())
-
-
-def _present(value: Any, carrier: tuple[str, ...], path: Path) -> Iterator[Path]:
-    """Where ``carrier`` leads in ``value`` (below ``path``): each step a member name,
-    or ``EVERY`` item of a list or value of an object (the inventory writes one for
-    either). The items are searched in one comprehension for those that hold the next
-    member (or, before another ``EVERY``, that are lists or objects): Python code then
-    runs only for those."""
-    step, rest = carrier[0], carrier[1:]
-    if step == EVERY:
-        if not rest:
-            return
-        if type(value) is list:
-            items: Iterable[tuple[str | int, Any]] = enumerate(value)
-        elif type(value) is dict:
-            items = value.items()
-        else:
-            return
-        name = rest[0]
-        if name == EVERY:
-            holding = [(k, item) for k, item in items if type(item) in (list, dict)]
-        else:
-            holding = [(k, item) for k, item in items if type(item) is dict and name in item]
-        for key, item in holding:
-            yield from _present(item, rest, (*path, key))
-    elif type(value) is dict:
-        item = value.get(step)
-        if item is not None:
-            if not rest:
-                yield (*path, step)
-            elif type(item) in (dict, list):
-                yield from _present(item, rest, (*path, step))
 
 
 def endpoint(upstream_path: str) -> str:

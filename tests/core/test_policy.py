@@ -11,7 +11,7 @@ from ext_proc.core import ids as ids_module
 from ext_proc.core.events import Peer
 from ext_proc.core.policy import Allow, Deny, Evidence, Honor, Mint, Strip
 from ext_proc.core.route_policy import Accept, Action, IdentityType, RoutePolicy, Topology, Unproven
-from ext_proc.core.vllm_request import MAX_CARRIERS
+from ext_proc.core.vllm_request import MAX_CARRIERS, MAX_SEARCHED
 from tests.parsing import read
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
@@ -954,8 +954,52 @@ def test_embeddings_are_found_in_every_shape_and_depth(document, param):
 def test_the_search_for_embeddings_survives_any_nesting():
     deep: list = []
     document = doc(x=deep)
-    for _ in range(100_000):
+    for _ in range(MAX_SEARCHED // 2):
         deep.append([])
         deep = deep[0]
     deep.append({"type": "prompt_embeds"})
     assert decide(STRIP, document).refusal.reason == "embeddings_refused"
+    # Deeper than the search goes: refused all the same.
+    for _ in range(MAX_SEARCHED):
+        deep.append([])
+        deep = deep[-1]
+    assert decide(STRIP, document).refusal.reason == "body_too_complex"
+
+
+def test_a_body_built_to_cost_its_search_is_refused_not_searched():
+    many = doc(messages=[{"content": [{"uuid": None}]}] * (MAX_SEARCHED // 2))
+    refused = decide(STRIP, many)
+    assert isinstance(refused, Deny)
+    assert refused.refusal.reason == "body_too_complex"
+    assert refused.refusal.status == 413
+    # A long chat of an ordinary size is searched.
+    fine = doc(messages=[{"role": "user", "content": [{"type": "text", "text": "x"}]}] * 2000)
+    assert decide(STRIP, fine) == Allow("no_transfer_params")
+
+
+@pytest.mark.parametrize("kind", [[1], {"a": 1}, 3])
+def test_a_type_that_is_not_a_string_is_no_type(kind):
+    parts = [{"type": kind, "text": "x"}]
+    document = doc(messages=[{"role": "user", "content": parts}], input=[{"content": parts}])
+    assert decide(STRIP, {**document, "rid": "r"}).reason == "stripped_by_policy"
+    honored = decide(HONOR, doc({"prompt_token_ids": [1]}, messages=[{"content": parts}]))
+    assert honored.reason == "ignored_by_upstream"
+
+
+def test_a_part_that_names_embeddings_holds_them_even_when_null():
+    # vLLM's part parser looks for the key (a part without a type, or with a uuid).
+    part = {"prompt_embeds": None, "data": "AAAA"}
+    refused = decide(STRIP, doc(messages=[{"role": "x", "content": [part]}]))
+    assert refused.refusal.param == "messages.0.content.0.prompt_embeds"
+    # A request's own member that is null is absent.
+    assert decide(STRIP, doc(prompt_embeds=None)) == Allow("no_transfer_params")
+    # SGLang's image_data items that are embeddings or a processor's output.
+    item = {"format": "precomputed_embedding", "precomputed_embeddings": "AAAA"}
+    assert decide(STRIP, doc(image_data=[item])).refusal.param == "image_data.0"
+
+
+def test_carriers_below_lists_of_lists_and_object_values_are_found():
+    batch = doc(messages=[[{"role": "user", "content": [{"type": "image_url", "uuid": "v"}]}]])
+    assert decide(STRIP, batch).paths == (("messages", 0, 0, "content", 0, "uuid"),)
+    output = doc(input=[{"type": "function_call_output", "output": [{"uuid": "v"}]}])
+    assert decide(STRIP, output).paths == (("input", 0, "output", 0, "uuid"),)

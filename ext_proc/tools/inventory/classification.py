@@ -378,6 +378,8 @@ READS: Final[Mapping[str, str]] = {
     "vllm_xargs.ec_transfer_params": "vLLM: the same, for the EC connector",
     "sampling_params.extra_args.kv_transfer_params": "vLLM `/inference/v1/generate`",
     "sampling_params.extra_args.ec_transfer_params": "vLLM `/inference/v1/generate`",
+    "input.*.output.*.uuid": "vLLM `/v1/responses`: a function or custom tool call output's "
+    "parts, parsed as chat content parts (OpenAI's types: not in the inventory)",
 }
 
 # --- kv_transfer_params keys ---------------------------------------------------------
@@ -420,6 +422,15 @@ PART_TYPES: Final[Mapping[str, Entry]] = {
     "image_embeds": Entry(Class.EMBEDDINGS, "vLLM: image embeddings (`--enable-mm-embeds`)"),
     "audio_embeds": Entry(Class.EMBEDDINGS, "vLLM: audio embeddings (`--enable-mm-embeds`)"),
     "video_embeds": Entry(Class.EMBEDDINGS, "vLLM: video embeddings (`--enable-mm-embeds`)"),
+}
+
+# The ``format`` of a media item that is not media but its embeddings or a processor's
+# output (SGLang ``/generate``'s ``image_data`` items, multimodal base processor):
+# embeddings, wherever such an item is.
+EMBEDDING_FORMATS: Final[Mapping[str, str]] = {
+    "precomputed_embedding": "SGLang: the item's `precomputed_embeddings` are the image",
+    "processor_output": "SGLang: the item's `feature` and `input_ids` stand for the image, "
+    "under the `hash` it names",
 }
 
 # --- request headers -----------------------------------------------------------------
@@ -585,7 +596,7 @@ ENDPOINTS: Final[Mapping[str, Endpoint]] = {
         /start_weight_update /update_weight_version /update_weights
         /update_weights_from_disk /update_weights_from_distributed
         /update_weights_from_ipc /update_weights_from_tensor /weight_checker
-        /weights_checker
+        /weights_checker /wakeup /is_sleeping
         """,
     ),
 }
