@@ -114,7 +114,7 @@ def send(gateway: Stack, prefix: str, case: Embedded, rid: str) -> httpx.Respons
 
 
 def test_every_classified_member_and_part_has_a_case():
-    names = {name for (name,) in classified.EMBEDDING_MEMBERS}
+    names = {path[-1] for path in classified.EMBEDDING_MEMBERS}
     assert {f"member:{name}" for name in names} <= set(CASES)
     assert {f"part:{kind}" for kind in classified.EMBEDDING_PART_TYPES} <= set(CASES)
 

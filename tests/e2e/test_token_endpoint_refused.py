@@ -20,9 +20,14 @@ import pytest
 
 from ext_proc.core import classified
 from ext_proc.tools import envoygen
+from ext_proc.tools.token_endpoints import is_token_path
 from tests.e2e.conftest import BODY_MODES
 from tests.e2e.stack import BODY_LIMIT, Stack, extra_routes
 from tests.e2e.test_operations import access_log
+
+# The token endpoints the processor judges: those Envoy does not answer 404 itself
+# (vLLM's /inference/v1/generate is: tests/e2e/test_token_endpoints.py).
+PROCESSOR_JUDGED = tuple(e for e in classified.TOKEN_ENDPOINTS if not is_token_path(e))
 
 # The token ids SGLang's generative scoring takes: a query and the items scored after it.
 SCORING = {"model": "tiny", "query": [5, 6, 7], "items": [[8, 9]]}
@@ -57,7 +62,7 @@ def spellings(endpoint: str) -> dict[str, str]:
 
 REFUSED = {
     f"{name}:{path}": path
-    for endpoint in classified.TOKEN_ENDPOINTS
+    for endpoint in PROCESSOR_JUDGED
     for name, path in spellings(endpoint).items()
 }
 
@@ -112,13 +117,13 @@ def test_a_token_endpoint_is_refused_however_it_is_reached(gateway, path):
     assert reply.status == 400, reply
     error = json.loads(reply.body)["error"]
     assert error["type"] == "BadRequestError"
-    assert any(endpoint in error["message"] for endpoint in classified.TOKEN_ENDPOINTS)
+    assert any(endpoint in error["message"] for endpoint in PROCESSOR_JUDGED)
     line = access_log(gateway, rid)
     assert (line["policy_action"], line["policy_reason"]) == ("deny", "token_endpoint_refused")
     assert gateway.received() == []
 
 
-@pytest.mark.parametrize("endpoint", classified.TOKEN_ENDPOINTS)
+@pytest.mark.parametrize("endpoint", PROCESSOR_JUDGED)
 def test_a_route_accepting_token_endpoints_serves_them_byte_for_byte(gateway, endpoint):
     reply = post(gateway, ACCEPTING.rstrip("/") + endpoint, SCORING)
     assert reply.status == 200, reply
@@ -127,7 +132,7 @@ def test_a_route_accepting_token_endpoints_serves_them_byte_for_byte(gateway, en
     assert received.body == json.dumps(SCORING).encode()
 
 
-@pytest.mark.parametrize("endpoint", classified.TOKEN_ENDPOINTS)
+@pytest.mark.parametrize("endpoint", PROCESSOR_JUDGED)
 def test_an_accepted_token_endpoint_still_loses_a_clients_carriers(gateway, endpoint):
     sent = {**SCORING, "rid": "r___prefill_addr_10.0.0.9:1", "bootstrap_host": "10.0.0.9"}
     reply = post(gateway, ACCEPTING.rstrip("/") + endpoint, sent)
@@ -136,7 +141,7 @@ def test_an_accepted_token_endpoint_still_loses_a_clients_carriers(gateway, endp
     assert json.loads(received.body) == SCORING
 
 
-@pytest.mark.parametrize("endpoint", classified.TOKEN_ENDPOINTS)
+@pytest.mark.parametrize("endpoint", PROCESSOR_JUDGED)
 def test_a_path_that_only_ends_like_one_is_served(gateway, endpoint):
     head, _, last = endpoint.rpartition("/")
     for path in (f"/v1{head}/my_{last}", f"/v1{endpoint}_x", f"/v1{endpoint}/x"):
