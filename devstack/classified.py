@@ -122,9 +122,11 @@ def header_table(value: Inventory) -> str:
         entry = c.HEADERS[name]
         if entry.cls not in c.CARRIERS:
             continue
+        # Only the request id is renewed; another id header (x-override-rid,
+        # x-dynamo-request-id) is removed like any carrier.
         gets = (
             "moved to `x-client-request-id`; a fresh id is set"
-            if entry.cls is c.Class.REQUEST_ID
+            if name == c.RENEWED_HEADER
             else _HEADER_GETS
         )
         cells = (f"`{name}`", entry.cls.value, sources(who), entry.why, gets)
