@@ -221,7 +221,6 @@ _EMBEDDINGS: Final = {
     "query_embed_overrides": Entry(Class.EMBEDDINGS, "SGLang scoring: the query's embeddings"),
     "item_embed_overrides": Entry(Class.EMBEDDINGS, "SGLang scoring: the items' embeddings"),
     "kwargs_data": Entry(Class.EMBEDDINGS, "vLLM token-in: serialized multimodal tensors"),
-    "mm_payload": Entry(Class.EMBEDDINGS, "SGLang: preprocessed multimodal data"),
     "serialized_named_tensors": Entry(
         Class.EMBEDDINGS, "SGLang weight and adapter loading: serialized tensors"
     ),
@@ -284,7 +283,7 @@ _GENERATION: Final = """
     images_config video_config max_dynamic_patch min_dynamic_patch image_max_dynamic_patch
     video_max_dynamic_patch fps max_frames max_image_tokens max_tokens_per_frame
     max_long_side_pixel detail preprocess_kwargs modalities use_audio_in_video
-    media_io_kwargs mm_processor_kwargs need_wait_for_mm_inputs padding dimensions
+    media_io_kwargs mm_processor_kwargs mm_payload need_wait_for_mm_inputs padding dimensions
     embed_dtype encoding_format endianness embedding_types input_type output_dimension
     truncate use_activation truncate_prompt_tokens truncation_side truncation
     max_tokens_per_doc max_tokens_per_query top_n hotwords language to_language
