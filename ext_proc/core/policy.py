@@ -237,14 +237,14 @@ def _decide_carriers(
         )
     if isinstance(decision, Strip):
         return dataclasses.replace(decision, carriers=(*decision.carriers, *found))
+    return _removing(decision, found, sender)
+
+
+def _removing(decision: Decision, found: tuple[Path, ...], sender: Caller) -> Strip:
+    """An Allow or Honor ``decision`` (its parameters untouched) that removes ``found``."""
     if isinstance(decision, Honor):
-        return Strip(
-            keys=(),
-            reason=decision.reason,
-            id_count=decision.id_count,
-            honored=True,
-            carriers=found,
-        )
+        count = decision.id_count
+        return Strip(keys=(), reason=decision.reason, id_count=count, honored=True, carriers=found)
     reason = sender.reason if decision is NO_PARAMS else decision.reason
     return Strip(keys=(), reason=reason, id_count=decision.id_count, carriers=found)
 
@@ -284,16 +284,7 @@ def _strict(
         inner = tuple(path for path in found if path != (KV_KEY,))
         carriers = _outermost((*decision.carriers, *inner))
         return dataclasses.replace(decision, keys=keys, carriers=carriers)
-    if isinstance(decision, Honor):
-        return Strip(
-            keys=(),
-            reason=decision.reason,
-            id_count=decision.id_count,
-            honored=True,
-            carriers=found,
-        )
-    reason = sender.reason if decision is NO_PARAMS else decision.reason
-    return Strip(keys=(), reason=reason, id_count=decision.id_count, carriers=found)
+    return _removing(decision, found, sender)
 
 
 def _outermost(paths: tuple[Path, ...]) -> tuple[Path, ...]:
