@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
 MIB = 1024 * 1024
 BODY_ORDER = {"2k": 0, "64k": 1, "1m": 2}
-DECISION_ORDER = {"allow": 0, "strip": 1, "deny": 2, "honor": 3, "honor-proven": 4}
+DECISION_ORDER = {"allow": 0, "strip": 1, "deny": 2, "honor": 3, "honor-proven": 4, "strict": 5}
 LABEL = {"2k": "2 KiB", "64k": "64 KiB", "1m": "1 MiB"}
 
 Key = tuple[str, str, int]  # one cell of the matrix: body, decision, concurrency
