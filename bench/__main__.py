@@ -42,12 +42,12 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--cells",
         choices=("matrix", "targets"),
-        help="matrix: every size x decision x concurrency (the default; --smoke: 6 cells); "
+        help="matrix: every size x decision x concurrency (the default; --smoke: 7 cells); "
         "targets: only the cells the targets judge, without the naive arrangement",
     )
     sizes, decisions = tuple(bodies.SIZES), bodies.DECISIONS
     parser.add_argument("--bodies", type=_list(str, sizes), help="e.g. 2k,64k,1m")
-    parser.add_argument("--decisions", type=_list(str, decisions), help="e.g. honor,honor-proven")
+    parser.add_argument("--decisions", type=_list(str, decisions), help="e.g. allow,strict")
     parser.add_argument("--concurrency", type=_list(int), help="e.g. 1,8,32")
     parser.add_argument(
         "--workers", type=_list(int), default=run.WORKERS, help="service worker counts"

@@ -18,6 +18,10 @@ would (at 1 MiB the routes' max_ids, 128k):
   the gateway mints on the prefill leg (bench/proofs.py): the proof verified (MAC over
   the parameters, the prompt digest), spent in the record of spent proofs, the ids
   validated, the body forwarded unchanged (its proof included).
+- ``strict``: the ``allow`` bytes on ``/strict/v1/``, a copy of the aggregated route
+  whose policy names an engine (``strict_body``): the body is parsed whatever it holds
+  (no byte scan lets it through unparsed) and its members are checked against what the
+  engine declares for the endpoint; all are declared, so it is forwarded unchanged.
 
 A proof is honored once, so ``data`` of both holds a placeholder proof (``proof_at``)
 and every request carries another (bench/load.py): the two cells' clients do the same
@@ -36,11 +40,15 @@ from typing import Any
 from bench import proofs
 
 SIZES = {"2k": 2 * 1024, "64k": 64 * 1024, "1m": 1024 * 1024}
-DECISIONS = ("allow", "strip", "deny", "honor", "honor-proven")
+DECISIONS = ("allow", "strip", "deny", "honor", "honor-proven", "strict")
 AGGREGATED = "/v1/chat/completions"
 DISAGGREGATED = "/pd/v1/chat/completions"
 ANY_CALLER_ROUTE = "/pd-any/v1/"  # bench/stack.py adds the route
 ANY_CALLER = ANY_CALLER_ROUTE + "chat/completions"
+STRICT_ROUTE = "/strict/v1/"  # bench/stack.py adds the route
+STRICT = STRICT_ROUTE + "chat/completions"
+# The engine and release whose request models a strict route forwards (docs/trust.md).
+STRICT_ENGINE = "vllm 0.32.0"
 # Ids carried at each size: a decode request at 1 MiB carries the route's max_ids.
 ID_COUNTS = {"2k": 200, "64k": 8000, "1m": 131072}
 VOCAB = 128256
@@ -52,6 +60,7 @@ REASONS = {
     "deny": "ids_malformed",
     "honor": "trusted_any_caller",
     "honor-proven": "trusted_proof",
+    "strict": "no_transfer_params",
 }
 
 
@@ -164,8 +173,10 @@ def build(size: str, decision: str) -> Body:
     rng = random.Random(f"{SEED}-{size}")  # noqa: S311 - reproducible data, not secrets
     count = ID_COUNTS[size]
     ids: list[Any] = [rng.randrange(VOCAB) for _ in range(count)]
-    if decision == "allow":
-        return Body(size, decision, AGGREGATED, _exact(None, SIZES[size]), 0)
+    if decision in ("allow", "strict"):
+        # The same bytes on either route: the cells differ only in the route's strict_body.
+        path = AGGREGATED if decision == "allow" else STRICT
+        return Body(size, decision, path, _exact(None, SIZES[size]), 0)
     if decision == "strip":
         return Body(size, decision, AGGREGATED, _exact(ids, SIZES[size]), count)
     if decision in ("honor", "honor-proven"):

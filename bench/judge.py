@@ -16,7 +16,8 @@ of the default's figure to the floor's:
 
 A target whose cells were not all measured in the run is "not measured" unless a
 measured one missed. The cost of verifying proofs (``honor-proven`` minus ``honor``) is
-bench/verification.py.
+bench/verification.py; the cost of a ``strict_body`` route (``strict`` against
+``allow``), informational, no target reading it, is bench/strictness.py.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
-from bench import verification
+from bench import strictness, verification
 from bench.results_model import (
     DECISION_ORDER,
     LABEL,
@@ -58,6 +59,7 @@ def judge(results: Results) -> Results:
         slopes=slopes(enriched),
         verification=verification.rows(enriched),
         records=verification.record_rows(enriched),
+        strict=strictness.rows(enriched, FLOOR),
     )
     return replace(enriched, derived=derived)
 

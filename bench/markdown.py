@@ -21,6 +21,7 @@ def render(results: Results) -> str:
         *_targets_md(results),
         *_proof_md(results),
         *_records_md(results),
+        *_strict_md(results),
         *_slopes_md(results),
         *_cells_md(results),
     ]
@@ -68,7 +69,10 @@ def _introduction(results: Results) -> list[str]:
         "proof unchecked); `honor-proven` = the same bytes on `/pd/v1/` (the gateway's proof "
         "verified, spent in the record of spent proofs, the ids validated, forwarded "
         "unchanged); both with a different proof in every request (a pool minted for the "
-        "cell, spliced in by wrk's script in every arrangement). "
+        "cell, spliced in by wrk's script in every arrangement); `strict` = the `allow` "
+        "bytes on `/strict/v1/` (the aggregated route with `strict_body: vllm 0.32.0`: "
+        "parsed whatever it holds, its members checked against vLLM's request model, "
+        "forwarded unchanged). "
         "Direct and naive forward every body.",
         "",
     ]
@@ -246,6 +250,43 @@ def _records_md(results: Results) -> list[str]:
             f"{_num(r.redis_added_p50_ms, 3)} | {_num(r.local_x_honor, 2, 'x')} | "
             f"{_num(r.redis_x_honor, 2, 'x')} | {_num(r.redis_x_local, 2, 'x')} | "
             f"{_num(r.redis_minus_local_p50_ms, 3)} | {cpu} |"
+        )
+    return [*lines, ""]
+
+
+def _strict_md(results: Results) -> list[str]:
+    """What a strict_body route costs; nothing unless a cell ran both ways."""
+    rows = results.judged.strict
+    if not rows:
+        return []
+    lines = [
+        "## Strict bodies",
+        "",
+        "`strict` (the `allow` bytes on `/strict/v1/`, `strict_body: vllm 0.32.0`: every "
+        "body parsed, its members checked against vLLM's request model) against `allow` "
+        "(on `/v1/`, where the byte scan lets a body without carriers through unparsed), "
+        "each figure strict over allow, of the cells' medians. Informational: no target "
+        f"reads it. The two cells ran minutes apart: `{FLOOR}`'s req/s in each (the route "
+        "changes nothing for it) shows how the machine moved between them, and "
+        "`over floor` is strict / allow of each cell's req/s over the floor's.",
+        "",
+        "| body | c | arrangement | req/s allow / strict | strict / allow | "
+        "p50 allow / strict ms | strict / allow | +p50 allow / strict ms | "
+        "processor CPU allow / strict ms/req | strict / allow | floor req/s allow / strict | "
+        "req/s strict / allow over floor |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        mark = "" if r.ok else " !"
+        lines.append(
+            f"| {r.body_bytes:,} B | {r.concurrency} | {r.arrangement}{mark} | "
+            f"{r.allow_rps:.0f} / {r.strict_rps:.0f} | {_num(r.rps_ratio, 2, 'x')} | "
+            f"{r.allow_p50_ms:.3f} / {r.strict_p50_ms:.3f} | {_num(r.p50_ratio, 2, 'x')} | "
+            f"{_num(r.allow_added_p50_ms, 3)} / {_num(r.strict_added_p50_ms, 3)} | "
+            f"{_num(r.allow_cpu_ms_per_req, 3)} / {_num(r.strict_cpu_ms_per_req, 3)} | "
+            f"{_num(r.cpu_ratio, 2, 'x')} | "
+            f"{_num(r.floor_allow_rps, 0)} / {_num(r.floor_strict_rps, 0)} | "
+            f"{_num(r.rps_ratio_over_floor, 2, 'x')} |"
         )
     return [*lines, ""]
 

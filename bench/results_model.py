@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
 MIB = 1024 * 1024
 BODY_ORDER = {"2k": 0, "64k": 1, "1m": 2}
-DECISION_ORDER = {"allow": 0, "strip": 1, "deny": 2, "honor": 3, "honor-proven": 4}
+DECISION_ORDER = {"allow": 0, "strip": 1, "deny": 2, "honor": 3, "honor-proven": 4, "strict": 5}
 LABEL = {"2k": "2 KiB", "64k": "64 KiB", "1m": "1 MiB"}
 
 Key = tuple[str, str, int]  # one cell of the matrix: body, decision, concurrency
@@ -401,6 +401,35 @@ class RecordCost:
 
 
 @dataclass(frozen=True)
+class StrictCost:
+    """``strict`` against ``allow`` (the same bytes on a ``strict_body`` route) for one
+    service arrangement, body size and concurrency; the ratios are strict over allow,
+    of the cells' medians (None without a denominator). The floor's requests/s in both
+    cells show how the machine moved between them: the route changes nothing for it."""
+
+    arrangement: str
+    body: str
+    body_bytes: int
+    concurrency: int
+    allow_rps: float
+    strict_rps: float
+    rps_ratio: float | None
+    allow_p50_ms: float
+    strict_p50_ms: float
+    p50_ratio: float | None
+    allow_added_p50_ms: float | None  # over Envoy direct in the same cell
+    strict_added_p50_ms: float | None
+    allow_cpu_ms_per_req: float | None  # the processor's
+    strict_cpu_ms_per_req: float | None
+    cpu_ratio: float | None
+    floor_allow_rps: float | None  # None: the floor was not measured
+    floor_strict_rps: float | None
+    # rps_ratio with each cell's req/s over the floor's in that cell first.
+    rps_ratio_over_floor: float | None
+    ok: bool
+
+
+@dataclass(frozen=True)
 class Derived:
     """What bench/judge.py derives from the measurements."""
 
@@ -409,16 +438,19 @@ class Derived:
     slopes: tuple[Slope, ...]
     verification: tuple[ProofCost, ...]
     records: tuple[RecordCost, ...] | None  # None: results from before record rows
+    strict: tuple[StrictCost, ...] | None = None  # None: results from before strict rows
 
     @classmethod
     def from_json(cls, f: _Fields) -> Derived:
         records = f.optional("records")
+        strict = f.optional("strict")
         return cls(
             tuple(_read(TargetRow, r) for r in f.take("targets")),
             tuple(_read(TargetSummary, r) for r in f.take("target_summary")),
             tuple(_read(Slope, r) for r in f.take("slopes")),
             tuple(_read(ProofCost, r, _PROOF_COST_OPTIONAL) for r in f.take("verification")),
             None if records is None else tuple(_read(RecordCost, r) for r in records),
+            None if strict is None else tuple(_read(StrictCost, r) for r in strict),
         )
 
     def to_json(self) -> Json:
@@ -430,6 +462,8 @@ class Derived:
         }
         if self.records is not None:
             out["records"] = [_write(r) for r in self.records]
+        if self.strict is not None:
+            out["strict"] = [_write(r) for r in self.strict]
         return out
 
 

@@ -23,6 +23,7 @@ SMOKE_CELLS = (
     ("2k", "allow", 1),
     ("2k", "strip", 1),
     ("2k", "deny", 1),
+    ("2k", "strict", 1),
     ("2k", "allow", 32),
     ("1m", "honor", 1),
     ("1m", "honor-proven", 1),

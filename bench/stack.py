@@ -16,7 +16,8 @@ one nginx:
 Every config also has ``/pd-any/v1/``: the shipped decode route trusting any caller's
 ids (``trust_any_caller``), for the unproven honor and deny bodies; the service verifies
 the proven bodies of ``/pd/v1/`` with the benchmark's key (bench/proofs.py) and spends
-each proof in its record.
+each proof in its record. And ``/strict/v1/``: the shipped aggregated route forwarding
+only what vLLM declares (``strict_body``), for the strict bodies.
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ REPO = Path(__file__).resolve().parents[1]
 LOCAL = "127.0.0.1"
 POLICY = "ext_proc.token_policy"
 DECODE_ROUTE = "disaggregated"  # the shipped /pd/v1/ route (honor)
+AGGREGATED_ROUTE = "aggregated"  # the shipped /v1/ route (allow, strip)
 UPSTREAM_REPLY = b'{"id":"bench","object":"chat.completion","choices":[]}'
 # The shipped default (one gRPC message per request) and the two-message variant.
 DEFAULT_CONFIG = "envoy.yaml"
@@ -313,6 +315,7 @@ class BenchStack:
             source=envoy_config.SHIPPED.parent / arrangement.config,
         )
         _add_any_caller_route(config)
+        _add_strict_route(config)
         if arrangement.kind == "direct":
             _remove_ext_proc(config)
         path = envoy_config.write(config, self.workdir / f"{arrangement.name}-envoy.yaml")
@@ -350,19 +353,46 @@ def _hcm(config: dict[str, Any]) -> dict[str, Any]:
     return hcm
 
 
-def _add_any_caller_route(config: dict[str, Any]) -> None:
-    """``/pd-any/v1/``: a copy of the shipped decode route that honors any caller's ids
-    (the unproven honor), placed just before it."""
+def _add_route_copy(
+    config: dict[str, Any], source: str, name: str, prefix: str, **policy: object
+) -> None:
+    """A copy of the shipped route ``source`` under ``name`` and ``prefix``, with more
+    ``policy`` metadata, placed just before it."""
     (vhost,) = _hcm(config)["route_config"]["virtual_hosts"]
     routes: list[dict[str, Any]] = vhost["routes"]
-    index = next(i for i, r in enumerate(routes) if r.get("name") == DECODE_ROUTE)
+    index = next(i for i, r in enumerate(routes) if r.get("name") == source)
     extra = copy.deepcopy(routes[index])
-    extra["name"] = "disaggregated-any-caller"
-    extra["match"] = {"prefix": bodies.ANY_CALLER_ROUTE}
-    extra["metadata"]["filter_metadata"][POLICY]["trust_any_caller"] = True
+    extra["name"] = name
+    extra["match"] = {"prefix": prefix}
+    extra["metadata"]["filter_metadata"][POLICY].update(policy)
     # Its metadata states its own prefix, not the copied route's.
     envoygen.state_rewrite(extra, POLICY)
     routes.insert(index, extra)
+
+
+def _add_any_caller_route(config: dict[str, Any]) -> None:
+    """``/pd-any/v1/``: a copy of the shipped decode route that honors any caller's ids
+    (the unproven honor)."""
+    _add_route_copy(
+        config,
+        DECODE_ROUTE,
+        "disaggregated-any-caller",
+        bodies.ANY_CALLER_ROUTE,
+        trust_any_caller=True,
+    )
+
+
+def _add_strict_route(config: dict[str, Any]) -> None:
+    """``/strict/v1/``: a copy of the shipped aggregated route that forwards only the
+    members its engine declares (``strict_body``). The upstream sees the prefix as
+    sent: a strict route finds the endpoint's model behind any root path."""
+    _add_route_copy(
+        config,
+        AGGREGATED_ROUTE,
+        "aggregated-strict",
+        bodies.STRICT_ROUTE,
+        strict_body=bodies.STRICT_ENGINE,
+    )
 
 
 # What Envoy direct goes without: this project's filters (the header step, ext_proc

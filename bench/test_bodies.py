@@ -7,6 +7,7 @@ import json
 import pytest
 
 from bench import bodies
+from ext_proc.core import declared
 
 
 @pytest.mark.parametrize("size", sorted(bodies.SIZES))
@@ -35,3 +36,17 @@ def test_honor_and_honor_proven_send_the_same_bytes_to_two_routes(size: str) -> 
     assert (honor.path, proven.path) == (bodies.ANY_CALLER, bodies.DISAGGREGATED)
     params = json.loads(honor.data)["kv_transfer_params"]
     assert len(params["prompt_token_ids"]) == bodies.ID_COUNTS[size]
+
+
+@pytest.mark.parametrize("size", sorted(bodies.SIZES))
+def test_strict_sends_the_allow_bytes_every_member_declared(size: str) -> None:
+    allow, strict = bodies.build(size, "allow"), bodies.build(size, "strict")
+    assert strict.data == allow.data
+    assert (allow.path, strict.path) == (bodies.AGGREGATED, bodies.STRICT)
+    assert strict.path.startswith(bodies.STRICT_ROUTE)
+    # The route's engine declares every member: the body is checked, then forwarded
+    # unchanged, for the reason allow has.
+    declared_body = declared.body(bodies.STRICT_ENGINE, strict.path)
+    assert declared_body is not None
+    assert declared.undeclared(json.loads(strict.data), declared_body, 65) == ()
+    assert strict.expected_reason == allow.expected_reason

@@ -218,3 +218,19 @@ def test_honor_proven_is_informational_and_only_when_measured() -> None:
     rows, status = _judge(results)
     assert status == ALL_MET
     assert not any(r.informational for r in rows)
+
+
+def test_strict_cells_count_for_no_target() -> None:
+    """The cost of a strict_body route is informational (bench/strictness.py): no
+    target reads it, and `--cells targets` does not measure it."""
+    assert not any(decision == "strict" for _, decision, _ in judge.TARGET_CELLS)
+    results = _results()
+    results["cells"] += [
+        synthetic.record(body, "strict", c, name, **synthetic.FIGURES[synthetic.OTHER])
+        for body, decision, c in judge.TARGET_CELLS
+        if decision == "allow"
+        for name in (synthetic.DEFAULT, judge.FLOOR, "direct")
+    ]
+    rows, status = _judge(results)
+    assert status == ALL_MET  # a default far outside every limit in the strict cells
+    assert not any("strict" in r.cell for r in rows)

@@ -18,6 +18,7 @@ def test_the_committed_run_is_written_again_as_committed(tmp_path: Path) -> None
     written = json.loads((tmp_path / "results.json").read_text())
     committed = json.loads((RESULTS / "results.json").read_text())
     # The same derivation from the same measurements. Judging always writes the record
-    # rows, which the committed run has no key for (none here: it measured no Redis).
-    assert written == {**committed, "records": []}
+    # and strict rows, which a committed run from before them has no key for (none
+    # here: it measured no Redis and no strict cell).
+    assert written == {"records": [], "strict": [], **committed}
     assert (tmp_path / "results.md").read_text() == markdown.render(judge.judge(results))

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from bench import results_model
+from bench import bodies, results_model
 from bench.results_model import ABSENT
 
 COMMITTED = Path(__file__).resolve().parent / "results" / "results.json"
@@ -89,3 +89,7 @@ def test_a_missing_key_is_refused() -> None:
     del raw["cells"][0]["p99_ms"]
     with pytest.raises(ValueError, match="p99_ms"):
         results_model.from_json(raw)
+
+
+def test_every_decision_has_a_place_in_the_matrix() -> None:
+    assert tuple(results_model.DECISION_ORDER) == bodies.DECISIONS

@@ -64,7 +64,12 @@ def test_smoke_run_reports_every_arrangement(tmp_path: Path) -> None:
     markdown = (out / "results.md").read_text()
     for name in names:
         assert f"| {name} |" in markdown
-    headings = ("## Targets", "## Proof verification", "## Added p50 latency per MiB of body")
+    headings = (
+        "## Targets",
+        "## Proof verification",
+        "## Strict bodies",
+        "## Added p50 latency per MiB of body",
+    )
     for heading in (*headings, "## All cells"):
         assert heading in markdown
 

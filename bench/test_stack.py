@@ -1,27 +1,39 @@
-"""The benchmark's extra route (no process): a copy of the shipped decode route under
-another prefix states its own rewrite, as the processor needs."""
+"""The benchmark's extra routes (no process): copies of shipped routes under another
+prefix state their own rewrite, as the processor needs, and pass check-envoy."""
 
 from __future__ import annotations
+
+from typing import Any
 
 from bench import bodies, stack
 from devstack import envoy_config
 from ext_proc.core.address import HostPort
 from ext_proc.tools.check_envoy import check
+from ext_proc.tools.envoygen.inputs import read_metadata
 
 ANYWHERE = HostPort("127.0.0.1", 1)
 
 
-def test_the_any_caller_route_states_its_own_prefix() -> None:
-    config = envoy_config.render(
+def _rendered() -> dict[str, Any]:
+    return envoy_config.render(
         gateway=ANYWHERE,
         admin=ANYWHERE,
         processor=ANYWHERE,
         aggregated=ANYWHERE,
         disaggregated=ANYWHERE,
     )
-    stack._add_any_caller_route(config)
+
+
+def _route(config: dict[str, Any], name: str) -> dict[str, Any]:
     (vhost,) = stack._hcm(config)["route_config"]["virtual_hosts"]
-    (extra,) = [r for r in vhost["routes"] if r["name"] == "disaggregated-any-caller"]
+    (route,) = [r for r in vhost["routes"] if r["name"] == name]
+    return dict(route)
+
+
+def test_the_any_caller_route_states_its_own_prefix() -> None:
+    config = _rendered()
+    stack._add_any_caller_route(config)
+    extra = _route(config, "disaggregated-any-caller")
     fields = extra["metadata"]["filter_metadata"][stack.POLICY]
     assert fields["trust_any_caller"] is True
     assert (fields["match_prefix"], fields["prefix_rewrite"]) == (bodies.ANY_CALLER_ROUTE, "/v1/")
@@ -30,3 +42,28 @@ def test_the_any_caller_route_states_its_own_prefix() -> None:
     # trust_any_caller is reported as the warning it is; nothing else.
     assert report.errors == []
     assert [w for w in report.warnings if "trust_any_caller" not in w] == []
+
+
+def test_the_strict_route_is_the_aggregated_route_naming_an_engine() -> None:
+    config = _rendered()
+    shipped = _route(config, stack.AGGREGATED_ROUTE)
+    stack._add_strict_route(config)
+    strict = _route(config, "aggregated-strict")
+    fields = strict["metadata"]["filter_metadata"][stack.POLICY]
+    shipped_fields = shipped["metadata"]["filter_metadata"][stack.POLICY]
+    # What the aggregated route states, and the engine; no rewrite, as the route has none.
+    assert fields == {**shipped_fields, "strict_body": bodies.STRICT_ENGINE}
+    assert "prefix_rewrite" not in strict["route"]
+    assert strict["match"] == {"prefix": bodies.STRICT_ROUTE}
+    assert {k: v for k, v in strict.items() if k not in ("name", "match", "metadata")} == {
+        k: v for k, v in shipped.items() if k not in ("name", "match", "metadata")
+    }
+    # The policy it carries is one the processor reads, the engine one it knows.
+    assert read_metadata(fields).strict_body == bodies.STRICT_ENGINE
+    (vhost,) = stack._hcm(config)["route_config"]["virtual_hosts"]
+    names = [r["name"] for r in vhost["routes"]]
+    assert names.index("aggregated-strict") < names.index(stack.AGGREGATED_ROUTE)
+    # check-envoy also refuses an ext_proc filter that does not request every policy
+    # field as a CEL attribute (strict_body among them): none is missing.
+    report = check(config)
+    assert (report.errors, report.warnings) == ([], [])
