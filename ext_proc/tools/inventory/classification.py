@@ -186,6 +186,12 @@ _BODY_CARRIERS: Final = {
     "content_hash": Entry(Class.CACHE_KEY, "SGLang: an image's hash, trusted by its cache"),
     "mm_hashes": Entry(Class.CACHE_KEY, "SGLang and vLLM token-in: multimodal hashes"),
     "mm_content_hashes": Entry(Class.CACHE_KEY, "SGLang: multimodal content hashes"),
+    "metadata_upload": Entry(
+        Class.PEER, "NVIDIA Dynamo (`nvext`): where the frontend uploads request metadata"
+    ),
+    "routing_constraints": Entry(
+        Class.PEER, "NVIDIA Dynamo (`nvext`): the workers a request may run on"
+    ),
     "custom_logit_processor": Entry(
         Class.CODE,
         "SGLang (`--enable-custom-logit-processor`): a serialized callable the server runs",
@@ -369,6 +375,10 @@ FIELDS: Final[Mapping[str, Entry]] = {
 # Members the sources read out of an untyped member (a dict the model declares as any
 # JSON), by their full path ("*": every item of a list): the inventory cannot see them.
 READS: Final[Mapping[str, str]] = {
+    "nvext.metadata_upload": "NVIDIA Dynamo (main at 2a6da14c, after the stacks "
+    "snapshot): `{url}`, an address the frontend uploads request metadata to",
+    "nvext.routing_constraints": "NVIDIA Dynamo (main at 2a6da14c): taints that choose "
+    "the workers a request may run on",
     "prompt_token_ids": "vLLM's coming chat field (vllm #55771, open): ids beside `messages`, "
     "templating skipped; AIBrix writes it for TensorRT-LLM backends",
     "prompt_features": "read beside `prompt_token_ids` (vllm #55771)",
