@@ -189,24 +189,21 @@ def _decide_carriers(
     decision = _decide_params(policy, document, evidence, sender)
     if isinstance(decision, Deny):
         return decision
-    if carriers is None and not sender.trusted and Accept.EMBEDDINGS not in policy.accept:
-        embedded = embeddings(document)
-        if embedded is None:
-            return Deny(_too_complex(), decision.id_count)
-        if embedded:
-            param = ".".join(map(str, embedded[0]))
-            return Deny(
-                bad_request(
-                    f"{param} carries prompt embeddings, which this route does not accept "
-                    "from this caller",
-                    reason=Reason.EMBEDDINGS_REFUSED,
-                    param=param,
-                ),
-                decision.id_count,
-            )
     found = other_carriers(document, MAX_CARRIERS + 1) if carriers is None else carriers
     if found is None:
         return Deny(_too_complex(), decision.id_count)
+    if not sender.trusted and len(found) > MAX_CARRIERS:
+        return Deny(
+            bad_request(
+                f"request carries more than {MAX_CARRIERS} members of transfer parameters",
+                reason=Reason.CARRIERS_TOO_MANY,
+            ),
+            decision.id_count,
+        )
+    if carriers is None and not sender.trusted and Accept.EMBEDDINGS not in policy.accept:
+        refused = _embedded(document)
+        if refused is not None:
+            return Deny(refused, decision.id_count)
     if not found:
         return decision
     # Only the top-level kv_transfer_params can be proven; every other carrier is
@@ -219,14 +216,6 @@ def _decide_carriers(
             return Deny(_too_complex(), decision.id_count)
         refused = _carried_out_of_bounds(document, every)
         return decision if refused is None else Deny(refused, decision.id_count)
-    if len(found) > MAX_CARRIERS:
-        return Deny(
-            bad_request(
-                f"request carries more than {MAX_CARRIERS} members of transfer parameters",
-                reason=Reason.CARRIERS_TOO_MANY,
-            ),
-            decision.id_count,
-        )
     if policy.untrusted_denied:
         param = ".".join(map(str, found[0]))
         return Deny(
@@ -238,6 +227,21 @@ def _decide_carriers(
     if isinstance(decision, Strip):
         return dataclasses.replace(decision, carriers=(*decision.carriers, *found))
     return _removing(decision, found, sender)
+
+
+def _embedded(document: Document) -> Refusal | None:
+    """The refusal of the first prompt embeddings ``document`` holds, if any."""
+    embedded = embeddings(document)
+    if embedded is None:
+        return _too_complex()
+    if not embedded:
+        return None
+    param = ".".join(map(str, embedded[0]))
+    return bad_request(
+        f"{param} carries prompt embeddings, which this route does not accept from this caller",
+        reason=Reason.EMBEDDINGS_REFUSED,
+        param=param,
+    )
 
 
 def _removing(decision: Decision, found: tuple[Path, ...], sender: Caller) -> Strip:
