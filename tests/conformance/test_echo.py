@@ -70,12 +70,13 @@ def test_a_mint_route_signs_no_echo_and_the_decode_leg_renders(gateway, vllm, en
     # vLLM's derender: the processor itself must refuse to sign what comes back.
     path, body = DERENDER[endpoint]
     reply, rid = send(gateway, UNGUARDED_MINT + path, body)
-    assert reply.status_code == 200, reply.text
-    echoed = reply.json()["kv_transfer_params"]
-    # The client's nested parameters were removed before vLLM read them, and nothing
-    # was signed.
-    assert echoed is None or "token_policy_proof" not in echoed
-    assert echoed is None, echoed
+    # The client's nested parameters and its responses' token ids (token carriers) were
+    # removed before vLLM read them: derender has nothing to render, and nothing is
+    # signed.
+    assert reply.status_code == 400, reply.text
+    assert "token_ids" in reply.json()["error"]["message"]
+    assert "token_policy_proof" not in reply.text
+    echoed = None
     assert access_log(gateway, rid)["policy_response_reason"] == "endpoint_not_mintable"
     # Whatever came back buys nothing on the decode leg.
     plain = prompt_count(post(vllm, CHAT, chat_body()))
