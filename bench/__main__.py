@@ -1,4 +1,4 @@
-"""``python -m bench [--smoke] [--cells targets] [--out DIR]`` and ``python -m bench profile``."""
+"""``python -m bench [--smoke] [--cells matrix|targets|ledger] [--out DIR]``, ``... profile``."""
 
 from __future__ import annotations
 
@@ -41,9 +41,10 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--cells",
-        choices=("matrix", "targets"),
+        choices=("matrix", "targets", "ledger"),
         help="matrix: every size x decision x concurrency (the default; --smoke: 7 cells); "
-        "targets: only the cells the targets judge, without the naive arrangement",
+        "targets: only the cells the targets judge, without the naive arrangement; "
+        "ledger: the cost ledger, the service's pieces added one at a time (bench/ledger.py)",
     )
     sizes, decisions = tuple(bodies.SIZES), bodies.DECISIONS
     parser.add_argument("--bodies", type=_list(str, sizes), help="e.g. 2k,64k,1m")
@@ -87,10 +88,13 @@ def _scenario(text: str) -> tuple[str, str, int]:
 
 def _plan(args: argparse.Namespace) -> run.Plan:
     subset = args.bodies or args.decisions or args.concurrency
-    if args.cells == "targets":
+    if args.cells in ("targets", "ledger"):
         if subset:
-            raise SystemExit("--cells targets takes no --bodies, --decisions or --concurrency")
-        selection, cells = "targets", run.target_cells()
+            raise SystemExit(
+                f"--cells {args.cells} takes no --bodies, --decisions or --concurrency"
+            )
+        selection = args.cells
+        cells = run.target_cells() if selection == "targets" else run.ledger_cells()
     elif args.smoke and not subset and args.cells is None:
         selection, cells = "smoke", run.smoke_cells()
     else:

@@ -27,7 +27,7 @@ from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
-from bench import strictness, verification
+from bench import ladder, strictness, verification
 from bench.results_model import (
     DECISION_ORDER,
     LABEL,
@@ -60,6 +60,7 @@ def judge(results: Results) -> Results:
         verification=verification.rows(enriched),
         records=verification.record_rows(enriched),
         strict=strictness.rows(enriched, FLOOR),
+        ledger=ladder.rows(enriched, FLOOR),
     )
     return replace(enriched, derived=derived)
 

@@ -19,6 +19,7 @@ def render(results: Results) -> str:
         *_introduction(results),
         *_notes(results),
         *_targets_md(results),
+        *_ledger_md(results),
         *_proof_md(results),
         *_records_md(results),
         *_strict_md(results),
@@ -42,7 +43,9 @@ def _packages(meta: Meta) -> str:
 
 def _introduction(results: Results) -> list[str]:
     meta = results.meta
-    only = ", the targets' cells" if meta.cells == "targets" else ""
+    only = {"targets": ", the targets' cells", "ledger": ", the cost ledger"}.get(
+        meta.cells or "", ""
+    )
     return [
         f"# ext_proc benchmark ({meta.mode}{only})",
         "",
@@ -96,7 +99,12 @@ def _arrangement_notes(results: Results) -> list[str]:
         "(headers, then body: two gRPC messages per request);",
         "service-wN-redis": "`service-wN-redis`: `service-wN` keeping its spent proofs in a "
         "`redis-server` on loopback (`proof.record: redis://...`) instead of its own table;",
+        "ledger": "`direct-*`, `naive-1msg-ext_proc` and `ledger-*`: the cost ledger's rungs "
+        "(`bench/ledger.py`, `bench/stack.py`), each adding one piece to the rung before "
+        "it; the section Cost ledger lists them;",
     }
+    if any(a.kind == "ledger" for a in results.arrangements):
+        names.append("ledger")
     if any(re.fullmatch(r"service-w\d+", name) for name in names):
         names.append("service-wN")
     if any(re.fullmatch(r"service-w\d+-redis", name) for name in names):
@@ -178,6 +186,58 @@ def _targets_md(results: Results) -> list[str]:
             f"{_num(row.value, 2, 'x')} | {row.threshold} | {row.detail} | {status} |"
         )
     return [*lines, ""]
+
+
+def _ledger_md(results: Results) -> list[str]:
+    """The cost ledger: every rung of both ladders per cell; nothing without one."""
+    rows = results.judged.ledger
+    if not rows:
+        return []
+    floor = next((r for r in rows if r.arrangement == FLOOR), None)
+    lines = [
+        "## Cost ledger",
+        "",
+        "Each rung adds one piece to the rung before it on its ladder, all measured side "
+        "by side in each round (`python -m bench --cells ledger`, `bench/ledger.py`). "
+        "Envoy's ladder runs from Envoy direct without its 404 routes and access log to "
+        f"the floor `{FLOOR}`; the processor's from the floor to the shipped default. "
+        "`+` columns: the rung's CPU per request minus the rung before's (medians over the "
+        "rounds, so a piece's figure carries the noise of two; a negative one is within "
+        "it). `x floor`: the rung's figure over the floor's in the cell. Rungs below "
+        "`ledger-encode` answer every body with an empty continue (a strip is forwarded "
+        f"unchanged there). CPU: {_machine(results.meta)}"
+        + (
+            ""
+            if floor is None
+            else f"; the floor's Envoy CPU per request in the first cell "
+            f"{_num(floor.envoy_cpu_ms_per_req, 3)} ms and its processor's "
+            f"{_num(floor.processor_cpu_ms_per_req, 3)} ms"
+        )
+        + ".",
+        "",
+    ]
+    cells = sorted({(r.body_bytes, r.decision, r.concurrency) for r in rows})
+    for size, decision, concurrency in cells:
+        lines += [
+            f"### {size:,} B {decision}, c={concurrency}",
+            "",
+            "| ladder | rung | adds | req/s | x floor | processor CPU ms/req | + ms | x floor "
+            "| Envoy CPU ms/req | + ms | x floor |",
+            "|---|---|---|---|---|---|---|---|---|---|---|",
+        ]
+        for r in rows:
+            if (r.body_bytes, r.decision, r.concurrency) != (size, decision, concurrency):
+                continue
+            mark = "" if r.ok else " !"
+            lines.append(
+                f"| {r.ladder} | `{r.arrangement}`{mark} | {r.adds} | {r.rps:.0f} | "
+                f"{_num(r.rps_x_floor, 2, 'x')} | {_num(r.processor_cpu_ms_per_req, 3)} | "
+                f"{_num(r.processor_added_ms, 3)} | {_num(r.processor_x_floor, 2, 'x')} | "
+                f"{_num(r.envoy_cpu_ms_per_req, 3)} | {_num(r.envoy_added_ms, 3)} | "
+                f"{_num(r.envoy_x_floor, 2, 'x')} |"
+            )
+        lines.append("")
+    return lines
 
 
 def _over_direct(row: ProofCost) -> str:

@@ -261,7 +261,7 @@ def by_cell(records: Iterable[Record]) -> dict[Key, dict[str, Record]]:
 @dataclass(frozen=True)
 class Arrangement:
     name: str
-    kind: str  # direct, naive or service
+    kind: str  # direct, naive, service or ledger
     workers: int | None
     default: bool  # the shipped default: the one arrangement the targets judge
 
@@ -430,6 +430,30 @@ class StrictCost:
 
 
 @dataclass(frozen=True)
+class LedgerRow:
+    """One rung of the cost ledger in one cell (bench/ladder.py): its figures, what it
+    adds over the rung before it on its ladder (None on the first) and its figures over
+    the floor's in the cell (None without the floor or a denominator)."""
+
+    ladder: str  # envoy or processor
+    arrangement: str
+    adds: str
+    body: str
+    body_bytes: int
+    decision: str
+    concurrency: int
+    rps: float
+    processor_cpu_ms_per_req: float | None
+    envoy_cpu_ms_per_req: float | None
+    processor_added_ms: float | None
+    envoy_added_ms: float | None
+    rps_x_floor: float | None
+    processor_x_floor: float | None
+    envoy_x_floor: float | None
+    ok: bool
+
+
+@dataclass(frozen=True)
 class Derived:
     """What bench/judge.py derives from the measurements."""
 
@@ -439,11 +463,13 @@ class Derived:
     verification: tuple[ProofCost, ...]
     records: tuple[RecordCost, ...] | None  # None: results from before record rows
     strict: tuple[StrictCost, ...] | None = None  # None: results from before strict rows
+    ledger: tuple[LedgerRow, ...] | None = None  # None: results from before the ledger
 
     @classmethod
     def from_json(cls, f: _Fields) -> Derived:
         records = f.optional("records")
         strict = f.optional("strict")
+        ledger = f.optional("ledger")
         return cls(
             tuple(_read(TargetRow, r) for r in f.take("targets")),
             tuple(_read(TargetSummary, r) for r in f.take("target_summary")),
@@ -451,6 +477,7 @@ class Derived:
             tuple(_read(ProofCost, r, _PROOF_COST_OPTIONAL) for r in f.take("verification")),
             None if records is None else tuple(_read(RecordCost, r) for r in records),
             None if strict is None else tuple(_read(StrictCost, r) for r in strict),
+            None if ledger is None else tuple(_read(LedgerRow, r) for r in ledger),
         )
 
     def to_json(self) -> Json:
@@ -464,6 +491,8 @@ class Derived:
             out["records"] = [_write(r) for r in self.records]
         if self.strict is not None:
             out["strict"] = [_write(r) for r in self.strict]
+        if self.ledger is not None:
+            out["ledger"] = [_write(r) for r in self.ledger]
         return out
 
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench import bodies, cpu, judge, load, proofs, report, results_model, stack, tools
+from bench import bodies, cpu, judge, ledger, load, proofs, report, results_model, stack, tools
 from devstack import processes
 
 SMOKE_CELLS = (
@@ -28,6 +28,9 @@ SMOKE_CELLS = (
     ("1m", "honor", 1),
     ("1m", "honor-proven", 1),
 )
+# The cost ledger's cells: the fixed cost of a small request, alone and under load, and
+# what a rewrite adds under load.
+LEDGER_CELLS = (("2k", "allow", 1), ("2k", "allow", 32), ("2k", "strip", 32))
 CONCURRENCY = (1, 8, 32)
 WORKERS = (1, 2)
 RECORDS = ("local", "redis")
@@ -55,9 +58,9 @@ class Plan:
     # Each cell is measured in rounds, every arrangement once per round, and reported by
     # its medians: a drift of the shared machine then moves every arrangement alike.
     rounds: int = 1
-    # Which cells: "matrix" (a product of sizes, decisions, concurrencies), "smoke" or
+    # Which cells: "matrix" (a product of sizes, decisions, concurrencies), "smoke",
     # "targets" (what bench/judge.py judges; the `naive` arrangement is then skipped,
-    # no target reads it).
+    # no target reads it) or "ledger" (the cost ledger's cells and rungs).
     selection: str = "matrix"
     # The service's records of spent proofs measured: "local" (service-wN, its own
     # table) and/or "redis" (service-wN-redis).
@@ -65,7 +68,7 @@ class Plan:
 
     @property
     def naive(self) -> bool:
-        return self.selection != "targets"
+        return self.selection not in ("targets", "ledger")
 
 
 @dataclass(frozen=True)
@@ -137,6 +140,23 @@ def smoke_cells() -> tuple[Cell, ...]:
 
 def target_cells() -> tuple[Cell, ...]:
     return tuple(Cell(*c) for c in judge.TARGET_CELLS)
+
+
+def ledger_cells() -> tuple[Cell, ...]:
+    return tuple(Cell(*c) for c in LEDGER_CELLS)
+
+
+def ledger_arrangements() -> list[stack.Arrangement]:
+    """The cost ledger's rungs (bench/ledger.py): Envoy's, from Envoy direct without
+    the routes and the log to the floor, then the processor's, from the floor to the
+    shipped default."""
+    envoy = [stack.Arrangement("direct", rung=r) for r in stack.ENVOY_RUNGS[:2]]
+    envoy.append(stack.Arrangement("direct"))
+    envoy.append(stack.Arrangement("direct", rung="header_step"))
+    envoy.append(stack.Arrangement("naive", rung="ext_proc"))
+    envoy.append(stack.Arrangement("naive"))
+    rungs = [stack.Arrangement("ledger", rung=r) for r in ledger.RUNGS]
+    return [*envoy, *rungs, stack.Arrangement("service", 1)]
 
 
 def arrangements(
@@ -406,7 +426,11 @@ def run(plan: Plan, out: Path) -> Path:
         paths.update(tools.ensure_tools(tools.REDIS_TOOLS))
     options = tools.serve_options()
     flag = "--workers" in options
-    chosen, notes = arrangements(plan.workers, flag, naive=plan.naive, records=plan.records)
+    notes: list[str] = []
+    if plan.selection == "ledger":
+        chosen = ledger_arrangements()
+    else:
+        chosen, notes = arrangements(plan.workers, flag, naive=plan.naive, records=plan.records)
     slots = record_slots(plan)
     meta = _meta(plan, paths, flag)
     meta["record_slots"] = slots

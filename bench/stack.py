@@ -40,7 +40,7 @@ import redis
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from bench import bodies, proofs
+from bench import bodies, ledger, proofs
 from devstack import envoy_config, processes
 from ext_proc.core.address import HostPort
 from ext_proc.edge import redis_record
@@ -66,10 +66,18 @@ class Arrangement:
     # The service's record of spent proofs: "local" (its own table, the default) or
     # "redis" (proof.record: redis://..., a redis-server of the stack).
     record: str = "local"
+    # The cost ledger (bench/ledger.py): a `ledger` processor's rung (ledger.RUNGS), or
+    # for `direct` and `naive` the Envoy rung (ENVOY_RUNGS) their config stops at; ""
+    # for the kind's own (direct: "log", naive: "attributes").
+    rung: str = ""
 
     @property
     def name(self) -> str:
+        if self.kind == "ledger":
+            return f"ledger-{self.rung}"
         name = self.kind if self.workers is None else f"{self.kind}-w{self.workers}"
+        if self.rung:
+            return f"{name}-1msg-{self.rung}" if self.kind == "naive" else f"{name}-{self.rung}"
         # `naive` is the two-message naive processor and `naive-1msg` the floor; a
         # service arrangement is named for the default unless it sends two messages.
         if self.kind == "naive" and self.config == DEFAULT_CONFIG:
@@ -82,6 +90,10 @@ class Arrangement:
 
     @property
     def polices(self) -> bool:
+        """Whether it answers as the service does: a rung of the ledger from ``encode``
+        on does (the rungs before answer every body with an empty continue)."""
+        if self.kind == "ledger":
+            return ledger.RUNGS.index(self.rung) >= ledger.RUNGS.index("encode")
         return self.kind == "service"
 
     @property
@@ -284,6 +296,9 @@ class BenchStack:
         log = self.workdir / f"{arrangement.name}-processor.log"
         if arrangement.kind == "naive":
             args = [sys.executable, "-m", "bench.naive", "--listen", str(processor)]
+        elif arrangement.kind == "ledger":
+            args = [sys.executable, "-m", "bench.ledger", "--listen", str(processor)]
+            args += ["--rung", arrangement.rung, "--config", str(self._settings(arrangement))]
         elif arrangement.kind == "service":
             args = [sys.executable, "-m", "ext_proc", "serve", "--listen", str(processor)]
             if "--workers" in self.serve_options and arrangement.workers is not None:
@@ -292,14 +307,7 @@ class BenchStack:
                 # Each service its own metrics port: the default one is shared.
                 running.metrics = HostPort(LOCAL, processes.free_port())
                 args += ["--metrics-listen", str(running.metrics)]
-            config_path = self.workdir / f"{arrangement.name}-processor.yaml"
-            settings = proofs.processor_config(
-                self.workdir,
-                record_url=self.record_url(arrangement),
-                record_slots=self.record_slots,
-            )
-            config_path.write_text(yaml.safe_dump(settings))
-            args += ["--config", str(config_path)]
+            args += ["--config", str(self._settings(arrangement))]
         else:
             args = []
         if args:
@@ -317,7 +325,9 @@ class BenchStack:
         _add_any_caller_route(config)
         _add_strict_route(config)
         if arrangement.kind == "direct":
-            _remove_ext_proc(config)
+            _remove_ext_proc(config, arrangement.rung or "log")
+        elif arrangement.kind == "naive" and arrangement.rung:
+            cut_envoy(config, arrangement.rung)
         path = envoy_config.write(config, self.workdir / f"{arrangement.name}-envoy.yaml")
         # The access log goes to stdout: formatted as shipped, then discarded.
         args = [*processes.envoy_args(path, running.admin.port), "--concurrency", "1"]
@@ -327,6 +337,17 @@ class BenchStack:
         self._children.append(running.envoy)
         processes.wait_for_envoy(running.admin.port, running.envoy)
         return running
+
+    def _settings(self, arrangement: Arrangement) -> Path:
+        """The processor's config file: the benchmark's keys and lifetimes, its record."""
+        path = self.workdir / f"{arrangement.name}-processor.yaml"
+        settings = proofs.processor_config(
+            self.workdir,
+            record_url=self.record_url(arrangement),
+            record_slots=self.record_slots,
+        )
+        path.write_text(yaml.safe_dump(settings))
+        return path
 
     @property
     def upstream_pid(self) -> int:
@@ -395,19 +416,54 @@ def _add_strict_route(config: dict[str, Any]) -> None:
     )
 
 
-# What Envoy direct goes without: this project's filters (the header step, ext_proc
-# and the buffer filter that holds the request for it), whose cost is the processor's
-# arrangement's.
-OWN_FILTERS = (carrier_headers.FILTER, envoygen.EXT_PROC_FILTER, envoygen.BUFFER_FILTER)
+# The Envoy side of the cost ledger, in order: each rung's config has the one before's
+# pieces and one more. "bare": Envoy direct without the 404 routes of the token
+# endpoints and without the access log; "routes": with the routes; "log": with the
+# access log (Envoy direct as measured everywhere); "header_step": with this project's
+# header step; "ext_proc": with the ext_proc filter and its hold in front of the floor,
+# but no request attributes; "attributes": with them (the floor, naive-1msg).
+ENVOY_RUNGS = ("bare", "routes", "log", "header_step", "ext_proc", "attributes")
+ENVOY_ADDS = {
+    "bare": "Envoy alone: the router, no access log, no 404 routes",
+    "routes": "the 404 routes of the token endpoints (regular expressions)",
+    "log": "the access log (Envoy direct)",
+    "header_step": "the header step (carrier headers removed, request ids)",
+    "ext_proc": "ext_proc and the buffer filter, in front of the floor, no attributes",
+    "attributes": "the request attributes (the floor)",
+}
 
 
-def _remove_ext_proc(config: dict[str, Any]) -> None:
-    """Envoy direct: the project's filters (``OWN_FILTERS``) go."""
+def cut_envoy(config: dict[str, Any], rung: str) -> None:
+    """Remove from a rendered config every piece above Envoy rung ``rung``."""
+    above = ENVOY_RUNGS[ENVOY_RUNGS.index(rung) + 1 :]
     hcm = _hcm(config)
-    before = [f["name"] for f in hcm["http_filters"]]
-    if before.count(envoygen.EXT_PROC_FILTER) != 1:
+    filters = hcm["http_filters"]
+    if "attributes" in above:
+        for f in filters:
+            if f["name"] == envoygen.EXT_PROC_FILTER:
+                f["typed_config"].pop("request_attributes", None)
+    if "ext_proc" in above:
+        dropped = (envoygen.EXT_PROC_FILTER, envoygen.BUFFER_FILTER)
+        hcm["http_filters"] = filters = [f for f in filters if f["name"] not in dropped]
+    if "header_step" in above:
+        hcm["http_filters"] = [f for f in filters if f["name"] != carrier_headers.FILTER]
+    if "log" in above:
+        hcm.pop("access_log", None)
+    if "routes" in above:
+        (vhost,) = hcm["route_config"]["virtual_hosts"]
+        vhost["routes"] = [r for r in vhost["routes"] if "direct_response" not in r]
+
+
+def _remove_ext_proc(config: dict[str, Any], rung: str) -> None:
+    """Envoy direct: this project's filters (the header step, ext_proc and the buffer
+    filter that holds the request for it, whose cost is the processor's arrangement's)
+    go, and what the ledger's Envoy ``rung`` leaves out."""
+    names = [f["name"] for f in _hcm(config)["http_filters"]]
+    if names.count(envoygen.EXT_PROC_FILTER) != 1:
         raise ValueError("the shipped config no longer has exactly one ext_proc filter")
-    hcm["http_filters"] = [f for f in hcm["http_filters"] if f["name"] not in OWN_FILTERS]
+    if ENVOY_RUNGS.index(rung) > ENVOY_RUNGS.index("header_step"):
+        raise ValueError(f"Envoy direct has no processor: rung {rung!r} needs one")
+    cut_envoy(config, rung)
 
 
 def probe(gateway: HostPort, path: str, body: bytes) -> int:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from bench import ledger
 from bench.judge import FLOOR, TARGET_CELLS
 from bench.results_model import MIB, Key
 
@@ -149,4 +150,39 @@ def strict_run() -> dict[str, Any]:
         record("2k", decision, 32, name, **values) for (decision, name), values in figures.items()
     ]
     kinds = {"direct": "direct", FLOOR: "naive", DEFAULT: "service"}
+    return results(kinds, cells, DEFAULT)
+
+
+def ledger_run() -> dict[str, Any]:
+    """Every rung of both ladders in 2 KiB allow c=32: each processor rung costs 0.01 ms
+    of processor CPU more than the one before (the floor 0.3 ms), each Envoy rung 0.01
+    ms of Envoy CPU more (Envoy direct without routes or log 0.1 ms); every rung of the
+    processor's ladder leaves Envoy at the floor's 0.15 ms and serves 5000 req/s."""
+    cells = []
+    kinds: dict[str, str] = {}
+    envoy_rungs = ("direct-bare", "direct-routes", "direct", "direct-header_step")
+    for step, name in enumerate(envoy_rungs):
+        kinds[name] = "direct"
+        cpu = {"envoy_cpu_ms_per_req": round(0.1 + 0.01 * step, 4)}
+        cells.append(record("2k", "allow", 32, name, rps=20000.0, **cpu))
+    kinds[FLOOR + "-ext_proc"] = "naive"
+    cells.append(
+        record(
+            "2k",
+            "allow",
+            32,
+            FLOOR + "-ext_proc",
+            rps=5000.0,
+            processor_cpu_ms_per_req=0.3,
+            envoy_cpu_ms_per_req=0.14,
+        )
+    )
+    rungs = (FLOOR, *(f"ledger-{r}" for r in ledger.RUNGS), DEFAULT)
+    for step, name in enumerate(rungs):
+        kinds[name] = "naive" if name == FLOOR else "service" if name == DEFAULT else "ledger"
+        cpu = {
+            "processor_cpu_ms_per_req": round(0.3 + 0.01 * step, 4),
+            "envoy_cpu_ms_per_req": 0.15,
+        }
+        cells.append(record("2k", "allow", 32, name, rps=5000.0, **cpu))
     return results(kinds, cells, DEFAULT)

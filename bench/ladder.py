@@ -1,0 +1,95 @@
+"""The cost ledger's rows: each rung of a ``--cells ledger`` run against the rung before.
+
+Two ladders, each measured side by side in every cell (bench/ledger.py, bench/stack.py):
+Envoy's, from Envoy direct without its 404 routes and access log up to the floor (the
+naive processor behind the shipped config), and the processor's, from the floor up to
+the shipped default. Each row gives a rung's requests/s and the CPU per request of the
+processor and of Envoy, what it adds over the rung before (the medians' difference)
+and its figures over the floor's, the ratios the targets judge. Its section of
+results.md is bench/markdown.py's.
+"""
+
+from __future__ import annotations
+
+from bench import ledger, stack
+from bench.results_model import LedgerRow, Record, Results
+
+
+def envoy_ladder(floor: str) -> list[tuple[str, str]]:
+    """Envoy's rungs in order: (arrangement, what it adds over the one before)."""
+    names = {
+        "bare": "direct-bare",
+        "routes": "direct-routes",
+        "log": "direct",
+        "header_step": "direct-header_step",
+        "ext_proc": f"{floor}-ext_proc",
+        "attributes": floor,
+    }
+    return [(names[rung], stack.ENVOY_ADDS[rung]) for rung in stack.ENVOY_RUNGS]
+
+
+def processor_ladder(floor: str, default: str) -> list[tuple[str, str]]:
+    """The processor's rungs in order, from the floor to the shipped default."""
+    rungs = [(f"ledger-{rung}", ledger.ADDS[rung]) for rung in ledger.RUNGS]
+    return [(floor, "the floor"), *rungs, (default, ledger.ADDS["service"])]
+
+
+def _minus(a: float | None, b: float | None) -> float | None:
+    return None if a is None or b is None else round(a - b, 4)
+
+
+def _over(a: float | None, b: float | None) -> float | None:
+    return None if a is None or b is None or b <= 0 else round(a / b, 3)
+
+
+def rows(results: Results, floor: str) -> tuple[LedgerRow, ...] | None:
+    """Every rung measured, per cell and ladder, in the ladder's order, against the
+    arrangement ``floor``; None when the run measured no rung of the ledger."""
+    if results.default is None or not any(a.kind == "ledger" for a in results.arrangements):
+        return None
+    ladders = {
+        "envoy": envoy_ladder(floor),
+        "processor": processor_ladder(floor, results.default),
+    }
+    found: dict[tuple[str, str, int], dict[str, Record]] = {}
+    for measured in results.cells:
+        key = (measured.body, measured.decision, measured.concurrency)
+        found.setdefault(key, {})[measured.arrangement] = measured
+    out = []
+    for (body, decision, concurrency), cell in found.items():
+        base = cell.get(floor)
+        for name, ladder in ladders.items():
+            before: Record | None = None
+            for arrangement, adds in ladder:
+                if (record := cell.get(arrangement)) is None:
+                    continue
+                out.append(
+                    LedgerRow(
+                        ladder=name,
+                        arrangement=arrangement,
+                        adds=adds,
+                        body=body,
+                        body_bytes=record.body_bytes,
+                        decision=decision,
+                        concurrency=concurrency,
+                        rps=record.rps,
+                        processor_cpu_ms_per_req=record.cpu.processor,
+                        envoy_cpu_ms_per_req=record.cpu.envoy,
+                        processor_added_ms=None
+                        if before is None
+                        else _minus(record.cpu.processor, before.cpu.processor),
+                        envoy_added_ms=None
+                        if before is None
+                        else _minus(record.cpu.envoy, before.cpu.envoy),
+                        rps_x_floor=None if base is None else _over(record.rps, base.rps),
+                        processor_x_floor=None
+                        if base is None
+                        else _over(record.cpu.processor, base.cpu.processor),
+                        envoy_x_floor=None
+                        if base is None
+                        else _over(record.cpu.envoy, base.cpu.envoy),
+                        ok=record.ok,
+                    )
+                )
+                before = record
+    return tuple(out)
