@@ -66,9 +66,11 @@ _QUOTED_VECTOR_MIN: Final = 1 << 18
 
 
 def quoted(raw: bytes, names: tuple[bytes, ...], most: int) -> dict[bytes, int]:
-    """For each of ``names`` (each at least 3 bytes, none holding a quote),
-    ``min(occurrences(raw, b'"' + name + b'"', most), most)``: how often ``raw`` writes
-    it between two quotes, counted to ``most``, in one pass however many names there are.
+    """For each of ``names`` (each at least 3 bytes, none holding a quote) that ``raw``
+    writes between two quotes, ``min(occurrences(raw, b'"' + name + b'"', most), most)``:
+    how often it does, counted to ``most``, in one pass however many names there are.
+    A name it never writes so is absent (a body usually names none of them, and the
+    answer then costs nothing per name).
 
     A small ``raw`` is searched by one regular expression of every name; a large one by
     vectors: each quote's next four bytes are compared, as one word, with each name's
@@ -76,10 +78,10 @@ def quoted(raw: bytes, names: tuple[bytes, ...], most: int) -> dict[bytes, int]:
     match one are compared in full. Two occurrences of the same token never overlap:
     each begins at its own opening quote and ends at a closing quote that no name
     holds."""
-    counts = dict.fromkeys(names, 0)
+    counts: dict[bytes, int] = {}
     if len(raw) < _QUOTED_VECTOR_MIN:
         for found in _pattern(names).findall(raw):
-            counts[found] = min(counts[found] + 1, most)
+            counts[found] = min(counts.get(found, 0) + 1, most)
         return counts
     arr = np.frombuffer(raw, np.uint8)
     quotes = np.flatnonzero(arr == _QUOTE)
@@ -91,8 +93,8 @@ def quoted(raw: bytes, names: tuple[bytes, ...], most: int) -> dict[bytes, int]:
     slot = np.minimum(np.searchsorted(heads[0], words), len(heads[0]) - 1)
     for at in quotes[heads[0][slot] == words].tolist():
         for name in heads[1][_word(raw, at + 1)]:
-            if counts[name] < most and raw.startswith(b'"' + name + b'"', at):
-                counts[name] += 1
+            if counts.get(name, 0) < most and raw.startswith(b'"' + name + b'"', at):
+                counts[name] = counts.get(name, 0) + 1
     return counts
 
 

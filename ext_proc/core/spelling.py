@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import codecs
 import functools
+from collections import Counter
 from collections.abc import Iterable
 from typing import Final
 
@@ -41,12 +42,13 @@ _ESCAPES_CHECKED: Final = 16
 SPELLED_MOST: Final = 2
 
 
-def spelled(raw: bytes, keys: Iterable[str]) -> dict[str, int] | None:
+def spelled(raw: bytes, keys: Iterable[str]) -> Counter[str] | None:
     """For each of ``keys``, how many times ``raw`` writes it as itself between two
     quotes, up to ``SPELLED_MOST``: no fewer than the members so named in the document
-    ``json.loads`` reads from ``raw``, at any depth, duplicates counted. None when that
-    cannot be told from the bytes (``raw`` is not braced, or holds an escape that may
-    spell a character of a key).
+    ``json.loads`` reads from ``raw``, at any depth, duplicates counted (a key never
+    written so counts 0 and is absent from the Counter). None when that cannot be told
+    from the bytes (``raw`` is not braced, or holds an escape that may spell a character
+    of a key).
 
     Why it is sound: every member named ``key`` in a braced UTF-8 body spells it as
     written or with an escape (module docstring); a member written as itself is the
@@ -59,8 +61,10 @@ def spelled(raw: bytes, keys: Iterable[str]) -> dict[str, int] | None:
     names, escapes = _all_spellings(tuple(keys))
     if _holds_any(raw, escapes):
         return None
-    found = quoted(raw, names, SPELLED_MOST)
-    return {name.decode(): count for name, count in found.items()}
+    counted: Counter[str] = Counter()
+    for name, count in quoted(raw, names, SPELLED_MOST).items():
+        counted[name.decode()] = count
+    return counted
 
 
 @functools.cache

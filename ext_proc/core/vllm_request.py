@@ -300,14 +300,31 @@ def internal_endpoint(path: str) -> str | None:
 def _named(path: str, known: tuple[str, ...]) -> str | None:
     """The one of ``known`` that ``path`` is, behind any root path, in any case, with or
     without one trailing slash (a ``{name}`` segment stands for any one segment); the
-    longest when several are."""
+    longest when several are.
+
+    Every name begins with a slash, so a name the path ends with is the path from one
+    of its slashes on: the path's few such tails are looked up, not every name tried."""
     bare = path.lower().rstrip("/") if path != "/" else path
-    found = [
-        name
-        for name in known
-        if (_template(name).search(bare) if "{" in name else bare.endswith(name))
-    ]
+    plain, templates = _index(known)
+    found = [name for name in templates if _template(name).search(bare)]
+    at = bare.find("/")
+    while at != -1:
+        if bare[at:] in plain:
+            found.append(bare[at:])
+            break  # the first slash's tail is the longest
+        at = bare.find("/", at + 1)
+    if len(found) > 1:  # as listed, for equal lengths
+        found.sort(key=known.index)
     return max(found, key=len, default=None)
+
+
+@functools.cache
+def _index(known: tuple[str, ...]) -> tuple[frozenset[str], tuple[str, ...]]:
+    """``known``'s plain names (a set) and its templates (``{name}`` segments)."""
+    if not all(name.startswith("/") and name == name.lower() for name in known):
+        raise ValueError("an endpoint's name begins with a slash and is lower case")
+    templates = tuple(name for name in known if "{" in name)
+    return frozenset(name for name in known if "{" not in name), templates
 
 
 @functools.cache
