@@ -5,9 +5,12 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from bench import bodies, stack
 from devstack import envoy_config
 from ext_proc.core.address import HostPort
+from ext_proc.tools import carrier_headers, envoygen
 from ext_proc.tools.check_envoy import check
 from ext_proc.tools.envoygen.inputs import read_metadata
 
@@ -67,3 +70,38 @@ def test_the_strict_route_is_the_aggregated_route_naming_an_engine() -> None:
     # field as a CEL attribute (strict_body among them): none is missing.
     report = check(config)
     assert (report.errors, report.warnings) == ([], [])
+
+
+def _pieces(config: dict[str, Any]) -> dict[str, bool]:
+    hcm = stack._hcm(config)
+    names = [f["name"] for f in hcm["http_filters"]]
+    (vhost,) = hcm["route_config"]["virtual_hosts"]
+    ext_proc = [f for f in hcm["http_filters"] if f["name"] == envoygen.EXT_PROC_FILTER]
+    return {
+        "routes": any("direct_response" in r for r in vhost["routes"]),
+        "log": "access_log" in hcm,
+        "header_step": carrier_headers.FILTER in names,
+        "ext_proc": envoygen.EXT_PROC_FILTER in names and envoygen.BUFFER_FILTER in names,
+        "attributes": bool(ext_proc) and "request_attributes" in ext_proc[0]["typed_config"],
+    }
+
+
+def test_each_envoy_rung_has_the_pieces_up_to_it_and_none_above() -> None:
+    shipped = _pieces(_rendered())
+    assert all(shipped.values())  # the shipped config has every piece the ladder cuts
+    for at, rung in enumerate(stack.ENVOY_RUNGS):
+        config = _rendered()
+        stack.cut_envoy(config, rung)
+        expected = {piece: stack.ENVOY_RUNGS.index(piece) <= at for piece in shipped}
+        assert _pieces(config) == expected, rung
+        assert set(stack.ENVOY_ADDS) == set(stack.ENVOY_RUNGS)
+
+
+def test_envoy_direct_is_the_log_rung_and_has_no_processor_rung() -> None:
+    direct = _rendered()
+    stack._remove_ext_proc(direct, "log")
+    rung = _rendered()
+    stack.cut_envoy(rung, "log")
+    assert direct == rung
+    with pytest.raises(ValueError, match="no processor"):
+        stack._remove_ext_proc(_rendered(), "ext_proc")
