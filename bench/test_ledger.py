@@ -12,8 +12,10 @@ from bench import bodies, ledger
 from ext_proc._pb import external_processor_pb2 as pb
 from ext_proc._pb import external_processor_pb2_grpc as pb_grpc
 from ext_proc.core.config import Config
-from tests.messages import route_attributes
+from ext_proc.core.events import BodyMode
+from ext_proc.edge.attributes import attribute_keys
 
+KEYS = attribute_keys()
 AGGREGATED = {"topology": "aggregated", "action": "strip"}
 
 
@@ -21,14 +23,13 @@ def _body(data: bytes) -> pb.ProcessingRequest:
     request = pb.ProcessingRequest()
     request.request_body.body = data
     request.request_body.end_of_stream = True
-    request.protocol_config.request_body_mode = 2
-    request.attributes["envoy.filters.http.ext_proc"].update(
-        {
-            **route_attributes(AGGREGATED),
-            "request.url_path": "/v1/chat/completions",
-            "request.headers['content-type']": "application/json",
-        }
-    )
+    request.protocol_config.request_body_mode = BodyMode.BUFFERED.value  # type: ignore[assignment]
+    fields = request.attributes["envoy.filters.http.ext_proc"].fields
+    for name, value in AGGREGATED.items():
+        fields[KEYS.fields[name]].string_value = value
+    fields[KEYS.size].number_value = len(AGGREGATED)
+    fields["request.url_path"].string_value = "/v1/chat/completions"
+    fields["request.headers['content-type']"].string_value = "application/json"
     return request
 
 
@@ -41,7 +42,8 @@ async def _answer(rung: str, data: bytes) -> pb.ProcessingResponse:
     try:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
             call = pb_grpc.ExternalProcessorStub(channel).Process(iter([_body(data)]))
-            (answer,) = [a async for a in call]
+            answers: list[pb.ProcessingResponse] = [a async for a in call]
+            (answer,) = answers
             return answer
     finally:
         await server.stop(None)
