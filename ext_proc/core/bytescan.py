@@ -66,13 +66,17 @@ _QUOTED_VECTOR_MIN: Final = 1 << 18
 
 
 def quoted(raw: bytes, names: tuple[bytes, ...], most: int) -> dict[bytes, int]:
-    """For each of ``names`` (each at least 3 bytes, none holding a quote) that ``raw``
-    writes between two quotes, ``min(occurrences(raw, b'"' + name + b'"', most), most)``:
-    how often it does, counted to ``most``, in one pass however many names there are.
-    A name it never writes so is absent (a body usually names none of them, and the
-    answer then costs nothing per name).
+    """For each of ``names`` (each at least 3 bytes, none holding a quote or a
+    backslash) that ``raw`` writes between two quotes, how often it does, counted to
+    ``most``, in one pass however many names there are: the occurrences of
+    ``b'"' + name + b'"'`` whose opening quote does not close an earlier quoted run of
+    the bytes names are made of. That is every occurrence whose opening quote follows a
+    byte no name holds, as a JSON member's opening quote does (it follows a brace, a
+    comma or whitespace). A name it never writes so is absent (a body usually names
+    none of them, and the answer then costs nothing per name).
 
-    A small ``raw`` is searched by one regular expression of every name; a large one by
+    A small ``raw`` is searched by one regular expression for every quoted run of the
+    bytes names are made of, and the runs that are names are counted; a large one by
     vectors: each quote's next four bytes are compared, as one word, with each name's
     first four bytes (a name of three with its closing quote), and only the quotes that
     match one are compared in full. Two occurrences of the same token never overlap:
@@ -80,8 +84,10 @@ def quoted(raw: bytes, names: tuple[bytes, ...], most: int) -> dict[bytes, int]:
     holds."""
     counts: dict[bytes, int] = {}
     if len(raw) < _QUOTED_VECTOR_MIN:
+        wanted = _names(names)
         for found in _pattern(names).findall(raw):
-            counts[found] = min(counts.get(found, 0) + 1, most)
+            if found in wanted:
+                counts[found] = min(counts.get(found, 0) + 1, most)
         return counts
     arr = np.frombuffer(raw, np.uint8)
     quotes = np.flatnonzero(arr == _QUOTE)
@@ -96,6 +102,11 @@ def quoted(raw: bytes, names: tuple[bytes, ...], most: int) -> dict[bytes, int]:
             if counts.get(name, 0) < most and raw.startswith(b'"' + name + b'"', at):
                 counts[name] = counts.get(name, 0) + 1
     return counts
+
+
+@functools.cache
+def _names(names: tuple[bytes, ...]) -> frozenset[bytes]:
+    return frozenset(names)
 
 
 def _word(raw: bytes, at: int) -> int:
@@ -117,6 +128,15 @@ def _heads(names: tuple[bytes, ...]) -> tuple[np.ndarray, dict[int, tuple[bytes,
 
 @functools.cache
 def _pattern(names: tuple[bytes, ...]) -> re.Pattern[bytes]:
-    # Longer names first: an alternation takes the first branch that matches.
-    ordered = sorted(names, key=len, reverse=True)
-    return re.compile(b'"(' + b"|".join(re.escape(name) for name in ordered) + b')"')
+    """Every quoted run of the bytes that names are made of, each run read once
+    (possessive: no backtracking); ``quoted`` keeps the runs that are names.
+
+    A run found so is never one that hides a name behind it: a match that ends at the
+    opening quote of a later ``"name"`` ends there only when the byte before that quote
+    is one names are made of, which a member's opening quote in JSON never follows (it
+    follows a brace, a comma or whitespace)."""
+    alphabet = sorted(set(b"".join(names)))
+    if not alphabet or any(byte in b'"\\' for byte in alphabet):
+        raise ValueError("names are made of bytes other than quote and backslash")
+    members = b"".join(re.escape(bytes([byte])) for byte in alphabet)
+    return re.compile(b'"([' + members + b']++)"')

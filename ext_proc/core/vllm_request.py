@@ -288,13 +288,32 @@ def _path(steps: list[tuple[int, str | int]], at: int) -> Path:
 def token_endpoint(path: str) -> str | None:
     """The token endpoint (``classified.TOKEN_ENDPOINTS``) that the upstream endpoint
     ``path`` (``endpoint``) is; None when it is none (``_named``)."""
-    return _named(path, classified.TOKEN_ENDPOINTS)
+    return _kinds(path)[0]
 
 
 def internal_endpoint(path: str) -> str | None:
     """The internal endpoint (``classified.INTERNAL_ENDPOINTS``: weights, caches,
     profiling...) that the upstream endpoint ``path`` is; None when it is none."""
-    return _named(path, classified.INTERNAL_ENDPOINTS)
+    return _kinds(path)[1]
+
+
+# Paths recently judged, with their token and internal endpoints: a route serves few
+# paths. Paths are the client's, so the memo is emptied when full.
+_KINDS: dict[str, tuple[str | None, str | None]] = {}
+_KINDS_MEMO: Final = 1024
+
+
+def _kinds(path: str) -> tuple[str | None, str | None]:
+    """``path``'s token endpoint and internal endpoint (``_named``), as judged before."""
+    kinds = _KINDS.get(path)
+    if kinds is None:
+        if len(_KINDS) >= _KINDS_MEMO:
+            _KINDS.clear()
+        kinds = _KINDS[path] = (
+            _named(path, classified.TOKEN_ENDPOINTS),
+            _named(path, classified.INTERNAL_ENDPOINTS),
+        )
+    return kinds
 
 
 def _named(path: str, known: tuple[str, ...]) -> str | None:
