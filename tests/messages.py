@@ -35,3 +35,18 @@ def route_attributes(route: dict[str, object] | None) -> dict[str, object]:
     if not route:
         return {}
     return {**{KEYS.fields[k]: v for k, v in route.items()}, KEYS.size: len(route)}
+
+
+def first_body_request(
+    data: bytes, attributes: dict[str, object], *, filter_name: str = FILTER
+) -> pb.ProcessingRequest:
+    """The one message of a request when Envoy skips its headers (``envoy/envoy.yaml``):
+    the whole BUFFERED body with the request's raw CEL ``attributes``."""
+    request = pb.ProcessingRequest()
+    request.request_body.body = data
+    request.request_body.end_of_stream = True
+    request.protocol_config.request_body_mode = 2
+    struct = struct_pb2.Struct()
+    struct.update(attributes)
+    request.attributes[filter_name].CopyFrom(struct)
+    return request
