@@ -77,6 +77,9 @@ class RequestHeaders:
     # route's rewrite, with the headers message and without it (one message: the buffer
     # filter after ext_proc keeps the headers from the router until the decision).
     path: str = ""
+    # The response body mode Envoy declared for this request (``protocol_config``); None
+    # when it declared none, which rules out no response phase.
+    response_body_mode: BodyMode | None = None
 
     def values(self, name: str) -> list[bytes]:
         return [value for key, value in self.headers if key == name]
@@ -250,8 +253,9 @@ class Step:
     held: int = 0
     # The request's x-request-id once its headers are in (for logs).
     request_id: str = ""
-    # The request is answered for good (an ImmediateResponse): nothing more is read, and
-    # the edge may end the RPC once the answers are sent.
+    # Nothing is left to process: the request was answered for good (an
+    # ImmediateResponse), or its last phase was answered and no response phase can
+    # follow. Nothing more is read; the edge ends the RPC once the answers are sent.
     final: bool = False
     # A proof to spend before the decision stands: the edge asks the record of spent
     # proofs and hands its verdict to ``Stream.spent``; nothing is answered until then.

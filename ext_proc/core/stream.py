@@ -37,7 +37,11 @@ Invariants (fail closed):
   it is parsed (``admission``); the charge for a decided body is handed over with the
   answers that carry its rewrite, and the rest is refunded by ``close``; nothing is
   charged for bytes that have not arrived, so announcing a large body costs nothing;
-- audit mode relaxes refusals only in ``inspection.enforced``.
+- audit mode relaxes refusals only in ``inspection.enforced``;
+- a step is ``final`` (nothing left to process: the edge ends the RPC) only in REJECTED
+  or in DONE where no response phase can follow, so only with the answer to the last
+  message Envoy sends: Envoy lets a request through unprocessed when the RPC ends
+  cleanly with a message unanswered, and skips every phase after the RPC's end.
 """
 
 from __future__ import annotations
@@ -77,6 +81,7 @@ from ext_proc.core.events import (
 from ext_proc.core.inspection import Inspection
 from ext_proc.core.reasons import Reason
 from ext_proc.core.replay import Verdict
+from ext_proc.core.route_policy import Action
 
 # Size of each StreamedBody piece: well under every gRPC message limit on both sides.
 STREAM_CHUNK: Final = 1024 * 1024
@@ -209,6 +214,7 @@ class Stream:
         "_pending",
         "_received",
         "_request",
+        "_responds",
         "_trust",
         "state",
     )
@@ -228,6 +234,9 @@ class Stream:
         self._pending = mint.NOTHING
         # A proof to spend before the body's decision stands (``spent``).
         self._asking: _Asking | None = None
+        # Whether Envoy may send this request's response (``_read``): until the headers
+        # say otherwise, it may.
+        self._responds = True
 
     def handle(self, event: Event) -> Step:
         if self._asking is not None:
@@ -297,7 +306,7 @@ class Stream:
                 request.request_id,
                 phase,
             )
-        final = self.state is State.REJECTED
+        final = self.state is State.REJECTED or (self.state is State.DONE and not self._responds)
         return Step(answers, outcome, waiting, held, request.request_id, final)
 
     def close(self) -> None:
@@ -311,6 +320,7 @@ class Stream:
         """What the headers say (kept for the request), and the refusal that ends the
         request at them."""
         self._request = inspection.read(headers, self._config, with_body=with_body)
+        self._responds = _responds(headers, self._request)
         return self._request.refused
 
     def _on_headers_only(self, event: RequestHeaders) -> Result:
@@ -462,6 +472,15 @@ class Stream:
 
 
 _UNCHANGED: Final = ContinueBody()
+
+
+def _responds(headers: RequestHeaders, request: inspection.Request) -> bool:
+    """Whether a response phase can follow the request's. Envoy's ``protocol_config``
+    states the response body mode only: any mode but NONE, or none stated, may bring the
+    response; a mint route is always taken to (its response headers are what it checks
+    before signing). On other routes a response headers phase with no body phase would
+    only pass the headers on, so nothing is lost where it is not waited for."""
+    return headers.response_body_mode is not BodyMode.NONE or request.policy.action is Action.MINT
 
 
 def _buffered(replacement: bytes | None, *, length_header: bool) -> list[Answer]:

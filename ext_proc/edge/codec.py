@@ -104,6 +104,17 @@ def _path(found: dict[str, Scalar]) -> str:
     return value if isinstance(value, str) else ""
 
 
+def _response_body_mode(request: pb.ProcessingRequest) -> BodyMode | None:
+    """The response body mode Envoy declared with the request's first message; None
+    when it declared none, or one this codec does not know."""
+    if not request.HasField("protocol_config"):
+        return None
+    try:
+        return BodyMode(request.protocol_config.response_body_mode)
+    except ValueError:
+        return None
+
+
 def _preamble(request: pb.ProcessingRequest, keys: AttributeKeys) -> RequestHeaders | None:
     """The request's headers and route rebuilt from CEL attributes, on the first message
     of a request whose headers message Envoy skipped; None on any other message."""
@@ -117,6 +128,7 @@ def _preamble(request: pb.ProcessingRequest, keys: AttributeKeys) -> RequestHead
         route=_route_metadata(found, keys),
         peer=_peer(found),
         path=_path(found),
+        response_body_mode=_response_body_mode(request),
     )
 
 
@@ -146,6 +158,7 @@ def _decode(request: pb.ProcessingRequest, preamble: _Preamble, keys: AttributeK
             route=_route_metadata(found, keys),
             peer=_peer(found),
             path=_path(found),
+            response_body_mode=_response_body_mode(request),
         )
     if kind == "request_trailers":
         return RequestTrailers(preamble(request))
@@ -185,7 +198,8 @@ class Decoder:
         if not request.HasField("protocol_config"):
             return None
         request_id: str | None = None
-        parts: list[object] = [request.protocol_config.request_body_mode]
+        config = request.protocol_config
+        parts: list[object] = [config.request_body_mode, config.response_body_mode]
         size = 0
         groups = request.attributes
         for name in groups:
@@ -219,6 +233,7 @@ class Decoder:
             cached.route,
             cached.peer,
             cached.path,
+            cached.response_body_mode,
         )
 
 

@@ -97,8 +97,9 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc
             return TimedOut()
         if request is grpc.aio.EOF:
             return None
-        # The message is dropped on return: a stream stays open after its decision (for
-        # the whole upstream response) and must not keep the body alive until then.
+        # The message is dropped on return: a stream whose route processes the response
+        # stays open after its decision (for the whole upstream response) and must not
+        # keep the body alive until then.
         return self._decode(request)
 
     async def Process(  # noqa: N802 - name fixed by the gRPC service
@@ -142,8 +143,8 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc
         waiting = False
         while True:
             # The body timer runs from the first message that waits for a body until the
-            # body is decided; after that the stream stays open for the whole upstream
-            # response, as long as it takes.
+            # body is decided; after that a stream whose route processes the response
+            # stays open for the whole upstream response, as long as it takes.
             if not waiting:
                 deadline = None
             elif deadline is None:
@@ -160,9 +161,11 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc
             del event, step  # nothing of the body outlives its answers
             await self._send(context, responses, held)
             if final:
-                # The request is answered (Envoy ended it with the local reply): the RPC
-                # ends now rather than wait for Envoy to cancel it. Late chunks Envoy
-                # had read are not read.
+                # Nothing is left to process: the request was refused (Envoy ended it with
+                # the local reply; late chunks Envoy had read are not read), or every
+                # message Envoy sends was answered and no response phase follows. The RPC
+                # ends now, status OK after the answers on the same HTTP/2 stream, rather
+                # than stay open until Envoy closes it at the end of the HTTP response.
                 return
         if waiting:
             # Envoy closed its side mid-body. Ending the RPC cleanly now could let a held

@@ -35,8 +35,11 @@ DUPLEX = BodyMode.FULL_DUPLEX_STREAMED
 CHAT_PATH = "/v1/chat/completions"
 
 
-def headers(route=AGGREGATED, *, eos=False, mode=BUFFERED, extra=JSON, path=CHAT_PATH):
-    return RequestHeaders(extra, eos, mode, route, path=path)
+def headers(
+    route=AGGREGATED, *, eos=False, mode=BUFFERED, extra=JSON, path=CHAT_PATH, response=None
+):
+    """Request headers; ``response``: the response body mode Envoy declares (None: none)."""
+    return RequestHeaders(extra, eos, mode, route, path=path, response_body_mode=response)
 
 
 def new(limit=1 << 20, budget=None, values=262_144):

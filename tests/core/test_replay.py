@@ -1,6 +1,7 @@
 """A proof is honored once (ext_proc/core/replay.py through the stream): the record's verdict
 decides whether an honored decision stands."""
 
+import dataclasses
 import json
 
 import pytest
@@ -139,6 +140,18 @@ def test_nothing_but_the_verdict_is_accepted_while_the_record_is_asked():
     with pytest.raises(ProtocolError):
         stream.stream.handle(RequestBody(b"{}", True))
     assert stream.budget.used == 0
+
+
+def test_the_answers_after_the_verdict_end_the_stream_not_the_question():
+    stream = Driven(max_body_bytes=1 << 20, trust=TRUST)
+    declared = RequestHeaders(JSON, False, BodyMode.BUFFERED, HONOR, path=PATH)
+    stream.handle(dataclasses.replace(declared, response_body_mode=BodyMode.NONE))
+    asking = stream.stream.handle(RequestBody(BODY.encode(), True))
+    assert asking.ask is not None
+    assert not asking.final  # nothing answered yet
+    done = stream.stream.spent(Verdict.FIRST)
+    assert done.answers == [ContinueBody(None)]
+    assert done.final
 
 
 def test_a_verdict_nobody_asked_for_is_a_protocol_error():

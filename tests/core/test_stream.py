@@ -14,7 +14,6 @@ from ext_proc.core.events import (
     ContinueHeaders,
     ContinueTrailers,
     RequestBody,
-    RequestHeaders,
     RequestTrailers,
     ResponseBody,
     ResponseHeaders,
@@ -28,7 +27,6 @@ from ext_proc.core.stream import STREAM_CHUNK, State
 from tests.core.messages import (
     AGGREGATED,
     BUFFERED,
-    CHAT_PATH,
     DISAGGREGATED,
     DUPLEX,
     IDS,
@@ -281,9 +279,9 @@ def test_after_reject_other_messages_are_protocol_errors():
         stream.handle(headers())
 
 
-def first_body(data, route=AGGREGATED, extra=JSON, mode=BUFFERED, eos=True):
+def first_body(data, route=AGGREGATED, extra=JSON, mode=BUFFERED, eos=True, response=None):
     # Envoy evaluated a skipped headers message's attributes after routing.
-    preamble = RequestHeaders(extra, False, mode, route, path=CHAT_PATH)
+    preamble = headers(route, mode=mode, extra=extra, response=response)
     return RequestBody(data, eos, preamble)
 
 
@@ -356,3 +354,62 @@ def test_a_repeated_final_chunk_during_the_response_is_ignored():
     assert stream.handle(RequestBody(PREFILL, True)) == []
     with pytest.raises(ProtocolError):
         stream.handle(RequestBody(b"{}", True))
+
+
+# --- the end of the stream: ``final`` once nothing is left to process -----------------
+
+NONE = BodyMode.NONE
+
+
+def finals(stream, events):
+    """Whether each event's step was final."""
+    out = []
+    for event in events:
+        stream.handle(event)
+        out.append(stream.last.final)
+    return out
+
+
+@pytest.mark.parametrize(
+    "events",
+    [
+        [first_body(IDS.encode(), response=NONE)],  # one message per request
+        [first_body(IDS.encode(), eos=False, response=NONE), RequestTrailers()],
+        [headers(response=NONE), RequestBody(IDS.encode(), True)],  # two messages
+        [headers(response=NONE), RequestBody(IDS.encode(), False), RequestTrailers()],
+        [headers(mode=DUPLEX, response=NONE), RequestBody(b"{", False), RequestBody(b"}", True)],
+        [headers(eos=True, response=NONE)],
+    ],
+    ids=["one", "one+trailers", "two", "two+trailers", "streamed", "no body"],
+)
+def test_the_last_answer_is_final_where_envoy_declared_no_response(events):
+    # Only the answer to the last message Envoy sends for the request: before it (the
+    # headers answer of two messages, a body that trailers follow), Envoy still waits.
+    assert finals(new(), events) == [False] * (len(events) - 1) + [True]
+
+
+@pytest.mark.parametrize("response", [None, BodyMode.BUFFERED, DUPLEX])
+def test_no_answer_is_final_where_a_response_may_follow(response):
+    stream = new()
+    assert finals(stream, [first_body(IDS.encode(), response=response)]) == [False]
+    assert finals(new(), [headers(response=response), RequestBody(b"{}", True)]) == [False, False]
+
+
+def test_a_mint_route_waits_for_its_response_whatever_envoy_declared():
+    stream = prefill_stream()  # headers declaring no response body mode
+    assert not stream.last.final
+    trust = Trust(keys=lambda: KEYS, clock=lambda: 1000.0)
+    declared_none = Driven(max_body_bytes=1 << 20, trust=trust)
+    assert finals(
+        declared_none, [headers(MINT_ROUTE, response=NONE), RequestBody(PREFILL, True)]
+    ) == [False, False]
+    declared_none.handle(ResponseHeaders(OK_JSON, False))
+    assert not declared_none.last.final
+
+
+@pytest.mark.parametrize("response", [None, NONE, BodyMode.BUFFERED])
+def test_a_refusal_is_final_whatever_envoy_declared(response):
+    stream = new(limit=10)
+    stream.handle(first_body(IDS.encode(), response=response))
+    assert isinstance(stream.decision, Deny)
+    assert stream.last.final

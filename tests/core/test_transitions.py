@@ -20,8 +20,12 @@ The order, per processing mode the processor supports (shared/notes/envoy-ext-pr
   a refusal, Envoy may still send the chunks and trailers it had read: dropped.
 - never: a body mode not inspected (STREAMED and the like), part of a response body, a
   message the processor did not ask for.
+
+Where Envoy declares no response body mode (NONE) on a route that does not mint, nothing
+follows a request's last message: only its answer ends the stream (``final``).
 """
 
+import dataclasses
 import itertools
 
 import pytest
@@ -235,3 +239,32 @@ def test_the_walk_reaches_every_state_and_message():
     reached = {replay(prefix)[0].state for prefix in PREFIXES} | {State.ERROR}
     assert reached == set(State)
     assert {message(event) for event in SENT.values()} == set(Message)
+
+
+def declaring(event, response):
+    """``event`` as Envoy sends it when it declares ``response`` as the response body
+    mode (on the request's first message, which carries the headers or the preamble)."""
+    if isinstance(event, RequestHeaders):
+        return dataclasses.replace(event, response_body_mode=response)
+    if isinstance(event, RequestBody | RequestTrailers) and event.preamble is not None:
+        preamble = dataclasses.replace(event.preamble, response_body_mode=response)
+        return dataclasses.replace(event, preamble=preamble)
+    return event
+
+
+@pytest.mark.parametrize(
+    "sequence", requests(2), ids=lambda sequence: " / ".join(name for name, _ in sequence)
+)
+@pytest.mark.parametrize("response", [BodyMode.NONE, None, BodyMode.BUFFERED])
+def test_only_the_answer_to_a_requests_last_message_ends_the_stream(sequence, response):
+    # Where Envoy declared no response body mode (NONE) on a route that does not mint,
+    # the answer to the request's last message leaves nothing to process; where it
+    # declared none at all, or one that brings the response, no request answer does.
+    # In audit mode, as in ``replay``: no body is refused, every one is answered.
+    stream = Driven(max_body_bytes=1 << 20, audit=True)
+    finals = []
+    for name, _ in sequence:
+        stream.handle(declaring(SENT[name], response))
+        finals.append(stream.last.final)
+    last = response is BodyMode.NONE
+    assert finals == [False] * (len(sequence) - 1) + [last]

@@ -53,7 +53,28 @@ def test_decode_headers_with_route_attributes():
             3.0,
             "pd",
         ),
+        response_body_mode=BodyMode.NONE,
     )
+
+
+@pytest.mark.parametrize(
+    ("declared", "read"),
+    [(0, BodyMode.NONE), (2, BodyMode.BUFFERED), (4, BodyMode.FULL_DUPLEX_STREAMED), (99, None)],
+)
+def test_decode_reads_the_declared_response_body_mode(declared, read):
+    request = headers_request({})
+    request.protocol_config.response_body_mode = declared
+    assert decode(request, KEYS).response_body_mode is read
+    body = _headerless_body(ROUTE_ATTRS)
+    body.protocol_config.response_body_mode = declared
+    assert decode(body, KEYS).preamble.response_body_mode is read
+    assert Decoder(KEYS)(body).preamble.response_body_mode is read
+
+
+def test_headers_without_protocol_config_rule_out_no_response():
+    request = headers_request({})
+    request.ClearField("protocol_config")
+    assert decode(request, KEYS).response_body_mode is None
 
 
 def test_decode_reads_attributes_under_any_filter_name():
@@ -213,6 +234,7 @@ def test_first_body_message_carries_a_preamble_from_attributes():
             body_mode=BodyMode.BUFFERED,
             route=RouteMetadata({"action": "deny"}, 1.0, "r"),
             path="/v1/chat/completions",
+            response_body_mode=BodyMode.NONE,
         ),
     )
 
@@ -298,6 +320,10 @@ def test_decoder_memo_tells_apart_what_differs_and_shares_the_rest():
     assert first.preamble.route is second.preamble.route  # one reading per route
     other = {**ROUTE_ATTRS, KEYS.fields["action"]: "deny"}
     assert decoder(_headerless_body(other)).preamble.route.values == {"action": "deny"}
+    responds = _headerless_body(ROUTE_ATTRS)
+    responds.protocol_config.response_body_mode = 2
+    assert decoder(responds).preamble.response_body_mode is BodyMode.BUFFERED
+    assert decoder(_headerless_body(ROUTE_ATTRS)).preamble.response_body_mode is BodyMode.NONE
     gzip = {**ROUTE_ATTRS, attributes.HEADERS["content-encoding"]: "gzip"}
     assert decoder(_headerless_body(gzip)).preamble.values("content-encoding") == [b"gzip"]
     # The same attributes under another filter name read the same, keyed apart.
