@@ -3,8 +3,8 @@
 A body of ``size`` bytes holding at most ``values`` JSON values (``reading.Shape``)
 costs at most ``cost(size, values)`` bytes of process memory from the moment the
 servicer takes it until the answer that carries its rewrite has been handed to gRPC;
-after that nothing of it is held, though the stream stays open for the whole upstream
-response:
+after that nothing of it is held, though a stream whose route processes the response
+stays open until the response is answered:
 
 - ``COPIES * size`` for the bytes themselves: the gRPC message as bytes, the protobuf
   message, the body taken out of it, and the rewritten body with its response message.

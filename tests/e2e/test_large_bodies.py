@@ -265,8 +265,8 @@ def test_slow_body_gets_408_and_nothing_upstream(limited):
 
 
 def test_an_upstream_slower_than_the_body_timeout_is_answered(limited):
-    """The body timeout (2 s here) covers the request's body alone: once decided, the
-    request's stream stays open for the whole upstream response."""
+    """The body timeout (2 s here) covers the request's body alone: an upstream answer
+    slower than it still reaches the client."""
     limited.clear()
     body = json.dumps(chat(kv_transfer_params={"prompt_token_ids": [1, 2]})).encode()
     reply = httpx.post(
