@@ -12,7 +12,7 @@ results.md is bench/markdown.py's.
 from __future__ import annotations
 
 from bench import ledger, stack
-from bench.results_model import LedgerRow, Record, Results
+from bench.results_model import Cpu, LedgerRow, Record, Results
 
 
 def envoy_ladder(floor: str) -> list[tuple[str, str]]:
@@ -58,11 +58,15 @@ def rows(results: Results, floor: str) -> tuple[LedgerRow, ...] | None:
     out = []
     for (body, decision, concurrency), cell in found.items():
         base = cell.get(floor)
+        floor_cpu = Cpu() if base is None else base.cpu
         for name, ladder in ladders.items():
             before: Record | None = None
             for arrangement, adds in ladder:
                 if (record := cell.get(arrangement)) is None:
                     continue
+                # A rung with none before it, or a cell without the floor, has no figure
+                # to compare with: every CPU figure of an empty Cpu is None.
+                prior = Cpu() if before is None else before.cpu
                 out.append(
                     LedgerRow(
                         ladder=name,
@@ -75,19 +79,11 @@ def rows(results: Results, floor: str) -> tuple[LedgerRow, ...] | None:
                         rps=record.rps,
                         processor_cpu_ms_per_req=record.cpu.processor,
                         envoy_cpu_ms_per_req=record.cpu.envoy,
-                        processor_added_ms=None
-                        if before is None
-                        else _minus(record.cpu.processor, before.cpu.processor),
-                        envoy_added_ms=None
-                        if before is None
-                        else _minus(record.cpu.envoy, before.cpu.envoy),
-                        rps_x_floor=None if base is None else _over(record.rps, base.rps),
-                        processor_x_floor=None
-                        if base is None
-                        else _over(record.cpu.processor, base.cpu.processor),
-                        envoy_x_floor=None
-                        if base is None
-                        else _over(record.cpu.envoy, base.cpu.envoy),
+                        processor_added_ms=_minus(record.cpu.processor, prior.processor),
+                        envoy_added_ms=_minus(record.cpu.envoy, prior.envoy),
+                        rps_x_floor=_over(record.rps, None if base is None else base.rps),
+                        processor_x_floor=_over(record.cpu.processor, floor_cpu.processor),
+                        envoy_x_floor=_over(record.cpu.envoy, floor_cpu.envoy),
                         ok=record.ok,
                     )
                 )
