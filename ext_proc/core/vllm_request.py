@@ -298,21 +298,26 @@ def internal_endpoint(path: str) -> str | None:
 
 
 # Paths recently judged, with their token and internal endpoints: a route serves few
-# paths. Paths are the client's, so the memo is emptied when full.
+# paths. Paths are the client's, so the memo is emptied when full and a path longer
+# than _KINDS_PATH is judged afresh, never kept: what the memo holds stays under
+# _KINDS_MEMO * _KINDS_PATH characters whatever the paths Envoy lets through.
 _KINDS: dict[str, tuple[str | None, str | None]] = {}
 _KINDS_MEMO: Final = 1024
+_KINDS_PATH: Final = 256
 
 
 def _kinds(path: str) -> tuple[str | None, str | None]:
     """``path``'s token endpoint and internal endpoint (``_named``), as judged before."""
     kinds = _KINDS.get(path)
     if kinds is None:
-        if len(_KINDS) >= _KINDS_MEMO:
-            _KINDS.clear()
-        kinds = _KINDS[path] = (
+        kinds = (
             _named(path, classified.TOKEN_ENDPOINTS),
             _named(path, classified.INTERNAL_ENDPOINTS),
         )
+        if len(path) <= _KINDS_PATH:
+            if len(_KINDS) >= _KINDS_MEMO:
+                _KINDS.clear()
+            _KINDS[path] = kinds
     return kinds
 
 

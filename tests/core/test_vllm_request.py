@@ -58,3 +58,16 @@ def test_ignores_reused_ids(document, ignored):
 )
 def test_the_endpoint_is_the_path_as_vllm_routes_it(path, expected):
     assert vllm_request.endpoint(path) == expected
+
+
+def test_the_endpoint_memo_keeps_no_long_path_and_empties_when_full():
+    vllm_request._KINDS.clear()
+    long_path = "/v1/" + "a" * vllm_request._KINDS_PATH + "/flush_cache"
+    assert vllm_request.internal_endpoint(long_path) == "/flush_cache"
+    assert long_path not in vllm_request._KINDS
+    for number in range(vllm_request._KINDS_MEMO + 1):
+        assert vllm_request.token_endpoint(f"/v1/p{number}") is None
+    assert len(vllm_request._KINDS) <= vllm_request._KINDS_MEMO
+    # Judged the same from the memo as afresh.
+    assert vllm_request.internal_endpoint("/v1/flush_cache") == "/flush_cache"
+    assert vllm_request.internal_endpoint("/v1/flush_cache") == "/flush_cache"
