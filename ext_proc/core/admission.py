@@ -16,7 +16,7 @@ from ext_proc.core import memory, proof, reading, writing
 from ext_proc.core.budget import Account
 from ext_proc.core.errors import PayloadTooLarge
 from ext_proc.core.reasons import Reason
-from ext_proc.core.vllm_request import KV_KEY, Path
+from ext_proc.core.vllm_request import CACHE_SALT, KV_KEY, Path
 
 
 def check_size(size: int, limit: int) -> None:
@@ -68,18 +68,26 @@ def write(parsed: reading.Parsed, document: reading.Document, account: Account) 
     return writing.serialize(document)
 
 
-def digest(parsed: reading.Parsed, endpoint: str, account: Account) -> bytes:
+def digest(
+    parsed: reading.Parsed,
+    endpoint: str,
+    account: Account,
+    document: Mapping[str, Any] | None = None,
+) -> bytes:
     """The prompt digest of ``parsed`` for ``endpoint`` (``proof.prompt_digest``):
     orjson's rendering, or json.dumps's once its extra cost is held: the gate and the
     allowance of the slow parser and writer, which it runs after the one and before
-    the other (one allowance covers the three, each done before the next starts)."""
-    found = proof.prompt_digest(parsed.document, parsed.orjson_safe, endpoint)
+    the other (one allowance covers the three, each done before the next starts).
+    ``document``: a part of ``parsed``'s document to render instead (it costs at most
+    what the whole does)."""
+    whole = parsed.document if document is None else document
+    found = proof.prompt_digest(whole, parsed.orjson_safe, endpoint)
     if found is not None:
         return found
     if not memory.slow_allowed(parsed.size, parsed.values):
         raise _needs_slow_parse()
     account.hold(_slow_cost(parsed.size, parsed.values))
-    return proof.prompt_digest_slow(parsed.document, endpoint)
+    return proof.prompt_digest_slow(whole, endpoint)
 
 
 def without(
@@ -87,12 +95,16 @@ def without(
     paths: tuple[Path, ...],
     account: Account,
     kv_transfer_params: Mapping[str, Any] | None = None,
+    cache_salt: str | None = None,
 ) -> bytes:
     """The body with the members at ``paths`` removed (``writing.removed``), and then
-    ``kv_transfer_params`` (values orjson writes exactly) written when given."""
+    ``kv_transfer_params`` (values orjson writes exactly) and ``cache_salt`` written
+    when given."""
     document = writing.removed(parsed, paths)
     if kv_transfer_params is not None:
         document[KV_KEY] = dict(kv_transfer_params)
+    if cache_salt is not None:
+        document[CACHE_SALT] = cache_salt
     return write(parsed, document, account)
 
 

@@ -65,6 +65,14 @@ class Proof(BaseModel):
     # may hold another request's KV by then. Raise it only with the lease your vLLM
     # runs with.
     kv_lease_seconds: int = Field(30, gt=0, le=86400)
+    # Lifetime of a turn proof (minted on a decode server's response, honored on the
+    # next turn's prefill leg; docs/trust.md#turns): the client takes the next turn,
+    # so minutes rather than seconds. The same on every processor that shares a key.
+    turn_ttl_seconds: int = Field(300, gt=0, le=86400)
+    # How long the decode server's KV connector keeps a turn's blocks for the next turn
+    # to read (vLLM's NIXL decoder_kv_blocks_ttl: 480 s by default, a plain timeout).
+    # A turn proof must never be honored past it.
+    decode_blocks_ttl_seconds: int = Field(480, gt=0, le=86400)
     # The record of spent proofs (each is honored once): "" for a table shared by this
     # processor's workers; redis://host:port/db (rediss://, unix://) when several
     # processors serve the same routes.
@@ -89,6 +97,16 @@ class Proof(BaseModel):
                 f"exceed proof.kv_lease_seconds ({self.kv_lease_seconds}): a proof honored "
                 "after the connector's lease reads KV blocks that may hold another "
                 "request's; set kv_lease_seconds to the lease your vLLM runs with"
+            )
+        turn_for = self.turn_ttl_seconds + 2 * self.clock_skew_seconds
+        if turn_for > self.decode_blocks_ttl_seconds:
+            raise ValueError(
+                f"proof.turn_ttl_seconds + 2 x proof.clock_skew_seconds ({turn_for}) must "
+                f"not exceed proof.decode_blocks_ttl_seconds "
+                f"({self.decode_blocks_ttl_seconds}): a turn proof honored after the "
+                "decode server freed its blocks reads blocks that may hold another "
+                "request's KV; set decode_blocks_ttl_seconds to your vLLM's "
+                "decoder_kv_blocks_ttl"
             )
         if self.record and not self.record.startswith(("redis://", "rediss://", "unix://")):
             raise ValueError("proof.record must be empty or a redis://, rediss:// or unix:// URL")

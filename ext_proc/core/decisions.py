@@ -40,7 +40,8 @@ class Strip:
     ``honored``: the kv_transfer_params are trusted and stay as they are (an ``Honor``
     whose request also named other carriers, which go). ``connector``: the
     kv_transfer_params then written in their place (a mint route's connector request),
-    as pairs."""
+    as pairs. ``salted``: the body also gets a fresh ``cache_salt`` (a turn read back:
+    the blocks it fills are reachable by no other request's prompt)."""
 
     keys: tuple[str, ...] | None
     reason: Reason
@@ -48,6 +49,7 @@ class Strip:
     honored: bool = False
     carriers: tuple[Path, ...] = ()
     connector: tuple[tuple[str, Any], ...] | None = None
+    salted: bool = False
 
     @property
     def action(self) -> str:
@@ -103,6 +105,7 @@ REASONS_BY_ACTION: Final[Mapping[str, frozenset[Reason]]] = {
             *(UNTRUSTED - {Reason.DENIED_BY_POLICY}),
             Reason.IGNORED_BY_UPSTREAM,
             Reason.CONNECTOR_WRITTEN,
+            Reason.TURN_READ_BACK,
             Reason.NO_REUSED_IDS,  # other carriers of a caller whose keys are kept
         }
     ),

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import secrets
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
@@ -36,6 +37,7 @@ from ext_proc.core import (
     policy,
     proof,
     route_policy,
+    turns,
     vllm_request,
 )
 from ext_proc.core.budget import Account
@@ -44,7 +46,7 @@ from ext_proc.core.config import Config
 from ext_proc.core.content_headers import check_headers
 from ext_proc.core.decisions import NO_PARAMS, Decision, Deny, Strip
 from ext_proc.core.errors import Refusal, RoutePolicyError, attempt, bad_request
-from ext_proc.core.events import CHECKED_HEADERS, NO_PEER, Peer, RequestHeaders
+from ext_proc.core.events import CHECKED_HEADERS, NO_PEER, BodyMode, Peer, RequestHeaders
 from ext_proc.core.reading import Parsed
 from ext_proc.core.reasons import Reason
 from ext_proc.core.replay import Ticket, Verdict
@@ -72,6 +74,9 @@ class Request:
     # A refusal of the headers that audit mode lets pass: the body's decision,
     # reported with the body.
     held: Deny | None = None
+    # A decode (honor) route whose responses Envoy sends whole: their turn parameters
+    # are signed (turns.py).
+    turns: bool = False
 
 
 # A request whose headers were never sent (a mint route's response to a request the
@@ -149,7 +154,10 @@ def read(event: RequestHeaders, config: Config, *, with_body: bool) -> Request:
             )
     refused, held = _body_headers(found, audit, config.max_body_bytes) if with_body else _NONE
     held = held or denied
-    return Request(route.name, request_id, audit, parsed, endpoint, event.peer, body, refused, held)
+    turns = parsed.action is Action.HONOR and event.response_body_mode is BodyMode.BUFFERED
+    return Request(
+        route.name, request_id, audit, parsed, endpoint, event.peer, body, refused, held, turns
+    )
 
 
 _NONE: Final = (None, None)
@@ -246,8 +254,10 @@ def settle(asked: Proof, verdict: Verdict, request: Request, account: Account) -
     """The record's verdict on ``asked``: the decision stands (``FIRST``), or the
     request is decided again with the proof unproven for the verdict's reason (its
     parameters removed, or refused on a route that denies unproven ones)."""
-    decision = asked.decision
+    decision, pending = asked.decision, asked.pending
     if verdict is not Verdict.FIRST:
+        # Nothing was read back: the response is signed as any prefill's.
+        pending = dataclasses.replace(pending, expected=None)
         evidence = dataclasses.replace(asked.evidence, spent=verdict.reason)
         decision = policy.decide(
             request.policy,
@@ -257,7 +267,7 @@ def settle(asked: Proof, verdict: Verdict, request: Request, account: Account) -
             asked.sender,
             body=request.body,
         )
-    return _enforce(decision, asked.parsed, request.audit, account, asked.pending)
+    return _enforce(decision, asked.parsed, request.audit, account, pending)
 
 
 def _enforce(
@@ -276,7 +286,9 @@ def _enforce(
         # Rewriting may refuse: a body too deep to write back, or json.dumps's extra
         # beyond the budget.
         connector = None if decision.connector is None else dict(decision.connector)
-        written = attempt(admission.without, parsed, decision.paths, account, connector)
+        # A fresh salt per read-back: the blocks it fills serve no other prompt.
+        salt = secrets.token_urlsafe(16) if decision.salted else None
+        written = attempt(admission.without, parsed, decision.paths, account, connector, salt)
         if isinstance(written, Refusal):
             refused = Deny(written)
             return Inspection(refused, refused=refused, pending=pending)
@@ -295,7 +307,9 @@ def _judge(
     """The policy's judgment of ``raw``. Charging, parsing and the prompt digest (a body
     too deep, or json.dumps's extra beyond its limits or the budget) raise their
     refusals."""
-    minting = request.policy.action is Action.MINT
+    # A mint route signs its response, a turns route its response's turn: both parse
+    # every request for its prompt digest.
+    minting = request.policy.action is Action.MINT or request.turns
     # How often the bytes name each carrier (None: they cannot tell).
     named = spelled(raw, CARRIER_NAMES)
     strict = request.body is not None
@@ -332,6 +346,8 @@ def _judge(
         trust.clock(),
         settings.clock_skew_seconds,
         settings.ttl_seconds,
+        prefix=functools.partial(_prefix, parsed, request.endpoint, account),
+        turn_lifetime=settings.turn_ttl_seconds,
     )
     return _weigh(parsed, carriers, echo_free, request, evidence, sender=sender)
 
@@ -352,16 +368,34 @@ def _weigh(
     transfer parameters from. Rendering the digest may raise ``BadRequest`` for a body
     too deep, and ``PayloadTooLarge`` or ``ServiceUnavailable`` where only json.dumps
     renders it (``admission.digest``)."""
-    minting = request.policy.action is Action.MINT
-    pending = mint.expect(request.endpoint, evidence.digest) if minting else mint.NOTHING
+    document = parsed.document
+    if request.policy.action is Action.MINT:
+        pending = mint.expect(request.endpoint, evidence.digest)
+    elif request.turns:
+        pending = mint.expect_turn(request.endpoint, evidence.digest, document.get("messages"))
+    else:
+        pending = mint.NOTHING
     decision = policy.decide(
-        request.policy, parsed.document, evidence, carriers, sender, body=request.body
+        request.policy, document, evidence, carriers, sender, body=request.body
     )
     pending = mint.judged(pending, decision, echo_free)
-    if decision.reason == policy.HONORED_PROOF and not isinstance(decision, Deny):
-        ticket = proof.ticket(parsed.document[KV_KEY], evidence.skew, evidence.lifetime)
+    if decision.reason in policy.SPENDS_PROOF and not isinstance(decision, Deny):
+        params = document[KV_KEY]
+        lifetime = evidence.lifetime
+        if decision.reason is Reason.TURN_READ_BACK:
+            lifetime = evidence.turn_lifetime
+            pending = dataclasses.replace(pending, expected=turns.expected(params))
+        ticket = proof.ticket(params, evidence.skew, lifetime)
         return Proof(ticket, decision, parsed, evidence, carriers, pending, sender)
     return decision, parsed, pending
+
+
+def _prefix(parsed: Parsed, endpoint: str, account: Account, count: int) -> bytes:
+    """The prompt digest of the request with only its first ``count`` messages."""
+    document = parsed.document
+    return admission.digest(
+        parsed, endpoint, account, {**document, "messages": document["messages"][:count]}
+    )
 
 
 def _checked_headers(headers: tuple[tuple[str, bytes], ...]) -> dict[str, list[bytes]]:

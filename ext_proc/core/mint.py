@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
 
-from ext_proc.core import admission, policy
+from ext_proc.core import admission, policy, turns
 from ext_proc.core.budget import Account
 from ext_proc.core.content_headers import check_headers
 from ext_proc.core.decisions import Allow, Decision
@@ -27,10 +27,15 @@ from ext_proc.core.vllm_request import KV_KEY, MINT_ENDPOINTS
 @dataclass(frozen=True, slots=True)
 class Pending:
     """What a request leaves for its response: the prompt digest the response's
-    parameters are signed for, or (``digest`` None) the reason they are not."""
+    parameters are signed for, or (``digest`` None) the reason they are not.
+    ``messages``: set on a decode route whose responses are processed, the request's
+    message count: its response's turn parameters are what is signed (turns.py).
+    ``expected``: set for a turn read back, what the response's ids must begin with."""
 
     digest: bytes | None
     refused: Reason | None = None  # set exactly when ``digest`` is None
+    messages: int | None = None
+    expected: turns.Expected | None = None
 
     @property
     def unsigned(self) -> Reason:
@@ -48,6 +53,14 @@ def expect(endpoint: str, digest: Callable[[], bytes]) -> Pending:
     if endpoint not in MINT_ENDPOINTS:
         return Pending(None, Reason.ENDPOINT_NOT_MINTABLE)
     return Pending(digest())
+
+
+def expect_turn(endpoint: str, digest: Callable[[], bytes], messages: object) -> Pending:
+    """What a decode route's request leaves when its response is processed: the turn
+    parameters of a chat request's response are signed (``digest`` rendered for those)."""
+    if endpoint not in MINT_ENDPOINTS or not isinstance(messages, list) or not messages:
+        return Pending(None, Reason.ENDPOINT_NOT_MINTABLE)
+    return Pending(digest(), messages=len(messages))
 
 
 def judged(pending: Pending, decision: Decision, echo_free: bool) -> Pending:
@@ -93,6 +106,7 @@ class Signing:
     max_json_values: int
     keys: KeySet
     expiry: int
+    turn_expiry: int = 0  # a turn proof's (proof.turn_ttl_seconds)
 
 
 def sign(pending: Pending, raw: bytes, signing: Signing) -> tuple[Decision, bytes | None]:
@@ -109,9 +123,17 @@ def sign(pending: Pending, raw: bytes, signing: Signing) -> tuple[Decision, byte
     parsed = attempt(admission.parse, raw, shape, account)
     if isinstance(parsed, Refusal):
         return Allow(Reason.RESPONSE_NOT_JSON), None
-    decision, params = policy.mint_response(
-        parsed.document, pending.digest, signing.keys, signing.expiry
-    )
+    document, keys = parsed.document, signing.keys
+    if pending.messages is not None:
+        decision, params = turns.mint(
+            document, pending.digest, pending.messages, keys, signing.turn_expiry
+        )
+    elif pending.expected is not None and turns.diverged(document, pending.expected):
+        # The prefill server's prompt does not begin with the tokens whose KV it read
+        # back: nothing it answered is signed, so no decode leg runs on it.
+        return Allow(Reason.TURN_PROMPT_DIVERGED), None
+    else:
+        decision, params = policy.mint_response(document, pending.digest, keys, signing.expiry)
     if params is None:
         return decision, None
     written = attempt(admission.write, parsed, {**parsed.document, KV_KEY: params}, account)

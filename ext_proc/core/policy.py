@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final
 
-from ext_proc.core import caller, connector_bounds, declared, proof
+from ext_proc.core import caller, connector_bounds, declared, proof, turns
 from ext_proc.core.caller import Caller
 from ext_proc.core.decisions import NO_PARAMS, Allow, Decision, Deny, Honor, Mint, Strip
 from ext_proc.core.errors import PayloadTooLarge, Refusal, bad_request
@@ -54,6 +54,10 @@ class Evidence:
     # The longest lifetime this deployment mints proofs for (proof.ttl_seconds).
     lifetime: float = math.inf
     spent: Reason | None = None
+    # The prompt digest of the request with only its first n messages (a turn proof's
+    # conversation), and the longest lifetime of a turn proof (proof.turn_ttl_seconds).
+    prefix: Callable[[int], bytes] = lambda n: _no_digest()
+    turn_lifetime: float = math.inf
 
 
 def _no_digest() -> bytes:
@@ -66,6 +70,9 @@ NO_EVIDENCE: Final = Evidence(_no_digest)
 # The reason of a decision that honors parameters because their proof verified: the
 # proof is then spent (replay.py) before the decision stands.
 HONORED_PROOF: Final = Reason.TRUSTED_PROOF
+# The reasons of every decision that spends a proof: a decode leg's, and a turn's read
+# back on the next turn's prefill leg.
+SPENDS_PROOF: Final = frozenset({HONORED_PROOF, Reason.TURN_READ_BACK})
 # The actions whose decisions read the evidence.
 WEIGHS_EVIDENCE: Final = frozenset({Action.HONOR, Action.MINT})
 
@@ -159,7 +166,11 @@ def decide(
     caller's undeclared members go too."""
     if sender is None:
         sender = caller.of(policy, evidence.peer)
-    decision = _decide_carriers(policy, document, evidence, sender, carriers)
+    turn = _turn(policy, document, evidence, sender)
+    # A turn that verified is judged as a request without parameters: they go, and
+    # what the route writes in their place carries its read-back keys.
+    judged = _without_params(document) if isinstance(turn, turns.Honored) else document
+    decision = _decide_carriers(policy, judged, evidence, sender, carriers)
     if body is not None and not sender.trusted and not isinstance(decision, Deny):
         decision = _strict(policy, document, body, decision, sender)
     if policy.connector is None or isinstance(decision, Deny):
@@ -168,14 +179,53 @@ def decide(
         return decision  # a listed peer's own parameters are its own
     # Whatever the caller sent goes; the route's connector request is written instead,
     # so no caller steers the prefill server's connector and none need be trusted.
+    connector, salted, reason = policy.connector, False, Reason.CONNECTOR_WRITTEN
+    if isinstance(turn, turns.Honored):
+        # Signed by this deployment, yet held to the bounds like every honored object.
+        refused = connector_bounds.refusal(dict(turn.connector))
+        if refused is not None:
+            return Deny(refused, decision.id_count)
+        connector, salted, reason = turn.connector, True, Reason.TURN_READ_BACK
+    elif turn is not None:
+        reason = turn
     if isinstance(decision, Strip):
-        return dataclasses.replace(decision, keys=None, honored=False, connector=policy.connector)
+        if turn is None:
+            reason = decision.reason
+        return dataclasses.replace(
+            decision, keys=None, honored=False, connector=connector, salted=salted, reason=reason
+        )
     return Strip(
-        keys=None,
-        reason=Reason.CONNECTOR_WRITTEN,
-        id_count=decision.id_count,
+        keys=None, reason=reason, id_count=decision.id_count, connector=connector, salted=salted
+    )
+
+
+def _turn(
+    policy: RoutePolicy, document: Document, evidence: Evidence, sender: Caller
+) -> turns.Honored | Reason | None:
+    """A turn proof in the request of a caller a connector route does not trust: what
+    honoring it writes, or why it is not honored; None when there is none."""
+    params = document.get(KV_KEY)
+    if policy.connector is None or sender.trusted or not isinstance(params, dict):
+        return None
+    if not turns.is_turn(params):
+        return None
+    found = turns.honor(
+        params,
+        document,
+        keys=evidence.keys,
+        prefix=evidence.prefix,
+        now=evidence.now,
+        skew=evidence.skew,
+        lifetime=evidence.turn_lifetime,
         connector=policy.connector,
     )
+    if isinstance(found, turns.Honored) and evidence.spent is not None:
+        return evidence.spent
+    return found
+
+
+def _without_params(document: Document) -> Document:
+    return {key: value for key, value in document.items() if key != KV_KEY}
 
 
 def _decide_carriers(

@@ -46,6 +46,9 @@ from ext_proc.core.vllm_request import EC_KEY, IDS_KEY, KV_KEY
 
 PROOF_KEY: Final = "token_policy_proof"
 VERSION: Final = "tp3"
+# A turn proof (turns.py): the same format and MAC under its own version, so that no
+# proof of one kind is ever read as the other's.
+TURN_VERSION: Final = "tt3"
 NONCE_BYTES: Final = 12
 # Fields an orchestrator legitimately changes between the prefill and the decode leg
 # (the transfer parameters are each leg's own); every other field of the request is
@@ -64,7 +67,7 @@ UNBOUND_FIELDS: Final = frozenset(
 )
 KEY_ID: Final = re.compile(r"[A-Za-z0-9_-]{1,64}")
 _PROOF: Final = re.compile(
-    r"tp3\.([A-Za-z0-9_-]{1,64})\.([1-9][0-9]{0,11})\.([A-Za-z0-9_-]{16})"
+    r"(tp3|tt3)\.([A-Za-z0-9_-]{1,64})\.([1-9][0-9]{0,11})\.([A-Za-z0-9_-]{16})"
     r"\.([A-Za-z0-9_-]{43})\.([A-Za-z0-9_-]{43})"
 )
 
@@ -245,10 +248,12 @@ def _mac_key(key: bytes) -> bytes:
     return blake3.blake3(key, derive_key_context=MAC_CONTEXT).digest()
 
 
-def _mac(key: bytes, fields: tuple[str, str, str], body: tuple[bytes, bytes]) -> blake3.blake3:
-    """The MAC's state over the proof's ``fields`` (key id, expiry, digest) and ``body``;
-    the nonce, fed last, completes it (``_sealed``)."""
-    mac = blake3.blake3("\n".join((VERSION, *fields, "")).encode(), key=_mac_key(key))
+def _mac(
+    key: bytes, fields: tuple[str, str, str], body: tuple[bytes, bytes], version: str
+) -> blake3.blake3:
+    """The MAC's state over the proof's ``version``, its ``fields`` (key id, expiry,
+    digest) and ``body``; the nonce, fed last, completes it (``_sealed``)."""
+    mac = blake3.blake3("\n".join((version, *fields, "")).encode(), key=_mac_key(key))
     head, ids = body
     mac.update(head)
     mac.update(b"\n")
@@ -263,7 +268,7 @@ def _sealed(state: blake3.blake3, nonce: str) -> bytes:
 
 
 def minter(
-    keys: KeySet, params: Mapping[str, Any], digest: bytes, expiry: int
+    keys: KeySet, params: Mapping[str, Any], digest: bytes, expiry: int, version: str = VERSION
 ) -> Callable[[bytes], str] | None:
     """Proofs for ``params`` minted for a request with ``digest`` that differ in their
     nonce (``NONCE_BYTES`` bytes) alone, the MAC over the rest computed once; None when
@@ -274,11 +279,11 @@ def minter(
     if body is None:
         return None
     key_id, shown = keys.signing, _b64(digest)
-    state = _mac(keys.keys[key_id], (key_id, str(expiry), shown), body)
+    state = _mac(keys.keys[key_id], (key_id, str(expiry), shown), body, version)
 
     def make(nonce: bytes) -> str:
         text = _b64(nonce)
-        return f"{VERSION}.{key_id}.{expiry}.{text}.{shown}.{_b64(_sealed(state, text))}"
+        return f"{version}.{key_id}.{expiry}.{text}.{shown}.{_b64(_sealed(state, text))}"
 
     return make
 
@@ -289,11 +294,13 @@ def mint(
     digest: bytes,
     expiry: int,
     nonce: bytes | None = None,
+    *,
+    version: str = VERSION,
 ) -> str | None:
     """The proof for ``params`` minted for a request with ``digest``; None when there is
     no signing key or the parameters cannot be rendered. ``nonce``: fresh random bytes
-    unless given."""
-    make = minter(keys, params, digest, expiry)
+    unless given; ``version``: the proof's kind (``TURN_VERSION`` for turns.py)."""
+    make = minter(keys, params, digest, expiry, version)
     if make is None:
         return None
     return make(secrets.token_bytes(NONCE_BYTES) if nonce is None else nonce)
@@ -309,11 +316,12 @@ class Claim:
     nonce: str
     shown: bytes  # the MAC the proof carries
     body: tuple[bytes, bytes]
+    version: str = VERSION
 
     def settle(self, digest: bytes, now: float, skew: float, lifetime: float) -> Reason | None:
         """``verify``'s verdict: the MAC the proof should carry (a pass over the ids)
         computed and compared first."""
-        expected = _sealed(_mac(self.key, self.fields, self.body), self.nonce)
+        expected = _sealed(_mac(self.key, self.fields, self.body, self.version), self.nonce)
         if not hmac.compare_digest(expected, self.shown):
             return Reason.PROOF_BAD_SIGNATURE
         _, expiry, shown = self.fields
@@ -326,17 +334,18 @@ class Claim:
         return None
 
 
-def claim(keys: KeySet, params: Mapping[str, Any]) -> Claim | Reason:
+def claim(keys: KeySet, params: Mapping[str, Any], version: str = VERSION) -> Claim | Reason:
     """The proof in ``params`` as a ``Claim``, or why it is none (missing, malformed,
-    an unknown key): the checks that need neither the MAC nor the prompt digest."""
+    an unknown key): the checks that need neither the MAC nor the prompt digest. A
+    proof of another kind than ``version`` is malformed here."""
     proof = params.get(PROOF_KEY)
     if proof is None:
         return Reason.PROOF_MISSING
     match = _PROOF.fullmatch(proof) if isinstance(proof, str) else None
     if match is None:
         return Reason.PROOF_MALFORMED
-    key_id, expiry, nonce, shown, mac = match.groups()
-    if not (_canonical(nonce) and _canonical(shown) and _canonical(mac)):
+    kind, key_id, expiry, nonce, shown, mac = match.groups()
+    if kind != version or not (_canonical(nonce) and _canonical(shown) and _canonical(mac)):
         return Reason.PROOF_MALFORMED
     key = keys.keys.get(key_id)
     if key is None:
@@ -344,7 +353,7 @@ def claim(keys: KeySet, params: Mapping[str, Any]) -> Claim | Reason:
     body = canonical(params)
     if body is None:
         return Reason.PROOF_MALFORMED
-    return Claim(key, (key_id, expiry, shown), nonce, _unb64(mac), body)
+    return Claim(key, (key_id, expiry, shown), nonce, _unb64(mac), body, version)
 
 
 def verify(
@@ -385,7 +394,7 @@ def ticket(params: Mapping[str, Any], skew: float, lifetime: float) -> Ticket:
     such a ticket."""
     match = _PROOF.fullmatch(params[PROOF_KEY])
     assert match is not None, "verified"
-    _, expiry, _, _, mac = match.groups()
+    _, _, expiry, _, _, mac = match.groups()
     margin = math.ceil(skew)
     since = int(expiry) - math.ceil(lifetime) - margin if math.isfinite(lifetime) else _NEVER
     return Ticket(_unb64(mac)[:TICKET_BYTES], int(expiry) + 3 * margin, since)

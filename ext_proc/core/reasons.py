@@ -23,6 +23,7 @@ class Reason(StrEnum):
     TRUSTED_ANY_CALLER = "trusted_any_caller"
     IGNORED_BY_UPSTREAM = "ignored_by_upstream"
     CONNECTOR_WRITTEN = "connector_written"
+    TURN_READ_BACK = "turn_read_back"
 
     # Why parameters are untrusted: removed, or refused where the route denies them.
     STRIPPED_BY_POLICY = "stripped_by_policy"
@@ -39,6 +40,7 @@ class Reason(StrEnum):
     PROOF_REPLAYED = "proof_replayed"
     PROOF_RECORD_UNAVAILABLE = "proof_record_unavailable"
     PROOF_RECORD_FULL = "proof_record_full"
+    TURN_NOT_CHECKABLE = "turn_not_checkable"
 
     # Why a request is refused.
     KV_PARAMS_NOT_OBJECT = "kv_params_not_object"
@@ -80,6 +82,8 @@ class Reason(StrEnum):
     ENDPOINT_NOT_MINTABLE = "endpoint_not_mintable"
     REQUEST_MAY_ECHO = "request_may_echo"
     NOT_MINTED_ON_THIS_ROUTE = "not_minted_on_this_route"
+    TURN_IDS_MISSING = "turn_ids_missing"
+    TURN_PROMPT_DIVERGED = "turn_prompt_diverged"
 
 
 # The reasons that trust: a verified proof, a listed peer, a route that trusts any
@@ -103,6 +107,7 @@ UNTRUSTED: Final = frozenset(
         Reason.PROOF_REPLAYED,
         Reason.PROOF_RECORD_UNAVAILABLE,
         Reason.PROOF_RECORD_FULL,
+        Reason.TURN_NOT_CHECKABLE,
     }
 )
 # Why a request is refused, beyond untrusted parameters: a Deny's reason only.
@@ -149,5 +154,7 @@ UNSIGNED: Final = frozenset(
         Reason.ENDPOINT_NOT_MINTABLE,
         Reason.REQUEST_MAY_ECHO,
         Reason.NOT_MINTED_ON_THIS_ROUTE,
+        Reason.TURN_IDS_MISSING,
+        Reason.TURN_PROMPT_DIVERGED,
     }
 )

@@ -464,6 +464,7 @@ class Stream:
             config.max_json_values,
             trust.keys(),
             int(trust.clock()) + config.proof.ttl_seconds,
+            int(trust.clock()) + config.proof.turn_ttl_seconds,
         )
         decision, signed = mint.sign(self._pending, event.chunk, signing)
         # A response is never refused: its decision is an Allow or a Mint.

@@ -81,6 +81,9 @@ CONNECTOR_REQUESTS: Final = {
 
 Path = tuple[str | int, ...]
 IDS_KEY: Final = "prompt_token_ids"
+# The request member that salts vLLM's prefix-cache hashes (from the first block on):
+# blocks filled under one salt are found only by requests with the same salt.
+CACHE_SALT: Final = "cache_salt"
 # Keys vLLM's reuse helper reads from kv_transfer_params; both are policed alike.
 POLICED_KEYS: Final = (IDS_KEY, "prompt_features")
 # Content part types that carry text only; anything else makes vLLM ignore reused ids.

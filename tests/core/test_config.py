@@ -119,6 +119,18 @@ def test_a_proof_lifetime_beyond_the_connectors_lease_fails_to_load():
     assert default.ttl_seconds + 2 * default.clock_skew_seconds <= default.kv_lease_seconds == 30
 
 
+def test_a_turn_proof_lifetime_beyond_the_decode_blocks_ttl_fails_to_load():
+    with pytest.raises(ConfigError, match="decode_blocks_ttl_seconds"):
+        Config.load(environ={}, proof={"turn_ttl_seconds": 471})  # 471 + 2 x 5 > 480
+    stated = Config.load(
+        environ={}, proof={"turn_ttl_seconds": 900, "decode_blocks_ttl_seconds": 910}
+    )
+    assert stated.proof.turn_ttl_seconds == 900
+    default = Config.load(environ={}).proof
+    assert default.turn_ttl_seconds + 2 * default.clock_skew_seconds <= 480
+    assert default.decode_blocks_ttl_seconds == 480
+
+
 def test_the_record_is_a_redis_url_or_the_local_table_charged_to_the_budget():
     with pytest.raises(ConfigError, match=r"proof\.record"):
         Config.load(environ={}, proof={"record": "http://redis:6379"})

@@ -1,0 +1,238 @@
+"""Turns through the stream machine: a decode route whose responses are processed signs
+the decode server's turn parameters; the next turn's prefill leg honors them once, for
+the same conversation only, and signs its response only when the prefill server's
+prompt begins with the tokens read back (ext_proc/core/turns.py)."""
+
+import json
+
+import pytest
+
+from ext_proc.core import proof, turns
+from ext_proc.core.decisions import Allow, Mint, Strip
+from ext_proc.core.events import (
+    BodyMode,
+    ContinueBody,
+    ContinueResponseBody,
+    ContinueResponseHeaders,
+    RequestBody,
+    ResponseBody,
+    ResponseHeaders,
+    RouteMetadata,
+)
+from ext_proc.core.proof import Trust
+from ext_proc.core.reasons import Reason
+from ext_proc.core.vllm_request import CONNECTOR_REQUESTS
+from ext_proc.edge.record import LocalRecord
+from tests.core.messages import BUFFERED, KEYS, OK_JSON, headers
+from tests.driver import DAY, Driven
+
+NOW = 1000.0
+DECODE_ROUTE = RouteMetadata({"topology": "disaggregated", "action": "honor"}, 2.0)
+PREFILL_ROUTE = RouteMetadata(
+    {"topology": "disaggregated", "action": "mint", "connector": "nixl"}, 3.0
+)
+SYSTEM = {"role": "system", "content": "be brief"}
+TURN1 = [SYSTEM, {"role": "user", "content": "hello"}]
+PROMPT_IDS = list(range(100, 120))  # the decode server's prompt: 20 tokens
+OUTPUT_IDS = [7, 8, 9, 10]
+HELD = 23  # prompt + output less the last output token: what its blocks hold
+TURN_PARAMS = {
+    "do_remote_prefill": False,
+    "do_remote_decode": True,
+    "remote_block_ids": [[4, 5]],
+    "remote_engine_id": "decode-engine",
+    "remote_request_id": "cmpl-1",
+    "remote_host": "10.0.0.2",
+    "remote_port": 5601,
+    "tp_size": 1,
+    "dcp_size": 1,
+    "pp_size": 1,
+    "remote_num_tokens": HELD,
+    "remote_blocks_expiry_time": 1234.5,
+    "transfer_mode": "pull",
+}
+
+
+def trust(now=NOW):
+    return Trust(keys=lambda: KEYS, clock=lambda: now)
+
+
+def record():
+    return LocalRecord.anonymous(64, lambda: NOW, began=NOW - DAY)
+
+
+def request(route, body, *, response=BUFFERED, spent=None, now=NOW):
+    stream = Driven(trust=trust(now), spent=spent or record())
+    stream.handle(headers(route, response=response))
+    answers = stream.handle(RequestBody(json.dumps(body).encode(), True))
+    return stream, answers
+
+
+def respond(stream, body):
+    assert stream.handle(ResponseHeaders(OK_JSON, False)) == [ContinueResponseHeaders()]
+    (answer,) = stream.handle(ResponseBody(json.dumps(body).encode(), True))
+    assert isinstance(answer, ContinueResponseBody)
+    return answer
+
+
+def decode_response(content="hi there", params=TURN_PARAMS):
+    return {
+        "choices": [
+            {"message": {"role": "assistant", "content": content}, "token_ids": OUTPUT_IDS}
+        ],
+        "prompt_token_ids": PROMPT_IDS,
+        "kv_transfer_params": params,
+    }
+
+
+def first_turn(**options):
+    """The decode leg of turn 1 on a route that processes responses: the signed object."""
+    stream, _ = request(DECODE_ROUTE, {"model": "m", "messages": TURN1, "max_tokens": 8})
+    answer = respond(stream, decode_response(**options))
+    assert stream.decision == Mint(Reason.MINTED, HELD)
+    return json.loads(answer.replacement)["kv_transfer_params"]
+
+
+def second_turn(params, answer="hi there", **changes):
+    body = {
+        "model": "m",
+        "messages": [
+            *TURN1,
+            {"role": "assistant", "content": answer},
+            {"role": "user", "content": "more"},
+        ],
+        "max_tokens": 1,
+        "return_token_ids": True,
+        "kv_transfer_params": params,
+    }
+    body.update(changes)
+    return body
+
+
+def forwarded(answers):
+    (answer,) = answers
+    assert isinstance(answer, ContinueBody)
+    return json.loads(answer.replacement)
+
+
+def test_the_decode_response_is_signed_as_a_turn_of_this_conversation():
+    params = first_turn()
+    assert params[proof.PROOF_KEY].startswith("tt3.")
+    assert {
+        k: v for k, v in params.items() if k not in (proof.PROOF_KEY, turns.TURN_KEY)
+    } == TURN_PARAMS
+    sequence = (PROMPT_IDS + OUTPUT_IDS)[:HELD]
+    tokens = turns._b64(turns.tokens_digest(sequence))
+    assert params[turns.TURN_KEY] == {"messages": 2, "tokens": tokens}
+    # Never a decode leg's proof: the decode route reads it as malformed.
+    stream, _ = request(
+        DECODE_ROUTE, {"model": "m", "messages": TURN1, "kv_transfer_params": params}
+    )
+    assert stream.decision.reason is Reason.PROOF_MALFORMED
+
+
+def test_the_next_turn_reads_the_conversation_back_once():
+    params = first_turn()
+    spent = record()
+    stream, answers = request(PREFILL_ROUTE, second_turn(params), spent=spent)
+    assert isinstance(stream.decision, Strip)
+    assert stream.decision.reason is Reason.TURN_READ_BACK
+    sent = forwarded(answers)
+    read_back = {
+        k: v for k, v in TURN_PARAMS.items() if k not in ("do_remote_prefill", "do_remote_decode")
+    }
+    assert sent["kv_transfer_params"] == {**dict(CONNECTOR_REQUESTS["nixl"]), **read_back}
+    assert len(sent["cache_salt"]) >= 16
+    # The prefill server's prompt begins with the tokens read back: its response is signed.
+    response = {
+        "prompt_token_ids": (PROMPT_IDS + OUTPUT_IDS + [1, 2, 3]),
+        "kv_transfer_params": {"do_remote_prefill": True, "remote_block_ids": [1]},
+    }
+    answer = respond(stream, response)
+    assert stream.decision == Mint(Reason.MINTED, len(response["prompt_token_ids"]))
+    assert json.loads(answer.replacement)["kv_transfer_params"][proof.PROOF_KEY].startswith("tp3.")
+    # The same proof again: spent, nothing read back.
+    again, answers = request(PREFILL_ROUTE, second_turn(params), spent=spent)
+    assert again.decision.reason is Reason.PROOF_REPLAYED
+    assert forwarded(answers)["kv_transfer_params"] == dict(CONNECTOR_REQUESTS["nixl"])
+    assert "cache_salt" not in forwarded(answers)
+
+
+@pytest.mark.parametrize(
+    ("body", "reason"),
+    [
+        (second_turn({}, answer="something else"), Reason.PROMPT_MISMATCH),
+        (second_turn({}, model="other"), Reason.PROMPT_MISMATCH),
+        (
+            second_turn(
+                {},
+                messages=[
+                    {"role": "user", "content": "hello"},
+                    {"role": "assistant", "content": "hi there"},
+                    {"role": "user", "content": "x"},
+                ],
+            ),
+            Reason.PROMPT_MISMATCH,
+        ),
+        (second_turn({}, messages=TURN1), Reason.PROMPT_MISMATCH),
+        (second_turn({}, return_token_ids=False), Reason.TURN_NOT_CHECKABLE),
+        (second_turn({}, stream=True), Reason.TURN_NOT_CHECKABLE),
+    ],
+)
+def test_a_turn_presented_with_another_conversation_reads_nothing_back(body, reason):
+    body["kv_transfer_params"] = first_turn()
+    stream, answers = request(PREFILL_ROUTE, body)
+    assert stream.decision.reason is reason
+    assert forwarded(answers)["kv_transfer_params"] == dict(CONNECTOR_REQUESTS["nixl"])
+
+
+def test_a_tampered_or_expired_turn_reads_nothing_back():
+    params = first_turn()
+    tampered = {**params, "remote_num_tokens": HELD + 16}
+    stream, _ = request(PREFILL_ROUTE, second_turn(tampered))
+    assert stream.decision.reason is Reason.PROOF_BAD_SIGNATURE
+    late = NOW + 300 + 6
+    stream, _ = request(PREFILL_ROUTE, second_turn(params), now=late)
+    assert stream.decision.reason is Reason.PROOF_EXPIRED
+    # A prefill leg's proof is no turn: the route writes its own request as ever.
+    prefill_proof = {**TURN_PARAMS, proof.PROOF_KEY: proof.mint(KEYS, TURN_PARAMS, b"d" * 32, 2000)}
+    stream, _ = request(PREFILL_ROUTE, second_turn(prefill_proof))
+    assert stream.decision.reason is Reason.UNPROVEN
+
+
+def test_a_prefill_prompt_that_diverges_from_the_tokens_read_back_is_not_signed():
+    stream, _ = request(PREFILL_ROUTE, second_turn(first_turn()))
+    diverged = [*PROMPT_IDS, 7, 8, 99, 1, 2]  # a template that renders the answer otherwise
+    answer = respond(
+        stream, {"prompt_token_ids": diverged, "kv_transfer_params": {"do_remote_prefill": True}}
+    )
+    assert stream.decision == Allow(Reason.TURN_PROMPT_DIVERGED)
+    assert answer.replacement is None
+
+
+@pytest.mark.parametrize(
+    ("response", "reason"),
+    [
+        ({**decode_response(), "prompt_token_ids": None}, Reason.TURN_IDS_MISSING),
+        ({**decode_response(), "choices": []}, Reason.TURN_IDS_MISSING),
+        (
+            decode_response(params={**TURN_PARAMS, "do_remote_decode": False}),
+            Reason.NOTHING_TO_MINT,
+        ),
+        (
+            decode_response(params={**TURN_PARAMS, "remote_num_tokens": 25}),
+            Reason.RESPONSE_CONNECTOR_OUT_OF_BOUNDS,
+        ),
+        (decode_response(params=None), Reason.NOTHING_TO_MINT),
+    ],
+)
+def test_a_decode_response_without_a_checkable_turn_is_not_signed(response, reason):
+    stream, _ = request(DECODE_ROUTE, {"model": "m", "messages": TURN1})
+    answer = respond(stream, response)
+    assert stream.decision == Allow(reason)
+    assert answer.replacement is None
+
+
+def test_a_decode_route_whose_responses_are_not_processed_signs_nothing():
+    stream, _ = request(DECODE_ROUTE, {"model": "m", "messages": TURN1}, response=BodyMode.NONE)
+    assert stream.last.final  # the RPC ends at the decision, as before
