@@ -200,12 +200,24 @@ class RouteInput(BaseModel):
     policy: PolicyInput = PolicyInput()
     # Largest request body held for inspection on this route (413 beyond it).
     body_limit_bytes: int | None = Field(default=None, gt=0, le=1024 * MiB)
+    # An honor (decode) route whose responses go to the processor too, whole: their
+    # turn parameters are signed for the conversation's next turn (docs/trust.md#turns).
+    # The response is held until it ends: for non-streamed decode legs.
+    turns: bool = False
 
     @model_validator(mode="after")
     def _metadata_valid(self) -> RouteInput:
         # The rewrite's fields beside the policy's, as the processor reads them.
         _as_input_error(self.read)
+        if self.turns and self.read().action is not Action.HONOR:
+            raise ValueError("turns: only an honor (decode) route signs its responses' turns")
         return self
+
+    @property
+    def responds(self) -> bool:
+        """Whether the processor is sent the route's responses: a mint route's, to sign
+        them, and a turns route's."""
+        return self.turns or self.read().action is Action.MINT
 
     def metadata(self) -> dict[str, Any]:
         """The route's ``filter_metadata`` entry: its policy and its rewrite's fields."""
@@ -355,10 +367,11 @@ class GeneratorInput(BaseModel):
                     "so this route could never be reached"
                 )
             limit = entry.body_limit_bytes or self.body_limit_bytes
-            if entry.read().action is Action.MINT and limit < MINT_BUFFER_MIN:
+            if entry.responds and limit < MINT_BUFFER_MIN:
                 raise ValueError(
-                    f"{where}.body_limit_bytes: {limit} is below {MINT_BUFFER_MIN} (a mint "
-                    "route's buffer limit bounds the prefill response as well)"
+                    f"{where}.body_limit_bytes: {limit} is below {MINT_BUFFER_MIN} (the "
+                    "buffer limit of a route whose responses are processed bounds its "
+                    "response as well)"
                 )
             names.add(name)
             earlier.append(entry)

@@ -15,7 +15,6 @@ import yaml
 from betterproto2 import Casing
 
 from ext_proc.core.address import HostPort
-from ext_proc.core.route_policy import Action
 from ext_proc.edge.attributes import HEADERS, attribute_keys
 from ext_proc.tools import carrier_headers
 from ext_proc.tools.envoy_names import BUFFER_FILTER, MINT_RESPONSE
@@ -600,7 +599,6 @@ def policy_route(spec: GeneratorInput, entry: RouteInput, index: int) -> route.R
         prefix_rewrite=entry.prefix_rewrite or "",
         timeout=_seconds(spec.route_timeout_seconds),
     )
-    minting = entry.read().action is Action.MINT
     limit = entry.body_limit_bytes or spec.body_limit_bytes
     return route.Route(
         name=route_name(entry, index),
@@ -619,7 +617,7 @@ def policy_route(spec: GeneratorInput, entry: RouteInput, index: int) -> route.R
         # listener's per_connection_buffer_limit_bytes does not.
         request_body_buffer_limit=limit,
         typed_per_filter_config=_per_route(
-            spec, mint_override(spec) if minting else None, hold_request(limit)
+            spec, mint_override(spec) if entry.responds else None, hold_request(limit)
         ),
     )
 

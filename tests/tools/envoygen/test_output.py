@@ -420,6 +420,17 @@ def test_only_mint_routes_override_the_filter():
     assert overridden == ["prefill", "aggregated"]
 
 
+def test_a_turns_route_has_its_responses_processed_as_a_mint_route_does():
+    data = example()
+    data["routes"][1]["turns"] = True  # the decode (honor) route
+    routes = forwarding(generate(data))
+    filters = [routes[name]["typed_per_filter_config"] for name in ("prefill", "disaggregated")]
+    assert filters[0][envoygen.EXT_PROC_FILTER] == filters[1][envoygen.EXT_PROC_FILTER]
+    data["routes"][2]["turns"] = True  # a strip route: nothing to sign
+    with pytest.raises(envoygen.GeneratorError, match="turns: only an honor"):
+        generate(data)
+
+
 # --- vLLM's token-in and echo endpoints -----------------------------------------------
 
 
