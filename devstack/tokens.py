@@ -31,6 +31,26 @@ CONNECTOR_REPLY: dict[str, Any] = {
 }
 
 
+# What a NIXL decode server with ``bidirectional_kv_xfer`` returns for a decode request
+# (``request_finished``, the decode side): where the next turn's prefill server reads
+# the turn's KV back from. ``remote_num_tokens``: the tokens it computed, its prompt and
+# its output but the last token (``turn_reply``).
+TURN_REPLY: dict[str, Any] = {
+    "do_remote_prefill": False,
+    "do_remote_decode": True,
+    "remote_block_ids": [[3, 4]],
+    "remote_engine_id": "stub-decode-engine",
+    "remote_request_id": "stub-decode-request",
+    "remote_host": "127.0.0.1",
+    "remote_port": 5601,
+    "tp_size": 1,
+    "dcp_size": 1,
+    "pp_size": 1,
+    "remote_blocks_expiry_time": 1000.0,
+    "transfer_mode": "pull",
+}
+
+
 def _text(content: Any) -> tuple[str, bool]:
     """A message's text and whether it was text only (vLLM ignores reused ids otherwise)."""
     if isinstance(content, str):
@@ -98,10 +118,16 @@ def prompt_ids(path: str, document: dict[str, Any]) -> list[int]:
     return [BOS, *text.encode()]
 
 
-def transfer_params(document: dict[str, Any]) -> dict[str, Any] | None:
+def transfer_params(
+    document: dict[str, Any], computed: int = 0, *, bidirectional: bool = False
+) -> dict[str, Any] | None:
     """The response's ``kv_transfer_params``: the connector's, for a prefill request
-    (``do_remote_decode: true``), else ``null`` as from a server without a connector."""
+    (``do_remote_decode: true``); with ``bidirectional``, the decode server's turn
+    parameters for a decode request (``do_remote_prefill: true``) that ``computed``
+    tokens; else ``null`` as from a server without a connector."""
     params = document.get("kv_transfer_params")
     if isinstance(params, dict) and params.get("do_remote_decode") is True:
         return dict(CONNECTOR_REPLY)
+    if bidirectional and isinstance(params, dict) and params.get("do_remote_prefill") is True:
+        return {**TURN_REPLY, "remote_num_tokens": computed}
     return None

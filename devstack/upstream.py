@@ -25,6 +25,9 @@ from devstack import tokens
 from ext_proc.core.address import HostPort
 
 ADMIN_PATH = "/__stub__/requests"
+# A request with this header is answered as by a decode server whose NIXL connector runs
+# with bidirectional_kv_xfer (devstack.tokens.TURN_REPLY).
+BIDIRECTIONAL_HEADER = "x-stub-bidirectional"
 H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 
 
@@ -91,7 +94,9 @@ def openai_response(record: Recorded) -> dict[str, Any]:
     asked = document.get("return_token_ids") is True
     shown_ids = ids if asked else None
     generated = list(tokens.GENERATED) if asked else None
-    params = tokens.transfer_params(document)
+    bidirectional = any(name.lower() == BIDIRECTIONAL_HEADER for name, _ in record.headers)
+    computed = len(ids) + len(tokens.GENERATED) - 1
+    params = tokens.transfer_params(document, computed, bidirectional=bidirectional)
     created = int(time.time())
     usage = {"prompt_tokens": len(ids), "completion_tokens": 1, "total_tokens": len(ids) + 1}
     if path.endswith("/chat/completions"):
