@@ -12,7 +12,13 @@ The oracle is each server's own counters. vLLM reads back ``remote_num_tokens`` 
 (turn 1's prompt and all its output tokens but the last) whatever turn 2's prompt holds
 at those positions: it compares no token ids. Where the re-rendered conversation
 tokenises the answer differently from the tokens the decode server produced, the KV of
-those positions is the decode server's, not that of turn 2's prompt.
+those positions is the decode server's, not that of turn 2's prompt. (With the tiny
+random model that happens at its first byte-fallback output token: one such id comes
+back from the rendered answer as the three ids of U+FFFD.)
+
+Measured (block size 128): turn 1 of 235 prompt tokens and 8 output tokens leaves
+``remote_num_tokens`` 242; turn 2's 382-token prompt then takes 128 tokens from the
+prefill server's own prefix cache, reads 114 back (one block) and computes 140.
 """
 
 from __future__ import annotations
