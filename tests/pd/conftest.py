@@ -91,6 +91,6 @@ def gateway(pair: pd_pair.Pair, tmp_path_factory: pytest.TempPathFactory) -> Ite
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     if RESULTS:
-        terminalreporter.write_sep("-", "prefill/decode hand-offs through the gateway")
+        terminalreporter.write_sep("-", "prefill/decode hand-offs")
         for line in RESULTS:
             terminalreporter.write_line(line)

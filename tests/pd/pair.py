@@ -5,11 +5,19 @@ the consumer. Stdlib and ``tests.conformance.vllm_env``; nothing happens at impo
 * ``ensure_nixl()`` -- ``nixl`` installed into the vLLM environment, with the progress
   delay hook (``nixl_progress.py`` says why).
 * ``run_pair()`` -- context manager: both servers started together, yields ``Pair``.
-* ``Pair.kv_counters()`` -- the decode server's own evidence of where a prompt's KV
-  came from (``vllm:prompt_tokens_by_source_total``, ``vllm:nixl_bytes_transferred``).
+  With ``bidirectional=True`` both servers also get the connector's
+  ``bidirectional_kv_xfer``: the decode server keeps a finished request's blocks (for
+  ``decoder_kv_blocks_ttl``, 480 s) and answers with ``kv_transfer_params`` for the
+  next turn, whose prefill request, sent with them verbatim, reads those tokens' KV
+  back from the decode server (the roles stay producer and consumer: the prefill
+  server reads with them as well).
+* ``Pair.kv_counters()`` -- a server's own evidence of where a prompt's KV came from
+  (``vllm:prompt_tokens_by_source_total``, ``vllm:nixl_bytes_transferred``): the
+  decode server's, or with ``server="prefill"`` the prefill server's.
 
 ``python -m tests.pd.pair`` (from the checkout) runs a pair in the foreground on
-``PREFILL_PORT`` (8100) and ``DECODE_PORT`` (8200) for ``make run`` to point at.
+``PREFILL_PORT`` (8100) and ``DECODE_PORT`` (8200) for ``make run`` to point at;
+``PD_BIDIRECTIONAL=1`` runs it bidirectional (``run_pair(..., bidirectional=True)``).
 """
 
 from __future__ import annotations
@@ -26,6 +34,7 @@ import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from devstack import processes
 from tests.conformance import vllm_env
@@ -106,17 +115,19 @@ def pin(group: int, cpus: set[int]) -> int:
 
 @dataclass(frozen=True)
 class KvCounters:
-    """Where the decode server's prompt tokens came from, and the bytes NIXL read."""
+    """Where a server's prompt tokens came from, and the bytes NIXL read."""
 
-    external: float  # prompt tokens whose KV was read from the prefill server
-    local: float  # prompt tokens computed on the decode server
+    external: float  # prompt tokens whose KV was read from the other server
+    local: float  # prompt tokens computed on this server
     nixl_bytes: float  # bytes the NIXL connector transferred
+    cached: float = 0.0  # prompt tokens found in this server's own prefix cache
 
     def __sub__(self, other: KvCounters) -> KvCounters:
         return KvCounters(
             self.external - other.external,
             self.local - other.local,
             self.nixl_bytes - other.nixl_bytes,
+            self.cached - other.cached,
         )
 
 
@@ -125,23 +136,34 @@ class Pair:
     prefill: str  # base URLs
     decode: str
 
-    def kv_counters(self) -> KvCounters:
-        with urllib.request.urlopen(self.decode + "/metrics", timeout=10) as reply:
+    def kv_counters(self, server: Literal["decode", "prefill"] = "decode") -> KvCounters:
+        url = self.decode if server == "decode" else self.prefill
+        with urllib.request.urlopen(url + "/metrics", timeout=10) as reply:
             text = reply.read().decode()
-        found = {"external": 0.0, "local": 0.0, "nixl_bytes": 0.0}
+        found = {"external": 0.0, "local": 0.0, "nixl_bytes": 0.0, "cached": 0.0}
         for name, labels, value in _METRIC.findall(text):
             if name == "vllm:prompt_tokens_by_source_total":
                 if 'source="external_kv_transfer"' in labels:
                     found["external"] += float(value)
                 elif 'source="local_compute"' in labels:
                     found["local"] += float(value)
+                elif 'source="local_cache_hit"' in labels:
+                    found["cached"] += float(value)
             elif name == "vllm:nixl_bytes_transferred_sum":
                 found["nixl_bytes"] += float(value)
         return KvCounters(**found)
 
 
-def _server(role: str, side_port: int, cpus: set[int] | None) -> tuple[list[str], dict[str, str]]:
-    transfer = {"kv_connector": "NixlConnector", "kv_role": role, "kv_buffer_device": "cpu"}
+def _server(
+    role: str, side_port: int, cpus: set[int] | None, *, bidirectional: bool = False
+) -> tuple[list[str], dict[str, str]]:
+    transfer: dict[str, object] = {
+        "kv_connector": "NixlConnector",
+        "kv_role": role,
+        "kv_buffer_device": "cpu",
+    }
+    if bidirectional:
+        transfer["kv_connector_extra_config"] = {"bidirectional_kv_xfer": True}
     args = [
         "--kv-transfer-config",
         json.dumps(transfer),
@@ -159,13 +181,18 @@ def _server(role: str, side_port: int, cpus: set[int] | None) -> tuple[list[str]
 
 
 @contextlib.contextmanager
-def run_pair(prefill_port: int, decode_port: int, *, timeout: float = 600.0) -> Iterator[Pair]:
-    """Both servers, started together; stopped (their process groups) on exit."""
+def run_pair(
+    prefill_port: int, decode_port: int, *, timeout: float = 600.0, bidirectional: bool = False
+) -> Iterator[Pair]:
+    """Both servers, started together; stopped (their process groups) on exit.
+    ``bidirectional``: the decode server keeps its blocks for the next turn's read-back."""
     ensure_nixl()
     halves = cpu_halves()
     prefill_cpus, decode_cpus = halves if halves else (None, None)
-    prefill = _server("kv_producer", processes.free_port(), prefill_cpus)
-    decode = _server("kv_consumer", processes.free_port(), decode_cpus)
+    prefill = _server(
+        "kv_producer", processes.free_port(), prefill_cpus, bidirectional=bidirectional
+    )
+    decode = _server("kv_consumer", processes.free_port(), decode_cpus, bidirectional=bidirectional)
     servers = [(prefill_port, *prefill), (decode_port, *decode)]
     with vllm_env.run_servers(servers, timeout=timeout) as running:
         (prefill_url, prefill_group), (decode_url, decode_group) = running
@@ -180,7 +207,8 @@ def main() -> int:
     decode_port = int(os.environ.get("DECODE_PORT", "8200"))
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    with run_pair(prefill_port, decode_port) as pair:
+    bidirectional = os.environ.get("PD_BIDIRECTIONAL", "") == "1"
+    with run_pair(prefill_port, decode_port, bidirectional=bidirectional) as pair:
         print(
             f"prefill server {pair.prefill}, decode server {pair.decode}; in another shell:\n"
             f"  PREFILL_UPSTREAM=127.0.0.1:{prefill_port} "
