@@ -22,6 +22,7 @@ from tests.recorder import Recorder
 from tests.test_devstack import free_ports
 
 RESULTS: list[str] = []
+TURNS_CONFIG = Path(__file__).resolve().parents[2] / "envoy" / "envoy-turns.yaml"
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -80,6 +81,27 @@ def make_run(
             run.wait(timeout=30)
         finally:
             processes.stop(run)
+
+
+@pytest.fixture(scope="session")
+def bidirectional_pair() -> Iterator[pd_pair.Pair]:
+    """A second pair whose connectors run with ``bidirectional_kv_xfer`` (the decode
+    server keeps a turn's blocks for the next turn's read-back)."""
+    with pd_pair.run_pair(
+        processes.free_port(), processes.free_port(), bidirectional=True
+    ) as running:
+        yield running
+
+
+@pytest.fixture(scope="session")
+def turns_gateway(
+    bidirectional_pair: pd_pair.Pair, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Gateway]:
+    """``make run`` with envoy/envoy-turns.yaml (its turns route signs the decode
+    server's turn parameters) in front of the bidirectional pair."""
+    tmp = tmp_path_factory.mktemp("pd-turns-make-run")
+    with make_run(bidirectional_pair, tmp, {"ENVOY_CONFIG": str(TURNS_CONFIG)}) as running:
+        yield running
 
 
 @pytest.fixture(scope="session")

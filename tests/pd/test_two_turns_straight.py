@@ -24,15 +24,13 @@ prefill server's own prefix cache, reads 114 back (one block) and computes 140.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import httpx
-import pytest
 
-from devstack import processes
 from tests.pd.conftest import RESULTS
-from tests.pd.pair import KvCounters, Pair, run_pair
+from tests.pd.pair import KvCounters, Pair
 
 CHAT = "/v1/chat/completions"
 # What an orchestrator sends on turn 1's prefill leg.
@@ -45,12 +43,6 @@ FIRST_PREFILL = {
     "remote_port": None,
 }
 WORDS = ("alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india")
-
-
-@pytest.fixture(scope="session")
-def bidirectional_pair() -> Iterator[Pair]:
-    with run_pair(processes.free_port(), processes.free_port(), bidirectional=True) as running:
-        yield running
 
 
 def user(n: int, words: int) -> dict[str, str]:
