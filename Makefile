@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-vllm test-pd test-sglang conformance-matrix pd-pair rules generate monitoring-rules dashboard llm-d-manifests lint typecheck unit e2e hostile bench bench-smoke profile protos envoy-config envoy-configs clean
+.PHONY: run test test-vllm test-pd test-sglang conformance-matrix pd-pair pd-pair-turns rules generate monitoring-rules dashboard llm-d-manifests lint typecheck unit e2e hostile bench bench-smoke profile protos envoy-config envoy-configs clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -75,6 +75,11 @@ conformance-matrix: $(STAMP)
 # The same pair in the foreground (PREFILL_PORT 8100, DECODE_PORT 8200), for make run.
 pd-pair: $(STAMP)
 	$(PY) -m tests.pd.pair
+
+# The pair with NIXL's bidirectional_kv_xfer (the decode server keeps a turn's KV for the
+# next turn's prefill to read back), for ENVOY_CONFIG=envoy/envoy-turns.yaml make run.
+pd-pair-turns: $(STAMP)
+	PD_BIDIRECTIONAL=1 $(PY) -m tests.pd.pair
 
 # promtool's checks and unit tests of the alerts and recording rules (part of e2e too;
 # promtool comes from Debian's prometheus package, installed with apt-get when missing).

@@ -208,10 +208,11 @@ def main() -> int:
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     bidirectional = os.environ.get("PD_BIDIRECTIONAL", "") == "1"
+    config = "ENVOY_CONFIG=envoy/envoy-turns.yaml " if bidirectional else ""
     with run_pair(prefill_port, decode_port, bidirectional=bidirectional) as pair:
         print(
             f"prefill server {pair.prefill}, decode server {pair.decode}; in another shell:\n"
-            f"  PREFILL_UPSTREAM=127.0.0.1:{prefill_port} "
+            f"  {config}PREFILL_UPSTREAM=127.0.0.1:{prefill_port} "
             f"DISAGGREGATED_UPSTREAM=127.0.0.1:{decode_port} make run\n"
             f"and after a hand-off, the decode server's evidence that the KV cache moved:\n"
             f"  curl -s {pair.decode}/metrics | grep -E "
