@@ -30,6 +30,7 @@ Pure: no I/O; keys, the clock and the digests are arguments.
 from __future__ import annotations
 
 import base64
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
@@ -66,7 +67,8 @@ READ_BACK_KEYS: Final = (
 # The connector keys without which a prefill server reads nothing back
 # (vLLM's nixl/pull_scheduler.py get_num_new_matched_tokens).
 _REQUIRED: Final = ("remote_engine_id", "remote_request_id", "remote_host", "remote_port")
-_DIGEST_TEXT: Final = 43  # base64url of 32 bytes, unpadded
+# base64url of 32 bytes, unpadded (its one canonical spelling is checked after decoding).
+_DIGEST_TEXT: Final = re.compile(r"[A-Za-z0-9_-]{43}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,7 +193,7 @@ def _stated(params: Mapping[str, Any]) -> tuple[int, bytes] | None:
     messages, tokens = turn["messages"], turn["tokens"]
     if type(messages) is not int or messages < 1 or not isinstance(tokens, str):
         return None
-    if len(tokens) != _DIGEST_TEXT:
+    if not _DIGEST_TEXT.fullmatch(tokens):
         return None
     raw = base64.urlsafe_b64decode(tokens + "=")
     return (messages, raw) if _b64(raw) == tokens else None

@@ -236,3 +236,22 @@ def test_a_decode_response_without_a_checkable_turn_is_not_signed(response, reas
 def test_a_decode_route_whose_responses_are_not_processed_signs_nothing():
     stream, _ = request(DECODE_ROUTE, {"model": "m", "messages": TURN1}, response=BodyMode.NONE)
     assert stream.last.final  # the RPC ends at the decision, as before
+
+
+@pytest.mark.parametrize(
+    "turn",
+    [
+        {"messages": 2, "tokens": "é" * 43},
+        {"messages": 2, "tokens": "!" * 43},
+        {"messages": 2, "tokens": "A" * 42 + "B"},  # spare bits set: not canonical
+        {"messages": True, "tokens": "A" * 43},
+        {"messages": 2},
+        {"messages": 2, "tokens": "A" * 43, "more": 1},
+        "not an object",
+    ],
+)
+def test_a_malformed_turn_member_is_malformed_before_its_mac_is_checked(turn):
+    params = {**first_turn(), turns.TURN_KEY: turn}
+    stream, answers = request(PREFILL_ROUTE, second_turn(params))
+    assert stream.decision.reason is Reason.PROOF_MALFORMED
+    assert forwarded(answers)["kv_transfer_params"] == dict(CONNECTOR_REQUESTS["nixl"])
