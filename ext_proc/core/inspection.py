@@ -256,8 +256,7 @@ def settle(asked: Proof, verdict: Verdict, request: Request, account: Account) -
     parameters removed, or refused on a route that denies unproven ones)."""
     decision, pending = asked.decision, asked.pending
     if verdict is not Verdict.FIRST:
-        # Nothing was read back: the response is signed as any prefill's.
-        pending = dataclasses.replace(pending, expected=None)
+        pending = mint.unproven(pending)
         evidence = dataclasses.replace(asked.evidence, spent=verdict.reason)
         decision = policy.decide(
             request.policy,

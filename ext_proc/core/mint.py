@@ -9,6 +9,7 @@ never refused: one that is not signed passes unchanged, with the reason reported
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
@@ -57,20 +58,49 @@ def expect(endpoint: str, digest: Callable[[], bytes]) -> Pending:
 
 def expect_turn(endpoint: str, digest: Callable[[], bytes], messages: object) -> Pending:
     """What a decode route's request leaves when its response is processed: the turn
-    parameters of a chat request's response are signed (``digest`` rendered for those)."""
+    parameters of a chat request's response are signed (``digest`` rendered for those),
+    when its messages are text: the digest binds what a media part names, not what it
+    held when the server read it."""
     if endpoint not in MINT_ENDPOINTS or not isinstance(messages, list) or not messages:
         return Pending(None, Reason.ENDPOINT_NOT_MINTABLE)
+    if not all(isinstance(m, dict) and _text(m.get("content")) for m in messages):
+        return Pending(None, Reason.TURN_MEDIA_UNBOUND)
     return Pending(digest(), messages=len(messages))
+
+
+def _text(content: object) -> bool:
+    """Whether a message's content is text only (a string, none, or text parts)."""
+    if content is None or isinstance(content, str):
+        return True
+    return isinstance(content, list) and all(
+        isinstance(part, dict) and part.get("type") == "text" for part in content
+    )
 
 
 def judged(pending: Pending, decision: Decision, echo_free: bool) -> Pending:
     """``pending`` once the policy decided: nothing is signed for a caller the route
     does not trust whose request names a member vLLM reads transfer parameters from
     anywhere but its top-level kv_transfer_params (``echo_free`` false), whose content
-    could come back in the response's parameters (docs/trust.md)."""
-    if pending.digest is not None and not echo_free and decision.reason not in TRUSTED:
+    could come back in the response's parameters (docs/trust.md). A turn is signed only
+    for a decode leg whose parameters this deployment proved (what its decode server
+    read is then the deployment's own), and never for one that may echo."""
+    if pending.digest is None:
+        return pending
+    if pending.messages is not None:
+        if decision.reason is not Reason.TRUSTED_PROOF:
+            return Pending(None, Reason.TURN_LEG_UNPROVEN)
+        return pending if echo_free else Pending(None, Reason.REQUEST_MAY_ECHO)
+    if not echo_free and decision.reason not in TRUSTED:
         return Pending(None, Reason.REQUEST_MAY_ECHO)
     return pending
+
+
+def unproven(pending: Pending) -> Pending:
+    """``pending`` once the record refused the request's proof: a turn is not signed,
+    and a read-back that did not happen is not checked."""
+    if pending.messages is not None:
+        return Pending(None, Reason.TURN_LEG_UNPROVEN)
+    return dataclasses.replace(pending, expected=None)
 
 
 def checked(pending: Pending, event: ResponseHeaders) -> Pending:

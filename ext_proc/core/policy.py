@@ -166,7 +166,7 @@ def decide(
     caller's undeclared members go too."""
     if sender is None:
         sender = caller.of(policy, evidence.peer)
-    turn = _turn(policy, document, evidence, sender)
+    turn = _turn(policy, document, evidence)
     # A turn that verified is judged as a request without parameters: they go, and
     # what the route writes in their place carries its read-back keys.
     judged = _without_params(document) if isinstance(turn, turns.Honored) else document
@@ -175,10 +175,12 @@ def decide(
         decision = _strict(policy, document, body, decision, sender)
     if policy.connector is None or isinstance(decision, Deny):
         return decision
-    if sender.trusted:
+    if sender.trusted and turn is None:
         return decision  # a listed peer's own parameters are its own
     # Whatever the caller sent goes; the route's connector request is written instead,
-    # so no caller steers the prefill server's connector and none need be trusted.
+    # so no caller steers the prefill server's connector and none need be trusted. A
+    # turn object goes too, even a peer's: it is always what this gateway handed to a
+    # client, and is checked and spent like any.
     connector, salted, reason = policy.connector, False, Reason.CONNECTOR_WRITTEN
     if isinstance(turn, turns.Honored):
         # Signed by this deployment, yet held to the bounds like every honored object.
@@ -200,12 +202,12 @@ def decide(
 
 
 def _turn(
-    policy: RoutePolicy, document: Document, evidence: Evidence, sender: Caller
+    policy: RoutePolicy, document: Document, evidence: Evidence
 ) -> turns.Honored | Reason | None:
-    """A turn proof in the request of a caller a connector route does not trust: what
-    honoring it writes, or why it is not honored; None when there is none."""
+    """A turn proof in a request on a connector route (whoever sent it): what honoring
+    it writes, or why it is not honored; None when there is none."""
     params = document.get(KV_KEY)
-    if policy.connector is None or sender.trusted or not isinstance(params, dict):
+    if policy.connector is None or not isinstance(params, dict):
         return None
     if not turns.is_turn(params):
         return None

@@ -321,17 +321,26 @@ class Claim:
     def settle(self, digest: bytes, now: float, skew: float, lifetime: float) -> Reason | None:
         """``verify``'s verdict: the MAC the proof should carry (a pass over the ids)
         computed and compared first."""
+        return self.authentic(now, skew, lifetime) or (
+            None if self.matches(digest) else Reason.PROMPT_MISMATCH
+        )
+
+    def authentic(self, now: float, skew: float, lifetime: float) -> Reason | None:
+        """Why the proof is not this deployment's and current (its MAC, then its expiry
+        and lifetime), or None: everything but the digest it was minted for."""
         expected = _sealed(_mac(self.key, self.fields, self.body, self.version), self.nonce)
         if not hmac.compare_digest(expected, self.shown):
             return Reason.PROOF_BAD_SIGNATURE
-        _, expiry, shown = self.fields
+        _, expiry, _ = self.fields
         if now > int(expiry) + skew:
             return Reason.PROOF_EXPIRED
         if int(expiry) > now + lifetime + skew:
             return Reason.PROOF_OUTLIVES_LEASE
-        if not hmac.compare_digest(_unb64(shown), digest):
-            return Reason.PROMPT_MISMATCH
         return None
+
+    def matches(self, digest: bytes) -> bool:
+        """Whether the proof was minted for ``digest``."""
+        return hmac.compare_digest(_unb64(self.fields[2]), digest)
 
 
 def claim(keys: KeySet, params: Mapping[str, Any], version: str = VERSION) -> Claim | Reason:

@@ -83,6 +83,8 @@ class Reason(StrEnum):
     REQUEST_MAY_ECHO = "request_may_echo"
     NOT_MINTED_ON_THIS_ROUTE = "not_minted_on_this_route"
     TURN_IDS_MISSING = "turn_ids_missing"
+    TURN_LEG_UNPROVEN = "turn_leg_unproven"
+    TURN_MEDIA_UNBOUND = "turn_media_unbound"
     TURN_PROMPT_DIVERGED = "turn_prompt_diverged"
 
 
@@ -155,6 +157,8 @@ UNSIGNED: Final = frozenset(
         Reason.REQUEST_MAY_ECHO,
         Reason.NOT_MINTED_ON_THIS_ROUTE,
         Reason.TURN_IDS_MISSING,
+        Reason.TURN_LEG_UNPROVEN,
+        Reason.TURN_MEDIA_UNBOUND,
         Reason.TURN_PROMPT_DIVERGED,
     }
 )

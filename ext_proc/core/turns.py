@@ -218,6 +218,10 @@ def honor(
     found = proof.claim(keys, params, TURN_VERSION)
     if isinstance(found, Reason):
         return found
+    # Nothing the proof states is read before its MAC and lifetime hold.
+    why = found.authentic(now, skew, lifetime)
+    if why is not None:
+        return why
     stated = _stated(params)
     if stated is None:
         return Reason.PROOF_MALFORMED
@@ -225,15 +229,12 @@ def honor(
     messages = document.get("messages")
     if not isinstance(messages, list) or len(messages) <= count:
         return Reason.PROMPT_MISMATCH
+    answered = message_digest(messages[count])
+    if answered is None or not found.matches(conversation(prefix(count), answered)):
+        return Reason.PROMPT_MISMATCH
     # The check after the read needs the prefill server's ids in a JSON response.
     if document.get("return_token_ids") is not True or document.get("stream") not in (None, False):
         return Reason.TURN_NOT_CHECKABLE
-    answered = message_digest(messages[count])
-    if answered is None:
-        return Reason.PROMPT_MISMATCH
-    why = found.settle(conversation(prefix(count), answered), now, skew, lifetime)
-    if why is not None:
-        return why
     held = params.get("remote_num_tokens")
     if type(held) is not int or held < 1 or any(key not in params for key in _REQUIRED):
         return Reason.PROOF_MALFORMED  # signed, yet not a read-back: nothing to honor

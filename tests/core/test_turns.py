@@ -3,17 +3,19 @@ the decode server's turn parameters; the next turn's prefill leg honors them onc
 the same conversation only, and signs its response only when the prefill server's
 prompt begins with the tokens read back (ext_proc/core/turns.py)."""
 
+import dataclasses
 import json
 
 import pytest
 
-from ext_proc.core import proof, turns
+from ext_proc.core import policy, proof, turns
 from ext_proc.core.decisions import Allow, Mint, Strip
 from ext_proc.core.events import (
     BodyMode,
     ContinueBody,
     ContinueResponseBody,
     ContinueResponseHeaders,
+    Peer,
     RequestBody,
     ResponseBody,
     ResponseHeaders,
@@ -21,9 +23,10 @@ from ext_proc.core.events import (
 )
 from ext_proc.core.proof import Trust
 from ext_proc.core.reasons import Reason
+from ext_proc.core.route_policy import Action, IdentityType, RoutePolicy, Topology
 from ext_proc.core.vllm_request import CONNECTOR_REQUESTS
 from ext_proc.edge.record import LocalRecord
-from tests.core.messages import BUFFERED, KEYS, OK_JSON, headers
+from tests.core.messages import BUFFERED, CHAT_PATH, KEYS, OK_JSON, headers
 from tests.driver import DAY, Driven
 
 NOW = 1000.0
@@ -31,6 +34,7 @@ DECODE_ROUTE = RouteMetadata({"topology": "disaggregated", "action": "honor"}, 2
 PREFILL_ROUTE = RouteMetadata(
     {"topology": "disaggregated", "action": "mint", "connector": "nixl"}, 3.0
 )
+NIXL = tuple(CONNECTOR_REQUESTS["nixl"].items())
 SYSTEM = {"role": "system", "content": "be brief"}
 TURN1 = [SYSTEM, {"role": "user", "content": "hello"}]
 PROMPT_IDS = list(range(100, 120))  # the decode server's prompt: 20 tokens
@@ -85,9 +89,19 @@ def decode_response(content="hi there", params=TURN_PARAMS):
     }
 
 
+def decode_leg(messages=TURN1, **more):
+    """A decode leg whose parameters carry a prefill proof for its prompt."""
+    document = {"model": "m", "messages": messages, "max_tokens": 8, **more}
+    digest = proof.prompt_digest(document, True, CHAT_PATH)
+    params = {"do_remote_prefill": True, "remote_block_ids": [[1]], "prompt_token_ids": PROMPT_IDS}
+    token = proof.mint(KEYS, params, digest, int(NOW) + 10)
+    return {**document, "kv_transfer_params": {**params, proof.PROOF_KEY: token}}
+
+
 def first_turn(**options):
     """The decode leg of turn 1 on a route that processes responses: the signed object."""
-    stream, _ = request(DECODE_ROUTE, {"model": "m", "messages": TURN1, "max_tokens": 8})
+    stream, _ = request(DECODE_ROUTE, decode_leg())
+    assert stream.decision.reason is Reason.TRUSTED_PROOF
     answer = respond(stream, decode_response(**options))
     assert stream.decision == Mint(Reason.MINTED, HELD)
     return json.loads(answer.replacement)["kv_transfer_params"]
@@ -227,7 +241,7 @@ def test_a_prefill_prompt_that_diverges_from_the_tokens_read_back_is_not_signed(
     ],
 )
 def test_a_decode_response_without_a_checkable_turn_is_not_signed(response, reason):
-    stream, _ = request(DECODE_ROUTE, {"model": "m", "messages": TURN1})
+    stream, _ = request(DECODE_ROUTE, decode_leg())
     answer = respond(stream, response)
     assert stream.decision == Allow(reason)
     assert answer.replacement is None
@@ -250,8 +264,85 @@ def test_a_decode_route_whose_responses_are_not_processed_signs_nothing():
         "not an object",
     ],
 )
-def test_a_malformed_turn_member_is_malformed_before_its_mac_is_checked(turn):
+def test_a_malformed_turn_member_is_read_only_under_a_valid_mac(turn):
+    # Changed in a proof the gateway minted: the MAC fails before the member is read.
     params = {**first_turn(), turns.TURN_KEY: turn}
     stream, answers = request(PREFILL_ROUTE, second_turn(params))
+    assert stream.decision.reason is Reason.PROOF_BAD_SIGNATURE
+    assert forwarded(answers)["kv_transfer_params"] == dict(CONNECTOR_REQUESTS["nixl"])
+    # Signed so (with the gateway's key): malformed, and nothing is read back.
+    signed = {**TURN_PARAMS, turns.TURN_KEY: turn}
+    expiry = int(NOW) + 100
+    token = proof.mint(KEYS, signed, b"d" * 32, expiry, version=proof.TURN_VERSION)
+    stream, answers = request(PREFILL_ROUTE, second_turn({**signed, proof.PROOF_KEY: token}))
     assert stream.decision.reason is Reason.PROOF_MALFORMED
     assert forwarded(answers)["kv_transfer_params"] == dict(CONNECTOR_REQUESTS["nixl"])
+
+
+@pytest.mark.parametrize(
+    ("leg", "reason"),
+    [
+        # Unproven: its parameters removed, what its server read is not the deployment's.
+        ({"model": "m", "messages": TURN1}, Reason.TURN_LEG_UNPROVEN),
+        (
+            decode_leg(chat_template_kwargs={"kv_transfer_params": {"x": 1}}),
+            Reason.REQUEST_MAY_ECHO,
+        ),
+        (
+            decode_leg(
+                [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "u"}}]}]
+            ),
+            Reason.TURN_MEDIA_UNBOUND,
+        ),
+    ],
+)
+def test_a_turn_is_signed_only_for_a_proven_text_leg_that_cannot_echo(leg, reason):
+    stream, _ = request(DECODE_ROUTE, leg)
+    answer = respond(stream, decode_response())
+    assert stream.decision == Allow(reason)
+    assert answer.replacement is None
+
+
+def test_a_replayed_decode_leg_signs_no_turn():
+    spent, leg = record(), decode_leg()
+    request(DECODE_ROUTE, leg, spent=spent)
+    stream, _ = request(DECODE_ROUTE, leg, spent=spent)
+    assert stream.decision.reason is Reason.PROOF_REPLAYED
+    respond(stream, decode_response())
+    assert stream.decision == Allow(Reason.TURN_LEG_UNPROVEN)
+
+
+def test_a_listed_peers_turn_object_is_checked_and_spent_like_any():
+    router = (IdentityType.URI, "spiffe://td/router")
+    route = RoutePolicy(
+        Topology.DISAGGREGATED,
+        Action.MINT,
+        peers=frozenset({router}),
+        connector=NIXL,
+    )
+    params = first_turn()
+    body = second_turn(params)
+
+    def prefix(count):
+        return proof.prompt_digest({**body, "messages": body["messages"][:count]}, True, CHAT_PATH)
+
+    evidence = policy.Evidence(
+        lambda: b"d" * 32,
+        Peer(True, (router,)),
+        KEYS,
+        NOW,
+        5.0,
+        20.0,
+        prefix=prefix,
+        turn_lifetime=300.0,
+    )
+    tampered = {**body, "kv_transfer_params": {**params, "remote_host": "10.9.9.9"}}
+    decision = policy.decide(route, tampered, evidence)
+    assert decision.reason is Reason.PROOF_BAD_SIGNATURE
+    assert decision.connector == NIXL
+    assert policy.decide(route, body, evidence).reason is Reason.TURN_READ_BACK
+    spent = dataclasses.replace(evidence, spent=Reason.PROOF_REPLAYED)
+    assert policy.decide(route, body, spent).reason is Reason.PROOF_REPLAYED
+    # A peer's own parameters without a turn proof are its own, as ever.
+    own = {**body, "kv_transfer_params": {"do_remote_decode": True, "remote_host": "10.0.0.1"}}
+    assert policy.decide(route, own, evidence).reason is Reason.TRUSTED_PEER
