@@ -31,17 +31,9 @@ import httpx
 
 from tests.pd.conftest import RESULTS
 from tests.pd.pair import KvCounters, Pair
+from tests.pd.test_nixl_handoff import ORCHESTRATOR  # turn 1's prefill leg
 
 CHAT = "/v1/chat/completions"
-# What an orchestrator sends on turn 1's prefill leg.
-FIRST_PREFILL = {
-    "do_remote_decode": True,
-    "do_remote_prefill": False,
-    "remote_engine_id": None,
-    "remote_block_ids": None,
-    "remote_host": None,
-    "remote_port": None,
-}
 WORDS = ("alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india")
 
 
@@ -85,7 +77,7 @@ def test_the_second_turn_reads_the_first_turns_kv_back(bidirectional_pair: Pair)
     first = [user(1, 40)]
 
     # Turn 1, prefill leg: the prefill server keeps its blocks for the decode server.
-    answer, prefill1_s = timed(lambda: chat(pair.prefill, first, 1, FIRST_PREFILL))
+    answer, prefill1_s = timed(lambda: chat(pair.prefill, first, 1, ORCHESTRATOR))
     prompt1 = answer["prompt_token_ids"]
     assert len(prompt1) == answer["usage"]["prompt_tokens"]
 
