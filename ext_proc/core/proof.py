@@ -176,18 +176,25 @@ def prompt_digest(document: Mapping[str, Any], orjson_safe: bool, endpoint: str)
     (all but ``UNBOUND_FIELDS``): a proof minted for one endpoint is a
     ``prompt_mismatch`` on any other, whose rendering of the same fields differs.
 
-    The rendering depends only on those fields' values, so both legs agree whatever the
-    rest of their bodies hold: orjson (sorted keys) when it renders them exactly, else
-    ``json.dumps`` (NaN, huge integers, lone surrogates, nesting deeper than the 254
-    levels orjson writes). A document orjson read has neither NaN nor huge integers
-    (reading.py). None when only json.dumps renders them: ``prompt_digest_slow`` then,
-    once the caller has charged its cost (``admission.digest``).
+    The rendering depends only on those fields' values and on the order of every
+    object's members, so both legs agree whatever the rest of their bodies hold. The
+    order is bound because the server renders in it: vLLM validates a request's free
+    objects (a tool's ``parameters``, ``chat_template_kwargs``) into dicts that keep the
+    request's member order, and chat templates write them in that order
+    (``tojson`` does not sort): reordered members are another prompt. The order is
+    that of the document ``json.loads`` reads (a duplicate key keeps its first place
+    and its last value, as orjson's reading does: reading.py), never of the bytes.
+    orjson when it renders the fields exactly, else ``json.dumps`` (NaN, huge integers,
+    lone surrogates, nesting deeper than the 254 levels orjson writes). A document
+    orjson read has neither NaN nor huge integers (reading.py). None when only
+    json.dumps renders them: ``prompt_digest_slow`` then, once the caller has charged
+    its cost (``admission.digest``).
     """
     bound = _bound(document)
     if not orjson_safe and reading.holds(bound, _nonfinite):
         return None  # orjson would write null for NaN or infinity
     try:
-        rendered = orjson.dumps(bound, option=orjson.OPT_SORT_KEYS)
+        rendered = orjson.dumps(bound)
     except (TypeError, orjson.JSONEncodeError):
         return None
     return _digest(endpoint, b"o", (rendered,))
@@ -204,9 +211,7 @@ def prompt_digest_slow(document: Mapping[str, Any], endpoint: str) -> bytes:
     slice at a time, never copied whole again.
     """
     try:
-        text = json.dumps(
-            _bound(document), sort_keys=True, separators=(",", ":"), ensure_ascii=True
-        )
+        text = json.dumps(_bound(document), separators=(",", ":"), ensure_ascii=True)
     except RecursionError as exc:
         raise BadRequest(
             "request body is nested too deeply to be bound to a proof", reason=Reason.BODY_TOO_DEEP

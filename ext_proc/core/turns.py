@@ -15,7 +15,8 @@ can check that before and after the read:
   field, its ``messages`` included) and the digest of the answer as the next turn's
   request repeats it, ``{"role": "assistant", "content": <the answer's text>}``. The
   next turn's request must hold the same fields, begin with the same messages, then
-  that answer, exactly (checked before anything is forwarded);
+  that answer, exactly, every object's members in the same order (the server renders
+  in that order), as json.loads reads them (checked before anything is forwarded);
 - the tokens (``TURN_KEY``): the digest of the first ``remote_num_tokens`` of the decode
   server's tokens, its prompt's ids and its output's, which are the tokens whose KV it
   holds. The prefill server's own rendering of the next turn (the ``prompt_token_ids``
@@ -92,9 +93,11 @@ def answer(content: str) -> dict[str, str]:
 
 
 def message_digest(message: Any) -> bytes | None:
-    """BLAKE3 of a message as orjson writes it with sorted keys (None: not writable)."""
+    """BLAKE3 of a message as orjson writes it, its members in their order, as the
+    prompt digest binds every other message (``proof.prompt_digest``: the server
+    renders in that order). None: not writable."""
     try:
-        return blake3.blake3(orjson.dumps(message, option=orjson.OPT_SORT_KEYS)).digest()
+        return blake3.blake3(orjson.dumps(message)).digest()
     except (TypeError, orjson.JSONEncodeError):
         return None
 

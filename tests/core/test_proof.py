@@ -131,6 +131,46 @@ def test_digest_is_the_same_whichever_parser_read_the_document():
     assert digest(utf16.document, utf16.orjson_safe) == digest()
 
 
+# A tool whose parameters vLLM keeps in the request's member order: its chat templates
+# write them so (transformers' ``tojson`` does not sort keys).
+TOOL_AB = b'{"type":"function","function":{"name":"f","parameters":{"a":1,"b":2}}}'
+TOOL_BA = b'{"type":"function","function":{"name":"f","parameters":{"b":2,"a":1}}}'
+
+
+def with_tool(tool: bytes, space: bytes = b"") -> bytes:
+    return b'{"model":"m",%s"tools":[%s]}' % (space, tool)
+
+
+def test_digest_binds_the_order_the_server_renders_members_in():
+    ordered = read(with_tool(TOOL_AB)).document
+    assert digest(ordered) != digest(read(with_tool(TOOL_BA)).document)
+    # json.dumps, where only it renders, binds the same order.
+    assert proof.prompt_digest_slow(ordered, CHAT_PATH) != proof.prompt_digest_slow(
+        read(with_tool(TOOL_BA)).document, CHAT_PATH
+    )
+
+
+@pytest.mark.parametrize(
+    ("variant", "same"),
+    [
+        # Whitespace is no part of the document.
+        (with_tool(TOOL_AB.replace(b":", b" : ").replace(b",", b" ,\n "), b" \t"), True),
+        # A duplicate key keeps its first place and its last value, as json.loads reads.
+        (with_tool(TOOL_AB.replace(b'"b":2', b'"b":0,"a":1,"b":2')), True),
+        (with_tool(TOOL_AB.replace(b'"a":1', b'"b":0,"a":1')), False),
+        # An escaped key is its character.
+        (with_tool(TOOL_AB.replace(b'"a"', b'"\\u0061"')), True),
+    ],
+)
+def test_the_order_bound_is_the_one_json_loads_reads(variant, same):
+    parsed = read(variant)
+    assert list(parsed.document["tools"][0]["function"]["parameters"]) == list(
+        json.loads(variant)["tools"][0]["function"]["parameters"]
+    )
+    expected = digest(read(with_tool(TOOL_AB)).document)
+    assert (digest(parsed.document, parsed.orjson_safe) == expected) is same
+
+
 def test_nan_in_a_prompt_field_is_not_null():
     assert digest({**PROMPT, "temperature": float("nan")}, False) != digest(
         {**PROMPT, "temperature": None}, False
@@ -229,9 +269,9 @@ def rendered_digest(document, endpoint=CHAT_PATH):
     rendering = None
     if not any(isinstance(v, float) and not math.isfinite(v) for v in _values(bound)):
         with contextlib.suppress(TypeError, orjson.JSONEncodeError):  # orjson: null for NaN
-            rendering = b"o" + orjson.dumps(bound, option=orjson.OPT_SORT_KEYS)
+            rendering = b"o" + orjson.dumps(bound)
     if rendering is None:
-        text = json.dumps(bound, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+        text = json.dumps(bound, separators=(",", ":"), ensure_ascii=True)
         rendering = b"j" + text.encode()
     named = endpoint.encode()
     return blake3.blake3(b"%d:%s" % (len(named), named) + rendering).digest()

@@ -98,9 +98,10 @@ def decode_leg(messages=TURN1, **more):
     return {**document, "kv_transfer_params": {**params, proof.PROOF_KEY: token}}
 
 
-def first_turn(**options):
-    """The decode leg of turn 1 on a route that processes responses: the signed object."""
-    stream, _ = request(DECODE_ROUTE, decode_leg())
+def first_turn(leg=None, **options):
+    """The decode leg of turn 1 (``leg``, else ``decode_leg()``) on a route that
+    processes responses: the signed object."""
+    stream, _ = request(DECODE_ROUTE, leg or decode_leg())
     assert stream.decision.reason is Reason.TRUSTED_PROOF
     answer = respond(stream, decode_response(**options))
     assert stream.decision == Mint(Reason.MINTED, HELD)
@@ -198,6 +199,56 @@ def test_a_turn_presented_with_another_conversation_reads_nothing_back(body, rea
     stream, answers = request(PREFILL_ROUTE, body)
     assert stream.decision.reason is reason
     assert forwarded(answers)["kv_transfer_params"] == dict(CONNECTOR_REQUESTS["nixl"])
+
+
+# A tool as turn 1 declares it. vLLM keeps its parameters in the request's member order
+# (its ``tools`` become ``tool.model_dump()``, whose free ``parameters`` dict is the
+# request's: vllm/renderers/online_renderer.py) and chat templates write them in it
+# (transformers' ``tojson`` does not sort keys).
+TOOL = (
+    b'{"type":"function","function":{"name":"f","parameters":{"type":"object",'
+    b'"properties":{"city":{"type":"string"},"days":{"type":"integer"}}}}}'
+)
+
+
+def second_turn_bytes(params, tool):
+    """``second_turn(params)`` with ``tools: [<tool>]``, as raw bytes."""
+    body = json.dumps(second_turn(params)).encode()
+    return body[:-1] + b', "tools": [' + tool + b"]}"
+
+
+@pytest.mark.parametrize(
+    ("tool", "reason"),
+    [
+        (TOOL, Reason.TURN_READ_BACK),
+        # Other whitespace: the same document.
+        (TOOL.replace(b",", b" ,\n  ").replace(b":", b": "), Reason.TURN_READ_BACK),
+        # The tool's parameters listed in another order: another prompt to the server.
+        (
+            TOOL.replace(
+                b'"city":{"type":"string"},"days":{"type":"integer"}',
+                b'"days":{"type":"integer"},"city":{"type":"string"}',
+            ),
+            Reason.PROMPT_MISMATCH,
+        ),
+        # A duplicate key keeps its first place and its last value (json.loads).
+        (TOOL.replace(b'"city":', b'"days":0,"city":'), Reason.PROMPT_MISMATCH),
+        (
+            TOOL.replace(
+                b'"days":{"type":"integer"}', b'"days":{"type":"integer"},"city":{"type":"string"}'
+            ),
+            Reason.TURN_READ_BACK,
+        ),
+    ],
+)
+def test_a_turn_is_read_back_only_for_tools_in_the_order_the_server_renders(tool, reason):
+    params = first_turn(decode_leg(tools=[json.loads(TOOL)]))
+    stream = Driven(trust=trust(), spent=record())
+    stream.handle(headers(PREFILL_ROUTE, response=BUFFERED))
+    answers = stream.handle(RequestBody(second_turn_bytes(params, tool), True))
+    assert stream.decision.reason is reason
+    read_back = forwarded(answers)["kv_transfer_params"] != dict(CONNECTOR_REQUESTS["nixl"])
+    assert read_back is (reason is Reason.TURN_READ_BACK)
 
 
 def test_a_tampered_or_expired_turn_reads_nothing_back():
