@@ -53,15 +53,18 @@ def post(client: httpx.Client, stack: Stack, path: str, body: dict[str, Any]) ->
     return document
 
 
-def first_turn(client: httpx.Client, stack: Stack) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """Turn 1's two legs; the conversation so far (its messages and the answer as the
-    next turn repeats it) and the decode response's signed turn parameters."""
-    prefill = post(client, stack, PREFILL, chat(max_tokens=1, return_token_ids=True))
+def first_turn(
+    client: httpx.Client, stack: Stack, **extra: Any
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Turn 1's two legs (``extra``: more members of both); the conversation so far (its
+    messages and the answer as the next turn repeats it) and the decode response's
+    signed turn parameters."""
+    prefill = post(client, stack, PREFILL, chat(max_tokens=1, return_token_ids=True, **extra))
     decode = post(
         client,
         stack,
         TURNS,
-        chat(kv_transfer_params=prefill["kv_transfer_params"], return_token_ids=True),
+        chat(kv_transfer_params=prefill["kv_transfer_params"], return_token_ids=True, **extra),
     )
     params = decode["kv_transfer_params"]
     assert params["token_policy_proof"].startswith("tt3.")
@@ -122,6 +125,26 @@ def test_a_turn_presented_with_another_conversation_reads_nothing_back(client, s
     _, sent = sent_upstream(stack)
     assert sent["kv_transfer_params"] == PREFILL_REQUEST_PARAMS
     assert "cache_salt" not in sent
+
+
+def tool(*names: str) -> dict[str, Any]:
+    """A tool whose parameters' properties are ``names``, in that order."""
+    properties = {name: {"type": "string"} for name in names}
+    parameters = {"type": "object", "properties": properties}
+    return {"type": "function", "function": {"name": "weather", "parameters": parameters}}
+
+
+@pytest.mark.parametrize(("names", "read"), [(("city", "day"), True), (("day", "city"), False)])
+def test_a_turn_is_read_back_only_with_its_tools_in_the_order_the_server_renders(
+    client, stack, names, read
+):
+    # vLLM renders a tool's parameters in the request's order: listed otherwise, they
+    # are another prompt, and the first turn's blocks are not read for it.
+    messages, params = first_turn(client, stack, tools=[tool("city", "day")])
+    post(client, stack, PREFILL, next_turn(messages, params, tools=[tool(*names)]))
+    _, sent = sent_upstream(stack)
+    assert (sent["kv_transfer_params"] != PREFILL_REQUEST_PARAMS) is read
+    assert ("cache_salt" in sent) is read
 
 
 def test_the_plain_decode_route_signs_no_turn(client, stack):
