@@ -101,13 +101,16 @@ def body_table(value: Inventory) -> str:
         )
         rows.append("| " + " | ".join(map(_cell, cells)) + " |")
     parts = sorted(name for name, e in c.PART_TYPES.items() if e.cls is c.Class.EMBEDDINGS)
+    formats = ", ".join(f"`{name}`" for name in derive.embedding_formats())
     rows += [
         "",
         "Chat content parts (`messages[].content[]`, `input[].content[]`) whose `type` is "
         + ", ".join(f"`{p}`" for p in parts)
-        + " are prompt embeddings too: "
-        + _BODY_GETS[c.Class.EMBEDDINGS]
-        + ".",
+        + " (compared as written, as vLLM and SGLang compare it), and media items at any "
+        "depth (SGLang's `image_data`, `video_data`, `audio_data`) whose `format` is "
+        + formats
+        + " (each spelling SGLang takes: the value or its enum member's name), are prompt "
+        "embeddings too: " + _BODY_GETS[c.Class.EMBEDDINGS] + ".",
     ]
     return "\n".join(rows)
 

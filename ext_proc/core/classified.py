@@ -173,8 +173,11 @@ EMBEDDING_PART_TYPES: Final[tuple[str, ...]] = (
     "prompt_embeds",
     "video_embeds",
 )
-# Media item formats that are embeddings or a processor's output.
+# Media item formats that are embeddings or a processor's output, in every
+# spelling the engine takes for one (classification.format_spellings).
 EMBEDDING_FORMATS: Final[tuple[str, ...]] = (
+    "PRECOMPUTED_EMBEDDING",
+    "PROCESSOR_OUTPUT",
     "precomputed_embedding",
     "processor_output",
 )

@@ -39,7 +39,8 @@ CARRIERS: Final = classified.BODY_CARRIERS
 EMBEDDING_MEMBERS: Final = classified.EMBEDDING_MEMBERS
 EMBEDDING_PART_TYPES: Final = frozenset(classified.EMBEDDING_PART_TYPES)
 # The ``format`` values of media items that are embeddings or a processor's output
-# (SGLang's image_data items).
+# (SGLang's image_data items), in every spelling SGLang takes for one, compared as it
+# compares them: exactly (classification.format_spellings).
 EMBEDDING_FORMATS: Final = frozenset(classified.EMBEDDING_FORMATS)
 # The member names that hold embeddings, wherever they are (``embeddings``).
 EMBEDDING_NAMES: Final = frozenset(

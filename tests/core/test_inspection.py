@@ -212,6 +212,19 @@ def test_a_body_without_the_key_is_forwarded_unparsed(mode):
     assert error_body(stream.handle(RequestBody(raw, True)))["code"] == 413
 
 
+@pytest.mark.parametrize("spelling", ["PRECOMPUTED_EMBEDDING", "PROCESSOR_OUTPUT"])
+def test_a_body_whose_only_carrier_is_an_upper_case_media_format_is_parsed_and_refused(spelling):
+    # SGLang takes the format's enum name as it takes its lower-case value: the bytes'
+    # search must name it, or the body would be forwarded unparsed.
+    item = {"format": spelling, "feature": "AAAA", "input_ids": [1, 2], "hash": "h"}
+    raw = json.dumps({"text": "describe", "image_data": [item]}).encode()
+    stream = Driven()
+    stream.handle(headers(AGGREGATED))
+    error = error_body(stream.handle(RequestBody(raw, True)))
+    assert (error["code"], error["param"]) == (400, "image_data.0")
+    assert stream.decision.reason == "embeddings_refused"
+
+
 def test_a_mint_route_parses_every_request_for_its_digest():
     stream = Driven(max_body_bytes=1 << 20)
     stream.handle(headers(MINT_ROUTE))

@@ -71,3 +71,25 @@ def test_the_endpoint_memo_keeps_no_long_path_and_empties_when_full():
     # Judged the same from the memo as afresh.
     assert vllm_request.internal_endpoint("/v1/flush_cache") == "/flush_cache"
     assert vllm_request.internal_endpoint("/v1/flush_cache") == "/flush_cache"
+
+
+# SGLang takes a media item's format as its lower-case value or its MultimodalInputFormat
+# member's name, and no other spelling (multimodal/processors/base_processor.py,
+# BaseMultimodalProcessor._get_preprocessed_input_format).
+FORMAT_SPELLINGS = [
+    ("precomputed_embedding", True),
+    ("PRECOMPUTED_EMBEDDING", True),
+    ("processor_output", True),
+    ("PROCESSOR_OUTPUT", True),
+    ("Processor_Output", False),
+    ("normal", False),
+]
+
+
+@pytest.mark.parametrize(("spelling", "embedded"), FORMAT_SPELLINGS)
+def test_a_media_item_is_embeddings_in_every_format_spelling_sglang_takes(spelling, embedded):
+    item = {"format": spelling, "feature": "AAAA", "input_ids": [1, 2], "hash": "h"}
+    found = vllm_request.embeddings({"text": "x", "image_data": [[item]]})
+    assert found == ((("image_data", 0, 0),) if embedded else ())
+    # The bytes are searched for it before any parse.
+    assert (spelling in vllm_request.CARRIER_NAMES) is embedded

@@ -199,3 +199,40 @@ def test_embeddings_in_the_other_shapes_vllm_reads_are_refused(gateway, case):
     assert gateway.received() == []
     assert reply.status_code == 400, reply.text
     assert access_log(gateway, rid)["policy_reason"] == "embeddings_refused"
+
+
+# SGLang's /generate media items that are embeddings or a processor's output, their
+# format spelled as its MultimodalInputFormat member's name, which SGLang takes as it
+# takes the lower-case value (multimodal/processors/base_processor.py,
+# BaseMultimodalProcessor._get_preprocessed_input_format). Both reached the stand-in
+# while the processor knew the lower-case spelling only.
+UPPER_CASE_FORMATS = {
+    "PRECOMPUTED_EMBEDDING": Embedded(
+        "generate",
+        {
+            "text": "describe",
+            "image_data": [{"format": "PRECOMPUTED_EMBEDDING", "precomputed_embeddings": TENSOR}],
+        },
+        "image_data.0",
+    ),
+    "PROCESSOR_OUTPUT": Embedded(
+        "generate",
+        {
+            "text": "describe",
+            "image_data": [
+                {"format": "PROCESSOR_OUTPUT", "feature": TENSOR, "input_ids": [1, 2], "hash": 7}
+            ],
+        },
+        "image_data.0",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", UPPER_CASE_FORMATS)
+def test_a_media_item_in_the_format_spelling_sglang_also_takes_is_refused(gateway, case):
+    rid = f"embeds-{uuid.uuid4()}"
+    reply = send(gateway, "/v1/", UPPER_CASE_FORMATS[case], rid)
+    assert gateway.received() == []
+    assert reply.status_code == 400, reply.text
+    assert error_of(reply)["param"] == UPPER_CASE_FORMATS[case].param
+    assert access_log(gateway, rid)["policy_reason"] == "embeddings_refused"

@@ -435,12 +435,29 @@ PART_TYPES: Final[Mapping[str, Entry]] = {
 
 # The ``format`` of a media item that is not media but its embeddings or a processor's
 # output (SGLang ``/generate``'s ``image_data`` items, multimodal base processor):
-# embeddings, wherever such an item is.
+# embeddings, wherever such an item is. Each in lower case; ``format_spellings`` says
+# how the engine compares it.
 EMBEDDING_FORMATS: Final[Mapping[str, str]] = {
     "precomputed_embedding": "SGLang: the item's `precomputed_embeddings` are the image",
     "processor_output": "SGLang: the item's `feature` and `input_ids` stand for the image, "
     "under the `hash` it names",
 }
+
+
+def format_spellings(value: str) -> tuple[str, ...]:
+    """Every spelling of the format ``value`` that SGLang 0.5.23 takes for it: the
+    lower-case value or its ``MultimodalInputFormat`` member's name, the value in upper
+    case (``multimodal/modality.py``), compared exactly
+    (``multimodal/processors/base_processor.py``,
+    ``BaseMultimodalProcessor._get_preprocessed_input_format``: ``data_format in
+    (MultimodalInputFormat.PROCESSOR_OUTPUT.name, "processor_output")``); the models'
+    own checks (``internvl.py``, ``minicpm.py``, ``glm_image.py``) take the lower-case
+    value only. A content part's ``type`` needs no such list: vLLM looks it up as
+    written (``renderers/chat_utils.py``, ``_parse_chat_message_content_mm_part``:
+    ``part_type in MM_PARSER_MAP``) and SGLang's chat parts are ``Literal`` types,
+    matched exactly (``srt/entrypoints/openai/protocol.py``)."""
+    return (value, value.upper())
+
 
 # --- request headers -----------------------------------------------------------------
 

@@ -145,6 +145,12 @@ def part_types(classes: Iterable[c.Class]) -> tuple[str, ...]:
     return tuple(sorted(name for name, entry in c.PART_TYPES.items() if entry.cls in wanted))
 
 
+def embedding_formats() -> tuple[str, ...]:
+    """Every spelling of each of the classification's embedding formats."""
+    spelled = (name for value in c.EMBEDDING_FORMATS for name in c.format_spellings(value))
+    return tuple(sorted(set(spelled)))
+
+
 def _sorted_paths(found: Mapping[str, Found]) -> list[tuple[str, ...]]:
     every = {path for item in found.values() for path in item.paths}
     return sorted(every, key=lambda path: (len(path), path))
@@ -179,9 +185,10 @@ def module(inventory: Inventory) -> str:
         "EMBEDDING_PART_TYPES: Final[tuple[str, ...]] = (",
         *(f'    "{name}",' for name in part_types({c.Class.EMBEDDINGS})),
         ")",
-        "# Media item formats that are embeddings or a processor's output.",
+        "# Media item formats that are embeddings or a processor's output, in every",
+        "# spelling the engine takes for one (classification.format_spellings).",
         "EMBEDDING_FORMATS: Final[tuple[str, ...]] = (",
-        *(f'    "{name}",' for name in sorted(c.EMBEDDING_FORMATS)),
+        *(f'    "{name}",' for name in embedding_formats()),
         ")",
         "# Request headers a component behind the gateway reads an address, a peer, tokens",
         "# or transfer parameters from: removed by the header step for every caller.",
