@@ -55,7 +55,7 @@ def unseen_routes(chain: Chain) -> Iterator[Finding]:
     """Routes delivered at run time: the connection manager's ``rds`` or
     ``scoped_routes``, or virtual hosts its inline route configuration takes from
     ``vhds`` (on demand, beside the ones it lists)."""
-    sources = [unseen for unseen in ("rds", "scoped_routes") if unseen in chain.manager]
+    sources: list[str] = [s for s in ("rds", "scoped_routes") if s in chain.manager]
     route_config = chain.manager.get("route_config")
     if isinstance(route_config, dict) and "vhds" in route_config:
         sources.append("route_config.vhds")
