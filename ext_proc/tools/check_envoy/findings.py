@@ -70,6 +70,7 @@ CODES: Final[Mapping[str, str]] = MappingProxyType(
         "body-mirrored": "a mirror policy copies a mint or honor route's body",
         "retry-header-added": "request_headers_to_add sets a header the router retries by",
         "retry-header-trusted": "internal_address_config lets clients' retry headers through",
+        "router-header-writer": "a filter after the header step can write a retry header",
         # Route selection and vLLM's token-in and echo endpoints.
         "route-unreadable": "a route whose paths the simulation cannot tell",
         "rewrite-unreadable": "a rewrite whose upstream paths the simulation cannot tell",
