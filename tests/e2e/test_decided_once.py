@@ -5,8 +5,8 @@ with a Lua filter after the processor's the upstream gets a path the processor n
 judged. A filter that writes the router's retry headers after the header step (the step
 itself, a second header_mutation copying a client's headers, a Lua script, a route's
 configuration of a header_mutation) delivers two; the same filter before the step, one
-(the step removes them). check-envoy passes the shipped config and fails each edit with its own code, so
-its claims are checked against Envoy here.
+(the step removes them). check-envoy passes the shipped config and fails each edit with
+its own code, so its claims are checked against Envoy here.
 
 The stand-in upstream answers 200 to everything: the retry edit retries on 200
 (``retriable_status_codes``), the mechanism a 503 would trigger, made certain; the hedge
