@@ -73,7 +73,8 @@ def _last(mutations: Any) -> dict[str, str]:
             continue
         if isinstance(mutation.get("remove"), str):
             last[mutation["remove"].lower()] = "remove"
-        header = mutation.get("append", {}).get("header") if "append" in mutation else None
+        append = mutation.get("append")
+        header = append.get("header") if isinstance(append, dict) else None
         if isinstance(header, dict):
             last[str(header.get("key", "")).lower()] = "write"
     return {name: done for name, done in last.items() if name in ROUTER_HEADERS}
