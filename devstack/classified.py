@@ -16,6 +16,7 @@ from ext_proc.core.route_policy import DEFAULT_NAMESPACE, FIELDS
 from ext_proc.tools.inventory import classification as c
 from ext_proc.tools.inventory import derive
 from ext_proc.tools.inventory.model import Inventory, loads, release_order
+from ext_proc.tools.router_headers import ROUTER_HEADERS
 
 REPO: Final = Path(__file__).resolve().parents[1]
 INVENTORY: Final = REPO / "ext_proc" / "tools" / "inventory" / "inventory.json"
@@ -188,7 +189,10 @@ def files() -> dict[Path, str]:
     document = DOCUMENT.read_text()
     document = splice(document, BODY_BEGIN, BODY_END, body_table(value))
     document = splice(document, HEADER_BEGIN, HEADER_END, header_table(value))
+    # The manifests' header steps remove what envoy-config's does
+    # (ext_proc.tools.carrier_headers.removed), from the inventory just read.
     removed = [h for h in derive.headers(value, c.CARRIERS) if h != c.RENEWED_HEADER]
+    removed += ROUTER_HEADERS
     return {
         MODULE: derive.module(value),
         CATALOG: derive.catalog(value),

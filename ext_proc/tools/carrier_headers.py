@@ -17,6 +17,7 @@ from collections.abc import Iterable
 from typing import Final
 
 from ext_proc.core import classified
+from ext_proc.tools.router_headers import ROUTER_HEADERS
 
 # Envoy's filter that removes and sets request headers in the filter chain (not the
 # route's headers_to_remove, which the router applies after every filter: it would also
@@ -47,9 +48,11 @@ INCOMING_ID: Final = "%REQ(x-request-id)%"
 
 
 def removed(extra: Iterable[str] = ()) -> tuple[str, ...]:
-    """Every header the step removes: the routing headers, then an operator's own (each
-    once); the two request id headers are set, never listed."""
-    names = dict.fromkeys((*ROUTING_HEADERS, *extra))
+    """Every header the step removes: the routing headers, the router's retry and hedge
+    headers (``router_headers``: whatever a filter before the step wrote into them, the
+    router never reads), then an operator's own (each once); the two request id headers
+    are set, never listed."""
+    names = dict.fromkeys((*ROUTING_HEADERS, *ROUTER_HEADERS, *extra))
     names.pop(REQUEST_ID, None)
     names.pop(CLIENT_REQUEST_ID, None)
     return tuple(names)

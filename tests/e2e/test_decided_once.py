@@ -2,8 +2,11 @@
 the shipped honor route delivers one copy; the same route with a retry, a hedge or a
 mirror delivers two (Envoy resends the decided body without running ext_proc again), and
 with a Lua filter after the processor's the upstream gets a path the processor never
-judged. check-envoy passes the shipped config and fails each edit with its own code, so
-its claims are checked against Envoy here.
+judged. A filter that writes the router's retry headers after the header step (the step
+itself, a second header_mutation copying a client's headers, a Lua script, a route's
+configuration of a header_mutation) delivers two; the same filter before the step, one
+(the step removes them). check-envoy passes the shipped config and fails each edit with
+its own code, so its claims are checked against Envoy here.
 
 The stand-in upstream answers 200 to everything: the retry edit retries on 200
 (``retriable_status_codes``), the mechanism a 503 would trigger, made certain; the hedge
@@ -36,6 +39,7 @@ from tests.e2e.test_handoff import DECODE, UPSTREAM_PATH, minted
 Edit = Callable[[dict[str, Any]], None]
 LUA = "type.googleapis.com/envoy.extensions.filters.http.lua.v3.Lua"
 ROUTER = "envoy.filters.http.router"
+EXT_PROC = "envoy.filters.http.ext_proc"
 DELAY = "x-stub-delay-seconds"
 SHIPPED = ENVOY / "envoy.yaml"
 
@@ -87,12 +91,22 @@ def path_rewritten(config: dict[str, Any]) -> None:
     )
 
 
-# The router's retry headers, asking it to retry the stand-in's 200 once.
+# The router's retry headers, asking it to retry the stand-in's 200 once; with the others
+# of its retry and hedge headers, every one the header step removes.
 RETRY_HEADERS = {
     "x-envoy-retry-on": "retriable-status-codes",
     "x-envoy-retriable-status-codes": "200",
     "x-envoy-max-retries": "1",
 }
+
+
+ROUTER_HEADERS = (
+    *RETRY_HEADERS,
+    "x-envoy-retry-grpc-on",
+    "x-envoy-retriable-header-names",
+    "x-envoy-upstream-rq-per-try-timeout-ms",
+    "x-envoy-hedge-on-per-try-timeout",
+)
 
 
 def retry_headers_added(config: dict[str, Any]) -> None:
@@ -126,9 +140,108 @@ def loopback_internal_headers_removed(config: dict[str, Any]) -> None:
     route["request_headers_to_remove"] = list(RETRY_HEADERS)
 
 
+def step_keeps_router_headers(config: dict[str, Any]) -> None:
+    # A hand-written header step that removes only the routing headers: a retry header
+    # that reaches it reaches the router.
+    step = _hcm(config)["http_filters"][0]["typed_config"]["mutations"]
+    step["request_mutations"] = [
+        m for m in step["request_mutations"] if m.get("remove") not in ROUTER_HEADERS
+    ]
+
+
+def loopback_internal_step_keeps(config: dict[str, Any]) -> None:
+    loopback_internal(config)
+    step_keeps_router_headers(config)
+
+
+def loopback_internal_by_default_step_keeps(config: dict[str, Any]) -> None:
+    loopback_internal_by_default(config)
+    step_keeps_router_headers(config)
+
+
 def xff_trusted(config: dict[str, Any]) -> None:
     # Which address is judged, not which are internal: still none is.
     _hcm(config).update(use_remote_address=True, xff_num_trusted_hops=1)
+
+
+# --- Filters that write the router's retry headers --------------------------------------
+#
+# The header step removes every header the router retries or hedges by; a filter after
+# it (before the processor's, where the check judges what runs) that writes them back
+# retries the decided body. The audit's edits: the step itself, a second header_mutation
+# copying a client's headers, a Lua script, a route's configuration of a header_mutation;
+# the route's request_headers_to_add is "retry-header-added" above.
+
+HEADER_MUTATION = (
+    "type.googleapis.com/envoy.extensions.filters.http.header_mutation.v3.HeaderMutation"
+)
+MUTATION_PER_ROUTE = (
+    "type.googleapis.com/envoy.extensions.filters.http.header_mutation.v3.HeaderMutationPerRoute"
+)
+# The client's own headers a copying filter reads, and the router header each becomes.
+CLIENT_COPIES = {f"x-client-{name.removeprefix('x-envoy-')}": name for name in RETRY_HEADERS}
+
+
+def _sets(values: dict[str, str]) -> list[dict[str, Any]]:
+    return [{"append": {"header": {"key": key, "value": value}}} for key, value in values.items()]
+
+
+def _before_processor(config: dict[str, Any], entry: dict[str, Any], at: int | None = None) -> None:
+    filters = _hcm(config)["http_filters"]
+    position = [f["name"] for f in filters].index(EXT_PROC) if at is None else at
+    filters.insert(position, entry)
+
+
+def step_sets_retry_headers(config: dict[str, Any]) -> None:
+    step = _hcm(config)["http_filters"][0]["typed_config"]["mutations"]
+    step["request_mutations"] += _sets(RETRY_HEADERS)
+
+
+def _copying_filter() -> dict[str, Any]:
+    copies = {router: f"%REQ({client})%" for client, router in CLIENT_COPIES.items()}
+    return {
+        "name": "copy",
+        "typed_config": {
+            "@type": HEADER_MUTATION,
+            "mutations": {"request_mutations": _sets(copies)},
+        },
+    }
+
+
+def client_headers_copied(config: dict[str, Any]) -> None:
+    _before_processor(config, _copying_filter())
+
+
+def client_headers_copied_before_the_step(config: dict[str, Any]) -> None:
+    # The same filter first in the chain: the step removes what it wrote.
+    _before_processor(config, _copying_filter(), at=0)
+
+
+def lua_sets_retry_headers(config: dict[str, Any]) -> None:
+    calls = " ".join(f"h:headers():add('{k}', '{v}')" for k, v in RETRY_HEADERS.items())
+    source = f"function envoy_on_request(h) {calls} end"
+    _before_processor(
+        config,
+        {
+            "name": "lua",
+            "typed_config": {"@type": LUA, "default_source_code": {"inline_string": source}},
+        },
+    )
+
+
+def route_sets_retry_headers(config: dict[str, Any]) -> None:
+    # A header_mutation filter that writes nothing itself; the honor route's
+    # configuration of it writes the retry headers.
+    _before_processor(
+        config,
+        {"name": "per-route", "typed_config": {"@type": HEADER_MUTATION, "mutations": {}}},
+    )
+    (vhost,) = _hcm(config)["route_config"]["virtual_hosts"]
+    (route,) = [r for r in vhost["routes"] if r.get("name") == "disaggregated"]
+    route["typed_per_filter_config"]["per-route"] = {
+        "@type": MUTATION_PER_ROUTE,
+        "mutations": {"request_mutations": _sets(RETRY_HEADERS)},
+    }
 
 
 # Each edit, the code check-envoy fails it with, how many copies reach the upstream and
@@ -136,8 +249,22 @@ def xff_trusted(config: dict[str, Any]) -> None:
 CASES: dict[str, tuple[Edit | None, list[str], int, str]] = {
     "shipped": (None, [], 1, UPSTREAM_PATH),
     "retry-header-added": (retry_headers_added, ["retry-header-added"], 2, UPSTREAM_PATH),
-    "retry-header-trusted": (loopback_internal, ["retry-header-trusted"], 2, UPSTREAM_PATH),
-    "internal-empty": (loopback_internal_by_default, ["retry-header-trusted"], 2, UPSTREAM_PATH),
+    # The client's retry headers pass the connection manager; the header step removes
+    # them, unless it is one that keeps them. Refused either way.
+    "retry-header-trusted": (loopback_internal, ["retry-header-trusted"], 1, UPSTREAM_PATH),
+    "internal-empty": (loopback_internal_by_default, ["retry-header-trusted"], 1, UPSTREAM_PATH),
+    "internal-step-keeps": (
+        loopback_internal_step_keeps,
+        ["retry-header-trusted"],
+        2,
+        UPSTREAM_PATH,
+    ),
+    "internal-empty-step-keeps": (
+        loopback_internal_by_default_step_keeps,
+        ["retry-header-trusted"],
+        2,
+        UPSTREAM_PATH,
+    ),
     "internal-removed": (
         loopback_internal_headers_removed,
         ["retry-header-trusted"],
@@ -149,6 +276,11 @@ CASES: dict[str, tuple[Edit | None, list[str], int, str]] = {
     "hedge": (hedged, ["body-retried", "body-hedged"], 2, UPSTREAM_PATH),
     "mirror": (mirrored, ["body-mirrored"], 2, UPSTREAM_PATH),
     "lua-path": (path_rewritten, ["filter-after-decision"], 1, "/v1/completions"),
+    "step-sets-retry": (step_sets_retry_headers, ["router-header-writer"], 2, UPSTREAM_PATH),
+    "client-copied": (client_headers_copied, ["router-header-writer"], 2, UPSTREAM_PATH),
+    "client-copied-before-step": (client_headers_copied_before_the_step, [], 1, UPSTREAM_PATH),
+    "lua-retry": (lua_sets_retry_headers, ["router-header-writer"], 2, UPSTREAM_PATH),
+    "route-header-mutation": (route_sets_retry_headers, ["router-header-writer"], 2, UPSTREAM_PATH),
 }
 # What the client adds to the proven decode request, by case: the router's retry headers
 # where the edit is about who may send them (with an x-forwarded-for that names an
@@ -156,6 +288,12 @@ CASES: dict[str, tuple[Edit | None, list[str], int, str]] = {
 SENT: dict[str, dict[str, str]] = {
     "retry-header-trusted": RETRY_HEADERS,
     "internal-empty": RETRY_HEADERS,
+    "internal-step-keeps": RETRY_HEADERS,
+    "internal-empty-step-keeps": RETRY_HEADERS,
+    "client-copied": {client: RETRY_HEADERS[router] for client, router in CLIENT_COPIES.items()},
+    "client-copied-before-step": {
+        client: RETRY_HEADERS[router] for client, router in CLIENT_COPIES.items()
+    },
     "internal-removed": RETRY_HEADERS,
     "xff-trusted-hops": {**RETRY_HEADERS, "x-forwarded-for": "127.0.0.1"},
 }

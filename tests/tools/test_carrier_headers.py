@@ -8,6 +8,7 @@ from ext_proc.tools.carrier_headers import (
     ROUTING_HEADERS,
     removed,
 )
+from ext_proc.tools.router_headers import ROUTER_HEADERS
 
 
 def test_routing_headers_are_lower_case_and_listed_once():
@@ -17,14 +18,18 @@ def test_routing_headers_are_lower_case_and_listed_once():
     assert "x-data-parallel-rank" in ROUTING_HEADERS
 
 
-def test_an_operators_headers_follow_the_routing_headers_each_once():
-    assert removed() == ROUTING_HEADERS
-    extra = ["x-my-target", "x-prefiller-host-port", "x-my-target"]
-    assert removed(extra) == (*ROUTING_HEADERS, "x-my-target")
+def test_an_operators_headers_follow_the_routing_and_router_headers_each_once():
+    assert removed() == (*ROUTING_HEADERS, *ROUTER_HEADERS)
+    extra = ["x-my-target", "x-prefiller-host-port", "x-envoy-retry-on", "x-my-target"]
+    assert removed(extra) == (*ROUTING_HEADERS, *ROUTER_HEADERS, "x-my-target")
 
 
 def test_the_request_id_headers_are_set_never_listed_for_removal():
-    assert removed([REQUEST_ID, CLIENT_REQUEST_ID, "x-other"]) == (*ROUTING_HEADERS, "x-other")
+    assert removed([REQUEST_ID, CLIENT_REQUEST_ID, "x-other"]) == (
+        *ROUTING_HEADERS,
+        *ROUTER_HEADERS,
+        "x-other",
+    )
 
 
 def test_the_step_is_envoys_header_mutation_filter():

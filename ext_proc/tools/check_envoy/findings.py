@@ -20,7 +20,7 @@ CODES: Final[Mapping[str, str]] = MappingProxyType(
         "no-connection-manager": "no HTTP connection manager (of the listeners named)",
         "listener-missing": "a listener named with --listener is not in the configuration",
         "ext-proc-missing": "a connection manager runs no ext_proc filter of this processor",
-        "routes-unseen": "routes come from RDS or scoped routes, which the check cannot read",
+        "routes-unseen": "routes come from RDS, scoped routes or VHDS, which the check cannot read",
         "matcher-tree": "a virtual host chooses routes by a matcher tree",
         "path-not-normalized": "normalize_path is not true",
         "escaped-slashes-kept": "path_with_escaped_slashes_action keeps '%2F' in the path",
@@ -70,6 +70,7 @@ CODES: Final[Mapping[str, str]] = MappingProxyType(
         "body-mirrored": "a mirror policy copies a mint or honor route's body",
         "retry-header-added": "request_headers_to_add sets a header the router retries by",
         "retry-header-trusted": "internal_address_config lets clients' retry headers through",
+        "router-header-writer": "a filter after the header step can write a retry header",
         # Route selection and vLLM's token-in and echo endpoints.
         "route-unreadable": "a route whose paths the simulation cannot tell",
         "rewrite-unreadable": "a rewrite whose upstream paths the simulation cannot tell",

@@ -65,7 +65,20 @@ def test_a_declared_filter_is_named_on_the_command_line(tmp_path, capsys):
     chain = config["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0][
         "typed_config"
     ]["http_filters"]
-    chain.insert(len(chain) - 1, {"name": "picker", "typed_config": {"@type": "x.Wasm"}})
+    # A picker that writes its own header (known not to be one the router retries by).
+    picker = {
+        "name": "picker",
+        "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.filters.http.header_mutation.v3."
+            "HeaderMutation",
+            "mutations": {
+                "request_mutations": [
+                    {"append": {"header": {"key": "x-gateway-destination-endpoint", "value": "a"}}}
+                ]
+            },
+        },
+    }
+    chain.insert(len(chain) - 1, picker)
     path = write(tmp_path, config)
     assert cli(["check-envoy", str(path)]) == 1
     assert capsys.readouterr().out.startswith("error[filter-after-decision]: ")

@@ -17,6 +17,7 @@ from ext_proc.edge.server import SERVICE_NAME
 from ext_proc.tools import carrier_headers, envoygen, token_endpoints
 from ext_proc.tools.check_envoy import check
 from ext_proc.tools.envoygen import route_headers
+from ext_proc.tools.router_headers import ROUTER_HEADERS
 from tests.filters import assert_fails_closed
 from tests.tools.envoygen.configs import (
     ARCHITECTURES,
@@ -712,13 +713,13 @@ def test_the_header_step_comes_first_and_takes_an_operators_headers():
     base = filters_of(generate(example()))[0]
     assert base["name"] == carrier_headers.FILTER
     removed = [m["remove"] for m in base["typed_config"]["mutations"]["request_mutations"][1:-1]]
-    assert removed == list(carrier_headers.ROUTING_HEADERS)
+    assert removed == [*carrier_headers.ROUTING_HEADERS, *ROUTER_HEADERS]
     extra = ["x-my-router-target", "x-prefiller-host-port", "x-request-id", "x-my-router-target"]
     step = filters_of(generate(example() | {"remove_request_headers": extra}))[0]
     mutations = step["typed_config"]["mutations"]["request_mutations"]
     removed = [m["remove"] for m in mutations if "remove" in m]
     # Each once; the request id is renewed, never merely removed.
-    assert removed == [*carrier_headers.ROUTING_HEADERS, "x-my-router-target"]
+    assert removed == [*carrier_headers.ROUTING_HEADERS, *ROUTER_HEADERS, "x-my-router-target"]
     assert mutations[-1]["append"]["header"]["key"] == carrier_headers.REQUEST_ID
     with pytest.raises(envoygen.GeneratorError, match="remove_request_headers"):
         envoygen.load_input(example() | {"remove_request_headers": ["X-Upper-Case"]})

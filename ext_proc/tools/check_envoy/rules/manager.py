@@ -52,14 +52,20 @@ def upgrades(chain: Chain) -> Iterator[Finding]:
 
 
 def unseen_routes(chain: Chain) -> Iterator[Finding]:
-    for unseen in ("rds", "scoped_routes"):
-        if unseen in chain.manager:
-            yield error(
-                "routes-unseen",
-                chain.place,
-                f"routes come from {unseen}: this check cannot see them (give the connection "
-                "manager its route_config inline to check it)",
-            )
+    """Routes delivered at run time: the connection manager's ``rds`` or
+    ``scoped_routes``, or virtual hosts its inline route configuration takes from
+    ``vhds`` (on demand, beside the ones it lists)."""
+    sources: list[str] = [s for s in ("rds", "scoped_routes") if s in chain.manager]
+    route_config = chain.manager.get("route_config")
+    if isinstance(route_config, dict) and "vhds" in route_config:
+        sources.append("route_config.vhds")
+    for unseen in sources:
+        yield error(
+            "routes-unseen",
+            chain.place,
+            f"routes come from {unseen}: this check cannot see them (give the connection "
+            "manager its route_config inline, every virtual host listed, to check it)",
+        )
 
 
 def matcher_tree(vhost: VirtualHost) -> Iterator[Finding]:

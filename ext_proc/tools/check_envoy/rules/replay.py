@@ -17,7 +17,7 @@ states it winning:
   specific non-empty list; a cluster's replaces the route's): a shadow copy to another
   cluster.
 
-- the router's retry request headers (``RETRY_HEADERS``): the router reads them from the
+- the router's retry request headers (``ROUTER_HEADERS``): the router reads them from the
   request after the route's header additions, so ``request_headers_to_add`` of any of
   them (route, weighted cluster, virtual host, route configuration) retries or hedges as
   a policy would; and from a client when the connection manager counts its request as
@@ -37,6 +37,7 @@ from ext_proc.core.route_policy import Action
 from ext_proc.tools.check_envoy.findings import Finding, error
 from ext_proc.tools.check_envoy.reader import Chain, Route, VirtualHost
 from ext_proc.tools.check_envoy.rules.route import policy_of, running
+from ext_proc.tools.router_headers import ROUTER_HEADERS
 
 # Retry conditions that hold only for a request no upstream has read: the connection
 # was never made, the upstream refused the stream unprocessed (HTTP/2 REFUSED_STREAM),
@@ -47,19 +48,6 @@ _ANY_CLUSTER: Final = (
     "cluster_header",
     "cluster_specifier_plugin",
     "inline_cluster_specifier_plugin",
-)
-# The request headers the router reads to retry or hedge (its "HTTP headers consumed
-# from downstreams" that make or time a second attempt), lower case.
-RETRY_HEADERS: Final = frozenset(
-    {
-        "x-envoy-retry-on",
-        "x-envoy-retry-grpc-on",
-        "x-envoy-max-retries",
-        "x-envoy-retriable-status-codes",
-        "x-envoy-retriable-header-names",
-        "x-envoy-upstream-rq-per-try-timeout-ms",
-        "x-envoy-hedge-on-per-try-timeout",
-    }
 )
 
 
@@ -114,7 +102,7 @@ def trusted(chain: Chain) -> Iterator[Finding]:
     """The connection manager of a ``mint`` or ``honor`` route lets a client's retry
     headers through to the router.
 
-    The connection manager removes ``RETRY_HEADERS`` from every request it counts as
+    The connection manager removes ``ROUTER_HEADERS`` from every request it counts as
     external and keeps them on an internal one. A request is internal when the address
     it is judged by (the peer's with ``use_remote_address``, else the last
     ``x-forwarded-for`` entry, ``xff_num_trusted_hops`` entries in) is internal by
@@ -137,7 +125,7 @@ def trusted(chain: Chain) -> Iterator[Finding]:
         "retry-header-trusted",
         chain.place,
         "internal_address_config makes some clients internal: the router honors their "
-        f"{', '.join(sorted(RETRY_HEADERS))} headers and resends a mint or honor route's "
+        f"{', '.join(ROUTER_HEADERS)} headers and resends a mint or honor route's "
         "body decided once. Remove it",
     )
 
@@ -205,7 +193,7 @@ def _added(holder: dict[str, Any]) -> list[str]:
         for entry in holder.get("request_headers_to_add", [])
         if isinstance(entry, dict)
     ]
-    return sorted(RETRY_HEADERS.intersection(names))
+    return [name for name in ROUTER_HEADERS if name in names]
 
 
 def _retry_headers(

@@ -110,8 +110,9 @@ def test_a_filter_that_keeps_the_request_passes(kind):
 
 
 def test_a_filter_before_the_processor_is_not_this_rules_business():
-    # Whatever runs before the decision is what the processor judges.
-    assert clean(mutated(lambda c: hcm(c)["http_filters"].insert(ext_proc_index(c), LUA)))
+    # Whatever runs before the decision is what the processor judges (and, before the
+    # header step, whatever it writes into the router's retry headers the step removes).
+    assert clean(mutated(lambda c: hcm(c)["http_filters"].insert(0, LUA)))
 
 
 def test_an_upstream_filter_of_the_router_is_an_error():
@@ -146,8 +147,27 @@ def _declared(entry, declared):
     return check(config, declared=frozenset(declared))
 
 
+# An endpoint picker's own header, written after the decision.
+PICKER_HEADER = {
+    "name": "picker",
+    "typed_config": {
+        "@type": _T + "header_mutation.v3.HeaderMutation",
+        "mutations": {
+            "request_mutations": [
+                {"append": {"header": {"key": "x-gateway-destination-endpoint", "value": "a"}}}
+            ]
+        },
+    },
+}
+
+
 def test_a_declared_filter_passes():
-    assert clean(_declared(LUA, {"rewrite"}))
+    assert clean(_declared(PICKER_HEADER, {"picker"}))
+
+
+def test_a_declared_filter_that_may_write_anything_is_refused_by_the_router_header_rule():
+    # Declared or not, a Lua script could write x-envoy-retry-on (rules/router_writers).
+    assert _declared(LUA, {"rewrite"}).codes() == ["router-header-writer"]
 
 
 EPP = copy.deepcopy(CHANGERS["ext_proc"])

@@ -7,6 +7,7 @@ import pytest
 
 from ext_proc.tools import carrier_headers
 from ext_proc.tools.check_envoy.rules.header_step import faults
+from ext_proc.tools.router_headers import ROUTER_HEADERS
 from tests.tools.check_envoy.shipped import (
     FILTER_CONFIG,
     HCM,
@@ -181,11 +182,12 @@ def test_an_edit_that_hands_a_client_header_back_is_an_error(change, code):
     assert found(mutated(change, frozenset({"restore"}))) == [(code, HCM)]
 
 
-def test_the_shipped_header_step_removes_every_routing_header_and_renews_the_id():
+def test_the_shipped_header_step_removes_every_routing_and_router_header_and_renews_the_id():
     mutations = _step_mutations(SHIPPED)
-    assert [m["remove"] for m in mutations if "remove" in m] == list(
-        carrier_headers.ROUTING_HEADERS
-    )
+    assert [m["remove"] for m in mutations if "remove" in m] == [
+        *carrier_headers.ROUTING_HEADERS,
+        *ROUTER_HEADERS,
+    ]
     first, last = mutations[0]["append"]["header"], mutations[-1]["append"]["header"]
     assert first == {"key": carrier_headers.CLIENT_REQUEST_ID, "value": "%REQ(x-request-id)%"}
     assert last == {"key": carrier_headers.REQUEST_ID, "value": "%UNIQUE_ID%"}

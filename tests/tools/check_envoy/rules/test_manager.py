@@ -49,6 +49,14 @@ def test_routes_this_check_cannot_see_are_errors(source):
     assert found(mutated(change)) == [("routes-unseen", HCM)]
 
 
+def test_virtual_hosts_from_vhds_are_unseen_too():
+    # The listed virtual hosts pass; others arrive on demand, unchecked.
+    def change(config):
+        hcm(config)["route_config"]["vhds"] = {"config_source": {"ads": {}}}
+
+    assert found(mutated(change)) == [("routes-unseen", HCM)]
+
+
 def test_a_matcher_tree_is_an_error():
     def change(config):
         (vhost,) = hcm(config)["route_config"]["virtual_hosts"]
