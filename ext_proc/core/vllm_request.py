@@ -34,6 +34,12 @@ MAX_CARRIERS: Final = 64
 # (which a proof covers): generated from the classification of what their sources read
 # (docs/trust.md#carriers names who reads each).
 CARRIERS: Final = classified.BODY_CARRIERS
+# Members a source types as any JSON and a server reads named members out of: below
+# each, a member named like any carrier is one, at any depth (``other_carriers``).
+UNTYPED_MEMBERS: Final = classified.UNTYPED_MEMBERS
+# The names a carrier has below an untyped member: every carrier's last step, and the
+# transfer parameters (below one, they are not the policy's own).
+DEEP_NAMES: Final = frozenset((KV_KEY, *(str(c[-1]) for c in CARRIERS if c[-1] != "*")))
 # Members and chat content parts that carry prompt embeddings: refused from a caller
 # the route does not trust unless it accepts them (``Accept.EMBEDDINGS``).
 EMBEDDING_MEMBERS: Final = classified.EMBEDDING_MEMBERS
@@ -141,12 +147,13 @@ def ignores_reused_ids(document: dict[str, Any]) -> bool:
 
 def other_carriers(document: dict[str, Any], most: int) -> tuple[Path, ...] | None:
     """The paths of ``CARRIERS`` present in ``document`` with a value other than null
-    (``tokens``: other than null or a list), list items by index; at most ``most`` of
-    them (the search stops there). A carrier inside another is not named: the outer one
-    goes whole. The document is walked once along ``_TRIE``, so each list item is met
-    once however many carriers lie below the list. None when the walk would meet more
-    than ``MAX_SEARCHED`` objects and lists: a body built to cost its search more than
-    its parse is refused, not searched."""
+    (``tokens``: other than null or a list), and below each of ``UNTYPED_MEMBERS`` any
+    member with such a value named in ``DEEP_NAMES``, at any depth; list items by
+    index; at most ``most`` of them (the search stops there). A carrier inside another
+    is not named: the outer one goes whole. The document is walked once along
+    ``_TRIE``, so each list item is met once however many carriers lie below the list.
+    None when the walk would meet more than ``MAX_SEARCHED`` objects and lists: a body
+    built to cost its search more than its parse is refused, not searched."""
     search = _Search(most)
     search.walk(document, _TRIE, ())
     return None if search.exhausted else tuple(search.found)
@@ -161,31 +168,41 @@ MAX_SEARCHED: Final = 1 << 16
 @dataclass(frozen=True, slots=True)
 class _Node:
     """A step of the carriers' paths: the member names below it, the node for ``EVERY``
-    item or value, and whether a carrier ends here."""
+    item or value, whether a carrier ends here, and whether an untyped member does
+    (everything below it is searched by name)."""
 
     names: dict[str, _Node]
     every: _Node | None
     ends: bool
+    deep: bool = False
 
 
-def _trie(paths: tuple[tuple[str, ...], ...]) -> _Node:
-    """The carriers' paths as a tree, names in the order of ``paths``."""
+# Marks in the trie's plain form: "" and "**" are never steps (json keys here are the
+# inventory's names).
+_ENDS: Final = ""
+_DEEP: Final = "**"
+
+
+def _trie(paths: tuple[tuple[str, ...], ...], deep: tuple[tuple[str, ...], ...] = ()) -> _Node:
+    """The carriers' ``paths`` and the untyped members' ``deep`` paths as a tree, names
+    in the order of ``paths``."""
     root: dict[str, Any] = {}
-    for path in paths:
-        node = root
-        for step in path:
-            node = node.setdefault(step, {})
-        node[""] = True  # "" is never a step: json keys here are the inventory's names
+    for mark, marked in ((_ENDS, paths), (_DEEP, deep)):
+        for path in marked:
+            node = root
+            for step in path:
+                node = node.setdefault(step, {})
+            node[mark] = True
 
     def build(node: dict[str, Any]) -> _Node:
-        names = {k: build(v) for k, v in node.items() if k not in ("", EVERY)}
+        names = {k: build(v) for k, v in node.items() if k not in (_ENDS, _DEEP, EVERY)}
         every = build(node[EVERY]) if EVERY in node else None
-        return _Node(names, every, "" in node)
+        return _Node(names, every, _ENDS in node, _DEEP in node)
 
     return build(root)
 
 
-_TRIE: Final = _trie(CARRIERS)
+_TRIE: Final = _trie(CARRIERS, UNTYPED_MEMBERS)
 
 
 class _Search:
@@ -216,6 +233,8 @@ class _Search:
                 if child.ends:
                     if path or (name,) != TOKENS_LIST_KEPT or type(item) is not list:
                         self.found.append((*path, name))
+                elif child.deep:
+                    self.deep(item, (*path, name))
                 elif type(item) is dict or type(item) is list:
                     self.walk(item, child, (*path, name))
             if node.every is not None:
@@ -229,8 +248,39 @@ class _Search:
                 return
             if node.ends and item is not None:
                 self.found.append((*path, key))
+            elif node.deep:
+                self.deep(item, (*path, key))
             elif type(item) is dict or type(item) is list:
                 self.walk(item, node, (*path, key))
+
+    def deep(self, value: Any, path: Path) -> None:
+        """Every member of ``value`` (below ``path``) named in ``DEEP_NAMES`` with a
+        value other than null, at any depth, none below another; counted against the
+        same ``MAX_SEARCHED``. Its own stack, so no nesting exhausts Python's; a path
+        is built only for what is found (``embeddings``' way)."""
+        # Each object or list met: its parent's index here and its step from the parent.
+        steps: list[tuple[int, str | int]] = [(-1, "")]
+        stack: list[tuple[Any, int]] = [(value, 0)]
+        while stack:
+            self.left -= 1
+            if self.left < 0:
+                self.exhausted = True
+                return
+            item, at = stack.pop()
+            if type(item) is dict:
+                for key, member in item.items():
+                    if key in DEEP_NAMES and member is not None:
+                        if len(self.found) >= self.most:
+                            return
+                        self.found.append((*path, *_path(steps, at), key))
+                    elif type(member) is dict or type(member) is list:
+                        steps.append((at, key))
+                        stack.append((member, len(steps) - 1))
+            elif type(item) is list:
+                for index, member in enumerate(item):
+                    if type(member) is dict or type(member) is list:
+                        steps.append((at, index))
+                        stack.append((member, len(steps) - 1))
 
 
 def embeddings(document: dict[str, Any], most: int = 1) -> tuple[Path, ...] | None:

@@ -28,7 +28,14 @@ from ext_proc.core.events import (
     StreamedBody,
 )
 from ext_proc.core.proof import Trust
-from ext_proc.core.vllm_request import CARRIER_NAMES, CARRIERS, EVERY, POLICED_KEYS
+from ext_proc.core.vllm_request import (
+    CARRIER_NAMES,
+    CARRIERS,
+    DEEP_NAMES,
+    EVERY,
+    POLICED_KEYS,
+    UNTYPED_MEMBERS,
+)
 from tests.driver import Driven
 
 KV = "kv_transfer_params"
@@ -176,18 +183,36 @@ def policed(document: Any) -> dict[str, Any]:
 
 def carried(document: Any) -> list[tuple[Any, str]]:
     """Each member (its object and name) at one of vLLM's carrier paths
-    (vllm_request.CARRIERS), not null: matched here step by step, recursively."""
+    (vllm_request.CARRIERS), not null, and each named in DEEP_NAMES at any depth below
+    an untyped member (UNTYPED_MEMBERS), none below another: matched here step by
+    step, recursively; each once."""
 
-    def follow(node: Any, steps: tuple[str, ...]) -> list[tuple[Any, str]]:
+    def follow(node: Any, steps: tuple[str, ...], deep: bool) -> list[tuple[Any, str]]:
         step, rest = steps[0], steps[1:]
         if step == EVERY:
             items = node if isinstance(node, list) else []
-            return [hit for item in items if isinstance(item, dict) for hit in follow(item, rest)]
+            return [
+                hit for item in items if isinstance(item, dict) for hit in follow(item, rest, deep)
+            ]
         if not isinstance(node, dict) or node.get(step) is None:
             return []
-        return [(node, step)] if not rest else follow(node[step], rest)
+        if rest:
+            return follow(node[step], rest, deep)
+        return below(node[step]) if deep else [(node, step)]
 
-    return [hit for carrier in CARRIERS for hit in follow(document, carrier)]
+    def below(node: Any) -> list[tuple[Any, str]]:
+        if isinstance(node, list):
+            return [hit for item in node for hit in below(item)]
+        if not isinstance(node, dict):
+            return []
+        hits: list[tuple[Any, str]] = []
+        for key, value in node.items():
+            hits += [(node, key)] if key in DEEP_NAMES and value is not None else below(value)
+        return hits
+
+    hits = [hit for carrier in CARRIERS for hit in follow(document, carrier, False)]
+    hits += [hit for member in UNTYPED_MEMBERS for hit in follow(document, member, True)]
+    return list({(id(holder), key): (holder, key) for holder, key in hits}.values())
 
 
 def without_carriers(document: Any) -> Any:

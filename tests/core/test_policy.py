@@ -912,6 +912,21 @@ def test_a_strict_route_keeps_a_trusted_callers_members_and_a_carrier_once():
     assert decision.paths == (("nvext",),)
 
 
+def test_a_strict_route_removes_a_carrier_at_any_depth_below_an_untyped_member():
+    body = declared.Body(
+        "Chat", {"Chat": {"model": (), "messages": (), "vllm_xargs": ("*",), "k": ("*",)}}
+    )
+    nested = {"kv_cache_report_mode": "full", "a": [{"rid": "r"}], "temperature_hint": 1}
+    document = doc(vllm_xargs=nested, k={"rid": "a word in the caller's content"})
+    decision = policy.decide(STRIP, document, EVIDENCE, body=body)
+    assert isinstance(decision, Strip)
+    # Removed where they sit: the rest of the untyped member is forwarded.
+    assert decision.paths == (("vllm_xargs", "kv_cache_report_mode"), ("vllm_xargs", "a", 0, "rid"))
+    denied = policy.decide(DENY, document, EVIDENCE, body=body)
+    assert isinstance(denied, Deny)
+    assert denied.refusal.param == "vllm_xargs.kv_cache_report_mode"
+
+
 def test_an_engine_without_kv_transfer_params_loses_the_whole_object():
     body = declared.Body("Chat", {"Chat": {"model": (), "messages": ()}})
     route = RoutePolicy(Topology.AGGREGATED, Action.STRIP, keep_other_keys=True)

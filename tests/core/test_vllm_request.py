@@ -93,3 +93,69 @@ def test_a_media_item_is_embeddings_in_every_format_spelling_sglang_takes(spelli
     assert found == ((("image_data", 0, 0),) if embedded else ())
     # The bytes are searched for it before any parse.
     assert (spelling in vllm_request.CARRIER_NAMES) is embedded
+
+
+@pytest.mark.parametrize(
+    ("document", "found"),
+    [
+        # Below a member typed as any JSON that a server reads parameters from, every
+        # carrier's name at any depth, where it sits.
+        (
+            {"vllm_xargs": {"kv_cache_report_mode": "full"}},
+            [("vllm_xargs", "kv_cache_report_mode")],
+        ),
+        (
+            {"custom_params": {"a": [{"b": {"session_params": {"rid": "x"}}}]}},
+            [("custom_params", "a", 0, "b", "session_params")],
+        ),
+        (
+            {"sampling_params": {"extra_args": {"x": {"kv_transfer_params": {}}}}},
+            [("sampling_params", "extra_args", "x", "kv_transfer_params")],
+        ),
+        (
+            {"extra_args": {"nvext": {"metadata_upload": {"url": "s3://b"}}}},
+            [("extra_args", "nvext", "metadata_upload")],
+        ),
+        # SGLang's /vertex_generate: its instances and parameters are a generate request.
+        (
+            {"instances": [{"text": "hi"}, {"input_ids": [1]}], "parameters": {"rid": "r"}},
+            [("parameters", "rid"), ("instances", 1, "input_ids")],
+        ),
+        (
+            {"parameters": {"sampling_params": {"deep": [[{"bootstrap_host": "h"}]]}}},
+            [("parameters", "sampling_params", "deep", 0, 0, "bootstrap_host")],
+        ),
+        # Null is absent; a carrier inside another is not named.
+        ({"vllm_xargs": {"rid": None, "x": {"rid": {"rid": 1}}}}, [("vllm_xargs", "x", "rid")]),
+        # The caller's content (a schema, template arguments) is not searched.
+        ({"response_format": {"json_schema": {"schema": {"rid": {}}}}}, []),
+        ({"chat_template_kwargs": {"rid": "x"}, "metadata": {"request_id": "x"}}, []),
+        # A top-level `tokens` list is vLLM's /detokenize input; below an untyped member
+        # a `tokens` is a carrier whatever it holds.
+        ({"vllm_xargs": {"tokens": [1]}}, [("vllm_xargs", "tokens")]),
+    ],
+)
+def test_carriers_are_found_at_any_depth_below_untyped_members(document, found):
+    assert vllm_request.other_carriers(document, 64) == tuple(found)
+
+
+def test_every_name_searched_below_untyped_members_is_one_the_pre_scan_looks_for():
+    # A body whose bytes spell none of CARRIER_NAMES is forwarded unparsed: that holds
+    # only if no name the deep search finds is missing from them.
+    assert set(vllm_request.CARRIER_NAMES) >= vllm_request.DEEP_NAMES
+    assert "kv_cache_report_mode" in vllm_request.DEEP_NAMES
+    assert "metadata_upload" in vllm_request.DEEP_NAMES
+
+
+def test_the_search_below_untyped_members_is_bounded():
+    # At most `most` are named, and the objects met count against MAX_SEARCHED.
+    many = {"vllm_xargs": [{"rid": index} for index in range(10)]}
+    assert len(vllm_request.other_carriers(many, 3) or ()) == 3
+    wide = {"vllm_xargs": [[] for _ in range(vllm_request.MAX_SEARCHED)]}
+    assert vllm_request.other_carriers(wide, 64) is None
+    deep: object = {"rid": 1}
+    for _ in range(5000):  # deeper than Python's recursion limit
+        deep = [deep]
+    assert vllm_request.other_carriers({"vllm_xargs": deep}, 64) == (
+        ("vllm_xargs", *([0] * 5000), "rid"),
+    )

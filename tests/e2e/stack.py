@@ -40,13 +40,13 @@ class Received:
         return [v for k, v in self.headers if k.lower() == name]
 
 
-def route(name: str, prefix: str, policy: dict[str, Any]) -> dict[str, Any]:
-    """A test route to the aggregated cluster, ``prefix`` rewritten to ``/v1/``; its
+def route(name: str, prefix: str, policy: dict[str, Any], rewrite: str = "/v1/") -> dict[str, Any]:
+    """A test route to the aggregated cluster, ``prefix`` rewritten to ``rewrite``; its
     policy metadata states that rewrite (``envoygen.state_rewrite``)."""
     entry = {
         "name": name,
         "match": {"prefix": prefix},
-        "route": {"cluster": "aggregated", "prefix_rewrite": "/v1/"},
+        "route": {"cluster": "aggregated", "prefix_rewrite": rewrite},
         "metadata": {"filter_metadata": {"ext_proc.token_policy": dict(policy)}},
         "request_body_buffer_limit": BODY_LIMIT,
     }
@@ -77,6 +77,16 @@ def _extra_routes() -> list[dict[str, Any]]:
         ),
         # Stripping only the policed keys, the client's other keys kept in place.
         route("keep", "/keep/v1/", {"action": "strip", "keep_other_keys": True}),
+        # Forwarding only what the engine declares (strict_body), served at the root as
+        # SGLang serves its native endpoints.
+        route("strict-sglang", "/strict-sglang/", {"strict_body": "sglang 0.5.23"}, "/"),
+        route(
+            "strict-sglang-deny",
+            "/strict-sglang-deny/",
+            {"action": "deny", "strict_body": "sglang 0.5.23"},
+            "/",
+        ),
+        route("strict-vllm", "/strict-vllm/v1/", {"strict_body": "vllm 0.32.0"}),
         route("bad-action", "/bad-action/v1/", {"action": "allow"}),
         route("bad-field", "/bad-field/v1/", {"topolgy": "aggregated"}),
         route("bad-type", "/bad-type/v1/", {"max_ids": {"n": 1}}),

@@ -157,6 +157,39 @@ BY_HAND = {
         ("bootstrap_host", "bootstrap_port", "bootstrap_room"),
     ),
     "rid": Case({"rid": ["a", "b"]}, ("rid",)),
+    # vLLM reads it from extra_args (vllm_xargs): "full" publishes prefix-cache hits as
+    # KV events for KV-aware routers.
+    "kv_cache_report_mode": Case(
+        {"vllm_xargs": {"kv_cache_report_mode": "full", "seed_hint": 3}},
+        ("vllm_xargs.kv_cache_report_mode",),
+    ),
+    # NVIDIA Dynamo's SGLang worker reads its upload target at each of these scopes.
+    "metadata_upload": Case(
+        {
+            "metadata_upload": {"fs_url": "s3://elsewhere/a"},
+            "nvext": {"metadata_upload": {"url": "s3://elsewhere/b"}},
+            "extra_args": {
+                "metadata_upload": {"s3_url": "s3://elsewhere/c"},
+                "nvext": {"metadata_upload": {"url": "s3://elsewhere/d"}},
+                "seed_hint": 3,
+            },
+        },
+        (
+            "metadata_upload",
+            "extra_args.metadata_upload",
+            "extra_args.nvext.metadata_upload",
+            "nvext.metadata_upload",
+        ),
+    ),
+    # Any carrier's name at any depth below a member a server reads parameters from,
+    # removed where it sits.
+    "below-untyped": Case(
+        {
+            "vllm_xargs": {"deep": [{"rid": "r"}, {"kept": 1}]},
+            "custom_params": {"x": {"bootstrap_host": "10.0.0.9", "kept": 2}},
+        },
+        ("vllm_xargs.deep.0.rid", "custom_params.x.bootstrap_host"),
+    ),
     "ranks": Case(
         {"routed_dp_rank": 0, "data_parallel_rank": 0}, ("data_parallel_rank", "routed_dp_rank")
     ),
@@ -244,7 +277,11 @@ def test_every_classified_carrier_has_a_case():
     assert sent <= every
     # Every top-level carrier is among the ones sent at once.
     assert {dotted(p) for p in classified.BODY_CARRIERS if len(p) == 1} <= set(sent)
-    assert set(AT_ONCE["by-hand"].carriers) <= every
+    # By hand, the rest lie below a member typed as any JSON, at any depth.
+    below = {dotted(path) + "." for path in classified.UNTYPED_MEMBERS}
+    deep = {c for c in AT_ONCE["by-hand"].carriers if c.startswith(tuple(below))}
+    assert deep
+    assert set(AT_ONCE["by-hand"].carriers) - deep <= every
 
 
 def assert_removed(gateway, client, path: str, case: Case) -> None:
@@ -352,3 +389,127 @@ def test_a_non_canonical_proof_is_malformed(gateway, client):
     _received, document = sent_upstream(gateway)
     assert "kv_transfer_params" not in document
     assert access_log(gateway, rid)["policy_reason"] == "proof_malformed"
+
+
+# --- requests an endpoint builds from another shape ----------------------------------------
+
+# SGLang's /vertex_generate builds a generate request from every instance's input_ids
+# (its prompt: token ids) and from any member of `parameters`.
+VERTEX_PROBES = {
+    "input_ids": Case(
+        {"instances": [{"input_ids": [7, 8, 9]}, {"input_ids": [10]}]},
+        ("instances.0.input_ids", "instances.1.input_ids"),
+    ),
+    "rid": Case({"parameters": {"rid": "r-1"}}, ("parameters.rid",)),
+    "bootstrap": Case(
+        {
+            "parameters": {
+                "bootstrap_host": "10.0.0.9",
+                "bootstrap_port": 8998,
+                "bootstrap_room": 2**63 - 1,
+                "return_logprob": False,
+            }
+        },
+        ("parameters.bootstrap_host", "parameters.bootstrap_port", "parameters.bootstrap_room"),
+    ),
+    "ranks": Case(
+        {"parameters": {"routed_dp_rank": 0, "data_parallel_rank": 0}},
+        ("parameters.data_parallel_rank", "parameters.routed_dp_rank"),
+    ),
+    "custom_logit_processor": Case(
+        {"parameters": {"custom_logit_processor": "gASV..."}},
+        ("parameters.custom_logit_processor",),
+    ),
+    "session_params": Case(
+        {"parameters": {"session_params": {"id": "s", "rid": "r"}}}, ("parameters.session_params",)
+    ),
+    "sampling_params": Case(
+        {"parameters": {"sampling_params": {"custom_params": {"rid": "r"}, "temperature": 0}}},
+        ("parameters.sampling_params.custom_params.rid",),
+    ),
+}
+# The shipped routes it reaches, by what an untrusted caller's carriers get there.
+VERTEX_ROUTES = {
+    "/vertex_generate": "stripped_by_policy",
+    "/v1/vertex_generate": "stripped_by_policy",
+    "/pd/v1/vertex_generate": "unproven",
+    "/pd/prefill/v1/vertex_generate": "unproven",
+    "/strict-sglang/vertex_generate": "stripped_by_policy",
+}
+
+
+def vertex(case: Case) -> dict[str, Any]:
+    instances = case.members.get("instances", [{"text": "hi"}])
+    return {**case.members, "instances": instances}
+
+
+@DEFAULT_ARRANGEMENT
+@pytest.mark.parametrize("probe", VERTEX_PROBES)
+@pytest.mark.parametrize("path", VERTEX_ROUTES)
+def test_vertex_generate_loses_the_carriers_of_the_request_it_builds(gateway, client, probe, path):
+    case = VERTEX_PROBES[probe]
+    sent = vertex(case)
+    rid = request_id()
+    reply = client.post(gateway.url + path, json=sent, headers={"x-request-id": rid})
+    assert reply.status_code == 200, reply.text
+    expected = without(sent, *case.carriers)
+    if path.startswith(PREFILL.removesuffix("chat/completions")):
+        expected["kv_transfer_params"] = PREFILL_REQUEST_PARAMS
+    assert json.loads(only_request(gateway).body) == expected
+    line = access_log(gateway, rid)
+    assert (line["policy_action"], line["policy_reason"]) == ("strip", VERTEX_ROUTES[path])
+
+
+@DEFAULT_ARRANGEMENT
+@pytest.mark.parametrize("probe", VERTEX_PROBES)
+@pytest.mark.parametrize(
+    "path", ["/deny/v1/vertex_generate", "/strict-sglang-deny/vertex_generate"]
+)
+def test_vertex_generate_carriers_are_refused_where_the_route_denies(gateway, client, probe, path):
+    case = VERTEX_PROBES[probe]
+    reply = client.post(gateway.url + path, json=vertex(case))
+    assert reply.status_code == 400
+    assert reply.json()["error"]["param"] in case.carriers
+    assert gateway.received() == []
+
+
+@DEFAULT_ARRANGEMENT
+def test_a_strict_route_reads_vertex_generate_as_the_request_it_builds(gateway, client):
+    # Its instances and parameters are checked against GenerateReqInput's members: what
+    # that request does not declare goes, as a carrier does; what it does is forwarded.
+    sent = {
+        "instances": [{"text": "hi", "next_release_hint": 1}],
+        "parameters": {"sampling_params": {"max_new_tokens": 4}, "next_release_peer": "h"},
+    }
+    reply = client.post(gateway.url + "/strict-sglang/vertex_generate", json=sent)
+    assert reply.status_code == 200, reply.text
+    expected = without(sent, "instances.0.next_release_hint", "parameters.next_release_peer")
+    assert json.loads(only_request(gateway).body) == expected
+
+
+# A strict route forwards what the engine declares, and below a member it types as any
+# JSON that a server reads parameters from, no carrier's name at any depth.
+STRICT_BELOW_UNTYPED = {
+    "kv_cache_report_mode": Case(
+        {"vllm_xargs": {"kv_cache_report_mode": "full", "seed_hint": 3}},
+        ("vllm_xargs.kv_cache_report_mode",),
+    ),
+    "nested": Case(
+        {"vllm_xargs": {"a": {"b": [{"kv_transfer_params": {"remote_host": "h"}}]}}},
+        ("vllm_xargs.a.b.0.kv_transfer_params",),
+    ),
+    "ids": Case(
+        {"vllm_xargs": {"x": {"prompt_token_ids": [1, 2], "input_ids": [3]}}},
+        ("vllm_xargs.x.input_ids", "vllm_xargs.x.prompt_token_ids"),
+    ),
+}
+
+
+@DEFAULT_ARRANGEMENT
+@pytest.mark.parametrize("probe", STRICT_BELOW_UNTYPED)
+def test_a_strict_route_removes_carriers_below_untyped_members(gateway, client, probe):
+    case = STRICT_BELOW_UNTYPED[probe]
+    sent = chat(**case.members)
+    reply = client.post(gateway.url + "/strict-vllm/v1/chat/completions", json=sent)
+    assert reply.status_code == 200, reply.text
+    assert json.loads(only_request(gateway).body) == without(sent, *case.carriers)

@@ -187,7 +187,15 @@ _BODY_CARRIERS: Final = {
     "mm_hashes": Entry(Class.CACHE_KEY, "SGLang and vLLM token-in: multimodal hashes"),
     "mm_content_hashes": Entry(Class.CACHE_KEY, "SGLang: multimodal content hashes"),
     "metadata_upload": Entry(
-        Class.PEER, "NVIDIA Dynamo (`nvext`): where the frontend uploads request metadata"
+        Class.PEER,
+        "NVIDIA Dynamo's SGLang worker (the top level, `nvext`, `extra_args`, "
+        "`extra_args.nvext`): the storage URL it uploads request metadata to",
+    ),
+    "kv_cache_report_mode": Entry(
+        Class.TRANSFER,
+        'vLLM (`SamplingParams.extra_args`, so `vllm_xargs`): `"full"` publishes the '
+        "request's prefix-cache hits as KV events, which KV-aware routers take as where "
+        "blocks are cached",
     ),
     "routing_constraints": Entry(
         Class.PEER, "NVIDIA Dynamo (`nvext`): the workers a request may run on"
@@ -389,6 +397,65 @@ READS: Final[Mapping[str, str]] = {
     "sampling_params.extra_args.ec_transfer_params": "vLLM `/inference/v1/generate`",
     "input.*.output.*.uuid": "vLLM `/v1/responses`: a function or custom tool call output's "
     "parts, parsed as chat content parts (OpenAI's types: not in the inventory)",
+    "vllm_xargs.kv_cache_report_mode": "vLLM: `SamplingParams.extra_args`, read by the engine's "
+    "request (`v1/request.py`) and its KV cache manager",
+    "sampling_params.extra_args.kv_cache_report_mode": "vLLM `/inference/v1/generate`",
+    "metadata_upload": "NVIDIA Dynamo's SGLang worker (main at a683ca71, "
+    "`metadata_upload.py`): the request, its `nvext`, `extra_args` and `extra_args.nvext` "
+    "are each searched for it",
+    "extra_args.metadata_upload": "NVIDIA Dynamo's SGLang worker (main at a683ca71)",
+    "extra_args.nvext.metadata_upload": "NVIDIA Dynamo's SGLang worker (main at a683ca71)",
+}
+
+# --- members typed as any JSON ---------------------------------------------------------
+
+
+class Untyped(StrEnum):
+    """What lies below a member a source types as any JSON (the inventory's ``*``)."""
+
+    # A server reads named members out of it (sampling parameters, extra arguments, a
+    # request it builds): every carrier's name is looked for at any depth below it.
+    PARAMETERS = "parameters"
+    # The caller's own data, which a server renders, compiles or hands on whole and
+    # reads no member of by a carrier's name (schemas, tool inputs, template and
+    # processor arguments, labels, token biases): a carrier's name there is a word.
+    CONTENT = "content"
+
+
+# Every name of a member some source types as any JSON, other than a carrier or
+# embeddings (removed or refused whole) and the members below one: what is below it.
+def _below(kind: Untyped, names: str) -> dict[str, Untyped]:
+    return dict.fromkeys(names.split(), kind)
+
+
+UNTYPED: Final[Mapping[str, Untyped]] = {
+    **_below(
+        Untyped.PARAMETERS,
+        """
+        vllm_xargs extra_args sampling_params custom_params options image_data audio_data
+        video_data image_url content_parts
+        """,
+    ),
+    **_below(
+        Untyped.CONTENT,
+        """
+        schema json format parameters input_schema tools tool_choice response_format
+        arguments input content source documents data state thinking question
+        description levels criteria instructions yes no true false previous_input_messages
+        chat_template_kwargs mm_processor_kwargs media_io_kwargs preprocess_kwargs
+        images_config video_config logit_bias watermark metadata custom_labels
+        external_trace_header num_items_assigned multimodal_tokens finished_reason
+        server_args profiler_kwargs manifest config_dict added_tokens_config
+        expected_checksums
+        """,
+    ),
+}
+
+# Members typed as any JSON in the sources the inventory holds no models of (the stacks),
+# by their full path: the stacks snapshot records no types.
+UNTYPED_READS: Final[Mapping[str, str]] = {
+    "extra_args": "NVIDIA Dynamo's SGLang worker (main at a683ca71, `metadata_upload.py`): "
+    "the request's `extra_args` and its `nvext` are read as objects",
 }
 
 # --- kv_transfer_params keys ---------------------------------------------------------

@@ -16,7 +16,7 @@ from typing import Final
 
 from ext_proc.core import connector_keys
 from ext_proc.tools.inventory import classification as c
-from ext_proc.tools.inventory.model import Inventory, Source, paths
+from ext_proc.tools.inventory.model import Inventory, Source, paths, untyped
 
 # A path as the processor walks it: member names, and "*" for every item of a list.
 EVERY: Final = "*"
@@ -72,6 +72,56 @@ def carriers(inventory: Inventory, classes: Iterable[c.Class]) -> dict[str, Foun
     }
 
 
+def _untyped_paths(inventory: Inventory) -> Iterator[tuple[str, tuple[str, ...]]]:
+    """(source, path) for every member a source types as any JSON: each endpoint's
+    (the inventory's ``*`` references) and the classification's own for the stacks."""
+    for name, source in inventory.sources.items():
+        for endpoint in source.endpoints:
+            for path in untyped(source, endpoint):
+                yield name, tuple(path.split("."))
+    for read in c.UNTYPED_READS:
+        yield "classification", tuple(read.split("."))
+
+
+def _whole(path: tuple[str, ...]) -> bool:
+    """Whether ``path`` is at or below a member that goes whole: the top-level
+    kv_transfer_params (the policy's own), a carrier (removed) or embeddings (refused)."""
+    if path[0] == POLICED_ROOT:
+        return True
+    whole = c.CARRIERS | {c.Class.EMBEDDINGS}
+    return any(
+        entry is not None and entry.cls in whole
+        for entry in (c.FIELDS.get(step) for step in path if step != EVERY)
+    )
+
+
+def untyped_members(inventory: Inventory) -> dict[str, Found]:
+    """Per name judged ``Untyped.PARAMETERS``: where the sources type a member so named
+    as any JSON (never at or below one that goes whole, ``_whole``)."""
+    found: dict[str, tuple[set[tuple[str, ...]], set[str]]] = {}
+    for source, path in _untyped_paths(inventory):
+        name = leaf(path)
+        if _whole(path) or c.UNTYPED.get(name) is not c.Untyped.PARAMETERS:
+            continue
+        where, who = found.setdefault(name, (set(), set()))
+        where.add(path)
+        who.add(source)
+    return {
+        name: Found(frozenset(where), frozenset(who))
+        for name, (where, who) in sorted(found.items())
+    }
+
+
+def _unjudged(inventory: Inventory) -> dict[str, str]:
+    """Each untyped member's name the classification does not judge (``c.UNTYPED``),
+    with the first source that types it so."""
+    missing: dict[str, str] = {}
+    for name, path in _untyped_paths(inventory):
+        if not _whole(path) and leaf(path) not in c.UNTYPED:
+            missing.setdefault(leaf(path), name)
+    return missing
+
+
 def unclassified(inventory: Inventory) -> dict[str, list[str]]:
     """Every name of the inventory the classification lacks, by kind, each with the
     first source (in the inventory's order) that reads it."""
@@ -81,6 +131,7 @@ def unclassified(inventory: Inventory) -> dict[str, list[str]]:
         "part type": {},
         "endpoint": {},
         "connector key": {},
+        "untyped member": _unjudged(inventory),
     }
     bounded = {key.name for key in connector_keys.KEYS}
     for name, source in inventory.sources.items():
@@ -160,6 +211,7 @@ def module(inventory: Inventory) -> str:
     """The text of ``ext_proc/core/classified.py``."""
     body = carriers(inventory, c.CARRIERS)
     embedded = carriers(inventory, {c.Class.EMBEDDINGS})
+    searched = untyped_members(inventory)
     removed = [name for name in headers(inventory, c.CARRIERS) if name != c.RENEWED_HEADER]
     lines = [
         '"""What the classification (ext_proc/tools/inventory/classification.py) makes of the',
@@ -176,6 +228,12 @@ def module(inventory: Inventory) -> str:
         "# kv_transfer_params (the policy's own).",
         "BODY_CARRIERS: Final[tuple[tuple[str, ...], ...]] = (",
         *(f"    {_tuple(path)}," for path in _sorted_paths(body)),
+        ")",
+        "# Every body member a source types as any JSON and a server reads named members",
+        "# out of (classification.Untyped.PARAMETERS), by path: every carrier's name is",
+        "# looked for at any depth below it.",
+        "UNTYPED_MEMBERS: Final[tuple[tuple[str, ...], ...]] = (",
+        *(f"    {_tuple(path)}," for path in _sorted_paths(searched)),
         ")",
         "# Every body member a source reads prompt embeddings from, by path.",
         "EMBEDDING_MEMBERS: Final[tuple[tuple[str, ...], ...]] = (",

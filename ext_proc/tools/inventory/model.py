@@ -109,21 +109,37 @@ def paths(source: Source, endpoint: str) -> tuple[str, ...]:
     return tuple(sorted(found))
 
 
+def untyped(source: Source, endpoint: str) -> tuple[str, ...]:
+    """Every dotted body path of ``endpoint`` whose member the source types as any JSON
+    (a ``*`` reference, with a ``*`` step per list item or mapping value it sits in),
+    sorted: below it the sources declare nothing, whatever a server reads there."""
+    root = source.endpoints[endpoint]
+    if root is None:
+        return ()
+    found: set[str] = set()
+    _walk(source.models, root, (), (root,), set(), untyped=found)
+    return tuple(sorted(found))
+
+
 def _walk(
     models: Mapping[str, Fields],
     name: str,
     prefix: tuple[str, ...],
     chain: tuple[str, ...],
     found: set[str],
+    *,
+    untyped: set[str] | None = None,
 ) -> None:
     for field_name, refs in models.get(name, {}).items():
         path = (*prefix, field_name)
         found.add(".".join(path))
         for ref in refs:
             steps, target = unwrap(ref)
-            if target in models and target not in chain:
-                below = (*path, *([ITEM] * steps))
-                _walk(models, target, below, (*chain, target), found)
+            below = (*path, *([ITEM] * steps))
+            if target == OPEN and untyped is not None:
+                untyped.add(".".join(below))
+            elif target in models and target not in chain:
+                _walk(models, target, below, (*chain, target), found, untyped=untyped)
 
 
 def release_order(release: str) -> tuple[int, ...] | None:

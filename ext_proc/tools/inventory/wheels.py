@@ -15,12 +15,12 @@ import os
 import subprocess
 import sys
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
 from ext_proc.tools.inventory import reads
-from ext_proc.tools.inventory.model import Fields, Source
+from ext_proc.tools.inventory.model import OPEN, Fields, Source, unwrap
 from ext_proc.tools.inventory.pysource import Class, Package
 from ext_proc.tools.inventory.routes import Root, routes
 from ext_proc.tools.inventory.schema import Reference, Schema
@@ -36,6 +36,9 @@ class Layout:
     part_unions: tuple[str, ...]  # union aliases of content-part models
     connectors: tuple[str, ...]  # the KV connectors' modules
     package: str  # the whole wheel, for kv_transfer_params read outside the connectors
+    # Endpoints whose handler builds another request model out of members it types as
+    # any JSON: per model, each such field and the reference to the model it becomes.
+    rebuilt: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
 
 
 VLLM: Final = Layout(
@@ -65,6 +68,16 @@ SGLANG: Final = Layout(
     part_unions=("sglang.srt.entrypoints.openai.protocol.ChatCompletionMessageContentPart",),
     connectors=(),
     package="sglang",
+    # /vertex_generate (http_server.vertex_generate) builds a GenerateReqInput from the
+    # first instance's text, input_ids or input_embeds taken from every instance, the
+    # instances' image_data, and every member of `parameters` as a keyword: the body is
+    # read as that request, each instance as one of its items.
+    rebuilt={
+        "VertexGenerateReqInput": {
+            "instances": "list:GenerateReqInput",
+            "parameters": "GenerateReqInput",
+        },
+    },
 )
 
 
@@ -153,6 +166,7 @@ def extract(wheel: Wheel, path: Path, package: Package | None = None) -> Source:
     layout = wheel.layout
     roots = routes(package, schema, layout.routes)
     endpoints, models = name_models(schema, roots)
+    models = rebuild(models, layout.rebuilt)
     return Source(
         engine=wheel.engine,
         release=wheel.release,
@@ -208,6 +222,27 @@ def name_models(
         for endpoint, root in roots.items()
     }
     return endpoints, models
+
+
+def rebuild(
+    models: Mapping[str, Fields], rebuilt: Mapping[str, Mapping[str, str]]
+) -> dict[str, Fields]:
+    """``models`` with each field of ``rebuilt`` referring to the model its handler
+    builds from it. A field that is not there, or typed other than as any JSON, or a
+    model that is not there is an error: the handler must be read again."""
+    out = dict(models)
+    for name, fields in rebuilt.items():
+        if name not in models:
+            raise ValueError(f"{name}: no such model to rebuild")
+        changed = dict(models[name])
+        for field_name, ref in fields.items():
+            if changed.get(field_name) != (OPEN,):
+                raise ValueError(f"{name}.{field_name}: not typed as any JSON")
+            if unwrap(ref)[1] not in models:
+                raise ValueError(f"{name}.{field_name}: no model {ref!r}")
+            changed[field_name] = (ref,)
+        out[name] = changed
+    return out
 
 
 def _root_key(root: Root) -> str:

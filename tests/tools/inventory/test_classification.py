@@ -37,6 +37,15 @@ def test_a_name_nobody_classified_fails_by_kind():
     assert _with(connector_keys=("remote_next",)) == {"connector key": ["remote_next (toy 1.0)"]}
     # A key the connector bounds hold is classified there.
     assert _with(connector_keys=("tp_size",)) == {}
+    # A member typed as any JSON needs a judgement of what is below it, unless it goes
+    # whole (a carrier, the policy's own kv_transfer_params).
+    untyped = {"Chat": {"messages": ("list:Message",), "next_args": ("*",)}, "Message": {}}
+    assert _with(models=untyped) == {
+        "field": ["next_args (toy 1.0)"],
+        "untyped member": ["next_args (toy 1.0)"],
+    }
+    whole = {"Chat": {"messages": ("list:Message",), "rid": ("*",)}, "Message": {}}
+    assert _with(models=whole) == {}
 
 
 def test_no_name_is_in_two_classes():
@@ -87,3 +96,50 @@ def test_the_gateways_lists_hold_the_named_carriers():
     ]:
         assert header in lists.HEADER_CARRIERS, header
     assert c.RENEWED_HEADER not in lists.HEADER_CARRIERS
+
+
+def test_members_below_which_servers_read_parameters_are_searched_at_any_depth():
+    # Generated from the inventory's `*` references and the judgement of each name.
+    for path in [
+        ("vllm_xargs",),
+        ("custom_params",),
+        ("sampling_params",),
+        ("sampling_params", "extra_args"),
+        ("extra_args",),  # NVIDIA Dynamo's SGLang worker (a stack: the classification's)
+        ("parameters", "sampling_params"),
+        ("instances", "*", "sampling_params"),
+    ]:
+        assert path in lists.UNTYPED_MEMBERS, path
+    # The caller's content is not: a schema's or a tool input's names are words there.
+    for path in [("response_format", "json_schema", "schema"), ("chat_template_kwargs",)]:
+        assert path not in lists.UNTYPED_MEMBERS, path
+    # Nor anything that goes whole, or lies below what does.
+    assert not any(
+        path[0] == "kv_transfer_params" or "kv_hints" in path for path in lists.UNTYPED_MEMBERS
+    )
+    assert all(
+        c.UNTYPED[derive.leaf(path)] is c.Untyped.PARAMETERS for path in lists.UNTYPED_MEMBERS
+    )
+
+
+def test_the_requests_other_endpoints_build_have_their_carriers():
+    # SGLang's /vertex_generate builds a GenerateReqInput from `instances` and `parameters`.
+    for path in [
+        ("instances", "*", "input_ids"),
+        ("parameters", "rid"),
+        ("parameters", "bootstrap_host"),
+        ("parameters", "bootstrap_port"),
+        ("parameters", "bootstrap_room"),
+        ("parameters", "routed_dp_rank"),
+        ("parameters", "data_parallel_rank"),
+        ("parameters", "custom_logit_processor"),
+        ("parameters", "session_params"),
+        ("vllm_xargs", "kv_cache_report_mode"),
+        ("metadata_upload",),
+        ("extra_args", "metadata_upload"),
+        ("extra_args", "nvext", "metadata_upload"),
+        ("nvext", "metadata_upload"),
+    ]:
+        assert path in lists.BODY_CARRIERS, path
+    assert c.FIELDS["kv_cache_report_mode"].cls in c.CARRIERS
+    assert c.FIELDS["metadata_upload"].cls in c.CARRIERS

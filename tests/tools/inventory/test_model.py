@@ -67,6 +67,22 @@ def test_paths_follow_lists_mappings_and_models() -> None:
     assert model.paths(CHAT, "POST /abort") == ()
 
 
+def test_untyped_members_are_the_open_references_with_their_list_steps() -> None:
+    nested = Source(
+        "toy",
+        "1.0",
+        "test",
+        endpoints={"POST /x": "Root", "POST /none": None},
+        models={
+            "Root": {"items": ("list:Item",), "extra": ("*", "Item"), "n": ()},
+            "Item": {"args": ("list:*",), "name": ()},
+        },
+    )
+    assert model.untyped(nested, "POST /x") == ("extra", "extra.args.*", "items.*.args.*")
+    assert model.untyped(nested, "POST /none") == ()
+    assert model.untyped(CHAT, "POST /v1/chat/completions") == ("vllm_xargs",)
+
+
 def test_a_source_key_given_twice_is_refused() -> None:
     with pytest.raises(InventoryError, match="twice"):
         model.inventory([CHAT, CHAT])

@@ -183,3 +183,51 @@ def test_the_matrix_runs_the_releases_read_here() -> None:
     keys = [f"{w.engine} {w.release}" for w in wheels.WHEELS]
     assert len(set(keys)) == len(keys)
     assert [f"vllm {r}" for r in wheels.RELEASES] == keys[: len(wheels.RELEASES)]
+
+
+def test_a_rebuilt_field_refers_to_the_model_its_handler_builds() -> None:
+    models = {
+        "Vertex": {"instances": ("*",), "parameters": ("*",), "rid": ()},
+        "Generate": {"input_ids": (), "rid": ()},
+    }
+    rebuilt = {"Vertex": {"instances": "list:Generate", "parameters": "Generate"}}
+    done = wheels.rebuild(models, rebuilt)
+    assert done["Vertex"] == {
+        "instances": ("list:Generate",),
+        "parameters": ("Generate",),
+        "rid": (),
+    }
+    assert done["Generate"] == models["Generate"]
+    assert models["Vertex"]["instances"] == ("*",)  # the input is left as it was
+    inventory = model.inventory(
+        [model.Source("toy", "1", "t", endpoints={"POST /v": "Vertex"}, models=done)]
+    )
+    paths = model.paths(inventory.sources["toy 1"], "POST /v")
+    assert "instances.*.input_ids" in paths
+    assert "parameters.rid" in paths
+
+
+@pytest.mark.parametrize(
+    ("rebuilt", "message"),
+    [
+        ({"Other": {"instances": "Generate"}}, "Other: no such model"),
+        ({"Vertex": {"rid": "Generate"}}, "Vertex.rid: not typed as any JSON"),
+        ({"Vertex": {"missing": "Generate"}}, "Vertex.missing: not typed as any JSON"),
+        ({"Vertex": {"instances": "list:Nothing"}}, "Vertex.instances: no model"),
+    ],
+)
+def test_a_rebuilt_field_the_source_no_longer_has_as_any_json_fails(
+    rebuilt: dict[str, dict[str, str]], message: str
+) -> None:
+    models = {"Vertex": {"instances": ("*",), "rid": ()}, "Generate": {"rid": ()}}
+    with pytest.raises(ValueError, match=re.escape(message)):
+        wheels.rebuild(models, rebuilt)
+
+
+def test_sglang_vertex_generate_is_read_as_the_generate_request_it_builds() -> None:
+    assert wheels.SGLANG.rebuilt == {
+        "VertexGenerateReqInput": {
+            "instances": "list:GenerateReqInput",
+            "parameters": "GenerateReqInput",
+        },
+    }
