@@ -151,10 +151,12 @@ class LocalRecord:
                 extra={"store": "local", "error": "record_began_after_mint"},
             )
             return Verdict.UNAVAILABLE
-        now = int(self._clock())
         hashed = hashlib.blake2b(ticket.key, key=self._secret, digest_size=8).digest()
         start = _HEADER.size + int.from_bytes(hashed, "little") % self._buckets * _BUCKET_BYTES
         with self._locked():
+            # Read under the lock: a worker that waited for it reads no earlier than the
+            # one before it wrote.
+            now = int(self._clock())
             (seen,) = _SEEN.unpack_from(self._table, _SEEN_AT)
             if now < seen - self._allowance:
                 return self._behind(now, seen)
