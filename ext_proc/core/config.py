@@ -75,8 +75,8 @@ class Proof(BaseModel):
     # A turn proof must never be honored past it.
     decode_blocks_ttl_seconds: int = Field(480, gt=0, le=86400)
     # The record of spent proofs (each is honored once): "" for a table shared by this
-    # processor's workers; redis://host:port/db (rediss://, unix://) when several
-    # processors serve the same routes.
+    # processor's workers; redis://host:port/0 (rediss://, unix://) when several
+    # processors serve the same routes (a Redis keeps one record, in database 0).
     record: str = ""
     # The local table's size in proofs (bounded memory, charged to the in-flight
     # budget): enough for every proof honored within ttl_seconds + 3 x clock_skew.
