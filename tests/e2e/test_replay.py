@@ -686,6 +686,13 @@ def reloaded(server: Redis, client: RedisClient) -> Ticket:
     return proof
 
 
+async def announced(record: RedisRecord) -> None:
+    try:
+        await record.announce()
+    finally:
+        await record.close()
+
+
 def stats_reset(caplog: pytest.LogCaptureFixture) -> bool:
     return any(getattr(r, "error", None) == "redis_stats_reset" for r in caplog.records)
 
@@ -720,6 +727,10 @@ def test_a_redis_whose_statistics_were_reset_keeps_no_record_until_it_restarts(t
         with server.client() as client:
             redis_record.begin(client, int(time.time()) - 60)
             client.config_resetstat()
+        record = RedisRecord(server.url, 1.0)
+        asyncio.run(announced(record))  # the start-up line says so too
+        (line,) = [r for r in caplog.records if "cannot keep the record" in r.getMessage()]
+        assert getattr(line, "error", None) == "redis_stats_reset"
         now = int(time.time())
         assert spend(server, Ticket(b"p" * 16, now + 30, now)) is Verdict.UNAVAILABLE
         assert stats_reset(caplog)
