@@ -11,7 +11,7 @@ one nginx:
 - ``service-wN`` (one message) and ``service-wN-2msg`` (two): the rendered config
   pointing at ``python -m ext_proc serve --workers N``;
 - ``service-wN-redis``: as ``service-wN``, its record of spent proofs in a
-  ``redis-server`` the stack starts (one for the run, a database per arrangement).
+  ``redis-server`` the stack starts (one per arrangement: a Redis keeps one record).
 
 Every config also has ``/pd-any/v1/``: the shipped decode route trusting any caller's
 ids (``trust_any_caller``), for the unproven honor and deny bodies; the service verifies
@@ -218,7 +218,8 @@ class BenchStack:
     upstream: HostPort = field(default_factory=lambda: HostPort(LOCAL, processes.free_port()))
     running: dict[str, Running] = field(default_factory=dict)
     nginx_process: subprocess.Popen[bytes] | None = None
-    redis_address: HostPort | None = None
+    # Each Redis arrangement's redis-server, by the arrangement's name.
+    redis_addresses: dict[str, HostPort] = field(default_factory=dict)
     _children: list[subprocess.Popen[bytes]] = field(default_factory=list)
 
     def __enter__(self) -> BenchStack:
@@ -241,8 +242,9 @@ class BenchStack:
         self.nginx_process = nginx = processes.start(args, self.workdir / "nginx.log", cwd=REPO)
         self._children.append(nginx)
         processes.wait_for_port(self.upstream.port, nginx)
-        if any(a.record == "redis" for a in self.arrangements):
-            self._start_redis()
+        for arrangement in self.arrangements:
+            if arrangement.record == "redis":
+                self._start_redis(arrangement)
         for arrangement in self.arrangements:
             self.running[arrangement.name] = self._start_arrangement(arrangement)
         # A processor's own table, made before it serves, honors only proofs minted after
@@ -251,40 +253,38 @@ class BenchStack:
         fresh = math.ceil(time.time()) + proofs.SKEW + 1
         time.sleep(max(0.0, fresh - time.time()))
 
-    def _start_redis(self) -> None:
-        """One redis-server on loopback, nothing persisted, nothing evicted."""
+    def _start_redis(self, arrangement: Arrangement) -> None:
+        """A redis-server on loopback for ``arrangement``'s record, nothing persisted,
+        nothing evicted."""
         if self.redis is None:
             raise ValueError("an arrangement keeps its spent proofs in Redis: give redis-server")
-        self.redis_address = HostPort(LOCAL, processes.free_port())
-        args = [self.redis, "--bind", LOCAL, "--port", str(self.redis_address.port)]
+        address = self.redis_addresses[arrangement.name] = HostPort(LOCAL, processes.free_port())
+        args = [self.redis, "--bind", LOCAL, "--port", str(address.port)]
         args += ["--save", "", "--appendonly", "no", "--dir", str(self.workdir)]
         args += ["--maxmemory-policy", "noeviction", "--protected-mode", "yes"]
-        server = processes.start(args, self.workdir / "redis.log", cwd=REPO)
+        log = self.workdir / f"{arrangement.name}-redis.log"
+        server = processes.start(args, log, cwd=REPO)
         self._children.append(server)
-        processes.wait_for_port(self.redis_address.port, server)
+        processes.wait_for_port(address.port, server)
         # A record honors only proofs minted after it began (ext_proc/edge/redis_record.py):
         # this server is new and no proof of the benchmark's key was honored before it,
-        # so each database states it began a lifetime ago, on this server.
+        # so its record states it began a lifetime ago, on this server.
         began = int(time.time()) - 2 * (proofs.LIFETIME + 3 * proofs.SKEW)
-        for number in range(len([a for a in self.arrangements if a.record == "redis"])):
-            client = redis.Redis(host=LOCAL, port=self.redis_address.port, db=number)
-            try:
-                redis_record.begin(client, began)
-            finally:
-                client.close()
+        client = redis.Redis(host=LOCAL, port=address.port)
+        try:
+            redis_record.begin(client, began)
+        finally:
+            client.close()
 
     def record_url(self, arrangement: Arrangement) -> str:
-        """The ``proof.record`` of ``arrangement``: "" (its own table), or a Redis
-        database of its own (16 in all: one per Redis arrangement)."""
+        """The ``proof.record`` of ``arrangement``: "" (its own table), or its own
+        redis-server."""
         if arrangement.record != "redis":
             return ""
-        if self.redis_address is None:
+        address = self.redis_addresses.get(arrangement.name)
+        if address is None:
             raise RuntimeError("redis-server not started")
-        users = [a for a in self.arrangements if a.record == "redis"]
-        number = users.index(arrangement)
-        if number >= 16:
-            raise ValueError("at most 16 arrangements keep their spent proofs in Redis")
-        return f"redis://{self.redis_address}/{number}"
+        return f"redis://{address}/0"
 
     def _start_arrangement(self, arrangement: Arrangement) -> Running:
         running = Running(

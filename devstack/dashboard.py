@@ -65,6 +65,7 @@ HONOR_REASONS: Final = (
     "proof_replayed",
     "proof_record_unavailable",
     "proof_record_full",
+    "clock_behind",
 )
 NOT_MINTED_REASONS: Final = (
     "no_signing_key",

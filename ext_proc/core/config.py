@@ -12,6 +12,7 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import parse_qs, unquote, urlsplit
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -74,8 +75,8 @@ class Proof(BaseModel):
     # A turn proof must never be honored past it.
     decode_blocks_ttl_seconds: int = Field(480, gt=0, le=86400)
     # The record of spent proofs (each is honored once): "" for a table shared by this
-    # processor's workers; redis://host:port/db (rediss://, unix://) when several
-    # processors serve the same routes.
+    # processor's workers; redis://host:port/0 (rediss://, unix://) when several
+    # processors serve the same routes (a Redis keeps one record, in database 0).
     record: str = ""
     # The local table's size in proofs (bounded memory, charged to the in-flight
     # budget): enough for every proof honored within ttl_seconds + 3 x clock_skew.
@@ -110,7 +111,24 @@ class Proof(BaseModel):
             )
         if self.record and not self.record.startswith(("redis://", "rediss://", "unix://")):
             raise ValueError("proof.record must be empty or a redis://, rediss:// or unix:// URL")
+        if self.record and not names_database_zero(self.record):
+            raise ValueError(
+                "proof.record must name database 0 or none (redis://host:port, "
+                "redis://host:port/0, no db= parameter): a Redis keeps one record, so "
+                "every processor that shares it reaches the same one (processors on two "
+                "databases of one Redis would keep two records, a proof honored in each)"
+            )
         return self
+
+
+def names_database_zero(url: str) -> bool:
+    """Whether a Redis client given ``url`` selects database 0: no ``db`` query
+    parameter, and for redis:// and rediss:// a path that is empty, ``/`` or ``/0``
+    (redis-py reads a database from either; anything else is refused, not guessed)."""
+    parts = urlsplit(url)
+    if "db" in parse_qs(parts.query, keep_blank_values=True):
+        return False
+    return parts.scheme == "unix" or unquote(parts.path) in ("", "/", "/0")
 
 
 class Config(BaseModel):

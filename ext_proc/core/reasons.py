@@ -40,6 +40,7 @@ class Reason(StrEnum):
     PROOF_REPLAYED = "proof_replayed"
     PROOF_RECORD_UNAVAILABLE = "proof_record_unavailable"
     PROOF_RECORD_FULL = "proof_record_full"
+    CLOCK_BEHIND = "clock_behind"
     TURN_NOT_CHECKABLE = "turn_not_checkable"
 
     # Why a request is refused.
@@ -109,6 +110,7 @@ UNTRUSTED: Final = frozenset(
         Reason.PROOF_REPLAYED,
         Reason.PROOF_RECORD_UNAVAILABLE,
         Reason.PROOF_RECORD_FULL,
+        Reason.CLOCK_BEHIND,
         Reason.TURN_NOT_CHECKABLE,
     }
 )

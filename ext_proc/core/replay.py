@@ -25,8 +25,18 @@ TICKET_BYTES: Final = 16
 # ``BUCKET_SLOTS`` slots. Its layout is stated here because the configuration charges
 # the table's size to the in-flight budget before any record exists.
 BUCKET_SLOTS: Final = 32
-TABLE_HEADER: Final = struct.Struct("<8sQ16sq")  # magic, buckets, secret, began (unix s)
+# magic, buckets, secret, began and the latest time seen (unix seconds)
+TABLE_HEADER: Final = struct.Struct("<8sQ16sqq")
 TABLE_SLOT: Final = struct.Struct(f"<{TICKET_BYTES}sq")  # key, kept until (unix seconds)
+
+
+def allowance(skew: int) -> int:
+    """How far (seconds) a processor's clock may read below the latest time a record has
+    seen, given ``skew`` (``clock_skew_seconds``) between any processor and a minter:
+    two processors each within ``skew`` of a minter are up to 2 x ``skew`` apart. A
+    clock further behind is ``CLOCK_BEHIND``: it could verify again a proof the record
+    already forgot (kept until expiry + 3 x skew, verified until expiry + skew)."""
+    return 2 * skew
 
 
 def table_bytes(slots: int) -> int:
@@ -63,6 +73,7 @@ class Verdict(StrEnum):
     SPENT = Reason.PROOF_REPLAYED  # honored before: not again
     UNAVAILABLE = Reason.PROOF_RECORD_UNAVAILABLE  # the record could not be consulted
     FULL = Reason.PROOF_RECORD_FULL  # the record has no room left to remember it
+    CLOCK_BEHIND = Reason.CLOCK_BEHIND  # this clock reads before what the record has seen
 
     @property
     def reason(self) -> Reason | None:

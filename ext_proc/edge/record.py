@@ -13,7 +13,15 @@ spent before, so it honors only proofs minted after it began (``Ticket.fresh``);
 others answer ``UNAVAILABLE``. A worker the supervisor restarts maps the same table and
 keeps its ``began``.
 
-Layout: a header (magic, the bucket count, a random secret, when it began), then buckets of
+Time never runs backwards for the table: its header keeps the latest second any spend
+read from the clock (``seen``), and a spend whose clock reads more than
+``replay.allowance(skew)`` below it is ``CLOCK_BEHIND``, not judged. A slot is reused
+only by a spend that read a time past the slot's (a proof's expiry + 3 x skew), so a
+clock stepped back far enough to verify that proof again reads more than 2 x skew below
+``seen``.
+
+Layout: a header (magic, the bucket count, a random secret, when it began, the latest
+second seen), then buckets of
 ``BUCKET_SLOTS`` slots, each a proof's key and the unix second until which it is kept.
 A key goes in the bucket its keyed hash names (the secret keeps clients who hold many
 proofs from aiming them at one bucket); a slot whose time has passed is free. A bucket
@@ -33,6 +41,7 @@ import math
 import mmap
 import os
 import secrets
+import struct
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -44,19 +53,25 @@ from ext_proc.core.replay import (
     TABLE_SLOT,
     Ticket,
     Verdict,
+    allowance,
     table_bytes,
 )
 
 log = logging.getLogger("ext_proc.record")
-MAGIC: Final = b"xpspent2"
+MAGIC: Final = b"xpspent3"
 _HEADER: Final = TABLE_HEADER
 _SLOT: Final = TABLE_SLOT
 _BUCKET_BYTES: Final = BUCKET_SLOTS * _SLOT.size
+# The header's last field: the latest second a spend read from the clock.
+_SEEN: Final = struct.Struct("<q")
+_SEEN_AT: Final = _HEADER.size - _SEEN.size
 
 
 def _header(slots: int, began: float) -> bytes:
     # ``began`` rounded up: a proof minted within the second the table began is not fresh.
-    return _HEADER.pack(MAGIC, -(-slots // BUCKET_SLOTS), secrets.token_bytes(16), math.ceil(began))
+    # The table has seen its beginning.
+    start = math.ceil(began)
+    return _HEADER.pack(MAGIC, -(-slots // BUCKET_SLOTS), secrets.token_bytes(16), start, start)
 
 
 def create(path: Path, slots: int, clock: Callable[[], float] = time.time) -> None:
@@ -67,15 +82,18 @@ def create(path: Path, slots: int, clock: Callable[[], float] = time.time) -> No
 
 
 class LocalRecord:
-    """Spent proofs in a table mapped by every worker of this processor."""
+    """Spent proofs in a table mapped by every worker of this processor. ``skew``:
+    ``proof.clock_skew_seconds``."""
 
     def __init__(
         self,
         table: mmap.mmap,
         fd: int | None,
         clock: Callable[[], float] = time.time,
+        *,
+        skew: int = 0,
     ) -> None:
-        magic, buckets, secret, began = _HEADER.unpack_from(table, 0)
+        magic, buckets, secret, began, _seen = _HEADER.unpack_from(table, 0)
         if magic != MAGIC or len(table) != _HEADER.size + buckets * _BUCKET_BYTES:
             raise ValueError("not a table of spent proofs")
         self._table = table
@@ -83,6 +101,7 @@ class LocalRecord:
         self._buckets = buckets
         self._secret = secret
         self._clock = clock
+        self._allowance = allowance(skew)
         self.began = began
         self.size = len(table)
 
@@ -91,6 +110,8 @@ class LocalRecord:
         cls,
         path: Path,
         clock: Callable[[], float] = time.time,
+        *,
+        skew: int = 0,
     ) -> LocalRecord:
         """The table in ``path`` (made by ``create``), shared with every process that
         opens it."""
@@ -100,7 +121,7 @@ class LocalRecord:
         except BaseException:
             os.close(fd)
             raise
-        return cls(table, fd, clock)
+        return cls(table, fd, clock, skew=skew)
 
     @classmethod
     def anonymous(
@@ -108,12 +129,14 @@ class LocalRecord:
         slots: int,
         clock: Callable[[], float] = time.time,
         began: float | None = None,
+        *,
+        skew: int = 0,
     ) -> LocalRecord:
         """A table for this process alone (no lock: one event loop uses it), begun now
         unless ``began`` says when."""
         table = mmap.mmap(-1, table_bytes(slots))
         table[: _HEADER.size] = _header(slots, clock() if began is None else began)
-        return cls(table, None, clock)
+        return cls(table, None, clock, skew=skew)
 
     async def spend(self, ticket: Ticket) -> Verdict:
         return self.spend_now(ticket)
@@ -128,10 +151,17 @@ class LocalRecord:
                 extra={"store": "local", "error": "record_began_after_mint"},
             )
             return Verdict.UNAVAILABLE
-        now = int(self._clock())
         hashed = hashlib.blake2b(ticket.key, key=self._secret, digest_size=8).digest()
         start = _HEADER.size + int.from_bytes(hashed, "little") % self._buckets * _BUCKET_BYTES
         with self._locked():
+            # Read under the lock: a worker that waited for it reads no earlier than the
+            # one before it wrote.
+            now = int(self._clock())
+            (seen,) = _SEEN.unpack_from(self._table, _SEEN_AT)
+            if now < seen - self._allowance:
+                return self._behind(now, seen)
+            if now > seen:
+                _SEEN.pack_into(self._table, _SEEN_AT, now)
             bucket = self._table[start : start + _BUCKET_BYTES]
             free = None
             for slot, (key, until) in enumerate(_SLOT.iter_unpack(bucket)):
@@ -144,6 +174,18 @@ class LocalRecord:
                 return Verdict.FULL
             _SLOT.pack_into(self._table, start + free * _SLOT.size, ticket.key, ticket.expires_at)
         return Verdict.FIRST
+
+    def _behind(self, now: int, seen: int) -> Verdict:
+        log.warning(
+            "proof record: this processor's clock reads before a time the record has "
+            "seen; no proof is honored until it catches up",
+            extra={
+                "store": "local",
+                "error": Verdict.CLOCK_BEHIND.value,
+                "behind_seconds": seen - now,
+            },
+        )
+        return Verdict.CLOCK_BEHIND
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:

@@ -23,6 +23,19 @@ notices it whatever the data it came back with says:
 - A replica is refused (``role`` is not ``master``): a writable replica would keep a
   second record. So is an eviction policy other than ``noeviction``: an evicted key is
   a forgotten proof.
+- The history is read from the server's statistics, which ``CONFIG RESETSTAT`` zeroes:
+  after older data was put back, a reset would make the counts match the older
+  ``SINCE``. Redis 7 keeps a line for the reset command in the statistics it zeroed,
+  and no command removes it short of a new process: a Redis that shows it keeps no
+  record (``redis_stats_reset``) until it is restarted, and one older than 7.0, which
+  cannot show it, none at all (``redis_too_old``).
+- Time never runs backwards for the record: ``SINCE`` also holds the latest time a
+  spend read from a processor's clock, carried on by Redis's own clock for as long as
+  a key set then may live. A spend whose clock reads more than
+  ``replay.allowance(skew)`` below it (plus the longest a spend may take to reach
+  Redis, which its key lives longer by) is ``CLOCK_BEHIND``: a key expires only once
+  that time is past its proof's expiry + 3 x skew, when no clock within the allowance
+  verifies the proof.
 
 All of it in one script, one round trip, read from the server itself at each spend, so
 a processor that just started, or that never saw the Redis before, judges alike.
@@ -50,15 +63,11 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
-from ext_proc.core.replay import Ticket, Verdict
+from ext_proc.core.replay import Ticket, Verdict, allowance
 
 log = logging.getLogger("ext_proc.record")
 PREFIX: Final = "ext_proc:spent:"
 SINCE: Final = "ext_proc:spent-since"
-# KEYS: SINCE, the proof's key; ARGV: now (unix seconds, rounded up), when the proof was
-# minted after (unix seconds), its lifetime (ms). 1: recorded now; 0: recorded before;
-# -1: minted before the record began; -2: not a master; -3: keys may be evicted.
-# A field missing from INFO (not a Redis) fails the script: UNAVAILABLE.
 # The commands that put other data in place of a key without a new run_id or replid
 # (SWAPDB swaps a database back, MOVE, COPY and RESTORE bring an older key back, a
 # flush or DEBUG RELOAD replaces it) and the count of evicted keys make the record's
@@ -73,7 +82,10 @@ _REWRITERS: Final = (
     "flushall",
     "debug",
 )
-# Sets ``incarnation``: the server's run_id, its master_replid and its history.
+# Sets ``incarnation``: the server's run_id, its master_replid and its history; and
+# ``reset``: whether CONFIG RESETSTAT ever ran in this process. Redis 7 counts each
+# subcommand apart, and a RESETSTAT zeroes every count, then counts itself: its line
+# never leaves the statistics of the process that ran it.
 _INCARNATION: Final = """
 local server = redis.call('INFO', 'server')
 local replication = redis.call('INFO', 'replication')
@@ -85,7 +97,23 @@ for _, name in ipairs({@REWRITERS@}) do
 end
 local incarnation = string.match(server, 'run_id:(%x+)') .. ':'
   .. string.match(replication, 'master_replid:(%x+)') .. ':' .. history
+local reset = string.find(commands, 'cmdstat_config|resetstat:', 1, true) ~= nil
+local major = tonumber(string.match(server, 'redis_version:(%d+)%.'))
+local at = redis.call('TIME')
+at = tonumber(at[1]) * 1000 + math.floor(tonumber(at[2]) / 1000)
 """.replace("@REWRITERS@", ", ".join(f"'{name.replace('-', '%-')}'" for name in _REWRITERS))
+# SINCE's value: the incarnation that wrote it, when the record began (unix seconds),
+# the latest time a spend read from a processor's clock (unix ms), Redis's clock then
+# (ms), and how long after that (ms) a key then set may live.
+_SINCE_FORMAT: Final = "'%s %d %d %d %d', incarnation, began, seen, at, window"
+# KEYS: SINCE, the proof's key; ARGV: now (unix seconds, rounded up), when the proof was
+# minted after (unix seconds), its lifetime (ms), now (unix ms, rounded down), how far
+# (ms) a clock may read below the latest time seen. 1: recorded now; 0: recorded before;
+# -1: minted before the record began; -2: not a master; -3: keys may be evicted; -4:
+# this clock reads before the latest time the record has seen; -5: the statistics the
+# history is read from were reset (CONFIG RESETSTAT); -6: older than Redis 7, whose
+# statistics cannot show that.
+# A field missing from INFO (not a Redis) fails the script: UNAVAILABLE.
 _SPEND: Final = (
     _INCARNATION
     + """
@@ -96,18 +124,34 @@ local memory = redis.call('INFO', 'memory')
 if string.match(memory, 'maxmemory_policy:([%w-]+)') ~= 'noeviction' then
   return -3
 end
-local began = nil
+if major < 7 then
+  return -6
+end
+if reset then
+  return -5
+end
+local now = tonumber(ARGV[4])
+local began, seen, anchor, window = nil, now, at, 0
 local since = redis.call('GET', KEYS[1])
 if since then
-  local at = string.find(since, ' ', 1, true)
-  if at and string.sub(since, 1, at - 1) == incarnation then
-    began = tonumber(string.sub(since, at + 1))
+  local wrote, b, s, a, w = string.match(since, '^(%S+) (%d+) (%d+) (%d+) (%d+)$')
+  if wrote == incarnation then
+    began, seen, anchor, window = tonumber(b), tonumber(s), tonumber(a), tonumber(w)
   end
 end
 if began == nil then
   began = tonumber(ARGV[1])
-  redis.call('SET', KEYS[1], incarnation .. ' ' .. ARGV[1])
 end
+-- The latest time seen goes on with Redis's clock for as long as a key set then may
+-- live: a key expires only once that time is past its proof's expiry + 3 x skew.
+local carried = math.min(math.max(at - anchor, 0), window)
+seen = seen + carried
+if now < seen - tonumber(ARGV[5]) then
+  return -4
+end
+seen = math.max(seen, now)
+window = math.max(window - carried, tonumber(ARGV[3]))
+redis.call('SET', KEYS[1], string.format(@SINCE@))
 if tonumber(ARGV[2]) < began then
   return -1
 end
@@ -115,15 +159,17 @@ if redis.call('SET', KEYS[2], '1', 'NX', 'PX', ARGV[3]) then
   return 1
 end
 return 0
-"""
+""".replace("@SINCE@", _SINCE_FORMAT)
 )
 # KEYS: SINCE; ARGV: when the record began (unix seconds). For a Redis known to have
-# recorded nothing before (a benchmark's, a test's): the record began then, on it.
+# recorded nothing before (a benchmark's, a test's): the record began then, on it, and
+# has seen that time.
 _BEGIN: Final = (
     _INCARNATION
     + """
-redis.call('SET', KEYS[1], incarnation .. ' ' .. ARGV[1])
-"""
+local began, seen, window = tonumber(ARGV[1]), tonumber(ARGV[1]) * 1000, 0
+redis.call('SET', KEYS[1], string.format(@SINCE@))
+""".replace("@SINCE@", _SINCE_FORMAT)
 )
 
 
@@ -139,6 +185,9 @@ def begin(client: redis.Redis, began: int) -> None:
 _BEGAN_AFTER_MINT: Final = -1
 _NOT_MASTER: Final = -2
 _EVICTS: Final = -3
+_CLOCK_BEHIND: Final = -4
+_STATS_RESET: Final = -5
+_TOO_OLD: Final = -6
 _REFUSED: Final = {
     _BEGAN_AFTER_MINT: (
         "record_began_after_mint",
@@ -151,6 +200,15 @@ _REFUSED: Final = {
         "the Redis may evict keys (maxmemory-policy is not noeviction): an evicted key "
         "is a forgotten proof",
     ),
+    _STATS_RESET: (
+        "redis_stats_reset",
+        "CONFIG RESETSTAT ran on this Redis: the statistics that show what it lost are "
+        "gone; restart the redis-server",
+    ),
+    _TOO_OLD: (
+        "redis_too_old",
+        "the Redis is older than 7.0, whose statistics cannot show a CONFIG RESETSTAT",
+    ),
 }
 
 
@@ -161,7 +219,10 @@ class RedisRecord:
         timeout: float,
         on_error: Callable[[], None] = lambda: None,
         clock: Callable[[], float] = time.time,
+        *,
+        skew: int = 0,
     ) -> None:
+        """``skew``: ``proof.clock_skew_seconds``."""
         self._client = redis.asyncio.Redis.from_url(
             url,
             socket_timeout=timeout,
@@ -172,6 +233,12 @@ class RedisRecord:
         self._timeout = timeout
         self._on_error = on_error
         self._clock = clock
+        # A spend reads this clock before its script runs, at most ``timeout`` earlier:
+        # a later spend may read less than an earlier one saw by that much. Its key lives
+        # that much longer, so a clock that could verify a proof whose key expired still
+        # reads more than the allowance below the latest time seen.
+        self._in_flight = math.ceil(timeout * 1000)
+        self._allowance = allowance(skew) * 1000 + self._in_flight
         self.size = 0  # nothing held here beyond a connection
 
     async def spend(self, ticket: Ticket) -> Verdict:
@@ -187,10 +254,26 @@ class RedisRecord:
         try:
             async with asyncio.timeout(self._timeout):
                 recorded = await self._spend(
-                    keys=[SINCE, name], args=[math.ceil(now), ticket.minted_after, lifetime]
+                    keys=[SINCE, name],
+                    args=[
+                        math.ceil(now),
+                        ticket.minted_after,
+                        lifetime + self._in_flight,
+                        math.floor(now * 1000),
+                        self._allowance,
+                    ],
                 )
         except (RedisError, OSError, TimeoutError) as exc:
             return self._unavailable(type(exc).__name__, "Redis could not be consulted")
+        if recorded == _CLOCK_BEHIND:
+            # This processor's clock, not the record: logged, counted as the decision's
+            # reason.
+            log.warning(
+                "proof record: this processor's clock reads before a time the record has "
+                "seen; no proof is honored until it catches up",
+                extra={"store": "redis", "error": Verdict.CLOCK_BEHIND.value},
+            )
+            return Verdict.CLOCK_BEHIND
         if recorded in _REFUSED:
             why, words = _REFUSED[recorded]
             return self._unavailable(why, words, error=recorded != _BEGAN_AFTER_MINT)
@@ -212,18 +295,23 @@ class RedisRecord:
             async with asyncio.timeout(4 * self._timeout):
                 role = (await self._client.info("replication")).get("role")
                 policy = (await self._client.info("memory")).get("maxmemory_policy")
+                version = str((await self._client.info("server")).get("redis_version"))
+                reset = "cmdstat_config|resetstat" in await self._client.info("commandstats")
         except (RedisError, OSError, TimeoutError) as exc:
             log.warning(
                 "proof record: Redis cannot be consulted yet; no proof is honored until it answers",
                 extra={"store": "redis", "error": type(exc).__name__},
             )
             return
-        fields = {"store": "redis", "role": role, "maxmemory_policy": policy}
-        refused = [
-            _REFUSED[code][0]
-            for code, wrong in ((_NOT_MASTER, role != "master"), (_EVICTS, policy != "noeviction"))
-            if wrong
-        ]
+        fields = {"store": "redis", "role": role, "maxmemory_policy": policy, "version": version}
+        major = version.partition(".")[0]
+        checks = (
+            (_NOT_MASTER, role != "master"),
+            (_EVICTS, policy != "noeviction"),
+            (_TOO_OLD, not major.isdigit() or int(major) < 7),
+            (_STATS_RESET, reset),
+        )
+        refused = [_REFUSED[code][0] for code, wrong in checks if wrong]
         if refused:
             log.warning(
                 "proof record: this Redis cannot keep the record; no proof is honored "

@@ -113,10 +113,15 @@ def open_record(config: Config, metrics: Metrics, shared: Path | None = None) ->
     proof = config.proof
     if proof.record:
         errors = metrics.record_errors.labels("redis")
-        return RedisRecord(proof.record, proof.record_timeout_seconds, on_error=errors.inc)
+        return RedisRecord(
+            proof.record,
+            proof.record_timeout_seconds,
+            on_error=errors.inc,
+            skew=proof.clock_skew_seconds,
+        )
     if shared is not None:
-        return LocalRecord.open(shared)
-    return LocalRecord.anonymous(proof.record_slots)
+        return LocalRecord.open(shared, skew=proof.clock_skew_seconds)
+    return LocalRecord.anonymous(proof.record_slots, skew=proof.clock_skew_seconds)
 
 
 async def listen(

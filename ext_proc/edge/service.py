@@ -59,7 +59,11 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc
         self.metrics = metrics if metrics is not None else Metrics()
         # Without one given, this process's own table (a worker is given the shared one).
         self.record = (
-            record if record is not None else LocalRecord.anonymous(config.proof.record_slots)
+            record
+            if record is not None
+            else LocalRecord.anonymous(
+                config.proof.record_slots, skew=config.proof.clock_skew_seconds
+            )
         )
         # The record is held for the process's life: bodies get the rest of the budget
         # (the configuration leaves room for both).

@@ -3,6 +3,7 @@ import subprocess
 import sys
 
 import pytest
+from redis.connection import parse_url
 
 from ext_proc.__main__ import main
 from ext_proc.core import replay
@@ -129,6 +130,40 @@ def test_a_turn_proof_lifetime_beyond_the_decode_blocks_ttl_fails_to_load():
     default = Config.load(environ={}).proof
     assert default.turn_ttl_seconds + 2 * default.clock_skew_seconds <= 480
     assert default.decode_blocks_ttl_seconds == 480
+
+
+ZERO = [
+    "redis://127.0.0.1:6379",
+    "redis://127.0.0.1:6379/",
+    "redis://127.0.0.1:6379/0",
+    "redis://user:pass@ext-proc-redis:6379/0",
+    "rediss://ext-proc-redis:6380/0?ssl_cert_reqs=required",
+    "unix:///run/redis.sock",
+    "unix:///run/redis/0",
+]
+ANOTHER = [
+    "redis://127.0.0.1:6379/1",
+    "redis://127.0.0.1:6379/%31",
+    "redis://127.0.0.1:6379/0?db=1",
+    "redis://127.0.0.1:6379?db=0",
+    "rediss://ext-proc-redis:6380/15",
+    "redis://127.0.0.1:6379/x",
+    "unix:///run/redis.sock?db=2",
+]
+
+
+@pytest.mark.parametrize("url", ANOTHER)
+def test_a_record_in_another_database_than_0_is_refused(url):
+    """Processors on two databases of one Redis would keep two records: every record
+    is database 0, so all that share a Redis share it."""
+    with pytest.raises(ConfigError, match="database 0"):
+        Config.load(environ={}, proof={"record": url})
+
+
+@pytest.mark.parametrize("url", ZERO)
+def test_an_accepted_record_url_is_database_0_as_redis_py_reads_it(url):
+    assert Config.load(environ={}, proof={"record": url}).proof.record == url
+    assert parse_url(url).get("db", 0) == 0
 
 
 def test_the_record_is_a_redis_url_or_the_local_table_charged_to_the_budget():

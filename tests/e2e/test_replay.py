@@ -30,6 +30,7 @@ from redis.exceptions import ResponseError
 from bench import tools
 from devstack import processes, tokens
 from ext_proc.core import proof
+from ext_proc.core.config import Config, ConfigError
 from ext_proc.core.replay import Ticket, Verdict
 from ext_proc.edge import redis_record
 from ext_proc.edge.redis_record import RedisRecord
@@ -544,8 +545,8 @@ def test_verifiers_whose_clocks_are_apart_never_honor_a_proof_twice(redis):
     params[proof.PROOF_KEY] = proof.mint(keys, params, digest, expiry)
 
     async def run() -> list[Verdict]:
-        ahead = RedisRecord(redis.url, 1.0, clock=lambda: time.time() + 0.9)
-        behind = RedisRecord(redis.url, 1.0, clock=lambda: time.time() - 0.9)
+        ahead = RedisRecord(redis.url, 1.0, clock=lambda: time.time() + 0.9, skew=skew)
+        behind = RedisRecord(redis.url, 1.0, clock=lambda: time.time() - 0.9, skew=skew)
         verdicts = []
         try:
             for record, offset in ((ahead, 0.9), (behind, -0.9)):
@@ -641,5 +642,169 @@ def test_keys_evicted_while_a_policy_allowed_it_begin_the_record_again(tmp_path)
             client.config_set("maxmemory-policy", "noeviction")
             after(now)
             assert spend(server, proof) is Verdict.UNAVAILABLE  # the record began again
+    finally:
+        server.stop()
+
+
+def evicted(server: Redis, client: RedisClient) -> Ticket:
+    """A proof honored, then evicted while a policy allowed it."""
+    now = int(time.time())
+    proof = Ticket(b"p" * 16, now + 30, now)
+    assert spend(server, proof) is Verdict.FIRST
+    used = client.info("memory")["used_memory"]
+    client.config_set("maxmemory-policy", "volatile-lru")
+    client.config_set("maxmemory", used + 64 * 1024)
+    with contextlib.suppress(ResponseError):
+        client.set("filler", b"x" * 256 * 1024)
+    assert not client.exists(redis_record.PREFIX + base64.urlsafe_b64encode(proof.key).decode())
+    client.delete("filler")
+    client.config_set("maxmemory", 0)
+    client.config_set("maxmemory-policy", "noeviction")
+    return proof
+
+
+def swapped(server: Redis, client: RedisClient) -> Ticket:
+    """The record swapped away, a proof honored by the one begun in its place, and the
+    older record swapped back."""
+    client.swapdb(0, 1)
+    assert spend(server, Ticket(b"a" * 16, int(time.time()) + 30, 0)) is Verdict.UNAVAILABLE
+    began = began_at(server)
+    proof = Ticket(b"p" * 16, began + 30, began)
+    after(began)
+    assert spend(server, proof) is Verdict.FIRST
+    client.swapdb(0, 1)
+    return proof
+
+
+def reloaded(server: Redis, client: RedisClient) -> Ticket:
+    """A dump saved before a proof was honored, loaded in place of the data after."""
+    client.save()
+    now = int(time.time())
+    proof = Ticket(b"p" * 16, now + 30, now)
+    assert spend(server, proof) is Verdict.FIRST
+    client.execute_command("DEBUG", "RELOAD", "NOSAVE")
+    return proof
+
+
+async def announced(record: RedisRecord) -> None:
+    try:
+        await record.announce()
+    finally:
+        await record.close()
+
+
+def stats_reset(caplog: pytest.LogCaptureFixture) -> bool:
+    return any(getattr(r, "error", None) == "redis_stats_reset" for r in caplog.records)
+
+
+@pytest.mark.parametrize("roll_back", [evicted, swapped, reloaded])
+def test_statistics_reset_after_the_data_went_back_honor_no_proof_again(
+    tmp_path, caplog, roll_back
+):
+    """Whatever put older data in place of the record, a CONFIG RESETSTAT after it
+    erases the counts the record's history is read from: the record then refuses every
+    proof until the redis-server restarts."""
+    server = Redis(tmp_path, "--save", "", "--appendonly", "no", "--enable-debug-command", "yes")
+    server.start()
+    try:
+        with server.client() as client:
+            redis_record.begin(client, int(time.time()) - 60)
+            proof = roll_back(server, client)
+            client.config_resetstat()
+        after(proof.minted_after)
+        assert spend(server, proof) is Verdict.UNAVAILABLE
+        assert stats_reset(caplog)
+        now = int(time.time())
+        assert spend(server, Ticket(b"f" * 16, now + 30, now)) is Verdict.UNAVAILABLE
+    finally:
+        server.stop()
+
+
+def test_a_redis_whose_statistics_were_reset_keeps_no_record_until_it_restarts(tmp_path, caplog):
+    server = Redis(tmp_path)
+    server.start()
+    try:
+        with server.client() as client:
+            redis_record.begin(client, int(time.time()) - 60)
+            client.config_resetstat()
+        record = RedisRecord(server.url, 1.0)
+        asyncio.run(announced(record))  # the start-up line says so too
+        (line,) = [r for r in caplog.records if "cannot keep the record" in r.getMessage()]
+        assert getattr(line, "error", None) == "redis_stats_reset"
+        now = int(time.time())
+        assert spend(server, Ticket(b"p" * 16, now + 30, now)) is Verdict.UNAVAILABLE
+        assert stats_reset(caplog)
+        server.stop()
+        server.start()  # a new process, whose statistics saw all it did
+        with server.client() as client:
+            redis_record.begin(client, now - 60)
+        assert spend(server, Ticket(b"p" * 16, now + 30, now)) is Verdict.FIRST
+    finally:
+        server.stop()
+
+
+def test_a_clock_stepped_back_past_twice_the_skew_honors_no_proof_whose_key_expired(redis):
+    """A processor honors a proof; its key expires (expiry + 3 x skew, by Redis's clock);
+    a processor whose clock was stepped back 2 x skew + 1.5 s verifies the proof again:
+    the record has seen a later time, carried on by Redis's clock, and refuses it."""
+    ttl, skew, timeout = 1, 1, 0.25
+    keys = proof.KeySet({KEY_ID: b"k" * 32}, KEY_ID)
+    params = {"remote_engine_id": "e", "prompt_token_ids": [1, 2, 3]}
+    digest = bytes(32)
+    with redis.client() as seed:
+        redis_record.begin(seed, int(time.time()) - 60)
+    expiry = int(time.time()) + ttl
+    params[proof.PROOF_KEY] = proof.mint(keys, params, digest, expiry)
+    name = base64.urlsafe_b64encode(proof.ticket(params, skew, ttl).key).decode()
+    key = redis_record.PREFIX + name
+
+    async def run() -> tuple[Verdict, Verdict]:
+        steady = RedisRecord(redis.url, timeout, skew=skew)
+        stepped = RedisRecord(
+            redis.url, timeout, clock=lambda: time.time() - 2 * skew - 1.5, skew=skew
+        )
+        try:
+            first = await steady.spend(proof.ticket(params, skew, ttl))
+            with redis.client() as client:
+                while client.exists(key):  # until Redis forgot it
+                    await asyncio.sleep(0.05)
+            behind = time.time() - 2 * skew - 1.5
+            assert proof.verify(keys, params, digest, behind, skew, lifetime=ttl) is None
+            return first, await stepped.spend(proof.ticket(params, skew, ttl))
+        finally:
+            await steady.close()
+            await stepped.close()
+
+    assert asyncio.run(run()) == (Verdict.FIRST, Verdict.CLOCK_BEHIND)
+
+
+def test_every_record_url_a_processor_accepts_reaches_the_one_record(tmp_path):
+    """Processors on two databases of one Redis would keep two records, a proof honored
+    in each: a configuration names database 0 or none, so whichever form each processor
+    was given, they share one."""
+    server = Redis(tmp_path)
+    server.start()
+    try:
+        bare = f"redis://127.0.0.1:{server.port}"
+        with pytest.raises(ConfigError, match="database 0"):
+            Config.load(environ={}, proof={"record": f"{bare}/1"})
+        urls = [
+            Config.load(environ={}, proof={"record": u}).proof.record
+            for u in (bare, f"{bare}/", f"{bare}/0")
+        ]
+        with server.client() as client:
+            redis_record.begin(client, int(time.time()) - 60)
+        now = int(time.time())
+        ticket = Ticket(b"p" * 16, now + 30, now)
+
+        async def each() -> list[Verdict]:
+            records = [RedisRecord(url, 1.0) for url in urls]
+            try:
+                return [await record.spend(ticket) for record in records]
+            finally:
+                for record in records:
+                    await record.close()
+
+        assert asyncio.run(each()) == [Verdict.FIRST, Verdict.SPENT, Verdict.SPENT]
     finally:
         server.stop()

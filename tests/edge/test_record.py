@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from ext_proc.core import replay
+from ext_proc.core import proof, replay
 from ext_proc.core.replay import Ticket, Verdict
 from ext_proc.edge import record
 from ext_proc.edge.record import BUCKET_SLOTS, LocalRecord
@@ -106,3 +106,73 @@ def test_a_worker_that_maps_the_table_again_keeps_when_it_began(tmp_path):
     assert restarted.began == NOW
     assert restarted.spend_now(ticket(1, int(NOW) + 90)) is Verdict.SPENT
     assert restarted.spend_now(ticket(2, int(NOW) + 90)) is Verdict.FIRST
+
+
+# --- a clock that steps back ------------------------------------------------------------
+
+SKEW = 5
+TTL = 20
+
+
+def proven(expiry: int) -> tuple[proof.KeySet, dict, bytes]:
+    """A proof with ``expiry``, its keys and its prompt digest."""
+    keys = proof.KeySet({"k1": b"k" * 32}, "k1")
+    params = {"remote_engine_id": "e", "prompt_token_ids": [1, 2, 3]}
+    digest = bytes(32)
+    params[proof.PROOF_KEY] = proof.mint(keys, params, digest, expiry)
+    return keys, params, digest
+
+
+def spend_if_valid(table: LocalRecord, proven: tuple, now: float) -> Verdict | None:
+    """What the record answers for the proof at ``now``; None: it no longer verifies."""
+    keys, params, digest = proven
+    if proof.verify(keys, params, digest, now, SKEW, lifetime=TTL) is not None:
+        return None
+    return table.spend_now(proof.ticket(params, SKEW, TTL))
+
+
+def test_a_clock_stepped_back_past_twice_the_skew_honors_no_forgotten_proof(tmp_path):
+    """The proof's slot is reused once it is past its time; the clock then steps back
+    2 x skew + 1 s, to where the proof verifies again: the table has seen a later time."""
+    path = tmp_path / "spent"
+    record.create(path, BUCKET_SLOTS, lambda: NOW - 60)  # one bucket, begun before the mint
+    clock = [NOW]
+    table = LocalRecord.open(path, lambda: clock[0], skew=SKEW)
+    expiry = int(NOW) + TTL
+    spent = proven(expiry)
+    assert spend_if_valid(table, spent, NOW) is Verdict.FIRST
+    kept_until = expiry + 3 * SKEW
+    clock[0] = kept_until + 1
+    assert spend_if_valid(table, spent, clock[0]) is None  # no processor verifies it now
+    # Another proof takes the first free slot: the spent proof's.
+    assert table.spend_now(ticket(2, clock[0] + 30, int(NOW))) is Verdict.FIRST
+    clock[0] = kept_until + 1 - (2 * SKEW + 1)
+    assert spend_if_valid(table, spent, clock[0]) is Verdict.CLOCK_BEHIND
+    # Every worker maps the same header: another one's clock is as far behind.
+    other = LocalRecord.open(path, lambda: clock[0], skew=SKEW)
+    assert spend_if_valid(other, spent, clock[0]) is Verdict.CLOCK_BEHIND
+    assert other.spend_now(ticket(3, clock[0] + 60, int(NOW))) is Verdict.CLOCK_BEHIND
+
+
+def test_a_clock_within_twice_the_skew_of_the_latest_time_seen_is_judged():
+    """Processors each within the skew of a minter are up to 2 x skew apart: a clock
+    that far behind what the table has seen is judged as before; once the clock is
+    back within that, spends are judged again."""
+    clock = [NOW]
+    table = LocalRecord.anonymous(64, lambda: clock[0], began=NOW, skew=SKEW)
+    assert table.spend_now(ticket(1, int(NOW) + 60)) is Verdict.FIRST
+    clock[0] = NOW - 2 * SKEW
+    assert table.spend_now(ticket(1, int(NOW) + 60)) is Verdict.SPENT
+    assert table.spend_now(ticket(2, int(NOW) + 60)) is Verdict.FIRST
+    clock[0] = NOW - 2 * SKEW - 1
+    assert table.spend_now(ticket(3, int(NOW) + 60)) is Verdict.CLOCK_BEHIND
+    clock[0] = NOW + 0.5
+    assert table.spend_now(ticket(3, int(NOW) + 60)) is Verdict.FIRST
+
+
+def test_a_new_table_has_seen_its_beginning():
+    clock = [NOW]
+    table = LocalRecord.anonymous(64, lambda: clock[0], skew=0)
+    clock[0] = NOW - 1
+    assert table.spend_now(ticket(1, int(NOW) + 60, minted_after=0)) is Verdict.UNAVAILABLE
+    assert table.spend_now(ticket(1, int(NOW) + 60)) is Verdict.CLOCK_BEHIND
