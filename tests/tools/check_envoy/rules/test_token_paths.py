@@ -40,7 +40,11 @@ def test_one_finding_per_route_that_forwards_token_paths():
         ("/api/.*", ["pattern-before-404s"]),
         ("(?i)/v2/.*", ["pattern-before-404s"]),
         # RE2 reads a POSIX class: the probes it forwards are found too.
-        ("/[[:alpha:]]+/.*", ["pattern-before-404s", "token-path-forwarded"]),
+        # (and the endpoints it refuses: it comes before the default route's 404s).
+        (
+            "/[[:alpha:]]+/.*",
+            ["pattern-before-404s", "token-path-forwarded", "refused-endpoint-forwarded"],
+        ),
     ],
     ids=["regex-catch-all", "case-insensitive-regex", "posix-class"],
 )
@@ -93,4 +97,6 @@ def test_a_regex_rewrite_before_the_404s_is_unreadable_and_forwards():
     assert found(mutated(change)) == [
         ("rewrite-unreadable", at("legacy")),
         ("token-path-forwarded", at("legacy")),
+        # Before every route's own 404s: its refused endpoints are forwarded too.
+        ("refused-endpoint-forwarded", at("legacy")),
     ]
