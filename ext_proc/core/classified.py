@@ -204,6 +204,7 @@ HEADER_CARRIERS: Final[tuple[str, ...]] = (
     "x-prefill-dp-rank",
     "x-prefill-instance-id",
     "x-prefiller-host-port",
+    "x-prefiller-url",
     "x-sglext-ids-framed",
     "x-smg-routing-key",
     "x-worker-instance-id",
@@ -221,6 +222,7 @@ INTERNAL_ENDPOINTS: Final[tuple[str, ...]] = (
     "/begin_weight_update",
     "/checkpoint/prepare",
     "/checkpoint/restore",
+    "/clear_kv_blocks",
     "/close_session",
     "/collective_rpc",
     "/configure_logging",
@@ -283,4 +285,7 @@ INTERNAL_ENDPOINTS: Final[tuple[str, ...]] = (
     "/wakeup",
     "/weight_checker",
     "/weights_checker",
+    "/workers",
+    "/workers/{worker_id}/drain",
+    "/workers/{worker_id}/resume",
 )
