@@ -38,6 +38,7 @@ from ext_proc._pb import external_processor_pb2_grpc as pb_grpc
 from ext_proc.core.route_policy import Action, RoutePolicy, Topology
 from ext_proc.edge.attributes import HEADERS, attribute_keys
 from ext_proc.tools import carrier_headers, check_envoy, token_endpoints
+from tests.e2e import gateway_assembly
 from tests.e2e.test_deploy import (
     DEPLOY,
     KUBE_VERSION,
@@ -281,7 +282,7 @@ def test_token_endpoints_are_answered_first_with_every_filter_off():
     assert bare == [
         {k: v for k, v in r.items() if k != "typed_per_filter_config"}
         for r in shipped
-        if "direct_response" in r
+        if "direct_response" in r and not r["name"].endswith("-refused")
     ]
     for route in answered:
         assert route["typed_per_filter_config"] == {
@@ -306,20 +307,29 @@ def test_check_envoy_passes_the_gateway_listener():
     # attributes); it runs after our decision and changes requests by design, so the
     # deployment declares it; the listener `vllm` is clean.
     declared = frozenset({EPP})
-    report = check_envoy.check(config, listeners=frozenset({"vllm"}), declared=declared)
+    full = check_envoy.check(config, listeners=frozenset({"vllm"}), declared=declared)
+    report = gateway_assembly.apart_from_refused(full)
     assert (report.errors, report.warnings, report.routes) == ([], [], 5)
-    assert check_envoy.check(listener(config), declared=declared).errors == []
+    assert gateway_assembly.refused_routes(full) == ["default"]
+    alone = check_envoy.check(listener(config), declared=declared)
+    assert gateway_assembly.apart_from_refused(alone).errors == []
     # Undeclared, it is a filter that can change what the processor decided.
     undeclared = check_envoy.check(config, listeners=frozenset({"vllm"}))
-    assert undeclared.codes("error") == ["filter-after-decision"]
+    assert gateway_assembly.apart_from_refused(undeclared).codes("error") == [
+        "filter-after-decision"
+    ]
     # Unnamed, the readiness listener (19001, Envoy's own stats) is held to the contract
     # too: it runs no filter of this processor.
-    (error,) = check_envoy.check(config, declared=declared).errors
+    (error,) = gateway_assembly.apart_from_refused(
+        check_envoy.check(config, declared=declared)
+    ).errors
     assert "no ext_proc filter of this processor" in error
     # Declared, it still may not change the path or routing headers.
     filters(config)[EPP].pop("mutation_rules")
     unbounded = check_envoy.check(config, listeners=frozenset({"vllm"}), declared=declared)
-    assert unbounded.codes("error") == ["declared-filter-unbounded"]
+    assert gateway_assembly.apart_from_refused(unbounded).codes("error") == [
+        "declared-filter-unbounded"
+    ]
 
 
 # --- mutations: the checks above catch what they are for ----------------------------------
