@@ -536,10 +536,11 @@ def envoy_gateway_bootstrap(
 
 # --- what the deployment manifests do not answer yet ------------------------------------
 
-# The platform manifests (Istio, Envoy Gateway, the llm-d charts) do not answer by path
-# the endpoints a route refuses (ext_proc.tools.refused_paths: the generated configs
-# do): each route's regex is larger than RE2's default program size limit, which these
-# platforms set outside the manifests (docs/body-modes.md). check-envoy reports it on
+# The platform manifests (Istio's EnvoyFilter, Envoy Gateway's patch policy, and the
+# llm-d coordinator's made from them) do not answer by path the endpoints a route
+# refuses (ext_proc.tools.refused_paths: the generated configs and the llm-d standalone
+# chart's bootstrap do): each route's regex is larger than RE2's default program size
+# limit, which these platforms set outside the manifests (docs/trust.md). check-envoy reports it on
 # their forwarding routes; the tests hold every other finding to what they state.
 REFUSED_BY_PATH: Final = "refused-endpoint-forwarded"
 
