@@ -44,7 +44,7 @@ from bench import bodies, ledger, proofs
 from devstack import envoy_config, processes
 from ext_proc.core.address import HostPort
 from ext_proc.edge import redis_record
-from ext_proc.tools import carrier_headers, envoygen
+from ext_proc.tools import carrier_headers, envoygen, refused_paths
 
 REPO = Path(__file__).resolve().parents[1]
 LOCAL = "127.0.0.1"
@@ -378,7 +378,8 @@ def _add_route_copy(
     config: dict[str, Any], source: str, name: str, prefix: str, **policy: object
 ) -> None:
     """A copy of the shipped route ``source`` under ``name`` and ``prefix``, with more
-    ``policy`` metadata, placed just before it."""
+    ``policy`` metadata, placed just before it (and before the 404 of the endpoints the
+    source refuses), after a copy of that 404 for its own prefix."""
     (vhost,) = _hcm(config)["route_config"]["virtual_hosts"]
     routes: list[dict[str, Any]] = vhost["routes"]
     index = next(i for i, r in enumerate(routes) if r.get("name") == source)
@@ -388,7 +389,13 @@ def _add_route_copy(
     extra["metadata"]["filter_metadata"][POLICY].update(policy)
     # Its metadata states its own prefix, not the copied route's.
     envoygen.state_rewrite(extra, POLICY)
-    routes.insert(index, extra)
+    refused = copy.deepcopy(routes[index - 1])
+    assert refused["name"] == f"{envoygen.RESERVED_ROUTE_PREFIX}-{source}-refused"
+    refused["name"] = f"{envoygen.RESERVED_ROUTE_PREFIX}-{name}-refused"
+    rewrite = extra["route"].get("prefix_rewrite")
+    regex = refused_paths.route_regex(prefix, rewrite, refused_paths.refused_names(()))
+    refused["match"] = {"safe_regex": {"regex": regex}}
+    routes[index - 1 : index - 1] = [refused, extra]
 
 
 def _add_any_caller_route(config: dict[str, Any]) -> None:
@@ -425,7 +432,8 @@ def _add_strict_route(config: dict[str, Any]) -> None:
 ENVOY_RUNGS = ("bare", "routes", "log", "header_step", "ext_proc", "attributes")
 ENVOY_ADDS = {
     "bare": "Envoy alone: the router, no access log, no 404 routes",
-    "routes": "the 404 routes of the token endpoints (regular expressions)",
+    "routes": "the 404 routes of the token endpoints and of each route's refused endpoints "
+    "(regular expressions)",
     "log": "the access log (Envoy direct)",
     "header_step": "the header step (carrier headers removed, request ids)",
     "ext_proc": "ext_proc and the buffer filter, in front of the floor, no attributes",

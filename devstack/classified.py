@@ -13,6 +13,7 @@ from typing import Final
 
 from devstack.markers import splice
 from ext_proc.core.route_policy import DEFAULT_NAMESPACE, FIELDS
+from ext_proc.tools import refused_paths
 from ext_proc.tools.inventory import classification as c
 from ext_proc.tools.inventory import derive
 from ext_proc.tools.inventory.model import Inventory, loads, release_order
@@ -169,6 +170,21 @@ def attributes(text: str) -> str:
     return "".join(out)
 
 
+# The regex line of a manifest's 404 of the endpoints its catch-all route refuses.
+_REFUSED: Final = re.compile(
+    r"^( *- name: token-endpoint-default-refused\n *match:\n *safe_regex:\n *regex: )(.*)$",
+    re.MULTILINE,
+)
+
+
+def refused_regex(text: str) -> str:
+    """``text`` with the regex of its ``token-endpoint-default-refused`` route, if any,
+    written as ``envoy-config`` writes it for a ``/`` route that accepts nothing
+    (``refused_paths``)."""
+    regex = refused_paths.route_regex("/", None, refused_paths.refused_names(()))
+    return _REFUSED.sub(lambda m: f"{m.group(1)}'{regex}'", text)
+
+
 def _runs(text: str, pattern: re.Pattern[str] = _REMOVE) -> Iterable[tuple[int, int, str]]:
     """Each run of consecutive lines ``pattern`` matches: start, end, indentation."""
     start = end = -1
@@ -197,5 +213,8 @@ def files() -> dict[Path, str]:
         MODULE: derive.module(value),
         CATALOG: derive.catalog(value),
         DOCUMENT: document,
-        **{path: attributes(header_step(path.read_text(), removed)) for path in MANIFESTS},
+        **{
+            path: refused_regex(attributes(header_step(path.read_text(), removed)))
+            for path in MANIFESTS
+        },
     }

@@ -296,6 +296,7 @@ HEADER_CARRIERS: Final[tuple[str, ...]] = (
     "x-prefill-dp-rank",
     "x-prefill-instance-id",
     "x-prefiller-host-port",
+    "x-prefiller-url",
     "x-sglext-ids-framed",
     "x-smg-routing-key",
     "x-worker-instance-id",
@@ -313,6 +314,7 @@ INTERNAL_ENDPOINTS: Final[tuple[str, ...]] = (
     "/begin_weight_update",
     "/checkpoint/prepare",
     "/checkpoint/restore",
+    "/clear_kv_blocks",
     "/close_session",
     "/collective_rpc",
     "/configure_logging",
@@ -375,4 +377,7 @@ INTERNAL_ENDPOINTS: Final[tuple[str, ...]] = (
     "/wakeup",
     "/weight_checker",
     "/weights_checker",
+    "/workers",
+    "/workers/{worker_id}/drain",
+    "/workers/{worker_id}/resume",
 )

@@ -405,10 +405,26 @@ def _index(known: tuple[str, ...]) -> tuple[frozenset[str], tuple[str, ...]]:
     return frozenset(name for name in known if "{" not in name), templates
 
 
+# What a ``{name}`` segment of an endpoint stands for: any one non-empty segment.
+TEMPLATE_SEGMENT: Final = "[^/]+"
+
+
+def segment_pattern(segment: str) -> str:
+    """One ``/``-separated segment of an endpoint's name as a regex that Python's ``re``
+    and RE2 (Envoy's ``safe_regex``) read alike: a ``{name}`` segment any one segment,
+    anything else itself. The one rule for what a name matches, shared by ``_named``
+    and the 404s ``envoy-config`` writes for a route's refused endpoints."""
+    return TEMPLATE_SEGMENT if segment.startswith("{") else re.escape(segment)
+
+
+def name_pattern(name: str) -> str:
+    """An endpoint's name as a regex (``segment_pattern`` for each segment)."""
+    return "/".join(segment_pattern(part) for part in name.split("/"))
+
+
 @functools.cache
 def _template(name: str) -> re.Pattern[str]:
-    parts = [re.escape(part) if not part.startswith("{") else "[^/]+" for part in name.split("/")]
-    return re.compile("/".join(parts) + r"\Z")
+    return re.compile(name_pattern(name) + r"\Z")
 
 
 def only_kv_params(named: dict[str, int], document: dict[str, Any]) -> bool:

@@ -20,6 +20,7 @@ generator's own two regexes): ``unguarded`` names those that come before them.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -178,10 +179,13 @@ class Claim:
         return self.forwards[-1].upstream
 
 
-def probes(routes: list[Route]) -> dict[str, str]:
+def probes(
+    routes: list[Route], suffixes: Callable[[str], tuple[str, ...]] = probe_suffixes
+) -> dict[str, str]:
     """Downstream paths that reach a token endpoint upstream through one of ``routes``
-    (its literal start, then what makes its rewrite a token endpoint), each with the
-    label of the route it was made from."""
+    (its literal start, then what makes its rewrite a token endpoint: ``suffixes`` of
+    the rewrite, vLLM's token-in and echo endpoints unless told), each with the label of
+    the route it was made from."""
     out: dict[str, str] = {}
     for route in routes:
         if route.matcher is None or route.matcher.head() is None:
@@ -193,24 +197,36 @@ def probes(routes: list[Route]) -> dict[str, str]:
         action = route.entry.get("route", {})
         rewrite = action.get("prefix_rewrite") if isinstance(action, dict) else None
         # The upstream decodes what the rewrite writes ("/%69nference/" is /inference/).
-        for suffix in probe_suffixes(endpoint(str(rewrite or head))):
+        for suffix in suffixes(endpoint(str(rewrite or head))):
             out.setdefault(head + suffix, route.label)
     return out
 
 
+def _conditions(route: Route) -> dict[str, Any]:
+    match = route.entry.get("match", {})
+    return {key: match[key] for key in CONDITIONS if key in match}
+
+
 def claim(routes: list[Route], path: str, origin: str) -> Claim:
-    """Envoy's first-match selection for ``path``."""
+    """Envoy's first-match selection for ``path``. A conditional route that answers by
+    itself answers every request of a later route with the same conditions (the 404s
+    ``envoy-config`` writes before a route that matches a header carry its headers)."""
     forwards: list[Forward] = []
+    answered: list[dict[str, Any]] = []
     for route in routes:
         if not route.may_match(path):
             continue
         certain = not route.conditional
         if route.forwards:
+            if route.matcher is not None and _conditions(route) in answered:
+                continue
             forwards.append(Forward(route.label, route.upstream(path), certain))
             if certain:
                 return Claim(path, origin, tuple(forwards), route.label, None)
         elif certain:
             return Claim(path, origin, tuple(forwards), route.label, route.status())
+        elif route.matcher is not None:
+            answered.append(_conditions(route))
     return Claim(path, origin, tuple(forwards), None, NO_ROUTE)
 
 

@@ -31,10 +31,12 @@ from tests.e2e.test_operations import access_log
 
 def forged(name: str) -> str:
     """A client's value for the header ``name``, in the shape its name says it holds:
-    addresses for a host and port or an endpoint, a small integer (its own for each
+    a URL, addresses for a host and port or an endpoint, a small integer (its own for each
     name) for a rank or an instance id, a port or a room, a UUID for a store key, 1 for a
     framing flag. A name of no known shape
     fails here: its reader's format should be stated before it is forged."""
+    if name.endswith("-url"):
+        return "http://10.0.0.66:8000"
     if name.endswith("-hosts-ports"):
         return "10.0.0.66:8000,10.0.0.67:8000"
     if name.endswith("-host-port") or "-endpoint" in name:
@@ -92,6 +94,22 @@ def test_no_client_routing_header_or_request_id_reaches_the_upstream(gateway, pa
     (renewed,) = arrived[carrier_headers.REQUEST_ID]
     assert uuid.UUID(renewed).version == 4  # the gateway's own (Envoy's %UNIQUE_ID%)
     assert arrived[carrier_headers.CLIENT_REQUEST_ID] == [MORIIO_ID]
+
+
+# Named, not derived from the list: the prefill host older llm-d routing sidecars read
+# (x-prefiller-url), and the KV source its current one reads into remote_host.
+NAMED = ("x-prefiller-url", "x-kv-cache-source-host-port")
+
+
+@pytest.mark.parametrize("path", [*ROUTES, PREFILL])
+def test_the_sidecars_prefill_and_kv_source_headers_never_reach_the_upstream(gateway, path):
+    sent = {name: "http://10.0.0.66:8000" for name in NAMED}
+    body = PREFILL_BODY if path == PREFILL else chat()
+    reply = httpx.post(gateway.url + path, json=body, headers=sent, timeout=20)
+    assert reply.status_code == 200, reply.text
+    arrived = _arrived(only_request(gateway))
+    assert [name for name in NAMED if name in arrived] == []
+    assert set(NAMED) <= set(classified.HEADER_CARRIERS)
 
 
 def test_the_prefill_leg_loses_them_too(gateway):

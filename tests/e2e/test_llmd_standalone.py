@@ -37,7 +37,7 @@ from ext_proc._pb import external_processor_pb2 as pb
 from ext_proc._pb import external_processor_pb2_grpc as pb_grpc
 from ext_proc.core.route_policy import Action, RoutePolicy, Topology
 from ext_proc.edge.attributes import HEADERS, attribute_keys
-from ext_proc.tools import carrier_headers, check_envoy, token_endpoints
+from ext_proc.tools import carrier_headers, check_envoy, refused_paths, token_endpoints
 from tests.e2e.test_deploy import (
     DEPLOY,
     KUBE_VERSION,
@@ -275,15 +275,24 @@ def test_token_endpoints_are_answered_first_with_every_filter_off():
     listed = routes(bootstrap())
     answered = [r for r in listed if "direct_response" in r]
     assert listed[: len(answered)] == answered
+    # Last among them, right before the chart's "/" route: the endpoints it refuses, by
+    # the regex envoy-config writes for a "/" route that accepts nothing.
+    refused = answered.pop()
+    assert refused["match"] == {
+        "safe_regex": {
+            "regex": refused_paths.route_regex("/", None, refused_paths.refused_names(()))
+        }
+    }
+    assert listed[len(answered) + 1]["name"] == "default"
     bare = [{k: v for k, v in r.items() if k != "typed_per_filter_config"} for r in answered]
     assert bare == generated_not_found_routes()
     shipped = [r for r in shipped_manager()["route_config"]["virtual_hosts"][0]["routes"]]
     assert bare == [
         {k: v for k, v in r.items() if k != "typed_per_filter_config"}
         for r in shipped
-        if "direct_response" in r
+        if "direct_response" in r and not r["name"].endswith("-refused")
     ]
-    for route in answered:
+    for route in [*answered, refused]:
         assert route["typed_per_filter_config"] == {
             OURS: {"@type": EXT_PROC_PER_ROUTE, "disabled": True},
             BUFFER: {"@type": BUFFER_PER_ROUTE, "disabled": True},
@@ -306,8 +315,8 @@ def test_check_envoy_passes_the_gateway_listener():
     # attributes); it runs after our decision and changes requests by design, so the
     # deployment declares it; the listener `vllm` is clean.
     declared = frozenset({EPP})
-    report = check_envoy.check(config, listeners=frozenset({"vllm"}), declared=declared)
-    assert (report.errors, report.warnings, report.routes) == ([], [], 5)
+    full = check_envoy.check(config, listeners=frozenset({"vllm"}), declared=declared)
+    assert (full.errors, full.warnings, full.routes) == ([], [], 6)
     assert check_envoy.check(listener(config), declared=declared).errors == []
     # Undeclared, it is a filter that can change what the processor decided.
     undeclared = check_envoy.check(config, listeners=frozenset({"vllm"}))
@@ -620,3 +629,8 @@ def test_envoys_heap_is_bounded_as_in_the_shipped_configs():
     # outgrows the container, as envoy/envoy.yaml's does.
     shipped = yaml.safe_load((REPO / "envoy" / "envoy.yaml").read_text())
     assert bootstrap()["overload_manager"] == shipped["overload_manager"]
+
+
+def test_the_regex_program_size_limit_is_the_shipped_configs():
+    shipped = yaml.safe_load((REPO / "envoy" / "envoy.yaml").read_text())
+    assert bootstrap()["layered_runtime"] == shipped["layered_runtime"]

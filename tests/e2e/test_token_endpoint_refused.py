@@ -1,12 +1,15 @@
 """Endpoints whose prompt is token ids (``classified.TOKEN_ENDPOINTS``: SGLang's
-``/generative_scoring``, its query and items given as ids) through the real Envoy: the
-processor refuses them, 400 ``token_endpoint_refused``, on every route and in every body
-arrangement, however the path is spelled (dot segments, a route's prefix, case, escapes;
-each sent exactly as written), and nothing reaches the stand-in; a route whose policy
-has ``accept: token_endpoints`` serves them.
+``/generative_scoring``, its query and items given as ids) through the real Envoy, in
+every body arrangement, however the path is spelled (dot segments, a route's prefix,
+case, escapes; each sent exactly as written), and nothing reaches the stand-in: the
+shipped routes answer them 404 before the processor (``refused_paths``: with a body or
+without); a route without those 404s (the e2e stack's test routes) reaches the
+processor, which refuses them, 400 ``token_endpoint_refused``; a route whose policy has
+``accept: token_endpoints`` serves them.
 
-Unlike vLLM's token-in endpoints (tests/e2e/test_token_endpoints.py: 404s in the config,
-with no processor), these are judged by the processor from the upstream path."""
+Unlike vLLM's token-in endpoints (tests/e2e/test_token_endpoints.py: 404s in the config
+before every route, whatever a route accepts), these are judged per route: by its
+policy, from the upstream path."""
 
 from __future__ import annotations
 
@@ -60,11 +63,22 @@ def spellings(endpoint: str) -> dict[str, str]:
     }
 
 
+# Through the shipped routes: their own 404s answer.
+ANSWERED = {
+    f"{name}:{path}": path
+    for endpoint in PROCESSOR_JUDGED
+    for name, path in spellings(endpoint).items()
+    if name != "under-deny"
+}
+# Through the deny test route, which has no 404s of its own: the processor refuses.
 REFUSED = {
     f"{name}:{path}": path
     for endpoint in PROCESSOR_JUDGED
     for name, path in spellings(endpoint).items()
+    if name in ("under-deny", "upper", "trailing-slash", "escaped-letter", "escaped-newline")
+    for path in (path if name == "under-deny" else f"/deny/v1{path}",)
 }
+NOT_FOUND = {"error": {"message": "not found", "type": "NotFoundError", "param": None, "code": 404}}
 
 
 class Reply(NamedTuple):
@@ -110,8 +124,15 @@ def stack(
         yield running
 
 
+@pytest.mark.parametrize("path", ANSWERED.values(), ids=ANSWERED.keys())
+def test_a_shipped_route_answers_a_token_endpoint_however_it_is_reached(gateway, path):
+    reply = post(gateway, path, SCORING)
+    assert (reply.status, json.loads(reply.body)) == (404, NOT_FOUND), reply
+    assert gateway.received() == []
+
+
 @pytest.mark.parametrize("path", REFUSED.values(), ids=REFUSED.keys())
-def test_a_token_endpoint_is_refused_however_it_is_reached(gateway, path):
+def test_the_processor_refuses_a_token_endpoint_where_no_404_answers_it(gateway, path):
     rid = f"scoring-{uuid.uuid4()}"
     reply = post(gateway, path, SCORING, rid)
     assert reply.status == 400, reply

@@ -84,4 +84,4 @@ def _virtual_host(
     for route in vhost.routes:
         yield from route_rules(route, chain)
         yield from replay.replays(route, vhost, chain, clusters)
-    yield from token_paths.token_paths(vhost)
+    yield from token_paths.token_paths(vhost, chain.namespace)

@@ -76,6 +76,7 @@ CODES: Final[Mapping[str, str]] = MappingProxyType(
         "rewrite-unreadable": "a rewrite whose upstream paths the simulation cannot tell",
         "pattern-before-404s": "a pattern route forwards before the 404s of every token path",
         "token-path-forwarded": "a route forwards a path that reaches a token endpoint",
+        "refused-endpoint-forwarded": "a route forwards a path to an endpoint its policy refuses",
     }
 )
 

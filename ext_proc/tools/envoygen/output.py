@@ -31,6 +31,12 @@ from ext_proc.tools.envoygen.inputs import (
     UnixSocket,
     route_name,
 )
+from ext_proc.tools.refused_paths import (
+    PROGRAM_SIZE_LIMIT,
+    PROGRAM_SIZE_RUNTIME_KEY,
+    refused_names,
+    route_regex,
+)
 from ext_proc.tools.token_endpoints import EVERYWHERE, ROOT, Match, rewritten_into
 
 with warnings.catch_warnings():
@@ -602,13 +608,7 @@ def policy_route(spec: GeneratorInput, entry: RouteInput, index: int) -> route.R
     limit = entry.body_limit_bytes or spec.body_limit_bytes
     return route.Route(
         name=route_name(entry, index),
-        match=route.RouteMatch(
-            prefix=entry.prefix,
-            headers=[
-                route.HeaderMatcher(name=name, string_match=matcher.StringMatcher(exact=value))
-                for name, value in entry.headers.items()
-            ],
-        ),
+        match=route.RouteMatch(prefix=entry.prefix, headers=_header_matchers(entry)),
         route=action,
         metadata=core.Metadata(filter_metadata={spec.namespace: _struct(entry.metadata())}),
         # BUFFERED: Envoy holds the whole body up to this limit (413 beyond). Envoy 1.40
@@ -622,9 +622,37 @@ def policy_route(spec: GeneratorInput, entry: RouteInput, index: int) -> route.R
     )
 
 
+def _header_matchers(entry: RouteInput) -> list[route.HeaderMatcher]:
+    return [
+        route.HeaderMatcher(name=name, string_match=matcher.StringMatcher(exact=value))
+        for name, value in entry.headers.items()
+    ]
+
+
+def refused_route(spec: GeneratorInput, entry: RouteInput, index: int) -> route.Route | None:
+    """The endpoints ``entry``'s policy refuses (``refused_paths``), answered 404 right
+    before it for every request it would take (its headers matched too) whose path
+    reaches one upstream through its rewrite: with a body or without, by any method.
+    The processor refuses them from a body, and a request without one never reaches it
+    where Envoy skips the headers. None when the route accepts both classes."""
+    regex = route_regex(entry.prefix, entry.prefix_rewrite, refused_names(entry.read().accept))
+    if regex is None:
+        return None
+    match = route.RouteMatch(
+        safe_regex=matcher.RegexMatcher(regex=regex), headers=_header_matchers(entry)
+    )
+    return _not_found(spec, f"{RESERVED_ROUTE_PREFIX}-{route_name(entry, index)}-refused", match)
+
+
 def routes(spec: GeneratorInput) -> list[route.Route]:
     out = token_endpoint_routes(spec)
-    out += [policy_route(spec, entry, index) for index, entry in enumerate(spec.routes)]
+    for index, entry in enumerate(spec.routes):
+        refused = refused_route(spec, entry, index)
+        out += (
+            [policy_route(spec, entry, index)]
+            if refused is None
+            else [refused, policy_route(spec, entry, index)]
+        )
     return out
 
 
@@ -725,6 +753,20 @@ def build(spec: GeneratorInput) -> bootstrap.Bootstrap:
         admin=bootstrap.Admin(address=_socket("127.0.0.1", spec.admin_port)),
         static_resources=bootstrap.BootstrapStaticResources(listeners=[gateway], clusters=clusters),
         overload_manager=overload_manager(spec),
+        layered_runtime=layered_runtime(),
+    )
+
+
+def layered_runtime() -> bootstrap.LayeredRuntime:
+    """Envoy's default layers (a static one and the admin one), the static one raising
+    RE2's program size limit above the refused endpoints' regexes (``refused_paths``)."""
+    return bootstrap.LayeredRuntime(
+        layers=[
+            bootstrap.RuntimeLayer(
+                name="base", static_layer=_struct({PROGRAM_SIZE_RUNTIME_KEY: PROGRAM_SIZE_LIMIT})
+            ),
+            bootstrap.RuntimeLayer(name="admin", admin_layer=bootstrap.RuntimeLayerAdminLayer()),
+        ]
     )
 
 

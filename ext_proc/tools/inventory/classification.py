@@ -538,6 +538,14 @@ HEADERS: Final[Mapping[str, Entry]] = {
         "endpoint picker writes it with set-header mutations only, and none when it picks "
         "decode-only",
     ),
+    # Read only by the routing sidecar's releases before its move into llm-d-router
+    # (llm-d/llm-d-routing-sidecar 78051b8, internal/proxy/chat_completions.go:36 and
+    # proxy.go:38), so no source of the inventory has it.
+    "x-prefiller-url": Entry(
+        Class.PEER,
+        "llm-d's routing sidecar (its releases before llm-d-router): the prefill host when "
+        "`x-prefiller-host-port` is absent",
+    ),
     "x-encoder-hosts-ports": Entry(Class.PEER, "llm-d's routing sidecar: the encoders"),
     "x-kv-cache-source-host-port": Entry(Class.PEER, "llm-d's routing sidecar: the KV source"),
     "x-data-parallel-host-port": Entry(
@@ -691,5 +699,13 @@ ENDPOINTS: Final[Mapping[str, Endpoint]] = {
         /update_weights_from_ipc /update_weights_from_tensor /weight_checker
         /weights_checker /wakeup /is_sleeping
         """,
+    ),
+    # NVIDIA Dynamo's frontend (ai-dynamo/dynamo, lib/llm/src/http/service/, by hand: the
+    # stacks snapshot reads no routes): clearing every worker's KV blocks
+    # (clear_kv_blocks.rs:20 at 06cb9b3, POST, no body read), listing the workers and
+    # draining or resuming one (worker_admin.rs:53-55 at 6b8e932).
+    **_endpoints(
+        Endpoint.INTERNAL,
+        "/clear_kv_blocks /workers /workers/{worker_id}/drain /workers/{worker_id}/resume",
     ),
 }

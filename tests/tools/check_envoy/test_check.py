@@ -11,13 +11,14 @@ from tests.tools.check_envoy.shipped import SHIPPED, SHIPPED_CONFIGS, found, pol
 
 def test_shipped_config_is_clean():
     report = check(SHIPPED)
-    assert (report.findings, report.routes) == ((), 8)
+    assert (report.findings, report.routes) == ((), 12)
     # Among them: a mint route, an honor route, and direct responses without metadata
-    # or the filter (the token endpoints), none of which is reported.
+    # or the filter (the token endpoints, and each route's refused endpoints), none of
+    # which is reported.
     assert policy(SHIPPED, "prefill")["action"] == "mint"
     assert policy(SHIPPED, "disaggregated")["action"] == "honor"
     direct = [r for r in routes(SHIPPED) if "direct_response" in r]
-    assert len(direct) == 4
+    assert len(direct) == 8
     assert all("metadata" not in r and "typed_per_filter_config" in r for r in direct)
 
 

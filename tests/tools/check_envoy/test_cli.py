@@ -26,7 +26,7 @@ def test_an_error_is_a_line_with_its_code_and_exit_1(tmp_path, capsys):
     assert error.startswith(
         "error[ext-proc-not-running]: http_connection_manager[0] route vllm/aggregated: "
     )
-    assert verdict == f"{path}: FAILED (8 routes, 1 errors, 0 warnings)"
+    assert verdict == f"{path}: FAILED (12 routes, 1 errors, 0 warnings)"
 
 
 def test_warnings_alone_pass(tmp_path, capsys):
@@ -36,7 +36,7 @@ def test_warnings_alone_pass(tmp_path, capsys):
     assert main(path) == 0
     warning, verdict = capsys.readouterr().out.splitlines()
     assert warning.startswith("warning[policy-missing]: http_connection_manager[0] route ")
-    assert verdict == f"{path}: OK (8 routes, 0 errors, 1 warnings)"
+    assert verdict == f"{path}: OK (12 routes, 0 errors, 1 warnings)"
 
 
 def test_main_takes_listener_names(tmp_path, capsys):
@@ -47,7 +47,7 @@ def test_main_takes_listener_names(tmp_path, capsys):
     assert main(path) == 1
     assert main(path, listeners=frozenset({gateway})) == 0
     assert (
-        capsys.readouterr().out.splitlines()[-1] == f"{path}: OK (8 routes, 0 errors, 0 warnings)"
+        capsys.readouterr().out.splitlines()[-1] == f"{path}: OK (12 routes, 0 errors, 0 warnings)"
     )
 
 

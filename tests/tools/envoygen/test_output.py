@@ -4,6 +4,7 @@ shipped config has Envoy's edge limits."""
 
 from __future__ import annotations
 
+import itertools
 import json
 from typing import Any
 
@@ -11,10 +12,10 @@ import pytest
 import yaml
 
 from ext_proc.core import route_policy, vllm_request
-from ext_proc.core.route_policy import Action, Topology
+from ext_proc.core.route_policy import Accept, Action, Topology
 from ext_proc.edge.attributes import HEADERS, attribute_keys
 from ext_proc.edge.server import SERVICE_NAME
-from ext_proc.tools import carrier_headers, envoygen, token_endpoints
+from ext_proc.tools import carrier_headers, envoygen, refused_paths, token_endpoints
 from ext_proc.tools.check_envoy import check
 from ext_proc.tools.envoygen import route_headers
 from ext_proc.tools.router_headers import ROUTER_HEADERS
@@ -458,7 +459,7 @@ def not_found_routes(config: dict[str, Any]) -> list[dict[str, Any]]:
     (vhost,) = hcm_of(config)["route_config"]["virtual_hosts"]
     leading = []
     for entry in vhost["routes"]:
-        if "route" in entry:
+        if "route" in entry or entry["name"].endswith("-refused"):
             break
         assert entry["name"].startswith(envoygen.RESERVED_ROUTE_PREFIX)
         assert entry["direct_response"] == {"status": 404}
@@ -467,8 +468,26 @@ def not_found_routes(config: dict[str, Any]) -> list[dict[str, Any]]:
         assert per_filter.pop(envoygen.EXT_PROC_FILTER) == DISABLED
         assert per_filter in ({}, {envoygen.BUFFER_FILTER: NOT_HELD})
         leading.append(entry)
-    assert not [r for r in vhost["routes"][len(leading) :] if "route" not in r]
+    # After them, a direct response only right before its own policy route (the
+    # endpoints that route refuses: refused_routes).
+    rest = vhost["routes"][len(leading) :]
+    for at, entry in enumerate(rest):
+        if "route" not in entry:
+            assert (
+                entry["name"] == f"{envoygen.RESERVED_ROUTE_PREFIX}-{rest[at + 1]['name']}-refused"
+            )
     return leading
+
+
+def refused_routes(config: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Each policy route's 404 of the endpoints it refuses, by the policy route's name."""
+    (vhost,) = hcm_of(config)["route_config"]["virtual_hosts"]
+    listed = vhost["routes"]
+    return {
+        after["name"]: entry
+        for entry, after in itertools.pairwise(listed)
+        if entry["name"].endswith("-refused") and "route" in after
+    }
 
 
 def test_token_endpoints_are_answered_404_before_every_route():
@@ -723,3 +742,38 @@ def test_the_header_step_comes_first_and_takes_an_operators_headers():
     assert mutations[-1]["append"]["header"]["key"] == carrier_headers.REQUEST_ID
     with pytest.raises(envoygen.GeneratorError, match="remove_request_headers"):
         envoygen.load_input(example() | {"remove_request_headers": ["X-Upper-Case"]})
+
+
+def test_each_route_answers_the_endpoints_it_refuses_right_before_it():
+    data = routes_with(
+        {
+            "name": "admin",
+            "prefix": "/admin/",
+            "prefix_rewrite": "/",
+            "upstream": "aggregated",
+            "policy": {"accept": "internal_endpoints|token_endpoints"},
+        },
+        {
+            "name": "scoring",
+            "prefix": "/scoring/",
+            "prefix_rewrite": "/",
+            "headers": {"epp-profile": "decode"},
+            "upstream": "aggregated",
+            "policy": {"accept": "token_endpoints"},
+        },
+    )
+    config = generate(data)
+    refused = refused_routes(config)
+    # A route that accepts both classes has none; the others each theirs, by its
+    # rewrite, with its own header conditions.
+    assert "admin" not in refused
+    assert set(refused) == {"scoring", "prefill", "disaggregated", "aggregated", "default"}
+    scoring = refused["scoring"]["match"]
+    assert scoring["headers"] == [{"name": "epp-profile", "string_match": {"exact": "decode"}}]
+    names = refused_paths.refused_names({Accept.TOKEN_ENDPOINTS})
+    assert scoring["safe_regex"]["regex"] == refused_paths.route_regex("/scoring/", "/", names)
+    assert "generative_scoring" not in scoring["safe_regex"]["regex"]
+    for entry in refused.values():
+        assert entry["direct_response"] == {"status": 404}
+        assert entry["typed_per_filter_config"][envoygen.EXT_PROC_FILTER] == DISABLED
+    assert check(config).errors == []

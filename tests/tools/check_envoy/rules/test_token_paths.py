@@ -40,7 +40,11 @@ def test_one_finding_per_route_that_forwards_token_paths():
         ("/api/.*", ["pattern-before-404s"]),
         ("(?i)/v2/.*", ["pattern-before-404s"]),
         # RE2 reads a POSIX class: the probes it forwards are found too.
-        ("/[[:alpha:]]+/.*", ["pattern-before-404s", "token-path-forwarded"]),
+        # (and the endpoints it refuses: it comes before the default route's 404s).
+        (
+            "/[[:alpha:]]+/.*",
+            ["pattern-before-404s", "token-path-forwarded", "refused-endpoint-forwarded"],
+        ),
     ],
     ids=["regex-catch-all", "case-insensitive-regex", "posix-class"],
 )
@@ -93,4 +97,37 @@ def test_a_regex_rewrite_before_the_404s_is_unreadable_and_forwards():
     assert found(mutated(change)) == [
         ("rewrite-unreadable", at("legacy")),
         ("token-path-forwarded", at("legacy")),
+        # Before every route's own 404s: its refused endpoints are forwarded too.
+        ("refused-endpoint-forwarded", at("legacy")),
     ]
+
+
+# --- the endpoints a route refuses (refused_paths) -------------------------------------
+
+
+@pytest.mark.parametrize("name", POLICY_ROUTES)
+def test_a_route_without_its_refused_404_forwards_them(name):
+    report = mutated(without(f"token-endpoint-{name}-refused"))
+    assert found(report) == [("refused-endpoint-forwarded", at(name))]
+    (finding,) = report.findings
+    assert "a request without one" in finding.message
+
+
+def test_a_route_that_accepts_them_needs_no_404():
+    def change(config):
+        without("token-endpoint-aggregated-refused")(config)
+        policy = route(config, "aggregated")["metadata"]["filter_metadata"]
+        policy["ext_proc.token_policy"]["accept"] = "internal_endpoints|token_endpoints"
+
+    assert found(mutated(change)) == []
+
+
+def test_a_route_accepting_one_class_still_forwards_the_other():
+    def change(config):
+        without("token-endpoint-aggregated-refused")(config)
+        policy = route(config, "aggregated")["metadata"]["filter_metadata"]
+        policy["ext_proc.token_policy"]["accept"] = "internal_endpoints"
+
+    (finding,) = mutated(change).findings
+    assert finding.code == "refused-endpoint-forwarded"
+    assert "generative_scoring" in finding.message
