@@ -9,7 +9,9 @@ gateway and straight to the stand-in, and parses the bytes the stand-in recorded
 SGLang's own model (``parse_request.py``, in SGLang's environment): straight, SGLang
 reads every one (so no test passes because SGLang would have ignored what it sent);
 through the gateway, none, and everything else arrives as SGLang would have read it.
-Prompt embeddings are refused and reach nothing.
+Prompt embeddings are refused and reach nothing. ``/vertex_generate`` is judged by the
+request SGLang's own handler builds from the body (its ``instances`` and ``parameters``),
+and media items by SGLang's own check of their ``format``.
 
 Headers: SGLang writes the ``x-override-*`` headers into the request it runs when
 ``SGLANG_ENABLE_REQUEST_HEADER_OVERRIDES`` is set (the helper applies them as it does);
