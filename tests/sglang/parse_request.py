@@ -10,6 +10,16 @@ seconds): a JSON list with, per case:
   pydantic: ``ChatCompletionRequest`` and ``CompletionRequest`` are pydantic models,
   whose ``model_fields_set`` says what the body set; ``GenerateReqInput`` is a
   dataclass, whose members the body set are those that differ from their defaults);
+  for a handler that builds its request from another shape (``vertex_generate``), the
+  members of the ``GenerateReqInput`` SGLang's own handler builds: the body is posted
+  to SGLang's own FastAPI app at the handler's route, its validation, the handler and
+  ``generate_request``'s contract check run as they are, and only what serves the
+  built request (``serve_generate_request``, the tokenizer manager's way in) is
+  replaced by a capture;
+* ``formats``: per media member the request holds (``image_data``, ``video_data``,
+  ``audio_data``), what SGLang's ``BaseMultimodalProcessor._get_preprocessed_input_format``
+  says each item is (``PRECOMPUTED_EMBEDDING``, ``PROCESSOR_OUTPUT``, or ``null``: media
+  to load);
 * ``overrides``: what SGLang's ``apply_header_overrides`` (``/generate``, and the
   chat handler on the request it builds, when ``SGLANG_ENABLE_REQUEST_HEADER_OVERRIDES``
   is set) writes into a ``GenerateReqInput`` from the headers;
@@ -25,6 +35,7 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import functools
 import json
 import sys
 import types
@@ -32,10 +43,15 @@ from typing import Any
 
 import msgspec
 import pydantic
+from fastapi.responses import Response
+from fastapi.routing import APIRoute
+from fastapi.testclient import TestClient
+from sglang.srt.entrypoints import http_server
 from sglang.srt.entrypoints.openai import protocol
 from sglang.srt.entrypoints.openai.serving_base import OpenAIServingBase
 from sglang.srt.entrypoints.request_headers import apply_header_overrides
 from sglang.srt.managers.io_struct import GenerateReqInput
+from sglang.srt.multimodal.processors.base_processor import BaseMultimodalProcessor
 from starlette.datastructures import Headers
 
 MODELS: dict[str, Any] = {
@@ -44,6 +60,66 @@ MODELS: dict[str, Any] = {
     "GenerateReqInput": GenerateReqInput,
 }
 _UNSET = object()
+MEDIA = ("image_data", "video_data", "audio_data")
+
+
+class _Built:
+    """SGLang's own app with ``serve_generate_request`` replaced by a capture of the
+    request a handler built; nothing else of the server runs (no lifespan, so no
+    tokenizer manager)."""
+
+    def __init__(self) -> None:
+        self.requests: list[GenerateReqInput] = []
+        http_server.serve_generate_request = self._capture
+        # An exception in the handler is what the server answers 500 for: an error here.
+        self.client = TestClient(http_server.app, raise_server_exceptions=False)
+        # The handler's route as SGLang registered it (AIP_PREDICT_ROUTE may move it).
+        self.routes = {
+            route.endpoint.__name__: route.path
+            for route in http_server.app.routes
+            if isinstance(route, APIRoute)
+        }
+
+    async def _capture(self, obj: GenerateReqInput, request: Any) -> Response:
+        self.requests.append(obj)
+        return Response(b"{}", media_type="application/json")
+
+    def build(self, handler: str, body: bytes) -> GenerateReqInput:
+        """The request ``handler`` builds from ``body``; raises with SGLang's answer
+        when it builds none."""
+        self.requests.clear()
+        reply = self.client.post(
+            self.routes[handler], content=body, headers={"content-type": "application/json"}
+        )
+        if reply.status_code != 200 or len(self.requests) != 1:
+            raise ValueError(f"{reply.status_code} {reply.text}")
+        return self.requests[0]
+
+
+HANDLERS = ("vertex_generate",)
+
+
+@functools.cache
+def _app() -> _Built:
+    """Made on the first handler case: a case of the models alone never patches it."""
+    return _Built()
+
+
+def _formats(members: dict[str, Any]) -> dict[str, list[str | None]]:
+    formats: dict[str, list[str | None]] = {}
+    for name in MEDIA:
+        if members.get(name) is None:
+            continue
+        items, found = [members[name]], []
+        while items:
+            item = items.pop(0)
+            if isinstance(item, list):
+                items[:0] = item
+                continue
+            kind = BaseMultimodalProcessor._get_preprocessed_input_format(item)
+            found.append(None if kind is None else kind.name)
+        formats[name] = found
+    return formats
 
 
 def _default(field: dataclasses.Field[Any]) -> Any:
@@ -101,11 +177,15 @@ def read(case: dict[str, Any]) -> dict[str, Any]:
     headers = Headers(raw=raw)
     result: dict[str, Any] = {"members": {}, "error": None}
     try:
-        parsed = pydantic.TypeAdapter(MODELS[case["model"]]).validate_python(body)
-    except pydantic.ValidationError as exc:
+        if case["model"] in HANDLERS:
+            parsed = _app().build(case["model"], base64.b64decode(case["body_b64"]))
+        else:
+            parsed = pydantic.TypeAdapter(MODELS[case["model"]]).validate_python(body)
+    except (pydantic.ValidationError, ValueError) as exc:
         result["error"] = str(exc)
     else:
         result["members"] = _set_members(parsed)
+    result["formats"] = _formats(result["members"])
     result["overrides"] = _overrides(headers)
     result["handlers"] = _handlers(headers)
     return result

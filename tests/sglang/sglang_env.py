@@ -14,6 +14,8 @@ Stdlib and the project's own modules; nothing happens at import time.
   machine's disk it fails on ``torchvision::nms``), and the CPU builds of both are not
   on PyPI. About 6 GB; a stamp file records what was installed, and without a
   matching one the environment is rebuilt.
+  What SGLang's HTTP server module imports besides (uvicorn, xgrammar, ...: the
+  handlers that build a request) is added on top, with a stamp of its own.
 * ``Parser`` -- ``parse_request.py`` running in that environment: given request bodies
   (their bytes) and headers, what SGLang's own code reads from each.
 
@@ -71,6 +73,22 @@ REQUIREMENTS = (
     "partial_json_parser",
 )
 IMPORTS = ("sglang.srt.entrypoints.openai.protocol", "sglang.srt.managers.io_struct")
+# What SGLang's HTTP server module imports beyond those (found the same way), for the
+# handlers that build a request from another shape (``vertex_generate``): SGLang's pins
+# where it pins one; jsonschema is outlines' (pinned by SGLang), imported by serving_chat.
+# Installed on top of the models' environment with a stamp of its own, so adding to it
+# never reinstalls torch.
+HANDLER_REQUIREMENTS = (
+    "uvicorn>=0.51",
+    "uvloop",
+    "setproctitle",
+    "einops",
+    "jsonschema",
+    "xgrammar==0.2.7",
+    "soundfile==0.13.1",
+    "python-multipart",
+)
+HANDLER_IMPORTS = ("sglang.srt.entrypoints.http_server",)
 HELPER = Path(__file__).resolve().with_name("parse_request.py")
 
 
@@ -101,6 +119,10 @@ def stamp_text() -> str:
     return f"{wheel().requirement} sha256:{inventory_sha256()}; {' '.join(REQUIREMENTS)}\n"
 
 
+def handler_stamp_text() -> str:
+    return f"{stamp_text().strip()}; {' '.join(HANDLER_REQUIREMENTS)}\n"
+
+
 @contextlib.contextmanager
 def _lock() -> Iterator[None]:
     root = vllm_env.cache_dir()
@@ -114,35 +136,54 @@ def _lock() -> Iterator[None]:
 
 
 def ensure_venv() -> Path:
-    """The environment's python, creating the environment when needed. Raises when the
-    wheel is not the one the inventory read, or a module does not import."""
+    """The environment's python, creating the environment when needed and adding the
+    HTTP server's imports when they are missing. Raises when the wheel is not the one
+    the inventory read, or a module does not import."""
     with _lock():
-        vdir, py = venv_dir(), venv_python()
-        stamp = vdir / ".ext-proc-installed"
-        if py.exists() and stamp.exists() and stamp.read_text() == stamp_text():
+        py = _ensure_models()
+        stamp = venv_dir() / ".ext-proc-handlers-installed"
+        if stamp.exists() and stamp.read_text() == handler_stamp_text():
             return py
-        if vdir.exists():
-            _log(f"removing incomplete or outdated venv {vdir}")
-            shutil.rmtree(vdir)
-        path = wheels.download(wheel(), wheels.cache())
-        if wheels.sha256(path) != inventory_sha256():
-            raise RuntimeError(f"{path} is not the wheel the inventory read ({SOURCE})")
         started = time.monotonic()
-        _log(f"creating venv {vdir}: {path.name} without its dependencies, and what it imports")
-        vllm_env.run([sys.executable, "-m", "venv", vdir])
+        _log("adding what SGLang's HTTP server imports")
+        # With the models' requirements, so that no pin of theirs moves.
         pip = [py, "-m", "pip", "install", "--progress-bar", "off", "--quiet"]
-        vllm_env.run([*pip, "--no-deps", path])
-        vllm_env.run([*pip, *REQUIREMENTS])
-        vllm_env.run([py, "-c", "; ".join(f"import {module}" for module in IMPORTS)])
-        stamp.write_text(stamp_text())
-        _log(f"venv ready in {time.monotonic() - started:.0f}s: {py}")
+        vllm_env.run([*pip, *REQUIREMENTS, *HANDLER_REQUIREMENTS])
+        vllm_env.run([py, "-c", "; ".join(f"import {m}" for m in (*IMPORTS, *HANDLER_IMPORTS))])
+        stamp.write_text(handler_stamp_text())
+        _log(f"HTTP server's imports ready in {time.monotonic() - started:.0f}s")
         return py
+
+
+def _ensure_models() -> Path:
+    """The environment with SGLang's request models (held under ``_lock``)."""
+    vdir, py = venv_dir(), venv_python()
+    stamp = vdir / ".ext-proc-installed"
+    if py.exists() and stamp.exists() and stamp.read_text() == stamp_text():
+        return py
+    if vdir.exists():
+        _log(f"removing incomplete or outdated venv {vdir}")
+        shutil.rmtree(vdir)
+    path = wheels.download(wheel(), wheels.cache())
+    if wheels.sha256(path) != inventory_sha256():
+        raise RuntimeError(f"{path} is not the wheel the inventory read ({SOURCE})")
+    started = time.monotonic()
+    _log(f"creating venv {vdir}: {path.name} without its dependencies, and what it imports")
+    vllm_env.run([sys.executable, "-m", "venv", vdir])
+    pip = [py, "-m", "pip", "install", "--progress-bar", "off", "--quiet"]
+    vllm_env.run([*pip, "--no-deps", path])
+    vllm_env.run([*pip, *REQUIREMENTS])
+    vllm_env.run([py, "-c", "; ".join(f"import {module}" for module in IMPORTS)])
+    stamp.write_text(stamp_text())
+    _log(f"venv ready in {time.monotonic() - started:.0f}s: {py}")
+    return py
 
 
 # --- what SGLang reads ------------------------------------------------------------------
 
-# The request model each case is parsed with, as SGLang's HTTP server declares it.
-MODELS = ("ChatCompletionRequest", "CompletionRequest", "GenerateReqInput")
+# The request model each case is parsed with, as SGLang's HTTP server declares it, and
+# the handlers whose built request is read instead (parse_request.HANDLERS).
+MODELS = ("ChatCompletionRequest", "CompletionRequest", "GenerateReqInput", "vertex_generate")
 
 
 @dataclass(frozen=True)
@@ -159,12 +200,15 @@ class Reading:
     """What SGLang's code reads from one case: the members its model parse set (their
     values as JSON), the attributes its header overrides set on a ``GenerateReqInput``,
     what its OpenAI handlers take from headers (``routing_key``, ``routed_dp_rank``),
-    and SGLang's refusal of the body (its validation error) if it refuses it."""
+    SGLang's refusal of the body (its validation error, or a handler's answer when it
+    builds no request) if it refuses it, and per media member the preprocessed format
+    SGLang's multimodal processor finds in each item (``None``: media to load)."""
 
     members: Mapping[str, Any]
     overrides: Mapping[str, Any]
     handlers: Mapping[str, Any]
     error: str | None
+    formats: Mapping[str, Sequence[str | None]]
 
 
 class Parser:
@@ -222,7 +266,7 @@ class Parser:
             tail = self._log.read_text(errors="replace")[-4000:]
             raise RuntimeError(f"parse_request.py stopped ({process.returncode}):\n{tail}")
         return [
-            Reading(r["members"], r["overrides"], r["handlers"], r["error"])
+            Reading(r["members"], r["overrides"], r["handlers"], r["error"], r["formats"])
             for r in json.loads(line)
         ]
 

@@ -9,7 +9,9 @@ gateway and straight to the stand-in, and parses the bytes the stand-in recorded
 SGLang's own model (``parse_request.py``, in SGLang's environment): straight, SGLang
 reads every one (so no test passes because SGLang would have ignored what it sent);
 through the gateway, none, and everything else arrives as SGLang would have read it.
-Prompt embeddings are refused and reach nothing.
+Prompt embeddings are refused and reach nothing. ``/vertex_generate`` is judged by the
+request SGLang's own handler builds from the body (its ``instances`` and ``parameters``),
+and media items by SGLang's own check of their ``format``.
 
 Headers: SGLang writes the ``x-override-*`` headers into the request it runs when
 ``SGLANG_ENABLE_REQUEST_HEADER_OVERRIDES`` is set (the helper applies them as it does);
@@ -258,3 +260,150 @@ def test_sglang_reads_the_header_carriers_it_is_sent(sglang):
         case = Case("GenerateReqInput", document, [(header, HEADER_VALUES[header])])
         (reading,) = sglang.read([case])
         assert attribute in {**reading.overrides, **reading.handlers}, header
+
+
+# --- /vertex_generate: the request SGLang's own handler builds -----------------------------
+
+# SGLang's handler reads each instance's text, input_ids or input_embeds (the first
+# instance's choice) and image_data, and passes every member of `parameters` to the
+# GenerateReqInput it builds, whose carriers are /generate's. Each gateway path that
+# reaches the handler -> the path the stand-in receives: the catch-all and the strict
+# route at SGLang's default route; the strip, decode and prefill legs at /v1/, where
+# SGLang serves it when AIP_PREDICT_ROUTE says so (the helper posts to the handler's
+# own route either way).
+VERTEX_PATHS: Mapping[str, str] = {
+    "/vertex_generate": "/vertex_generate",
+    "/strict-sglang/vertex_generate": "/vertex_generate",
+    "/v1/vertex_generate": "/v1/vertex_generate",
+    "/pd/v1/vertex_generate": "/v1/vertex_generate",
+    "/pd/prefill/v1/vertex_generate": "/v1/vertex_generate",
+}
+VERTEX = "vertex_generate"  # parse_request.HANDLERS
+
+
+def vertex_body(carriers: tuple[str, ...]) -> dict[str, Any]:
+    """A /vertex_generate body whose built request holds ``carriers``: input_ids in the
+    instances (as the prompt, so no text beside it), the others in ``parameters``."""
+    instances: list[dict[str, Any]] = [{"image_data": "http://10.0.0.5/cat.png"}, {}]
+    if "input_ids" in carriers:
+        instances[0]["input_ids"] = VALUES["input_ids"]
+        instances[1]["input_ids"] = [12, 13]
+    parameters = {name: VALUES[name] for name in carriers if name != "input_ids"}
+    return {
+        "instances": instances,
+        "parameters": {"sampling_params": {"max_new_tokens": 7}, **parameters},
+    }
+
+
+def built(sglang: Parser, received: Received) -> Reading:
+    (reading,) = sglang.read([Case(VERTEX, received.body)])
+    assert reading.error is None, reading.error
+    return reading
+
+
+@pytest.mark.parametrize("path", VERTEX_PATHS)
+def test_sglang_builds_no_carrier_from_what_the_gateway_forwards_to_vertex_generate(
+    gateway, sglang, path
+):
+    carriers = set(CARRIERS["/generate"])
+    sent = vertex_body(CARRIERS["/generate"])
+
+    # The control: straight, the request SGLang's handler builds holds every carrier.
+    bare = built(sglang, straight(gateway, "/vertex_generate", sent))
+    assert carriers <= set(bare.members), sorted(carriers - set(bare.members))
+    assert len(bare.members["input_ids"]) == 2  # one prompt per instance
+
+    gateway.clear()
+    rid = request_id()
+    reply = post(gateway.url + path, sent, {"x-request-id": rid})
+    assert reply.status_code == 200, reply.text
+    received = only_request(gateway)
+    assert received.target == VERTEX_PATHS[path]
+    through = built(sglang, received)
+    assert not carriers & set(through.members), through.members
+    # Everything else builds as it did straight: the instances' media, the sampling.
+    assert through.members == {k: v for k, v in bare.members.items() if k not in carriers}
+    assert access_log(gateway, rid)["policy_action"] == "strip"
+
+
+@pytest.mark.parametrize("name", CARRIERS["/generate"])
+def test_a_strict_deny_route_refuses_each_carrier_of_vertex_generate(gateway, name):
+    # Each carrier alone, where SGLang's handler takes it from.
+    reply = post(gateway.url + "/strict-sglang-deny/vertex_generate", vertex_body((name,)), {})
+    assert reply.status_code == 400, (name, reply.text)
+    param = reply.json()["error"]["param"]
+    assert param.startswith("instances.") if name == "input_ids" else param == f"parameters.{name}"
+    assert gateway.received() == []
+
+
+# --- a carrier below a member SGLang types as any JSON ---------------------------------------
+
+# An image_data item's content_hash: SGLang's encoder takes it as the image's digest
+# (disaggregation/encoder/preprocessor.py, _load_single_item), below image_data, a
+# member SGLang's model leaves as any JSON.
+CONTENT_HASH = "sha256:" + "ab" * 32
+
+
+def test_a_carrier_below_an_untyped_member_sglang_keeps_does_not_arrive(gateway, sglang):
+    item = {"url": "http://10.0.0.5/cat.png", "content_hash": CONTENT_HASH}
+    sent = body("/generate", {"image_data": [item]})
+    bare = read(sglang, "/generate", straight(gateway, "/generate", sent))
+    assert bare.members["image_data"] == [item]
+
+    gateway.clear()
+    reply = post(gateway.url + "/generate", sent, {})
+    assert reply.status_code == 200, reply.text
+    through = read(sglang, "/generate", only_request(gateway))
+    assert through.members == {**bare.members, "image_data": [{"url": item["url"]}]}
+
+
+# --- media items in the format spellings SGLang takes ----------------------------------------
+
+TENSOR = [[0.25] * 8] * 3
+# A media item that is an embedding or a processor's output, its format spelled as the
+# MultimodalInputFormat member's name: SGLang's own check takes it as it takes the
+# lower-case value. Sent in /generate's image_data and in a /vertex_generate instance.
+FORMAT_ITEMS: Mapping[str, dict[str, Any]] = {
+    "PRECOMPUTED_EMBEDDING": {"format": "PRECOMPUTED_EMBEDDING", "precomputed_embeddings": TENSOR},
+    "PROCESSOR_OUTPUT": {"format": "PROCESSOR_OUTPUT", "feature": TENSOR, "input_ids": [1, 2]},
+}
+FORMAT_BODIES: Mapping[str, tuple[str, str]] = {
+    # endpoint -> (what SGLang reads it with, the refused member's path)
+    "/generate": ("GenerateReqInput", "image_data.0"),
+    "/vertex_generate": (VERTEX, "instances.0.image_data"),
+}
+
+
+def format_body(endpoint: str, item: dict[str, Any]) -> dict[str, Any]:
+    if endpoint == "/generate":
+        return body(endpoint, {"image_data": [item]})
+    return {"instances": [{"text": "describe", "image_data": item}]}
+
+
+FORMAT_CASES = [
+    (spelling, endpoint, path)
+    for spelling in FORMAT_ITEMS
+    for endpoint in FORMAT_BODIES
+    for path in dict.fromkeys((endpoint, *(p for p in VERTEX_PATHS if p.endswith(endpoint))))
+]
+
+
+@pytest.mark.parametrize(("spelling", "endpoint", "path"), FORMAT_CASES)
+def test_a_media_format_sglang_takes_in_either_spelling_is_refused(
+    gateway, sglang, spelling, endpoint, path
+):
+    model_name, param = FORMAT_BODIES[endpoint]
+    sent = format_body(endpoint, FORMAT_ITEMS[spelling])
+    # The control: SGLang's own check reads the item as preprocessed input.
+    received = straight(gateway, endpoint, sent)
+    (bare,) = sglang.read([Case(model_name, received.body)])
+    assert bare.error is None, bare.error
+    assert bare.formats == {"image_data": [spelling]}
+
+    gateway.clear()
+    rid = request_id()
+    reply = post(gateway.url + path, sent, {"x-request-id": rid})
+    assert reply.status_code == 400, reply.text
+    assert reply.json()["error"]["param"] == param
+    assert access_log(gateway, rid)["policy_reason"] == "embeddings_refused"
+    assert gateway.received_count() == 0
