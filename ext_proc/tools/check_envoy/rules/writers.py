@@ -128,8 +128,9 @@ def _start(chain: Chain, guarded: Guarded, first: int) -> tuple[int, str] | None
     return None if guarded.unclear is None else (0, guarded.unclear)
 
 
-def _refused(guarded: Guarded, write: Write, trusted: bool) -> bool:
-    if trusted and guarded.trusted and not write.stated:
+def _refused(guarded: Guarded, write: Write, declared: bool) -> bool:
+    """``declared``: the filter is a declared one after the decision."""
+    if declared and guarded.trusted and not write.stated:
         return False
     return write.copies or not guarded.constants
 
@@ -175,7 +176,7 @@ def writers(chain: Chain, declared: frozenset[str], decides: bool) -> Iterator[F
             yield error(
                 code,
                 f"{chain.place} filter {name}",
-                f"{'. '.join(said)}. Remove the filter or move it before the header step",
+                f"{'; also '.join(said)}. Remove the filter or move it before the header step",
             )
 
 
