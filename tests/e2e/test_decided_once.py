@@ -279,7 +279,12 @@ CASES: dict[str, tuple[Edit | None, list[str], int, str]] = {
     "step-sets-retry": (step_sets_retry_headers, ["router-header-writer"], 2, UPSTREAM_PATH),
     "client-copied": (client_headers_copied, ["router-header-writer"], 2, UPSTREAM_PATH),
     "client-copied-before-step": (client_headers_copied_before_the_step, [], 1, UPSTREAM_PATH),
-    "lua-retry": (lua_sets_retry_headers, ["router-header-writer"], 2, UPSTREAM_PATH),
+    "lua-retry": (
+        lua_sets_retry_headers,
+        ["router-header-writer", "header-rewritten-by-filter"],
+        2,
+        UPSTREAM_PATH,
+    ),
     "route-header-mutation": (route_sets_retry_headers, ["router-header-writer"], 2, UPSTREAM_PATH),
 }
 # What the client adds to the proven decode request, by case: the router's retry headers

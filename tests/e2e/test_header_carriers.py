@@ -4,7 +4,8 @@ Gateway API Inference Extension, NVIDIA Dynamo, Ray and vLLM read for an address
 a rank or a prompt) and the request id vLLM builds its own from, in every body
 arrangement, on every route. What arrived is what the stand-in recorded; the control arm
 is the same config without the header step, where every one of them arrives as the
-client wrote it.
+client wrote it. A Lua filter after the step that copies a client's header into a carrier
+delivers it, the same filter before the step does not, and check-envoy refuses the first.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 import json
 import uuid
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,8 +22,8 @@ import pytest
 import yaml
 
 from ext_proc.core import classified
-from ext_proc.tools import carrier_headers
-from tests.e2e.conftest import BODY_MODES
+from ext_proc.tools import carrier_headers, check_envoy
+from tests.e2e.conftest import BODY_MODES, ENVOY
 from tests.e2e.stack import Received, Stack
 from tests.e2e.test_gateway import chat, only_request
 from tests.e2e.test_handoff import PREFILL_REQUEST_PARAMS
@@ -194,3 +195,75 @@ def test_without_the_step_every_one_arrives_as_the_client_wrote_it(unguarded, pa
     arrived = _arrived(only_request(unguarded))
     expected: dict[str, Any] = {name: [value] for name, value in _sent_headers().items()}
     assert {name: arrived.get(name) for name in expected} == expected
+
+
+# --- a filter after the step that writes a carrier back ------------------------------------
+#
+# The header step removes every carrier; a Lua filter after it (before the processor's)
+# copies a client's header of another name into x-prefiller-host-port, which then reaches
+# the upstream as the client wrote it. The same filter before the step writes into a
+# header the step then removes. check-envoy refuses the first and passes the second.
+
+LUA = "type.googleapis.com/envoy.extensions.filters.http.lua.v3.Lua"
+EXT_PROC = "envoy.filters.http.ext_proc"
+SHIPPED = ENVOY / "envoy.yaml"
+COPIED = "x-prefiller-host-port"
+# The client's own header the script reads: no carrier, so the step lets it through.
+SOURCE = "x-mine"
+COPY_SCRIPT = (
+    "function envoy_on_request(h) "
+    f"local v = h:headers():get('{SOURCE}') "
+    f"if v then h:headers():replace('{COPIED}', v) end end"
+)
+
+
+def _copy_filter(before: str) -> Callable[[dict[str, Any]], None]:
+    """An edit: the copying Lua filter right before the filter named ``before``."""
+
+    def change(config: dict[str, Any]) -> None:
+        for manager in _managers(config):
+            filters = manager["http_filters"]
+            at = [f["name"] for f in filters].index(before)
+            script = {"inline_string": COPY_SCRIPT}
+            filters.insert(
+                at, {"name": "copy", "typed_config": {"@type": LUA, "default_source_code": script}}
+            )
+
+    return change
+
+
+def _managers(config: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    for listener in config["static_resources"]["listeners"]:
+        for chain in listener["filter_chains"]:
+            yield chain["filters"][0]["typed_config"]
+
+
+COPIES = {"after-the-step": EXT_PROC, "before-the-step": carrier_headers.FILTER}
+
+
+@pytest.fixture(scope="module", params=list(COPIES))
+def copying(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[str, Stack]]:
+    workdir = tmp_path_factory.mktemp(f"copy-{request.param}")
+    with Stack(workdir, edit=_copy_filter(COPIES[request.param])) as running:
+        yield request.param, running
+
+
+def test_a_carrier_a_filter_after_the_step_copies_reaches_the_upstream(copying):
+    where, stack = copying
+    stack.clear()
+    forged = FORGED[COPIED]
+    reply = httpx.post(stack.url + ROUTES[0], json=chat(), headers={SOURCE: forged}, timeout=20)
+    assert reply.status_code == 200, reply.text
+    arrived = _carriers_that_arrived(_arrived(only_request(stack)))
+    assert arrived == ({COPIED: [forged]} if where == "after-the-step" else {})
+
+
+@pytest.mark.parametrize("where", list(COPIES))
+def test_check_envoy_refuses_the_copy_after_the_step_only(where):
+    config = yaml.safe_load(SHIPPED.read_text())
+    _copy_filter(COPIES[where])(config)
+    report = check_envoy.check(config)
+    expected = ["router-header-writer", "header-rewritten-by-filter"]
+    assert report.codes() == (expected if where == "after-the-step" else [])

@@ -13,7 +13,7 @@ from ext_proc.tools.check_envoy.rules import filters, manager, replay, token_pat
 from ext_proc.tools.check_envoy.rules.after_decision import after_decision
 from ext_proc.tools.check_envoy.rules.header_step import header_step
 from ext_proc.tools.check_envoy.rules.route import route_rules
-from ext_proc.tools.check_envoy.rules.router_writers import router_writers
+from ext_proc.tools.check_envoy.rules.writers import writers
 
 
 def check(
@@ -46,7 +46,7 @@ def check(
                 decides = decides or any(replay.decided(r, chain) is not None for r in vhost.routes)
             if decides:
                 findings.extend(replay.trusted(chain))
-                findings.extend(router_writers(chain, declared))
+            findings.extend(writers(chain, declared, decides))
     return Report(tuple(findings), routes)
 
 

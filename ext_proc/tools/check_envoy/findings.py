@@ -41,7 +41,9 @@ CODES: Final[Mapping[str, str]] = MappingProxyType(
         "other-ext-proc-before-hold": "another ext_proc filter runs before the buffer filter",
         "other-ext-proc-fails-open": "another service's ext_proc filter fails open",
         "header-step-missing": "no working header step before this processor's filter",
-        "header-rewritten-by-filter": "a filter writes a guarded header from the request",
+        "header-rewritten-by-filter": (
+            "a filter after the header step can write a carrier or the request id from the request"
+        ),
         "header-rewritten-by-route": "request_headers_to_add writes a guarded header",
         "header-step-per-route": "a route or virtual host configures the header step",
         "underscore-headers": "header names with underscores pass",
@@ -70,7 +72,7 @@ CODES: Final[Mapping[str, str]] = MappingProxyType(
         "body-mirrored": "a mirror policy copies a mint or honor route's body",
         "retry-header-added": "request_headers_to_add sets a header the router retries by",
         "retry-header-trusted": "internal_address_config lets clients' retry headers through",
-        "router-header-writer": "a filter after the header step can write a retry header",
+        "router-header-writer": "a filter after the header step can write a retry or hedge header",
         # Route selection and vLLM's token-in and echo endpoints.
         "route-unreadable": "a route whose paths the simulation cannot tell",
         "rewrite-unreadable": "a rewrite whose upstream paths the simulation cannot tell",

@@ -1,7 +1,8 @@
 """The header step (``ext_proc.tools.carrier_headers``) runs before this processor's
 first filter, on every route: then neither the processor nor any filter after it (an
 endpoint picker) nor an upstream sees a client's copy of a header that a component
-behind it trusts, and nothing after it writes one back from the request."""
+behind it trusts, and no route's header additions write one back from the request
+(what a filter after the step may write is ``writers``'s rule)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from typing import Any, Final
 from ext_proc.tools import carrier_headers
 from ext_proc.tools.check_envoy.findings import Finding, error, warning
 from ext_proc.tools.check_envoy.reader import Chain, walk
+from ext_proc.tools.check_envoy.writes import client_derived
 
 OVERWRITE: Final = "OVERWRITE_IF_EXISTS_OR_ADD"
 # The headers whose value no client may choose once the header step has run.
@@ -25,12 +27,6 @@ def _sets(mutation: dict[str, Any]) -> tuple[str, str, str] | None:
     header = option["header"]
     action = str(option.get("append_action", "APPEND_IF_EXISTS_OR_ADD"))
     return str(header.get("key", "")).lower(), str(header.get("value", "")), action
-
-
-def _client_derived(value: str) -> bool:
-    """Whether a header value Envoy formats may carry what a client sent: any command
-    but the step's own fresh id (``%REQ(...)%``, a path, a query parameter, SNI...)."""
-    return "%" in value.replace(carrier_headers.NEW_ID, "")
 
 
 def _is_step(entry: dict[str, Any]) -> bool:
@@ -87,34 +83,21 @@ def header_step(chain: Chain) -> Iterator[Finding]:
             "writes the step",
         )
         return
-    yield from _rewrites(chain, str(filters[good[0]].get("name")))
+    yield from _added_by_routes(chain)
     yield from _underscores(chain)
     yield from _per_route(chain, {str(filters[i].get("name")) for i in good})
 
 
-def _rewrites(chain: Chain, step: str) -> Iterator[Finding]:
-    """Anything else that writes a guarded header from what a client sent undoes the
-    step: another header_mutation filter, or a route's ``request_headers_to_add``
-    (applied by the router, after every filter). A constant (an endpoint picker's own
-    choice, say) is its writer's business."""
-    for entry in chain.manager.get("http_filters", []):
-        config = entry.get("typed_config", {}) if isinstance(entry, dict) else {}
-        if config.get("@type") != carrier_headers.FILTER_TYPE or entry.get("name") == step:
-            continue
-        for mutation in config.get("mutations", {}).get("request_mutations", []):
-            written = _sets(mutation) if isinstance(mutation, dict) else None
-            if written and written[0] in GUARDED and _client_derived(written[1]):
-                yield error(
-                    "header-rewritten-by-filter",
-                    chain.place,
-                    f"filter {entry.get('name')} writes {written[0]} from the request "
-                    f"({written[1]}): a client's value again, after the header step",
-                )
+def _added_by_routes(chain: Chain) -> Iterator[Finding]:
+    """A route's ``request_headers_to_add`` writing a guarded header from what a client
+    sent undoes the step: the router applies it after every filter. A constant (an
+    endpoint picker's own choice, say) is its writer's business. What a filter after
+    the step writes is ``writers``'s rule."""
     for node in walk(chain.manager.get("route_config", {})):
         for option in node.get("request_headers_to_add", []):
             header = option.get("header", {}) if isinstance(option, dict) else {}
             name, value = str(header.get("key", "")).lower(), str(header.get("value", ""))
-            if name in GUARDED and _client_derived(value):
+            if name in GUARDED and client_derived(value):
                 yield error(
                     "header-rewritten-by-route",
                     chain.place,

@@ -166,7 +166,7 @@ def test_a_declared_filter_passes():
 
 
 def test_a_declared_filter_that_may_write_anything_is_refused_by_the_router_header_rule():
-    # Declared or not, a Lua script could write x-envoy-retry-on (rules/router_writers).
+    # Declared or not, a Lua script could write x-envoy-retry-on (rules/writers).
     assert _declared(LUA, {"rewrite"}).codes() == ["router-header-writer"]
 
 
