@@ -382,9 +382,18 @@ def _named(path: str, known: tuple[str, ...]) -> str | None:
 
     Every name begins with a slash, so a name the path ends with is the path from one
     of its slashes on: the path's few such tails are looked up, not every name tried."""
-    bare = path.lower().rstrip("/") if path != "/" else path
+    lowered = path.lower()
+    bare = lowered.rstrip("/") if path != "/" else path
     plain, templates = _index(known)
-    found = [name for name in templates if _template(name).search(bare)]
+    # A final "{name}" segment may be what the path's trailing slash leaves empty: the
+    # upstream decodes "/dumper/%0A" to "/dumper/\n", whose newline Starlette's
+    # "[^/]+" takes as the segment, and ``endpoint`` has dropped it.
+    slashed = bare + "/" if len(bare) < len(lowered) else bare
+    found = [
+        name
+        for name in templates
+        if _template(name).search(bare) or _template(name).search(slashed)
+    ]
     at = bare.find("/")
     while at != -1:
         if bare[at:] in plain:
@@ -405,21 +414,29 @@ def _index(known: tuple[str, ...]) -> tuple[frozenset[str], tuple[str, ...]]:
     return frozenset(name for name in known if "{" not in name), templates
 
 
-# What a ``{name}`` segment of an endpoint stands for: any one non-empty segment.
+# What a ``{name}`` segment of an endpoint stands for: any one non-empty segment; the
+# name's final one may be empty (``_named``: a newline the path ended with, dropped).
 TEMPLATE_SEGMENT: Final = "[^/]+"
+FINAL_TEMPLATE_SEGMENT: Final = "[^/]*"
 
 
-def segment_pattern(segment: str) -> str:
+def segment_pattern(segment: str, *, final: bool = False) -> str:
     """One ``/``-separated segment of an endpoint's name as a regex that Python's ``re``
-    and RE2 (Envoy's ``safe_regex``) read alike: a ``{name}`` segment any one segment,
-    anything else itself. The one rule for what a name matches, shared by ``_named``
-    and the 404s ``envoy-config`` writes for a route's refused endpoints."""
-    return TEMPLATE_SEGMENT if segment.startswith("{") else re.escape(segment)
+    and RE2 (Envoy's ``safe_regex``) read alike: a ``{name}`` segment any one segment
+    (``final``: the name's last, also an empty one), anything else itself. The one rule
+    for what a name matches, shared by ``_named`` and the 404s ``envoy-config`` writes
+    for a route's refused endpoints."""
+    if segment.startswith("{"):
+        return FINAL_TEMPLATE_SEGMENT if final else TEMPLATE_SEGMENT
+    return re.escape(segment)
 
 
 def name_pattern(name: str) -> str:
     """An endpoint's name as a regex (``segment_pattern`` for each segment)."""
-    return "/".join(segment_pattern(part) for part in name.split("/"))
+    parts = name.split("/")
+    return "/".join(
+        segment_pattern(part, final=at == len(parts) - 1) for at, part in enumerate(parts)
+    )
 
 
 @functools.cache

@@ -46,7 +46,7 @@ from typing import Final
 from ext_proc.core import classified
 from ext_proc.core.route_policy import Accept
 from ext_proc.core.vllm_request import (
-    TEMPLATE_SEGMENT,
+    FINAL_TEMPLATE_SEGMENT,
     endpoint,
     internal_endpoint,
     name_pattern,
@@ -129,15 +129,22 @@ def completion(part: str, name: str) -> Completion | None:
     if not all(_fits(h, w) for h, w in zip(whole_segments, want, strict=False)):
         return None
     segment = want[len(whole_segments)]
+    final = len(whole_segments) == len(want) - 1
     if segment.startswith("{"):
-        pattern, sample = ("[^/]*", "") if last else (TEMPLATE_SEGMENT, _SAMPLE_SEGMENT)
+        if last:
+            pattern, sample = FINAL_TEMPLATE_SEGMENT, ""
+        else:
+            pattern, sample = segment_pattern(segment, final=final), _SAMPLE_SEGMENT
     elif segment.startswith(last):
         pattern, sample = re.escape(segment[len(last) :]), segment[len(last) :]
     else:
         return None
     after = want[len(have) :]
     return Completion(
-        pattern + "".join("/" + segment_pattern(s) for s in after),
+        pattern
+        + "".join(
+            "/" + segment_pattern(s, final=at == len(after) - 1) for at, s in enumerate(after)
+        ),
         sample + "".join("/" + _sample(s) for s in after),
     )
 

@@ -73,6 +73,23 @@ def test_the_endpoint_memo_keeps_no_long_path_and_empties_when_full():
     assert vllm_request.internal_endpoint("/v1/flush_cache") == "/flush_cache"
 
 
+@pytest.mark.parametrize(
+    ("upstream", "named"),
+    [
+        ("/dumper/x", "/dumper/{method}"),
+        # "%0A" decoded to a newline that Starlette's "[^/]+" takes as the method, though
+        # ``endpoint`` drops it: the final template segment may be left empty.
+        ("/dumper/%0A", "/dumper/{method}"),
+        ("/x/DUMPER//", "/dumper/{method}"),
+        ("/dumper", None),
+        ("/workers/1/drain", "/workers/{worker_id}/drain"),
+        ("/workers//drain", None),
+    ],
+)
+def test_a_final_template_segment_may_be_what_a_dropped_newline_left(upstream, named):
+    assert vllm_request.internal_endpoint(vllm_request.endpoint(upstream)) == named
+
+
 # SGLang takes a media item's format as its lower-case value or its MultimodalInputFormat
 # member's name, and no other spelling (multimodal/processors/base_processor.py,
 # BaseMultimodalProcessor._get_preprocessed_input_format).
