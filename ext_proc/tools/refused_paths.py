@@ -85,6 +85,35 @@ def refused_names(accept: Iterable[Accept]) -> tuple[str, ...]:
     return tuple(name for name in names if not is_token_path(name))
 
 
+def class_names(refused: Accept) -> tuple[str, ...]:
+    """The endpoints of one refused class (``token_endpoints`` or
+    ``internal_endpoints``), but those the 404s before every route answer already."""
+    return refused_names(frozenset(Accept) - {refused})
+
+
+# The 404s before every route of a route table this project does not write (a
+# platform's gateway, whose routes and rewrites are the operator's): one per class, so
+# that a table with a route accepting a class can leave that class's out, each
+# matching every path that reaches one of the class's endpoints behind any root path
+# (``anywhere_regex``). Named as envoy-config names its 404s (``token-endpoint-*``).
+ANYWHERE_ROUTES: Final = {
+    "token-endpoint-token-in-refused": Accept.TOKEN_ENDPOINTS,
+    "token-endpoint-internal-refused": Accept.INTERNAL_ENDPOINTS,
+}
+
+
+def anywhere_regex(names: Sequence[str]) -> str:
+    """The RE2 regex of every path that reaches one of ``names`` behind any root path:
+    the regex of a ``/`` route without a rewrite, which serves a table whose routes
+    are not known here as long as no route's rewrite writes part of a name (``/x``
+    rewritten to ``/flu`` reaches ``/flush_cache`` from ``/xsh_cache``, which it does
+    not match)."""
+    regex = route_regex("/", None, names)
+    if regex is None:
+        raise ValueError("no endpoint names")
+    return regex
+
+
 def refused_at(upstream: str, accept: Iterable[Accept]) -> str | None:
     """The endpoint the upstream path (query ignored) is that a route accepting
     ``accept`` refuses, as the processor judges it; None when it is none."""

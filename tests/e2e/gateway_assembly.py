@@ -24,6 +24,9 @@ and a ``ReplacePrefixMatch`` rewrite as ``prefix_rewrite`` without its trailing 
 buildXdsRouteMatch, buildXdsURLRewriteAction; Istio: conversion.go
 createRewriteFilter, route.go), and order the routes longest path first.
 
+Each bootstrap has its control plane's static runtime layer (``ISTIO_RUNTIME``,
+``EG_RUNTIME``): the refused endpoints' 404s need RE2's program size limit raised.
+
 These are emulations of the two control planes, written from their sources; they check
 that every piece of Envoy configuration we ship is valid for Envoy and that the patches
 find their targets under the names the control planes use.
@@ -35,8 +38,6 @@ import copy
 import re
 from collections.abc import Iterator
 from typing import Any, Final
-
-from ext_proc.tools.check_envoy.findings import Report
 
 HCM = (
     "type.googleapis.com/"
@@ -78,10 +79,14 @@ def bootstrap(
     route_config: dict[str, Any],
     clusters: list[dict[str, Any]],
     manager: dict[str, Any] | None = None,
+    runtime: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """``manager``: further fields of the connection manager."""
+    """``manager``: further fields of the connection manager; ``runtime``: the static
+    runtime layer the control plane's bootstrap writes, before the admin layer."""
+    layers = [] if runtime is None else [runtime]
     return {
         "admin": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": 0}}},
+        "layered_runtime": {"layers": [*layers, {"name": "admin", "admin_layer": {}}]},
         "static_resources": {
             "listeners": [
                 {
@@ -176,6 +181,16 @@ def deep_merge(base: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
 
 
 # --- Istio -----------------------------------------------------------------------------
+
+
+# The static runtime layer of istiod's bootstrap (pkg/bootstrap/config.go,
+# extractRuntimeFlags; `istioctl proxy-config bootstrap` shows it), of which the tests need
+# RE2's program size limit: the refused endpoints' 404s (ext_proc.tools.refused_paths)
+# are above Envoy's default of 100.
+ISTIO_RUNTIME: Final = {
+    "name": "global config",
+    "static_layer": {"re2.max_program_size.error_level": "32768"},
+}
 
 
 # istiod's connection manager path handling by default (meshConfig pathNormalization
@@ -281,7 +296,7 @@ def istio_bootstrap(
             typed = dict(patch["patch"]["value"]["typed_config"])
             assert typed.pop("@type") == HCM
             manager = deep_merge(manager, typed)
-    return bootstrap("gateway", http_filters, route_config, clusters, manager)
+    return bootstrap("gateway", http_filters, route_config, clusters, manager, ISTIO_RUNTIME)
 
 
 # --- Envoy Gateway -----------------------------------------------------------------------
@@ -427,6 +442,19 @@ def eg_routes(httproutes: list[dict[str, Any]], filter_names: list[str]) -> list
     return sorted(out, key=_longest_path_first)
 
 
+# The static runtime layer of Envoy Gateway's bootstrap (since v1.0:
+# internal/xds/bootstrap/bootstrap.yaml.tpl): RE2's program size limit lifted, a
+# warning above 1000 instructions.
+EG_RUNTIME: Final = {
+    "name": "global_config",
+    "static_layer": {
+        "envoy.restart_features.use_eds_cache_for_ads": True,
+        "re2.max_program_size.error_level": 4294967295,
+        "re2.max_program_size.warn_level": 1000,
+    },
+}
+
+
 # Envoy Gateway's connection manager path handling (listener.go, with the
 # ClientTrafficPolicy defaults: slashes merged, escaped slashes unescaped and redirected).
 EG_PATH_SETTINGS = {
@@ -523,7 +551,12 @@ def envoy_gateway_bootstrap(
         for r in httproutes
     ]
     config = bootstrap(
-        listener_name, [*filters, ROUTER], route_config, clusters, dict(EG_PATH_SETTINGS)
+        listener_name,
+        [*filters, ROUTER],
+        route_config,
+        clusters,
+        dict(EG_PATH_SETTINGS),
+        EG_RUNTIME,
     )
     (listener,) = config["static_resources"]["listeners"]
     for patch in patch_policy["spec"]["jsonPatches"]:
@@ -532,25 +565,3 @@ def envoy_gateway_bootstrap(
         target = {"Listener": listener, "RouteConfiguration": route_config}[kind]
         apply_patch(target, patch["operation"])
     return config
-
-
-# --- what the deployment manifests do not answer yet ------------------------------------
-
-# The platform manifests (Istio's EnvoyFilter, Envoy Gateway's patch policy, and the
-# llm-d coordinator's made from them) do not answer by path the endpoints a route
-# refuses (ext_proc.tools.refused_paths: the generated configs and the llm-d standalone
-# chart's bootstrap do): each route's regex is larger than RE2's default program size
-# limit, which these platforms set outside the manifests (docs/trust.md). check-envoy reports it on
-# their forwarding routes; the tests hold every other finding to what they state.
-REFUSED_BY_PATH: Final = "refused-endpoint-forwarded"
-
-
-def apart_from_refused(report: Report) -> Report:
-    """``report`` without its ``refused-endpoint-forwarded`` findings."""
-    kept = tuple(f for f in report.findings if f.code != REFUSED_BY_PATH)
-    return Report(kept, report.routes)
-
-
-def refused_routes(report: Report) -> list[str]:
-    """The routes ``report`` finds forwarding a refused endpoint, by their last name."""
-    return [f.place.rsplit("/", 1)[-1] for f in report.findings if f.code == REFUSED_BY_PATH]

@@ -24,9 +24,9 @@ from ext_proc.core.config import Config
 from ext_proc.core.route_policy import Action, RoutePolicy, Topology
 from ext_proc.core.vllm_request import CONNECTOR_REQUESTS
 from ext_proc.edge.attributes import attribute_keys
-from ext_proc.tools import carrier_headers, check_envoy, envoygen, token_endpoints
+from ext_proc.tools import carrier_headers, check_envoy, envoygen, refused_paths, token_endpoints
 from ext_proc.tools.check_envoy.rules.replay import UNSENT
-from tests.e2e import gateway_assembly
+from tests.e2e import gateway_assembly, gateway_run
 from tests.e2e.stack import Stack, new_key
 from tests.filters import assert_fails_closed
 
@@ -707,7 +707,36 @@ def test_istio_answers_the_token_endpoints_as_the_generator_does():
             filter_name: {"@type": PER_ROUTE, "disabled": True}
         }
     key = json.dumps
-    assert sorted(map(key, inserted)) == sorted(map(key, generated_not_found_routes()))
+    token = [r for r in inserted if not r["name"].endswith("-refused")]
+    assert sorted(map(key, token)) == sorted(map(key, generated_not_found_routes()))
+
+
+def refused_by_class() -> dict[str, dict[str, Any]]:
+    """The 404s of every refused endpoint, one per class, as refused_paths writes them
+    for a route table it does not know (a platform's)."""
+    return {
+        name: {
+            "name": name,
+            "match": {
+                "safe_regex": {
+                    "regex": refused_paths.anywhere_regex(refused_paths.class_names(refused))
+                }
+            },
+            "direct_response": {"status": 404},
+        }
+        for name, refused in refused_paths.ANYWHERE_ROUTES.items()
+    }
+
+
+def test_istio_answers_the_refused_endpoints_by_path_before_every_route():
+    routes = routes_of(istio_bootstrap())
+    first = next(i for i, r in enumerate(routes) if "route" in r)
+    answered = {r["name"]: r for r in routes[:first] if r["name"].endswith("-refused")}
+    for entry in answered.values():
+        assert entry.pop("typed_per_filter_config") == {
+            istio_filter_name(): {"@type": PER_ROUTE, "disabled": True}
+        }
+    assert answered == refused_by_class()
 
 
 def assert_sends_the_response(
@@ -743,15 +772,8 @@ def test_istio_connection_manager_is_the_shipped_one():
 
 
 def test_istio_envoy_config_passes_check_envoy():
-    full = check_envoy.check(istio_bootstrap())
-    report = gateway_assembly.apart_from_refused(full)
-    assert (report.errors, report.warnings, report.routes) == ([], [], 7)
-    # What it does not answer yet: a refused endpoint by path, on each of its routes.
-    assert sorted(gateway_assembly.refused_routes(full)) == [
-        "llm-d.llama-pd.0",
-        "llm-d.llama-pd.1",
-        "llm-d.llama.0",
-    ]
+    report = check_envoy.check(istio_bootstrap())
+    assert (report.errors, report.warnings, report.routes) == ([], [], 9)
 
 
 def patch_of(
@@ -851,7 +873,7 @@ def _flagged_routes(errors: list[str]) -> list[str]:
 @ISTIO_DEFAULTS
 def test_istio_mint_and_honor_routes_retry_only_unread_requests(default):
     config = gateway_assembly.istio_bootstrap(istio_filter(), httproutes(), default)
-    assert gateway_assembly.apart_from_refused(check_envoy.check(config)).errors == []
+    assert check_envoy.check(config).errors == []
     by_name = {r["name"]: r for r in routes_of(config) if "route" in r}
     kept = {k: v for k, v in default.items() if k != "retry_on"}
     for name in MINT_AND_HONOR:
@@ -872,7 +894,7 @@ def test_check_envoy_catches_istios_retry_on_mint_and_honor_routes(default, chan
     envoy_filter = istio_filter()
     change(envoy_filter)
     config = gateway_assembly.istio_bootstrap(envoy_filter, httproutes(), default)
-    report = gateway_assembly.apart_from_refused(check_envoy.check(config))
+    report = check_envoy.check(config)
     assert report.codes() == ["body-retried", "body-retried"]
     assert _flagged_routes(report.errors) == MINT_AND_HONOR
 
@@ -977,7 +999,17 @@ def test_envoy_gateway_answers_the_token_endpoints_as_the_generator_does():
     # First in the virtual host, in the generator's order; Envoy Gateway's filter is
     # disabled unless a route enables it, and these do not.
     assert routes[: len(inserted)] == inserted
-    assert inserted == generated_not_found_routes()
+    token = [r for r in inserted if not r["name"].endswith("-refused")]
+    assert token == generated_not_found_routes()
+
+
+def test_envoy_gateway_answers_the_refused_endpoints_by_path_before_every_route():
+    routes = routes_of(envoy_gateway_bootstrap())
+    first = next(i for i, r in enumerate(routes) if "route" in r)
+    # After the token endpoints' 404s, without the filter (Envoy Gateway's is disabled
+    # unless a route enables it).
+    answered = {r["name"]: r for r in routes[:first] if r["name"].endswith("-refused")}
+    assert answered == refused_by_class()
 
 
 def test_envoy_gateway_normalises_paths_as_the_shipped_configs():
@@ -1004,12 +1036,10 @@ def test_envoy_gateway_envoy_config_validates(tmp_path):
 
 def test_envoy_gateway_envoy_config_passes_check_envoy():
     # Envoy Gateway adds the filter disabled and enables it per route (FilterConfig).
-    full = check_envoy.check(envoy_gateway_bootstrap())
-    report = gateway_assembly.apart_from_refused(full)
+    report = check_envoy.check(envoy_gateway_bootstrap())
     assert report.errors == []
     assert report.warnings == []
-    assert report.routes == 7
-    assert len(gateway_assembly.refused_routes(full)) == 3
+    assert report.routes == 9
 
 
 def test_check_envoy_catches_a_patch_policy_without_the_404s():
@@ -1027,3 +1057,62 @@ def test_check_envoy_catches_a_patch_policy_without_the_404s():
         "llama-pd/rule/0/match/0/*: forwards '/pd/v1/chat/completions/render'" in e for e in errors
     )
     assert any("llama/rule/0/match/0/*: forwards '/inference/v1/generate'" in e for e in errors)
+
+
+# --- refused endpoints without a body, through the assembled gateways -------------------
+
+# The example HTTPRoutes' prefixes, and a root path no route names.
+HTTPROUTE_PREFIXES = ("/", "/v1/", "/pd/v1/", "/pd/prefill/v1/", "/x/")
+# Processor clusters, by the name each platform's manifests give them.
+ISTIO_PROCESSOR = "ext_proc_token_policy"
+EG_PROCESSOR = "envoyextensionpolicy/llm-d/token-policy/0"
+PLATFORMS = {
+    "istio": (istio_bootstrap, ISTIO_PROCESSOR),
+    "envoy-gateway": (envoy_gateway_bootstrap, EG_PROCESSOR),
+}
+
+
+@pytest.mark.parametrize("platform", list(PLATFORMS))
+def test_a_bodiless_request_never_reaches_a_refused_endpoint_through_the_manifests(
+    platform, tmp_path
+):
+    # A request without a body never reaches the processor with one message per request
+    # (Istio); with two (Envoy Gateway) it would be refused 400 there, but in audit mode
+    # let through. Envoy answers it by path first, on every route.
+    assemble, processor = PLATFORMS[platform]
+    with gateway_run.running(assemble(), tmp_path, processor) as gateway:
+        assert gateway_run.bodiless_refusals(gateway, HTTPROUTE_PREFIXES) == []
+        assert gateway.received() == []
+        # A path that only ends like one is served, and so is a bodiless request to an
+        # endpoint no route refuses.
+        for path in ("/v1/models", "/pd/v1/flush_cache_x", "/v1/my_pause"):
+            assert gateway.send("GET", path) == 200, path
+        assert [target for _, target in gateway.received()] == [
+            "/v1/models",
+            "/v1/flush_cache_x",
+            "/v1/my_pause",
+        ]
+
+
+def test_check_envoy_catches_manifests_without_the_refused_404s():
+    envoy_filter = istio_filter()
+    patches = envoy_filter["spec"]["configPatches"]
+    envoy_filter["spec"]["configPatches"] = [
+        p for p in patches if not p["patch"]["value"].get("name", "").endswith("-refused")
+    ]
+    istio = check_envoy.check(istio_bootstrap(envoy_filter))
+    eg = DEPLOY / "envoy-gateway"
+    (extension,) = documents(eg / "extension-policy.yaml")
+    (patch,) = documents(eg / "patch-policy.yaml")
+    patch["spec"]["jsonPatches"] = [
+        p
+        for p in patch["spec"]["jsonPatches"]
+        if not str(p["operation"].get("value", "")).count("-refused")
+    ]
+    config = gateway_assembly.envoy_gateway_bootstrap(
+        extension, patch, httproutes(), "llm-d/inference-gateway/http"
+    )
+    envoy_gateway = check_envoy.check(config)
+    for report in (istio, envoy_gateway):
+        assert sorted(set(report.codes())) == ["refused-endpoint-forwarded"]
+        assert len(report.errors) == 3  # each forwarding route

@@ -16,7 +16,7 @@ import yaml
 from devstack import llmd
 from ext_proc.tools import check_envoy
 from ext_proc.tools.check_envoy.rules.replay import UNSENT
-from tests.e2e import gateway_assembly
+from tests.e2e import gateway_assembly, gateway_run
 from tests.e2e.test_deploy import (
     KUBE_VERSION,
     KUBECTL,
@@ -83,7 +83,7 @@ def test_each_phase_gets_its_policy(assemble, name_of, tmp_path):
     # The phase routes come before the coordinator's catch-all, which clients reach.
     order = [r["name"] for r in routes_of(config) if "route" in r]
     assert order == list(expected)
-    report = gateway_assembly.apart_from_refused(check_envoy.check(config))
+    report = check_envoy.check(config)
     assert report.errors == []
     assert report.warnings == []
     envoy_validate(config, tmp_path, "coordinator")
@@ -102,7 +102,7 @@ def test_istio_prefill_and_decode_phases_retry_only_unread_requests():
     envoy_filter = documents(OUT / "istio" / "envoyfilter.yaml")[0]
     for patch in envoy_filter["spec"]["configPatches"]:
         patch["patch"]["value"].pop("route", None)
-    report = gateway_assembly.apart_from_refused(check_envoy.check(istio(envoy_filter)))
+    report = check_envoy.check(istio(envoy_filter))
     assert report.codes() == ["body-retried"] * 2
 
 
@@ -141,6 +141,31 @@ def test_a_phase_stated_twice_is_refused_as_in_the_gateways_config(assemble):
     (mapper,) = manager["local_reply_config"]["mappers"]
     assert mapper == shipped["local_reply_config"]["mappers"][0]
     assert mapper["status_code"] == 400
+
+
+@pytest.mark.parametrize(
+    ("assemble", "processor"),
+    [
+        (istio, "ext_proc_token_policy"),
+        (envoy_gateway, "envoyextensionpolicy/llm-d/token-policy/0"),
+    ],
+    ids=["istio", "envoy-gateway"],
+)
+def test_a_bodiless_request_never_reaches_a_refused_endpoint_in_any_phase(
+    assemble, processor, tmp_path
+):
+    # The coordinator's catch-all and each phase route (EPP-Profile), behind the phase
+    # routes' prefix and a root path no route names: answered 404 by path before them.
+    with gateway_run.running(assemble(), tmp_path, processor) as gateway:
+        for phase in (None, "prefill", "decode", "encode"):
+            headers = None if phase is None else {llmd.PROFILE: phase}
+            missed = gateway_run.bodiless_refusals(gateway, ("/", "/v1/", "/x/"), headers)
+            assert missed == [], phase
+        assert gateway.received() == []
+        for phase in (None, "prefill"):
+            headers = None if phase is None else {llmd.PROFILE: phase}
+            assert gateway.send("GET", "/v1/models", headers=headers) == 200, phase
+        assert gateway.received() == [("GET", "/v1/models")] * 2
 
 
 def _without_mint_override(envoy_filter: dict[str, Any]) -> None:

@@ -154,6 +154,43 @@ def test_a_route_accepting_a_class_refuses_the_other():
     assert "/inference/v1/abort_requests" not in ALL
 
 
+# Routes a platform's operator may write: their rewrites change the path's root only.
+PLATFORM_ROUTES = [("/", None), ("/v1/", None), ("/pd/v1/", "/v1/"), ("/a/b/", "/c/"), ("/d/", "/")]
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    route=st.sampled_from(PLATFORM_ROUTES),
+    refused=st.sampled_from(list(refused_paths.ANYWHERE_ROUTES.values())),
+    before=st.lists(SEGMENT, max_size=3),
+    name=NAMES,
+    upper=st.booleans(),
+    tail=TAILS,
+)
+def test_a_class_regex_answers_what_a_route_refusing_only_that_class_refuses(
+    route, refused, before, name, upper, tail
+):
+    # Before every route of a table it does not know: whatever the route, a path whose
+    # upstream is one of the class's endpoints matches, and no other does.
+    prefix, rewrite = route
+    regex = refused_paths.anywhere_regex(refused_paths.class_names(refused))
+    path = prefix + "".join(f"{s}/" for s in before) + spell(name, upper)[1:] + tail
+    others = frozenset(Accept) - {refused}
+    found = compile_re2(regex).fullmatch(path.partition("?")[0]) is not None
+    assert found is judged(prefix, rewrite, path, others), path
+
+
+def test_the_class_regexes_together_are_a_root_routes():
+    # Every refused endpoint in exactly one class; the regex of a "/" route refusing
+    # both, the one the llm-d chart's catch-all has.
+    token, internal = (refused_paths.class_names(c) for c in refused_paths.ANYWHERE_ROUTES.values())
+    assert set(token).isdisjoint(internal)
+    assert sorted((*token, *internal)) == sorted(ALL)
+    assert refused_paths.anywhere_regex(ALL) == route_regex("/", None, ALL)
+    with pytest.raises(ValueError, match="no endpoint names"):
+        refused_paths.anywhere_regex(())
+
+
 def test_every_regex_fits_the_program_size_the_bootstraps_allow():
     # The shipped configs' regexes, and the worst of the routes above.
     sizes = [refused_paths.program_size(route_regex(p, r, ALL) or "") for p, r in ROUTES]
@@ -171,6 +208,10 @@ def test_every_regex_fits_the_program_size_the_bootstraps_allow():
         assert layers[0]["static_layer"] == {
             refused_paths.PROGRAM_SIZE_RUNTIME_KEY: PROGRAM_SIZE_LIMIT
         }
+    sizes += [
+        refused_paths.program_size(refused_paths.anywhere_regex(refused_paths.class_names(c)))
+        for c in refused_paths.ANYWHERE_ROUTES.values()
+    ]
     # Room for the classification to grow, and a limit that still means something.
     assert max(sizes) * 2 < PROGRAM_SIZE_LIMIT
 
