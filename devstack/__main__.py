@@ -9,11 +9,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
+import subprocess
 import sys
 from pathlib import Path
 
 from devstack import code_figures, generated, stack, upstream
 from ext_proc.core.address import HostPort
+
+# Set in the second pass of `generate` (main).
+_AGAIN = "EXT_PROC_GENERATE_AGAIN"
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -46,9 +51,17 @@ def main(argv: list[str] | None = None) -> int:
             if args.command == "generate"
             else [generated.BY_NAME[args.command]]
         )
+        written = False
         for generator in chosen:
             for path in generated.write(generator):
+                written = True
                 print(f"{generator.name}: wrote {path.relative_to(generated.REPO)}")
+        if written and args.command == "generate" and not os.environ.get(_AGAIN):
+            # Generators import what others write (ext_proc/core/classified.py): a second
+            # pass in a fresh interpreter reads the files this one wrote, so one
+            # `make generate` leaves nothing stale.
+            again = [sys.executable, "-m", "devstack", "generate"]
+            return subprocess.run(again, env={**os.environ, _AGAIN: "1"}, check=False).returncode
         return 0
     return stack.run(args.config)
 
