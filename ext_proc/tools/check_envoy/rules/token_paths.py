@@ -61,6 +61,31 @@ def _unguarded(where: str, found: Selection) -> Iterator[Finding]:
 
 
 def _forwarded(where: str, forwards: list[TokenForward]) -> Iterator[Finding]:
+    yield from _per_route(
+        "token-path-forwarded",
+        where,
+        forwards,
+        "to a vLLM token-in or echo endpoint (ids in without a template, or request content "
+        "echoed); answer those paths with a direct_response before this route",
+    )
+
+
+def _refused(where: str, forwards: list[TokenForward]) -> Iterator[Finding]:
+    yield from _per_route(
+        "refused-endpoint-forwarded",
+        where,
+        forwards,
+        "to an endpoint its policy refuses (a token-in or internal endpoint it does not "
+        "accept); the processor refuses it only from a request's body, and a request without "
+        "one (GET, DELETE, an empty POST) never reaches it where Envoy skips the headers. "
+        "Answer those paths with a direct_response before this route (envoy-config writes "
+        "one per route)",
+    )
+
+
+def _per_route(
+    code: str, where: str, forwards: list[TokenForward], reaches: str
+) -> Iterator[Finding]:
     """One finding per route: its first path, and how many more."""
     paths: dict[str, list[str]] = {}
     for forward in forwards:
@@ -71,32 +96,4 @@ def _forwarded(where: str, forwards: list[TokenForward]) -> Iterator[Finding]:
         )
     for label, listed in paths.items():
         more = f" and {len(listed) - 1} more" if len(listed) > 1 else ""
-        yield error(
-            "token-path-forwarded",
-            f"{where}/{label}",
-            f"forwards {listed[0]}{more} to a vLLM token-in or echo endpoint (ids in without "
-            "a template, or request content echoed); answer those paths with a "
-            "direct_response before this route",
-        )
-
-
-def _refused(where: str, forwards: list[TokenForward]) -> Iterator[Finding]:
-    """One finding per route: its first path, and how many more."""
-    paths: dict[str, list[str]] = {}
-    for forward in forwards:
-        note = "" if forward.certain else ", if its matcher matches"
-        paths.setdefault(forward.route, []).append(
-            f"{forward.path!r} (upstream {forward.upstream!r}, made from route "
-            f"{forward.origin}{note})"
-        )
-    for label, listed in paths.items():
-        more = f" and {len(listed) - 1} more" if len(listed) > 1 else ""
-        yield error(
-            "refused-endpoint-forwarded",
-            f"{where}/{label}",
-            f"forwards {listed[0]}{more} to an endpoint its policy refuses (a token-in or "
-            "internal endpoint it does not accept); the processor refuses it only from a "
-            "request's body, and a request without one (GET, DELETE, an empty POST) never "
-            "reaches it where Envoy skips the headers. Answer those paths with a "
-            "direct_response before this route (envoy-config writes one per route)",
-        )
+        yield error(code, f"{where}/{label}", f"forwards {listed[0]}{more} {reaches}")
