@@ -55,20 +55,24 @@ def carriers(inventory: Inventory, classes: Iterable[c.Class]) -> dict[str, Foun
     """Per classified body name in ``classes``: where the sources read it (never the
     top-level ``kv_transfer_params`` nor anything below it)."""
     wanted = frozenset(classes)
-    found: dict[str, tuple[set[tuple[str, ...]], set[str]]] = {}
-    for source, path in _body_paths(inventory):
-        if path[0] == POLICED_ROOT:
-            continue
-        name = leaf(path)
-        entry = c.FIELDS.get(name)
-        if entry is None or entry.cls not in wanted:
-            continue
-        where, who = found.setdefault(name, (set(), set()))
+
+    def kept(path: tuple[str, ...]) -> bool:
+        entry = c.FIELDS.get(leaf(path))
+        return path[0] != POLICED_ROOT and entry is not None and entry.cls in wanted
+
+    return _gathered((source, path) for source, path in _body_paths(inventory) if kept(path))
+
+
+def _gathered(found: Iterable[tuple[str, tuple[str, ...]]]) -> dict[str, Found]:
+    """Per name (``leaf``) of the (source, path) pairs ``found``: its paths and sources."""
+    named: dict[str, tuple[set[tuple[str, ...]], set[str]]] = {}
+    for source, path in found:
+        where, who = named.setdefault(leaf(path), (set(), set()))
         where.add(path)
         who.add(source)
     return {
         name: Found(frozenset(where), frozenset(who))
-        for name, (where, who) in sorted(found.items())
+        for name, (where, who) in sorted(named.items())
     }
 
 
@@ -98,18 +102,11 @@ def _whole(path: tuple[str, ...]) -> bool:
 def untyped_members(inventory: Inventory) -> dict[str, Found]:
     """Per name judged ``Untyped.PARAMETERS``: where the sources type a member so named
     as any JSON (never at or below one that goes whole, ``_whole``)."""
-    found: dict[str, tuple[set[tuple[str, ...]], set[str]]] = {}
-    for source, path in _untyped_paths(inventory):
-        name = leaf(path)
-        if _whole(path) or c.UNTYPED.get(name) is not c.Untyped.PARAMETERS:
-            continue
-        where, who = found.setdefault(name, (set(), set()))
-        where.add(path)
-        who.add(source)
-    return {
-        name: Found(frozenset(where), frozenset(who))
-        for name, (where, who) in sorted(found.items())
-    }
+    return _gathered(
+        (source, path)
+        for source, path in _untyped_paths(inventory)
+        if not _whole(path) and c.UNTYPED.get(leaf(path)) is c.Untyped.PARAMETERS
+    )
 
 
 def _unjudged(inventory: Inventory) -> dict[str, str]:
