@@ -28,6 +28,7 @@ from devstack import (
     classified,
     connector_keys_docs,
     dashboard,
+    helm,
     llmd,
     module_map,
     monitoring,
@@ -119,6 +120,13 @@ GENERATORS: Final = (
         "deploy/kubernetes/monitoring/prometheusrule.yaml from deploy/monitoring/rules.yaml",
         lambda: (monitoring.PROMETHEUS_RULE,),
         lambda: {monitoring.PROMETHEUS_RULE: monitoring.render()},
+    ),
+    Generator(
+        "helm",
+        "the Helm chart's gateway and rule templates and values table, and deploy/kubernetes "
+        "rendered from the chart",
+        lambda: helm.OUTPUTS,
+        helm.files,
     ),
     Generator(
         "dashboard",
