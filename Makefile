@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-vllm test-pd test-sglang conformance-matrix pd-pair pd-pair-turns rules generate monitoring-rules dashboard llm-d-manifests lint typecheck unit e2e hostile bench bench-smoke profile protos envoy-config envoy-configs clean
+.PHONY: run test test-vllm test-pd test-sglang conformance-matrix pd-pair pd-pair-turns rules helm generate monitoring-rules dashboard llm-d-manifests lint typecheck unit e2e hostile bench bench-smoke profile protos envoy-config envoy-configs clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -85,6 +85,12 @@ pd-pair-turns: $(STAMP)
 # promtool comes from Debian's prometheus package, installed with apt-get when missing).
 rules: $(STAMP)
 	$(PY) -m pytest -m e2e -q tests/e2e/test_monitoring.py
+
+# The Helm chart (deploy/helm/ext-proc-token-policy): lint, render every ci/ values file,
+# schema-check each object and run the rendered gateway wiring through check-envoy and
+# the real `envoy --mode validate` (part of e2e too).
+helm: $(STAMP)
+	$(PY) -m pytest -m e2e -q tests/e2e/test_helm.py
 
 # Regenerate every generated file (devstack/generated.py lists them with their
 # generators); tests/test_generated.py fails when a committed one differs.

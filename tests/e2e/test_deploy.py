@@ -18,7 +18,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from devstack import llmd, processes
+from devstack import llmd
 from ext_proc.core import memory, route_policy
 from ext_proc.core.config import Config
 from ext_proc.core.route_policy import Action, RoutePolicy, Topology
@@ -27,13 +27,15 @@ from ext_proc.edge.attributes import attribute_keys
 from ext_proc.tools import carrier_headers, check_envoy, envoygen, refused_paths, token_endpoints
 from ext_proc.tools.check_envoy.rules.replay import UNSENT
 from tests.e2e import gateway_assembly, gateway_run
+from tests.e2e.manifests import KUBE_VERSION, documents, envoy_validate
 from tests.e2e.stack import Stack, new_key
 from tests.filters import assert_fails_closed
 
 REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy"
 KUBE = DEPLOY / "kubernetes"
-MANIFESTS = sorted(DEPLOY.rglob("*.yaml"))
+# The Helm chart holds templates and values, not manifests (tests/e2e/test_helm.py).
+MANIFESTS = sorted(p for p in DEPLOY.rglob("*.yaml") if not p.is_relative_to(DEPLOY / "helm"))
 # YAML under deploy/ that is not a Kubernetes object: the Envoy generator's example
 # input, the Prometheus rules file (tests/e2e/test_monitoring.py checks it) and the
 # values of llm-d's standalone chart (tests/e2e/test_llmd_standalone.py), and the
@@ -46,18 +48,11 @@ NOT_KUBERNETES = frozenset(
         *(f"llm-d/routing-sidecar/component/{name}" for name in llmd.POD_CONFIGS),
     }
 )
-# Kubernetes minor version the core objects are checked against (kubernetes-validate
-# ships its schemas; grpc probes are GA since 1.27, PDB unhealthyPodEvictionPolicy 1.31).
-KUBE_VERSION = "1.31.0"
 KUBECTL = shutil.which("kubectl")
 NAMESPACE = "ext_proc.token_policy"
 PROOF_KEYS = "/etc/ext-proc/proof-keys"
 PER_ROUTE = "type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExtProcPerRoute"
 FILTER_CONFIG = "type.googleapis.com/envoy.config.route.v3.FilterConfig"
-
-
-def documents(path: Path) -> list[dict[str, Any]]:
-    return [d for d in yaml.safe_load_all(path.read_text()) if d is not None]
 
 
 def kube_objects() -> list[tuple[Path, dict[str, Any]]]:
@@ -74,21 +69,6 @@ def one(kind: str, name: str = "ext-proc-token-policy") -> dict[str, Any]:
         doc for _, doc in kube_objects() if doc["kind"] == kind and doc["metadata"]["name"] == name
     ]
     return found
-
-
-def envoy_validate(config: dict[str, Any], tmp_path: Path, name: str) -> None:
-    path = tmp_path / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(config, sort_keys=False))
-    result = subprocess.run(
-        [processes.envoy_binary(), "--mode", "validate", "-c", str(path), "--disable-hot-restart"],
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=60,
-    )
-    output = result.stdout + result.stderr
-    assert result.returncode == 0, f"{name}: envoy rejected it:\n{output[-3000:]}"
-    assert "OK" in output
 
 
 def policy_from(fields: dict[str, Any]) -> RoutePolicy:
@@ -183,9 +163,15 @@ def test_kustomize_renders_exactly_the_listed_objects():
         if doc["kind"] == "Deployment"
     }
     assert images == {
-        "ext-proc-token-policy": {"ghcr.io/example/ext-proc-token-policy:0.1.0"},
+        "ext-proc-token-policy": {chart_image()},
         "ext-proc-redis": {"redis:7"},
     }
+
+
+def chart_image() -> str:
+    """The image the chart's values name (deploy/helm/ext-proc-token-policy)."""
+    image = yaml.safe_load((DEPLOY / "helm" / "ext-proc-token-policy" / "values.yaml").read_text())
+    return f"{image['image']['repository']}:{image['image']['tag']}"
 
 
 def test_schema_check_catches_a_typo():
@@ -254,7 +240,7 @@ def test_deployment():
     deployment = one("Deployment")
     pod = deployment["spec"]["template"]["spec"]
     (container,) = pod["containers"]
-    assert container["image"] == "ghcr.io/example/ext-proc-token-policy:0.1.0"
+    assert container["image"] == chart_image()
     assert container["command"] == [
         "python",
         "-m",
@@ -353,7 +339,10 @@ def test_network_policy_admits_only_the_gateway_on_50051_and_prometheus_on_9464(
     assert grpc["ports"] == [{"protocol": "TCP", "port": 50051}]
     (peer,) = grpc["from"]
     assert peer["podSelector"]["matchLabels"], "an empty selector would admit every pod"
-    assert peer["namespaceSelector"]["matchLabels"]
+    # No namespaceSelector: the peer is in the policy's own namespace, whichever an
+    # overlay gives the base (a selector naming `llm-d` would refuse a renamed gateway,
+    # and every request would fail closed).
+    assert set(peer) == {"podSelector"}
     assert metrics["ports"] == [{"protocol": "TCP", "port": 9464}]
     (peer,) = metrics["from"]
     assert peer["podSelector"]["matchLabels"] == {"app.kubernetes.io/name": "prometheus"}
