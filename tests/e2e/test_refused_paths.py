@@ -3,7 +3,10 @@ real Envoy and processor, in each body arrangement, the shipped routes' 404s
 (``refused_paths``) answer GET, HEAD, DELETE, OPTIONS, PUT and POST, with a body or
 without, on every path a route's rewrite sends to one (behind a root path, in upper
 case, with a trailing slash or an escaped newline), in vLLM's error shape, and the
-stand-in receives nothing; a path that only ends like one is served. Where Envoy skips
+stand-in receives nothing; a path that only ends like one is served. The same for the
+internal endpoints that act or disclose on a bodiless GET (the configuration, the RL
+weight sync's state, SGLang's transfer-engine info...), while health, version, load and
+the models served are forwarded. Where Envoy skips
 the headers (one message per request), a request without a body never reaches the
 processor, which judges endpoints from the body alone.
 
@@ -42,6 +45,25 @@ ENDPOINTS = (
     "/workers/1/drain",
     "/generative_scoring",
 )
+# Internal endpoints that act or disclose on a bodiless GET (the inventory records every
+# route, not only those that take a body), and reads that stay public.
+BODILESS = (
+    "/server_info",
+    "/get_server_info",
+    "/is_paused",
+    "/get_world_size",
+    "/weight_info",
+    "/fault_tolerance/status",
+    "/v1/fault_tolerance/status",
+    "/checkpoint/status",
+    "/kv_event_sources",
+    "/tokenizer_info",
+    "/list_external_corpora",
+    "/get_hicache_l3_cache_layout",
+    "/remote_instance_transfer_engine_info",
+    "/get_remote_instance_transfer_engine_info",
+)
+PUBLIC = ("/health", "/ready", "/version", "/load", "/v1/loads", "/v1/models", "/model_info")
 # Each through the shipped routes: prefix, and what the upstream sees in its place.
 REWRITES = {"/": "/", "/v1/": "/v1/", "/pd/v1/": "/v1/", "/pd/prefill/v1/": "/v1/"}
 PREFIXES = tuple(REWRITES)
@@ -133,6 +155,27 @@ def test_a_bodiless_request_never_reaches_a_refused_endpoint(gateway, path):
 
 
 @pytest.mark.parametrize("prefix", PREFIXES)
+def test_a_bodiless_admin_or_disclosure_read_is_answered_404(gateway, prefix):
+    for endpoint in BODILESS:
+        for path in (spellings(endpoint)["plain"], spellings(endpoint)["behind-a-root-path"]):
+            for method in ("GET", "HEAD", "DELETE"):
+                status, body = send(gateway, method, prefix.rstrip("/") + path)
+                assert status == 404, (method, prefix, path, status, body)
+                if method != "HEAD":
+                    assert json.loads(body) == NOT_FOUND, (method, prefix, path)
+    assert gateway.received() == []
+
+
+def test_public_reads_are_served(gateway):
+    for endpoint in PUBLIC:
+        gateway.clear()
+        status, _ = send(gateway, "GET", endpoint)
+        assert status == 200, endpoint
+        (received,) = gateway.received()
+        assert (received.method, received.target) == ("GET", endpoint)
+
+
+@pytest.mark.parametrize("prefix", PREFIXES)
 def test_a_path_that_only_ends_like_one_is_served(gateway, prefix):
     for suffix in ("flush_cache_x", "my_flush_cache", "flush_cache/x", "workers/1/drain/x"):
         gateway.clear()
@@ -143,7 +186,7 @@ def test_a_path_that_only_ends_like_one_is_served(gateway, prefix):
         assert received.target == REWRITES[prefix] + suffix
 
 
-@pytest.mark.parametrize("endpoint", ENDPOINTS)
+@pytest.mark.parametrize("endpoint", ENDPOINTS + BODILESS)
 def test_a_route_accepting_them_serves_them_without_a_body(gateway, endpoint):
     status, _ = send(gateway, "GET", ADMIN.rstrip("/") + endpoint)
     assert status == 200

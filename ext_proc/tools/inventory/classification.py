@@ -67,7 +67,8 @@ class Endpoint(StrEnum):
     SERVED = "served"  # a client API: policed member by member
     TOKEN_IN = "token_in"  # token ids or embeddings are its prompt: refused unless accepted
     ECHO = "echo"  # echoes request content: answered 404 by Envoy (token_endpoints.py)
-    INTERNAL = "internal"  # administration, development, training: refused with a body
+    INTERNAL = "internal"  # administration, development, training: refused, with a body or not
+    PUBLIC = "public"  # health, version, load, the models served: reads no body, acts on nothing
 
 
 @dataclass(frozen=True)
@@ -647,12 +648,14 @@ def _endpoints(cls: Endpoint, paths: str) -> dict[str, Endpoint]:
 ENDPOINTS: Final[Mapping[str, Endpoint]] = {
     # Client APIs: vLLM's OpenAI, Anthropic, Cohere, pooling and SageMaker ones (its
     # /invocations dispatches to chat, completions and pooling), SGLang's native,
-    # OpenAI, Ollama and Vertex ones.
+    # OpenAI, Ollama and Vertex ones; a stored response is read (GET) by the id the
+    # server gave its caller.
     **_endpoints(
         Endpoint.SERVED,
         """
         /v1/chat/completions /v1/completions /v1/embeddings /v1/messages
-        /v1/messages/count_tokens /v1/responses /v1/responses/{response_id}/cancel
+        /v1/messages/count_tokens /v1/responses /v1/responses/{response_id}
+        /v1/responses/{response_id}/cancel
         /v1/rerank /v1/score /v1/classify /v1/tokenize /v1/detokenize /tokenize
         /detokenize /pooling /classify /score /rerank /v2/rerank /v2/embed
         /cohere/v2/chat /v1/audio/transcriptions /v1/audio/translations
@@ -698,6 +701,45 @@ ENDPOINTS: Final[Mapping[str, Endpoint]] = {
         /update_weights_from_disk /update_weights_from_distributed
         /update_weights_from_ipc /update_weights_from_tensor /weight_checker
         /weights_checker /wakeup /is_sleeping
+        """,
+    ),
+    # Disclosed on a bodiless GET (vLLM 0.32.0's vllm/entrypoints/, SGLang 0.5.23's
+    # sglang/srt/entrypoints/http_server.py): the whole configuration, vLLM's and the
+    # system's environment (vLLM serve/dev/server_info/api_router.py:43; SGLang :853 and
+    # :863, its server arguments and every rank's internal state); the RL weight sync's
+    # pause state, world size and weight version (rl/online/api_router.py:142, :266,
+    # :223); the engines' fault-tolerance status (serve/fault_tolerance/api_router.py:93,
+    # /v1/ and /checkpoint/status in 0.34.0); the KV-event publishers' configuration per
+    # rank, their addresses (serve/instrumentator/basic.py:59); the tokenizer's
+    # configuration and chat template, off by default because it 'May expose chat
+    # templates' (serve/tokenize/api_router.py:90, launchers/cli_args.py:163); SGLang's
+    # external corpora (:1086), HiCache's storage key layout for KV routers (:1204) and a
+    # rank's transfer-engine session, fetched from the bootstrap server (:1366, :1377).
+    **_endpoints(
+        Endpoint.INTERNAL,
+        """
+        /server_info /get_server_info /is_paused /get_world_size /weight_info
+        /fault_tolerance/status /v1/fault_tolerance/status /checkpoint/status
+        /kv_event_sources /tokenizer_info /list_external_corpora
+        /get_hicache_l3_cache_layout /get_remote_instance_transfer_engine_info
+        /remote_instance_transfer_engine_info
+        """,
+    ),
+    # Bodiless reads a client or a load balancer makes, each acting on nothing and
+    # disclosing what a client of the served model sees anyway: health and readiness
+    # (vLLM serve/instrumentator/health.py:22; SGLang :714, :721, :722, whose
+    # /health_generate runs one token through the model), the version
+    # (serve/instrumentator/basic.py:53), the number of requests in flight (basic.py:30)
+    # and SGLang's per-rank load gauges, what /metrics shows (v1_loads.py:96), the models
+    # served (openai/models/api_router.py:20; SGLang :1993, :2025, Ollama's /api/tags,
+    # /model_info's model, tokenizer and parsers at :812, :802), SGLang's root answering
+    # that it runs (GET and HEAD /), vLLM's offline API docs
+    # (serve/instrumentator/offline_docs.py:36).
+    **_endpoints(
+        Endpoint.PUBLIC,
+        """
+        /health /ready /health_generate /version /load /v1/loads /v1/models
+        /v1/models/{model:path} /api/tags /model_info /get_model_info / /docs
         """,
     ),
     # NVIDIA Dynamo's frontend (ai-dynamo/dynamo, lib/llm/src/http/service/, by hand: the

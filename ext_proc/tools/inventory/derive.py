@@ -16,7 +16,7 @@ from typing import Final
 
 from ext_proc.core import connector_keys
 from ext_proc.tools.inventory import classification as c
-from ext_proc.tools.inventory.model import Inventory, Source, paths, untyped
+from ext_proc.tools.inventory.model import Inventory, Source, paths, takes_body, untyped
 
 # A path as the processor walks it: member names, and "*" for every item of a list.
 EVERY: Final = "*"
@@ -271,11 +271,14 @@ def _tuple(path: tuple[str, ...]) -> str:
 def catalog(inventory: Inventory) -> str:
     """The text of ``ext_proc/core/declared.json``: per engine and release whose sources
     declare request models, each endpoint's root model and every model reachable from
-    one (what a ``strict_body`` route forwards; ``ext_proc.core.declared``)."""
+    one (what a ``strict_body`` route forwards; ``ext_proc.core.declared``). A route
+    without a body declares none: it is not in the catalog."""
     engines: dict[str, object] = {}
     for name, source in inventory.sources.items():
         roots = {
-            _endpoint_path(endpoint): model for endpoint, model in sorted(source.endpoints.items())
+            _endpoint_path(endpoint): model
+            for endpoint, model in sorted(source.endpoints.items())
+            if takes_body(endpoint, model)
         }
         if not any(roots.values()):
             continue

@@ -2,10 +2,11 @@
 it reads, as the wheel reader and the stacks snapshot write it and the classification
 reads it.
 
-A source is one release of one program: its body endpoints with their root models, the
-request models reachable from them (a field names the models its type refers to), the
-request headers, chat content-part types and ``kv_transfer_params`` keys its code reads,
-and extra dotted body paths read from untyped members. ``dumps`` writes every list
+A source is one release of one program: its endpoints (every route its server declares,
+with or without a body) with their root models, the request models reachable from them
+(a field names the models its type refers to), the request headers, chat content-part
+types and ``kv_transfer_params`` keys its code reads, and extra dotted body paths read
+from untyped members. ``dumps`` writes every list
 sorted and deduplicated and every object with sorted keys, so a regenerated file
 differs from the committed one only where a source changed; ``loads`` refuses a
 document of any other shape, naming where it is wrong.
@@ -34,6 +35,8 @@ EXT: Final = "ext:"
 OPEN: Final = "*"
 # A list item or a mapping value adds this step to a flattened path.
 ITEM: Final = "*"
+# The methods whose requests carry a body whatever the handler reads.
+BODY_METHODS: Final = frozenset({"POST", "PUT", "PATCH"})
 
 Ref = str
 Fields = Mapping[str, tuple[Ref, ...]]  # a model: field name -> its references
@@ -46,8 +49,9 @@ class InventoryError(ValueError):
 @dataclass(frozen=True)
 class Source:
     """One release of one program. ``endpoints`` maps "METHOD /path" to its root model's
-    name, or None when the body is read some other way; ``refresh`` is set on sources
-    the stacks snapshot writes (the command that rebuilds them)."""
+    name, or None when the body is read some other way or not at all (``takes_body``
+    tells which); ``refresh`` is set on sources the stacks snapshot writes (the command
+    that rebuilds them)."""
 
     engine: str
     release: str
@@ -80,6 +84,12 @@ def inventory(sources: Iterable[Source]) -> Inventory:
             raise InventoryError(f"source {source.key!r} given twice")
         by_key[source.key] = source
     return Inventory(by_key)
+
+
+def takes_body(endpoint: str, root: str | None) -> bool:
+    """Whether the endpoint "METHOD /path" with body model ``root`` takes a body: its
+    method carries one, or its handler reads one into a model (a GET that does)."""
+    return root is not None or endpoint.partition(" ")[0] in BODY_METHODS
 
 
 # --- references -------------------------------------------------------------------------

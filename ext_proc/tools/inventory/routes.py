@@ -1,5 +1,5 @@
-"""HTTP routes read from syntax: every route a FastAPI server declares that takes a body,
-and the parameter its handler reads the body into.
+"""HTTP routes read from syntax: every route a FastAPI server declares, with or without a
+body, and the model its handler reads a body into.
 
 Invariants:
 
@@ -12,13 +12,15 @@ Invariants:
   vLLM's scale-out factory re-registers other routers' routes in a loop
   (``route.path``), and those are recorded where they are declared. A router made by
   ``APIRouter(prefix=...)`` at module level prefixes its routes.
-- A route takes a body when its method carries one (POST, PUT, PATCH) or its handler has
-  a body model: the first parameter whose annotation refers to models of the wheel
-  (``Request`` and other packages' types are skipped). Its root is that model, or the
-  type alias naming a union of models (vLLM's ``TokenizeRequest``); else the model a
-  handler that calls ``.json()`` builds with ``M(**body)`` or ``M.model_validate``;
-  else None: the handler reads the body some other way (vLLM's ``/invocations`` tries
-  a list of models it is handed at run time), as form fields, or not at all.
+- Every route is recorded, whatever its method: one that acts or discloses on a bodiless
+  GET must be classified as much as one that reads a body (``model.takes_body`` tells
+  them apart). A route's root is its handler's body model: the first parameter whose
+  annotation refers to models of the wheel (``Request`` and other packages' types are
+  skipped): that model, or the type alias naming a union of models (vLLM's
+  ``TokenizeRequest``); else the model a handler that calls ``.json()`` builds with
+  ``M(**body)`` or ``M.model_validate``; else None: the handler reads the body some
+  other way (vLLM's ``/invocations`` tries a list of models it is handed at run time),
+  as form fields, or not at all.
 - A method and path declared twice keeps the root of the first declaration that has one,
   modules and lines in order."""
 
@@ -33,7 +35,6 @@ from ext_proc.tools.inventory.pysource import Alias, Class, Module, Package, Sym
 from ext_proc.tools.inventory.schema import Schema
 
 _VERBS: Final = frozenset({"get", "post", "put", "patch", "delete", "head", "options"})
-_BODY_METHODS: Final = frozenset({"POST", "PUT", "PATCH"})
 Function = ast.FunctionDef | ast.AsyncFunctionDef
 
 
@@ -58,14 +59,12 @@ class Route:
 
 
 def routes(package: Package, schema: Schema, prefixes: tuple[str, ...]) -> dict[str, Root | None]:
-    """Every body route the modules under ``prefixes`` declare: "METHOD /path" -> root."""
+    """Every route the modules under ``prefixes`` declare: "METHOD /path" -> root."""
     found: dict[str, Root | None] = {}
     for name in package.names(*prefixes, containing="route"):
         module = package.module(name)
         assert module is not None
         for route in _declared(module, schema):
-            if route.root is None and route.method not in _BODY_METHODS:
-                continue
             if found.get(route.endpoint) is None:
                 found[route.endpoint] = route.root
     return found

@@ -3,6 +3,7 @@ fails here (and in the release matrix), so a release that adds a carrier is deci
 before the gateway claims it."""
 
 import dataclasses
+import json
 
 from devstack import classified
 from ext_proc.core import classified as lists
@@ -143,3 +144,48 @@ def test_the_requests_other_endpoints_build_have_their_carriers():
         assert path in lists.BODY_CARRIERS, path
     assert c.FIELDS["kv_cache_report_mode"].cls in c.CARRIERS
     assert c.FIELDS["metadata_upload"].cls in c.CARRIERS
+
+
+def test_bodiless_routes_are_recorded_and_judged():
+    # The committed inventory holds every route of the servers, a bodiless GET too; the
+    # ones that disclose the configuration or act for the operator are internal.
+    sources = classified.inventory().sources
+    assert sources["vllm 0.32.0"].endpoints["GET /server_info"] is None
+    assert sources["vllm 0.32.0"].endpoints["GET /v1/models"] is None
+    assert sources["sglang 0.5.23"].endpoints["HEAD /"] is None
+    internal = [
+        ("vllm 0.32.0", "GET /server_info"),
+        ("vllm 0.32.0", "GET /is_paused"),
+        ("vllm 0.32.0", "GET /get_world_size"),
+        ("vllm 0.32.0", "GET /fault_tolerance/status"),
+        ("vllm 0.32.0", "GET /kv_event_sources"),
+        ("sglang 0.5.23", "GET /remote_instance_transfer_engine_info"),
+        ("sglang 0.5.23", "GET /get_remote_instance_transfer_engine_info"),
+        ("sglang 0.5.23", "GET /list_external_corpora"),
+    ]
+    for source, endpoint in internal:
+        assert endpoint in sources[source].endpoints, (source, endpoint)
+        path = endpoint.partition(" ")[2]
+        assert c.ENDPOINTS[path] is c.Endpoint.INTERNAL, path
+        assert path in lists.INTERNAL_ENDPOINTS, path
+    for path in ["/health", "/v1/models", "/version", "/load", "/"]:
+        assert c.ENDPOINTS[path] is c.Endpoint.PUBLIC, path
+        assert path not in lists.INTERNAL_ENDPOINTS, path
+
+
+def test_a_bodiless_route_nobody_classified_fails():
+    assert _with(endpoints={"POST /v1/chat/completions": "Chat", "GET /next_info": None}) == {
+        "endpoint": ["GET /next_info (toy 1.0)"]
+    }
+
+
+def test_the_catalog_of_declared_bodies_holds_only_routes_that_take_one():
+    source = Source(
+        "toy",
+        "1.0",
+        "test",
+        endpoints={"POST /chat": "Chat", "GET /models": None, "GET /session": "Chat"},
+        models={"Chat": {"messages": ()}},
+    )
+    catalog = json.loads(derive.catalog(inventory([source])))
+    assert catalog["engines"]["toy 1.0"]["endpoints"] == {"/chat": "Chat", "/session": "Chat"}

@@ -123,3 +123,12 @@ def test_release_order() -> None:
 
 def test_an_empty_inventory() -> None:
     assert model.loads(model.dumps(Inventory({}))).sources == {}
+
+
+def test_a_route_takes_a_body_by_its_method_or_its_model() -> None:
+    assert model.takes_body("POST /abort", None)
+    assert model.takes_body("PUT /generate", None)
+    assert model.takes_body("GET /session", "Chat")
+    assert not model.takes_body("GET /server_info", None)
+    assert not model.takes_body("HEAD /", None)
+    assert not model.takes_body("DELETE /hicache/storage-backend", None)

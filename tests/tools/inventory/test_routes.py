@@ -1,7 +1,7 @@
-"""routes: every route that takes a body, however it is declared (decorators, api_route
-methods, add_api_route, a factory function, an environment-overridable path, a prefixed
-router), and its root: the handler's model, a union alias, a model built from the
-body, or none."""
+"""routes: every route, with a body or without, however it is declared (decorators,
+api_route methods, add_api_route, a factory function, an environment-overridable path, a
+prefixed router), and its root: the handler's model, a union alias, a model built from
+the body, or none."""
 
 from __future__ import annotations
 
@@ -56,6 +56,10 @@ ROUTER = """
     @router.get("/session")
     async def session(obj: Chat): ...
 
+    @router.head("/")
+    @router.get("/")
+    async def root(): ...
+
     @router.post(os.environ.get("CHAT_ROUTE", "/api/chat"))
     async def env_chat(request: Chat): ...
 
@@ -102,13 +106,17 @@ def _roots(found: dict[str, Root | None]) -> dict[str, str | None]:
     return {endpoint: None if root is None else root.name for endpoint, root in found.items()}
 
 
-def test_every_body_route_and_its_root(found: dict[str, Root | None]) -> None:
+def test_every_route_and_its_root(found: dict[str, Root | None]) -> None:
     assert _roots(found) == {
         "POST /v1/chat/completions": "Chat",
         "POST /generate": "Chat",
         "PUT /generate": "Chat",
-        "POST /flush": None,  # GET and POST: the POST carries a body
+        "GET /flush": None,  # GET and POST: each method is a route
+        "POST /flush": None,
+        "GET /models": None,  # no body: judged all the same
         "GET /session": "Chat",  # a GET whose handler declares a body model
+        "GET /": None,  # two decorators, one method each
+        "HEAD /": None,
         "POST /api/chat": "Chat",  # the default of an environment-overridable path
         "POST /tokenize": "TokenizeRequest",
         "POST /form": "Chat",
