@@ -16,6 +16,7 @@ from pathlib import Path
 
 from devstack import code_figures, generated, stack, upstream
 from ext_proc.core.address import HostPort
+from ext_proc.version import add_argument as add_version
 
 # Set in the second pass of `generate` (main).
 _AGAIN = "EXT_PROC_GENERATE_AGAIN"
@@ -23,6 +24,7 @@ _AGAIN = "EXT_PROC_GENERATE_AGAIN"
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m devstack")
+    add_version(parser)
     parser.add_argument("--config", type=Path, help="processor YAML configuration file")
     commands = parser.add_subparsers(dest="command")
     stand_in = commands.add_parser("upstream", help="run the recording stand-in upstream")
