@@ -14,7 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from devstack import code_figures, generated, stack, upstream
+from devstack import code_figures, generated, release, stack, upstream
 from ext_proc.core.address import HostPort
 from ext_proc.version import add_argument as add_version
 
@@ -30,6 +30,10 @@ def _parser() -> argparse.ArgumentParser:
     stand_in = commands.add_parser("upstream", help="run the recording stand-in upstream")
     stand_in.add_argument("--listen", type=HostPort.parse, default=HostPort("127.0.0.1", 8081))
     commands.add_parser("generate", help="write every generated file")
+    released = commands.add_parser(
+        "release", help="build the sdist, the wheel and (with a Docker engine) the image"
+    )
+    released.add_argument("--image", help="the image's name (default: pyproject.toml's)")
     for generator in generated.GENERATORS:
         commands.add_parser(generator.name, help=f"write {generator.summary}")
     figures = commands.add_parser(
@@ -44,6 +48,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "upstream":
         asyncio.run(upstream.serve_forever(args.listen))
         return 0
+    if args.command == "release":
+        return release.release(args.image)
     if args.command == "code-figures":
         print(code_figures.report(args.root))
         return 0

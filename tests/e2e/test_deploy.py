@@ -18,7 +18,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from devstack import llmd, processes
+from devstack import llmd, processes, release
 from ext_proc.core import memory, route_policy
 from ext_proc.core.config import Config
 from ext_proc.core.route_policy import Action, RoutePolicy, Topology
@@ -183,7 +183,7 @@ def test_kustomize_renders_exactly_the_listed_objects():
         if doc["kind"] == "Deployment"
     }
     assert images == {
-        "ext-proc-token-policy": {"ghcr.io/example/ext-proc-token-policy:0.1.0"},
+        "ext-proc-token-policy": {f"{release.image()}:{release.version()}"},
         "ext-proc-redis": {"redis:7"},
     }
 
@@ -254,7 +254,7 @@ def test_deployment():
     deployment = one("Deployment")
     pod = deployment["spec"]["template"]["spec"]
     (container,) = pod["containers"]
-    assert container["image"] == "ghcr.io/example/ext-proc-token-policy:0.1.0"
+    assert container["image"] == f"{release.image()}:{release.version()}"
     assert container["command"] == [
         "python",
         "-m",
