@@ -4,7 +4,11 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-vllm test-pd test-sglang conformance-matrix pd-pair pd-pair-turns rules helm generate monitoring-rules dashboard llm-d-manifests lint typecheck unit e2e hostile bench bench-smoke profile protos envoy-config envoy-configs clean
+.PHONY: run test release lock test-vllm test-pd test-sglang conformance-matrix pd-pair pd-pair-turns rules helm generate monitoring-rules dashboard llm-d-manifests lint typecheck unit e2e hostile bench bench-smoke profile protos envoy-config envoy-configs clean
+
+# The image's name: pyproject.toml's [tool.ext-proc] image unless given
+# (make release IMAGE=registry.example/ext-proc-token-policy).
+IMAGE ?= $(shell $(PYTHON) -c 'import tomllib; print(tomllib.load(open("pyproject.toml", "rb"))["tool"]["ext-proc"]["image"])')
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -120,6 +124,19 @@ dashboard: $(STAMP)
 # A fail-closed Envoy bootstrap from a short description (INPUT=..., OUTPUT=...).
 envoy-config: $(STAMP)
 	$(PY) -m ext_proc envoy-config $(or $(INPUT),deploy/envoy-config.example.yaml) $(if $(OUTPUT),-o $(OUTPUT))
+
+# The sdist and wheel in dist/, the wheel's version checked against pyproject.toml's,
+# and the image $(IMAGE):<version> where a Docker engine answers (else the command that
+# would build it is printed).
+release: $(STAMP)
+	$(PY) -m devstack release --image $(IMAGE)
+
+# requirements.lock: the runtime dependencies the image installs, each pinned with its
+# hashes. Resolved against the package index, so not part of `make generate` (which stays
+# offline); tests/test_image.py holds it to pyproject.toml's dependencies.
+lock: $(STAMP)
+	$(VENV)/bin/uv pip compile pyproject.toml --universal --python-version 3.11 \
+		--generate-hashes --custom-compile-command "make lock" -q -o requirements.lock
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import bodies, profile, run
+from ext_proc.version import add_argument as add_version
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -30,6 +31,7 @@ def _parser() -> argparse.ArgumentParser:
         prog="python -m bench",
         description="Envoy direct vs naive processor vs this service, side by side.",
     )
+    add_version(parser)
     parser.add_argument("--out", type=Path, default=RESULTS, help="output directory")
     parser.add_argument(
         "--smoke", action="store_true", help="a tiny subset, ~1 s per cell (for CI)"

@@ -14,8 +14,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from devstack import code_figures, generated, stack, upstream
+from devstack import code_figures, generated, release, stack, upstream
 from ext_proc.core.address import HostPort
+from ext_proc.version import add_argument as add_version
 
 # Set in the second pass of `generate` (main).
 _AGAIN = "EXT_PROC_GENERATE_AGAIN"
@@ -23,11 +24,16 @@ _AGAIN = "EXT_PROC_GENERATE_AGAIN"
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m devstack")
+    add_version(parser)
     parser.add_argument("--config", type=Path, help="processor YAML configuration file")
     commands = parser.add_subparsers(dest="command")
     stand_in = commands.add_parser("upstream", help="run the recording stand-in upstream")
     stand_in.add_argument("--listen", type=HostPort.parse, default=HostPort("127.0.0.1", 8081))
     commands.add_parser("generate", help="write every generated file")
+    released = commands.add_parser(
+        "release", help="build the sdist, the wheel and (with a Docker engine) the image"
+    )
+    released.add_argument("--image", help="the image's name (default: pyproject.toml's)")
     for generator in generated.GENERATORS:
         commands.add_parser(generator.name, help=f"write {generator.summary}")
     figures = commands.add_parser(
@@ -42,6 +48,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "upstream":
         asyncio.run(upstream.serve_forever(args.listen))
         return 0
+    if args.command == "release":
+        return release.release(args.image)
     if args.command == "code-figures":
         print(code_figures.report(args.root))
         return 0

@@ -57,6 +57,7 @@ HONOR_REASONS: Final = (
     "trusted_proof",
     "proof_missing",
     "proof_malformed",
+    "proof_superseded",
     "proof_unknown_key",
     "proof_bad_signature",
     "proof_expired",

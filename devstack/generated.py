@@ -32,6 +32,7 @@ from devstack import (
     llmd,
     module_map,
     monitoring,
+    release,
     route_policy_docs,
 )
 from ext_proc.tools import envoygen
@@ -114,6 +115,13 @@ GENERATORS: Final = (
         "the generated parts of deploy/llm-d/",
         lambda: llmd.OUTPUTS,
         llmd.files,
+    ),
+    Generator(
+        "image-references",
+        "the processor's image name and tag in the Kubernetes and llm-d manifests, from "
+        "pyproject.toml",
+        lambda: release.MANIFESTS,
+        release.manifests,
     ),
     Generator(
         "monitoring",

@@ -1,3 +1,3 @@
-"""Envoy external-processing service that polices vLLM token-id reuse per route."""
+"""Envoy external-processing service that polices vLLM token-id reuse per route.
 
-__version__ = "0.1.0"
+Its version: ``ext_proc.version.version()`` (the installed metadata, pyproject.toml's)."""

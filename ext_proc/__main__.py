@@ -8,6 +8,7 @@ from pathlib import Path
 
 from ext_proc.core.config import Config, ConfigError
 from ext_proc.edge import logs
+from ext_proc.version import add_argument as add_version
 
 LEVELS = ["debug", "info", "warning", "error"]
 # `envoy-config` runs on the optional extra of that name (pyproject.toml); these are the
@@ -18,6 +19,7 @@ GENERATOR_MODULES = frozenset({"envoy_data_plane", "betterproto2", "dateutil"})
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m ext_proc")
+    add_version(parser)
     commands = parser.add_subparsers(dest="command", required=True)
     serve = commands.add_parser("serve", help="run the ext_proc gRPC processor")
     serve.add_argument("--config", type=Path, help="YAML configuration file")
@@ -44,11 +46,15 @@ def _parser() -> argparse.ArgumentParser:
         help="a filter after this processor's that may change the request by design "
         "(repeatable): llm-d's endpoint picker",
     )
-    commands.add_parser(
+    # Parsed by the generator's own parser (_envoy_config) but for --version, which
+    # needs no extra.
+    envoy_config = commands.add_parser(
         "envoy-config",
         help="write a fail-closed Envoy bootstrap from a short YAML input "
         f"(needs {GENERATOR_EXTRA})",
     )
+    for command in (serve, check, check_envoy, envoy_config):
+        add_version(command)
     return parser
 
 
@@ -94,7 +100,7 @@ def _envoy_config(argv: list[str]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["envoy-config"]:
+    if argv[:1] == ["envoy-config"] and "--version" not in argv[1:]:
         return _envoy_config(argv[1:])
     args = _parser().parse_args(argv)
     if args.command == "serve":

@@ -71,6 +71,19 @@ _PROOF: Final = re.compile(
     r"\.([A-Za-z0-9_-]{43})\.([A-Za-z0-9_-]{43})"
 )
 
+# The formats tp3 replaced, by their shape alone: none is verified (docs/trust.md, proofs
+# of an earlier format). tp2's digest sorted every object's members, so it binds no
+# member order, which the server renders (a reordered tool schema is another prompt):
+# honoring it would honor ids for a prompt they were not computed for. tp1 had no nonce
+# and no endpoint in its digest. A proof of either shape is ``proof_superseded``, which
+# an operator reads as a replica of an older release minting during a rollout, and is
+# untrusted as a malformed one is.
+_SUPERSEDED: Final = re.compile(
+    r"tp1\.[A-Za-z0-9_-]{1,64}\.[1-9][0-9]{0,11}\.[A-Za-z0-9_-]{43}\.[A-Za-z0-9_-]{43}"
+    r"|tp2\.[A-Za-z0-9_-]{1,64}\.[1-9][0-9]{0,11}\.[A-Za-z0-9_-]{16}"
+    r"\.[A-Za-z0-9_-]{43}\.[A-Za-z0-9_-]{43}"
+)
+
 
 @dataclass(frozen=True, slots=True)
 class KeySet:
@@ -355,9 +368,12 @@ def claim(keys: KeySet, params: Mapping[str, Any], version: str = VERSION) -> Cl
     proof = params.get(PROOF_KEY)
     if proof is None:
         return Reason.PROOF_MISSING
-    match = _PROOF.fullmatch(proof) if isinstance(proof, str) else None
-    if match is None:
+    if not isinstance(proof, str):
         return Reason.PROOF_MALFORMED
+    match = _PROOF.fullmatch(proof)
+    if match is None:
+        superseded = version == VERSION and _SUPERSEDED.fullmatch(proof) is not None
+        return Reason.PROOF_SUPERSEDED if superseded else Reason.PROOF_MALFORMED
     kind, key_id, expiry, nonce, shown, mac = match.groups()
     if kind != version or not (_canonical(nonce) and _canonical(shown) and _canonical(mac)):
         return Reason.PROOF_MALFORMED

@@ -32,6 +32,7 @@ class Reason(StrEnum):
     PEER_NOT_LISTED = "peer_not_listed"
     PROOF_MISSING = "proof_missing"
     PROOF_MALFORMED = "proof_malformed"
+    PROOF_SUPERSEDED = "proof_superseded"
     PROOF_UNKNOWN_KEY = "proof_unknown_key"
     PROOF_BAD_SIGNATURE = "proof_bad_signature"
     PROOF_EXPIRED = "proof_expired"
@@ -102,6 +103,7 @@ UNTRUSTED: Final = frozenset(
         Reason.PEER_NOT_LISTED,
         Reason.PROOF_MISSING,
         Reason.PROOF_MALFORMED,
+        Reason.PROOF_SUPERSEDED,
         Reason.PROOF_UNKNOWN_KEY,
         Reason.PROOF_BAD_SIGNATURE,
         Reason.PROOF_EXPIRED,

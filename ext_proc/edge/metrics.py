@@ -17,6 +17,7 @@ from ext_proc.core.address import HostPort
 from ext_proc.core.config import ConfigError
 from ext_proc.core.decisions import REASONS_BY_ACTION
 from ext_proc.core.reasons import Reason
+from ext_proc.version import version
 
 # How a stream can end in error (``ext_proc_stream_errors_total``'s kind label).
 STREAM_ERROR_KINDS: Final = ("protocol_violation", "internal", "cancelled")
@@ -54,6 +55,16 @@ class Metrics:
             registry=self.registry,
         )
         self.record_errors.labels("redis")
+        # 1, labelled with the running version: a rollout shows as two series, and
+        # `count by (version)` says how many replicas run each.
+        self.build_info = Gauge(
+            "ext_proc_build_info",
+            "The processor's version (label version); always 1.",
+            ["version"],
+            registry=self.registry,
+            multiprocess_mode="livemax",
+        )
+        self.build_info.labels(version()).set(1)
         # Every kind exported from the start, at 0: a ratio of errors (and an alert on
         # it) then has a value before the first error, not no series at all.
         for kind in STREAM_ERROR_KINDS:

@@ -35,6 +35,7 @@ from ext_proc.edge.metrics import Endpoint, Metrics, serve_metrics
 from ext_proc.edge.record import LocalRecord
 from ext_proc.edge.redis_record import RedisRecord
 from ext_proc.edge.service import ExternalProcessor
+from ext_proc.version import version
 
 log = logging.getLogger("ext_proc.server")
 GC_THRESHOLD = 20_000  # CPython's default is 700
@@ -257,6 +258,7 @@ class Server:
         log.info(
             "serving",
             extra={
+                "version": version(),
                 "listen": config.listen,
                 "port": self.running.port,
                 "event_loop": config.event_loop,

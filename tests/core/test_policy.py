@@ -12,6 +12,7 @@ from ext_proc.core.events import Peer
 from ext_proc.core.policy import Allow, Deny, Evidence, Honor, Mint, Strip
 from ext_proc.core.route_policy import Accept, Action, IdentityType, RoutePolicy, Topology, Unproven
 from ext_proc.core.vllm_request import MAX_CARRIERS, MAX_SEARCHED
+from tests.core import previous_proofs
 from tests.parsing import read
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
@@ -347,6 +348,23 @@ def test_fields_an_orchestrator_changes_between_legs_keep_the_proof():
     # The encoder-cache parameters are each leg's own too (removed here: a client's).
     decode["ec_transfer_params"] = {"x": 1}
     assert verified(PROVEN, decode).reason == "trusted_proof"
+
+
+@pytest.mark.parametrize("unproven", [Unproven.STRIP, Unproven.DENY])
+def test_a_proof_an_older_release_minted_is_untrusted_as_superseded(unproven):
+    # A decode leg whose prefill a replica of the release before tp3 signed (during a
+    # rollout): its parameters are treated as any unproven ones, under their own reason.
+    route = RoutePolicy(Topology.DISAGGREGATED, Action.HONOR, unproven=unproven)
+    document = doc()
+    minted = {"prompt_token_ids": [1, 2, 3]}
+    old_digest = previous_proofs.digest(document, "/v1/chat/completions")
+    token = previous_proofs.mint_tp2("k1", b"k" * 32, minted, old_digest, int(NOW) + 60, bytes(12))
+    decision = verified(route, doc({**minted, proof.PROOF_KEY: token}))
+    if unproven is Unproven.STRIP:
+        assert decision == Strip(None, "proof_superseded", 3)
+    else:
+        assert isinstance(decision, Deny)
+        assert (decision.reason, decision.refusal.status) == ("proof_superseded", 400)
 
 
 def test_an_expired_proof_or_an_unknown_key_is_unproven():

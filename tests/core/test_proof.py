@@ -1,8 +1,6 @@
 import base64
 import contextlib
 import dataclasses
-import hashlib
-import hmac
 import json
 import math
 import tracemalloc
@@ -13,6 +11,7 @@ import pytest
 
 from ext_proc.core import proof
 from ext_proc.core.errors import BadRequest
+from tests.core import previous_proofs
 from tests.parsing import read
 
 KEYS = proof.KeySet({"k1": b"k" * 32}, "k1")
@@ -60,15 +59,57 @@ def test_the_mac_is_keyed_blake3_as_documented():
     assert token == f"tp3.k1.1234.{nonce}.{shown}.{_b64(mac)}"
 
 
-def test_a_proof_of_the_earlier_format_is_malformed():
-    # tp2: HMAC-SHA256 and a SHA-256 prompt digest. A decode leg whose prefill an older
-    # replica signed is unproven during a rollout (docs/trust.md).
-    params = {"prompt_token_ids": [7, 8]}
-    nonce, shown = "A" * 16, _b64(hashlib.sha256(b"x").digest())
-    message = f"tp2\nk1\n1234\n{shown}\n{{}}\n[7,8]\n{nonce}".encode()
-    mac = _b64(hmac.new(b"k" * 32, message, hashlib.sha256).digest())
-    old = {**params, proof.PROOF_KEY: f"tp2.k1.1234.{nonce}.{shown}.{mac}"}
-    assert proof.verify(KEYS, old, digest(), 100, 0) == "proof_malformed"
+TOOL = {"type": "function", "function": {"name": "f", "parameters": {"b": 1, "a": 2}}}
+TOOL_REORDERED = {"type": "function", "function": {"name": "f", "parameters": {"a": 2, "b": 1}}}
+
+
+def tp2_params(document=PROMPT, endpoint=CHAT_PATH):
+    """Parameters a replica of the release before tp3 signed for ``document``."""
+    params = {"prompt_token_ids": [7, 8], "remote_port": 5600}
+    old_digest = previous_proofs.digest(document, endpoint)
+    token = previous_proofs.mint_tp2("k1", b"k" * 32, params, old_digest, 1234, bytes(12))
+    return {**params, proof.PROOF_KEY: token}
+
+
+def test_a_tp2_proof_minted_as_the_previous_release_did_is_superseded():
+    # Its own key, a current expiry, the prompt it was minted for: still not honored.
+    params = tp2_params()
+    assert params[proof.PROOF_KEY].startswith("tp2.k1.1234.")
+    assert proof.verify(KEYS, params, digest(), now=1200, skew=5) == "proof_superseded"
+
+
+def test_why_tp2_is_not_verified_its_digest_binds_no_member_order():
+    # The same tool's schema in another order is another prompt (the chat template
+    # writes the members in the request's order): tp3 tells the two apart, tp2 cannot,
+    # so a tp2 proof would carry ids to a prompt they were not computed for.
+    signed, sent = {**PROMPT, "tools": [TOOL]}, {**PROMPT, "tools": [TOOL_REORDERED]}
+    assert previous_proofs.digest(signed, CHAT_PATH) == previous_proofs.digest(sent, CHAT_PATH)
+    assert digest(signed) != digest(sent)
+
+
+def test_a_tp1_proof_is_superseded():
+    params = {"prompt_token_ids": [7, 8], proof.PROOF_KEY: f"tp1.k1.1234.{'A' * 43}.{'A' * 43}"}
+    assert proof.verify(KEYS, params, digest(), now=1200, skew=5) == "proof_superseded"
+
+
+@pytest.mark.parametrize(
+    "token",
+    [
+        "tp2.k1.1234",  # too few parts
+        f"tp2.k1.1234.{'A' * 15}.{'A' * 43}.{'A' * 43}",  # a nonce one character short
+        f"tp4.k1.1234.{'A' * 16}.{'A' * 43}.{'A' * 43}",  # no format this release knows
+        f"tp1.k1.1234.{'A' * 16}.{'A' * 43}.{'A' * 43}",  # tp1 had no nonce
+    ],
+)
+def test_only_the_exact_shape_of_an_earlier_format_is_superseded(token):
+    params = {"prompt_token_ids": [7, 8], proof.PROOF_KEY: token}
+    assert proof.verify(KEYS, params, digest(), now=1200, skew=5) == "proof_malformed"
+
+
+def test_a_turn_claim_never_reads_a_superseded_proof():
+    # Turn proofs (tt3) had no earlier format: a tp2 proof where a turn is expected is
+    # no turn, as a tp3 one is not.
+    assert proof.claim(KEYS, tp2_params(), proof.TURN_VERSION) == "proof_malformed"
 
 
 def test_every_mint_is_another_proof_of_the_same_parameters():
@@ -195,8 +236,8 @@ def _other_nonce(params):
         (lambda p: p.pop(proof.PROOF_KEY), "proof_missing"),
         (lambda p: p.update({proof.PROOF_KEY: None}), "proof_missing"),
         (lambda p: p.update({proof.PROOF_KEY: ["tp1"]}), "proof_malformed"),
-        (lambda p: p.update({proof.PROOF_KEY: "tp2" + p[proof.PROOF_KEY][3:]}), "proof_malformed"),
-        (lambda p: p.update({proof.PROOF_KEY: _without_nonce(p)}), "proof_malformed"),
+        (lambda p: p.update({proof.PROOF_KEY: "tp2" + p[proof.PROOF_KEY][3:]}), "proof_superseded"),
+        (lambda p: p.update({proof.PROOF_KEY: _without_nonce(p)}), "proof_superseded"),
         (lambda p: p.update({proof.PROOF_KEY: _other_nonce(p)}), "proof_bad_signature"),
         (lambda p: p.update({proof.PROOF_KEY: p[proof.PROOF_KEY] + "x"}), "proof_malformed"),
         (

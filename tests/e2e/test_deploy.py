@@ -18,7 +18,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from devstack import llmd
+from devstack import llmd, release
 from ext_proc.core import memory, route_policy
 from ext_proc.core.config import Config
 from ext_proc.core.route_policy import Action, RoutePolicy, Topology
@@ -163,7 +163,7 @@ def test_kustomize_renders_exactly_the_listed_objects():
         if doc["kind"] == "Deployment"
     }
     assert images == {
-        "ext-proc-token-policy": {chart_image()},
+        "ext-proc-token-policy": {f"{release.image()}:{release.version()}"},
         "ext-proc-redis": {"redis:7"},
     }
 
@@ -240,7 +240,8 @@ def test_deployment():
     deployment = one("Deployment")
     pod = deployment["spec"]["template"]["spec"]
     (container,) = pod["containers"]
-    assert container["image"] == chart_image()
+    assert container["image"] == f"{release.image()}:{release.version()}"
+    assert chart_image() == container["image"]
     assert container["command"] == [
         "python",
         "-m",

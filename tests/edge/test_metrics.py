@@ -1,6 +1,7 @@
 """The service's Prometheus metrics: what each call counts, under which labels, the
 multi-process aggregate the supervisor serves, and the HTTP endpoint."""
 
+import importlib.metadata
 import itertools
 import os
 import subprocess
@@ -18,6 +19,7 @@ from ext_proc.core.address import HostPort
 from ext_proc.core.decisions import REASONS_BY_ACTION
 from ext_proc.core.reasons import Reason
 from ext_proc.edge.metrics import BODY_BUCKETS, TIME_BUCKETS, Metrics, aggregate, serve_metrics
+from ext_proc.version import version
 
 REPO = Path(__file__).resolve().parents[2]
 DENY = {"route": "r", "action": "deny", "reason": "ids_denied", "mode": "enforce"}
@@ -120,6 +122,14 @@ def test_stream_errors_are_counted_by_kind(metrics):
     assert value(metrics, "ext_proc_stream_errors_total", kind="internal") == 1
 
 
+def test_build_info_is_1_labelled_with_the_installed_version(metrics):
+    assert version() == importlib.metadata.version("ext-proc-token-policy")
+    samples = [
+        s for s in metrics.registry.collect() if s.name == "ext_proc_build_info" for s in s.samples
+    ]
+    assert [(s.labels, s.value) for s in samples] == [({"version": version()}, 1)]
+
+
 def test_each_instance_has_its_own_registry_and_never_the_global_one():
     first, second = Metrics(), Metrics()  # no "Duplicated timeseries"
     first.decided("r", "deny", "ids_denied", "enforce", 1)
@@ -174,6 +184,8 @@ def test_the_aggregate_sums_every_workers_samples_and_drops_a_dead_workers_gauge
     assert get("ext_proc_inflight_streams") == 7
     assert get("ext_proc_inflight_body_bytes") == 1020
     assert get("ext_proc_inflight_budget_limit_bytes") == 8192  # each worker's budget
+    # One series of the version, 1 however many workers run it.
+    assert get("ext_proc_build_info", {"version": version()}) == 1
     # What the supervisor does when a worker dies: its gauges go, its counts stay.
     multiprocess.mark_process_dead(pids[0], str(tmp_path))
     assert get("ext_proc_inflight_streams") == 4

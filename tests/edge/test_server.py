@@ -19,6 +19,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from ext_proc._pb import external_processor_pb2_grpc as pb_grpc
 from ext_proc.core.config import Config
 from ext_proc.edge.server import Server, listen
+from ext_proc.version import version
 from tests.messages import headers_request, route_attributes
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
@@ -109,6 +110,8 @@ def test_sigterm_drains_serving_new_streams_then_stops_with_0(caplog):
     assert messages == ["serving", "draining", "stopped"]
     (draining,) = [r for r in caplog.records if r.getMessage() == "draining"]
     assert (draining.drain_seconds, draining.grace_seconds) == (0.6, 5)
+    (serving,) = [r for r in caplog.records if r.getMessage() == "serving"]
+    assert serving.version == version()
 
 
 def test_a_second_signal_forces_the_stop_with_1(caplog):
