@@ -28,6 +28,7 @@ from devstack import (
     classified,
     connector_keys_docs,
     dashboard,
+    ingress,
     llmd,
     module_map,
     monitoring,
@@ -113,6 +114,12 @@ GENERATORS: Final = (
         "the generated parts of deploy/llm-d/",
         lambda: llmd.OUTPUTS,
         llmd.files,
+    ),
+    Generator(
+        "ingress",
+        "deploy/ingress/ (an Ingress for Istio, its EnvoyFilter and NetworkPolicy)",
+        lambda: ingress.OUTPUTS,
+        ingress.files,
     ),
     Generator(
         "monitoring",
