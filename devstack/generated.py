@@ -29,6 +29,7 @@ from devstack import (
     connector_keys_docs,
     dashboard,
     helm,
+    ingress,
     llmd,
     module_map,
     monitoring,
@@ -135,6 +136,12 @@ GENERATORS: Final = (
         "rendered from the chart",
         lambda: helm.OUTPUTS,
         helm.files,
+    ),
+    Generator(
+        "ingress",
+        "deploy/ingress/ (an Ingress for Istio, its EnvoyFilter and NetworkPolicy)",
+        lambda: ingress.OUTPUTS,
+        ingress.files,
     ),
     Generator(
         "dashboard",

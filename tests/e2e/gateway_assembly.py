@@ -5,12 +5,13 @@ would hand Envoy from our manifests and give that to the real ``envoy --mode val
 
 - Istio: the routes istiod makes of the HTTPRoutes (named
   ``<namespace>.<HTTPRoute name>.<rule index>``, each with Istio's default retry
-  policy), the EnvoyFilter's CLUSTER value, its
+  policy), or of an Ingress (``istio_ingress``), the EnvoyFilter's CLUSTER value, its
   HTTP_FILTER values (INSERT_FIRST, INSERT_AFTER a named filter, in patch order, before
-  the router), its HTTP_ROUTE MERGE values
-  merged into routes with the matched names (or every route), its HTTP_ROUTE
-  INSERT_FIRST values put before them, and its NETWORK_FILTER MERGE values into the
-  connection manager, as istiod does (pilot/pkg/networking/core/envoyfilter).
+  the router), its HTTP_ROUTE MERGE values merged into the routes its match selects (by
+  virtual host name, route name and action, or every route), its HTTP_ROUTE
+  INSERT_FIRST values put before them in every virtual host, and its NETWORK_FILTER
+  MERGE values into the connection manager, as istiod does
+  (pilot/pkg/networking/core/envoyfilter).
 - Envoy Gateway: the ext_proc filter, cluster, connection manager and routes that Envoy
   Gateway's translator (v1.9: internal/xds/translator/extproc.go, listener.go,
   route.go, route naming in internal/gatewayapi) generates from the
@@ -51,7 +52,8 @@ EXT_PROC = "type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.Extern
 _QUANTITY = {"Ki": 1024, "Mi": 1024**2, "Gi": 1024**3}
 
 
-def _cluster(name: str, host: str, port: int) -> dict[str, Any]:
+def static_cluster(name: str, host: str, port: int) -> dict[str, Any]:
+    """A STRICT_DNS cluster of one endpoint (``gateway_run`` points it at the stand-in)."""
     return {
         "name": name,
         "type": "STRICT_DNS",
@@ -251,8 +253,36 @@ def istio_bootstrap(
     retry_policy: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """``retry_policy``: the one istiod gives the routes (``istio_routes``)."""
+    vhost = {"name": "gateway", "domains": ["*"], "routes": istio_routes(httproutes, retry_policy)}
+    upstream = static_cluster("upstream", "upstream.invalid", 8000)
+    return istio_assemble(envoy_filter, [vhost], [upstream])
+
+
+def _route_matched(patch: dict[str, Any], vhost: dict[str, Any], entry: dict[str, Any]) -> bool:
+    """Whether a route patch's match selects ``entry`` in ``vhost``, as istiod decides
+    (envoyfilter/rc_patch.go: virtualHostMatch, routeMatch): the virtual host's name,
+    the route's name and its action, each only where the match states it."""
+    wanted = patch["match"].get("routeConfiguration", {}).get("vhost", {})
+    if wanted.get("name") not in (None, vhost["name"]):
+        return False
+    route = wanted.get("route", {})
+    if route.get("name") not in (None, entry.get("name", "")):
+        return False
+    action = next(k for k in ("route", "redirect", "direct_response") if k in entry)
+    return route.get("action", "ANY") in ("ANY", action.upper())
+
+
+def istio_assemble(
+    envoy_filter: dict[str, Any],
+    virtual_hosts: list[dict[str, Any]],
+    clusters: list[dict[str, Any]],
+) -> dict[str, Any]:
+    """The bootstrap of a gateway whose routes istiod made (``virtual_hosts``, to
+    ``clusters``), with ``envoy_filter``'s patches applied as istiod applies them
+    (pilot/pkg/networking/core/envoyfilter): in each virtual host the merges into the
+    routes already there, then the inserts."""
     patches = envoy_filter["spec"]["configPatches"]
-    clusters = [p["patch"]["value"] for p in patches if p["applyTo"] == "CLUSTER"]
+    added = [p["patch"]["value"] for p in patches if p["applyTo"] == "CLUSTER"]
     http_filters = [ROUTER]
     for patch in patches:
         if patch["applyTo"] != "HTTP_FILTER":
@@ -266,29 +296,25 @@ def istio_bootstrap(
         names = [f["name"] for f in http_filters]
         http_filters.insert(names.index(beside) + (operation == "INSERT_AFTER"), value)
     route_patches = [p for p in patches if p["applyTo"] == "HTTP_ROUTE"]
-    routes = []
-    # The routes first: merges apply to those that exist, then the inserts.
-    for generated in istio_routes(httproutes, retry_policy):
-        entry = generated
-        for patch in route_patches:
-            if patch["patch"]["operation"] != "MERGE":
-                continue
-            route_match = patch["match"].get("routeConfiguration", {})
-            wanted = route_match.get("vhost", {}).get("route", {}).get("name")
-            if wanted in (None, entry["name"]):
-                entry = deep_merge(entry, patch["patch"]["value"])
-        routes.append(entry)
     for patch in route_patches:
-        if patch["patch"]["operation"] == "INSERT_FIRST":
+        operation = patch["patch"]["operation"]
+        assert operation in ("MERGE", "INSERT_FIRST"), operation
+        if operation == "INSERT_FIRST":
             assert "routeConfiguration" not in patch["match"], "only unconditional inserts"
-            routes.insert(0, copy.deepcopy(patch["patch"]["value"]))
-        else:
-            assert patch["patch"]["operation"] == "MERGE", patch["patch"]["operation"]
-    route_config = {
-        "name": "gateway",
-        "virtual_hosts": [{"name": "gateway", "domains": ["*"], "routes": routes}],
-    }
-    clusters = [*clusters, _cluster("upstream", "upstream.invalid", 8000)]
+    hosts = []
+    for vhost in virtual_hosts:
+        routes = []
+        for generated in vhost["routes"]:
+            entry = generated
+            for patch in route_patches:
+                if patch["patch"]["operation"] == "MERGE" and _route_matched(patch, vhost, entry):
+                    entry = deep_merge(entry, patch["patch"]["value"])
+            routes.append(entry)
+        for patch in route_patches:
+            if patch["patch"]["operation"] == "INSERT_FIRST":
+                routes.insert(0, copy.deepcopy(patch["patch"]["value"]))
+        hosts.append({**vhost, "routes": routes})
+    route_config = {"name": "gateway", "virtual_hosts": hosts}
     manager: dict[str, Any] = dict(ISTIO_PATH_DEFAULTS)
     for patch in patches:
         if patch["applyTo"] == "NETWORK_FILTER":
@@ -296,7 +322,9 @@ def istio_bootstrap(
             typed = dict(patch["patch"]["value"]["typed_config"])
             assert typed.pop("@type") == HCM
             manager = deep_merge(manager, typed)
-    return bootstrap("gateway", http_filters, route_config, clusters, manager, ISTIO_RUNTIME)
+    return bootstrap(
+        "gateway", http_filters, route_config, [*added, *clusters], manager, ISTIO_RUNTIME
+    )
 
 
 # --- Envoy Gateway -----------------------------------------------------------------------
@@ -370,7 +398,7 @@ def eg_ext_proc(policy: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict
                 "typed_config": config,
             }
         )
-        cluster = _cluster(
+        cluster = static_cluster(
             cluster_name, f"{ref['name']}.{namespace}.svc.cluster.local", ref["port"]
         )
         settings = spec.get("backendSettings", {})
@@ -545,7 +573,7 @@ def envoy_gateway_bootstrap(
         "virtual_hosts": [{"name": f"{listener_name}/*", "domains": ["*"], "routes": routes}],
     }
     clusters += [
-        _cluster(
+        static_cluster(
             f"httproute/{r['metadata']['namespace']}/{r['metadata']['name']}", "pool.invalid", 8000
         )
         for r in httproutes

@@ -11,6 +11,7 @@ stand-in receives none."""
 
 from __future__ import annotations
 
+import base64
 import copy
 import http.client
 import json
@@ -26,7 +27,7 @@ import yaml
 
 from devstack import processes
 from ext_proc.core.address import HostPort
-from tests.e2e.stack import LOCAL, start_stand_in
+from tests.e2e.stack import LOCAL, start_stand_in, wait_for_fresh_record, write_proof_keys
 
 # Internal and token-in endpoints the servers act on without a body (SGLang's cache and
 # profiling, vLLM's development mode, Dynamo's frontend), one with a template segment,
@@ -76,6 +77,10 @@ class Running:
         """Each request the stand-in received: method and target."""
         return [(r["method"], r["target"]) for r in self._stub("GET")]
 
+    def bodies(self) -> list[tuple[str, bytes]]:
+        """Each request the stand-in received: target and body."""
+        return [(r["target"], base64.b64decode(r["body_b64"])) for r in self._stub("GET")]
+
     def clear(self) -> None:
         self._stub("DELETE")
 
@@ -107,7 +112,13 @@ def runnable(
 
 
 @contextmanager
-def running(config: dict[str, Any], workdir: Path, processor_cluster: str) -> Iterator[Running]:
+def running(
+    config: dict[str, Any],
+    workdir: Path,
+    processor_cluster: str,
+    proof_keys: dict[str, bytes] | None = None,
+) -> Iterator[Running]:
+    """``proof_keys``: the processor's signing keys (id -> secret; the first signs)."""
     ports = {
         name: HostPort(LOCAL, processes.free_port())
         for name in ("gateway", "admin", "processor", "metrics", "stand_in")
@@ -115,7 +126,12 @@ def running(config: dict[str, Any], workdir: Path, processor_cluster: str) -> It
     children = []
     try:
         children.append(start_stand_in(ports["stand_in"], workdir / "stand-in.log"))
-        (workdir / "processor.yaml").write_text(yaml.safe_dump({"drain_seconds": 0.1}))
+        settings: dict[str, Any] = {"drain_seconds": 0.1}
+        if proof_keys:
+            # One machine, one clock.
+            keys = write_proof_keys(workdir, proof_keys)
+            settings["proof"] = {"clock_skew_seconds": 1, "keys": keys}
+        (workdir / "processor.yaml").write_text(yaml.safe_dump(settings))
         processor = processes.start(
             [
                 sys.executable,
@@ -133,6 +149,8 @@ def running(config: dict[str, Any], workdir: Path, processor_cluster: str) -> It
         )
         children.append(processor)
         processes.wait_for_port(ports["processor"].port, processor)
+        if proof_keys:
+            wait_for_fresh_record(settings["proof"]["clock_skew_seconds"])
         path = workdir / "envoy.yaml"
         path.write_text(yaml.safe_dump(runnable(config, ports, processor_cluster), sort_keys=False))
         envoy = processes.start(

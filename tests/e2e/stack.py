@@ -200,6 +200,27 @@ def _h2_cluster(address: HostPort) -> dict[str, Any]:
     }
 
 
+def write_proof_keys(workdir: Path, proof_keys: dict[str, bytes]) -> list[dict[str, str]]:
+    """Signing keys (id -> secret) written to files; the processor's ``proof.keys``."""
+    folder = workdir / "proof-keys"
+    folder.mkdir(mode=0o700, exist_ok=True)
+    keys = []
+    for key_id, secret in proof_keys.items():
+        path = folder / key_id
+        path.write_bytes(secret)
+        os.chmod(path, 0o600)
+        keys.append({"id": key_id, "file": str(path)})
+    return keys
+
+
+def wait_for_fresh_record(clock_skew_seconds: float) -> None:
+    """A processor's own record, made before it serves, honors only proofs minted after
+    it began, a skew rounded up included (ext_proc/edge/record.py): tests mint after
+    this returns."""
+    fresh = math.ceil(time.time()) + clock_skew_seconds + 1
+    time.sleep(max(0.0, fresh - time.time()))
+
+
 @dataclass
 class Stack:
     workdir: Path
@@ -311,22 +332,10 @@ class Stack:
         else:
             processes.wait_for_port(self.processor.port, proc)
         if self.proof_keys and not config["proof"].get("record"):
-            # Its own table, made before it serves, honors only proofs minted after it
-            # began, a skew rounded up included (ext_proc/edge/record.py): tests mint
-            # after that.
-            fresh = math.ceil(time.time()) + config["proof"]["clock_skew_seconds"] + 1
-            time.sleep(max(0.0, fresh - time.time()))
+            wait_for_fresh_record(config["proof"]["clock_skew_seconds"])
 
     def _write_keys(self) -> list[dict[str, str]]:
-        folder = self.workdir / "proof-keys"
-        folder.mkdir(mode=0o700, exist_ok=True)
-        keys = []
-        for key_id, secret in self.proof_keys.items():
-            path = folder / key_id
-            path.write_bytes(secret)
-            os.chmod(path, 0o600)
-            keys.append({"id": key_id, "file": str(path)})
-        return keys
+        return write_proof_keys(self.workdir, self.proof_keys)
 
     def processor_memory_kib(self) -> dict[str, int]:
         """The processor's current (VmRSS) and peak (VmHWM) resident memory."""
