@@ -6,9 +6,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import yaml
-
 from ext_proc.core.route_policy import DEFAULT_NAMESPACE
+from ext_proc.tools.check_envoy import reader
 from ext_proc.tools.check_envoy.check import check
 from ext_proc.tools.check_envoy.findings import Finding
 
@@ -25,9 +24,9 @@ def main(
     declared: frozenset[str] = frozenset(),
 ) -> int:
     try:
-        config = yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError) as exc:
-        print(f"{path}: cannot read: {exc}", file=sys.stderr)
+        config = reader.load(path)
+    except reader.Unreadable as exc:
+        print(exc, file=sys.stderr)
         return 1
     report = check(config, namespace or DEFAULT_NAMESPACE, listeners, declared)
     # Warnings first, then errors: the errors end up next to the verdict.

@@ -9,7 +9,10 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Final
+
+import yaml
 
 from ext_proc.edge.attributes import attribute_keys
 from ext_proc.tools.envoy_names import PER_ROUTE_TYPE
@@ -23,6 +26,27 @@ BUFFER_PER_ROUTE: Final = _TYPE_URL + "envoy.extensions.filters.http.buffer.v3.B
 HCM: Final = (
     _TYPE_URL + "envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager"
 )
+
+
+class Unreadable(ValueError):
+    """The file cannot be read as YAML; the message is one line naming it."""
+
+
+def load(path: Path) -> Any:
+    """The YAML document in ``path``, or ``Unreadable``."""
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise Unreadable(f"{path}: cannot read: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise Unreadable(f"{path}: not YAML: not UTF-8 text") from None
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        mark = getattr(exc, "problem_mark", None)
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
+        raise Unreadable(f"{path}: not YAML: {problem}{where}") from None
 
 
 def walk(node: Any) -> Iterator[dict[str, Any]]:
