@@ -26,6 +26,12 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--workers", type=int, help="processes sharing the address")
     serve.add_argument("--metrics-listen", help="Prometheus host:port ('' disables)")
     serve.add_argument("--audit", action="store_true", default=None, help="audit mode")
+    serve.add_argument(
+        "--envoy-config",
+        type=Path,
+        help="the Envoy configuration this processor serves: every route's policy "
+        "metadata is checked before serving",
+    )
     check = commands.add_parser("check-config", help="validate a processor config file")
     check.add_argument("file", type=Path)
     check_envoy = commands.add_parser(
@@ -66,6 +72,13 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"ext_proc: {exc}", file=sys.stderr)
         return 2
     logs.configure(config.log_level)
+    from ext_proc.tools import preflight
+
+    try:
+        preflight.check_all(config, args.envoy_config)
+    except ConfigError as exc:
+        print(f"ext_proc: {exc}", file=sys.stderr)
+        return 2
     if config.workers > 1:
         from ext_proc.edge.supervisor import run
 
@@ -100,8 +113,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "serve":
         return _serve(args)
     if args.command == "check-config":
+        from ext_proc.tools import preflight
+
         try:
-            Config.load(args.file, environ={})
+            preflight.keys(Config.load(args.file, environ={}))
         except ConfigError as exc:
             print(f"{args.file}: {exc}", file=sys.stderr)
             return 1
