@@ -50,6 +50,12 @@ def _parser() -> argparse.ArgumentParser:
         help="a filter after this processor's that may change the request by design "
         "(repeatable): llm-d's endpoint picker",
     )
+    check_envoy.add_argument(
+        "--no-envoy-validate",
+        action="store_true",
+        help="skip `envoy --mode validate` (run by default with the envoy beside this "
+        "Python, else the first on PATH, when there is one)",
+    )
     commands.add_parser(
         "envoy-config",
         help="write a fail-closed Envoy bootstrap from a short YAML input "
@@ -123,10 +129,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{args.file}: OK")
         return 0
     from ext_proc.tools import check_envoy
+    from ext_proc.tools.check_envoy.envoy_validate import find_envoy
 
     listeners = frozenset(args.listener) if args.listener else None
     declared = frozenset(args.declared_filter or ())
-    return check_envoy.main(args.file, args.namespace, listeners, declared)
+    envoy = None if args.no_envoy_validate else find_envoy()
+    return check_envoy.main(args.file, args.namespace, listeners, declared, envoy)
 
 
 if __name__ == "__main__":

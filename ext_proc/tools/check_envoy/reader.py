@@ -248,3 +248,21 @@ def http_options(config: Any) -> dict[str, dict[str, Any]]:
             if isinstance(given, dict) and given.get("@type") == HTTP_OPTIONS:
                 found[str(node["name"])] = given
     return found
+
+
+@dataclass(frozen=True)
+class Clusters:
+    """The clusters the bootstrap lists (``static_resources``), and whether others come
+    at run time (``dynamic_resources.cds_config``), which this check cannot see."""
+
+    static: frozenset[str]
+    from_cds: bool
+
+
+def clusters(config: Any) -> Clusters:
+    if not isinstance(config, dict):
+        return Clusters(frozenset(), from_cds=False)
+    listed = config.get("static_resources", {}).get("clusters", [])
+    names = frozenset(str(c["name"]) for c in listed if isinstance(c, dict) and "name" in c)
+    dynamic = config.get("dynamic_resources", {})
+    return Clusters(names, from_cds=isinstance(dynamic, dict) and "cds_config" in dynamic)
