@@ -259,10 +259,12 @@ class Clusters:
     from_cds: bool
 
 
-def clusters(config: Any) -> Clusters:
-    if not isinstance(config, dict):
-        return Clusters(frozenset(), from_cds=False)
-    listed = config.get("static_resources", {}).get("clusters", [])
+def clusters(config: Any) -> Clusters | None:
+    """None for a document that is no bootstrap (a listener alone, a platform's patch):
+    its clusters are defined elsewhere."""
+    if not isinstance(config, dict) or not isinstance(config.get("static_resources"), dict):
+        return None
+    listed = config["static_resources"].get("clusters", [])
     names = frozenset(str(c["name"]) for c in listed if isinstance(c, dict) and "name" in c)
     dynamic = config.get("dynamic_resources", {})
     return Clusters(names, from_cds=isinstance(dynamic, dict) and "cds_config" in dynamic)

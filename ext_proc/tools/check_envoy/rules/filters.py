@@ -151,12 +151,15 @@ def per_route_names(chain: Chain) -> Iterator[Finding]:
                 )
 
 
-def processor_cluster(place: str, entry: dict[str, Any], known: Clusters) -> Iterator[Finding]:
+def processor_cluster(
+    place: str, entry: dict[str, Any], known: Clusters | None
+) -> Iterator[Finding]:
     """The cluster this processor's filter reaches it through (``envoy_grpc``) is one
     the bootstrap lists: a missing one fails every request, and one from CDS is not
-    seen here. A ``google_grpc`` target names no cluster."""
+    seen here. A ``google_grpc`` target names no cluster; a document that is no
+    bootstrap (``known`` None) lists none."""
     target = entry["typed_config"].get("grpc_service", {}).get("envoy_grpc")
-    if not isinstance(target, dict):
+    if known is None or not isinstance(target, dict):
         return
     name = target.get("cluster_name")
     if name in known.static:

@@ -5,6 +5,7 @@ import copy
 
 import pytest
 
+from ext_proc.tools.check_envoy import check
 from tests.tools.check_envoy.shipped import (
     BUFFER,
     EXT_PROC,
@@ -12,6 +13,7 @@ from tests.tools.check_envoy.shipped import (
     FILTER_CONFIG,
     HCM,
     OURS,
+    SHIPPED,
     VHOST,
     at,
     ext_proc,
@@ -238,3 +240,10 @@ def _google_grpc(config):
 )
 def test_the_processors_cluster_is_a_static_cluster(change, expected):
     assert found(mutated(change)) == expected
+
+
+def test_a_document_that_is_no_bootstrap_lists_no_cluster_to_check():
+    config = copy.deepcopy(SHIPPED)
+    _cluster_renamed(config)
+    (listener,) = config["static_resources"]["listeners"]
+    assert check(listener).errors == []  # a listener alone: its clusters are elsewhere
