@@ -447,7 +447,10 @@ def test_a_promoted_replica_honors_no_proof_its_master_did_not_pass_on(failover,
     warmed_up(client, on_master)
     replicated(master, replica)
     assert replica.client().exists(redis_record.SINCE)
-    # A replica keeps no record of its own: writing to one would split the record.
+    # A replica keeps no record of its own: writing to one would split the record. No
+    # processor starts on one.
+    with pytest.raises(ConfigError, match="cannot keep the record: redis_not_master: "):
+        asyncio.run(checked(RedisRecord(replica.url, 1.0)))
     sent = chat(minted(client, on_replica))
     assert_record_refused(client, on_replica, sent, "redis_not_master")
     # The replica is cut off; a proof honored on the master never reaches it; the master
