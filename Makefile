@@ -121,9 +121,10 @@ monitoring-rules: $(STAMP)
 dashboard: $(STAMP)
 	$(PY) -m devstack dashboard
 
-# A fail-closed Envoy bootstrap from a short description (INPUT=..., OUTPUT=...).
+# A fail-closed Envoy bootstrap from a short description (INPUT=..., OUTPUT=...). Not
+# echoed: without OUTPUT the YAML is all it prints (`make envoy-config > envoy.yaml`).
 envoy-config: $(STAMP)
-	$(PY) -m ext_proc envoy-config $(or $(INPUT),deploy/envoy-config.example.yaml) $(if $(OUTPUT),-o $(OUTPUT))
+	@$(PY) -m ext_proc envoy-config $(or $(INPUT),deploy/envoy-config.example.yaml) $(if $(OUTPUT),-o $(OUTPUT))
 
 # The sdist and wheel in dist/, the wheel's version checked against pyproject.toml's,
 # and the image $(IMAGE):<version> where a Docker engine answers (else the command that

@@ -39,6 +39,7 @@ import yaml
 from devstack import envoy_config, processes
 from ext_proc.core.address import HostPort
 from ext_proc.core.config import Config, ConfigError
+from ext_proc.tools import preflight
 
 PROG = "make run"
 _CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
@@ -167,6 +168,7 @@ def plan(processor_config: Path | None) -> Plan:
         raise StackError(f"ENVOY_CONFIG: no file {source}")
     if processor_config is not None and not processor_config.is_file():
         raise StackError(f"--config: no file {processor_config}")
+    _check_routes(source, processor_config)
     try:
         processes.envoy_binary()
     except FileNotFoundError as exc:
@@ -190,8 +192,27 @@ def plan(processor_config: Path | None) -> Plan:
             f"{exc.name!r}; unset {variable} or set ENVOY_CONFIG to a config with that "
             "cluster (envoy/envoy-coordinator.yaml)"
         ) from None
+    except (KeyError, TypeError, ValueError) as exc:
+        raise StackError(
+            f"ENVOY_CONFIG {_shown(source)} is not laid out as the shipped configs are "
+            f"(admin, one listener, static clusters ext_proc and the upstreams): "
+            f"{type(exc).__name__} {exc}"
+        ) from None
     throwaway = PROOF_VARIABLE not in os.environ and not _configures_proof(processor_config)
     return Plan(ports, envoy, processor_config, stub="STUB_PORT" in ports, throwaway_key=throwaway)
+
+
+def _check_routes(source: Path, processor_config: Path | None) -> None:
+    """The processor's own check of the routes it will serve (it runs it again at its
+    start), made before anything starts so that the line names ENVOY_CONFIG's file."""
+    try:
+        namespace = Config.load(processor_config).route_metadata_namespace
+    except ConfigError:
+        return  # the processor says why; it does not serve
+    try:
+        preflight.routes(source, namespace)
+    except ConfigError as exc:
+        raise StackError(f"ENVOY_CONFIG {exc}") from None
 
 
 def _shown(path: Path) -> str:
@@ -295,13 +316,13 @@ def _commands(plan: Plan, workdir: Path) -> Iterator[tuple[list[str], Path | Non
             partial(processes.wait_for_port, stub.port),
         )
     processor = plan.port("PROCESSOR_PORT")
+    path = envoy_config.write(plan.envoy, workdir / "envoy.yaml")
     serve = [sys.executable, "-m", "ext_proc", "serve", "--listen", str(processor)]
-    serve += ["--metrics-listen", str(plan.port("METRICS_PORT"))]
+    serve += ["--metrics-listen", str(plan.port("METRICS_PORT")), "--envoy-config", str(path)]
     if plan.processor_config is not None:
         serve += ["--config", str(plan.processor_config)]
     yield serve, None, partial(processes.wait_for_port, processor.port)
     admin = plan.port("ENVOY_ADMIN_PORT")
-    path = envoy_config.write(plan.envoy, workdir / "envoy.yaml")
     yield (
         processes.envoy_args(path, admin.port),
         None,

@@ -28,6 +28,12 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--workers", type=int, help="processes sharing the address")
     serve.add_argument("--metrics-listen", help="Prometheus host:port ('' disables)")
     serve.add_argument("--audit", action="store_true", default=None, help="audit mode")
+    serve.add_argument(
+        "--envoy-config",
+        type=Path,
+        help="the Envoy configuration this processor serves: every route's policy "
+        "metadata is checked before serving",
+    )
     check = commands.add_parser("check-config", help="validate a processor config file")
     check.add_argument("file", type=Path)
     check_envoy = commands.add_parser(
@@ -45,6 +51,12 @@ def _parser() -> argparse.ArgumentParser:
         action="append",
         help="a filter after this processor's that may change the request by design "
         "(repeatable): llm-d's endpoint picker",
+    )
+    check_envoy.add_argument(
+        "--no-envoy-validate",
+        action="store_true",
+        help="skip `envoy --mode validate` (run by default with the envoy beside this "
+        "Python, else the first on PATH, when there is one)",
     )
     # Parsed by the generator's own parser (_envoy_config) but for --version, which
     # needs no extra.
@@ -72,6 +84,13 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"ext_proc: {exc}", file=sys.stderr)
         return 2
     logs.configure(config.log_level)
+    from ext_proc.tools import preflight
+
+    try:
+        preflight.check_all(config, args.envoy_config)
+    except ConfigError as exc:
+        print(f"ext_proc: {exc}", file=sys.stderr)
+        return 2
     if config.workers > 1:
         from ext_proc.edge.supervisor import run
 
@@ -106,18 +125,22 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "serve":
         return _serve(args)
     if args.command == "check-config":
+        from ext_proc.tools import preflight
+
         try:
-            Config.load(args.file, environ={})
+            preflight.keys(Config.load(args.file, environ={}))
         except ConfigError as exc:
             print(f"{args.file}: {exc}", file=sys.stderr)
             return 1
         print(f"{args.file}: OK")
         return 0
     from ext_proc.tools import check_envoy
+    from ext_proc.tools.check_envoy.envoy_validate import find_envoy
 
     listeners = frozenset(args.listener) if args.listener else None
     declared = frozenset(args.declared_filter or ())
-    return check_envoy.main(args.file, args.namespace, listeners, declared)
+    envoy = None if args.no_envoy_validate else find_envoy()
+    return check_envoy.main(args.file, args.namespace, listeners, declared, envoy)
 
 
 if __name__ == "__main__":

@@ -92,6 +92,43 @@ def test_a_bad_upstream_or_config_is_refused_in_one_line(tmp_path, upstream):
     assert (result.returncode, result.stderr) == (1, f"make run: ENVOY_CONFIG: no file {missing}\n")
 
 
+@pytest.mark.parametrize(
+    ("text", "said"),
+    [
+        ("{{{: [\n", "not YAML: expected the node content, but found ':' (line 1, column 4)"),
+        (
+            envoy_config.SHIPPED.read_text().replace("action: honor", "action: honr", 1),
+            "http_connection_manager[0] route vllm/disaggregated: invalid route policy "
+            "metadata: field 'ext_proc.token_policy.action' is 'honr'; allowed values: ",
+        ),
+        (
+            envoy_config.SHIPPED.read_text().replace(
+                "action: honor\n", "action: honor\n                      colour: blue\n", 1
+            ),
+            "http_connection_manager[0] route vllm/disaggregated: invalid route policy "
+            "metadata: unknown field 'ext_proc.token_policy.colour'; allowed fields: ",
+        ),
+        ("[1]\n", "no HTTP connection manager found"),
+    ],
+    ids=["not-yaml", "bad-action", "unknown-field", "no-bootstrap"],
+)
+def test_an_envoy_config_the_processor_would_refuse_ends_the_run_in_one_line(tmp_path, text, said):
+    source = tmp_path / "envoy.yaml"
+    source.write_text(text)
+    result = make_run({**free_ports(), "ENVOY_CONFIG": str(source)})
+    assert (result.returncode, result.stdout) == (1, "")
+    assert result.stderr.startswith(f"make run: ENVOY_CONFIG {source}: {said}")
+    assert result.stderr.count("\n") == 1
+
+
+def test_the_processor_is_given_the_envoy_config_it_serves(ports_set, tmp_path):
+    plan = stack.plan(None)
+    ((_, _, _), (serve, _, _), (envoy, _, _)) = list(stack._commands(plan, tmp_path))
+    given = serve[serve.index("--envoy-config") + 1]
+    assert given in envoy
+    assert yaml.safe_load(Path(given).read_text()) == plan.envoy
+
+
 @pytest.mark.parametrize("config", [None, "envoy/envoy-tls.yaml"])
 def test_an_upstream_for_a_cluster_the_config_lacks_is_named_in_one_line(config):
     env = {**free_ports(), "COORDINATOR_UPSTREAM": "127.0.0.1:8090"}

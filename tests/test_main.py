@@ -1,7 +1,10 @@
 """The command line's imports: serving never loads the Envoy config generator's optional
 dependencies (the ``envoy-config`` extra), and ``envoy-config`` without them says which
-extra to install. Each runs in a fresh interpreter, whose ``sys.modules`` is its own."""
+extra to install. Each runs in a fresh interpreter, whose ``sys.modules`` is its own.
+``serve`` and ``check-config`` refuse what serving could not use, in one line."""
 
+import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -30,7 +33,7 @@ def test_serving_imports_none_of_the_generators_dependencies():
     code = (
         "import sys\n"
         "import ext_proc.__main__, ext_proc.edge.server, ext_proc.edge.supervisor\n"
-        "import ext_proc.tools.check_envoy\n"
+        "import ext_proc.tools.check_envoy, ext_proc.tools.preflight\n"
         f"print(sorted(m for m in sys.modules if m.startswith({EXTRA_MODULES!r})))\n"
     )
     result = python(code)
@@ -78,3 +81,91 @@ def test_any_other_missing_module_is_not_blamed_on_the_extra():
     assert "Traceback" in result.stderr
     assert "ModuleNotFoundError" in result.stderr
     assert GENERATOR_EXTRA not in result.stderr
+
+
+def run_main(*args: str, **environ: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "ext_proc", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+        env={**os.environ, **environ},
+    )
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@pytest.mark.parametrize(
+    ("text", "said"),
+    [
+        (
+            (REPO / "envoy" / "envoy.yaml").read_text().replace("action: honor", "action: honr"),
+            "metadata: field 'ext_proc.token_policy.action' is 'honr'; allowed values: ",
+        ),
+        ("{{{: [\n", "not YAML: expected the node content"),
+    ],
+    ids=["bad-action", "not-yaml"],
+)
+def test_serve_checks_the_envoy_config_it_serves_and_never_listens(tmp_path, text, said):
+    envoy = tmp_path / "envoy.yaml"
+    envoy.write_text(text)
+    port = free_port()
+    result = run_main(
+        "serve",
+        "--listen",
+        f"127.0.0.1:{port}",
+        "--metrics-listen",
+        "",
+        "--envoy-config",
+        str(envoy),
+    )
+    assert result.returncode == 2
+    assert result.stderr.startswith(f"ext_proc: {envoy}: ")
+    assert said in result.stderr
+    assert result.stderr.count("\n") == 1  # no traceback, no "serving" line
+    assert "serving" not in result.stderr
+
+
+def key_config(tmp_path: Path, content: str | None) -> Path:
+    key = tmp_path / "k1"
+    if content is not None:
+        key.write_text(content)
+    config = tmp_path / "config.yaml"
+    config.write_text(f"proof: {{keys: [{{id: k1, file: {key}}}]}}\n")
+    return config
+
+
+@pytest.mark.parametrize(
+    ("content", "said"),
+    [(None, "cannot read proof key file"), ("short\n", "holds fewer than 32 bytes")],
+    ids=["missing", "short"],
+)
+def test_check_config_reads_the_key_files_as_serve_does(tmp_path, content, said):
+    config = key_config(tmp_path, content)
+    checked = run_main("check-config", str(config))
+    assert checked.returncode == 1
+    assert checked.stdout == ""
+    assert said in checked.stderr
+    served = run_main(
+        "serve",
+        "--config",
+        str(config),
+        "--listen",
+        f"127.0.0.1:{free_port()}",
+        "--metrics-listen",
+        "",
+    )
+    assert served.returncode == 2
+    assert said in served.stderr
+
+
+def test_check_config_passes_key_files_serving_reads(tmp_path):
+    config = key_config(tmp_path, "a" * 64)
+    checked = run_main("check-config", str(config))
+    assert (checked.returncode, checked.stdout) == (0, f"{config}: OK\n")

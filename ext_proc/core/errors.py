@@ -38,6 +38,9 @@ class Refusal:
     auditable: bool = False
     # Seconds a client should wait before retrying (a transient refusal), or None.
     retry_after: int | None = None
+    # What the operator's log says about a refusal whose client message is only its
+    # reason (the gateway's own faults); never sent to the client.
+    detail: str | None = None
 
 
 class ExtProcError(Exception):
@@ -55,6 +58,9 @@ class HttpError(ExtProcError):
     error_type: ClassVar[str] = "InternalServerError"
     auditable: ClassVar[bool] = False
     retry_after: ClassVar[int | None] = None
+    # The gateway's own fault: the client is told the reason code only (its message and
+    # param name the deployment's internals), the log keeps the message as the detail.
+    internal: ClassVar[bool] = False
 
     def __init__(self, message: str, *, reason: Reason, param: str | None = None) -> None:
         super().__init__(message)
@@ -62,6 +68,17 @@ class HttpError(ExtProcError):
         self.param = param
 
     def refusal(self) -> Refusal:
+        if self.internal:
+            return Refusal(
+                self.status,
+                self.error_type,
+                self.reason,
+                str(self.reason),
+                None,
+                self.auditable,
+                self.retry_after,
+                detail=self.message,
+            )
         return Refusal(
             self.status,
             self.error_type,
@@ -122,6 +139,7 @@ class RoutePolicyError(HttpError):
 
     status = 500
     error_type = "InternalServerError"
+    internal = True
 
 
 class ProtocolError(ExtProcError):

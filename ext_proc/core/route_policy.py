@@ -406,6 +406,19 @@ def parse(
     return parse_items(items_of(values), size, namespace)
 
 
+def parse_whole(policy: Mapping[str, Scalar], namespace: str = DEFAULT_NAMESPACE) -> RoutePolicy:
+    """``parse`` of a route's whole metadata mapping, as an offline reader of the Envoy
+    configuration holds it: a field the policy does not declare is named (the processor
+    itself sees only the declared fields and how many there are)."""
+    for name in policy:
+        if name not in SCHEMA:
+            raise _invalid(
+                f"unknown field '{namespace}.{name}'; allowed fields: {', '.join(FIELDS)}",
+                f"{namespace}.{name}",
+            )
+    return parse(policy, len(policy), namespace)
+
+
 Items = tuple[tuple[str, str, Scalar], ...]
 
 

@@ -63,6 +63,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
+from ext_proc.core.config import ConfigError
 from ext_proc.core.replay import Ticket, Verdict, allowance
 
 log = logging.getLogger("ext_proc.record")
@@ -287,10 +288,11 @@ class RedisRecord:
         log.warning(f"proof record unavailable: {words}", extra={"store": "redis", "error": why})
         return Verdict.UNAVAILABLE
 
-    async def announce(self) -> None:
-        """One log line at start-up saying what the record will find: the spends judge
-        for themselves (a Redis can change under a running processor); this only tells
-        the operator early."""
+    async def check(self) -> None:
+        """Before serving: the Redis answers and can keep the record, or ``ConfigError``
+        naming what is wrong (one line; the URL is not shown, it may hold a password).
+        The spends still judge for themselves: a Redis can change under a running
+        processor."""
         try:
             async with asyncio.timeout(4 * self._timeout):
                 role = (await self._client.info("replication")).get("role")
@@ -298,12 +300,10 @@ class RedisRecord:
                 version = str((await self._client.info("server")).get("redis_version"))
                 reset = "cmdstat_config|resetstat" in await self._client.info("commandstats")
         except (RedisError, OSError, TimeoutError) as exc:
-            log.warning(
-                "proof record: Redis cannot be consulted yet; no proof is honored until it answers",
-                extra={"store": "redis", "error": type(exc).__name__},
-            )
-            return
-        fields = {"store": "redis", "role": role, "maxmemory_policy": policy, "version": version}
+            said = str(exc).splitlines()[0] if str(exc) else "no answer"
+            raise ConfigError(
+                f"proof.record: the Redis cannot be consulted ({type(exc).__name__}: {said})"
+            ) from None
         major = version.partition(".")[0]
         checks = (
             (_NOT_MASTER, role != "master"),
@@ -311,15 +311,15 @@ class RedisRecord:
             (_TOO_OLD, not major.isdigit() or int(major) < 7),
             (_STATS_RESET, reset),
         )
-        refused = [_REFUSED[code][0] for code, wrong in checks if wrong]
+        refused = [_REFUSED[code] for code, wrong in checks if wrong]
         if refused:
-            log.warning(
-                "proof record: this Redis cannot keep the record; no proof is honored "
-                "(docs/operations.md#what-the-redis-must-be)",
-                extra=fields | {"error": ",".join(refused)},
+            raise ConfigError(
+                "proof.record: this Redis cannot keep the record: "
+                + "; ".join(f"{why}: {words}" for why, words in refused)
+                + " (docs/operations.md#what-the-redis-must-be)"
             )
-        else:
-            log.info("proof record: Redis", extra=fields)
+        fields = {"store": "redis", "role": role, "maxmemory_policy": policy, "version": version}
+        log.info("proof record: Redis", extra=fields)
 
     async def close(self) -> None:
         await self._client.aclose()

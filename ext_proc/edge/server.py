@@ -148,8 +148,6 @@ async def listen(
     )
     metrics = Metrics()
     record = open_record(config, metrics, record_file)
-    if isinstance(record, RedisRecord):
-        await record.announce()
     processor = ExternalProcessor(config, metrics=metrics, record=record)
     pb_grpc.add_ExternalProcessorServicer_to_server(processor, server)
     health_servicer = health.aio.HealthServicer()

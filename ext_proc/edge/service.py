@@ -20,7 +20,7 @@ from ext_proc._pb import external_processor_pb2 as pb
 from ext_proc._pb import external_processor_pb2_grpc as pb_grpc
 from ext_proc.core.budget import Budget
 from ext_proc.core.config import Config, ConfigError
-from ext_proc.core.decisions import Allow
+from ext_proc.core.decisions import Allow, Deny
 from ext_proc.core.errors import ProtocolError
 from ext_proc.core.events import Event, Outcome, Step, TimedOut
 from ext_proc.core.proof import Trust
@@ -231,16 +231,15 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc
         self.metrics.decided(outcome.route, decision.action, decision.reason, outcome.mode, size)
         if isinstance(decision, Allow) and decision.id_count == 0:
             return
-        logs.info(
-            log,
-            "decision",
-            {
-                "request_id": outcome.request_id,
-                "route": outcome.route,
-                "action": decision.action,
-                "reason": decision.reason,
-                "id_count": decision.id_count,
-                "mode": outcome.mode,
-                "phase": outcome.phase,
-            },
-        )
+        fields = {
+            "request_id": outcome.request_id,
+            "route": outcome.route,
+            "action": decision.action,
+            "reason": decision.reason,
+            "id_count": decision.id_count,
+            "mode": outcome.mode,
+            "phase": outcome.phase,
+        }
+        if isinstance(decision, Deny) and decision.refusal.detail is not None:
+            fields["detail"] = decision.refusal.detail
+        logs.info(log, "decision", fields)

@@ -11,7 +11,6 @@ CLASSES = [
     (errors.PayloadTooLarge, 413, "PayloadTooLargeError", False, None),
     (errors.RequestTimeout, 408, "RequestTimeoutError", False, None),
     (errors.ServiceUnavailable, 503, "ServiceUnavailableError", False, 1),
-    (errors.RoutePolicyError, 500, "InternalServerError", False, None),
 ]
 
 
@@ -19,6 +18,11 @@ CLASSES = [
 def test_every_error_becomes_its_refusal(cls, status, kind, auditable, retry):
     refusal = cls("the message", reason="why", param="a.b").refusal()
     assert refusal == Refusal(status, kind, "why", "the message", "a.b", auditable, retry)
+
+
+def test_the_gateways_own_fault_tells_the_client_its_reason_only():
+    refusal = errors.RoutePolicyError("the message", reason="why", param="a.b").refusal()
+    assert refusal == Refusal(500, "InternalServerError", "why", "why", None, detail="the message")
 
 
 def test_bad_request_is_the_refusal_of_a_400():

@@ -76,7 +76,7 @@ def test_invalid_metadata_rejects_at_headers_even_without_body():
     actions = stream.handle(headers(RouteMetadata({"action": "allow"}, 1.0), eos=True))
     error = error_body(actions)
     assert actions[0].status == 500
-    assert "ext_proc.token_policy.action" in error["message"]
+    assert error["message"] == "invalid_route_policy"
     assert actions[0].details == "token_policy_invalid_route_policy"
     assert stream.state is State.REJECTED
 
@@ -276,7 +276,19 @@ def test_a_path_outside_the_routes_match_prefix_is_invalid_metadata():
     assert isinstance(answer, Reject)
     assert answer.status == 500
     assert answer.details == "token_policy_invalid_route_policy"
-    assert b"match_prefix" in answer.body
+    # The client learns the reason only; the detail is the operator's (the log's).
+    error = json.loads(answer.body)["error"]
+    assert error == {
+        "message": "invalid_route_policy",
+        "type": "InternalServerError",
+        "param": None,
+        "code": 500,
+    }
+    assert stream.last is not None
+    assert stream.last.outcome is not None
+    denied = stream.last.outcome.decision
+    assert isinstance(denied, Deny)
+    assert "match_prefix" in (denied.refusal.detail or "")
 
 
 @pytest.mark.parametrize(

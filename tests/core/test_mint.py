@@ -443,7 +443,11 @@ def test_one_message_per_request_gets_the_path_before_the_rewrite():
     preamble = RequestHeaders(JSON, False, BUFFERED, REWRITTEN_MINT, path="/v1/chat/completions")
     (answer,) = stream.handle(RequestBody(PREFILL, True, preamble))
     assert isinstance(answer, Reject)
-    assert b"match_prefix" in answer.body
+    assert answer.details == "token_policy_invalid_route_policy"
+    assert stream.last is not None
+    assert stream.last.outcome is not None
+    denied = stream.last.outcome.decision
+    assert "match_prefix" in denied.refusal.detail
 
 
 NIXL_ROUTE = RouteMetadata(

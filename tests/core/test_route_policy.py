@@ -12,6 +12,7 @@ from ext_proc.core.route_policy import (
     Unproven,
     admitting,
     parse,
+    parse_whole,
 )
 
 
@@ -79,6 +80,17 @@ def test_unknown_field_fails_closed():
     with pytest.raises(RoutePolicyError) as caught:
         parse({"action": "honor"}, 2.0)
     assert "allowed fields: topology, action, vocab_size, max_ids, audit" in caught.value.message
+
+
+def test_a_whole_mapping_names_its_unknown_field():
+    with pytest.raises(RoutePolicyError) as caught:
+        parse_whole({"action": "honor", "topolgy": "aggregated"})
+    assert caught.value.message.startswith(
+        "invalid route policy metadata: unknown field 'ext_proc.token_policy.topolgy'; "
+        "allowed fields: topology, action,"
+    )
+    assert caught.value.param == "ext_proc.token_policy.topolgy"
+    assert parse_whole({"action": "honor"}) == RoutePolicy(action=Action.HONOR)
 
 
 def test_unknown_field_alone_fails_closed():

@@ -212,7 +212,16 @@ def test_check_config_accepts_the_configmap(tmp_path, capsys):
     from ext_proc.__main__ import main  # noqa: PLC0415 - the command line, as operators run it
 
     path = tmp_path / "config.yaml"
-    path.write_text(one("ConfigMap")["data"]["config.yaml"])
+    text = one("ConfigMap")["data"]["config.yaml"]
+    path.write_text(text)
+    # The key files are read as serve reads them: here the Secret is not mounted.
+    assert main(["check-config", str(path)]) == 1
+    assert f"cannot read proof key file {PROOF_KEYS}/k1: " in capsys.readouterr().err
+    # Where it is, the configuration passes.
+    keys = tmp_path / "proof-keys"
+    keys.mkdir()
+    (keys / "k1").write_text("a" * 64)
+    path.write_text(text.replace(f"{PROOF_KEYS}/", f"{keys}/"))
     assert main(["check-config", str(path)]) == 0
     assert capsys.readouterr().out == f"{path}: OK\n"
 

@@ -311,10 +311,25 @@ def test_unreadable_bodies_denied(gateway, client, headers, content, status, tex
 def test_invalid_route_metadata_fails_closed(gateway, client, path, field):
     reply = client.post(gateway.url + path, json=chat())
     assert reply.status_code == 500
-    error = error_of(reply)
-    assert field in error["message"]
-    assert error["param"] == field
+    # vLLM's shape with the reason only: nothing of the gateway's internals (the
+    # metadata namespace, its fields, the processor's Python types) reaches a client.
+    assert error_of(reply) == {
+        "message": "invalid_route_policy",
+        "type": "InternalServerError",
+        "param": None,
+        "code": 500,
+    }
+    for internal in ("ext_proc", "token_policy", "metadata", "CelMap", "<class", "None"):
+        assert internal not in reply.text
     assert gateway.received() == []
+    # The operator's log names the field (decision lines are written each second).
+    detail = f'"detail":"invalid route policy metadata: field \'{field}'
+    if path.startswith("/bad-field/"):
+        detail = f'"detail":"invalid route policy metadata: namespace \'{field}\''
+    deadline = time.monotonic() + 5
+    while detail not in gateway.logs("processor") and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert detail in gateway.logs("processor")
 
 
 def test_route_without_metadata_strips(gateway, client):
@@ -383,7 +398,8 @@ def test_every_shipped_envoy_config_validates_and_passes_check_envoy(tmp_path):
         assert result.returncode == 0, f"{config.name}: {result.stdout}{result.stderr}"
         assert "OK" in result.stdout + result.stderr
         checked = subprocess.run(
-            [sys.executable, "-m", "ext_proc", "check-envoy", str(config)],
+            # The copy naming real certificates: check-envoy runs Envoy's validation too.
+            [sys.executable, "-m", "ext_proc", "check-envoy", str(local)],
             capture_output=True,
             text=True,
             check=False,

@@ -15,6 +15,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -408,8 +409,9 @@ def failover(tmp_path: Path) -> Iterator[tuple[Redis, Redis, Stack, Stack]]:
     (tmp_path / "replica").mkdir()
     master = Redis(tmp_path / "master")
     master.start()
+    # A master when its gateway starts (a processor starts only on a Redis that can
+    # keep the record), made a replica after.
     replica = Redis(tmp_path / "replica", "--save", "", "--appendonly", "no")
-    replica.extra += ("--replicaof", "127.0.0.1", str(master.port))
     replica.start()
     key = new_key()
     stacks = []
@@ -420,6 +422,8 @@ def failover(tmp_path: Path) -> Iterator[tuple[Redis, Redis, Stack, Stack]]:
             stack = Stack(tmp_path / name, proof_keys={KEY_ID: key}, processor_config=config)
             stacks.append(stack)
             stack.start()
+        replica.client().replicaof("127.0.0.1", master.port)
+        wait_for(lambda: replica.client().info("replication")["master_link_status"] == "up")
         yield master, replica, stacks[0], stacks[1]
     finally:
         for stack in stacks:
@@ -443,8 +447,10 @@ def test_a_promoted_replica_honors_no_proof_its_master_did_not_pass_on(failover,
     warmed_up(client, on_master)
     replicated(master, replica)
     assert replica.client().exists(redis_record.SINCE)
-    # A replica keeps no record of its own: writing to one would split the record.
-    assert '"error":"redis_not_master"' in on_replica.logs("processor")  # at start-up
+    # A replica keeps no record of its own: writing to one would split the record. No
+    # processor starts on one.
+    with pytest.raises(ConfigError, match="cannot keep the record: redis_not_master: "):
+        asyncio.run(checked(RedisRecord(replica.url, 1.0)))
     sent = chat(minted(client, on_replica))
     assert_record_refused(client, on_replica, sent, "redis_not_master")
     # The replica is cut off; a proof honored on the master never reaches it; the master
@@ -465,16 +471,15 @@ def test_a_promoted_replica_honors_no_proof_its_master_did_not_pass_on(failover,
 
 def test_a_redis_that_may_evict_keys_keeps_no_record(redis, tmp_path, client):
     """An evicted key is a forgotten proof: only noeviction keeps the record."""
-    server = Redis(
-        tmp_path, "--save", "", "--appendonly", "no", "--maxmemory-policy", "allkeys-lru"
-    )
+    server = Redis(tmp_path)
     server.start()
     config = {"proof": {"record": server.url, **SHORT}}
     (tmp_path / "gateway").mkdir()
     stack = Stack(tmp_path / "gateway", proof_keys={KEY_ID: new_key()}, processor_config=config)
     try:
         stack.start()
-        assert "this Redis cannot keep the record" in stack.logs("processor")  # at start-up
+        # Reconfigured under the running processor: each spend judges the Redis it meets.
+        server.client().config_set("maxmemory-policy", "allkeys-lru")
         sent = chat(minted(client, stack))
         assert_record_refused(client, stack, sent, "redis_evicts_keys")
         server.client().config_set("maxmemory-policy", "noeviction")
@@ -686,9 +691,9 @@ def reloaded(server: Redis, client: RedisClient) -> Ticket:
     return proof
 
 
-async def announced(record: RedisRecord) -> None:
+async def checked(record: RedisRecord) -> None:
     try:
-        await record.announce()
+        await record.check()
     finally:
         await record.close()
 
@@ -727,10 +732,9 @@ def test_a_redis_whose_statistics_were_reset_keeps_no_record_until_it_restarts(t
         with server.client() as client:
             redis_record.begin(client, int(time.time()) - 60)
             client.config_resetstat()
-        record = RedisRecord(server.url, 1.0)
-        asyncio.run(announced(record))  # the start-up line says so too
-        (line,) = [r for r in caplog.records if "cannot keep the record" in r.getMessage()]
-        assert getattr(line, "error", None) == "redis_stats_reset"
+        # No processor starts on it.
+        with pytest.raises(ConfigError, match="cannot keep the record: redis_stats_reset: "):
+            asyncio.run(checked(RedisRecord(server.url, 1.0)))
         now = int(time.time())
         assert spend(server, Ticket(b"p" * 16, now + 30, now)) is Verdict.UNAVAILABLE
         assert stats_reset(caplog)
@@ -808,3 +812,42 @@ def test_every_record_url_a_processor_accepts_reaches_the_one_record(tmp_path):
         assert asyncio.run(each()) == [Verdict.FIRST, Verdict.SPENT, Verdict.SPENT]
     finally:
         server.stop()
+
+
+def serve_on(record: str) -> subprocess.CompletedProcess[str]:
+    """``serve`` with ``record`` as its record of spent proofs, until it exits."""
+    listen = f"127.0.0.1:{processes.free_port()}"
+    command = [sys.executable, "-m", "ext_proc", "serve", "--listen", listen]
+    environ = {**os.environ, "EXT_PROC_PROOF": f'{{record: "{record}"}}'}
+    return subprocess.run(
+        [*command, "--metrics-listen", ""],
+        env=environ,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+
+
+@pytest.mark.parametrize(
+    ("extra", "said"),
+    [
+        (("--maxmemory-policy", "allkeys-lru"), "cannot keep the record: redis_evicts_keys: "),
+        (None, "the Redis cannot be consulted (ConnectionError: "),
+    ],
+    ids=["evicts", "down"],
+)
+def test_serve_starts_only_on_a_redis_that_keeps_the_record(tmp_path, extra, said):
+    server = Redis(tmp_path, "--save", "", "--appendonly", "no", *(extra or ()))
+    if extra is not None:
+        server.start()
+    try:
+        done = serve_on(server.url)
+    finally:
+        if extra is not None:
+            server.stop()
+    assert done.returncode == 2
+    # One line naming the setting, nothing served (no "serving" line, no traceback).
+    assert done.stderr.startswith("ext_proc: proof.record: ")
+    assert said in done.stderr
+    assert done.stderr.count("\n") == 1

@@ -1,5 +1,8 @@
-"""``check-envoy FILE [--listener NAME] [--declared-filter NAME]``: check an Envoy
-configuration offline, before it protects anything.
+"""``check-envoy FILE [--listener NAME] [--declared-filter NAME] [--no-envoy-validate]``:
+check an Envoy configuration offline, before it protects anything.
+
+The real Envoy validates the file first (``envoy_validate``: ``envoy --mode validate``),
+and this processor's filter reaches it through a cluster the bootstrap lists.
 
 This processor's ext_proc filters are those that request its route metadata attributes;
 another service's ext_proc filter (an endpoint picker's) may run after them and after

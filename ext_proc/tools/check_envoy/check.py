@@ -28,6 +28,7 @@ def check(
     request (llm-d's endpoint picker)."""
     found, missing = reader.managers(config, listeners)
     clusters = reader.http_options(config)
+    known = reader.clusters(config)
     findings: list[Finding] = []
     if missing:
         findings.append(error("listener-missing", "", f"no listener named {', '.join(missing)}"))
@@ -37,6 +38,9 @@ def check(
     for index, entry in enumerate(found):
         chain = reader.read_chain(index, entry, namespace)
         findings.extend(_chain(chain))
+        for ours in chain.ours:
+            place = f"{chain.place} filter {ours.get('name')}"
+            findings.extend(filters.processor_cluster(place, ours, known))
         if chain.ours:
             findings.extend(after_decision(chain, declared, clusters))
             decides = False

@@ -6,11 +6,10 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import yaml
-
 from ext_proc.core.route_policy import DEFAULT_NAMESPACE
+from ext_proc.tools.check_envoy import envoy_validate, reader
 from ext_proc.tools.check_envoy.check import check
-from ext_proc.tools.check_envoy.findings import Finding
+from ext_proc.tools.check_envoy.findings import Finding, Report
 
 
 def line(finding: Finding) -> str:
@@ -23,13 +22,19 @@ def main(
     namespace: str | None = None,
     listeners: frozenset[str] | None = None,
     declared: frozenset[str] = frozenset(),
+    envoy: str | None = None,
 ) -> int:
+    """``envoy``: the binary that validates the file first (``envoy_validate``); None
+    skips it."""
     try:
-        config = yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError) as exc:
-        print(f"{path}: cannot read: {exc}", file=sys.stderr)
+        config = reader.load(path)
+    except reader.Unreadable as exc:
+        print(exc, file=sys.stderr)
         return 1
     report = check(config, namespace or DEFAULT_NAMESPACE, listeners, declared)
+    rejected = None if envoy is None else envoy_validate.validate(path, envoy)
+    if rejected is not None:
+        report = Report((rejected, *report.findings), report.routes)
     # Warnings first, then errors: the errors end up next to the verdict.
     for severity in ("warning", "error"):
         for finding in report.findings:

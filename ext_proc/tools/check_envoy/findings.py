@@ -25,6 +25,8 @@ CODES: Final[Mapping[str, str]] = MappingProxyType(
         "path-not-normalized": "normalize_path is not true",
         "escaped-slashes-kept": "path_with_escaped_slashes_action keeps '%2F' in the path",
         "upgrade-filter-chain": "an upgrade runs a filter chain of its own",
+        "envoy-rejects": "Envoy itself rejects the configuration (envoy --mode validate)",
+        "envoy-file-missing": "Envoy stopped at a file this machine lacks; the rest unvalidated",
         # This processor's ext_proc filter, and its per-route configurations.
         "failure-mode-allow": "the filter fails open (failure_mode_allow)",
         "observability-mode": "the filter runs in observability_mode",
@@ -36,6 +38,8 @@ CODES: Final[Mapping[str, str]] = MappingProxyType(
         "streamed-without-trailers": "FULL_DUPLEX_STREAMED without request_trailer_mode SEND",
         "override-fails-open": "an ExtProcPerRoute override sets failure_mode_allow",
         "per-route-name-unknown": "an ext_proc per-route configuration names no filter",
+        "processor-cluster-missing": "the filter's grpc_service names no static cluster",
+        "processor-cluster-unseen": "the filter's grpc_service cluster comes from CDS",
         # Other filters of the chain.
         "other-ext-proc-first": "another ext_proc filter runs before this processor's",
         "other-ext-proc-before-hold": "another ext_proc filter runs before the buffer filter",

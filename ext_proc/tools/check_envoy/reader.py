@@ -9,7 +9,10 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Final
+
+import yaml
 
 from ext_proc.edge.attributes import attribute_keys
 from ext_proc.tools.envoy_names import PER_ROUTE_TYPE
@@ -23,6 +26,27 @@ BUFFER_PER_ROUTE: Final = _TYPE_URL + "envoy.extensions.filters.http.buffer.v3.B
 HCM: Final = (
     _TYPE_URL + "envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager"
 )
+
+
+class Unreadable(ValueError):
+    """The file cannot be read as YAML; the message is one line naming it."""
+
+
+def load(path: Path) -> Any:
+    """The YAML document in ``path``, or ``Unreadable``."""
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise Unreadable(f"{path}: cannot read: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise Unreadable(f"{path}: not YAML: not UTF-8 text") from None
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        mark = getattr(exc, "problem_mark", None)
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
+        raise Unreadable(f"{path}: not YAML: {problem}{where}") from None
 
 
 def walk(node: Any) -> Iterator[dict[str, Any]]:
@@ -224,3 +248,23 @@ def http_options(config: Any) -> dict[str, dict[str, Any]]:
             if isinstance(given, dict) and given.get("@type") == HTTP_OPTIONS:
                 found[str(node["name"])] = given
     return found
+
+
+@dataclass(frozen=True)
+class Clusters:
+    """The clusters the bootstrap lists (``static_resources``), and whether others come
+    at run time (``dynamic_resources.cds_config``), which this check cannot see."""
+
+    static: frozenset[str]
+    from_cds: bool
+
+
+def clusters(config: Any) -> Clusters | None:
+    """None for a document that is no bootstrap (a listener alone, a platform's patch):
+    its clusters are defined elsewhere."""
+    if not isinstance(config, dict) or not isinstance(config.get("static_resources"), dict):
+        return None
+    listed = config["static_resources"].get("clusters", [])
+    names = frozenset(str(c["name"]) for c in listed if isinstance(c, dict) and "name" in c)
+    dynamic = config.get("dynamic_resources", {})
+    return Clusters(names, from_cds=isinstance(dynamic, dict) and "cds_config" in dynamic)

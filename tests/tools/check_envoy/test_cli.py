@@ -57,7 +57,13 @@ def test_an_unreadable_file_is_one_line_and_exit_1(tmp_path, capsys):
     assert main(path) == 1
     captured = capsys.readouterr()
     assert captured.out == ""
-    assert captured.err.startswith(f"{path}: cannot read: ")
+    assert captured.err.startswith(f"{path}: not YAML: ")
+    assert captured.err.count("\n") == 1
+    assert main(tmp_path / "missing.yaml") == 1
+    assert (
+        capsys.readouterr().err
+        == f"{tmp_path / 'missing.yaml'}: cannot read: No such file or directory\n"
+    )
 
 
 def test_a_declared_filter_is_named_on_the_command_line(tmp_path, capsys):

@@ -9,7 +9,14 @@ from typing import Any, Final
 
 from ext_proc.edge.attributes import HEADERS, attribute_keys
 from ext_proc.tools.check_envoy.findings import Finding, error, warning
-from ext_proc.tools.check_envoy.reader import BUFFER, PER_ROUTE, Chain, is_ext_proc, walk
+from ext_proc.tools.check_envoy.reader import (
+    BUFFER,
+    PER_ROUTE,
+    Chain,
+    Clusters,
+    is_ext_proc,
+    walk,
+)
 
 INSPECTABLE: Final = ("BUFFERED", "FULL_DUPLEX_STREAMED")
 
@@ -142,3 +149,31 @@ def per_route_names(chain: Chain) -> Iterator[Finding]:
                     f"typed_per_filter_config {name!r} names no filter of the chain "
                     f"({', '.join(sorted(names))}): Envoy ignores it. Key it by the filter's name",
                 )
+
+
+def processor_cluster(
+    place: str, entry: dict[str, Any], known: Clusters | None
+) -> Iterator[Finding]:
+    """The cluster this processor's filter reaches it through (``envoy_grpc``) is one
+    the bootstrap lists: a missing one fails every request, and one from CDS is not
+    seen here. A ``google_grpc`` target names no cluster; a document that is no
+    bootstrap (``known`` None) lists none."""
+    target = entry["typed_config"].get("grpc_service", {}).get("envoy_grpc")
+    if known is None or not isinstance(target, dict):
+        return
+    name = target.get("cluster_name")
+    if name in known.static:
+        return
+    if known.from_cds:
+        yield error(
+            "processor-cluster-unseen",
+            place,
+            f"grpc_service cluster {name!r} is not a static cluster; clusters come from CDS, "
+            "which this check cannot see (list it in static_resources to check it)",
+        )
+        return
+    yield error(
+        "processor-cluster-missing",
+        place,
+        f"grpc_service cluster {name!r} is not among the static clusters; every request would fail",
+    )

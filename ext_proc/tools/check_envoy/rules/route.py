@@ -12,7 +12,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from ext_proc.core.errors import RoutePolicyError
-from ext_proc.core.route_policy import FIELDS, Action, RoutePolicy, parse
+from ext_proc.core.route_policy import Action, RoutePolicy, parse_whole
 from ext_proc.edge.attributes import as_cel
 from ext_proc.tools import route_probes
 from ext_proc.tools.check_envoy.effective import ext_proc_mode, ext_proc_runs
@@ -82,8 +82,7 @@ def policy_of(route: Route, namespace: str) -> RoutePolicy | Finding:
     if not isinstance(policy, dict):
         return error("policy-not-mapping", route.place, f"'{namespace}' metadata must be a mapping")
     try:
-        values = {k: as_cel(v) for k, v in policy.items() if k in FIELDS}
-        return parse(values, len(policy), namespace)
+        return parse_whole({k: as_cel(v) for k, v in policy.items()}, namespace)
     except RoutePolicyError as exc:
         return error("policy-invalid", route.place, exc.message)
 

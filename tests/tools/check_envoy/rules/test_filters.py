@@ -5,6 +5,7 @@ import copy
 
 import pytest
 
+from ext_proc.tools.check_envoy import check
 from tests.tools.check_envoy.shipped import (
     BUFFER,
     EXT_PROC,
@@ -12,6 +13,7 @@ from tests.tools.check_envoy.shipped import (
     FILTER_CONFIG,
     HCM,
     OURS,
+    SHIPPED,
     VHOST,
     at,
     ext_proc,
@@ -207,3 +209,41 @@ def test_without_this_processors_filter_nothing_else_is_checked():
     report = mutated(lambda c: hcm(c)["http_filters"].pop(ext_proc_index(c)))
     assert found(report) == [("ext-proc-missing", HCM)]
     assert report.routes == 0
+
+
+# --- the cluster the filter reaches the processor through ---------------------------------
+
+
+def _cluster_renamed(config):
+    ext_proc(config)["grpc_service"]["envoy_grpc"]["cluster_name"] = "ext_proc_typo"
+
+
+def _cluster_from_cds(config):
+    _cluster_renamed(config)
+    config["dynamic_resources"] = {"cds_config": {"ads": {}}}
+
+
+def _google_grpc(config):
+    ext_proc(config)["grpc_service"] = {
+        "google_grpc": {"target_uri": "127.0.0.1:50051", "stat_prefix": "ext_proc"}
+    }
+
+
+@pytest.mark.parametrize(
+    ("change", "expected"),
+    [
+        (_cluster_renamed, [("processor-cluster-missing", OURS)]),
+        (_cluster_from_cds, [("processor-cluster-unseen", OURS)]),
+        (_google_grpc, []),
+    ],
+    ids=["missing", "from-cds", "google-grpc"],
+)
+def test_the_processors_cluster_is_a_static_cluster(change, expected):
+    assert found(mutated(change)) == expected
+
+
+def test_a_document_that_is_no_bootstrap_lists_no_cluster_to_check():
+    config = copy.deepcopy(SHIPPED)
+    _cluster_renamed(config)
+    (listener,) = config["static_resources"]["listeners"]
+    assert check(listener).errors == []  # a listener alone: its clusters are elsewhere

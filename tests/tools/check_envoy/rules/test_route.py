@@ -135,6 +135,12 @@ def test_invalid_metadata_is_an_error(change):
     assert found(mutated(change)) == [("policy-invalid", at("disaggregated"))]
 
 
+def test_an_unknown_metadata_field_is_named():
+    report = mutated(lambda c: policy(c, "disaggregated").update(topolgy="aggregated"))
+    (text,) = report.errors
+    assert "unknown field 'ext_proc.token_policy.topolgy'" in text
+
+
 def test_metadata_that_is_not_a_mapping_is_an_error():
     def change(config):
         route(config, "aggregated")["metadata"]["filter_metadata"]["ext_proc.token_policy"] = "x"
