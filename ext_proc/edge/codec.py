@@ -210,14 +210,14 @@ class Decoder:
         for name in groups:
             struct = groups[name]
             fields = struct.fields
-            for key, header in _PER_REQUEST:
-                if key in fields:
-                    value = fields[key]
+            for attribute, header in _PER_REQUEST:
+                if attribute in fields:
+                    found = fields[attribute]
                     # As _attributes reads it: the last group's value, a string or nothing.
                     taken[header] = (
-                        value.string_value if value.WhichOneof("kind") == "string_value" else None
+                        found.string_value if found.WhichOneof("kind") == "string_value" else None
                     )
-                    del fields[key]
+                    del fields[attribute]
             serialized = struct.SerializeToString(deterministic=True)
             size += len(name) + len(serialized)
             parts += (name, serialized)
