@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import time
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -26,9 +27,10 @@ SERVER = 2  # Span.SpanKind.SPAN_KIND_SERVER
 UNSET = 0  # Status.StatusCode.STATUS_CODE_UNSET
 
 
-def _traced(collector: HostPort) -> Any:
+def _traced(collector: HostPort, *, sample_by_request_id: bool = False) -> Any:
     """An edit of the rendered config: Envoy's OpenTelemetry tracer on the gateway's
-    connection manager, exporting each span at once to ``collector``."""
+    connection manager, exporting each span at once to ``collector``; the trace decision
+    taken from the request id only with ``sample_by_request_id`` (Envoy's default)."""
 
     def edit(config: dict[str, Any]) -> None:
         hcm = config["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]
@@ -52,7 +54,7 @@ def _traced(collector: HostPort) -> Any:
             "typed_config": {
                 "@type": "type.googleapis.com/envoy.extensions.request_id.uuid.v3."
                 "UuidRequestIdConfig",
-                "use_request_id_for_trace_sampling": False,
+                "use_request_id_for_trace_sampling": sample_by_request_id,
             }
         }
         config["static_resources"]["clusters"].append(
@@ -121,12 +123,20 @@ def traced(
         yield running
 
 
-def _decision(spans: list[Span], request_id: str) -> Span | None:
+def _decision(spans: list[Span], request_id: str, service: str = PROCESSOR_SERVICE) -> Span | None:
     for span in spans:
         ids = span.attributes.get("http.request.header.x-request-id")
-        if span.service == PROCESSOR_SERVICE and ids == [request_id]:
+        if span.service == service and ids == [request_id]:
             return span
     return None
+
+
+def _same_id(logged: str | None, sent: str) -> bool:
+    """Whether Envoy logged ``sent`` as the id the request came with: Envoy's tracer
+    writes its trace decision into the version digit of a UUID request id."""
+    if logged is None or len(logged) != len(sent):
+        return False
+    return logged == sent or (logged[:14] + logged[15:] == sent[:14] + sent[15:])
 
 
 def _send(stack: Stack, path: str, body: dict[str, Any], client_id: str) -> tuple[int, str]:
@@ -142,7 +152,7 @@ def _send(stack: Stack, path: str, body: dict[str, Any], client_id: str) -> tupl
     deadline = time.monotonic() + 10
     while True:
         lines = [json.loads(x) for x in stack.logs("envoy").splitlines() if x.startswith("{")]
-        entries = [x for x in lines if x.get("client_request_id") == client_id]
+        entries = [x for x in lines if _same_id(x.get("client_request_id"), client_id)]
         if entries or time.monotonic() > deadline:
             break
         time.sleep(0.05)
@@ -204,3 +214,32 @@ def test_the_decision_span_is_a_child_of_envoys_span(
     # The client's id is on the span beside the gateway's; only the gateway's went on.
     assert attributes["http.request.header.x-client-request-id"] == [client_id]
     assert request_id != client_id
+
+
+def test_by_default_a_clients_request_id_decides_whether_envoy_traces(
+    tmp_path_factory: pytest.TempPathFactory, collector: Collector
+) -> None:
+    """Envoy's default (``use_request_id_for_trace_sampling: true``) takes the trace
+    decision from the x-request-id the request came with: a client's id that is no UUID
+    keeps the request out of Envoy's trace and so out of the processor's, which follows
+    Envoy's sampled flag. A UUID is traced (and shows the export works)."""
+    tracing = {"enabled": True, "endpoint": str(collector.address)}
+    with Stack(
+        tmp_path_factory.mktemp("traced-by-id"),
+        source=BODY_MODES["one-message"],
+        edit=_traced(collector.address, sample_by_request_id=True),
+        processor_config={"tracing": tracing},
+    ) as stack:
+        _, untraced = _send(stack, "/v1/chat/completions", CHAT, "client-no-uuid")
+        _, traced = _send(stack, "/v1/chat/completions", CHAT, str(uuid.uuid4()))
+        spans = collector.wait_for(
+            lambda found: (
+                any(
+                    s.name == "ingress" and s.attributes.get("guid:x-request-id") == traced
+                    for s in found
+                )
+                and _decision(found, traced, "ext-proc-token-policy") is not None
+            )
+        )
+    assert _decision(spans, untraced, "ext-proc-token-policy") is None
+    assert not [s for s in spans if s.attributes.get("guid:x-request-id") == untraced]
