@@ -49,6 +49,9 @@ EXTRA: Final = f"{DISTRIBUTION}[tracing]"
 _CONTEXT: Final = ("traceparent", "tracestate")
 # Request ids on the span, as OpenTelemetry names a request header's values.
 _IDS: Final = ("x-request-id", "x-client-request-id")
+# The longest attribute value a span keeps: a client's request id and path can be as
+# long as Envoy's header limit (60 KiB), and every span of theirs is exported.
+ATTRIBUTE_LENGTH: Final = 256
 
 
 Carrier = dict[str, str]
@@ -167,7 +170,7 @@ def start(tracing: Tracing) -> Spans | None:
             OTLPSpanExporter,
         )
         from opentelemetry.sdk.resources import Resource  # noqa: PLC0415
-        from opentelemetry.sdk.trace import TracerProvider  # noqa: PLC0415
+        from opentelemetry.sdk.trace import SpanLimits, TracerProvider  # noqa: PLC0415
         from opentelemetry.sdk.trace.export import BatchSpanProcessor  # noqa: PLC0415
         from opentelemetry.sdk.trace.sampling import (  # noqa: PLC0415
             ParentBased,
@@ -185,7 +188,9 @@ def start(tracing: Tracing) -> Spans | None:
     )
     # Not the global provider: the process's spans go where this configuration says.
     provider = TracerProvider(
-        resource=resource, sampler=ParentBased(TraceIdRatioBased(tracing.sample_ratio))
+        resource=resource,
+        sampler=ParentBased(TraceIdRatioBased(tracing.sample_ratio)),
+        span_limits=SpanLimits(max_span_attribute_length=ATTRIBUTE_LENGTH),
     )
     exporter = OTLPSpanExporter(endpoint=f"http://{tracing.endpoint}", insecure=True)
     # Exported from the processor's own thread, in batches: a request only queues its span.

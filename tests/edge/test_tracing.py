@@ -132,6 +132,25 @@ def test_an_unsampled_parent_records_nothing(spans, collector):
     assert span.parent_span_id == ""
 
 
+def test_a_clients_long_values_are_cut(spans, collector):
+    """A client chooses its request id and path, up to Envoy's header limit: the span
+    keeps ``ATTRIBUTE_LENGTH`` characters of each."""
+    long = b"x" * 10_000
+    request = RequestHeaders(
+        headers=(("x-client-request-id", long),),
+        end_of_stream=False,
+        body_mode=BodyMode.BUFFERED,
+        route=RouteMetadata({}, 0.0, "r"),
+        path="/" + "p" * 10_000,
+    )
+    outcome = Outcome(NO_PARAMS, audit=False, route="r", body_size=2, request_id="")
+    spans.decided(outcome, {}, request, tracing.now_ns())
+    (span,) = _exported(spans, collector)
+    (client_id,) = span.attributes["http.request.header.x-client-request-id"]
+    assert client_id == "x" * tracing.ATTRIBUTE_LENGTH
+    assert span.attributes["url.path"] == "/" + "p" * (tracing.ATTRIBUTE_LENGTH - 1)
+
+
 def test_the_request_comes_with_its_first_message():
     request = _request()
     assert tracing.request_of(request) is request
