@@ -13,6 +13,7 @@ from typing import Final
 
 from devstack.markers import splice
 from ext_proc.core.route_policy import DEFAULT_NAMESPACE, FIELDS
+from ext_proc.edge.attributes import READ_HEADERS
 from ext_proc.tools import refused_paths
 from ext_proc.tools.inventory import classification as c
 from ext_proc.tools.inventory import derive
@@ -45,6 +46,8 @@ _FIELD: Final = re.compile(
     r"\.\w+\"?\n",
     re.MULTILINE,
 )
+# A run of the request headers' CEL attributes (one message per request), quoted or not.
+_HEADER: Final = re.compile(r"^( *)- (\"?)request\.headers\['[\w-]+'\]\"?\n", re.MULTILINE)
 
 # What a caller the route does not trust gets, per class, in the tables.
 _REMOVED: Final = "removed (400 where the route denies); kept for a trusted caller"
@@ -159,13 +162,22 @@ def header_step(text: str, headers: Iterable[str]) -> str:
 def attributes(text: str) -> str:
     """``text`` with each run of the policy fields' CEL attributes (the ext_proc
     filter's request_attributes) replaced by one line per field of the route policy,
-    in the run's indentation and quoting."""
+    and each run of request header attributes by one line per header the processor
+    reads from them (``attributes.READ_HEADERS``), in the run's indentation and
+    quoting."""
+    base = f"xds.route_metadata.filter_metadata['{DEFAULT_NAMESPACE}']"
+    fields = [f"{base}.{name}" for name in FIELDS]
+    return _rewrite_runs(_rewrite_runs(text, _FIELD, fields), _HEADER, READ_HEADERS.values())
+
+
+def _rewrite_runs(text: str, pattern: re.Pattern[str], lines: Iterable[str]) -> str:
+    """``text`` with each run of list items ``pattern`` matches replaced by ``lines``."""
+    wanted = list(lines)
     out, at = [], 0
-    for start, end, indent in _runs(text, _FIELD):
+    for start, end, indent in _runs(text, pattern):
         quote = '"' if text[start:end].lstrip(" -").startswith('"') else ""
         out.append(text[at:start])
-        base = f"xds.route_metadata.filter_metadata['{DEFAULT_NAMESPACE}']"
-        out.extend(f"{indent}- {quote}{base}.{name}{quote}\n" for name in FIELDS)
+        out.extend(f"{indent}- {quote}{line}{quote}\n" for line in wanted)
         at = end
     out.append(text[at:])
     return "".join(out)

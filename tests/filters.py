@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ext_proc.edge.attributes import HEADERS, attribute_keys
+from ext_proc.edge.attributes import READ_HEADERS, attribute_keys
 from ext_proc.tools.check_envoy import EXT_PROC
 
 
@@ -20,5 +20,5 @@ def assert_fails_closed(
     assert config["message_timeout"] == "5s"
     assert config["processing_mode"]["request_body_mode"] == body_mode
     assert config["processing_mode"]["request_header_mode"] == ("SKIP" if one_message else "SEND")
-    headers = list(HEADERS.values()) if one_message else []
+    headers = list(READ_HEADERS.values()) if one_message else []
     assert config["request_attributes"] == [*attribute_keys().all(), *headers]

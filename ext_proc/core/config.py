@@ -131,6 +131,35 @@ def names_database_zero(url: str) -> bool:
     return parts.scheme == "unix" or unquote(parts.path) in ("", "/", "/0")
 
 
+class Tracing(BaseModel):
+    """OpenTelemetry spans of the processor's decisions (docs/operations.md#traces).
+
+    Off by default: when off, nothing of OpenTelemetry is imported and a request pays
+    one attribute test. On, it needs the ``tracing`` extra of the package."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
+
+    enabled: bool = False
+    # The OTLP/gRPC collector, host:port (plain text: a collector beside the processor,
+    # as Envoy's own tracer reaches one).
+    endpoint: str = "127.0.0.1:4317"
+    # The share of traces recorded when no parent says (a request Envoy did not trace).
+    # A request whose traceparent carries a decision follows it: Envoy's tracer samples,
+    # the processor's span joins exactly the traces Envoy records.
+    sample_ratio: float = Field(1.0, ge=0, le=1, strict=False)
+    # The ``service.name`` resource attribute of every span.
+    service_name: str = Field("ext-proc-token-policy", min_length=1)
+
+    @field_validator("endpoint")
+    @classmethod
+    def _endpoint(cls, value: str) -> str:
+        try:
+            HostPort.parse(value)
+        except ValueError as exc:
+            raise ValueError(f"tracing.endpoint must be host:port: {exc}") from None
+        return value
+
+
 class Config(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
 
@@ -165,6 +194,7 @@ class Config(BaseModel):
     metrics_listen: str = "127.0.0.1:9464"
     route_metadata_namespace: str = Field(DEFAULT_NAMESPACE, min_length=1)
     proof: Proof = Field(default_factory=lambda: Proof.model_validate({}))
+    tracing: Tracing = Field(default_factory=lambda: Tracing.model_validate({}))
     # After a stop signal: health reports NOT_SERVING for drain_seconds while streams
     # are still accepted (so Envoy's health checks move traffic away), then in-flight
     # streams get shutdown_grace_seconds to finish.

@@ -24,6 +24,19 @@ ROUTE_NAME: Final = "xds.route_name"
 # Headers the processor checks, requested as attributes when the headers message is
 # skipped.
 HEADERS: Final = {name: f"request.headers['{name}']" for name in CHECKED_HEADERS}
+# Headers only the span of a decision reads (``ext_proc.edge.tracing``), requested beside
+# HEADERS when the headers message is skipped: the W3C trace context Envoy's tracer sets
+# (a client's, where Envoy traces nothing), and the request id the request came with,
+# which the header step moved aside. Nothing is decided on them, so a config without
+# them loses only the join of the traces.
+TRACE_HEADERS: Final = {
+    name: f"request.headers['{name}']"
+    for name in ("traceparent", "tracestate", "x-client-request-id")
+}
+# Every header read from attributes, in the order the codec lists them; the ones whose
+# value is new with every request (the ids, the trace context) come last.
+READ_HEADERS: Final = {**HEADERS, **TRACE_HEADERS}
+PER_REQUEST: Final = ("x-request-id", *TRACE_HEADERS)
 
 # The request's path without its query (after Envoy's normalisation, before the route's
 # rewrite): with the route's rewrite it names the API the upstream serves.
@@ -51,7 +64,7 @@ class AttributeKeys:
     wanted: frozenset[str] = field(init=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "wanted", frozenset((*self.all(), *HEADERS.values())))
+        object.__setattr__(self, "wanted", frozenset((*self.all(), *READ_HEADERS.values())))
 
     @classmethod
     def for_namespace(cls, namespace: str = DEFAULT_NAMESPACE) -> AttributeKeys:

@@ -40,7 +40,11 @@ from ext_proc.edge import attributes, peer
 from ext_proc.edge.attributes import AttributeKeys
 
 _SCALARS: Final = frozenset({"string_value", "number_value", "bool_value"})
-_REQUEST_ID: Final = attributes.HEADERS["x-request-id"]
+# The attributes whose values are new with every request, by key, with their header
+# names: kept out of ``Decoder``'s memo.
+_PER_REQUEST: Final = tuple(
+    (attributes.READ_HEADERS[name], name) for name in attributes.PER_REQUEST
+)
 # Distinct preambles remembered (routes x header variants seen), and the largest
 # attributes remembered: header values are the client's, up to Envoy's header limit, so
 # only small ones are kept and the memo stays within a few MiB.
@@ -86,7 +90,7 @@ def _route_metadata(found: dict[str, Scalar], keys: AttributeKeys) -> RouteMetad
 def _headers_from_attributes(found: dict[str, Scalar]) -> tuple[tuple[str, bytes], ...]:
     return tuple(
         (name, value.encode("latin-1", "replace"))
-        for name, key in attributes.HEADERS.items()
+        for name, key in attributes.READ_HEADERS.items()
         if isinstance(value := found.get(key), str)
     )
 
@@ -175,12 +179,13 @@ def _decode(request: pb.ProcessingRequest, preamble: _Preamble, keys: AttributeK
 class Decoder:
     """``decode`` with a bounded memo of preambles, for one servicer.
 
-    Every request of a route carries the same attributes but for its x-request-id, and
-    reading them field by field costs several times what the rest of an allowed
-    request does. The memo is keyed by the exact bytes of the attributes (map entries
-    in sorted order) with the x-request-id taken out, so what it returns is what
-    ``decode`` would have read; the request id is added back to the headers, last, as
-    ``decode`` places it. Taking it out changes ``request``: a message is decoded once.
+    Every request of a route carries the same attributes but for its ids and trace
+    context (``attributes.PER_REQUEST``), and reading them field by field costs several
+    times what the rest of an allowed request does. The memo is keyed by the exact bytes
+    of the attributes (map entries in sorted order) with those taken out, so what it
+    returns is what ``decode`` would have read; they are added back to the headers,
+    last, in the order ``decode`` places them. Taking them out changes ``request``: a
+    message is decoded once.
     Keys are client-influenced (the content-type header), so the memo is emptied when
     full and attributes over ``PREAMBLE_MEMO_BYTES`` are never kept: a miss costs only
     the uncached reading.
@@ -197,7 +202,7 @@ class Decoder:
     def _preamble(self, request: pb.ProcessingRequest) -> RequestHeaders | None:
         if not request.HasField("protocol_config"):
             return None
-        request_id: str | None = None
+        taken: dict[str, str | None] = {}
         config = request.protocol_config
         parts: list[object] = [config.request_body_mode, config.response_body_mode]
         size = 0
@@ -205,13 +210,14 @@ class Decoder:
         for name in groups:
             struct = groups[name]
             fields = struct.fields
-            if _REQUEST_ID in fields:
-                value = fields[_REQUEST_ID]
-                # As _attributes reads it: the last group's value, a string or nothing.
-                request_id = (
-                    value.string_value if value.WhichOneof("kind") == "string_value" else None
-                )
-                del fields[_REQUEST_ID]
+            for attribute, header in _PER_REQUEST:
+                if attribute in fields:
+                    found = fields[attribute]
+                    # As _attributes reads it: the last group's value, a string or nothing.
+                    taken[header] = (
+                        found.string_value if found.WhichOneof("kind") == "string_value" else None
+                    )
+                    del fields[attribute]
             serialized = struct.SerializeToString(deterministic=True)
             size += len(name) + len(serialized)
             parts += (name, serialized)
@@ -224,10 +230,15 @@ class Decoder:
                 if len(self._memo) >= self._size:
                     self._memo.clear()
                 self._memo[key] = cached
-        if request_id is None:
+        if not taken:
             return cached
+        added = [
+            (header, value.encode("latin-1", "replace"))
+            for header in attributes.PER_REQUEST
+            if header in taken and (value := taken[header]) is not None
+        ]
         return RequestHeaders(
-            (*cached.headers, ("x-request-id", request_id.encode("latin-1", "replace"))),
+            (*cached.headers, *added),
             cached.end_of_stream,
             cached.body_mode,
             cached.route,

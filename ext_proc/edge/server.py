@@ -30,7 +30,7 @@ from ext_proc._pb import external_processor_pb2_grpc as pb_grpc
 from ext_proc.core.address import UNIX_PREFIX, HostPort
 from ext_proc.core.config import Config, ConfigError
 from ext_proc.core.replay import Record
-from ext_proc.edge import allocator, logs
+from ext_proc.edge import allocator, logs, tracing
 from ext_proc.edge.metrics import Endpoint, Metrics, serve_metrics
 from ext_proc.edge.record import LocalRecord
 from ext_proc.edge.redis_record import RedisRecord
@@ -148,7 +148,8 @@ async def listen(
     )
     metrics = Metrics()
     record = open_record(config, metrics, record_file)
-    processor = ExternalProcessor(config, metrics=metrics, record=record)
+    spans = tracing.start(config.tracing)
+    processor = ExternalProcessor(config, metrics=metrics, record=record, spans=spans)
     pb_grpc.add_ExternalProcessorServicer_to_server(processor, server)
     health_servicer = health.aio.HealthServicer()
     await _set_health(health_servicer, health_pb2.HealthCheckResponse.NOT_SERVING)
@@ -263,6 +264,7 @@ class Server:
                 # 0: mint routes sign nothing and no proof verifies (not an error:
                 # routes without mint or honor need no key).
                 "proof_keys": len(config.proof.keys),
+                "tracing": config.tracing.endpoint if config.tracing.enabled else "off",
             },
         )
 
@@ -317,6 +319,9 @@ class Server:
         if self.running is not None:
             await self.running.server.stop(None)
             await self.running.processor.record.close()
+            spans = self.running.processor.spans
+            if spans is not None:
+                await asyncio.to_thread(spans.shutdown)  # the spans still queued exported
         if self.metrics is not None:
             await asyncio.to_thread(self.metrics.close)
         logs.flush()

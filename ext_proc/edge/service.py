@@ -12,7 +12,7 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import grpc
 
@@ -22,16 +22,17 @@ from ext_proc.core.budget import Budget
 from ext_proc.core.config import Config, ConfigError
 from ext_proc.core.decisions import Allow, Deny
 from ext_proc.core.errors import ProtocolError
-from ext_proc.core.events import Event, Outcome, Step, TimedOut
+from ext_proc.core.events import Event, Outcome, RequestHeaders, Step, TimedOut
 from ext_proc.core.proof import Trust
 from ext_proc.core.replay import Record
 from ext_proc.core.stream import Stream
-from ext_proc.edge import logs
+from ext_proc.edge import logs, tracing
 from ext_proc.edge.attributes import attribute_keys
 from ext_proc.edge.codec import Decoder, Encoder
 from ext_proc.edge.keys import KeyRing
 from ext_proc.edge.metrics import Metrics
 from ext_proc.edge.record import LocalRecord
+from ext_proc.edge.tracing import Spans
 
 log = logging.getLogger("ext_proc.decision")
 
@@ -43,6 +44,10 @@ class _Usage:
     outcome: Outcome | None = None
     busy: float = 0.0  # processor time spent on this request
     request_id: str = ""  # the request's x-request-id once its headers are in (for logs)
+    # With tracing on: the request's headers and route, and when its first message came.
+    request: RequestHeaders | None = None
+    call: tracing.Carrier = field(default_factory=dict)  # the trace context of the gRPC call
+    started_ns: int = 0
 
 
 class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
@@ -52,8 +57,11 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc
         budget: Budget | None = None,
         metrics: Metrics | None = None,
         record: Record | None = None,
+        spans: Spans | None = None,
     ) -> None:
         self._config = config
+        # None with tracing off: a request then pays one test for it.
+        self.spans = spans
         self._decode = Decoder(attribute_keys(config.route_metadata_namespace))
         self._encode = Encoder(config.route_metadata_namespace)
         self.metrics = metrics if metrics is not None else Metrics()
@@ -118,6 +126,8 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc
         metrics = self.metrics
         self.open_streams += 1
         usage = _Usage()
+        if self.spans is not None:
+            usage.call = tracing.call_context(context.invocation_metadata())
         try:
             await self._converse(context, stream, usage)
         except asyncio.CancelledError:
@@ -128,6 +138,8 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc
         except Exception:
             metrics.stream_errors.labels("internal").inc()
             log.exception("internal error", extra={"request_id": usage.request_id})
+            if self.spans is not None:
+                self.spans.failed("internal", usage.call, usage.request, usage.started_ns)
             raise
         finally:
             stream.close()
@@ -159,7 +171,8 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc
             try:
                 responses, step = await self._answer(stream, event, usage)
             except ProtocolError as exc:
-                await self._abort(context, exc.request_id, str(exc))
+                usage.request_id = exc.request_id
+                await self._abort(context, usage, str(exc))
                 return
             waiting, held, final = step.waiting_for_body, step.held, step.final
             del event, step  # nothing of the body outlives its answers
@@ -174,7 +187,7 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc
         if waiting:
             # Envoy closed its side mid-body. Ending the RPC cleanly now could let a held
             # request through; end it with an error instead.
-            await self._abort(context, usage.request_id, "stream ended before the end of the body")
+            await self._abort(context, usage, "stream ended before the end of the body")
 
     async def _answer(
         self, stream: Stream, event: Event, usage: _Usage
@@ -183,6 +196,11 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc
         the step says so) and its encoded answers; its outcome is counted. The
         processor's time goes to ``usage``, the record's round trip does not. Raises
         ``ProtocolError``."""
+        spans = self.spans
+        if spans is not None and usage.request is None:
+            if not usage.started_ns:
+                usage.started_ns = tracing.now_ns()
+            usage.request = tracing.request_of(event)
         started = time.perf_counter()
         step = stream.handle(event)
         if step.ask is not None:
@@ -195,6 +213,8 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc
             usage.outcome = step.outcome
             self._record(step.outcome)
         usage.busy += time.perf_counter() - started
+        if spans is not None and step.outcome is not None:
+            spans.decided(step.outcome, usage.call, usage.request, usage.started_ns)
         usage.request_id = step.request_id
         return responses, step
 
@@ -215,12 +235,14 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc
     async def _abort(
         self,
         context: grpc.aio.ServicerContext[pb.ProcessingRequest, pb.ProcessingResponse],
-        request_id: str,
+        usage: _Usage,
         reason: str,
     ) -> None:
         """End the RPC with an error status: Envoy fails the request closed."""
         self.metrics.stream_errors.labels("protocol_violation").inc()
-        log.warning("protocol error", extra={"request_id": request_id, "reason": reason})
+        log.warning("protocol error", extra={"request_id": usage.request_id, "reason": reason})
+        if self.spans is not None:
+            self.spans.failed("protocol_violation", usage.call, usage.request, usage.started_ns)
         await context.abort(grpc.StatusCode.FAILED_PRECONDITION, reason)
 
     def _record(self, outcome: Outcome) -> None:

@@ -17,6 +17,17 @@ def test_defaults():
     assert config.grpc_message_limit > config.max_body_bytes
 
 
+def test_tracing_is_off_by_default_and_set_from_the_file_or_environment(tmp_path):
+    assert Config.load(environ={}).tracing.enabled is False
+    path = tmp_path / "c.yaml"
+    path.write_text("tracing: {enabled: true, endpoint: 'otel:4317', sample_ratio: 0.25}\n")
+    tracing = Config.load(path, environ={}).tracing
+    assert (tracing.enabled, tracing.endpoint, tracing.sample_ratio) == (True, "otel:4317", 0.25)
+    assert tracing.service_name == "ext-proc-token-policy"
+    environ = {"EXT_PROC_TRACING": "{enabled: true, sample_ratio: 0}"}
+    assert Config.load(environ=environ).tracing.sample_ratio == 0
+
+
 def test_file_then_overrides(tmp_path):
     path = tmp_path / "c.yaml"
     path.write_text("listen: 0.0.0.0:1\nlog_level: debug\nmax_body_bytes: 1000\n")
@@ -36,6 +47,10 @@ def test_file_then_overrides(tmp_path):
         ("max_body_bytes: '10'\n", "max_body_bytes"),
         ("lisen: x\n", "lisen"),
         ("event_loop: trio\n", "event_loop"),
+        ("tracing: {sample_ratio: 1.5}\n", "tracing.sample_ratio"),
+        ("tracing: {endpoint: collector}\n", "tracing.endpoint"),
+        ("tracing: {service_name: ''}\n", "tracing.service_name"),
+        ("tracing: {enabled: true, exporter: zipkin}\n", "tracing.exporter"),
     ],
 )
 def test_invalid_values_name_the_field(tmp_path, text, field):

@@ -36,7 +36,7 @@ from ext_proc._pb import core_pb2 as core
 from ext_proc._pb import external_processor_pb2 as pb
 from ext_proc._pb import external_processor_pb2_grpc as pb_grpc
 from ext_proc.core.route_policy import Action, RoutePolicy, Topology
-from ext_proc.edge.attributes import HEADERS, attribute_keys
+from ext_proc.edge.attributes import READ_HEADERS, attribute_keys
 from ext_proc.tools import carrier_headers, check_envoy, refused_paths, token_endpoints
 from tests.e2e.test_deploy import (
     DEPLOY,
@@ -238,7 +238,7 @@ def test_our_filter_is_the_shipped_one_message_filter():
     for config in (ours, shipped):
         del config["grpc_service"]["envoy_grpc"]["cluster_name"]
     assert ours == shipped
-    assert ours["request_attributes"] == [*attribute_keys().all(), *HEADERS.values()]
+    assert ours["request_attributes"] == [*attribute_keys().all(), *READ_HEADERS.values()]
 
 
 def test_processor_cluster_is_the_istio_patchs():

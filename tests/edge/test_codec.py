@@ -292,6 +292,36 @@ ROUTE_ATTRS = {
     "xds.route_name": "aggregated",
     attributes.HEADERS["content-type"]: "application/json",
 }
+TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+TRACED = {
+    attributes.HEADERS["x-request-id"]: "req-1",
+    attributes.TRACE_HEADERS["traceparent"]: TRACEPARENT,
+    attributes.TRACE_HEADERS["tracestate"]: "vendor=1",
+    attributes.TRACE_HEADERS["x-client-request-id"]: "client-1",
+}
+
+
+def test_trace_headers_come_as_headers_of_the_preamble():
+    event = decode(_headerless_body({**ROUTE_ATTRS, **TRACED}), KEYS)
+    assert event.preamble.headers[-4:] == (
+        ("x-request-id", b"req-1"),
+        ("traceparent", TRACEPARENT.encode()),
+        ("tracestate", b"vendor=1"),
+        ("x-client-request-id", b"client-1"),
+    )
+
+
+def test_decoder_memo_holds_one_entry_whatever_the_trace_context():
+    """Each request's trace context is new: kept out of the memo's key, every request of
+    a route is a hit, and each reads its own."""
+    decoder = Decoder(KEYS)
+    for n in range(5):
+        parent = f"00-{n:032x}-{n + 1:016x}-01"
+        attrs = {**ROUTE_ATTRS, **TRACED, attributes.TRACE_HEADERS["traceparent"]: parent}
+        event = decoder(_headerless_body(attrs))
+        assert event == decode(_headerless_body(attrs), KEYS)
+        assert event.preamble.values("traceparent") == [parent.encode()]
+    assert len(decoder._memo) == 1
 
 
 @pytest.mark.parametrize(
@@ -303,6 +333,9 @@ ROUTE_ATTRS = {
         {**ROUTE_ATTRS, attributes.HEADERS["x-request-id"]: "caf\u00e9 \u2603"},
         {attributes.HEADERS["x-request-id"]: "only-the-id"},
         {},
+        {**ROUTE_ATTRS, **TRACED},
+        {**ROUTE_ATTRS, attributes.TRACE_HEADERS["traceparent"]: TRACEPARENT},
+        {attributes.TRACE_HEADERS["tracestate"]: "a=1", attributes.HEADERS["x-request-id"]: "r"},
     ],
 )
 def test_decoder_reads_what_decode_reads(attrs):

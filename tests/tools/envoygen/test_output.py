@@ -13,7 +13,7 @@ import yaml
 
 from ext_proc.core import route_policy, vllm_request
 from ext_proc.core.route_policy import Accept, Action, Topology
-from ext_proc.edge.attributes import HEADERS, attribute_keys
+from ext_proc.edge.attributes import READ_HEADERS, attribute_keys
 from ext_proc.edge.server import SERVICE_NAME
 from ext_proc.tools import carrier_headers, envoygen, refused_paths, token_endpoints
 from ext_proc.tools.check_envoy import check
@@ -51,7 +51,7 @@ def test_fail_closed_filter():
 def test_namespace_follows_input():
     data = example() | {"namespace": "acme.policy"}
     config = generate(data)
-    keys = [*attribute_keys("acme.policy").all(), *HEADERS.values()]
+    keys = [*attribute_keys("acme.policy").all(), *READ_HEADERS.values()]
     assert ext_proc_of(config)["request_attributes"] == keys
     assert len(forwarding(config)) == 4
     for entry in forwarding(config).values():
@@ -237,7 +237,7 @@ def test_one_message_skips_the_headers_and_requests_them_as_attributes():
         assert mode["request_header_mode"] == "SKIP"
         assert mode["request_body_mode"] == "BUFFERED"
         mode["request_header_mode"] = "SEND"
-    assert filt["request_attributes"] == [*attribute_keys().all(), *HEADERS.values()]
+    assert filt["request_attributes"] == [*attribute_keys().all(), *READ_HEADERS.values()]
     assert check(config).errors == []
     filt["request_attributes"] = list(attribute_keys().all())
     without_hold(config)

@@ -5,6 +5,7 @@ import copy
 
 import pytest
 
+from ext_proc.edge.attributes import HEADERS, TRACE_HEADERS
 from ext_proc.tools.check_envoy import check
 from tests.tools.check_envoy.shipped import (
     BUFFER,
@@ -71,7 +72,7 @@ def _mint_override_fails_open(config):
         # A header attribute missing: the filter and the mint route's override (which
         # skips the headers too) both need it.
         (
-            lambda c: ext_proc(c)["request_attributes"].pop(),
+            lambda c: ext_proc(c)["request_attributes"].remove(HEADERS["x-request-id"]),
             [("one-message-incomplete", OURS), ("one-message-incomplete", OVERRIDES)],
         ),
         (
@@ -119,6 +120,19 @@ def _mint_override_fails_open(config):
 def test_a_filter_or_override_that_fails_open_is_an_error(change, expected):
     report = mutated(change)
     assert found(report) == expected
+    assert found(report, "warning") == []
+
+
+def test_a_filter_without_the_trace_headers_passes():
+    """The trace context and the client's request id are for the span alone: a filter
+    that does not request them decides the same."""
+
+    def change(config):
+        for key in TRACE_HEADERS.values():
+            ext_proc(config)["request_attributes"].remove(key)
+
+    report = mutated(change)
+    assert found(report) == []
     assert found(report, "warning") == []
 
 
