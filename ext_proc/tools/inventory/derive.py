@@ -210,6 +210,7 @@ def module(inventory: Inventory) -> str:
     embedded = carriers(inventory, {c.Class.EMBEDDINGS})
     searched = untyped_members(inventory)
     removed = [name for name in headers(inventory, c.CARRIERS) if name != c.RENEWED_HEADER]
+    partition = {c.Class.PARTITION}
     lines = [
         '"""What the classification (ext_proc/tools/inventory/classification.py) makes of the',
         "inventory of what the engines and stacks read (ext_proc/tools/inventory/inventory.json):",
@@ -249,6 +250,16 @@ def module(inventory: Inventory) -> str:
         "# or transfer parameters from: removed by the header step for every caller.",
         "HEADER_CARRIERS: Final[tuple[str, ...]] = (",
         *(f'    "{name}",' for name in removed),
+        ")",
+        "# Top-level body members an engine partitions its prefix cache by: written from",
+        "# the tenant on a route that names a tenant source (ext_proc/core/tenants.py).",
+        "PARTITION_MEMBERS: Final[tuple[str, ...]] = (",
+        *(f'    "{name}",' for name, entry in sorted(c.FIELDS.items()) if entry.cls in partition),
+        ")",
+        "# Request headers an engine or stack partitions its prefix cache by: removed by the",
+        "# header step for every caller (a client's copy names any tenant it likes).",
+        "PARTITION_HEADERS: Final[tuple[str, ...]] = (",
+        *(f'    "{name}",' for name in headers(inventory, partition)),
         ")",
         "# Endpoints whose prompt is token ids or embeddings, as their servers declare them.",
         "TOKEN_ENDPOINTS: Final[tuple[str, ...]] = (",
