@@ -309,9 +309,7 @@ PARTITION_MEMBERS: Final[tuple[str, ...]] = (
 )
 # Request headers an engine or stack partitions its prefix cache by: removed by the
 # header step for every caller (a client's copy names any tenant it likes).
-PARTITION_HEADERS: Final[tuple[str, ...]] = (
-    "x-tenant-id",
-)
+PARTITION_HEADERS: Final[tuple[str, ...]] = ("x-tenant-id",)
 # Endpoints whose prompt is token ids or embeddings, as their servers declare them.
 TOKEN_ENDPOINTS: Final[tuple[str, ...]] = (
     "/generative_scoring",
