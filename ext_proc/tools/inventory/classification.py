@@ -232,7 +232,7 @@ _PARTITIONS: Final = {
         Class.PARTITION,
         "vLLM: the first block's hash covers it (`v1/core/kv_cache_utils.py:647`); "
         "SGLang: its radix key is `(extra_key, cache_salt)` (`srt/mem_cache/"
-        "radix_cache.py:245`); NVIDIA Dynamo: the salt when `x-tenant-id` is absent",
+        "radix_cache.py:245`); NVIDIA Dynamo's `x-tenant-id` takes precedence over it",
     ),
     "extra_key": Entry(
         Class.PARTITION,
