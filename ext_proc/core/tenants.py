@@ -26,15 +26,12 @@ import hashlib
 import hmac
 from typing import Any, Final
 
-from ext_proc.core import classified
 from ext_proc.core.errors import BadRequest, RoutePolicyError, Unauthorized
 from ext_proc.core.events import Peer
 from ext_proc.core.reasons import Reason
 from ext_proc.core.route_policy import IdentityType, TenantKind, TenantSource
+from ext_proc.core.vllm_request import CACHE_SALT
 
-# The member the gateway writes: both engines read it (classification: partition).
-CACHE_SALT: Final = "cache_salt"
-assert CACHE_SALT in classified.PARTITION_MEMBERS
 # The least key length a deployment may configure (HMAC-SHA256's output).
 MIN_KEY_BYTES: Final = 32
 

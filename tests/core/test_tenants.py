@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from ext_proc.core import tenants
+from ext_proc.core import classified, tenants
 from ext_proc.core.errors import BadRequest
 from ext_proc.core.events import (
     NO_PEER,
@@ -47,6 +47,10 @@ def test_the_salt_is_keyed_by_deployment_tenant_and_client_salt():
     assert mine not in (plain, salt_of("header:team-b", "s1"), salt_of("header:team-a", "s2"))
     # The tenant and the client's salt are not one concatenated string.
     assert salt_of("header:team-a", "bc") != salt_of("header:team-ab", "c")
+
+
+def test_the_member_written_is_a_partition_key_both_engines_read():
+    assert tenants.CACHE_SALT in classified.PARTITION_MEMBERS
 
 
 def test_the_tenant_is_typed_by_its_source():
