@@ -386,7 +386,7 @@ class RoutePolicy:
         "who the request is for: a header an earlier filter sets from the caller's "
         "credentials, the mTLS peer's URI SAN, or the route; the forwarded `cache_salt` is "
         "then derived from it (and the caller's own salt), a request without one is "
-        "refused with a 401 ([tenants](docs/trust.md#tenants))",
+        "refused with a 401",
     )
     strict_body: str | None = _field(
         None,
