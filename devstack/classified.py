@@ -238,6 +238,7 @@ def files() -> dict[Path, str]:
     # The manifests' header steps remove what envoy-config's does
     # (ext_proc.tools.carrier_headers.removed), from the inventory just read.
     removed = [h for h in derive.headers(value, c.CARRIERS) if h != c.RENEWED_HEADER]
+    removed += list(derive.headers(value, {c.Class.PARTITION}))
     removed += ROUTER_HEADERS
     return {
         MODULE: derive.module(value),

@@ -301,6 +301,15 @@ HEADER_CARRIERS: Final[tuple[str, ...]] = (
     "x-smg-routing-key",
     "x-worker-instance-id",
 )
+# Top-level body members an engine partitions its prefix cache by: written from
+# the tenant on a route that names a tenant source (ext_proc/core/tenants.py).
+PARTITION_MEMBERS: Final[tuple[str, ...]] = (
+    "cache_salt",
+    "extra_key",
+)
+# Request headers an engine or stack partitions its prefix cache by: removed by the
+# header step for every caller (a client's copy names any tenant it likes).
+PARTITION_HEADERS: Final[tuple[str, ...]] = ("x-tenant-id",)
 # Endpoints whose prompt is token ids or embeddings, as their servers declare them.
 TOKEN_ENDPOINTS: Final[tuple[str, ...]] = (
     "/generative_scoring",

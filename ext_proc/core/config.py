@@ -121,6 +121,17 @@ class Proof(BaseModel):
         return self
 
 
+class Tenants(BaseModel):
+    """Tenants' cache partitions (docs/trust.md#tenants)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
+    # A file of at least 32 secret bytes: each tenant's cache_salt is an HMAC under it,
+    # so no client predicts another tenant's salt, nor one deployment's from another's.
+    # Shared by every processor in front of the same engines. Without it, a route that
+    # names a tenant source refuses every request (500 tenant_key_missing).
+    key_file: str | None = Field(None, min_length=1)
+
+
 def names_database_zero(url: str) -> bool:
     """Whether a Redis client given ``url`` selects database 0: no ``db`` query
     parameter, and for redis:// and rediss:// a path that is empty, ``/`` or ``/0``
@@ -195,6 +206,7 @@ class Config(BaseModel):
     route_metadata_namespace: str = Field(DEFAULT_NAMESPACE, min_length=1)
     proof: Proof = Field(default_factory=lambda: Proof.model_validate({}))
     tracing: Tracing = Field(default_factory=lambda: Tracing.model_validate({}))
+    tenants: Tenants = Field(default_factory=lambda: Tenants.model_validate({}))
     # After a stop signal: health reports NOT_SERVING for drain_seconds while streams
     # are still accepted (so Envoy's health checks move traffic away), then in-flight
     # streams get shutdown_grace_seconds to finish.

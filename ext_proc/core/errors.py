@@ -110,6 +110,14 @@ def bad_request(message: str, *, reason: Reason, param: str | None = None) -> Re
     )
 
 
+class Unauthorized(HttpError):
+    """The route serves identified tenants only, and the request names none."""
+
+    status = 401
+    error_type = "UnauthorizedError"
+    auditable = True
+
+
 class UnsupportedMediaType(HttpError):
     status = 415
     error_type = "UnsupportedMediaTypeError"

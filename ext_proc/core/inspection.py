@@ -37,6 +37,7 @@ from ext_proc.core import (
     policy,
     proof,
     route_policy,
+    tenants,
     turns,
     vllm_request,
 )
@@ -77,6 +78,9 @@ class Request:
     # A decode (honor) route whose responses Envoy sends whole: their turn parameters
     # are signed (turns.py).
     turns: bool = False
+    # The tenant's own key on a route that names a tenant source (tenants.key_for):
+    # the body is forwarded with the cache_salt derived from it. None: no tenant route.
+    partition: bytes | None = None
 
 
 # A request whose headers were never sent (a mint route's response to a request the
@@ -119,10 +123,13 @@ class Inspection:
     proof: Proof | None = None
 
 
-def read(event: RequestHeaders, config: Config, *, with_body: bool) -> Request:
+def read(
+    event: RequestHeaders, config: Config, *, with_body: bool, tenant_key: bytes | None = None
+) -> Request:
     """The route, its policy and the endpoint; refused when the route's metadata is
-    invalid and, for a request ``with_body``, when its media type, encoding or
-    announced size is not accepted."""
+    invalid, when the route serves tenants and the request names none (or no
+    ``tenant_key`` is configured) and, for a request ``with_body``, when its media
+    type, encoding or announced size is not accepted."""
     route = event.route
     found = _checked_headers(event.headers)
     request_id = b"".join(found["x-request-id"]).decode("latin-1")
@@ -152,12 +159,44 @@ def read(event: RequestHeaders, config: Config, *, with_body: bool) -> Request:
             return Request(
                 route.name, request_id, audit, parsed, endpoint, event.peer, refused=refusal
             )
+    partition = _partition(parsed, event, tenant_key)
+    if isinstance(partition, Deny):
+        if enforced(partition, audit):
+            return Request(
+                route.name, request_id, audit, parsed, endpoint, event.peer, refused=partition
+            )
+        denied, partition = denied or partition, None
     refused, held = _body_headers(found, audit, config.max_body_bytes) if with_body else _NONE
     held = held or denied
     turns = parsed.action is Action.HONOR and event.response_body_mode is BodyMode.BUFFERED
     return Request(
-        route.name, request_id, audit, parsed, endpoint, event.peer, body, refused, held, turns
+        route.name,
+        request_id,
+        audit,
+        parsed,
+        endpoint,
+        event.peer,
+        body,
+        refused,
+        held,
+        turns,
+        partition,
     )
+
+
+def _partition(
+    parsed: RoutePolicy, event: RequestHeaders, tenant_key: bytes | None
+) -> bytes | Deny | None:
+    """The tenant's key on a route that names a tenant source; None on any other; the
+    refusal of a request that names no tenant, or of any when no key is configured."""
+    if parsed.tenant is None:
+        return None
+    if tenant_key is None:
+        return Deny(tenants.unkeyed().refusal())
+    tenant = tenants.identify(parsed.tenant, event.headers, event.peer)
+    if tenant is None:
+        return Deny(tenants.missing(parsed.tenant).refusal())
+    return tenants.key_for(tenant_key, tenant)
 
 
 _NONE: Final = (None, None)
@@ -240,14 +279,14 @@ def inspect(
     """What the whole body ``raw`` of ``request`` decides. What it holds stays in
     ``account`` until the stream hands it over with the answers."""
     if request.held is not None:
-        return _enforce(request.held, None, request.audit, account, mint.NOTHING)
+        return _enforce(request.held, None, request, account, mint.NOTHING)
     judged = attempt(_judge, raw, request, account, config, trust)
     if isinstance(judged, Refusal):
-        return _enforce(Deny(judged), None, request.audit, account, mint.NOTHING)
+        return _enforce(Deny(judged), None, request, account, mint.NOTHING)
     if isinstance(judged, Proof):
         return Inspection(judged.decision, pending=judged.pending, proof=judged)
     decision, parsed, pending = judged
-    return _enforce(decision, parsed, request.audit, account, pending)
+    return _enforce(decision, parsed, request, account, pending)
 
 
 def settle(asked: Proof, verdict: Verdict, request: Request, account: Account) -> Inspection:
@@ -266,33 +305,50 @@ def settle(asked: Proof, verdict: Verdict, request: Request, account: Account) -
             asked.sender,
             body=request.body,
         )
-    return _enforce(decision, asked.parsed, request.audit, account, pending)
+    return _enforce(decision, asked.parsed, request, account, pending)
 
 
 def _enforce(
     decision: Decision,
     parsed: Parsed | None,
-    audit: bool,
+    request: Request,
     account: Account,
     pending: mint.Pending,
 ) -> Inspection:
     """What enforcing ``decision`` forwards, or refuses."""
-    if not enforced(decision, audit):
+    if not enforced(decision, request.audit):
         return Inspection(decision, pending=pending)
     if isinstance(decision, Deny):
         return Inspection(decision, refused=decision, pending=pending)
-    if isinstance(decision, Strip) and parsed is not None:
-        # Rewriting may refuse: a body too deep to write back, or json.dumps's extra
-        # beyond the budget.
-        connector = None if decision.connector is None else dict(decision.connector)
-        # A fresh salt per read-back: the blocks it fills serve no other prompt.
-        salt = secrets.token_urlsafe(16) if decision.salted else None
-        written = attempt(admission.without, parsed, decision.paths, account, connector, salt)
+    if parsed is not None and (isinstance(decision, Strip) or request.partition is not None):
+        # Rewriting may refuse: a body too deep to write back, json.dumps's extra
+        # beyond the budget, a tenant route's client salt that is not a string.
+        written = attempt(_rewrite, decision, parsed, request.partition, account)
         if isinstance(written, Refusal):
             refused = Deny(written)
             return Inspection(refused, refused=refused, pending=pending)
         return Inspection(decision, written, pending=pending)
     return Inspection(decision, pending=pending)
+
+
+def _rewrite(
+    decision: Decision, parsed: Parsed, partition: bytes | None, account: Account
+) -> bytes:
+    """The body ``decision`` forwards, written once: what a Strip removes and writes,
+    and on a tenant route (``partition``) the tenant's cache_salt."""
+    paths: tuple[Path, ...] = ()
+    connector = None
+    salt = None
+    if isinstance(decision, Strip):
+        paths = decision.paths
+        connector = None if decision.connector is None else dict(decision.connector)
+        # A fresh salt per read-back: the blocks it fills serve no other prompt.
+        salt = secrets.token_urlsafe(16) if decision.salted else None
+    if partition is not None:
+        # The tenant's salt, divided by the read-back's fresh one or else the client's.
+        part = salt if salt is not None else tenants.client_part(parsed.document)
+        salt = tenants.salt(partition, part)
+    return admission.without(parsed, paths, account, connector, salt)
 
 
 # The policy's decision, the document it was made on (None: not parsed) and what the
@@ -311,7 +367,8 @@ def _judge(
     minting = request.policy.action is Action.MINT or request.turns
     # How often the bytes name each carrier (None: they cannot tell).
     named = spelled(raw, CARRIER_NAMES)
-    strict = request.body is not None
+    # A tenant route writes every body's cache_salt: each is parsed.
+    strict = request.body is not None or request.partition is not None
     if not minting and not strict and named is not None and not any(named.values()):
         # Nothing to judge or rewrite: the body is forwarded as it came, unparsed
         # (a mint route parses every request for its prompt digest).

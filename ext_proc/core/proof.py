@@ -104,6 +104,8 @@ class Trust:
 
     keys: Callable[[], KeySet] = lambda: NO_KEYS
     clock: Callable[[], float] = time.time
+    # The key tenants' cache salts are derived with (tenants.py); None: none configured.
+    tenant_key: bytes | None = None
 
 
 # ``Ticket.minted_after`` of a proof whose minting time nothing bounds.

@@ -67,6 +67,9 @@ class Reason(StrEnum):
     BODY_TIMEOUT = "body_timeout"
     INFLIGHT_BUDGET_EXHAUSTED = "inflight_budget_exhausted"
     INVALID_ROUTE_POLICY = "invalid_route_policy"
+    TENANT_MISSING = "tenant_missing"
+    TENANT_KEY_MISSING = "tenant_key_missing"
+    CACHE_SALT_MALFORMED = "cache_salt_malformed"
 
     # A mint route's response: signed, or why not (a response is never refused).
     MINTED = "minted"
@@ -141,6 +144,9 @@ REFUSED: Final = frozenset(
         Reason.BODY_TIMEOUT,
         Reason.INFLIGHT_BUDGET_EXHAUSTED,
         Reason.INVALID_ROUTE_POLICY,
+        Reason.TENANT_MISSING,
+        Reason.TENANT_KEY_MISSING,
+        Reason.CACHE_SALT_MALFORMED,
     }
 )
 # Why a mint route's response is not signed: an Allow's reason (``MINTED`` is a Mint's).

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Final, TypeVar
 
-from ext_proc.core import declared
+from ext_proc.core import classified, declared
 from ext_proc.core.errors import RoutePolicyError
 from ext_proc.core.reasons import Reason
 from ext_proc.core.vllm_request import CONNECTOR_REQUESTS, POLICED_KEYS, TOKEN_ID_BOUND
@@ -62,6 +62,21 @@ class IdentityType(StrEnum):
     URI = "uri"  # a URI SAN (a SPIFFE id)
     DNS = "dns"  # a DNS SAN
     SUBJECT = "subject"  # the subject's distinguished name
+
+
+class TenantKind(StrEnum):
+    """Where a route reads its tenant from (docs/trust.md#tenants)."""
+
+    HEADER = "header"  # a request header an earlier filter sets (jwt_authn, ext_authz)
+    PEER_SAN = "peer_san"  # the validated mTLS peer certificate's first URI SAN
+    ROUTE = "route"  # the route itself: every request on it is that tenant's
+
+
+@dataclass(frozen=True, slots=True)
+class TenantSource:
+    kind: TenantKind
+    # The header's name (HEADER) or the tenant (ROUTE); "" for PEER_SAN.
+    value: str = ""
 
 
 # A peer identity: its type and its value, matched only against the same part of a
@@ -154,6 +169,36 @@ def _accepted(value: Scalar) -> frozenset[Accept]:
             f"expected {' and/or '.join(repr(a.value) for a in Accept)} separated by "
             f"'{PEER_SEPARATOR}'"
         ) from None
+
+
+# A header name as Envoy hands it over (lower case), and a tenant a route names.
+_HEADER_NAME: Final = re.compile(r"[a-z0-9][a-z0-9_-]{0,127}")
+_TENANT: Final = re.compile(r"[!-~]{1,256}")
+# Headers the header step removes or renews right before the processor: a tenant read
+# from one would be nobody's.
+_STEP_HEADERS: Final = frozenset(
+    {*classified.HEADER_CARRIERS, *classified.PARTITION_HEADERS, "x-request-id", "host"}
+)
+_TENANT_FORMS: Final = "expected 'header:<lower-case header name>', 'peer_san' or 'route:<tenant>'"
+
+
+def _tenant(value: Scalar) -> TenantSource:
+    """``header:<name>``, ``peer_san`` or ``route:<tenant>`` (CEL carries no maps: one
+    typed string, as ``peers``)."""
+    text = value if isinstance(value, str) else ""
+    kind, _, rest = text.partition(":")
+    if text == TenantKind.PEER_SAN:
+        return TenantSource(TenantKind.PEER_SAN)
+    if kind == TenantKind.HEADER and _HEADER_NAME.fullmatch(rest):
+        if rest in _STEP_HEADERS or rest.startswith("x-envoy-"):
+            raise Rejected(
+                f"{rest} is removed or renewed before the processor; name the header your "
+                "authentication filter sets"
+            )
+        return TenantSource(TenantKind.HEADER, rest)
+    if kind == TenantKind.ROUTE and _TENANT.fullmatch(rest):
+        return TenantSource(TenantKind.ROUTE, rest)
+    raise Rejected(_TENANT_FORMS)
 
 
 _ENGINE = re.compile(r"[a-z][a-z0-9-]{0,31} [0-9A-Za-z.+-]{1,32}")
@@ -333,6 +378,15 @@ class RoutePolicy:
         "from a caller it does not trust (a trusted caller's always pass); endpoints that "
         "take token ids as their prompt (`/generative_scoring`...) and the servers' "
         "internal endpoints (`/collective_rpc`, `/update_weights`...), to any caller",
+    )
+    tenant: TenantSource | None = _field(
+        None,
+        _tenant,
+        "`header:<name>` | `peer_san` | `route:<tenant>`",
+        "who the request is for: a header an earlier filter sets from the caller's "
+        "credentials, the mTLS peer's URI SAN, or the route; the forwarded `cache_salt` is "
+        "then derived from it (and the caller's own salt), a request without one is "
+        "refused with a 401",
     )
     strict_body: str | None = _field(
         None,

@@ -319,7 +319,9 @@ class Stream:
     def _read(self, headers: RequestHeaders, *, with_body: bool = True) -> Deny | None:
         """What the headers say (kept for the request), and the refusal that ends the
         request at them."""
-        self._request = inspection.read(headers, self._config, with_body=with_body)
+        self._request = inspection.read(
+            headers, self._config, with_body=with_body, tenant_key=self._trust.tenant_key
+        )
         self._responds = _responds(headers, self._request)
         return self._request.refused
 

@@ -12,31 +12,52 @@ is their one source.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import re
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
 from ext_proc.core.events import CHECKED_HEADERS
-from ext_proc.core.route_policy import DEFAULT_NAMESPACE, FIELDS, Scalar
+from ext_proc.core.route_policy import DEFAULT_NAMESPACE, FIELDS, RoutePolicy, Scalar, TenantKind
 
 # The matched route's name, for metrics and logs (not part of the policy).
 ROUTE_NAME: Final = "xds.route_name"
+
+
+def header(name: str) -> str:
+    """The CEL expression of a request header's value (its values joined by commas)."""
+    return f"request.headers['{name}']"
+
+
+# The form of ``header``'s expressions, with the header's name as its group.
+HEADER_ATTRIBUTE: Final = re.compile(r"request\.headers\['([a-z0-9][a-z0-9_-]*)'\]")
 # Headers the processor checks, requested as attributes when the headers message is
-# skipped.
-HEADERS: Final = {name: f"request.headers['{name}']" for name in CHECKED_HEADERS}
+# skipped. A route's tenant header (``tenant: header:<name>``) is requested there too,
+# by ``envoy-config`` (``tenant_headers``): the codec reads every header attribute.
+HEADERS: Final = {name: header(name) for name in CHECKED_HEADERS}
 # Headers only the span of a decision reads (``ext_proc.edge.tracing``), requested beside
 # HEADERS when the headers message is skipped: the W3C trace context Envoy's tracer sets
 # (a client's, where Envoy traces nothing), and the request id the request came with,
 # which the header step moved aside. Nothing is decided on them, so a config without
 # them loses only the join of the traces.
 TRACE_HEADERS: Final = {
-    name: f"request.headers['{name}']"
-    for name in ("traceparent", "tracestate", "x-client-request-id")
+    name: header(name) for name in ("traceparent", "tracestate", "x-client-request-id")
 }
 # Every header read from attributes, in the order the codec lists them; the ones whose
 # value is new with every request (the ids, the trace context) come last.
 READ_HEADERS: Final = {**HEADERS, **TRACE_HEADERS}
 PER_REQUEST: Final = ("x-request-id", *TRACE_HEADERS)
+
+
+def tenant_headers(policies: Iterable[RoutePolicy]) -> tuple[str, ...]:
+    """The attributes of the tenant headers ``policies`` name, each once, in order."""
+    names = (
+        policy.tenant.value
+        for policy in policies
+        if policy.tenant is not None and policy.tenant.kind is TenantKind.HEADER
+    )
+    return tuple(header(name) for name in dict.fromkeys(names))
+
 
 # The request's path without its query (after Envoy's normalisation, before the route's
 # rewrite): with the route's rewrite it names the API the upstream serves.

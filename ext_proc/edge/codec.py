@@ -87,12 +87,28 @@ def _route_metadata(found: dict[str, Scalar], keys: AttributeKeys) -> RouteMetad
     return RouteMetadata(values, size, route_name)
 
 
-def _headers_from_attributes(found: dict[str, Scalar]) -> tuple[tuple[str, bytes], ...]:
-    return tuple(
+def _headers_from_attributes(
+    request: pb.ProcessingRequest, found: dict[str, Scalar]
+) -> tuple[tuple[str, bytes], ...]:
+    """The checked headers, then any other header the filter requests as an attribute
+    (a route's tenant header)."""
+    checked = [
         (name, value.encode("latin-1", "replace"))
         for name, key in attributes.READ_HEADERS.items()
         if isinstance(value := found.get(key), str)
-    )
+    ]
+    others: dict[str, bytes] = {}
+    groups = request.attributes
+    for group in groups:
+        fields = groups[group].fields
+        for key in fields:
+            matched = attributes.HEADER_ATTRIBUTE.fullmatch(key)
+            if matched is None or key in found:
+                continue
+            value = _scalar(fields[key])
+            if isinstance(value, str) and fields[key].WhichOneof("kind") == "string_value":
+                others[matched.group(1)] = value.encode("latin-1", "replace")
+    return (*checked, *others.items())
 
 
 def _peer(found: dict[str, Scalar]) -> Peer:
@@ -126,7 +142,7 @@ def _preamble(request: pb.ProcessingRequest, keys: AttributeKeys) -> RequestHead
         return None
     found = _attributes(request, keys)
     return RequestHeaders(
-        headers=_headers_from_attributes(found),
+        headers=_headers_from_attributes(request, found),
         end_of_stream=False,
         body_mode=BodyMode(request.protocol_config.request_body_mode),
         route=_route_metadata(found, keys),

@@ -28,14 +28,21 @@ class KeyFileError(ConfigError):
     """A key file cannot be used; the message names the file, never its contents."""
 
 
-def _read(path: Path) -> bytes:
+def _read(path: Path, what: str = "proof key") -> bytes:
     try:
         secret = path.read_bytes().strip()
     except OSError as exc:
-        raise KeyFileError(f"cannot read proof key file {path}: {exc.strerror}") from None
+        raise KeyFileError(f"cannot read {what} file {path}: {exc.strerror}") from None
     if len(secret) < MIN_KEY_BYTES:
-        raise KeyFileError(f"proof key file {path} holds fewer than {MIN_KEY_BYTES} bytes")
+        raise KeyFileError(f"{what} file {path} holds fewer than {MIN_KEY_BYTES} bytes")
     return secret
+
+
+def tenant_key(path: str | None) -> bytes | None:
+    """The tenant key (``tenants.key_file``), read once at start: a new key gives every
+    tenant new salts (their cached prefixes are computed again), so it changes with a
+    restart, never halfway through a conversation. None when none is configured."""
+    return None if path is None else _read(Path(path), "tenant key")
 
 
 def _signature(path: Path) -> tuple[int, int, int] | None:

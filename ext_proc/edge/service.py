@@ -29,7 +29,7 @@ from ext_proc.core.stream import Stream
 from ext_proc.edge import logs, tracing
 from ext_proc.edge.attributes import attribute_keys
 from ext_proc.edge.codec import Decoder, Encoder
-from ext_proc.edge.keys import KeyRing
+from ext_proc.edge.keys import KeyRing, tenant_key
 from ext_proc.edge.metrics import Metrics
 from ext_proc.edge.record import LocalRecord
 from ext_proc.edge.tracing import Spans
@@ -85,7 +85,10 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc
         self.open_streams = 0  # sampled into the metrics (see sample_metrics)
         # Envoy cancels a stream whenever a client goes away: counted without a lookup.
         self._cancelled = self.metrics.stream_errors.labels("cancelled")
-        self._trust = Trust(keys=KeyRing(config.proof.keys).current)
+        self._trust = Trust(
+            keys=KeyRing(config.proof.keys).current,
+            tenant_key=tenant_key(config.tenants.key_file),
+        )
 
     def sample_metrics(self) -> None:
         """The in-flight gauges, now."""

@@ -30,8 +30,9 @@ FILTER_TYPE: Final = (
 # Every request header a component behind the gateway reads an address, a peer, tokens
 # or transfer parameters from, generated from the classification of what their sources
 # read (docs/trust.md#header-carriers says who reads each and what a client's copy
-# does there).
-ROUTING_HEADERS: Final = classified.HEADER_CARRIERS
+# does there), then every header a component partitions its prefix cache by (a
+# client's copy names any tenant it likes: docs/trust.md#tenants).
+ROUTING_HEADERS: Final = (*classified.HEADER_CARRIERS, *classified.PARTITION_HEADERS)
 
 # vLLM builds its request id from this header (else the body's request_id); vLLM's
 # MoRIIO connector reads a peer's address from that id, and a prefill server's

@@ -8,6 +8,8 @@ from ext_proc.core.route_policy import (
     Action,
     IdentityType,
     RoutePolicy,
+    TenantKind,
+    TenantSource,
     Topology,
     Unproven,
     admitting,
@@ -237,3 +239,40 @@ def test_of_several_bad_fields_the_first_declared_is_named():
 def test_every_field_is_valid_on_the_action_it_is_admitted_on(name):
     assert admitting(name) in SCHEMA[name].actions
     assert SCHEMA[name].doc
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ("header:x-auth-tenant", TenantSource(TenantKind.HEADER, "x-auth-tenant")),
+        ("peer_san", TenantSource(TenantKind.PEER_SAN)),
+        ("route:team-a", TenantSource(TenantKind.ROUTE, "team-a")),
+    ],
+)
+def test_a_route_names_where_its_tenant_comes_from(value, expected):
+    assert parse({"tenant": value}, 1.0).tenant == expected
+    assert DEFAULT_POLICY.tenant is None
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        "header:X-Auth-Tenant",  # Envoy hands header names over in lower case
+        "header:",
+        "route:",
+        "route:team a",
+        "peer_san:x",
+        "tenant",
+        "CelMap value",  # a map, as CEL renders it
+        True,
+        # Removed or renewed by the header step right before the processor.
+        "header:x-tenant-id",
+        "header:x-request-id",
+        "header:x-prefiller-host-port",
+        "header:x-envoy-original-path",
+    ],
+)
+def test_a_tenant_source_is_one_of_three_forms(value):
+    with pytest.raises(RoutePolicyError) as caught:
+        parse({"tenant": value}, 1.0)
+    assert caught.value.param == "ext_proc.token_policy.tenant"

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from ext_proc.core import policy, proof, turns
+from ext_proc.core import policy, proof, tenants, turns
 from ext_proc.core.decisions import Allow, Mint, Strip
 from ext_proc.core.events import (
     BodyMode,
@@ -397,3 +397,26 @@ def test_a_listed_peers_turn_object_is_checked_and_spent_like_any():
     # A peer's own parameters without a turn proof are its own, as ever.
     own = {**body, "kv_transfer_params": {"do_remote_decode": True, "remote_host": "10.0.0.1"}}
     assert policy.decide(route, own, evidence).reason is Reason.TRUSTED_PEER
+
+
+def test_a_tenant_routes_read_back_salt_is_fresh_and_the_tenants():
+    key = b"t" * 32
+    tenant_route = RouteMetadata(
+        {"topology": "disaggregated", "action": "mint", "connector": "nixl", "tenant": "route:a"},
+        4.0,
+    )
+    salts = []
+    for _ in range(2):
+        params = first_turn()
+        stream = Driven(trust=Trust(keys=lambda: KEYS, clock=lambda: NOW, tenant_key=key))
+        stream.handle(headers(tenant_route, response=BUFFERED))
+        body = second_turn(params)
+        answers = stream.handle(RequestBody(json.dumps(body).encode(), True))
+        assert stream.decision.reason is Reason.TURN_READ_BACK
+        salts.append(forwarded(answers)["cache_salt"])
+    # Each read-back's blocks serve no other prompt, and are the tenant's: a salt of
+    # the tenant's key, not the tenant's own salt that every other request gets.
+    tenant_key = tenants.key_for(key, "route:a")
+    assert salts[0] != salts[1]
+    assert all(len(salt) == 43 for salt in salts)
+    assert tenants.salt(tenant_key, None) not in salts

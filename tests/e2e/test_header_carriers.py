@@ -1,5 +1,5 @@
 """Header carriers through the real Envoy (ext_proc/tools/carrier_headers.py): every
-header of the classification's list (``classified.HEADER_CARRIERS``: what llm-d, the
+header of the classification's list (``carrier_headers.ROUTING_HEADERS``: what llm-d, the
 Gateway API Inference Extension, NVIDIA Dynamo, Ray and vLLM read for an address, a peer,
 a rank or a prompt) and the request id vLLM builds its own from, in every body
 arrangement, on every route. What arrived is what the stand-in recorded; the control arm
@@ -58,7 +58,7 @@ def forged(name: str) -> str:
     raise ValueError(f"{name}: no forged value for a header of this shape")
 
 
-FORGED = {name: forged(name) for name in classified.HEADER_CARRIERS}
+FORGED = {name: forged(name) for name in carrier_headers.ROUTING_HEADERS}
 # vLLM's MoRIIO connector reads the prefill's and the decode's address from this shape.
 MORIIO_ID = "a___prefill_addr_10.0.0.66:7000___decode_addr_10.0.0.67:7001_" + "0" * 32
 ROUTES = ("/v1/chat/completions", "/pd/v1/chat/completions", "/trusted/v1/chat/completions")

@@ -344,6 +344,25 @@ def test_decoder_reads_what_decode_reads(attrs):
         assert decoder(_headerless_body(attrs)) == decode(_headerless_body(attrs), KEYS)
 
 
+def test_a_requested_tenant_header_is_read_with_the_checked_ones():
+    tenant = attributes.header("x-auth-tenant")
+    attrs = {**ROUTE_ATTRS, tenant: "team-a", "request.headers['Bad Name']": "x"}
+    decoder = Decoder(KEYS)
+    for teams in ("team-a", "team-b"):  # the memo tells tenants apart
+        event = decoder(_headerless_body({**attrs, tenant: teams}))
+        assert isinstance(event, RequestBody)
+        assert event.preamble is not None
+        assert event.preamble.headers == (
+            ("content-type", b"application/json"),
+            ("x-auth-tenant", teams.encode()),
+        )
+    # A header attribute that is not a string names nothing.
+    event = decode(_headerless_body({**attrs, tenant: 3}), KEYS)
+    assert isinstance(event, RequestBody)
+    assert event.preamble is not None
+    assert event.preamble.values("x-auth-tenant") == []
+
+
 def test_decoder_memo_tells_apart_what_differs_and_shares_the_rest():
     decoder = Decoder(KEYS)
     first = decoder(_headerless_body({**ROUTE_ATTRS, attributes.HEADERS["x-request-id"]: "a"}))

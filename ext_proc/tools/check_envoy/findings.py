@@ -71,6 +71,10 @@ CODES: Final[Mapping[str, str]] = MappingProxyType(
         "rewrite-unfollowed": "a prefix_rewrite of a matcher that is not a prefix",
         "rewrite-unstated": "a prefix_rewrite the metadata does not state",
         "rewrite-misstated": "metadata states a rewrite other than the route's",
+        "tenant-header-unguarded": (
+            "a route's tenant header is not removed or overwritten before this processor's filter"
+        ),
+        "tenant-header-not-requested": "a route's tenant header is not requested as an attribute",
         "body-retried": "a retry policy can resend a mint or honor route's body",
         "body-hedged": "a hedge policy sends a mint or honor route's body twice",
         "body-mirrored": "a mirror policy copies a mint or honor route's body",

@@ -15,7 +15,7 @@ import yaml
 from betterproto2 import Casing
 
 from ext_proc.core.address import HostPort
-from ext_proc.edge.attributes import READ_HEADERS, attribute_keys
+from ext_proc.edge.attributes import READ_HEADERS, attribute_keys, tenant_headers
 from ext_proc.tools import carrier_headers
 from ext_proc.tools.envoy_names import BUFFER_FILTER, MINT_RESPONSE
 from ext_proc.tools.envoygen import route_headers
@@ -279,6 +279,7 @@ def ext_proc_filter(spec: GeneratorInput) -> ext_proc.ExternalProcessor:
     if spec.one_message:
         # The headers the processor checks, and those a span of its decision reads.
         attributes += READ_HEADERS.values()
+        attributes += tenant_headers(route.policy.read() for route in spec.routes)
     return ext_proc.ExternalProcessor(
         grpc_service=core.GrpcService(
             envoy_grpc=core.GrpcServiceEnvoyGrpc(

@@ -20,7 +20,12 @@ What each class gets from a caller the route does not trust:
   the one carrier a proof covers (docs/trust.md). As a header: removed for every caller
   by the header step before any filter reads it (the request id is renewed instead);
 - ``embeddings``: refused with a 400 naming it unless the route accepts embeddings
-  (``accept: embeddings``); kept for a trusted caller.
+  (``accept: embeddings``); kept for a trusted caller;
+- ``partition``: a key the engines partition their prefix caches by. As a body member:
+  forwarded where the route names no tenant source; where it names one, the gateway
+  writes ``cache_salt`` from the tenant and the caller's own salt (ext_proc/core/
+  tenants.py), and SGLang's ``extra_key`` stays a sub-partition within that salt. As a
+  header: removed for every caller by the header step (docs/trust.md#tenants).
 """
 
 from __future__ import annotations
@@ -42,7 +47,8 @@ class Class(StrEnum):
     CODE = "code"  # serialized code the server runs
     FRAMING = "framing"  # changes how the server reads the body (a header)
     GENERATION = "generation"  # sampling, limits, output shape, tools, structured output
-    SCHEDULING = "scheduling"  # priority, cache salt, session: the caller's by design
+    SCHEDULING = "scheduling"  # priority, session: the caller's by design
+    PARTITION = "partition"  # a key an engine partitions its prefix cache by (a tenant's)
     MODEL = "model"  # which model, adapter or template
     METADATA = "metadata"  # user, tags, logging and bookkeeping
     TRANSPORT = "transport"  # HTTP itself, authentication, tracing
@@ -220,6 +226,21 @@ _BODY_CARRIERS: Final = {
         "NVIDIA Dynamo (`nvext`): opens, continues and closes a worker's session by id",
     ),
 }
+# Keys the engines partition their prefix caches by: a client that names another
+# tenant's shares its cached blocks and can time them (docs/trust.md#tenants).
+_PARTITIONS: Final = {
+    "cache_salt": Entry(
+        Class.PARTITION,
+        "vLLM: the first block's hash covers it (`v1/core/kv_cache_utils.py:647`); "
+        "SGLang: its radix key is `(extra_key, cache_salt)` (`srt/mem_cache/"
+        "radix_cache.py:245`); NVIDIA Dynamo's `x-tenant-id` takes precedence over it",
+    ),
+    "extra_key": Entry(
+        Class.PARTITION,
+        "SGLang: its radix key's namespace beside `cache_salt` (`srt/mem_cache/"
+        "radix_cache.py:245`, `srt/entrypoints/openai/serving_chat.py:1397`)",
+    ),
+}
 _EMBEDDINGS: Final = {
     "prompt_embeds": Entry(
         Class.EMBEDDINGS,
@@ -318,9 +339,11 @@ _MODEL: Final = """
     torch_empty_cache manifest truncate_size skip_tensor_list allow_quant_error action
     abort_all_requests backend
 """
-# The caller's own scheduling and cache isolation, by the engines' design.
+# The caller's own scheduling, by the engines' design. vLLM 0.32 declares
+# ``prompt_cache_key`` on /v1/responses only and ignores it ("has not been implemented
+# yet and vLLM will ignore it", entrypoints/openai/responses/protocol.py:289).
 _SCHEDULING: Final = """
-    priority cache_salt extra_key prompt_cache_key prompt_cache_options
+    priority prompt_cache_key prompt_cache_options
     prompt_cache_retention ttl prewarm comparison_response_id session_id conversation_id
     capacity_of_str_len streaming timeout keep_alive background service_tier store
 """
@@ -378,6 +401,7 @@ FIELDS: Final[Mapping[str, Entry]] = {
     **_each(Class.TRANSPORT, _TRANSPORT),
     **{name: entry for cls, names in _STACKS.items() for name, entry in _each(cls, names).items()},
     **_BODY_CARRIERS,
+    **_PARTITIONS,
     **_EMBEDDINGS,
 }
 
@@ -622,6 +646,11 @@ HEADERS: Final[Mapping[str, Entry]] = {
         "x-gateway-inference-fairness-id x-llm-d-inference-fairness-id "
         "x-gateway-inference-objective x-llm-d-inference-objective x-llm-d-slo-tpot-ms "
         "x-llm-d-slo-ttft-ms x-slo-tpot-ms x-slo-ttft-ms",
+    ),
+    "x-tenant-id": Entry(
+        Class.PARTITION,
+        "NVIDIA Dynamo's frontend: the request's cache salt, before the body's; its docs "
+        "say gateways must authenticate it",
     ),
     # The phase route a request takes (llm-d's coordinator): every route's policy holds
     # whoever names it, and a phase named twice is refused (docs/trust.md).

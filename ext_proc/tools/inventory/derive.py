@@ -210,6 +210,7 @@ def module(inventory: Inventory) -> str:
     embedded = carriers(inventory, {c.Class.EMBEDDINGS})
     searched = untyped_members(inventory)
     removed = [name for name in headers(inventory, c.CARRIERS) if name != c.RENEWED_HEADER]
+    partition = {c.Class.PARTITION}
     lines = [
         '"""What the classification (ext_proc/tools/inventory/classification.py) makes of the',
         "inventory of what the engines and stacks read (ext_proc/tools/inventory/inventory.json):",
@@ -250,6 +251,15 @@ def module(inventory: Inventory) -> str:
         "HEADER_CARRIERS: Final[tuple[str, ...]] = (",
         *(f'    "{name}",' for name in removed),
         ")",
+        "# Top-level body members an engine partitions its prefix cache by: written from",
+        "# the tenant on a route that names a tenant source (ext_proc/core/tenants.py).",
+        *_strings(
+            "PARTITION_MEMBERS",
+            [name for name, entry in sorted(c.FIELDS.items()) if entry.cls in partition],
+        ),
+        "# Request headers an engine or stack partitions its prefix cache by: removed by the",
+        "# header step for every caller (a client's copy names any tenant it likes).",
+        *_strings("PARTITION_HEADERS", list(headers(inventory, partition))),
         "# Endpoints whose prompt is token ids or embeddings, as their servers declare them.",
         "TOKEN_ENDPOINTS: Final[tuple[str, ...]] = (",
         *(f'    "{path}",' for path in endpoints({c.Endpoint.TOKEN_IN})),
@@ -261,6 +271,13 @@ def module(inventory: Inventory) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+def _strings(name: str, values: list[str]) -> list[str]:
+    """The lines of a tuple of strings as ruff formats it (one item: one line)."""
+    if len(values) == 1:
+        return [f'{name}: Final[tuple[str, ...]] = ("{values[0]}",)']
+    return [f"{name}: Final[tuple[str, ...]] = (", *(f'    "{v}",' for v in values), ")"]
 
 
 def _tuple(path: tuple[str, ...]) -> str:

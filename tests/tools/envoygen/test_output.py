@@ -777,3 +777,16 @@ def test_each_route_answers_the_endpoints_it_refuses_right_before_it():
         assert entry["direct_response"] == {"status": 404}
         assert entry["typed_per_filter_config"][envoygen.EXT_PROC_FILTER] == DISABLED
     assert check(config).errors == []
+
+
+def test_one_message_requests_each_routes_tenant_header_once():
+    data = example()
+    for entry in data["routes"][:2]:
+        entry.setdefault("policy", {})["tenant"] = "header:x-auth-tenant"
+    data["routes"][2].setdefault("policy", {})["tenant"] = "route:team-a"
+    config = generate(data)
+    tenant = "request.headers['x-auth-tenant']"
+    assert ext_proc_of(config)["request_attributes"].count(tenant) == 1
+    # With the headers message, the header comes with it.
+    two = generate(data | {"one_message": False})
+    assert tenant not in ext_proc_of(two)["request_attributes"]

@@ -53,7 +53,7 @@ def test_no_name_is_in_two_classes():
     groups = (c._PROMPT, c._GENERATION, c._MODEL, c._SCHEDULING, c._METADATA, c._TRANSPORT)
     names = [name for group in groups for name in group.split()]
     names += [name for group in c._STACKS.values() for name in group.split()]
-    names += [*c._BODY_CARRIERS, *c._EMBEDDINGS]
+    names += [*c._BODY_CARRIERS, *c._PARTITIONS, *c._EMBEDDINGS]
     assert len(names) == len(set(names)), sorted(n for n in set(names) if names.count(n) > 1)
 
 
@@ -97,6 +97,14 @@ def test_the_gateways_lists_hold_the_named_carriers():
     ]:
         assert header in lists.HEADER_CARRIERS, header
     assert c.RENEWED_HEADER not in lists.HEADER_CARRIERS
+
+
+def test_the_cache_partition_keys_are_one_class():
+    # vLLM's and SGLang's salt, SGLang's radix namespace and Dynamo's tenant header.
+    assert lists.PARTITION_MEMBERS == ("cache_salt", "extra_key")
+    assert lists.PARTITION_HEADERS == ("x-tenant-id",)
+    assert not {*lists.PARTITION_MEMBERS} & {path[-1] for path in lists.BODY_CARRIERS}
+    assert "prompt_cache_key" not in lists.PARTITION_MEMBERS  # vLLM 0.32 ignores it
 
 
 def test_members_below_which_servers_read_parameters_are_searched_at_any_depth():

@@ -20,6 +20,7 @@ from ext_proc.tools.check_envoy.findings import Finding, error, warning
 from ext_proc.tools.check_envoy.reader import Chain, Route, overrides_in
 from ext_proc.tools.check_envoy.rules.filters import override
 from ext_proc.tools.check_envoy.rules.hold import hold
+from ext_proc.tools.check_envoy.rules.tenant import tenant_header
 from ext_proc.tools.envoy_names import MINT_RESPONSE
 
 
@@ -35,6 +36,7 @@ def route_rules(route: Route, chain: Chain) -> Iterator[Finding]:
         return
     yield from _mint_and_honor(route, chain, found)
     yield from rewrite(route.place, route.entry, found)
+    yield from tenant_header(route, chain, found)
 
 
 def running(chain: Chain, levels: Sequence[Any]) -> list[str]:

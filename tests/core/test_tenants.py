@@ -1,0 +1,166 @@
+"""Tenants: the tenant a request names, and the cache_salt its body is forwarded with,
+as values and through the stream."""
+
+import json
+
+import pytest
+
+from ext_proc.core import classified, tenants
+from ext_proc.core.errors import BadRequest
+from ext_proc.core.events import (
+    NO_PEER,
+    ContinueBody,
+    ContinueHeaders,
+    Peer,
+    RequestBody,
+    RouteMetadata,
+)
+from ext_proc.core.proof import Trust
+from ext_proc.core.reasons import Reason
+from ext_proc.core.route_policy import IdentityType, TenantKind, TenantSource
+from tests.core.messages import JSON, error_body, headers, only
+from tests.driver import Driven
+
+KEY = b"t" * 32
+HEADER = TenantSource(TenantKind.HEADER, "x-auth-tenant")
+BY_HEADER = RouteMetadata({"action": "strip", "tenant": "header:x-auth-tenant"}, 2.0)
+BY_PEER = RouteMetadata({"action": "strip", "tenant": "peer_san"}, 2.0)
+BY_ROUTE = RouteMetadata({"action": "strip", "tenant": "route:team-a"}, 2.0)
+CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+SPIFFE = "spiffe://cluster.local/ns/a/sa/client"
+
+
+def salt_of(tenant, part=None, key=KEY):
+    return tenants.salt(tenants.key_for(key, tenant), part)
+
+
+def test_the_salt_is_keyed_by_deployment_tenant_and_client_salt():
+    plain = salt_of("header:team-a")
+    assert len(plain) == 43
+    assert plain.isascii()
+    assert not set(plain) & set("@/\\\0")  # vLLM refuses these in a salt
+    assert salt_of("header:team-a") == plain  # the same tenant keeps its prefix cache
+    assert salt_of("header:team-b") != plain
+    assert salt_of("header:team-a", key=b"u" * 32) != plain
+    # The client's own salt divides its tenant's partition; it never names another's.
+    mine = salt_of("header:team-a", "s1")
+    assert mine not in (plain, salt_of("header:team-b", "s1"), salt_of("header:team-a", "s2"))
+    # The tenant and the client's salt are not one concatenated string.
+    assert salt_of("header:team-a", "bc") != salt_of("header:team-ab", "c")
+
+
+def test_the_member_written_is_a_partition_key_both_engines_read():
+    assert tenants.CACHE_SALT in classified.PARTITION_MEMBERS
+
+
+def test_the_tenant_is_typed_by_its_source():
+    tenant = (("x-auth-tenant", b"team-a"),)
+    assert tenants.identify(HEADER, tenant, NO_PEER) == "header:team-a"
+    route = TenantSource(TenantKind.ROUTE, "team-a")
+    assert tenants.identify(route, (), NO_PEER) == "route:team-a"
+    peer = Peer(True, ((IdentityType.DNS, "a.example"), (IdentityType.URI, SPIFFE)))
+    assert tenants.identify(TenantSource(TenantKind.PEER_SAN), (), peer) == f"uri:{SPIFFE}"
+
+
+@pytest.mark.parametrize(
+    ("source", "found", "peer"),
+    [
+        (HEADER, (), NO_PEER),
+        (HEADER, (("x-auth-tenant", b""),), NO_PEER),
+        (HEADER, (("x-auth-tenant", b"a"), ("x-auth-tenant", b"b")), NO_PEER),
+        (HEADER, (("x-other", b"a"),), NO_PEER),
+        (TenantSource(TenantKind.PEER_SAN), (), NO_PEER),
+        (TenantSource(TenantKind.PEER_SAN), (), Peer(True, ((IdentityType.DNS, "a.example"),))),
+        (TenantSource(TenantKind.PEER_SAN), (), Peer(False, ((IdentityType.URI, SPIFFE),))),
+    ],
+)
+def test_a_request_without_one_identity_names_no_tenant(source, found, peer):
+    assert tenants.identify(source, found, peer) is None
+
+
+@pytest.mark.parametrize("value", [["a", "b"], "", 1, {"a": 1}, True])
+def test_a_client_salt_is_a_non_empty_string_or_nothing(value):
+    assert tenants.client_part({}) is None
+    assert tenants.client_part({"cache_salt": None}) is None
+    assert tenants.client_part({"cache_salt": "s"}) == "s"
+    with pytest.raises(BadRequest) as refused:
+        tenants.client_part({"cache_salt": value})
+    assert refused.value.reason is Reason.CACHE_SALT_MALFORMED
+
+
+def send(route, body, *, extra=JSON, key=KEY, peer=NO_PEER):
+    stream = Driven(trust=Trust(tenant_key=key))
+    request = headers(route, extra=extra)
+    request = type(request)(
+        request.headers, False, request.body_mode, route, peer, request.path, None
+    )
+    answers = stream.handle(request)
+    if answers != [ContinueHeaders()]:  # refused at the headers
+        return stream, answers
+    return stream, stream.handle(RequestBody(json.dumps(body).encode(), True))
+
+
+def forwarded(answers):
+    answer = only(answers)
+    assert isinstance(answer, ContinueBody)
+    assert answer.replacement is not None
+    return json.loads(answer.replacement)
+
+
+def tenant(name):
+    return (*JSON, ("x-auth-tenant", name))
+
+
+def test_each_tenant_gets_its_own_salt_whatever_salt_it_sends():
+    _, a = send(BY_HEADER, CHAT, extra=tenant(b"team-a"))
+    _, b = send(BY_HEADER, CHAT, extra=tenant(b"team-b"))
+    assert forwarded(a) == {**CHAT, "cache_salt": salt_of("header:team-a")}
+    assert forwarded(b) == {**CHAT, "cache_salt": salt_of("header:team-b")}
+    # Team b sends team a's salt: it is combined with team b, never team a's.
+    _, copied = send(
+        BY_HEADER, {**CHAT, "cache_salt": forwarded(a)["cache_salt"]}, extra=tenant(b"team-b")
+    )
+    assert forwarded(copied)["cache_salt"] == salt_of("header:team-b", forwarded(a)["cache_salt"])
+    assert forwarded(copied)["cache_salt"] != forwarded(a)["cache_salt"]
+
+
+def test_the_salt_is_written_into_the_one_rewrite_of_a_strip():
+    body = {**CHAT, "cache_salt": "mine", "kv_transfer_params": {"prompt_token_ids": [1]}}
+    stream, answers = send(BY_ROUTE, body)
+    assert stream.decision.reason is Reason.STRIPPED_BY_POLICY
+    # The members keep their order; the salt stays where the client put it.
+    assert list(forwarded(answers)) == ["model", "messages", "cache_salt"]
+    assert forwarded(answers)["cache_salt"] == salt_of("route:team-a", "mine")
+
+
+def test_the_peer_san_names_the_tenant():
+    peer = Peer(True, ((IdentityType.URI, SPIFFE),))
+    _, answers = send(BY_PEER, CHAT, peer=peer)
+    assert forwarded(answers)["cache_salt"] == salt_of(f"uri:{SPIFFE}")
+
+
+def test_a_request_that_names_no_tenant_is_refused_before_its_body():
+    _, answers = send(BY_HEADER, CHAT)
+    error = error_body(answers)
+    assert only(answers).status == 401
+    assert only(answers).details == "token_policy_tenant_missing"
+    assert "x-auth-tenant" in error["message"]
+
+
+def test_a_tenant_route_without_a_tenant_key_refuses_every_request():
+    _, answers = send(BY_ROUTE, CHAT, key=None)
+    error_body(answers)
+    assert only(answers).status == 500
+    assert only(answers).details == "token_policy_tenant_key_missing"
+
+
+def test_a_client_salt_that_is_not_a_string_is_refused():
+    _, answers = send(BY_ROUTE, {**CHAT, "cache_salt": ["a", "b"]})
+    assert error_body(answers)["param"] == "cache_salt"
+    assert only(answers).details == "token_policy_cache_salt_malformed"
+
+
+def test_a_route_without_a_tenant_source_forwards_the_clients_salt():
+    route = RouteMetadata({"action": "strip"}, 1.0)
+    _, answers = send(route, {**CHAT, "cache_salt": "mine"})
+    assert only(answers) == ContinueBody(None)

@@ -1,0 +1,204 @@
+"""Tenants through the real Envoy, in every body arrangement: Envoy's jwt_authn sets the
+tenant header from a verified token's claim, after a header_mutation removed a client's
+copy; the processor writes each tenant's cache_salt (combined with the client's own),
+the header step removes a client's x-tenant-id, and a request naming no tenant gets a
+401 in vLLM's error shape. What arrived is what the recording stand-in read, byte for
+byte."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+
+from ext_proc.core import tenants
+from ext_proc.tools import carrier_headers, check_envoy
+from tests.e2e.conftest import BODY_MODES
+from tests.e2e.stack import Stack, route
+from tests.e2e.test_gateway import chat, only_request
+
+TENANT_HEADER = "x-auth-tenant"
+TENANT_KEY = b"tenant-key-of-this-deployment-32b!"
+JWT_SECRET = b"jwt-signing-secret-of-the-identity-provider"
+PREFIX = "/tenant/v1/"
+URL = f"{PREFIX}chat/completions"
+
+
+def _b64(raw: bytes) -> str:
+    return base64.urlsafe_b64encode(raw).rstrip(b"=").decode("ascii")
+
+
+def token(tenant: str, secret: bytes = JWT_SECRET) -> str:
+    """An HS256 JWT whose ``tenant`` claim the identity filter copies into the header."""
+    header = _b64(json.dumps({"alg": "HS256", "typ": "JWT", "kid": "k"}).encode())
+    claims = _b64(json.dumps({"iss": "idp", "sub": "user", "tenant": tenant}).encode())
+    signed = f"{header}.{claims}".encode()
+    return f"{header}.{claims}.{_b64(hmac.digest(secret, signed, hashlib.sha256))}"
+
+
+JWKS = json.dumps({"keys": [{"kty": "oct", "alg": "HS256", "kid": "k", "k": _b64(JWT_SECRET)}]})
+
+
+JWT_AUTHN_TYPE = "type.googleapis.com/envoy.extensions.filters.http.jwt_authn.v3.JwtAuthentication"
+
+
+def identity_filters() -> list[dict[str, Any]]:
+    """A client's tenant header removed, then set from a verified token (a request
+    without a token passes without one: the processor refuses it)."""
+    guard = {
+        "name": "tenant-guard",
+        "typed_config": {
+            "@type": carrier_headers.FILTER_TYPE,
+            "mutations": {"request_mutations": [{"remove": TENANT_HEADER}]},
+        },
+    }
+    jwt = {
+        "name": "envoy.filters.http.jwt_authn",
+        "typed_config": {
+            "@type": JWT_AUTHN_TYPE,
+            "providers": {
+                "idp": {
+                    "issuer": "idp",
+                    "local_jwks": {"inline_string": JWKS},
+                    "claim_to_headers": [{"header_name": TENANT_HEADER, "claim_name": "tenant"}],
+                    "forward": True,
+                }
+            },
+            "rules": [
+                {
+                    "match": {"prefix": "/"},
+                    "requires": {
+                        "requires_any": {
+                            "requirements": [{"provider_name": "idp"}, {"allow_missing": {}}]
+                        }
+                    },
+                }
+            ],
+        },
+    }
+    return [guard, jwt]
+
+
+def edit(config: dict[str, Any]) -> None:
+    hcm = config["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]
+    chain = hcm["typed_config"]["http_filters"]
+    chain[:0] = identity_filters()
+    for entry in chain:
+        if entry["name"] == "envoy.filters.http.ext_proc":
+            entry["typed_config"]["request_attributes"].append(
+                f"request.headers['{TENANT_HEADER}']"
+            )
+
+
+@pytest.fixture(scope="module", params=list(BODY_MODES))
+def tenanted(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Stack]:
+    workdir = tmp_path_factory.mktemp(f"tenants-{request.param}")
+    key_file = workdir / "tenant.key"
+    key_file.write_bytes(TENANT_KEY)
+    routes = [
+        route("tenant", PREFIX, {"action": "strip", "tenant": f"header:{TENANT_HEADER}"}),
+        route("team-route", "/team/v1/", {"action": "strip", "tenant": "route:team-c"}),
+    ]
+    stack = Stack(
+        workdir,
+        source=BODY_MODES[request.param],
+        routes=routes,
+        processor_config={"tenants": {"key_file": str(key_file)}},
+        edit=edit,
+    )
+    with stack as running:
+        yield running
+
+
+@pytest.fixture
+def gateway(tenanted: Stack) -> Stack:
+    tenanted.clear()
+    return tenanted
+
+
+def salt(tenant: str, part: str | None = None) -> str:
+    return tenants.salt(tenants.key_for(TENANT_KEY, tenant), part)
+
+
+def post(stack: Stack, body: dict[str, Any], path: str = URL, **headers: str) -> httpx.Response:
+    return httpx.post(stack.url + path, json=body, headers=headers, timeout=30)
+
+
+def exact(document: dict[str, Any]) -> bytes:
+    """The bytes the processor writes a document as (compact, UTF-8)."""
+    return json.dumps(document, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def test_the_edited_config_passes_check_envoy(tenanted: Stack) -> None:
+    written = (tenanted.workdir / "envoy.yaml").read_text()
+    report = check_envoy.check(yaml.safe_load(written))
+    assert [f for f in report.findings if f.code.startswith("tenant-")] == []
+
+
+def test_two_tenants_get_their_own_salts_whatever_they_send(gateway: Stack) -> None:
+    for tenant in ("team-a", "team-b"):
+        gateway.clear()
+        sent = chat()
+        # A forged tenant header and a forged Dynamo tenant: neither names the tenant.
+        answer = post(
+            gateway,
+            sent,
+            authorization=f"Bearer {token(tenant)}",
+            **{TENANT_HEADER: "team-z", "x-tenant-id": "team-z"},
+        )
+        assert answer.status_code == 200, answer.text
+        received = only_request(gateway)
+        assert received.body == exact({**sent, "cache_salt": salt(f"header:{tenant}")})
+        assert received.header("x-tenant-id") == []
+        assert received.header(TENANT_HEADER) == [tenant]
+
+
+def test_a_clients_salt_is_combined_with_its_tenant(gateway: Stack) -> None:
+    stolen = salt("header:team-a")
+    sent = chat(cache_salt=stolen)
+    answer = post(gateway, sent, authorization=f"Bearer {token('team-b')}")
+    assert answer.status_code == 200, answer.text
+    received = only_request(gateway)
+    assert received.body == exact({**sent, "cache_salt": salt("header:team-b", stolen)})
+
+
+def test_a_route_tenant_needs_no_credential(gateway: Stack) -> None:
+    sent = chat()
+    answer = post(gateway, sent, "/team/v1/chat/completions")
+    assert answer.status_code == 200, answer.text
+    assert only_request(gateway).body == exact({**sent, "cache_salt": salt("route:team-c")})
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        {},
+        {TENANT_HEADER: "team-a"},  # a client's own copy: removed before the token is read
+        {"x-tenant-id": "team-a"},
+    ],
+    ids=["nothing", "forged-header", "dynamo-header"],
+)
+def test_a_request_naming_no_tenant_is_refused(gateway: Stack, headers: dict[str, str]) -> None:
+    answer = post(gateway, chat(), **headers)
+    assert answer.status_code == 401
+    error = answer.json()["error"]
+    assert error["type"] == "UnauthorizedError"
+    assert error["code"] == 401
+    assert TENANT_HEADER in error["message"]
+    assert gateway.received() == []
+
+
+def test_a_token_of_another_signer_names_no_tenant(gateway: Stack) -> None:
+    forged = token("team-a", secret=b"not-the-identity-providers-secret!!")
+    answer = post(gateway, chat(), authorization=f"Bearer {forged}")
+    assert answer.status_code == 401  # jwt_authn refuses the token itself
+    assert gateway.received() == []
