@@ -9,6 +9,8 @@ STAMP := $(VENV)/.installed
 # The image's name: pyproject.toml's [tool.ext-proc] image unless given
 # (make release IMAGE=registry.example/ext-proc-token-policy).
 IMAGE ?= $(shell $(PYTHON) -c 'import tomllib; print(tomllib.load(open("pyproject.toml", "rb"))["tool"]["ext-proc"]["image"])')
+# The extras the image carries (pyproject.toml's [tool.ext-proc] image-extras).
+IMAGE_EXTRAS := $(shell $(PYTHON) -c 'import tomllib; print(*tomllib.load(open("pyproject.toml", "rb"))["tool"]["ext-proc"]["image-extras"])')
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -132,11 +134,12 @@ envoy-config: $(STAMP)
 release: $(STAMP)
 	$(PY) -m devstack release --image $(IMAGE)
 
-# requirements.lock: the runtime dependencies the image installs, each pinned with its
+# requirements.lock: the runtime dependencies the image installs (with its extras), each pinned with its
 # hashes. Resolved against the package index, so not part of `make generate` (which stays
 # offline); tests/test_image.py holds it to pyproject.toml's dependencies.
 lock: $(STAMP)
-	$(VENV)/bin/uv pip compile pyproject.toml --universal --python-version 3.11 \
+	$(VENV)/bin/uv pip compile pyproject.toml $(foreach extra,$(IMAGE_EXTRAS),--extra $(extra)) \
+		--universal --python-version 3.11 \
 		--generate-hashes --custom-compile-command "make lock" -q -o requirements.lock
 
 clean:

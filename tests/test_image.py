@@ -118,9 +118,15 @@ def test_the_oci_labels_name_the_version_license_and_source():
 
 
 def test_the_lock_pins_exactly_pyprojects_runtime_dependencies_with_hashes():
-    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
+    project = pyproject["project"]
+    carried = pyproject["tool"]["ext-proc"]["image-extras"]
     wanted = {
-        canonicalize_name(Requirement(r).name): Requirement(r) for r in project["dependencies"]
+        canonicalize_name(Requirement(r).name): Requirement(r)
+        for r in (
+            *project["dependencies"],
+            *(r for extra in carried for r in project["optional-dependencies"][extra]),
+        )
     }
     locked = lock()
     direct = {name for name, (_, _, via) in locked.items() if VIA_PYPROJECT in via}
@@ -129,7 +135,7 @@ def test_the_lock_pins_exactly_pyprojects_runtime_dependencies_with_hashes():
         assert requirement.specifier.contains(locked[name][0]), (name, locked[name][0])
     # Every entry, direct or not, is pinned and hashed, and is there for a reason.
     assert all(hashes > 0 and via for _, hashes, via in locked.values())
-    # Nothing of the dev or envoy-config extras.
+    # Nothing of the other extras (dev, envoy-config).
     extras = {
         canonicalize_name(Requirement(r).name)
         for group in project["optional-dependencies"].values()
