@@ -16,6 +16,11 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[dev]'
+	# xds-protos (dev) ships its own, older copy of OpenTelemetry's generated protos in
+	# the same files as opentelemetry-proto (tracing); whichever installs last wins, so
+	# opentelemetry-proto's are put back (a superset of the older files).
+	$(PY) -m pip install --quiet --no-deps --force-reinstall \
+		"opentelemetry-proto==$$($(PY) -c 'from importlib.metadata import version; print(version("opentelemetry-proto"))')"
 	touch $(STAMP)
 
 # Ports: GATEWAY_PORT, ENVOY_ADMIN_PORT, PROCESSOR_PORT, METRICS_PORT, STUB_PORT
