@@ -14,9 +14,9 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from devstack import processes
 from ext_proc.core.config import Config
 from ext_proc.tools import check_envoy
+from tests.e2e.manifests import envoy_validate
 
 REPO = Path(__file__).resolve().parents[2]
 HERE = REPO / "deploy" / "llm-d" / "routing-sidecar"
@@ -114,16 +114,7 @@ def test_the_mounted_envoy_configs_are_the_generated_ones_and_valid(rendered, ro
     config = yaml.safe_load(text)
     report = check_envoy.check(config)
     assert report.errors == []
-    path = tmp_path / name
-    path.write_text(text)
-    result = subprocess.run(
-        [processes.envoy_binary(), "--mode", "validate", "-c", str(path), "--disable-hot-restart"],
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=60,
-    )
-    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+    envoy_validate(config, tmp_path, name)
 
 
 @pytest.mark.parametrize("role", ROLES)
