@@ -53,7 +53,14 @@ from ext_proc.core.reasons import Reason
 from ext_proc.core.replay import Ticket, Verdict
 from ext_proc.core.route_policy import Accept, Action, RoutePolicy
 from ext_proc.core.spelling import spelled
-from ext_proc.core.vllm_request import CARRIER_NAMES, EC_KEY, KV_KEY, Path, only_kv_params
+from ext_proc.core.vllm_request import (
+    CACHE_SALT,
+    CARRIER_NAMES,
+    EC_KEY,
+    KV_KEY,
+    Path,
+    only_kv_params,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,6 +167,8 @@ def read(
                 route.name, request_id, audit, parsed, endpoint, event.peer, refused=refusal
             )
     partition = _partition(parsed, event, tenant_key)
+    if partition is not None and not isinstance(partition, Deny):
+        partition = _unpartitioned(endpoint, body) or partition
     if isinstance(partition, Deny):
         if enforced(partition, audit):
             return Request(
@@ -209,6 +218,24 @@ def _undeclared_endpoint(engine: str, endpoint: str) -> Deny:
             f"{endpoint}",
             reason=Reason.UNDECLARED_MEMBER,
         )
+    )
+
+
+def _unpartitioned(endpoint: str, body: declared.Body | None) -> Deny | None:
+    """On a route that names a tenant source, the refusal of an endpoint whose body may
+    not carry the gateway's cache_salt to the engine (SGLang's Ollama, Vertex and
+    Anthropic APIs, vLLM's Cohere ones...): the tenant's prompt would land in whatever
+    partition the client names there. Served: an endpoint that carries it in every
+    engine of the inventory, or in the one a ``strict_body`` route names, and one that
+    runs no prompt through a prefix cache (``vllm_request.tenant_endpoint``)."""
+    if vllm_request.tenant_endpoint(endpoint) is not None:
+        return None
+    if body is not None and body.root is not None and CACHE_SALT in body.models[body.root]:
+        return None
+    return _refused(
+        f"{endpoint} does not carry the cache partition this route sets from the tenant "
+        "(cache_salt) to the engine; a route that names a tenant source does not serve it",
+        Reason.TENANT_ENDPOINT_REFUSED,
     )
 
 

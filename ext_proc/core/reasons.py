@@ -69,6 +69,7 @@ class Reason(StrEnum):
     INVALID_ROUTE_POLICY = "invalid_route_policy"
     TENANT_MISSING = "tenant_missing"
     TENANT_KEY_MISSING = "tenant_key_missing"
+    TENANT_ENDPOINT_REFUSED = "tenant_endpoint_refused"
     CACHE_SALT_MALFORMED = "cache_salt_malformed"
 
     # A mint route's response: signed, or why not (a response is never refused).
@@ -146,6 +147,7 @@ REFUSED: Final = frozenset(
         Reason.INVALID_ROUTE_POLICY,
         Reason.TENANT_MISSING,
         Reason.TENANT_KEY_MISSING,
+        Reason.TENANT_ENDPOINT_REFUSED,
         Reason.CACHE_SALT_MALFORMED,
     }
 )

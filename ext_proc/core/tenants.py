@@ -44,7 +44,7 @@ def identify(
 ) -> str | None:
     """The tenant of a request, typed by its source so that no two sources name the
     same tenant by accident; None when the request carries no identity (one header
-    value, non-empty; a validated mTLS peer with a URI SAN)."""
+    value, non-empty, without a comma; a validated mTLS peer with a URI SAN)."""
     if source.kind is TenantKind.ROUTE:
         return f"route:{source.value}"
     if source.kind is TenantKind.PEER_SAN:
@@ -53,10 +53,15 @@ def identify(
         uris = [value for kind, value in peer.identities if kind is IdentityType.URI]
         return f"uri:{uris[0]}" if uris else None
     values = [value for key, value in headers if key == source.value]
-    # Two values: two filters disagree, or a client's copy survived; neither is an identity.
-    if len(values) != 1 or not values[0].strip():
+    # Two values: two filters disagree, or a client's copy survived; neither is an
+    # identity. A comma is how Envoy joins two values when it hands headers over as
+    # attributes (one message per request): refused in every arrangement alike.
+    if len(values) != 1 or not values[0].strip() or b"," in values[0]:
         return None
-    return f"header:{values[0].decode('latin-1')}"
+    # The header's name is part of the tenant: two routes reading two headers never
+    # share a partition through equal values. Latin-1 maps every byte to one character,
+    # so distinct values stay distinct.
+    return f"header:{source.value}:{values[0].decode('latin-1')}"
 
 
 def key_for(key: bytes, tenant: str) -> bytes:

@@ -351,28 +351,44 @@ def internal_endpoint(path: str) -> str | None:
     return _kinds(path)[1]
 
 
-# Paths recently judged, with their token and internal endpoints: a route serves few
+def tenant_endpoint(path: str) -> str | None:
+    """The endpoint a route that names a tenant source serves (``classified.
+    TENANT_ENDPOINTS``: its body carries the gateway's cache_salt to every engine, or it
+    runs no prompt through a prefix cache) that ``path`` is; None when it is none."""
+    return _kinds(path)[2]
+
+
+# Paths recently judged, with their token, internal and tenant endpoints: a route serves few
 # paths. Paths are the client's, so the memo is emptied when full and a path longer
 # than _KINDS_PATH is judged afresh, never kept: what the memo holds stays under
 # _KINDS_MEMO * _KINDS_PATH characters whatever the paths Envoy lets through.
-_KINDS: dict[str, tuple[str | None, str | None]] = {}
+_KINDS: dict[str, tuple[str | None, str | None, str | None]] = {}
 _KINDS_MEMO: Final = 1024
 _KINDS_PATH: Final = 256
 
 
-def _kinds(path: str) -> tuple[str | None, str | None]:
-    """``path``'s token endpoint and internal endpoint (``_named``), as judged before."""
+def _kinds(path: str) -> tuple[str | None, str | None, str | None]:
+    """``path``'s token, internal and tenant endpoints (``_named``), as judged before."""
     kinds = _KINDS.get(path)
     if kinds is None:
         kinds = (
             _named(path, classified.TOKEN_ENDPOINTS),
             _named(path, classified.INTERNAL_ENDPOINTS),
+            _tenant(path),
         )
         if len(path) <= _KINDS_PATH:
             if len(_KINDS) >= _KINDS_MEMO:
                 _KINDS.clear()
             _KINDS[path] = kinds
     return kinds
+
+
+def _tenant(path: str) -> str | None:
+    """The one of ``classified.TENANT_ENDPOINTS`` that ``path`` is, unless it names an
+    endpoint not served there by a longer name (``_named`` takes the longest)."""
+    served = _named(path, classified.TENANT_ENDPOINTS)
+    other = _named(path, classified.UNTENANTED_ENDPOINTS)
+    return served if served is not None and len(served) > len(other or "") else None
 
 
 def _named(path: str, known: tuple[str, ...]) -> str | None:

@@ -87,13 +87,20 @@ def _route_metadata(found: dict[str, Scalar], keys: AttributeKeys) -> RouteMetad
     return RouteMetadata(values, size, route_name)
 
 
+def _header_bytes(value: str) -> bytes:
+    """A header's value from its attribute: the UTF-8 of the string Envoy's CEL made of
+    the header's bytes, which are those bytes, as the headers message carries them; so
+    both arrangements read one header alike, and no two values collide."""
+    return value.encode()
+
+
 def _headers_from_attributes(
     request: pb.ProcessingRequest, found: dict[str, Scalar]
 ) -> tuple[tuple[str, bytes], ...]:
     """The checked headers, then any other header the filter requests as an attribute
     (a route's tenant header)."""
     checked = [
-        (name, value.encode("latin-1", "replace"))
+        (name, _header_bytes(value))
         for name, key in attributes.READ_HEADERS.items()
         if isinstance(value := found.get(key), str)
     ]
@@ -107,7 +114,7 @@ def _headers_from_attributes(
                 continue
             value = _scalar(fields[key])
             if isinstance(value, str) and fields[key].WhichOneof("kind") == "string_value":
-                others[matched.group(1)] = value.encode("latin-1", "replace")
+                others[matched.group(1)] = _header_bytes(value)
     return (*checked, *others.items())
 
 
@@ -249,7 +256,7 @@ class Decoder:
         if not taken:
             return cached
         added = [
-            (header, value.encode("latin-1", "replace"))
+            (header, _header_bytes(value))
             for header in attributes.PER_REQUEST
             if header in taken and (value := taken[header]) is not None
         ]

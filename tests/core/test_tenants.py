@@ -55,7 +55,7 @@ def test_the_member_written_is_a_partition_key_both_engines_read():
 
 def test_the_tenant_is_typed_by_its_source():
     tenant = (("x-auth-tenant", b"team-a"),)
-    assert tenants.identify(HEADER, tenant, NO_PEER) == "header:team-a"
+    assert tenants.identify(HEADER, tenant, NO_PEER) == "header:x-auth-tenant:team-a"
     route = TenantSource(TenantKind.ROUTE, "team-a")
     assert tenants.identify(route, (), NO_PEER) == "route:team-a"
     peer = Peer(True, ((IdentityType.DNS, "a.example"), (IdentityType.URI, SPIFFE)))
@@ -68,6 +68,8 @@ def test_the_tenant_is_typed_by_its_source():
         (HEADER, (), NO_PEER),
         (HEADER, (("x-auth-tenant", b""),), NO_PEER),
         (HEADER, (("x-auth-tenant", b"a"), ("x-auth-tenant", b"b")), NO_PEER),
+        # Two values as Envoy joins them when it hands headers over as attributes.
+        (HEADER, (("x-auth-tenant", b"a,b"),), NO_PEER),
         (HEADER, (("x-other", b"a"),), NO_PEER),
         (TenantSource(TenantKind.PEER_SAN), (), NO_PEER),
         (TenantSource(TenantKind.PEER_SAN), (), Peer(True, ((IdentityType.DNS, "a.example"),))),
@@ -76,6 +78,23 @@ def test_the_tenant_is_typed_by_its_source():
 )
 def test_a_request_without_one_identity_names_no_tenant(source, found, peer):
     assert tenants.identify(source, found, peer) is None
+
+
+def test_two_header_sources_with_equal_values_are_two_tenants():
+    other = TenantSource(TenantKind.HEADER, "x-other-tenant")
+    one = tenants.identify(HEADER, (("x-auth-tenant", b"team-a"),), NO_PEER)
+    two = tenants.identify(other, (("x-other-tenant", b"team-a"),), NO_PEER)
+    assert None not in (one, two)
+    assert one != two
+
+
+def test_every_byte_of_a_header_value_tells_tenants_apart():
+    found = [
+        tenants.identify(HEADER, (("x-auth-tenant", value.encode()),), NO_PEER)
+        for value in ("研究所", "ラボ部", "???", "team-€", "team-?")
+    ]
+    assert None not in found
+    assert len(set(found)) == len(found)
 
 
 @pytest.mark.parametrize("value", [["a", "b"], "", 1, {"a": 1}, True])
@@ -114,13 +133,14 @@ def tenant(name):
 def test_each_tenant_gets_its_own_salt_whatever_salt_it_sends():
     _, a = send(BY_HEADER, CHAT, extra=tenant(b"team-a"))
     _, b = send(BY_HEADER, CHAT, extra=tenant(b"team-b"))
-    assert forwarded(a) == {**CHAT, "cache_salt": salt_of("header:team-a")}
-    assert forwarded(b) == {**CHAT, "cache_salt": salt_of("header:team-b")}
+    assert forwarded(a) == {**CHAT, "cache_salt": salt_of("header:x-auth-tenant:team-a")}
+    assert forwarded(b) == {**CHAT, "cache_salt": salt_of("header:x-auth-tenant:team-b")}
     # Team b sends team a's salt: it is combined with team b, never team a's.
     _, copied = send(
         BY_HEADER, {**CHAT, "cache_salt": forwarded(a)["cache_salt"]}, extra=tenant(b"team-b")
     )
-    assert forwarded(copied)["cache_salt"] == salt_of("header:team-b", forwarded(a)["cache_salt"])
+    mine = salt_of("header:x-auth-tenant:team-b", forwarded(a)["cache_salt"])
+    assert forwarded(copied)["cache_salt"] == mine
     assert forwarded(copied)["cache_salt"] != forwarded(a)["cache_salt"]
 
 
@@ -152,6 +172,60 @@ def test_a_tenant_route_without_a_tenant_key_refuses_every_request():
     error_body(answers)
     assert only(answers).status == 500
     assert only(answers).details == "token_policy_tenant_key_missing"
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/v1/messages",  # SGLang's Anthropic API: no cache_salt
+        "/api/chat",  # SGLang's Ollama API
+        "/api/generate",
+        "/vertex_generate",  # SGLang reads parameters.cache_salt, the client's
+        "/cohere/v2/chat",  # vLLM's Cohere API
+        "/v2/embed",
+        "/v1/embeddings",  # SGLang's has none
+        "/invocations",  # SageMaker's: whichever API the body names
+        "/v1/something_new",
+        "/prefix/api/chat",
+    ],
+)
+def test_a_tenant_route_refuses_an_endpoint_that_does_not_carry_the_salt(path):
+    stream = Driven(trust=Trust(tenant_key=KEY))
+    answers = stream.handle(headers(BY_ROUTE, extra=JSON, path=path))
+    assert only(answers).status == 400
+    assert only(answers).details == "token_policy_tenant_endpoint_refused"
+    assert error_body(answers)["message"].startswith(path)
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/v1/chat/completions",
+        "/v1/completions",
+        "/v1/responses",
+        "/generate",
+        "/prefix/v1/chat/completions",
+        "/tokenize",  # the tokenizer alone
+        "/v1/messages/count_tokens",
+        "/v1/models",  # a public read
+        "/health",
+    ],
+)
+def test_a_tenant_route_serves_what_carries_the_salt_or_caches_nothing(path):
+    stream = Driven(trust=Trust(tenant_key=KEY))
+    assert stream.handle(headers(BY_ROUTE, extra=JSON, path=path)) == [ContinueHeaders()]
+
+
+def test_a_strict_route_serves_what_its_engine_carries_the_salt_in():
+    # vLLM's Anthropic API carries cache_salt; SGLang's does not.
+    for engine, status in (("vllm 0.32.0", None), ("sglang 0.5.23", 400)):
+        route = RouteMetadata({**BY_ROUTE.values, "strict_body": engine}, 3.0)
+        stream = Driven(trust=Trust(tenant_key=KEY))
+        answers = stream.handle(headers(route, extra=JSON, path="/v1/messages"))
+        if status is None:
+            assert answers == [ContinueHeaders()]
+        else:
+            assert only(answers).status == status
 
 
 def test_a_client_salt_that_is_not_a_string_is_refused():

@@ -107,6 +107,7 @@ def tenanted(
     routes = [
         route("tenant", PREFIX, {"action": "strip", "tenant": f"header:{TENANT_HEADER}"}),
         route("team-route", "/team/v1/", {"action": "strip", "tenant": "route:team-c"}),
+        route("team-root", "/team-root/", {"action": "strip", "tenant": "route:team-d"}, "/"),
     ]
     stack = Stack(
         workdir,
@@ -127,6 +128,12 @@ def gateway(tenanted: Stack) -> Stack:
 
 def salt(tenant: str, part: str | None = None) -> str:
     return tenants.salt(tenants.key_for(TENANT_KEY, tenant), part)
+
+
+def by_header(value: str) -> str:
+    """The tenant the processor reads from the header's value (its bytes, typed by the
+    header's name)."""
+    return f"header:{TENANT_HEADER}:{value.encode().decode('latin-1')}"
 
 
 def post(stack: Stack, body: dict[str, Any], path: str = URL, **headers: str) -> httpx.Response:
@@ -157,18 +164,18 @@ def test_two_tenants_get_their_own_salts_whatever_they_send(gateway: Stack) -> N
         )
         assert answer.status_code == 200, answer.text
         received = only_request(gateway)
-        assert received.body == exact({**sent, "cache_salt": salt(f"header:{tenant}")})
+        assert received.body == exact({**sent, "cache_salt": salt(by_header(tenant))})
         assert received.header("x-tenant-id") == []
         assert received.header(TENANT_HEADER) == [tenant]
 
 
 def test_a_clients_salt_is_combined_with_its_tenant(gateway: Stack) -> None:
-    stolen = salt("header:team-a")
+    stolen = salt(by_header("team-a"))
     sent = chat(cache_salt=stolen)
     answer = post(gateway, sent, authorization=f"Bearer {token('team-b')}")
     assert answer.status_code == 200, answer.text
     received = only_request(gateway)
-    assert received.body == exact({**sent, "cache_salt": salt("header:team-b", stolen)})
+    assert received.body == exact({**sent, "cache_salt": salt(by_header("team-b"), stolen)})
 
 
 def test_a_route_tenant_needs_no_credential(gateway: Stack) -> None:
@@ -202,3 +209,63 @@ def test_a_token_of_another_signer_names_no_tenant(gateway: Stack) -> None:
     answer = post(gateway, chat(), authorization=f"Bearer {forged}")
     assert answer.status_code == 401  # jwt_authn refuses the token itself
     assert gateway.received() == []
+
+
+def test_tenants_beyond_latin_1_are_told_apart(gateway: Stack) -> None:
+    """The identity filter writes a claim's UTF-8 into the header; every arrangement
+    reads those bytes, so no two tenants share a salt."""
+    seen = set()
+    for tenant in ("研究所", "ラボ部", "???"):
+        gateway.clear()
+        sent = chat()
+        answer = post(gateway, sent, authorization=f"Bearer {token(tenant)}")
+        assert answer.status_code == 200, answer.text
+        received = only_request(gateway)
+        assert received.body == exact({**sent, "cache_salt": salt(by_header(tenant))})
+        seen.add(received.body)
+    assert len(seen) == 3
+
+
+def test_a_tenant_holding_a_comma_is_refused(gateway: Stack) -> None:
+    """With one message per request Envoy hands two values over joined by a comma: a
+    comma names no tenant in any arrangement."""
+    answer = post(gateway, chat(), authorization=f"Bearer {token('team-a,team-b')}")
+    assert answer.status_code == 401, answer.text
+    assert gateway.received() == []
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/team/v1/messages",
+        "/team/v1/embeddings",
+        "/team-root/api/chat",
+        "/team-root/api/generate",
+        "/team-root/vertex_generate",
+        "/team-root/cohere/v2/chat",
+        "/team-root/v2/embed",
+        "/team-root/invocations",
+        "/team-root/v1/not-an-endpoint",
+    ],
+)
+def test_an_endpoint_that_does_not_carry_the_salt_is_refused(gateway: Stack, path: str) -> None:
+    body = {"instances": [{"text": "hi"}], "parameters": {"cache_salt": salt("route:team-c")}}
+    answer = post(gateway, {**chat(), **body}, path)
+    assert answer.status_code == 400, answer.text
+    error = answer.json()["error"]
+    assert error["type"] == "BadRequestError"
+    assert "cache_salt" in error["message"]
+    assert gateway.received() == []
+
+
+@pytest.mark.parametrize(
+    "path", ["/team-root/generate", "/team-root/v1/completions", "/team/v1/tokenize"]
+)
+def test_what_carries_the_salt_or_caches_nothing_is_served(gateway: Stack, path: str) -> None:
+    sent = {"model": "m", "prompt": "hi", "text": "hi"}
+    answer = post(gateway, sent, path)
+    assert answer.status_code == 200, answer.text
+    tenant = "route:team-d" if path.startswith("/team-root/") else "route:team-c"
+    # Every body of a tenant route is written with its salt (an engine ignores it where
+    # its model has none).
+    assert only_request(gateway).body == exact({**sent, "cache_salt": salt(tenant)})

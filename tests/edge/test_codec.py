@@ -440,3 +440,14 @@ def test_answers_without_bytes_are_shared_only_with_the_same_decision():
     assert answered(ContinueBody(b"{}"), stripped) is not answered(ContinueBody(b"{}"), stripped)
     honored = outcome(Allow("trusted_proof", 3))
     assert answered(ContinueBody(None), honored) is not answered(ContinueBody(None), honored)
+
+
+@pytest.mark.parametrize("value", ["研究所", "???", "team-€", "caf\u00e9 \u2603", "plain"])
+def test_a_header_attribute_reads_as_the_bytes_the_headers_message_carries(value):
+    """Envoy's CEL makes a string of the header's bytes; its UTF-8 is those bytes, as the
+    headers message carries them: both arrangements read one value, and no two collide."""
+    tenant = attributes.header("x-auth-tenant")
+    attrs = {**ROUTE_ATTRS, tenant: value, attributes.HEADERS["x-request-id"]: value}
+    for read in (decode(_headerless_body(attrs), KEYS), Decoder(KEYS)(_headerless_body(attrs))):
+        assert read.preamble.values("x-auth-tenant") == [value.encode()]
+        assert read.preamble.values("x-request-id") == [value.encode()]

@@ -780,3 +780,24 @@ ENDPOINTS: Final[Mapping[str, Endpoint]] = {
         "/clear_kv_blocks /workers /workers/{worker_id}/drain /workers/{worker_id}/resume",
     ),
 }
+
+
+# Client APIs that put no prompt through a model's prefix cache, served on a route that
+# names a tenant source though their bodies carry no cache_salt: the tokenizer alone
+# (vLLM serve/tokenize/api_router.py, SGLang http_server.py's /tokenize and
+# /detokenize, Anthropic's count_tokens), SGLang's text parsers (/parse_function_call,
+# /separate_reasoning) and Ollama's model description (/api/show), SageMaker's health
+# check (/ping), and a stored response read or cancelled by the id its server gave the
+# caller. Every other client API a tenant route serves must carry the gateway's salt to
+# the engine (derive.tenant_endpoints); one that does not would put the tenant's prompt
+# in a partition the client names.
+UNCACHED: Final = frozenset(
+    _endpoints(
+        Endpoint.SERVED,
+        """
+        /tokenize /detokenize /v1/tokenize /v1/detokenize /v1/messages/count_tokens
+        /parse_function_call /separate_reasoning /api/show /ping /v1/responses/{response_id}
+        /v1/responses/{response_id}/cancel
+        """,
+    )
+)

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from ext_proc.core import connector_keys
+from ext_proc.core.vllm_request import CACHE_SALT
 from ext_proc.tools.inventory import classification as c
 from ext_proc.tools.inventory.model import Inventory, Source, paths, takes_body, untyped
 
@@ -172,6 +173,35 @@ def endpoints(classes: Iterable[c.Endpoint]) -> tuple[str, ...]:
     return tuple(sorted(path for path, cls in c.ENDPOINTS.items() if cls in wanted))
 
 
+def salted(inventory: Inventory) -> tuple[str, ...]:
+    """The client APIs whose every declaration with a body, in every source that
+    declares one, has a root model with a top-level ``cache_salt``: what the gateway
+    writes reaches the engine whichever of them serves the route."""
+    declared: dict[str, bool] = {}
+    for source in inventory.sources.values():
+        for endpoint, root in source.endpoints.items():
+            if not takes_body(endpoint, root):
+                continue
+            path = _endpoint_path(endpoint)
+            carries = root is not None and CACHE_SALT in source.models.get(root, {})
+            declared[path] = declared.get(path, True) and carries
+    served = endpoints({c.Endpoint.SERVED})
+    return tuple(path for path in served if declared.get(path, False))
+
+
+def tenant_endpoints(inventory: Inventory) -> tuple[str, ...]:
+    """What a route that names a tenant source serves: the client APIs that carry the
+    gateway's salt to the engine (``salted``), those that run no prompt through a
+    prefix cache (``classification.UNCACHED``) and the public reads."""
+    public = endpoints({c.Endpoint.PUBLIC})
+    return tuple(sorted({*salted(inventory), *c.UNCACHED, *public}))
+
+
+def untenanted_endpoints(inventory: Inventory) -> tuple[str, ...]:
+    """Every classified endpoint a route that names a tenant source does not serve."""
+    return tuple(sorted(set(c.ENDPOINTS) - set(tenant_endpoints(inventory))))
+
+
 def headers(inventory: Inventory, classes: Iterable[c.Class]) -> dict[str, frozenset[str]]:
     """Per classified header in ``classes``: the sources that read it (the
     classification's own when no source of the inventory does)."""
@@ -268,6 +298,14 @@ def module(inventory: Inventory) -> str:
         "INTERNAL_ENDPOINTS: Final[tuple[str, ...]] = (",
         *(f'    "{path}",' for path in endpoints({c.Endpoint.INTERNAL})),
         ")",
+        "# Endpoints a route that names a tenant source serves: every engine's body for",
+        "# them carries the cache_salt the gateway writes, or none runs a prompt through",
+        "# a prefix cache (derive.tenant_endpoints).",
+        *_strings("TENANT_ENDPOINTS", list(tenant_endpoints(inventory))),
+        "# Every other endpoint the servers declare: a path that names one of these by a",
+        "# longer name than any of TENANT_ENDPOINTS is not served there (SGLang's",
+        "# /api/generate is not /generate behind a root path /api).",
+        *_strings("UNTENANTED_ENDPOINTS", list(untenanted_endpoints(inventory))),
         "",
     ]
     return "\n".join(lines)

@@ -197,3 +197,31 @@ def test_the_catalog_of_declared_bodies_holds_only_routes_that_take_one():
     )
     catalog = json.loads(derive.catalog(inventory([source])))
     assert catalog["engines"]["toy 1.0"]["endpoints"] == {"/chat": "Chat", "/session": "Chat"}
+
+
+def _toy(endpoints: dict, models: dict) -> Source:
+    return Source("toy", "1.0", "test", endpoints=endpoints, models=models)
+
+
+def test_a_tenant_route_serves_an_api_only_where_every_engine_carries_the_salt():
+    salted = {"Chat": {"messages": (), "cache_salt": ()}}
+    bare = {"Chat": {"messages": ()}}
+    chat = {"POST /v1/chat/completions": "Chat"}
+    one = dataclasses.replace(_toy(chat, salted), engine="one")
+    other = dataclasses.replace(_toy(chat, bare), engine="other")
+    assert "/v1/chat/completions" in derive.salted(inventory([one]))
+    assert "/v1/chat/completions" not in derive.salted(inventory([one, other]))
+    # A body read without a model carries nothing the gateway can point to.
+    assert derive.salted(inventory([_toy({"POST /v1/chat/completions": None}, {})])) == ()
+
+
+def test_the_committed_tenant_lists_part_every_endpoint():
+    known = set(c.ENDPOINTS)
+    served = set(lists.TENANT_ENDPOINTS)
+    assert served | set(lists.UNTENANTED_ENDPOINTS) == known
+    assert not served & set(lists.UNTENANTED_ENDPOINTS)
+    assert c.UNCACHED <= served
+    assert all(c.ENDPOINTS[path] is c.Endpoint.SERVED for path in c.UNCACHED)
+    # Served by a tenant route only where the salt reaches the engine, or nothing is cached.
+    for path in ("/api/chat", "/api/generate", "/vertex_generate", "/v1/messages", "/v2/embed"):
+        assert path in lists.UNTENANTED_ENDPOINTS
