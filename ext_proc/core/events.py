@@ -11,7 +11,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import IntEnum
-from typing import Final
 
 import orjson
 
@@ -20,10 +19,6 @@ from ext_proc.core.decisions import Decision
 from ext_proc.core.errors import Refusal
 from ext_proc.core.replay import Ticket
 from ext_proc.core.route_policy import Scalar
-
-# The request headers the stream reads (the edge asks Envoy for them as attributes
-# when it skips the headers message: ``ext_proc.edge.attributes``).
-CHECKED_HEADERS: Final = ("content-type", "content-encoding", "content-length", "x-request-id")
 
 
 class BodyMode(IntEnum):

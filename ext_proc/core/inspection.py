@@ -47,7 +47,8 @@ from ext_proc.core.config import Config
 from ext_proc.core.content_headers import check_headers
 from ext_proc.core.decisions import NO_PARAMS, Decision, Deny, Strip
 from ext_proc.core.errors import Refusal, RoutePolicyError, attempt, bad_request
-from ext_proc.core.events import CHECKED_HEADERS, NO_PEER, BodyMode, Peer, RequestHeaders
+from ext_proc.core.events import NO_PEER, BodyMode, Peer, RequestHeaders
+from ext_proc.core.read_headers import CHECKED_HEADERS
 from ext_proc.core.reading import Parsed
 from ext_proc.core.reasons import Reason
 from ext_proc.core.replay import Ticket, Verdict

@@ -24,6 +24,7 @@ from typing import Any, Final, TypeVar
 
 from ext_proc.core import classified, declared
 from ext_proc.core.errors import RoutePolicyError
+from ext_proc.core.read_headers import CHECKED_HEADERS, TRACE_HEADERS
 from ext_proc.core.reasons import Reason
 from ext_proc.core.vllm_request import CONNECTOR_REQUESTS, POLICED_KEYS, TOKEN_ID_BOUND
 
@@ -174,10 +175,17 @@ def _accepted(value: Scalar) -> frozenset[Accept]:
 # A header name as Envoy hands it over (lower case), and a tenant a route names.
 _HEADER_NAME: Final = re.compile(r"[a-z0-9][a-z0-9_-]{0,127}")
 _TENANT: Final = re.compile(r"[!-~]{1,256}")
-# Headers the header step removes or renews right before the processor: a tenant read
-# from one would be nobody's.
+# Headers the header step removes or renews right before the processor, and those the
+# processor reads that hold what the client sent (its framing, its request id moved
+# aside, its trace context): a tenant read from one would be nobody's, or the client's.
 _STEP_HEADERS: Final = frozenset(
-    {*classified.HEADER_CARRIERS, *classified.PARTITION_HEADERS, "x-request-id", "host"}
+    {
+        *classified.HEADER_CARRIERS,
+        *classified.PARTITION_HEADERS,
+        *CHECKED_HEADERS,
+        *TRACE_HEADERS,
+        "host",
+    }
 )
 _TENANT_FORMS: Final = "expected 'header:<lower-case header name>', 'peer_san' or 'route:<tenant>'"
 
@@ -192,8 +200,8 @@ def _tenant(value: Scalar) -> TenantSource:
     if kind == TenantKind.HEADER and _HEADER_NAME.fullmatch(rest):
         if rest in _STEP_HEADERS or rest.startswith("x-envoy-"):
             raise Rejected(
-                f"{rest} is removed or renewed before the processor; name the header your "
-                "authentication filter sets"
+                f"{rest} is removed or renewed before the processor, or holds what the "
+                "client sent; name the header your authentication filter sets"
             )
         return TenantSource(TenantKind.HEADER, rest)
     if kind == TenantKind.ROUTE and _TENANT.fullmatch(rest):

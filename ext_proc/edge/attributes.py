@@ -17,7 +17,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from ext_proc.core.events import CHECKED_HEADERS
+from ext_proc.core.read_headers import CHECKED_HEADERS
+from ext_proc.core.read_headers import TRACE_HEADERS as TRACE_HEADER_NAMES
 from ext_proc.core.route_policy import DEFAULT_NAMESPACE, FIELDS, RoutePolicy, Scalar, TenantKind
 
 # The matched route's name, for metrics and logs (not part of the policy).
@@ -40,9 +41,7 @@ HEADERS: Final = {name: header(name) for name in CHECKED_HEADERS}
 # (a client's, where Envoy traces nothing), and the request id the request came with,
 # which the header step moved aside. Nothing is decided on them, so a config without
 # them loses only the join of the traces.
-TRACE_HEADERS: Final = {
-    name: header(name) for name in ("traceparent", "tracestate", "x-client-request-id")
-}
+TRACE_HEADERS: Final = {name: header(name) for name in TRACE_HEADER_NAMES}
 # Every header read from attributes, in the order the codec lists them; the ones whose
 # value is new with every request (the ids, the trace context) come last.
 READ_HEADERS: Final = {**HEADERS, **TRACE_HEADERS}

@@ -270,6 +270,11 @@ def test_a_route_names_where_its_tenant_comes_from(value, expected):
         "header:x-request-id",
         "header:x-prefiller-host-port",
         "header:x-envoy-original-path",
+        # What the client sent: its request id moved aside, its trace context, framing.
+        "header:x-client-request-id",
+        "header:traceparent",
+        "header:tracestate",
+        "header:content-type",
     ],
 )
 def test_a_tenant_source_is_one_of_three_forms(value):
