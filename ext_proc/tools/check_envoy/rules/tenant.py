@@ -80,7 +80,10 @@ def _guard(entry: dict[str, Any], levels: Sequence[Any], name: str, why: str | N
     if not effective:
         return why
     if config.get("most_specific_header_mutations_wins", False):
-        return f"{called} sets most_specific_header_mutations_wins, which is not followed here"
+        return (
+            f"{called} sets most_specific_header_mutations_wins (a route's mutations stand in "
+            "for its own), so it is taken as no guard"
+        )
     if _clears(effective[-1]):
         return None
     if own is not None and own.value is not None and client_derived(own.value):
