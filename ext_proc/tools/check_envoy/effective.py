@@ -49,6 +49,21 @@ def _enables(given: Any) -> bool | None:
     return True if given.get("@type") == PER_ROUTE else None
 
 
+def _configured(given: Any) -> bool | None:
+    # The filter chain's word on any filter: a FilterConfig wrapper by its own
+    # ``disabled``, any other configuration by being there (Envoy's docs of
+    # HttpFilter.disabled: a route's configuration enables a filter disabled by default).
+    if not isinstance(given, dict):
+        return None
+    return not given.get("disabled") if given.get("@type") == FILTER_CONFIG else True
+
+
+def runs(entry: dict[str, Any], levels: Sequence[Any]) -> bool:
+    """Whether the filter chain runs the HTTP filter ``entry`` on a route of ``levels``."""
+    by_default = not entry.get("disabled", False)
+    return effective(levels, str(entry.get("name")), _configured, by_default)
+
+
 def _own(given: Any) -> dict[str, Any] | None:
     # ext_proc's own per-route configuration at a level: what its merge reads. A
     # wrapper with an empty config enables the filter but configures nothing.

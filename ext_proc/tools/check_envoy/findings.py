@@ -72,7 +72,7 @@ CODES: Final[Mapping[str, str]] = MappingProxyType(
         "rewrite-unstated": "a prefix_rewrite the metadata does not state",
         "rewrite-misstated": "metadata states a rewrite other than the route's",
         "tenant-header-unguarded": (
-            "a route's tenant header is not removed or overwritten before this processor's filter"
+            "a client's copy of a route's tenant header can reach this processor's filter"
         ),
         "tenant-header-not-requested": "a route's tenant header is not requested as an attribute",
         "body-retried": "a retry policy can resend a mint or honor route's body",

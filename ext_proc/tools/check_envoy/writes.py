@@ -15,7 +15,7 @@ write no request header writes neither."""
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -109,18 +109,33 @@ def _matches(matcher: Any, name: str, unreadable: bool) -> bool:
         return unreadable
 
 
+def _inner(given: Any) -> dict[str, Any] | None:
+    """A route-level configuration as its filter reads it: a ``FilterConfig`` wrapper's
+    inner one."""
+    if isinstance(given, dict) and given.get("@type") == FILTER_CONFIG:
+        given = given.get("config")
+    return given if isinstance(given, dict) else None
+
+
 def per_route(chain: Chain, name: str) -> list[dict[str, Any]]:
     """Every route-level configuration of filter ``name`` (a ``FilterConfig`` wrapper's
     inner one), at any level of the route configuration."""
     found = []
     for node in walk(chain.manager.get("route_config", {})):
         configs = node.get("typed_per_filter_config")
-        given = configs.get(name) if isinstance(configs, dict) else None
-        if isinstance(given, dict) and given.get("@type") == FILTER_CONFIG:
-            given = given.get("config")
-        if isinstance(given, dict):
+        given = _inner(configs.get(name)) if isinstance(configs, dict) else None
+        if given is not None:
             found.append(given)
     return found
+
+
+def route_configs(levels: Sequence[Any], name: str) -> list[dict[str, Any]]:
+    """The route-level configurations of filter ``name`` on one route (``levels``: its
+    typed_per_filter_config mappings, most specific first), in that order: the order a
+    ``header_mutation`` applies them in after its own, unless
+    ``most_specific_header_mutations_wins`` reverses it (header_mutation.cc)."""
+    found = (_inner(level.get(name)) for level in levels if isinstance(level, dict))
+    return [given for given in found if given is not None]
 
 
 def request_mutations(config: Any) -> list[Any]:
@@ -130,20 +145,54 @@ def request_mutations(config: Any) -> list[Any]:
     return found if isinstance(found, list) else []
 
 
-def last(mutations: list[Any]) -> dict[str, str | None]:
+APPEND: Final = "APPEND_IF_EXISTS_OR_ADD"
+OVERWRITE: Final = "OVERWRITE_IF_EXISTS_OR_ADD"
+
+
+@dataclass(frozen=True)
+class Mutation:
+    """The last thing a list of header mutations does to one header: ``value`` None for
+    a removal, else the value written by Envoy's ``action``; ``keeps_empty`` whether an
+    empty value is written at all (``keep_empty_value``: else Envoy writes nothing and
+    the header keeps what it held)."""
+
+    value: str | None
+    action: str = APPEND
+    keeps_empty: bool = False
+
+
+def _action(option: dict[str, Any]) -> str:
+    # The deprecated ``append`` flag, where set, stands for the action (Envoy refuses
+    # both at once): false overwrites.
+    if isinstance(option.get("append"), bool):
+        return APPEND if option["append"] else OVERWRITE
+    return str(option.get("append_action", APPEND))
+
+
+def last_mutations(mutations: list[Any]) -> dict[str, Mutation]:
     """What a list of header mutations last does to each header it touches, read in
-    order as Envoy applies them: None for a removal, else the value written."""
-    done: dict[str, str | None] = {}
+    order as Envoy applies them."""
+    done: dict[str, Mutation] = {}
     for mutation in mutations:
         if not isinstance(mutation, dict):
             continue
         if isinstance(mutation.get("remove"), str):
-            done[mutation["remove"].lower()] = None
-        append = mutation.get("append")
-        header = append.get("header") if isinstance(append, dict) else None
-        if isinstance(header, dict):
-            done[str(header.get("key", "")).lower()] = str(header.get("value", ""))
+            done[mutation["remove"].lower()] = Mutation(None)
+        option = mutation.get("append")
+        header = option.get("header") if isinstance(option, dict) else None
+        if isinstance(option, dict) and isinstance(header, dict):
+            done[str(header.get("key", "")).lower()] = Mutation(
+                str(header.get("value", "")),
+                _action(option),
+                bool(option.get("keep_empty_value", False)),
+            )
     return done
+
+
+def last(mutations: list[Any]) -> dict[str, str | None]:
+    """What a list of header mutations last does to each header it touches: None for a
+    removal, else the value written."""
+    return {name: done.value for name, done in last_mutations(mutations).items()}
 
 
 def writes(chain: Chain, entry: dict[str, Any]) -> Writes:

@@ -8,6 +8,7 @@ from ext_proc.tools.check_envoy.effective import (
     ext_proc_mode,
     ext_proc_runs,
     hold_settings,
+    runs,
 )
 from ext_proc.tools.check_envoy.reader import Hold
 from tests.tools.check_envoy.shipped import (
@@ -61,6 +62,33 @@ def test_the_first_level_that_decides_wins_else_the_default():
 )
 def test_whether_the_filter_runs(configs, by_default, runs):
     assert ext_proc_runs(EXT_PROC, by_default, levels(*configs)) is runs
+
+
+GUARD = "tenant-guard"
+GUARD_PER_ROUTE = {
+    "@type": "type.googleapis.com/envoy.extensions.filters.http.header_mutation.v3."
+    "HeaderMutationPerRoute"
+}
+WRAPPED_OFF = {"@type": FILTER_CONFIG, "disabled": True}
+
+
+@pytest.mark.parametrize(
+    ("configs", "disabled", "expected"),
+    [
+        ((None, None, None), False, True),
+        ((None, None, None), True, False),
+        ((WRAPPED_OFF, None, None), False, False),
+        ((None, None, WRAPPED_OFF), False, False),
+        ((GUARD_PER_ROUTE, WRAPPED_OFF, None), False, True),
+        # Any filter's own route-level configuration enables it where it is disabled.
+        ((None, GUARD_PER_ROUTE, None), True, True),
+        (({"@type": FILTER_CONFIG}, None, None), True, True),
+    ],
+)
+def test_whether_any_filter_runs(configs, disabled, expected):
+    entry = {"name": GUARD, "disabled": disabled}
+    given = [{GUARD: c} if c is not None else {} for c in configs]
+    assert runs(entry, given) is expected
 
 
 @pytest.mark.parametrize(

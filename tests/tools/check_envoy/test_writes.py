@@ -8,7 +8,14 @@ import pytest
 
 from ext_proc.core.route_policy import DEFAULT_NAMESPACE
 from ext_proc.tools.check_envoy import reader
-from ext_proc.tools.check_envoy.writes import client_derived, permits, writes
+from ext_proc.tools.check_envoy.writes import (
+    Mutation,
+    client_derived,
+    last_mutations,
+    permits,
+    route_configs,
+    writes,
+)
 from tests.tools.check_envoy.shipped import SHIPPED, hcm
 
 _T = "type.googleapis.com/envoy.extensions.filters.http."
@@ -59,6 +66,36 @@ def test_a_header_mutation_states_what_each_header_is_last_left_holding():
     assert written is not None
     assert (written.copies, written.stated) == (True, True)
     assert can.of("x-c") is None
+
+
+def test_the_last_mutation_of_each_header_keeps_its_action():
+    mutations = [
+        {"remove": "X-A"},
+        _sets("x-a", "one"),
+        {"append": {"header": {"key": "x-b", "value": ""}, "keep_empty_value": True}},
+        {"append": {"header": {"key": "x-c", "value": "c"}, "append": False}},
+        {"append": {"header": {"key": "x-d", "value": "d"}, "append_action": "ADD_IF_ABSENT"}},
+        {"remove": "x-e"},
+    ]
+    assert last_mutations(mutations) == {
+        "x-a": Mutation("one", "APPEND_IF_EXISTS_OR_ADD"),
+        "x-b": Mutation("", "APPEND_IF_EXISTS_OR_ADD", keeps_empty=True),
+        "x-c": Mutation("c", "OVERWRITE_IF_EXISTS_OR_ADD"),
+        "x-d": Mutation("d", "ADD_IF_ABSENT"),
+        "x-e": Mutation(None),
+    }
+
+
+def test_a_routes_configurations_of_a_filter_most_specific_first():
+    inner = {"@type": MUTATION_PER_ROUTE, "mutations": {}}
+    levels = [
+        {"m": {"@type": reader.FILTER_CONFIG, "config": inner}},
+        {"other": inner},
+        "not a mapping",
+        {"m": {"@type": MUTATION_PER_ROUTE}},
+        {"m": {"@type": reader.FILTER_CONFIG, "disabled": True}},
+    ]
+    assert route_configs(levels, "m") == [inner, {"@type": MUTATION_PER_ROUTE}]
 
 
 def test_a_routes_configuration_of_it_is_a_write_of_its_own():

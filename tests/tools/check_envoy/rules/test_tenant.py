@@ -5,6 +5,7 @@ import pytest
 
 from ext_proc.tools import carrier_headers
 from tests.tools.check_envoy.shipped import (
+    FILTER_CONFIG,
     at,
     ext_proc,
     ext_proc_index,
@@ -12,6 +13,7 @@ from tests.tools.check_envoy.shipped import (
     hcm,
     mutated,
     policy,
+    route,
 )
 
 TENANT = "x-auth-tenant"
@@ -37,6 +39,28 @@ OVERWRITE = {
     }
 }
 APPEND = {"append": {"header": {"key": TENANT, "value": "team-a"}}}
+# The client's own header, copied: what a write "from the request" looks like.
+COPY = {
+    "append": {
+        "header": {"key": TENANT, "value": "%REQ(x-my-tenant)%"},
+        "append_action": "OVERWRITE_IF_EXISTS_OR_ADD",
+    }
+}
+# Envoy writes no empty value unless keep_empty_value: the client's copy stays.
+EMPTY = {
+    "append": {
+        "header": {"key": TENANT, "value": ""},
+        "append_action": "OVERWRITE_IF_EXISTS_OR_ADD",
+    }
+}
+HM_PER_ROUTE = (
+    "type.googleapis.com/envoy.extensions.filters.http.header_mutation.v3.HeaderMutationPerRoute"
+)
+LOCAL_RATELIMIT = (
+    "type.googleapis.com/envoy.extensions.filters.http.local_ratelimit.v3.LocalRateLimit"
+)
+EXT_AUTHZ = "type.googleapis.com/envoy.extensions.filters.http.ext_authz.v3.ExtAuthz"
+DISABLED = {"@type": FILTER_CONFIG, "disabled": True}
 
 
 def tenant_route(*filters, position=0, requested=True):
@@ -71,6 +95,202 @@ def test_a_tenant_header_removed_or_overwritten_before_the_processor_passes(muta
 def test_a_tenant_header_a_client_can_send_is_refused(change):
     tenant = [item for item in found(mutated(change)) if item[0].startswith("tenant-")]
     assert tenant == [("tenant-header-unguarded", at("aggregated"))]
+
+
+def named(entry, name):
+    return {**entry, "name": name}
+
+
+def per_route_mutations(*mutations):
+    return {"@type": HM_PER_ROUTE, "mutations": {"request_mutations": list(mutations)}}
+
+
+def guard_on(level, given, *filters):
+    """The guard that removes the header, with ``given`` as its route-level
+    configuration at ``level`` (the tenant route, its virtual host, the route
+    configuration)."""
+    base = tenant_route(*(filters or (guard(REMOVE),)))
+
+    def change(config):
+        base(config)
+        node = {
+            "route": route(config, "aggregated"),
+            "virtual_host": hcm(config)["route_config"]["virtual_hosts"][0],
+            "route_config": hcm(config)["route_config"],
+        }[level]
+        node.setdefault("typed_per_filter_config", {})["tenant-guard"] = given
+
+    return change
+
+
+def weighted(given):
+    """The tenant route split over two weighted clusters, the second configuring the
+    guard with ``given``."""
+
+    def change(config):
+        entry = route(config, "aggregated")
+        cluster = entry["route"].pop("cluster")
+        entry["route"]["weighted_clusters"] = {
+            "clusters": [
+                {"name": cluster, "weight": 1},
+                {
+                    "name": cluster,
+                    "weight": 1,
+                    "typed_per_filter_config": {"tenant-guard": given},
+                },
+            ]
+        }
+
+    return change
+
+
+def both(*changes):
+    def change(config):
+        for each in changes:
+            each(config)
+
+    return change
+
+
+def unguarded(change):
+    """The messages of the tenant route's tenant-header-unguarded findings."""
+    report = mutated(change)
+    tenant = [f for f in report.findings if f.code.startswith("tenant-")]
+    assert [(f.code, f.place) for f in tenant] == [("tenant-header-unguarded", at("aggregated"))]
+    return tenant[0].message
+
+
+@pytest.mark.parametrize("level", ["route", "virtual_host", "route_config"])
+@pytest.mark.parametrize(
+    "given", [DISABLED, {"@type": FILTER_CONFIG, "disabled": True, "config": {}}]
+)
+def test_a_guard_a_route_level_filter_config_disables_is_refused(level, given):
+    message = unguarded(guard_on(level, given))
+    assert "tenant-guard does not run on this route" in message
+
+
+@pytest.mark.parametrize("given", [DISABLED, per_route_mutations(COPY)])
+def test_a_guard_undone_on_one_weighted_cluster_is_refused(given):
+    message = unguarded(both(tenant_route(guard(REMOVE)), weighted(given)))
+    assert "tenant-guard" in message
+    assert "weighted cluster" in message
+
+
+@pytest.mark.parametrize("level", ["route", "virtual_host", "route_config"])
+@pytest.mark.parametrize(
+    "given",
+    [
+        per_route_mutations(COPY),
+        {"@type": FILTER_CONFIG, "config": per_route_mutations(COPY)},
+        per_route_mutations(APPEND),
+    ],
+    ids=["copied", "copied-wrapped", "appended"],
+)
+def test_a_guard_a_route_level_mutation_writes_back_is_refused(level, given):
+    message = unguarded(guard_on(level, given))
+    assert "tenant-guard" in message
+
+
+def test_a_route_level_copy_is_refused_though_a_later_level_removes_it():
+    # The route's copy comes first and the route configuration's removal last, in
+    # Envoy's order; a route-level write from the request is refused wherever it is.
+    def change(config):
+        guard_on("route", per_route_mutations(COPY))(config)
+        table = hcm(config)["route_config"]
+        table["typed_per_filter_config"] = {"tenant-guard": per_route_mutations(REMOVE)}
+
+    assert "writes it from the request" in unguarded(change)
+
+
+@pytest.mark.parametrize(
+    "filters",
+    [
+        (guard(COPY),),
+        (guard(REMOVE, COPY),),
+        (guard(EMPTY),),
+        (guard(REMOVE), named(guard(APPEND), "later")),
+        (guard(REMOVE), named(guard(COPY), "later")),
+        (guard(REMOVE), named(guard(REMOVE, APPEND), "later")),
+    ],
+    ids=[
+        "guard-copies",
+        "guard-removes-then-copies",
+        "guard-writes-empty",
+        "later-appends",
+        "later-copies",
+        "later-writes-back",
+    ],
+)
+def test_a_write_before_the_processor_that_is_no_removal_or_overwrite_is_refused(filters):
+    message = unguarded(tenant_route(*filters))
+    assert filters[-1]["name"] in message
+
+
+def test_a_later_filters_stated_write_from_the_request_is_refused():
+    ratelimit = {
+        "name": "limit",
+        "typed_config": {
+            "@type": LOCAL_RATELIMIT,
+            "stat_prefix": "limit",
+            "request_headers_to_add_when_not_enforced": [
+                {"header": {"key": TENANT, "value": "%REQ(x-my-tenant)%"}}
+            ],
+        },
+    }
+    assert "limit writes it" in unguarded(tenant_route(guard(REMOVE), ratelimit))
+
+
+def test_the_message_names_the_guard_that_copies_and_the_value():
+    message = unguarded(tenant_route(guard(COPY)))
+    assert "tenant-guard writes it from the request ('%REQ(x-my-tenant)%')" in message
+
+
+EXT_AUTHZ_FILTER = {
+    "name": "envoy.filters.http.ext_authz",
+    "typed_config": {
+        "@type": EXT_AUTHZ,
+        "grpc_service": {"envoy_grpc": {"cluster_name": "ext_proc"}},
+    },
+}
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        tenant_route(guard(REMOVE), EXT_AUTHZ_FILTER),
+        guard_on("route", per_route_mutations(REMOVE)),
+        guard_on(
+            "virtual_host", {"@type": FILTER_CONFIG, "config": per_route_mutations(OVERWRITE)}
+        ),
+        tenant_route(guard(COPY, REMOVE)),
+        tenant_route(guard(REMOVE), named(guard(OVERWRITE), "later")),
+        tenant_route(guard(REMOVE), named(guard(COPY, disabled=True), "later")),
+        guard_on("route", per_route_mutations(REMOVE), guard(APPEND)),
+        both(tenant_route(guard(REMOVE)), weighted(per_route_mutations(REMOVE))),
+    ],
+    ids=[
+        "then-ext-authz",
+        "route-removes-again",
+        "host-overwrites",
+        "copy-then-remove",
+        "later-overwrites",
+        "later-copier-disabled",
+        "route-removes-the-append",
+        "route-removes-weighted",
+    ],
+)
+def test_a_tenant_header_left_clean_at_the_processor_passes(change):
+    assert found(mutated(change)) == []
+
+
+def test_a_guard_disabled_on_another_route_leaves_the_tenant_route_clean():
+    def change(config):
+        tenant_route(guard(REMOVE))(config)
+        route(config, "default").setdefault("typed_per_filter_config", {})["tenant-guard"] = (
+            DISABLED
+        )
+
+    assert found(mutated(change)) == []
 
 
 def test_a_tenant_header_not_requested_with_one_message_is_refused():
