@@ -75,6 +75,7 @@ CODES: Final[Mapping[str, str]] = MappingProxyType(
             "a client's copy of a route's tenant header can reach this processor's filter"
         ),
         "tenant-header-not-requested": "a route's tenant header is not requested as an attribute",
+        "tenant-route-audited": "a route that names a tenant source is in audit mode",
         "body-retried": "a retry policy can resend a mint or honor route's body",
         "body-hedged": "a hedge policy sends a mint or honor route's body twice",
         "body-mirrored": "a mirror policy copies a mint or honor route's body",

@@ -30,7 +30,7 @@ from ext_proc.core.route_policy import RoutePolicy, TenantKind
 from ext_proc.edge.attributes import header
 from ext_proc.tools import carrier_headers
 from ext_proc.tools.check_envoy.effective import runs
-from ext_proc.tools.check_envoy.findings import Finding, error
+from ext_proc.tools.check_envoy.findings import Finding, error, warning
 from ext_proc.tools.check_envoy.reader import Chain, Route
 from ext_proc.tools.check_envoy.writes import (
     OVERWRITE,
@@ -115,6 +115,15 @@ def _follow(chain: Chain, levels: Sequence[Any], name: str, first: int) -> str |
 
 
 def tenant_header(route: Route, chain: Chain, policy: RoutePolicy) -> Iterator[Finding]:
+    if policy.tenant is not None and policy.audit:
+        # Audit mode forwards every body as it came: no salt is written.
+        yield warning(
+            "tenant-route-audited",
+            route.place,
+            "the route names a tenant source and is in audit mode (its policy's audit: "
+            "true): bodies are forwarded with the client's cache_salt, so its tenants share "
+            "whatever partitions their clients name until audit is turned off",
+        )
     if policy.tenant is None or policy.tenant.kind is not TenantKind.HEADER:
         return
     name = policy.tenant.value

@@ -303,3 +303,12 @@ def test_routes_without_a_header_source_need_no_guard():
         policy(config, "aggregated")["tenant"] = "route:team-a"
 
     assert found(mutated(change)) == []
+
+
+def test_a_tenant_route_in_audit_mode_is_warned_of():
+    def change(config):
+        policy(config, "aggregated").update({"tenant": "route:team-a", "audit": True})
+
+    report = mutated(change)
+    assert found(report, "warning") == [("tenant-route-audited", at("aggregated"))]
+    assert found(report) == []
