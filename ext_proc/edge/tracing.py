@@ -29,12 +29,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable
-from importlib import metadata
 from typing import TYPE_CHECKING, Any, Final
 
 from ext_proc.core.config import ConfigError, Tracing
 from ext_proc.core.events import Event, Outcome, RequestBody, RequestHeaders, RequestTrailers
 from ext_proc.core.route_policy import Topology
+from ext_proc.version import DISTRIBUTION, version
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import TracerProvider
@@ -42,8 +42,6 @@ if TYPE_CHECKING:
     from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 SPAN_NAME: Final = "ext_proc.decide"
-# The distribution whose version names the service (``service.version``).
-DISTRIBUTION: Final = "ext-proc-token-policy"
 EXTRA: Final = f"{DISTRIBUTION}[tracing]"
 # The headers of the trace context (W3C Trace Context), as the propagator reads them.
 _CONTEXT: Final = ("traceparent", "tracestate")
@@ -183,9 +181,7 @@ def start(tracing: Tracing) -> Spans | None:
         raise ConfigError(
             f"tracing.enabled needs OpenTelemetry: pip install '{EXTRA}' ({exc})"
         ) from None
-    resource = Resource.create(
-        {"service.name": tracing.service_name, "service.version": _version()}
-    )
+    resource = Resource.create({"service.name": tracing.service_name, "service.version": version()})
     # Not the global provider: the process's spans go where this configuration says.
     provider = TracerProvider(
         resource=resource,
@@ -196,10 +192,3 @@ def start(tracing: Tracing) -> Spans | None:
     # Exported from the processor's own thread, in batches: a request only queues its span.
     provider.add_span_processor(BatchSpanProcessor(exporter))
     return Spans(provider, provider.get_tracer("ext_proc"), TraceContextTextMapPropagator())
-
-
-def _version() -> str:
-    try:
-        return metadata.version(DISTRIBUTION)
-    except metadata.PackageNotFoundError:  # run from a checkout without installing
-        return "unknown"
