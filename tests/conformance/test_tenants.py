@@ -70,26 +70,40 @@ def tenanted(vllm: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[St
         yield running
 
 
-def send(stack: Stack, tenant: str, prompt: str) -> int:
+# Each API a tenant route serves that runs a prompt, with its body and where its answer
+# counts the prompt's tokens.
+APIS = {
+    "chat/completions": (
+        lambda prompt: {"messages": [{"role": "user", "content": prompt}], "max_tokens": 1},
+        lambda usage: usage["prompt_tokens"],
+    ),
+    "completions": (
+        lambda prompt: {"prompt": prompt, "max_tokens": 1},
+        lambda usage: usage["prompt_tokens"],
+    ),
+    "responses": (
+        lambda prompt: {"input": prompt, "max_output_tokens": 1},
+        lambda usage: usage["input_tokens"],
+    ),
+}
+
+
+def send(stack: Stack, tenant: str, prompt: str, api: str = "chat/completions") -> int:
     """The prompt's token count, once its request is served."""
-    body = {
-        "model": "tiny",
-        "messages": [{"role": "user", "content": prompt}],
-        "max_tokens": 1,
-        "temperature": 0,
-    }
+    body, counted = APIS[api]
     answer = httpx.post(
-        f"{stack.url}{PREFIX}chat/completions",
-        json=body,
+        f"{stack.url}{PREFIX}{api}",
+        json={"model": "tiny", "temperature": 0, **body(prompt)},
         headers={"authorization": f"Bearer {token(tenant)}"},
         timeout=120,
     )
     assert answer.status_code == 200, answer.text
-    count: int = answer.json()["usage"]["prompt_tokens"]
+    count: int = counted(answer.json()["usage"])
     return count
 
 
-def test_tenants_never_share_a_prefix_cache_hit(vllm: str, tenanted: Stack) -> None:
+@pytest.mark.parametrize("api", list(APIS))
+def test_tenants_never_share_a_prefix_cache_hit(vllm: str, tenanted: Stack, api: str) -> None:
     counters, text = metrics(vllm)
     size = block_size(text)
     # A prompt new to this server (the nonce first), longer than a few blocks and
@@ -101,7 +115,7 @@ def test_tenants_never_share_a_prefix_cache_hit(vllm: str, tenanted: Stack) -> N
         before = counters["vllm:prefix_cache_hits_total"]
         counted = counters["vllm:prefix_cache_queries_total"]
         nonlocal blocks
-        tokens = send(tenanted, tenant, prompt)
+        tokens = send(tenanted, tenant, prompt, api)
         blocks = tokens // size
         assert blocks >= 3, (tokens, size)
         deadline = time.monotonic() + 20
