@@ -125,12 +125,12 @@ def _mint_and_honor(route: Route, chain: Chain, policy: RoutePolicy) -> Iterator
 def rewrite(place: str, route: dict[str, Any], policy: RoutePolicy) -> Iterator[Finding]:
     """The processor learns the upstream path from ``match_prefix`` and ``prefix_rewrite``
     (``RoutePolicy.upstream_path``): on ``mint`` and ``honor`` routes, where proofs are
-    bound to that path, a rewrite it is not told about, or cannot follow, is an error; on
-    the others a warning."""
+    bound to that path, and on tenant routes, which serve an endpoint by that path, a
+    rewrite it is not told about, or cannot follow, is an error; on the others a warning."""
     action = route["route"]
     if any(key in action for key in route_probes.UNFOLLOWED_REWRITES):
         return  # an error on every forwarding route (rules.token_paths)
-    binding = policy.action in (Action.MINT, Action.HONOR)
+    binding = policy.action in (Action.MINT, Action.HONOR) or policy.tenant is not None
     found = error if binding else warning
     given = (policy.match_prefix, policy.prefix_rewrite)
     rewritten = action.get("prefix_rewrite") or None

@@ -312,3 +312,31 @@ def test_a_tenant_route_in_audit_mode_is_warned_of():
     report = mutated(change)
     assert found(report, "warning") == [("tenant-route-audited", at("aggregated"))]
     assert found(report) == []
+
+
+def tenant_rewrite(match, rewrite):
+    def change(config):
+        policy(config, "aggregated")["tenant"] = "route:team-a"
+        entry = route(config, "aggregated")
+        entry["match"] = match
+        entry["route"]["prefix_rewrite"] = rewrite
+
+    return change
+
+
+def test_a_tenant_route_with_an_unstated_rewrite_is_an_error():
+    """The processor serves a tenant route's endpoint by its upstream path: an unstated
+    rewrite sends a path judged salted (/v1/generate, SGLang's /generate) to one that is
+    not (/api/generate, Ollama's, which reads no cache_salt)."""
+    change = tenant_rewrite({"prefix": "/v1/"}, "/api/")
+    assert ("rewrite-unstated", at("aggregated")) in found(mutated(change))
+
+
+def test_a_tenant_header_guard_the_route_disables_is_refused_at_the_route():
+    def change(config):
+        tenant_route(guard(REMOVE))(config)
+        per_filter = route(config, "aggregated").setdefault("typed_per_filter_config", {})
+        per_filter["tenant-guard"] = {"@type": FILTER_CONFIG, "disabled": True}
+
+    tenant = [item for item in found(mutated(change)) if item[0].startswith("tenant-")]
+    assert tenant == [("tenant-header-unguarded", at("aggregated"))]
