@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import functools
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 from urllib.parse import unquote
 
 from ext_proc.core import classified
@@ -354,33 +354,43 @@ def internal_endpoint(path: str) -> str | None:
 def tenant_endpoint(path: str) -> str | None:
     """The endpoint a route that names a tenant source serves (``classified.
     TENANT_ENDPOINTS``: its body carries the gateway's cache_salt to every engine, or it
-    runs no prompt through a prefix cache) that ``path`` is; None when it is none."""
-    return _kinds(path)[2]
+    runs no prompt through a prefix cache) that ``path`` is; None when it is none. Asked
+    on tenant routes only: other routes never pay for the judgement."""
+    return _remembered(_TENANTS, path, _tenant)
 
 
-# Paths recently judged, with their token, internal and tenant endpoints: a route serves few
-# paths. Paths are the client's, so the memo is emptied when full and a path longer
-# than _KINDS_PATH is judged afresh, never kept: what the memo holds stays under
-# _KINDS_MEMO * _KINDS_PATH characters whatever the paths Envoy lets through.
-_KINDS: dict[str, tuple[str | None, str | None, str | None]] = {}
+# Paths recently judged, with their token and internal endpoints, and (apart, since
+# only tenant routes ask) their tenant endpoint: a route serves few paths. Paths are
+# the client's, so each memo is emptied when full and a path longer than _KINDS_PATH is
+# judged afresh, never kept: what each memo holds stays under _KINDS_MEMO * _KINDS_PATH
+# characters whatever the paths Envoy lets through.
+_KINDS: dict[str, tuple[str | None, str | None]] = {}
+_TENANTS: dict[str, str | None] = {}
 _KINDS_MEMO: Final = 1024
 _KINDS_PATH: Final = 256
 
+_T = TypeVar("_T")
 
-def _kinds(path: str) -> tuple[str | None, str | None, str | None]:
-    """``path``'s token, internal and tenant endpoints (``_named``), as judged before."""
-    kinds = _KINDS.get(path)
-    if kinds is None:
-        kinds = (
-            _named(path, classified.TOKEN_ENDPOINTS),
-            _named(path, classified.INTERNAL_ENDPOINTS),
-            _tenant(path),
-        )
-        if len(path) <= _KINDS_PATH:
-            if len(_KINDS) >= _KINDS_MEMO:
-                _KINDS.clear()
-            _KINDS[path] = kinds
-    return kinds
+
+def _kinds(path: str) -> tuple[str | None, str | None]:
+    """``path``'s token endpoint and internal endpoint (``_named``), as judged before."""
+    return _remembered(_KINDS, path, _token_and_internal)
+
+
+def _token_and_internal(path: str) -> tuple[str | None, str | None]:
+    return _named(path, classified.TOKEN_ENDPOINTS), _named(path, classified.INTERNAL_ENDPOINTS)
+
+
+def _remembered(memo: dict[str, _T], path: str, judge: Callable[[str], _T]) -> _T:
+    """``judge(path)``, kept in ``memo`` within its bounds (above)."""
+    if path in memo:
+        return memo[path]
+    judged = judge(path)
+    if len(path) <= _KINDS_PATH:
+        if len(memo) >= _KINDS_MEMO:
+            memo.clear()
+        memo[path] = judged
+    return judged
 
 
 def _tenant(path: str) -> str | None:
