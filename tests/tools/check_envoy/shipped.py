@@ -70,6 +70,19 @@ def mint_mode(config: dict[str, Any]) -> dict[str, Any]:
     return per_filter["overrides"]["processing_mode"]
 
 
+def split(config: dict[str, Any], name: str, per_filter: dict[str, Any]) -> None:
+    """Route ``name`` split over two weighted clusters of its cluster, the second with
+    ``per_filter`` as its typed_per_filter_config."""
+    entry = route(config, name)
+    cluster = entry["route"].pop("cluster")
+    entry["route"]["weighted_clusters"] = {
+        "clusters": [
+            {"name": cluster, "weight": 50},
+            {"name": cluster, "weight": 50, "typed_per_filter_config": per_filter},
+        ]
+    }
+
+
 def per_route(**config: Any) -> dict[str, Any]:
     return {EXT_PROC: {"@type": PER_ROUTE, **config}}
 

@@ -22,6 +22,7 @@ from tests.tools.check_envoy.shipped import (
     policy,
     route,
     routes,
+    split,
 )
 
 FORWARDING = ("prefill", "disaggregated", "aggregated", "default")
@@ -88,18 +89,7 @@ def test_a_filter_disabled_by_default_runs_only_where_a_route_enables_it():
 
 def test_a_weighted_cluster_that_disables_the_filter_is_an_error():
     def change(config):
-        entry = route(config, "aggregated")
-        cluster = entry["route"].pop("cluster")
-        entry["route"]["weighted_clusters"] = {
-            "clusters": [
-                {"name": cluster, "weight": 50},
-                {
-                    "name": cluster,
-                    "weight": 50,
-                    "typed_per_filter_config": {EXT_PROC: {"@type": PER_ROUTE, "disabled": True}},
-                },
-            ]
-        }
+        split(config, "aggregated", {EXT_PROC: {"@type": PER_ROUTE, "disabled": True}})
 
     assert found(mutated(change)) == [("ext-proc-off-for-cluster", at("aggregated"))]
 

@@ -14,6 +14,7 @@ from tests.tools.check_envoy.shipped import (
     mutated,
     policy,
     route,
+    split,
 )
 
 TENANT = "x-auth-tenant"
@@ -128,18 +129,7 @@ def weighted(given):
     guard with ``given``."""
 
     def change(config):
-        entry = route(config, "aggregated")
-        cluster = entry["route"].pop("cluster")
-        entry["route"]["weighted_clusters"] = {
-            "clusters": [
-                {"name": cluster, "weight": 1},
-                {
-                    "name": cluster,
-                    "weight": 1,
-                    "typed_per_filter_config": {"tenant-guard": given},
-                },
-            ]
-        }
+        split(config, "aggregated", {"tenant-guard": given})
 
     return change
 
