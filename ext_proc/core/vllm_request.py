@@ -394,17 +394,27 @@ def _remembered(memo: dict[str, _T], path: str, judge: Callable[[str], _T]) -> _
 
 
 def _tenant(path: str) -> str | None:
-    """The one of ``classified.TENANT_ENDPOINTS`` that ``path`` is, unless it names an
-    endpoint not served there by a longer name (``_named`` takes the longest)."""
+    """The one of ``classified.TENANT_ENDPOINTS`` that ``path`` is, unless it is as much
+    an endpoint not served there (``_reach``: a name covering as many of its segments,
+    plain where the served one is a template, or more): the servers route it there."""
     served = _named(path, classified.TENANT_ENDPOINTS)
     other = _named(path, classified.UNTENANTED_ENDPOINTS)
-    return served if served is not None and len(served) > len(other or "") else None
+    if served is None or (other is not None and _reach(other) >= _reach(served)):
+        return None
+    return served
+
+
+def _reach(name: str) -> tuple[int, bool]:
+    """How much of a path ``name`` covers where it matches (every name matches a path's
+    tail): its segments, then whether it is plain, since a server's literal route is the
+    more specific one for a segment a template also takes."""
+    return name.count("/"), "{" not in name
 
 
 def _named(path: str, known: tuple[str, ...]) -> str | None:
     """The one of ``known`` that ``path`` is, behind any root path, in any case, with or
     without one trailing slash (a ``{name}`` segment stands for any one segment); the
-    longest when several are.
+    one covering most of it when several are (``_reach``).
 
     Every name begins with a slash, so a name the path ends with is the path from one
     of its slashes on: the path's few such tails are looked up, not every name tried."""
@@ -426,9 +436,9 @@ def _named(path: str, known: tuple[str, ...]) -> str | None:
             found.append(bare[at:])
             break  # the first slash's tail is the longest
         at = bare.find("/", at + 1)
-    if len(found) > 1:  # as listed, for equal lengths
+    if len(found) > 1:  # as listed, for equal reach
         found.sort(key=known.index)
-    return max(found, key=len, default=None)
+    return max(found, key=_reach, default=None)
 
 
 @functools.cache

@@ -176,3 +176,19 @@ def test_the_search_below_untyped_members_is_bounded():
     assert vllm_request.other_carriers({"vllm_xargs": deep}, 64) == (
         ("vllm_xargs", *([0] * 5000), "rid"),
     )
+
+
+@pytest.mark.parametrize(
+    ("path", "served"),
+    [
+        # A literal route the server matches before its template: not the stored response.
+        ("/v1/responses/render", None),
+        ("/v1/responses/resp_1", "/v1/responses/{response_id}"),
+        # More of the path is the dumper's than the text parser's.
+        ("/dumper/separate_reasoning", None),
+        ("/separate_reasoning", "/separate_reasoning"),
+        ("/root/v1/responses/resp_1/cancel", "/v1/responses/{response_id}/cancel"),
+    ],
+)
+def test_a_path_is_the_endpoint_covering_most_of_it(path: str, served: str | None) -> None:
+    assert vllm_request.tenant_endpoint(path) == served
