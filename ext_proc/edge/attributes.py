@@ -13,13 +13,13 @@ is their one source.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
 from ext_proc.core.read_headers import CHECKED_HEADERS
 from ext_proc.core.read_headers import TRACE_HEADERS as TRACE_HEADER_NAMES
-from ext_proc.core.route_policy import DEFAULT_NAMESPACE, FIELDS, RoutePolicy, Scalar, TenantKind
+from ext_proc.core.route_policy import DEFAULT_NAMESPACE, FIELDS, Scalar
 
 # The matched route's name, for metrics and logs (not part of the policy).
 ROUTE_NAME: Final = "xds.route_name"
@@ -33,8 +33,8 @@ def header(name: str) -> str:
 # The form of ``header``'s expressions, with the header's name as its group.
 HEADER_ATTRIBUTE: Final = re.compile(r"request\.headers\['([a-z0-9][a-z0-9_-]*)'\]")
 # Headers the processor checks, requested as attributes when the headers message is
-# skipped. A route's tenant header (``tenant: header:<name>``) is requested there too,
-# by ``envoy-config`` (``tenant_headers``): the codec reads every header attribute.
+# skipped. A route's tenant header is read from its headers message, which a route that
+# names a tenant source is always sent; the codec still reads every header attribute.
 HEADERS: Final = {name: header(name) for name in CHECKED_HEADERS}
 # Headers only the span of a decision reads (``ext_proc.edge.tracing``), requested beside
 # HEADERS when the headers message is skipped: the W3C trace context Envoy's tracer sets
@@ -46,16 +46,6 @@ TRACE_HEADERS: Final = {name: header(name) for name in TRACE_HEADER_NAMES}
 # value is new with every request (the ids, the trace context) come last.
 READ_HEADERS: Final = {**HEADERS, **TRACE_HEADERS}
 PER_REQUEST: Final = ("x-request-id", *TRACE_HEADERS)
-
-
-def tenant_headers(policies: Iterable[RoutePolicy]) -> tuple[str, ...]:
-    """The attributes of the tenant headers ``policies`` name, each once, in order."""
-    names = (
-        policy.tenant.value
-        for policy in policies
-        if policy.tenant is not None and policy.tenant.kind is TenantKind.HEADER
-    )
-    return tuple(header(name) for name in dict.fromkeys(names))
 
 
 # The request's path without its query (after Envoy's normalisation, before the route's

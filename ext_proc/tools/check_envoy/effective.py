@@ -16,6 +16,7 @@ from ext_proc.tools.check_envoy.reader import (
     BUFFER_PER_ROUTE,
     FILTER_CONFIG,
     PER_ROUTE,
+    Chain,
     Hold,
 )
 
@@ -87,6 +88,13 @@ def ext_proc_runs(name: str, by_default: bool, levels: Sequence[Any]) -> bool:
     one below it in force)."""
     runs = effective(levels, name, _enables, by_default)
     return runs and not effective(levels, name, _own_disabled, False)
+
+
+def running(chain: Chain, levels: Sequence[Any]) -> list[str]:
+    """This processor's filters that process a request under ``levels``."""
+    return [
+        name for name in chain.configs if ext_proc_runs(name, name in chain.on_by_default, levels)
+    ]
 
 
 def ext_proc_mode(name: str, mode: dict[str, Any], levels: Sequence[Any]) -> dict[str, Any] | None:

@@ -74,7 +74,9 @@ CODES: Final[Mapping[str, str]] = MappingProxyType(
         "tenant-header-unguarded": (
             "a client's copy of a route's tenant header can reach this processor's filter"
         ),
-        "tenant-header-not-requested": "a route's tenant header is not requested as an attribute",
+        "tenant-headers-skipped": (
+            "a route that names a tenant source skips the request headers (one message)"
+        ),
         "tenant-route-audited": "a route that names a tenant source is in audit mode",
         "body-retried": "a retry policy can resend a mint or honor route's body",
         "body-hedged": "a hedge policy sends a mint or honor route's body twice",

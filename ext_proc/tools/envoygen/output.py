@@ -15,7 +15,7 @@ import yaml
 from betterproto2 import Casing
 
 from ext_proc.core.address import HostPort
-from ext_proc.edge.attributes import READ_HEADERS, attribute_keys, tenant_headers
+from ext_proc.edge.attributes import READ_HEADERS, attribute_keys
 from ext_proc.tools import carrier_headers
 from ext_proc.tools.envoy_names import BUFFER_FILTER, MINT_RESPONSE
 from ext_proc.tools.envoygen import route_headers
@@ -252,13 +252,17 @@ def upstream_cluster(name: str, address: HostPort) -> cluster.Cluster:
     )
 
 
-def processing_mode(spec: GeneratorInput, *, response: bool) -> ext_proc.ProcessingMode:
+def processing_mode(
+    spec: GeneratorInput, *, response: bool, request_headers: bool = False
+) -> ext_proc.ProcessingMode:
     """The filter's modes; with ``response``, the response headers and the buffered
-    response body go to the processor as well (a ``mint`` route)."""
+    response body go to the processor as well (a ``mint`` route); with
+    ``request_headers``, the request headers too, whatever the arrangement."""
     headers, bodies = ext_proc.ProcessingModeHeaderSendMode, ext_proc.ProcessingModeBodySendMode
+    skip = spec.one_message and not request_headers
     return ext_proc.ProcessingMode(
         # One message: no headers message; the headers checked come as attributes.
-        request_header_mode=headers.SKIP if spec.one_message else headers.SEND,
+        request_header_mode=headers.SKIP if skip else headers.SEND,
         request_body_mode=(
             bodies.BUFFERED if spec.body_mode == "buffered" else bodies.FULL_DUPLEX_STREAMED
         ),
@@ -279,7 +283,6 @@ def ext_proc_filter(spec: GeneratorInput) -> ext_proc.ExternalProcessor:
     if spec.one_message:
         # The headers the processor checks, and those a span of its decision reads.
         attributes += READ_HEADERS.values()
-        attributes += tenant_headers(route.policy.read() for route in spec.routes)
     return ext_proc.ExternalProcessor(
         grpc_service=core.GrpcService(
             envoy_grpc=core.GrpcServiceEnvoyGrpc(
@@ -301,15 +304,21 @@ def ext_proc_filter(spec: GeneratorInput) -> ext_proc.ExternalProcessor:
     )
 
 
-def mint_override(spec: GeneratorInput) -> ext_proc.ExtProcPerRoute:
-    """A ``mint`` route's filter settings: the filter's own, and the response processed.
+def route_override(spec: GeneratorInput, entry: RouteInput) -> ext_proc.ExtProcPerRoute | None:
+    """A route's filter settings where they are not the filter's own: a route whose
+    responses the processor reads (``RouteInput.responds``) has them sent; a route that
+    names a tenant source has its request headers sent even with one message per
+    request, so a request without a body still reaches the processor and names its
+    tenant (a stored response is read by its id alone). None: the filter's own.
 
     Only the processing mode is overridden; failure_mode_allow is never set here, so
     the route fails closed as the filter does.
     """
-    return ext_proc.ExtProcPerRoute(
-        overrides=ext_proc.ExtProcOverrides(processing_mode=processing_mode(spec, response=True))
-    )
+    tenant = entry.read().tenant is not None
+    if not entry.responds and not (tenant and spec.one_message):
+        return None
+    mode = processing_mode(spec, response=entry.responds, request_headers=tenant)
+    return ext_proc.ExtProcPerRoute(overrides=ext_proc.ExtProcOverrides(processing_mode=mode))
 
 
 def _enabled(default: bool, runtime_key: str) -> decompressor.DecompressorCommonDirectionConfig:
@@ -618,9 +627,7 @@ def policy_route(spec: GeneratorInput, entry: RouteInput, index: int) -> route.R
         # response (500 response_payload_too_large beyond; inputs.MINT_BUFFER_MIN); the
         # listener's per_connection_buffer_limit_bytes does not.
         request_body_buffer_limit=limit,
-        typed_per_filter_config=_per_route(
-            spec, mint_override(spec) if entry.responds else None, hold_request(limit)
-        ),
+        typed_per_filter_config=_per_route(spec, route_override(spec, entry), hold_request(limit)),
     )
 
 

@@ -783,14 +783,44 @@ def test_each_route_answers_the_endpoints_it_refuses_right_before_it():
     assert check(config).errors == []
 
 
-def test_one_message_requests_each_routes_tenant_header_once():
+def request_modes(config: dict[str, Any]) -> dict[str, tuple[str, str]]:
+    """Each forwarding route's request_header_mode and response_body_mode, its own
+    override's or else the filter's."""
+    filter_mode = ext_proc_of(config)["processing_mode"]
+    out = {}
+    for name, entry in forwarding(config).items():
+        per_filter = entry.get("typed_per_filter_config", {}).get(envoygen.EXT_PROC_FILTER)
+        if per_filter is not None:
+            assert set(per_filter) == {"@type", "overrides"}  # never failure_mode_allow
+        mode = filter_mode if per_filter is None else per_filter["overrides"]["processing_mode"]
+        out[name] = (mode["request_header_mode"], mode.get("response_body_mode", "NONE"))
+    return out
+
+
+def test_a_tenant_route_is_sent_its_request_headers_in_every_arrangement():
+    """A request without a body must reach the processor to name its tenant: with one
+    message per request a tenant route overrides the filter's mode, the rest untouched."""
     data = example()
-    for entry in data["routes"][:2]:
-        entry.setdefault("policy", {})["tenant"] = "header:x-auth-tenant"
-    data["routes"][2].setdefault("policy", {})["tenant"] = "route:team-a"
-    config = generate(data)
-    tenant = "request.headers['x-auth-tenant']"
-    assert ext_proc_of(config)["request_attributes"].count(tenant) == 1
-    # With the headers message, the header comes with it.
-    two = generate(data | {"one_message": False})
-    assert tenant not in ext_proc_of(two)["request_attributes"]
+    data["routes"][0]["policy"]["tenant"] = "header:x-auth-tenant"  # the prefill route
+    data["routes"][2]["policy"]["tenant"] = "route:team-a"  # the aggregated route
+    one, two = generate(data), generate(data | {"one_message": False})
+    assert request_modes(one) == {
+        "prefill": ("SEND", "BUFFERED"),
+        "disaggregated": ("SKIP", "NONE"),
+        "aggregated": ("SEND", "NONE"),
+        "default": ("SKIP", "NONE"),
+    }
+    assert request_modes(two) == {
+        "prefill": ("SEND", "BUFFERED"),
+        "disaggregated": ("SEND", "NONE"),
+        "aggregated": ("SEND", "NONE"),
+        "default": ("SEND", "NONE"),
+    }
+    # Without a tenant the aggregated route takes the filter's own mode.
+    assert request_modes(generate(example()))["aggregated"] == ("SKIP", "NONE")
+    for config in (one, two):
+        codes = [finding.code for finding in check(config).findings]
+        # The prefill route's header has no guard in this config; the modes are right.
+        assert codes == ["tenant-header-unguarded"]
+        # The header comes with the headers message: no attribute is requested for it.
+        assert "request.headers['x-auth-tenant']" not in ext_proc_of(config)["request_attributes"]

@@ -34,9 +34,10 @@ from collections.abc import Iterator
 from typing import Any, Final
 
 from ext_proc.core.route_policy import Action
+from ext_proc.tools.check_envoy.effective import running
 from ext_proc.tools.check_envoy.findings import Finding, error
 from ext_proc.tools.check_envoy.reader import Chain, Route, VirtualHost
-from ext_proc.tools.check_envoy.rules.route import policy_of, running
+from ext_proc.tools.check_envoy.rules.route import policy_of
 from ext_proc.tools.router_headers import ROUTER_HEADERS
 
 # Retry conditions that hold only for a request no upstream has read: the connection

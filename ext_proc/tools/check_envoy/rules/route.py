@@ -15,12 +15,12 @@ from ext_proc.core.errors import RoutePolicyError
 from ext_proc.core.route_policy import Action, RoutePolicy, parse_whole
 from ext_proc.edge.attributes import as_cel
 from ext_proc.tools import route_probes
-from ext_proc.tools.check_envoy.effective import ext_proc_mode, ext_proc_runs
+from ext_proc.tools.check_envoy.effective import ext_proc_mode, running
 from ext_proc.tools.check_envoy.findings import Finding, error, warning
 from ext_proc.tools.check_envoy.reader import Chain, Route, overrides_in
 from ext_proc.tools.check_envoy.rules.filters import override
 from ext_proc.tools.check_envoy.rules.hold import hold
-from ext_proc.tools.check_envoy.rules.tenant import tenant_header
+from ext_proc.tools.check_envoy.rules.tenant import tenant_rules
 from ext_proc.tools.envoy_names import MINT_RESPONSE
 
 
@@ -36,14 +36,7 @@ def route_rules(route: Route, chain: Chain) -> Iterator[Finding]:
         return
     yield from _mint_and_honor(route, chain, found)
     yield from rewrite(route.place, route.entry, found)
-    yield from tenant_header(route, chain, found)
-
-
-def running(chain: Chain, levels: Sequence[Any]) -> list[str]:
-    """This processor's filters that process a request under ``levels``."""
-    return [
-        name for name in chain.configs if ext_proc_runs(name, name in chain.on_by_default, levels)
-    ]
+    yield from tenant_rules(route, chain, found)
 
 
 def _inspected(route: Route, chain: Chain) -> Iterator[Finding]:

@@ -17,9 +17,13 @@ its weighted clusters), starting with the client's copy:
   the identity filter's business: the operator's set-up removes the client's copy, then
   lets that filter set it.
 
-A client's copy that can reach the processor is ``tenant-header-unguarded``. With one
-message per request the filter must also request the header as an attribute, or no
-request names a tenant (``tenant-header-not-requested``; docs/trust.md#tenants)."""
+A client's copy that can reach the processor is ``tenant-header-unguarded``.
+
+Whatever its source, a route that names a tenant must send the processor every
+request's headers (``tenant-headers-skipped``): where a filter skips them (one message
+per request), a request without a body never reaches the processor and is forwarded
+naming no tenant, and vLLM reads and cancels a stored response by its id alone
+(docs/trust.md#tenants)."""
 
 from __future__ import annotations
 
@@ -27,9 +31,8 @@ from collections.abc import Iterator, Sequence
 from typing import Any, Final
 
 from ext_proc.core.route_policy import RoutePolicy, TenantKind
-from ext_proc.edge.attributes import header
 from ext_proc.tools import carrier_headers
-from ext_proc.tools.check_envoy.effective import runs
+from ext_proc.tools.check_envoy.effective import ext_proc_mode, running, runs
 from ext_proc.tools.check_envoy.findings import Finding, error, warning
 from ext_proc.tools.check_envoy.reader import Chain, Route
 from ext_proc.tools.check_envoy.writes import (
@@ -114,8 +117,10 @@ def _follow(chain: Chain, levels: Sequence[Any], name: str, first: int) -> str |
     return why
 
 
-def tenant_header(route: Route, chain: Chain, policy: RoutePolicy) -> Iterator[Finding]:
-    if policy.tenant is not None and policy.audit:
+def tenant_rules(route: Route, chain: Chain, policy: RoutePolicy) -> Iterator[Finding]:
+    if policy.tenant is None:
+        return
+    if policy.audit:
         # Audit mode forwards every body as it came: no salt is written.
         yield warning(
             "tenant-route-audited",
@@ -124,15 +129,38 @@ def tenant_header(route: Route, chain: Chain, policy: RoutePolicy) -> Iterator[F
             "true): bodies are forwarded with the client's cache_salt, so its tenants share "
             "whatever partitions their clients name until audit is turned off",
         )
-    if policy.tenant is None or policy.tenant.kind is not TenantKind.HEADER:
-        return
-    name = policy.tenant.value
-    filters = chain.filters
-    first = next(i for i, f in enumerate(filters) if f.get("name") in chain.names)
     # A weighted cluster's own configurations are the most specific of its requests'.
-    clusters = route.clusters() if route.forwards else iter(())
-    paths = [(f" (weighted cluster {c})", levels) for c, levels in clusters]
-    for where, levels in paths or [("", route.levels)]:
+    paths = [(f" (weighted cluster {c})", levels) for c, levels in route.clusters()]
+    yield from _headers_sent(route, chain, [("", route.levels), *paths])
+    if policy.tenant.kind is TenantKind.HEADER:
+        yield from _guarded(route, chain, policy.tenant.value, paths or [("", route.levels)])
+
+
+def _headers_sent(
+    route: Route, chain: Chain, paths: Sequence[tuple[str, Sequence[Any]]]
+) -> Iterator[Finding]:
+    for where, levels in paths:
+        for name in running(chain, levels):
+            mode = ext_proc_mode(name, chain.configs[name].get("processing_mode", {}), levels)
+            if mode is not None and mode.get("request_header_mode") == "SKIP":
+                yield error(
+                    "tenant-headers-skipped",
+                    route.place,
+                    f"the route names a tenant source and {name} skips the request headers "
+                    f"here{where} (request_header_mode SKIP): a request without a body never "
+                    "reaches the processor and is forwarded naming no tenant (vLLM reads and "
+                    "cancels a stored response by its id alone). Send them on this route: an "
+                    "ExtProcPerRoute whose overrides' processing_mode sets request_header_mode "
+                    "SEND (envoy-config writes one)",
+                )
+                return
+
+
+def _guarded(
+    route: Route, chain: Chain, name: str, paths: Sequence[tuple[str, Sequence[Any]]]
+) -> Iterator[Finding]:
+    first = next(i for i, f in enumerate(chain.filters) if f.get("name") in chain.names)
+    for where, levels in paths:
         why = _follow(chain, levels, name, first)
         if why is not None:
             yield error(
@@ -142,15 +170,4 @@ def tenant_header(route: Route, chain: Chain, policy: RoutePolicy) -> Iterator[F
                 f"processor{where}: {why}. Remove it first in the chain on every route, then "
                 "let the identity filter set it",
             )
-            break
-    one_message = any(
-        config.get("processing_mode", {}).get("request_header_mode") == "SKIP"
-        for config in chain.configs.values()
-    )
-    if one_message and header(name) not in chain.requested:
-        yield error(
-            "tenant-header-not-requested",
-            route.place,
-            f"the route reads its tenant from {name}, which no ext_proc filter of this "
-            f"processor requests as an attribute ({header(name)}): every request is refused",
-        )
+            return

@@ -1,10 +1,12 @@
-"""A route whose tenant comes from a header: a filter before the processor must leave
-no client's copy of it, and with one message the filter must request it."""
+"""A route that names a tenant: the processor is sent its request headers, and where
+the tenant comes from a header, a filter before the processor leaves no client's copy
+of it."""
 
 import pytest
 
 from ext_proc.tools import carrier_headers
 from tests.tools.check_envoy.shipped import (
+    EXT_PROC,
     FILTER_CONFIG,
     at,
     ext_proc,
@@ -12,13 +14,13 @@ from tests.tools.check_envoy.shipped import (
     found,
     hcm,
     mutated,
+    per_route,
     policy,
     route,
     split,
 )
 
 TENANT = "x-auth-tenant"
-ATTRIBUTE = f"request.headers['{TENANT}']"
 
 
 def guard(*mutations, disabled=False):
@@ -64,15 +66,28 @@ EXT_AUTHZ = "type.googleapis.com/envoy.extensions.filters.http.ext_authz.v3.ExtA
 DISABLED = {"@type": FILTER_CONFIG, "disabled": True}
 
 
-def tenant_route(*filters, position=0, requested=True):
+def sending_headers(config):
+    """The shipped filter's processing mode (one message per request), with the
+    request headers sent."""
+    return per_route(overrides={"processing_mode": {**ext_proc(config)["processing_mode"], **SEND}})
+
+
+SEND = {"request_header_mode": "SEND"}
+
+
+def name_tenant(config, source, name="aggregated"):
+    """Route ``name`` names ``source`` as its tenant, its request headers sent."""
+    policy(config, name)["tenant"] = source
+    route(config, name).setdefault("typed_per_filter_config", {}).update(sending_headers(config))
+
+
+def tenant_route(*filters, position=0):
     def change(config):
-        policy(config, "aggregated")["tenant"] = f"header:{TENANT}"
+        name_tenant(config, f"header:{TENANT}")
         chain = hcm(config)["http_filters"]
         for offset, entry in enumerate(filters):
             index = position + offset if position >= 0 else ext_proc_index(config) + 1
             chain.insert(index, entry)
-        if requested:
-            ext_proc(config)["request_attributes"].append(ATTRIBUTE)
 
     return change
 
@@ -283,21 +298,39 @@ def test_a_guard_disabled_on_another_route_leaves_the_tenant_route_clean():
     assert found(mutated(change)) == []
 
 
-def test_a_tenant_header_not_requested_with_one_message_is_refused():
-    report = mutated(tenant_route(guard(REMOVE), requested=False))
-    assert found(report) == [("tenant-header-not-requested", at("aggregated"))]
+@pytest.mark.parametrize("source", [f"header:{TENANT}", "route:team-a", "peer_san"])
+def test_a_tenant_route_that_skips_the_request_headers_is_refused(source):
+    """One message per request: a request without a body (a stored response read by its
+    id) would be forwarded naming no tenant."""
+
+    def change(config):
+        tenant_route(guard(REMOVE))(config)
+        policy(config, "aggregated")["tenant"] = source
+        del route(config, "aggregated")["typed_per_filter_config"][EXT_PROC]
+
+    assert found(mutated(change)) == [("tenant-headers-skipped", at("aggregated"))]
+
+
+def test_a_weighted_cluster_that_skips_the_request_headers_is_refused():
+    def change(config):
+        tenant_route(guard(REMOVE))(config)
+        skipping = {"processing_mode": ext_proc(config)["processing_mode"]}
+        split(config, "aggregated", per_route(overrides=skipping))
+
+    assert found(mutated(change)) == [("tenant-headers-skipped", at("aggregated"))]
 
 
 def test_routes_without_a_header_source_need_no_guard():
     def change(config):
-        policy(config, "aggregated")["tenant"] = "route:team-a"
+        name_tenant(config, "route:team-a")
 
     assert found(mutated(change)) == []
 
 
 def test_a_tenant_route_in_audit_mode_is_warned_of():
     def change(config):
-        policy(config, "aggregated").update({"tenant": "route:team-a", "audit": True})
+        name_tenant(config, "route:team-a")
+        policy(config, "aggregated")["audit"] = True
 
     report = mutated(change)
     assert found(report, "warning") == [("tenant-route-audited", at("aggregated"))]
@@ -306,7 +339,7 @@ def test_a_tenant_route_in_audit_mode_is_warned_of():
 
 def tenant_rewrite(match, rewrite):
     def change(config):
-        policy(config, "aggregated")["tenant"] = "route:team-a"
+        name_tenant(config, "route:team-a")
         entry = route(config, "aggregated")
         entry["match"] = match
         entry["route"]["prefix_rewrite"] = rewrite
