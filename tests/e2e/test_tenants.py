@@ -337,3 +337,18 @@ def test_a_bodiless_request_to_an_endpoint_not_served_is_refused(gateway: Stack,
     assert answer.status_code == 400, answer.text
     assert "cache_salt" in answer.json()["error"]["message"]
     assert gateway.received() == []
+
+
+def test_a_websocket_upgrade_reaches_no_upstream(gateway: Stack) -> None:
+    """vLLM's realtime API is a WebSocket: the upgrade is a request without a body on a
+    path a tenant route does not serve."""
+    upgrade = {
+        "connection": "Upgrade",
+        "upgrade": "websocket",
+        "sec-websocket-version": "13",
+        "sec-websocket-key": base64.b64encode(b"0123456789abcdef").decode(),
+    }
+    for path in ("/team/v1/realtime", f"/tenant{STORED}"):
+        answer = httpx.get(gateway.url + path, headers=upgrade)
+        assert answer.status_code in (400, 401, 403), answer.text
+    assert gateway.received() == []
