@@ -192,3 +192,22 @@ def test_the_search_below_untyped_members_is_bounded():
 )
 def test_a_path_is_the_endpoint_covering_most_of_it(path: str, served: str | None) -> None:
     assert vllm_request.tenant_endpoint(path) == served
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/metrics/v1/models",
+        "/metrics/v1/chat/completions",
+        "/metrics/generate",
+        "/metrics_x/v1/completions",
+    ],
+)
+def test_a_path_the_servers_metrics_mount_takes_is_not_served_on_tenant_routes(path: str) -> None:
+    """vLLM and SGLang mount Prometheus' app with the regex ``^/metrics(?P<path>.*)$``
+    and append it after their routes: every path that starts with /metrics and is no
+    route of theirs reaches it, whatever it ends with. /metrics itself is refused on a
+    tenant route (no endpoint of the inventory), so the same reply must not come
+    through a path whose tail names a served endpoint."""
+    assert vllm_request.tenant_endpoint("/metrics") is None
+    assert vllm_request.tenant_endpoint(path) is None
