@@ -363,3 +363,37 @@ def test_a_tenant_header_guard_the_route_disables_is_refused_at_the_route():
 
     tenant = [item for item in found(mutated(change)) if item[0].startswith("tenant-")]
     assert tenant == [("tenant-header-unguarded", at("aggregated"))]
+
+
+def _json_name(field):
+    """A proto field's JSON name (lowerCamelCase), which Envoy's config parser takes as
+    well as the field's own name."""
+    head, *rest = field.split("_")
+    return head + "".join(part.title() for part in rest)
+
+
+def test_a_weighted_cluster_that_skips_the_request_headers_by_json_names_is_refused():
+    """Envoy parses typed configs with protobuf's JSON parser, which reads a field by its
+    JSON name too: a weighted cluster's ``overrides.processingMode`` is its processing
+    mode, and this one skips the request headers (the filter's own SKIP mode)."""
+
+    def change(config):
+        tenant_route(guard(REMOVE))(config)
+        mode = {_json_name(k): v for k, v in ext_proc(config)["processing_mode"].items()}
+        split(config, "aggregated", per_route(overrides={"processingMode": mode}))
+
+    assert ("tenant-headers-skipped", at("aggregated")) in found(mutated(change))
+
+
+def test_a_tenant_route_that_skips_the_request_headers_by_enum_number_is_refused():
+    """protobuf's JSON parser takes an enum by its number as well as its name:
+    ``request_header_mode: 2`` is SKIP."""
+
+    def change(config):
+        tenant_route(guard(REMOVE))(config)
+        mode = {**ext_proc(config)["processing_mode"], "request_header_mode": 2}
+        route(config, "aggregated")["typed_per_filter_config"].update(
+            per_route(overrides={"processing_mode": mode})
+        )
+
+    assert ("tenant-headers-skipped", at("aggregated")) in found(mutated(change))
