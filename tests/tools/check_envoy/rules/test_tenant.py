@@ -397,3 +397,20 @@ def test_a_tenant_route_that_skips_the_request_headers_by_enum_number_is_refused
         )
 
     assert ("tenant-headers-skipped", at("aggregated")) in found(mutated(change))
+
+
+@pytest.mark.parametrize("level", ["route", "virtual_host", "route_config"])
+def test_a_guard_a_route_level_mutation_by_json_names_writes_back_is_refused(level):
+    """The same write-back as ``COPY``, its fields spelt by their JSON names
+    (``requestMutations``, ``appendAction``), which Envoy parses alike: the client's
+    own value of the tenant header reaches the processor, so any client names any
+    tenant."""
+    copy = {
+        "append": {
+            "header": {"key": TENANT, "value": "%REQ(x-my-tenant)%"},
+            "appendAction": "OVERWRITE_IF_EXISTS_OR_ADD",
+        }
+    }
+    given = {"@type": HM_PER_ROUTE, "mutations": {"requestMutations": [copy]}}
+    message = unguarded(guard_on(level, given))
+    assert "tenant-guard" in message
