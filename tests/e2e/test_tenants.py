@@ -352,3 +352,44 @@ def test_a_websocket_upgrade_reaches_no_upstream(gateway: Stack) -> None:
         answer = httpx.get(gateway.url + path, headers=upgrade)
         assert answer.status_code in (400, 401, 403), answer.text
     assert gateway.received() == []
+
+
+def numbered(config: dict[str, Any]) -> None:
+    """``edit``, each tenant route's override then spelling SKIP by its enum number
+    (``request_header_mode: 2``), which Envoy's parser takes as the name."""
+    edit(config)
+    hcm = config["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]
+    for vhost in hcm["typed_config"]["route_config"]["virtual_hosts"]:
+        for entry in vhost["routes"]:
+            override = entry.get("typed_per_filter_config", {}).get(EXT_PROC)
+            if override is not None and "overrides" in override:
+                override["overrides"]["processing_mode"]["request_header_mode"] = 2
+
+
+@pytest.fixture(scope="module")
+def numbered_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    workdir = tmp_path_factory.mktemp("tenants-numbered")
+    key_file = workdir / "tenant.key"
+    key_file.write_bytes(TENANT_KEY)
+    routes = [route("tenant", PREFIX, {"action": "strip", "tenant": f"header:{TENANT_HEADER}"})]
+    stack = Stack(
+        workdir,
+        source=BODY_MODES["one-message"],
+        routes=routes,
+        processor_config={"tenants": {"key_file": str(key_file)}},
+        edit=numbered,
+    )
+    with stack as running:
+        yield running
+
+
+def test_a_config_check_envoy_passes_forwards_no_bodiless_request_naming_no_tenant(
+    numbered_stack: Stack,
+) -> None:
+    """check-envoy's word that a tenant route is sent its request headers must hold in
+    the real Envoy: here the override skips them by enum number, Envoy forwards a
+    stored response's read naming no tenant, and the check must say so."""
+    written = yaml.safe_load((numbered_stack.workdir / "envoy.yaml").read_text())
+    found = [f.code for f in check_envoy.check(written).findings if f.code.startswith("tenant-")]
+    answer = httpx.get(numbered_stack.url + f"/tenant{STORED}")
+    assert found or answer.status_code == 401, (answer.status_code, numbered_stack.received())
