@@ -261,3 +261,20 @@ def test_a_document_that_is_no_bootstrap_lists_no_cluster_to_check():
     _cluster_renamed(config)
     (listener,) = config["static_resources"]["listeners"]
     assert check(listener).errors == []  # a listener alone: its clusters are elsewhere
+
+
+@pytest.mark.parametrize(
+    ("change", "code"),
+    [
+        (lambda c: ext_proc(c).update(failureModeAllow=True), "failure-mode-allow"),
+        (lambda c: ext_proc(c).update(observabilityMode=True), "observability-mode"),
+    ],
+    ids=["failureModeAllow", "observabilityMode"],
+)
+def test_a_filter_that_fails_open_by_json_names_is_refused(change, code):
+    """Envoy parses the filter's fields by their JSON names too: ``failureModeAllow:
+    true`` forwards every request uninspected (no cache_salt written on a tenant route)
+    while the processor is down or slow."""
+    config = copy.deepcopy(SHIPPED)
+    change(config)
+    assert (code, OURS) in [(f.code, f.place) for f in check(config).findings]
