@@ -354,21 +354,55 @@ def test_a_websocket_upgrade_reaches_no_upstream(gateway: Stack) -> None:
     assert gateway.received() == []
 
 
-def numbered(config: dict[str, Any]) -> None:
-    """``edit``, each tenant route's override then spelling SKIP by its enum number
-    (``request_header_mode: 2``), which Envoy's parser takes as the name."""
-    edit(config)
-    hcm = config["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]
-    for vhost in hcm["typed_config"]["route_config"]["virtual_hosts"]:
-        for entry in vhost["routes"]:
-            override = entry.get("typed_per_filter_config", {}).get(EXT_PROC)
-            if override is not None and "overrides" in override:
-                override["overrides"]["processing_mode"]["request_header_mode"] = 2
+def _json_name(field: str) -> str:
+    head, *rest = field.split("_")
+    return head + "".join(part.title() for part in rest)
 
 
-@pytest.fixture(scope="module")
-def numbered_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    workdir = tmp_path_factory.mktemp("tenants-numbered")
+def _respelt(how: str) -> Any:
+    """``edit``, then each tenant route's request headers skipped in a spelling Envoy's
+    parser reads alike: SKIP by its enum number in the route's override; or the
+    override sending them moved to the virtual host and the route's own, more
+    specific, skipping them with its fields by their JSON names or inside a
+    TypedStruct. check-envoy reads each as headers sent."""
+
+    def change(config: dict[str, Any]) -> None:
+        edit(config)
+        hcm = config["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]
+        for vhost in hcm["typed_config"]["route_config"]["virtual_hosts"]:
+            for entry in vhost["routes"]:
+                policy = entry.get("metadata", {}).get("filter_metadata", {})
+                if "tenant" not in policy.get("ext_proc.token_policy", {}):
+                    continue
+                configs = entry["typed_per_filter_config"]
+                override = configs[EXT_PROC]
+                mode = override["overrides"]["processing_mode"]
+                if how == "enum-number":
+                    mode["request_header_mode"] = 2
+                    continue
+                vhost.setdefault("typed_per_filter_config", {})[EXT_PROC] = dict(override)
+                skipping = {**mode, "request_header_mode": "SKIP"}
+                if how == "typed-struct":
+                    configs[EXT_PROC] = {
+                        "@type": "type.googleapis.com/xds.type.v3.TypedStruct",
+                        "type_url": PER_ROUTE,
+                        "value": {"overrides": {"processing_mode": skipping}},
+                    }
+                else:
+                    camel = {_json_name(k): v for k, v in skipping.items()}
+                    configs[EXT_PROC] = {"@type": PER_ROUTE, "overrides": {"processingMode": camel}}
+
+    return change
+
+
+RESPELLINGS = ["enum-number", "json-names", "typed-struct"]
+
+
+@pytest.fixture(scope="module", params=RESPELLINGS)
+def respelt(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Stack]:
+    workdir = tmp_path_factory.mktemp(f"tenants-respelt-{request.param}")
     key_file = workdir / "tenant.key"
     key_file.write_bytes(TENANT_KEY)
     routes = [route("tenant", PREFIX, {"action": "strip", "tenant": f"header:{TENANT_HEADER}"})]
@@ -377,19 +411,19 @@ def numbered_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         source=BODY_MODES["one-message"],
         routes=routes,
         processor_config={"tenants": {"key_file": str(key_file)}},
-        edit=numbered,
+        edit=_respelt(request.param),
     )
     with stack as running:
         yield running
 
 
-def test_a_config_check_envoy_passes_forwards_no_bodiless_request_naming_no_tenant(
-    numbered_stack: Stack,
+def test_a_config_check_envoy_passes_forwards_no_request_naming_no_tenant(
+    respelt: Stack,
 ) -> None:
     """check-envoy's word that a tenant route is sent its request headers must hold in
-    the real Envoy: here the override skips them by enum number, Envoy forwards a
-    stored response's read naming no tenant, and the check must say so."""
-    written = yaml.safe_load((numbered_stack.workdir / "envoy.yaml").read_text())
+    the real Envoy, however the config spells it: else a stored response's read is
+    forwarded naming no tenant."""
+    written = yaml.safe_load((respelt.workdir / "envoy.yaml").read_text())
     found = [f.code for f in check_envoy.check(written).findings if f.code.startswith("tenant-")]
-    answer = httpx.get(numbered_stack.url + f"/tenant{STORED}")
-    assert found or answer.status_code == 401, (answer.status_code, numbered_stack.received())
+    bodiless = httpx.get(respelt.url + f"/tenant{STORED}")
+    assert found or bodiless.status_code == 401, (bodiless.status_code, respelt.received())
