@@ -414,3 +414,23 @@ def test_a_guard_a_route_level_mutation_by_json_names_writes_back_is_refused(lev
     given = {"@type": HM_PER_ROUTE, "mutations": {"requestMutations": [copy]}}
     message = unguarded(guard_on(level, given))
     assert "tenant-guard" in message
+
+
+def test_a_tenant_route_that_skips_the_request_headers_in_a_typed_struct_is_refused():
+    """Envoy takes a per-route configuration inside an ``xds.type.v3.TypedStruct`` as
+    the message its ``type_url`` names: the route's own override, more specific than
+    its virtual host's, skips the request headers."""
+
+    def change(config):
+        tenant_route(guard(REMOVE))(config)
+        configs = route(config, "aggregated")["typed_per_filter_config"]
+        hcm(config)["route_config"]["virtual_hosts"][0]["typed_per_filter_config"] = {
+            EXT_PROC: configs[EXT_PROC]
+        }
+        configs[EXT_PROC] = {
+            "@type": "type.googleapis.com/xds.type.v3.TypedStruct",
+            "type_url": per_route()[EXT_PROC]["@type"],
+            "value": {"overrides": {"processing_mode": ext_proc(config)["processing_mode"]}},
+        }
+
+    assert ("tenant-headers-skipped", at("aggregated")) in found(mutated(change))
