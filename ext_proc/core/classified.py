@@ -559,3 +559,6 @@ UNTENANTED_ENDPOINTS: Final[tuple[str, ...]] = (
     "/workers/{worker_id}/drain",
     "/workers/{worker_id}/resume",
 )
+# Path prefixes a server hands every path it has no route for (a mount): a path
+# holding one is that mount's, whatever endpoint its tail names.
+MOUNTS: Final[tuple[str, ...]] = ("/metrics",)

@@ -231,7 +231,9 @@ def _unpartitioned(endpoint: str, body: declared.Body | None) -> Deny | None:
     runs no prompt through a prefix cache (``vllm_request.tenant_endpoint``)."""
     if vllm_request.tenant_endpoint(endpoint) is not None:
         return None
-    if body is not None and body.root is not None and CACHE_SALT in body.models[body.root]:
+    # A mount's path is the mount's, whatever model its tail's endpoint declares.
+    declares = body is not None and body.root is not None and CACHE_SALT in body.models[body.root]
+    if declares and not vllm_request.mounted(endpoint):
         return None
     return _refused(
         f"{endpoint} does not carry the cache partition this route sets from the tenant "

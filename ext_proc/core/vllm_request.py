@@ -397,11 +397,20 @@ def _tenant(path: str) -> str | None:
     """The one of ``classified.TENANT_ENDPOINTS`` that ``path`` is, unless it is as much
     an endpoint not served there (``_reach``: a name covering as many of its segments,
     plain where the served one is a template, or more): the servers route it there."""
+    if mounted(path):
+        return None
     served = _named(path, classified.TENANT_ENDPOINTS)
     other = _named(path, classified.UNTENANTED_ENDPOINTS)
     if served is None or (other is not None and _reach(other) >= _reach(served)):
         return None
     return served
+
+
+def mounted(path: str) -> bool:
+    """Whether ``path`` holds a server's mount (``classified.MOUNTS``) from one of its
+    slashes on, in any case: at the root or behind a root path, the mount takes it."""
+    lowered = path.lower()
+    return any(mount in lowered for mount in classified.MOUNTS)
 
 
 def _reach(name: str) -> tuple[int, bool]:

@@ -238,3 +238,13 @@ def test_a_route_without_a_tenant_source_forwards_the_clients_salt():
     route = RouteMetadata({"action": "strip"}, 1.0)
     _, answers = send(route, {**CHAT, "cache_salt": "mine"})
     assert only(answers) == ContinueBody(None)
+
+
+def test_a_strict_route_refuses_a_path_under_a_servers_mount():
+    # /metrics/v1/embeddings is Prometheus' app's, though vLLM's model for
+    # /v1/embeddings carries cache_salt.
+    route = RouteMetadata({**BY_ROUTE.values, "strict_body": "vllm 0.32.0"}, 3.0)
+    for path in ("/metrics/v1/embeddings", "/root/METRICS/v1/chat/completions"):
+        stream = Driven(trust=Trust(tenant_key=KEY))
+        answers = stream.handle(headers(route, extra=JSON, path=path))
+        assert only(answers).details == "token_policy_tenant_endpoint_refused"

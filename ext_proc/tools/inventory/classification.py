@@ -782,6 +782,14 @@ ENDPOINTS: Final[Mapping[str, Endpoint]] = {
 }
 
 
+# Path prefixes a server hands every path it has no route for: vLLM and SGLang mount
+# Prometheus' app at /metrics with the regex ^/metrics(?P<path>.*)$, after every route
+# (vllm entrypoints/serve/instrumentator/metrics.py, sglang srt/utils/common.py), so
+# /metrics/v1/models and /metrics_x/generate are that app's, whatever endpoint their tail
+# names. A path holding one is no endpoint a route that names a tenant source serves.
+MOUNTS: Final = ("/metrics",)
+
+
 # Client APIs that put no prompt through a model's prefix cache, served on a route that
 # names a tenant source though their bodies carry no cache_salt: the tokenizer alone
 # (vLLM serve/tokenize/api_router.py, SGLang http_server.py's /tokenize and

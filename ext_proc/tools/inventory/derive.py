@@ -306,6 +306,9 @@ def module(inventory: Inventory) -> str:
         "# longer name than any of TENANT_ENDPOINTS is not served there (SGLang's",
         "# /api/generate is not /generate behind a root path /api).",
         *_strings("UNTENANTED_ENDPOINTS", list(untenanted_endpoints(inventory))),
+        "# Path prefixes a server hands every path it has no route for (a mount): a path",
+        "# holding one is that mount's, whatever endpoint its tail names.",
+        *_strings("MOUNTS", list(c.MOUNTS)),
         "",
     ]
     return "\n".join(lines)
