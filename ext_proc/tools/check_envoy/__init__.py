@@ -39,6 +39,11 @@ rewrite their metadata does not state, and ``honor`` routes that trust any calle
 have no ``vocab_size``. Routes that forward nothing (a direct response or a redirect)
 need neither metadata nor the filter.
 
+Every rule reads the configuration in one spelling (``spelling``): a field by its JSON
+name, an enum by its number and a ``TypedStruct`` are read as Envoy reads them, as the
+proto name, the enum's name and the message it packs; a field given both ways in one
+message is an error.
+
 Each problem is a ``Finding`` (``findings``): a stable code, a place, a severity and a
 message; errors fail the check. ``reader`` reads the bootstrap, ``effective`` gives a
 filter's setting on a route as Envoy picks it, ``selection`` simulates route selection,

@@ -14,6 +14,7 @@ from ext_proc.tools.check_envoy.rules.after_decision import after_decision
 from ext_proc.tools.check_envoy.rules.header_step import header_step
 from ext_proc.tools.check_envoy.rules.route import route_rules
 from ext_proc.tools.check_envoy.rules.writers import writers
+from ext_proc.tools.check_envoy.spelling import canonical
 
 
 def check(
@@ -25,11 +26,21 @@ def check(
     """``listeners``: check only these listeners' connection managers (the ones in front
     of model servers), not an admin or readiness listener beside them. ``declared``: the
     names of filters after this processor's that the deployment trusts to change the
-    request (llm-d's endpoint picker)."""
+    request (llm-d's endpoint picker). The rules read ``config`` in one spelling
+    (``spelling.canonical``), whichever Envoy was given."""
+    config, twice = canonical(config)
     found, missing = reader.managers(config, listeners)
     clusters = reader.http_options(config)
     known = reader.clusters(config)
-    findings: list[Finding] = []
+    findings: list[Finding] = [
+        error(
+            "field-spelt-twice",
+            where,
+            "a field given by its proto name and its JSON name in one message: which "
+            "Envoy reads cannot be checked; give it once",
+        )
+        for where in twice
+    ]
     if missing:
         findings.append(error("listener-missing", "", f"no listener named {', '.join(missing)}"))
     if not found:

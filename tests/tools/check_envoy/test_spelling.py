@@ -1,0 +1,86 @@
+"""check-envoy reads one spelling of what Envoy reads in several."""
+
+import pytest
+import yaml
+
+from ext_proc.tools.check_envoy.spelling import ENUMS, canonical, proto_name
+from ext_proc.tools.envoygen.output import core, ext_proc, hcm  # Envoy's protos, imported quietly
+from tests.tools.check_envoy.shipped import SHIPPED_CONFIGS
+
+PER_ROUTE = "type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExtProcPerRoute"
+
+
+@pytest.mark.parametrize(
+    ("field", "enum"),
+    [
+        ("request_header_mode", ext_proc.ProcessingModeHeaderSendMode),
+        ("response_header_mode", ext_proc.ProcessingModeHeaderSendMode),
+        ("request_trailer_mode", ext_proc.ProcessingModeHeaderSendMode),
+        ("response_trailer_mode", ext_proc.ProcessingModeHeaderSendMode),
+        ("request_body_mode", ext_proc.ProcessingModeBodySendMode),
+        ("response_body_mode", ext_proc.ProcessingModeBodySendMode),
+        ("append_action", core.HeaderValueOptionHeaderAppendAction),
+        ("path_with_escaped_slashes_action", hcm.HttpConnectionManagerPathWithEscapedSlashesAction),
+        ("headers_with_underscores_action", core.HttpProtocolOptionsHeadersWithUnderscoresAction),
+    ],
+)
+def test_each_enum_is_named_at_its_number_as_in_envoys_protos(field, enum):
+    assert ENUMS[field] == tuple(member.name for member in sorted(enum, key=int))
+
+
+@pytest.mark.parametrize(
+    ("given", "name"),
+    [
+        ("processingMode", "processing_mode"),
+        ("failureModeAllow", "failure_mode_allow"),
+        ("http2ProtocolOptions", "http2_protocol_options"),
+        ("processing_mode", "processing_mode"),
+        ("@type", "@type"),
+        ("envoy.filters.http.ext_proc", "envoy.filters.http.ext_proc"),
+        ("X-Auth-Tenant", "X-Auth-Tenant"),
+    ],
+)
+def test_a_json_name_reads_as_its_proto_name(given, name):
+    assert proto_name(given) == name
+
+
+@pytest.mark.parametrize("path", SHIPPED_CONFIGS, ids=lambda p: p.name)
+def test_every_shipped_config_is_already_in_the_one_spelling(path):
+    config = yaml.safe_load(path.read_text())
+    assert canonical(config) == (config, [])
+
+
+def test_json_names_enum_numbers_and_typed_structs_read_as_the_fields_they_stand_for():
+    given = {
+        "typedPerFilterConfig": {
+            "myFilter": {
+                "@type": "type.googleapis.com/xds.type.v3.TypedStruct",
+                "typeUrl": PER_ROUTE,
+                "value": {"overrides": {"processingMode": {"requestHeaderMode": 2}}},
+            }
+        },
+        "metadata": {"filterMetadata": {"ext_proc.token_policy": {"keepOtherKeys": True}}},
+        "requestHeadersToAdd": [{"header": {"key": "k"}, "appendAction": 2}],
+    }
+    assert canonical(given) == (
+        {
+            "typed_per_filter_config": {
+                "myFilter": {
+                    "@type": PER_ROUTE,
+                    "overrides": {"processing_mode": {"request_header_mode": "SKIP"}},
+                }
+            },
+            # The policy metadata is the processor's to read, by its own keys.
+            "metadata": {"filter_metadata": {"ext_proc.token_policy": {"keepOtherKeys": True}}},
+            "request_headers_to_add": [
+                {"header": {"key": "k"}, "append_action": "OVERWRITE_IF_EXISTS_OR_ADD"}
+            ],
+        },
+        [],
+    )
+
+
+def test_a_field_given_both_ways_is_reported():
+    config, twice = canonical({"a": [{"failure_mode_allow": False, "failureModeAllow": True}]})
+    assert twice == [".a[0].failure_mode_allow"]
+    assert config == {"a": [{"failure_mode_allow": True}]}
