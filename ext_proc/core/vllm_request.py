@@ -395,13 +395,14 @@ def _remembered(memo: dict[str, _T], path: str, judge: Callable[[str], _T]) -> _
 
 def _tenant(path: str) -> str | None:
     """The one of ``classified.TENANT_ENDPOINTS`` that ``path`` is, unless it is as much
-    an endpoint not served there (``_reach``: a name covering as many of its segments,
-    plain where the served one is a template, or more): the servers route it there."""
+    an endpoint not served there (a name covering as many of its segments, or more):
+    a server may route it there (Starlette takes the first route registered that
+    matches, literal or template), and a mount takes it whatever its tail names."""
     if mounted(path):
         return None
     served = _named(path, classified.TENANT_ENDPOINTS)
     other = _named(path, classified.UNTENANTED_ENDPOINTS)
-    if served is None or (other is not None and _reach(other) >= _reach(served)):
+    if served is None or (other is not None and _reach(other)[0] >= _reach(served)[0]):
         return None
     return served
 

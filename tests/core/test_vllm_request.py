@@ -211,3 +211,12 @@ def test_a_path_the_servers_metrics_mount_takes_is_not_served_on_tenant_routes(p
     through a path whose tail names a served endpoint."""
     assert vllm_request.tenant_endpoint("/metrics") is None
     assert vllm_request.tenant_endpoint(path) is None
+
+
+def test_no_served_endpoint_is_as_much_an_endpoint_not_served(monkeypatch) -> None:
+    """Equal coverage is refused whichever name is literal: a server takes the first
+    route registered that matches."""
+    monkeypatch.setattr(vllm_request.classified, "UNTENANTED_ENDPOINTS", ("/v1/{anything}",))
+    monkeypatch.setattr(vllm_request, "_TENANTS", {})
+    assert vllm_request.tenant_endpoint("/v1/models") is None
+    assert vllm_request.tenant_endpoint("/v1/chat/completions") == "/v1/chat/completions"
