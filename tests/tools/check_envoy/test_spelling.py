@@ -5,7 +5,16 @@ import yaml
 
 from ext_proc.tools.check_envoy.spelling import ENUMS, canonical, proto_name
 from ext_proc.tools.envoygen.output import core, ext_proc, hcm  # Envoy's protos, imported quietly
-from tests.tools.check_envoy.shipped import SHIPPED_CONFIGS
+from tests.tools.check_envoy import shipped
+from tests.tools.check_envoy.rules.test_tenant import REMOVE, guard, tenant_route
+from tests.tools.check_envoy.shipped import (
+    EXT_PROC,
+    SHIPPED_CONFIGS,
+    at,
+    found,
+    mutated,
+    route,
+)
 
 PER_ROUTE = "type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExtProcPerRoute"
 
@@ -84,3 +93,26 @@ def test_a_field_given_both_ways_is_reported():
     config, twice = canonical({"a": [{"failure_mode_allow": False, "failureModeAllow": True}]})
     assert twice == [".a[0].failure_mode_allow"]
     assert config == {"a": [{"failure_mode_allow": True}]}
+
+
+# Envoy parses enums case-insensitively (MessageUtil::loadFromJson sets
+# case_insensitive_enum_parsing) and takes an enum's number given as a string: envoy
+# 1.40 --mode validate accepts each of these as request_header_mode SKIP (and rejects
+# "bogus" as an unknown enum value).
+@pytest.mark.parametrize("skip", ["skip", "Skip", "2", " 2"])
+def test_an_enum_in_another_case_or_as_a_numeric_string_reads_as_its_name(skip):
+    def change(config):
+        tenant_route(guard(REMOVE))(config)
+        mode = route(config, "aggregated")["typed_per_filter_config"][EXT_PROC]["overrides"]
+        mode["processing_mode"]["request_header_mode"] = skip
+
+    assert found(mutated(change)) == [("tenant-headers-skipped", at("aggregated"))]
+
+
+def test_an_enum_name_in_lower_case_reads_as_its_name():
+    def change(config):
+        shipped.hcm(config)["common_http_protocol_options"]["headers_with_underscores_action"] = (
+            "allow"
+        )
+
+    assert "underscore-headers" in mutated(change).codes()
