@@ -6,7 +6,14 @@ import yaml
 from ext_proc.tools.check_envoy.spelling import ENUMS, canonical, proto_name
 from ext_proc.tools.envoygen.output import core, ext_proc, hcm  # Envoy's protos, imported quietly
 from tests.tools.check_envoy import shipped
-from tests.tools.check_envoy.rules.test_tenant import REMOVE, guard, tenant_route
+from tests.tools.check_envoy.rules.test_tenant import (
+    APPEND,
+    COPY,
+    EMPTY,
+    REMOVE,
+    guard,
+    tenant_route,
+)
 from tests.tools.check_envoy.shipped import (
     EXT_PROC,
     SHIPPED_CONFIGS,
@@ -116,3 +123,26 @@ def test_an_enum_name_in_lower_case_reads_as_its_name():
         )
 
     assert "underscore-headers" in mutated(change).codes()
+
+
+# Envoy takes a bool given as a JSON string ("false" is false): envoy 1.40 --mode validate
+# accepts both configurations below. Python reads the string "false" as true.
+def test_a_writer_disabled_by_the_string_false_still_runs():
+    """A header_mutation after the guard copies the client's tenant back."""
+
+    def change(config):
+        copier = {**guard(COPY), "name": "copier", "disabled": "false"}
+        tenant_route(guard(REMOVE), copier)(config)
+
+    assert found(mutated(change)) == [("tenant-header-unguarded", at("aggregated"))]
+
+
+def test_keep_empty_value_the_string_false_writes_no_empty_value():
+    """The guard's last mutation overwrites with an empty value Envoy does not write:
+    the client's appended copy stays."""
+    empty = {"append": {**EMPTY["append"], "keep_empty_value": "false"}}
+
+    def change(config):
+        tenant_route(guard(APPEND, empty))(config)
+
+    assert found(mutated(change)) == [("tenant-header-unguarded", at("aggregated"))]
