@@ -1,5 +1,7 @@
 """check-envoy reads one spelling of what Envoy reads in several."""
 
+import copy
+
 import pytest
 import yaml
 
@@ -146,3 +148,67 @@ def test_keep_empty_value_the_string_false_writes_no_empty_value():
         tenant_route(guard(APPEND, empty))(config)
 
     assert found(mutated(change)) == [("tenant-header-unguarded", at("aggregated"))]
+
+
+# Envoy takes a type URL by the name after its last "/", whatever comes before it
+# (protobuf's Any; Envoy's factory lookup, TypedStruct's type_url too): envoy 1.40
+# accepts each configuration below and, run, forwards a request on a route whose
+# ExtProcPerRoute is "example.com/...ExtProcPerRoute" {disabled: true} without calling
+# its processor, through a connection manager typed "example.com/...HttpConnectionManager".
+PER_ROUTE_NAME = PER_ROUTE.removeprefix("type.googleapis.com/")
+HCM_TYPE = (
+    "type.googleapis.com/"
+    "envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager"
+)
+
+
+def _disabled_on_aggregated(typed):
+    def change(config):
+        route(config, "aggregated")["typed_per_filter_config"][EXT_PROC] = typed
+
+    return change
+
+
+@pytest.mark.parametrize(
+    "typed",
+    [
+        {"@type": "example.com/" + PER_ROUTE_NAME, "disabled": True},
+        {"@type": "a/b/" + PER_ROUTE_NAME, "disabled": True},
+        {
+            "@type": "type.googleapis.com/xds.type.v3.TypedStruct",
+            "type_url": "example.com/" + PER_ROUTE_NAME,
+            "value": {"disabled": True},
+        },
+        {
+            "@type": "example.com/xds.type.v3.TypedStruct",
+            "type_url": PER_ROUTE,
+            "value": {"disabled": True},
+        },
+    ],
+    ids=["any", "any-two-slashes", "typed-struct-type-url", "typed-struct-itself"],
+)
+def test_a_type_url_reads_by_the_name_after_its_last_slash(typed):
+    usual = found(mutated(_disabled_on_aggregated({"@type": PER_ROUTE, "disabled": True})))
+    assert usual == [("ext-proc-not-running", at("aggregated"))]
+    assert found(mutated(_disabled_on_aggregated(typed))) == usual
+
+
+def _second_listener(hcm_type):
+    def change(config):
+        listeners = config["static_resources"]["listeners"]
+        second = copy.deepcopy(listeners[0])
+        second["name"] = "second"
+        second["address"]["socket_address"]["port_value"] = 18099
+        manager = second["filter_chains"][0]["filters"][0]["typed_config"]
+        manager["@type"] = hcm_type
+        manager["http_filters"] = [f for f in manager["http_filters"] if f["name"] != EXT_PROC]
+        listeners.append(second)
+
+    return change
+
+
+def test_a_connection_manager_typed_under_another_host_is_checked():
+    usual = found(mutated(_second_listener(HCM_TYPE)))
+    assert ("ext-proc-missing", "http_connection_manager[1]") in usual
+    other = "example.com/" + HCM_TYPE.removeprefix("type.googleapis.com/")
+    assert found(mutated(_second_listener(other))) == usual
