@@ -1,6 +1,11 @@
 """What the check reads of a bootstrap, and the places it names."""
 
-from ext_proc.tools.check_envoy import reader
+import copy
+
+import yaml
+
+from ext_proc.tools.check_envoy import check, reader
+from tests.tools.check_envoy.rules.test_tenant import COPY, REMOVE, guard, tenant_route
 from tests.tools.check_envoy.shipped import (
     BUFFER,
     EXT_PROC,
@@ -9,6 +14,7 @@ from tests.tools.check_envoy.shipped import (
     SHIPPED,
     at,
     filter_names,
+    found,
     hcm,
 )
 
@@ -53,3 +59,22 @@ def test_a_route_without_a_name_is_placed_by_its_position():
     chain = reader.read_chain(0, manager, "ext_proc.token_policy")
     (vhost,) = reader.virtual_hosts(chain)
     assert [r.place for r in vhost.routes] == ["http_connection_manager[0] route v/#0"]
+
+
+# Envoy reads YAML with yaml-cpp, whose booleans include y, Y, n and N (YAML 1.1's
+# PyYAML reads them as strings): envoy 1.40 runs `failure_mode_allow: y` failing open
+# and `failure_mode_allow: n` failing closed, and accepts `disabled: n` on a filter
+# (which then runs). The check must read the document as Envoy does.
+def test_a_writer_disabled_by_a_plain_n_still_runs(tmp_path):
+    """A header_mutation after the guard copies the client's tenant back: Envoy runs it
+    (``disabled: n`` is false to yaml-cpp)."""
+
+    def change(config):
+        copier = {**guard(COPY), "name": "copier", "disabled": "PLACEHOLDER"}
+        tenant_route(guard(REMOVE), copier)(config)
+
+    config = copy.deepcopy(SHIPPED)
+    change(config)
+    path = tmp_path / "envoy.yaml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False).replace("PLACEHOLDER", "n"))
+    assert found(check(reader.load(path))) == [("tenant-header-unguarded", at("aggregated"))]
