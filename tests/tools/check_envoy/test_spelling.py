@@ -8,6 +8,7 @@ import yaml
 from ext_proc.tools.check_envoy.spelling import ENUMS, canonical, proto_name
 from ext_proc.tools.envoygen.output import core, ext_proc, hcm  # Envoy's protos, imported quietly
 from tests.tools.check_envoy import shipped
+from tests.tools.check_envoy.rules.test_after_decision import EPP, _declared
 from tests.tools.check_envoy.rules.test_tenant import (
     APPEND,
     COPY,
@@ -212,3 +213,18 @@ def test_a_connection_manager_typed_under_another_host_is_checked():
     assert ("ext-proc-missing", "http_connection_manager[1]") in usual
     other = "example.com/" + HCM_TYPE.removeprefix("type.googleapis.com/")
     assert found(mutated(_second_listener(other))) == usual
+
+
+# Envoy takes a wrapper (google.protobuf.BoolValue...) also as its message, {"value": x},
+# and a bool as a string: envoy 1.40 accepts a declared endpoint picker whose
+# mutation_rules.disallow_system is {"value": false} or "false" (false: it may change
+# :path after the decision).
+@pytest.mark.parametrize("allowed", [{"value": False}, "false"], ids=["wrapper", "string"])
+def test_a_wrapper_given_as_its_message_or_string_reads_as_its_value(allowed):
+    def picker(disallow_system):
+        entry = copy.deepcopy(EPP)
+        entry["typed_config"]["mutation_rules"] = {"disallow_system": disallow_system}
+        return found(_declared(entry, {"picker"}))
+
+    assert picker(False) == [("declared-filter-unbounded", shipped.HCM)]
+    assert picker(allowed) == picker(False)
