@@ -228,3 +228,27 @@ def test_a_wrapper_given_as_its_message_or_string_reads_as_its_value(allowed):
 
     assert picker(False) == [("declared-filter-unbounded", shipped.HCM)]
     assert picker(allowed) == picker(False)
+
+
+def _cluster_retries(host):
+    """The honor route's cluster retries on 5xx (its HttpProtocolOptions typed under
+    ``host``): envoy 1.40 accepts both hosts."""
+    options = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
+
+    def change(config):
+        (cluster,) = [
+            c for c in config["static_resources"]["clusters"] if c["name"] == "disaggregated"
+        ]
+        cluster.setdefault("typed_extension_protocol_options", {})[options] = {
+            "@type": f"{host}/{options}",
+            "explicit_http_config": {"http_protocol_options": {}},
+            "retry_policy": {"retry_on": "5xx", "num_retries": 1},
+        }
+
+    return change
+
+
+def test_cluster_options_typed_under_another_host_are_read():
+    usual = found(mutated(_cluster_retries("type.googleapis.com")))
+    assert usual == [("body-retried", f"{at('disaggregated')} cluster 'disaggregated'")]
+    assert found(mutated(_cluster_retries("example.com"))) == usual
