@@ -252,3 +252,31 @@ def test_cluster_options_typed_under_another_host_are_read():
     usual = found(mutated(_cluster_retries("type.googleapis.com")))
     assert usual == [("body-retried", f"{at('disaggregated')} cluster 'disaggregated'")]
     assert found(mutated(_cluster_retries("example.com"))) == usual
+
+
+# Envoy reads a field given as null as not given (protobuf's JSON mapping): envoy 1.40
+# accepts both configurations below. The check raises (a refusal, not a pass).
+def _nulled(holder, key):
+    def change(config):
+        holder(config)[key] = None
+
+    return change
+
+
+def _deleted(holder, key):
+    def change(config):
+        del holder(config)[key]
+
+    return change
+
+
+@pytest.mark.parametrize(
+    ("holder", "key"),
+    [
+        (shipped.ext_proc, "processing_mode"),
+        (lambda config: route(config, "aggregated"), "typed_per_filter_config"),
+    ],
+    ids=["processing_mode", "typed_per_filter_config"],
+)
+def test_a_field_given_as_null_reads_as_not_given(holder, key):
+    assert found(mutated(_nulled(holder, key))) == found(mutated(_deleted(holder, key)))
