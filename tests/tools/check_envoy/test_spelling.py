@@ -185,8 +185,9 @@ def _disabled_on_aggregated(typed):
             "type_url": PER_ROUTE,
             "value": {"disabled": True},
         },
+        {"@type": "example.com/envoy.config.route.v3.FilterConfig", "disabled": True},
     ],
-    ids=["any", "any-two-slashes", "typed-struct-type-url", "typed-struct-itself"],
+    ids=["any", "any-two-slashes", "typed-struct-type-url", "typed-struct-itself", "wrapper"],
 )
 def test_a_type_url_reads_by_the_name_after_its_last_slash(typed):
     usual = found(mutated(_disabled_on_aggregated({"@type": PER_ROUTE, "disabled": True})))
