@@ -1,6 +1,8 @@
 """A mint or honor route's body, decided once, reaches the upstreams once: no retry that
 can follow a request an upstream read, no hedge, no mirror, at any level Envoy reads."""
 
+import copy
+
 import pytest
 
 from tests.tools.check_envoy.shipped import HCM, at, clean, found, hcm, mutated, policy, route
@@ -282,3 +284,40 @@ def test_internal_addresses_where_no_route_decides_pass():
             policy(config, name)["action"] = "strip"
 
     assert "retry-header-trusted" not in mutated(change).codes()
+
+
+def test_a_decided_routes_cluster_from_cds_is_not_taken_as_replaying_nothing():
+    """The honor route's cluster comes from CDS (not listed, route_config.validate_clusters
+    false): its HttpProtocolOptions, retry_policy and request_mirror_policies included,
+    are not seen here. envoy 1.40 --mode validate accepts the configuration; the check
+    must not pass it as replaying nothing (as it refuses a processor cluster from CDS)."""
+
+    def change(config):
+        resources = config["static_resources"]
+        (xds,) = [copy.deepcopy(c) for c in resources["clusters"] if c["name"] == "aggregated"]
+        xds["name"] = "xds"
+        xds["typed_extension_protocol_options"] = {
+            HTTP_OPTIONS: {
+                "@type": HTTP_OPTIONS_TYPE,
+                "explicit_http_config": {"http2_protocol_options": {}},
+            }
+        }
+        resources["clusters"] = [
+            *(c for c in resources["clusters"] if c["name"] != "disaggregated"),
+            xds,
+        ]
+        config["node"] = {"id": "node1", "cluster": "c1"}
+        grpc = {"envoy_grpc": {"cluster_name": "xds"}}
+        config["dynamic_resources"] = {
+            "cds_config": {
+                "resource_api_version": "V3",
+                "api_config_source": {
+                    "api_type": "GRPC",
+                    "transport_api_version": "V3",
+                    "grpc_services": [grpc],
+                },
+            }
+        }
+        hcm(config)["route_config"]["validate_clusters"] = False
+
+    assert any(place.startswith(HONOR) for _, place in found(mutated(change)))
