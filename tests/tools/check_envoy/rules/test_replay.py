@@ -321,3 +321,24 @@ def test_a_decided_routes_cluster_from_cds_is_not_taken_as_replaying_nothing():
         hcm(config)["route_config"]["validate_clusters"] = False
 
     assert any(place.startswith(HONOR) for _, place in found(mutated(change)))
+
+
+@pytest.mark.parametrize("weighted", [False, True], ids=["action", "weighted-cluster"])
+def test_a_weighted_cluster_chosen_per_request_may_be_any_cluster(weighted):
+    """A ClusterWeight's cluster_header lets the request name the cluster, as the
+    action's does: envoy 1.40 --mode validate accepts both."""
+
+    def change(config):
+        action = route(config, "disaggregated")["route"]
+        del action["cluster"]
+        if weighted:
+            action["weighted_clusters"] = {
+                "clusters": [{"cluster_header": "x-cluster", "weight": 100}]
+            }
+        else:
+            action["cluster_header"] = "x-cluster"
+        _cluster_options(
+            "aggregated", retry_policy=RETRY, explicit_http_config={"http_protocol_options": {}}
+        )(config)
+
+    assert found(mutated(change)) == [("body-retried", f"{HONOR} cluster 'aggregated'")]
