@@ -57,7 +57,7 @@ def check(
             decides = False
             for vhost in reader.virtual_hosts(chain):
                 routes += len(vhost.routes)
-                findings.extend(_virtual_host(vhost, chain, clusters))
+                findings.extend(_virtual_host(vhost, chain, clusters, known))
                 decides = decides or any(replay.decided(r, chain) is not None for r in vhost.routes)
             if decides:
                 findings.extend(replay.trusted(chain))
@@ -91,12 +91,15 @@ def _chain(chain: reader.Chain) -> Iterator[Finding]:
 
 
 def _virtual_host(
-    vhost: reader.VirtualHost, chain: reader.Chain, clusters: dict[str, dict[str, Any]]
+    vhost: reader.VirtualHost,
+    chain: reader.Chain,
+    clusters: dict[str, dict[str, Any]],
+    known: reader.Clusters | None,
 ) -> Iterator[Finding]:
     yield from manager.matcher_tree(vhost)
     for name, config in reader.per_route(vhost.entry.get("typed_per_filter_config", {})):
         yield from filters.override(vhost.place, name, config, chain.requested)
     for route in vhost.routes:
         yield from route_rules(route, chain)
-        yield from replay.replays(route, vhost, chain, clusters)
+        yield from replay.replays(route, vhost, chain, clusters, known)
     yield from token_paths.token_paths(vhost, chain.namespace)

@@ -74,6 +74,7 @@ CODES: Final[Mapping[str, str]] = MappingProxyType(
         "tenant-header-unguarded": (
             "a client's copy of a route's tenant header can reach this processor's filter"
         ),
+        "decided-cluster-unseen": "a mint or honor route's cluster comes from CDS, unchecked",
         "field-spelt-twice": "a field spelt by its proto name and its JSON name in one message",
         "tenant-headers-skipped": (
             "a route that names a tenant source skips the request headers (one message)"

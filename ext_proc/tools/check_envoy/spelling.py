@@ -7,10 +7,12 @@ name (``SKIP``) or its number (``2``), and a typed configuration packed in a
 message itself; a spelling they did not read would be a setting they never saw (a
 tenant route skipping its headers, a filter failing open) and a pass Envoy does not
 share. ``canonical`` rewrites the whole configuration into that one spelling before any
-rule runs: field names to proto names, the enums the rules compare to their names,
-``TypedStruct`` unwrapped. Map keys (filter names, metadata namespaces, type names) and
-the policy metadata itself are names, not fields, and stay as written; the processor
-reads its metadata by its own exact keys.
+rule runs: field names to proto names, the enums the rules compare to their names (from
+a number, a numeric string or a name in any case), the booleans they read to bools
+(from a BoolValue message or any word yaml-cpp or the JSON mapping reads as one), type
+URLs to the type they resolve to, ``TypedStruct`` unwrapped, null fields dropped. Map
+keys (filter names, metadata namespaces, type names) are names, not fields, and the
+policy metadata is the processor's, read by its own exact keys: both stay as written.
 """
 
 from __future__ import annotations
@@ -37,9 +39,10 @@ MAPS: Final = frozenset(
         "source_codes",
     }
 )
-# Fields whose value is kept exactly as written: Struct values and packed metadata read
-# by their own keys (the policy metadata is the processor's to validate).
-VERBATIM: Final = frozenset({"filter_metadata", "typed_filter_metadata"})
+# Fields whose value is kept exactly as written: Struct values (a null in one is a
+# value) and packed metadata read by their own keys (the policy metadata is the
+# processor's to validate).
+VERBATIM: Final = frozenset({"filter_metadata", "typed_filter_metadata", "json_format"})
 
 _HEADER_SEND: Final = ("DEFAULT", "SEND", "SKIP")
 _BODY_SEND: Final = (
@@ -75,6 +78,39 @@ ENUMS: Final[Mapping[str, tuple[str, ...]]] = {
     "headers_with_underscores_action": ("ALLOW", "REJECT_REQUEST", "DROP_HEADER"),
 }
 
+# The boolean fields the rules read (plain bool or google.protobuf.BoolValue). Envoy
+# takes a BoolValue as {"value": x} too, and reads YAML with yaml-cpp, whose booleans
+# include y/n, yes/no and on/off in any case, and a JSON string "true"/"false": every
+# such spelling is the bool here (one Envoy refuses, such as a quoted "n", only makes
+# the check read a configuration Envoy will not load).
+BOOLS: Final = frozenset(
+    {
+        "disabled",
+        "keep_empty_value",
+        "most_specific_header_mutations_wins",
+        "failure_mode_allow",
+        "observability_mode",
+        "disable_immediate_response",
+        "append",
+        "case_sensitive",
+        "normalize_path",
+        "merge_slashes",
+        "allow_all_routing",
+        "allow_envoy",
+        "disallow_all",
+        "disallow_system",
+        "disallow_is_error",
+        "is_optional",
+        "ignore_case",
+        "invert_match",
+        "validate_clusters",
+    }
+)
+_TRUE: Final = frozenset({"true", "y", "yes", "on"})
+_FALSE: Final = frozenset({"false", "n", "no", "off"})
+# Envoy resolves a type URL by its last segment, whatever comes before it.
+TYPE_PREFIX: Final = "type.googleapis.com/"
+
 # A JSON name: lower camel case (a proto name has no capital).
 _JSON_NAME: Final = re.compile(r"[a-z][a-z0-9]*(?:[A-Z][a-z0-9]*)+")
 _CAPITAL: Final = re.compile(r"[A-Z]")
@@ -103,13 +139,25 @@ def _canonical(config: Any, twice: list[str], where: str) -> Any:
         return config
     out: dict[str, Any] = {}
     for key, value in config.items():
+        if value is None:
+            continue  # null: the field not given
         name = proto_name(key) if isinstance(key, str) else key
         if name in out:
             twice.append(f"{where}.{name}")
         out[name] = _value(name, value, twice, f"{where}.{name}")
+    if "@type" in out:
+        out["@type"] = type_url(out["@type"])
     if out.get("@type") in TYPED_STRUCTS:
         return _unwrapped(out, twice, where)
     return out
+
+
+def type_url(url: Any) -> Any:
+    """``url`` as the rules compare it: the type it resolves to, under
+    ``type.googleapis.com/`` (a URL without a slash Envoy refuses: kept)."""
+    if not isinstance(url, str) or "/" not in url:
+        return url
+    return TYPE_PREFIX + url.rsplit("/", 1)[1]
 
 
 def _value(name: Any, value: Any, twice: list[str], where: str) -> Any:
@@ -117,16 +165,46 @@ def _value(name: Any, value: Any, twice: list[str], where: str) -> Any:
         return value
     if name in MAPS and isinstance(value, dict):
         return {key: _canonical(item, twice, f"{where}[{key!r}]") for key, item in value.items()}
+    if name in BOOLS:
+        # A name both a bool and a message elsewhere (header_mutation's ``append`` is a
+        # HeaderValueOption): what is no bool is read as the message it is.
+        value = _bool(value)
     names = ENUMS.get(name) if isinstance(name, str) else None
-    if names is not None and type(value) is int and 0 <= value < len(names):
-        return names[value]
+    if names is not None:
+        value = _enum(value, names)
     return _canonical(value, twice, where)
+
+
+def _bool(value: Any) -> Any:
+    if isinstance(value, dict) and set(value) == {"value"}:
+        value = value["value"]  # a BoolValue as a message
+    if isinstance(value, str):
+        word = value.strip().lower()
+        if word in _TRUE:
+            return True
+        if word in _FALSE:
+            return False
+    return value
+
+
+def _enum(value: Any, names: tuple[str, ...]) -> Any:
+    """An enum by its name: Envoy takes the name in any case and the number, also as a
+    string."""
+    if isinstance(value, str):
+        spelt = value.strip()
+        if spelt.isdigit():
+            value = int(spelt)
+        elif spelt.upper() in names:
+            return spelt.upper()
+    if type(value) is int and 0 <= value < len(names):
+        return names[value]
+    return value
 
 
 def _unwrapped(typed: dict[str, Any], twice: list[str], where: str) -> Any:
     """A TypedStruct as the message it packs: ``@type`` its type_url, its value's
     fields beside it."""
-    url, value = typed.get("type_url"), typed.get("value", {})
+    url, value = type_url(typed.get("type_url")), typed.get("value", {})
     if not isinstance(url, str) or not isinstance(value, dict):
         return typed
     return _canonical({"@type": url, **value}, twice, where)
