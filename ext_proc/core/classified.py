@@ -443,8 +443,8 @@ TENANT_ENDPOINTS: Final[tuple[str, ...]] = (
     "/version",
 )
 # Every other endpoint the servers declare: a path that names one of these by a
-# longer name than any of TENANT_ENDPOINTS is not served there (SGLang's
-# /api/generate is not /generate behind a root path /api).
+# name covering as many of its segments as any of TENANT_ENDPOINTS, or more, is
+# not served there (SGLang's /api/generate is not /generate behind a root path /api).
 UNTENANTED_ENDPOINTS: Final[tuple[str, ...]] = (
     "/abort_request",
     "/abort_requests",

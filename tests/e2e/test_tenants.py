@@ -12,6 +12,7 @@ import hashlib
 import hmac
 import json
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -100,37 +101,51 @@ def edit(config: dict[str, Any]) -> None:
     if mode.get("request_header_mode") != "SKIP":
         return
     sending = {**mode, "request_header_mode": "SEND"}
+    for _, entry in tenant_routes(config):
+        entry.setdefault("typed_per_filter_config", {})[EXT_PROC] = {
+            "@type": PER_ROUTE,
+            "overrides": {"processing_mode": sending},
+        }
+
+
+def tenant_routes(config: dict[str, Any]) -> Iterator[tuple[dict[str, Any], dict[str, Any]]]:
+    """Each route whose policy names a tenant source, with its virtual host."""
+    hcm = config["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]
     for vhost in hcm["typed_config"]["route_config"]["virtual_hosts"]:
         for entry in vhost["routes"]:
             policy = entry.get("metadata", {}).get("filter_metadata", {})
             if "tenant" in policy.get("ext_proc.token_policy", {}):
-                entry.setdefault("typed_per_filter_config", {})[EXT_PROC] = {
-                    "@type": PER_ROUTE,
-                    "overrides": {"processing_mode": sending},
-                }
+                yield vhost, entry
+
+
+def tenant_stack(
+    workdir: Path, source: Path, routes: list[dict[str, Any]], change: Any
+) -> Iterator[Stack]:
+    """The stack of ``routes`` behind ``source`` edited by ``change``, with a tenant key."""
+    key_file = workdir / "tenant.key"
+    key_file.write_bytes(TENANT_KEY)
+    stack = Stack(
+        workdir,
+        source=source,
+        routes=routes,
+        processor_config={"tenants": {"key_file": str(key_file)}},
+        edit=change,
+    )
+    with stack as running:
+        yield running
 
 
 @pytest.fixture(scope="module", params=list(BODY_MODES))
 def tenanted(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Stack]:
-    workdir = tmp_path_factory.mktemp(f"tenants-{request.param}")
-    key_file = workdir / "tenant.key"
-    key_file.write_bytes(TENANT_KEY)
     routes = [
         route("tenant", PREFIX, {"action": "strip", "tenant": f"header:{TENANT_HEADER}"}),
         route("team-route", "/team/v1/", {"action": "strip", "tenant": "route:team-c"}),
         route("team-root", "/team-root/", {"action": "strip", "tenant": "route:team-d"}, "/"),
     ]
-    stack = Stack(
-        workdir,
-        source=BODY_MODES[request.param],
-        routes=routes,
-        processor_config={"tenants": {"key_file": str(key_file)}},
-        edit=edit,
-    )
-    with stack as running:
-        yield running
+    workdir = tmp_path_factory.mktemp(f"tenants-{request.param}")
+    yield from tenant_stack(workdir, BODY_MODES[request.param], routes, edit)
 
 
 @pytest.fixture
@@ -368,29 +383,24 @@ def _respelt(how: str) -> Any:
 
     def change(config: dict[str, Any]) -> None:
         edit(config)
-        hcm = config["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]
-        for vhost in hcm["typed_config"]["route_config"]["virtual_hosts"]:
-            for entry in vhost["routes"]:
-                policy = entry.get("metadata", {}).get("filter_metadata", {})
-                if "tenant" not in policy.get("ext_proc.token_policy", {}):
-                    continue
-                configs = entry["typed_per_filter_config"]
-                override = configs[EXT_PROC]
-                mode = override["overrides"]["processing_mode"]
-                if how == "enum-number":
-                    mode["request_header_mode"] = 2
-                    continue
-                vhost.setdefault("typed_per_filter_config", {})[EXT_PROC] = dict(override)
-                skipping = {**mode, "request_header_mode": "SKIP"}
-                if how == "typed-struct":
-                    configs[EXT_PROC] = {
-                        "@type": "type.googleapis.com/xds.type.v3.TypedStruct",
-                        "type_url": PER_ROUTE,
-                        "value": {"overrides": {"processing_mode": skipping}},
-                    }
-                else:
-                    camel = {_json_name(k): v for k, v in skipping.items()}
-                    configs[EXT_PROC] = {"@type": PER_ROUTE, "overrides": {"processingMode": camel}}
+        for vhost, entry in tenant_routes(config):
+            configs = entry["typed_per_filter_config"]
+            override = configs[EXT_PROC]
+            mode = override["overrides"]["processing_mode"]
+            if how == "enum-number":
+                mode["request_header_mode"] = 2
+                continue
+            vhost.setdefault("typed_per_filter_config", {})[EXT_PROC] = dict(override)
+            skipping = {**mode, "request_header_mode": "SKIP"}
+            if how == "typed-struct":
+                configs[EXT_PROC] = {
+                    "@type": "type.googleapis.com/xds.type.v3.TypedStruct",
+                    "type_url": PER_ROUTE,
+                    "value": {"overrides": {"processing_mode": skipping}},
+                }
+            else:
+                camel = {_json_name(k): v for k, v in skipping.items()}
+                configs[EXT_PROC] = {"@type": PER_ROUTE, "overrides": {"processingMode": camel}}
 
     return change
 
@@ -402,19 +412,9 @@ RESPELLINGS = ["enum-number", "json-names", "typed-struct"]
 def respelt(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Stack]:
-    workdir = tmp_path_factory.mktemp(f"tenants-respelt-{request.param}")
-    key_file = workdir / "tenant.key"
-    key_file.write_bytes(TENANT_KEY)
     routes = [route("tenant", PREFIX, {"action": "strip", "tenant": f"header:{TENANT_HEADER}"})]
-    stack = Stack(
-        workdir,
-        source=BODY_MODES["one-message"],
-        routes=routes,
-        processor_config={"tenants": {"key_file": str(key_file)}},
-        edit=_respelt(request.param),
-    )
-    with stack as running:
-        yield running
+    workdir = tmp_path_factory.mktemp(f"tenants-respelt-{request.param}")
+    yield from tenant_stack(workdir, BODY_MODES["one-message"], routes, _respelt(request.param))
 
 
 def test_a_config_check_envoy_passes_forwards_no_request_naming_no_tenant(
