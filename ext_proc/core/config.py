@@ -78,6 +78,11 @@ class Proof(BaseModel):
     # processor's workers; redis://host:port/0 (rediss://, unix://) when several
     # processors serve the same routes (a Redis keeps one record, in database 0).
     record: str = ""
+    # A file holding the Redis password of proof.record (a mounted Secret; one trailing
+    # newline is ignored): the credential stays out of the configuration file, which is
+    # often a ConfigMap. The user name, when not default, is the URL's
+    # (redis://ext-proc@host:6379/0); a URL that holds a password as well is refused.
+    record_password_file: str | None = Field(None, min_length=1)
     # The local table's size in proofs (bounded memory, charged to the in-flight
     # budget): enough for every proof honored within ttl_seconds + 3 x clock_skew.
     record_slots: int = Field(65536, ge=32, le=1 << 24)
@@ -111,6 +116,14 @@ class Proof(BaseModel):
             )
         if self.record and not self.record.startswith(("redis://", "rediss://", "unix://")):
             raise ValueError("proof.record must be empty or a redis://, rediss:// or unix:// URL")
+        if self.record_password_file is not None:
+            if not self.record:
+                raise ValueError("proof.record_password_file needs a Redis proof.record")
+            if urlsplit(self.record).password is not None:
+                raise ValueError(
+                    "proof.record holds a password and proof.record_password_file names "
+                    "another: give it once, in the file"
+                )
         if self.record and not names_database_zero(self.record):
             raise ValueError(
                 "proof.record must name database 0 or none (redis://host:port, "

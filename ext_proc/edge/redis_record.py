@@ -55,6 +55,7 @@ import logging
 import math
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Final
 
 import redis
@@ -213,6 +214,22 @@ _REFUSED: Final = {
 }
 
 
+def read_password(path: str | None) -> str | None:
+    """The Redis password in ``path`` (one trailing newline, as ``echo`` writes it, is
+    not part of it); None without a file."""
+    if path is None:
+        return None
+    try:
+        password = Path(path).read_text(encoding="utf-8").removesuffix("\n").removesuffix("\r")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(
+            f"proof.record_password_file: cannot read {path}: {type(exc).__name__}"
+        ) from None
+    if not password:
+        raise ConfigError(f"proof.record_password_file: {path} is empty")
+    return password
+
+
 class RedisRecord:
     def __init__(
         self,
@@ -222,10 +239,14 @@ class RedisRecord:
         clock: Callable[[], float] = time.time,
         *,
         skew: int = 0,
+        password_file: str | None = None,
     ) -> None:
-        """``skew``: ``proof.clock_skew_seconds``."""
+        """``skew``: ``proof.clock_skew_seconds``; ``password_file``:
+        ``proof.record_password_file``, read once here (``ConfigError`` when it cannot
+        be, naming the file and never its content)."""
         self._client = redis.asyncio.Redis.from_url(
             url,
+            password=read_password(password_file),
             socket_timeout=timeout,
             socket_connect_timeout=timeout,
             retry=Retry(NoBackoff(), 0),

@@ -119,6 +119,7 @@ def open_record(config: Config, metrics: Metrics, shared: Path | None = None) ->
             proof.record_timeout_seconds,
             on_error=errors.inc,
             skew=proof.clock_skew_seconds,
+            password_file=proof.record_password_file,
         )
     if shared is not None:
         return LocalRecord.open(shared, skew=proof.clock_skew_seconds)

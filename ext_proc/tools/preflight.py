@@ -46,7 +46,12 @@ def routes(path: Path, namespace: str) -> None:
 
 async def _record(config: Config) -> None:
     proof = config.proof
-    record = RedisRecord(proof.record, proof.record_timeout_seconds, skew=proof.clock_skew_seconds)
+    record = RedisRecord(
+        proof.record,
+        proof.record_timeout_seconds,
+        skew=proof.clock_skew_seconds,
+        password_file=proof.record_password_file,
+    )
     try:
         await record.check()
     finally:

@@ -190,3 +190,28 @@ def test_the_record_is_a_redis_url_or_the_local_table_charged_to_the_budget():
     assert local.record_bytes == replay.table_bytes(local.proof.record_slots)
     with pytest.raises(ConfigError, match="record of spent proofs"):
         Config.load(environ={}, max_body_bytes=16, inflight_budget_bytes=4096)
+
+
+def test_the_redis_password_comes_from_a_file_named_beside_the_record():
+    """The configuration file is often a ConfigMap: the password is a file (a mounted
+    Secret), the URL names at most the user."""
+    proof = Config.load(
+        environ={},
+        proof={"record": "redis://ext-proc@redis:6379/0", "record_password_file": "/s/pw"},
+    ).proof
+    assert proof.record_password_file == "/s/pw"
+    assert Config.load(environ={}).proof.record_password_file is None
+
+
+@pytest.mark.parametrize(
+    ("proof", "words"),
+    [
+        ({"record": "redis://u:pass@redis:6379/0", "record_password_file": "/s/pw"}, "once"),
+        ({"record": "redis://:pass@redis:6379/0", "record_password_file": "/s/pw"}, "once"),
+        ({"record_password_file": "/s/pw"}, "needs a Redis"),
+        ({"record": "redis://redis:6379/0", "record_password_file": ""}, "record_password_file"),
+    ],
+)
+def test_a_password_given_twice_or_without_a_redis_is_refused(proof, words):
+    with pytest.raises(ConfigError, match=words):
+        Config.load(environ={}, proof=proof)

@@ -4,8 +4,11 @@ import asyncio
 import socket
 import time
 
+import pytest
+
+from ext_proc.core.config import ConfigError
 from ext_proc.core.replay import Ticket, Verdict
-from ext_proc.edge.redis_record import RedisRecord
+from ext_proc.edge.redis_record import RedisRecord, read_password
 
 
 def closed_port() -> int:
@@ -54,3 +57,21 @@ def test_a_ticket_past_its_time_is_never_new():
         asyncio.run(record.spend(Ticket(b"k" * 16, int(time.time()) - 1, int(time.time()) - 30)))
         is Verdict.SPENT
     )
+
+
+def test_the_password_file_is_read_without_its_trailing_newline(tmp_path):
+    path = tmp_path / "password"
+    path.write_text("s3cret\n")
+    assert read_password(str(path)) == "s3cret"
+    path.write_text("s3cret")
+    assert read_password(str(path)) == "s3cret"
+    assert read_password(None) is None
+
+
+def test_a_password_file_that_cannot_be_read_or_is_empty_stops_the_start(tmp_path):
+    with pytest.raises(ConfigError, match="cannot read") as missing:
+        RedisRecord("redis://127.0.0.1:1/0", 0.2, password_file=str(tmp_path / "absent"))
+    assert "absent" in str(missing.value)
+    (tmp_path / "empty").write_text("\n")
+    with pytest.raises(ConfigError, match="is empty"):
+        read_password(str(tmp_path / "empty"))
