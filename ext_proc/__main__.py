@@ -53,6 +53,12 @@ def _parser() -> argparse.ArgumentParser:
         "(repeatable): llm-d's endpoint picker",
     )
     check_envoy.add_argument(
+        "--processor-config",
+        type=Path,
+        help="the processor's configuration file: where its `tls` demands TLS or a client "
+        "certificate, the processor's cluster must have them",
+    )
+    check_envoy.add_argument(
         "--no-envoy-validate",
         action="store_true",
         help="skip `envoy --mode validate` (run by default with the envoy beside this "
@@ -140,7 +146,9 @@ def main(argv: list[str] | None = None) -> int:
     listeners = frozenset(args.listener) if args.listener else None
     declared = frozenset(args.declared_filter or ())
     envoy = None if args.no_envoy_validate else find_envoy()
-    return check_envoy.main(args.file, args.namespace, listeners, declared, envoy)
+    return check_envoy.main(
+        args.file, args.namespace, listeners, declared, envoy, processor=args.processor_config
+    )
 
 
 if __name__ == "__main__":

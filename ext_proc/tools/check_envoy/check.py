@@ -12,6 +12,7 @@ from ext_proc.tools.check_envoy.findings import Finding, Report, error
 from ext_proc.tools.check_envoy.rules import filters, manager, replay, token_paths
 from ext_proc.tools.check_envoy.rules.after_decision import after_decision
 from ext_proc.tools.check_envoy.rules.header_step import header_step
+from ext_proc.tools.check_envoy.rules.processor_tls import Demand, processor_tls
 from ext_proc.tools.check_envoy.rules.route import route_rules
 from ext_proc.tools.check_envoy.rules.writers import writers
 from ext_proc.tools.check_envoy.spelling import canonical
@@ -22,12 +23,14 @@ def check(
     namespace: str = DEFAULT_NAMESPACE,
     listeners: frozenset[str] | None = None,
     declared: frozenset[str] = frozenset(),
+    processor: Demand = "none",
 ) -> Report:
     """``listeners``: check only these listeners' connection managers (the ones in front
     of model servers), not an admin or readiness listener beside them. ``declared``: the
     names of filters after this processor's that the deployment trusts to change the
-    request (llm-d's endpoint picker). The rules read ``config`` in one spelling
-    (``spelling.canonical``), whichever Envoy was given."""
+    request (llm-d's endpoint picker). ``processor``: what the processor demands of
+    its callers (``processor_tls.demand`` of its configuration). The rules read
+    ``config`` in one spelling (``spelling.canonical``), whichever Envoy was given."""
     config, twice = canonical(config)
     found, missing = reader.managers(config, listeners)
     clusters = reader.http_options(config)
@@ -52,6 +55,7 @@ def check(
         for ours in chain.ours:
             place = f"{chain.place} filter {ours.get('name')}"
             findings.extend(filters.processor_cluster(place, ours, known))
+            findings.extend(processor_tls(place, ours, config, processor))
         if chain.ours:
             findings.extend(after_decision(chain, declared, clusters))
             decides = False

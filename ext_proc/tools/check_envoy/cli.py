@@ -6,10 +6,12 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from ext_proc.core.config import Config, ConfigError
 from ext_proc.core.route_policy import DEFAULT_NAMESPACE
 from ext_proc.tools.check_envoy import envoy_validate, reader
 from ext_proc.tools.check_envoy.check import check
 from ext_proc.tools.check_envoy.findings import Finding, Report
+from ext_proc.tools.check_envoy.rules.processor_tls import Demand, demand
 
 
 def line(finding: Finding) -> str:
@@ -23,6 +25,8 @@ def main(
     listeners: frozenset[str] | None = None,
     declared: frozenset[str] = frozenset(),
     envoy: str | None = None,
+    *,
+    processor: Path | None = None,
 ) -> int:
     """``envoy``: the binary that validates the file first (``envoy_validate``); None
     skips it."""
@@ -31,7 +35,14 @@ def main(
     except reader.Unreadable as exc:
         print(exc, file=sys.stderr)
         return 1
-    report = check(config, namespace or DEFAULT_NAMESPACE, listeners, declared)
+    wanted: Demand = "none"
+    if processor is not None:
+        try:
+            wanted = demand(Config.load(processor, environ={}))
+        except ConfigError as exc:
+            print(f"--processor-config {exc}", file=sys.stderr)
+            return 1
+    report = check(config, namespace or DEFAULT_NAMESPACE, listeners, declared, wanted)
     rejected = None if envoy is None else envoy_validate.validate(path, envoy)
     if rejected is not None:
         report = Report((rejected, *report.findings), report.routes)

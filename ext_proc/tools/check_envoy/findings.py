@@ -40,6 +40,12 @@ CODES: Final[Mapping[str, str]] = MappingProxyType(
         "per-route-name-unknown": "an ext_proc per-route configuration names no filter",
         "processor-cluster-missing": "the filter's grpc_service names no static cluster",
         "processor-cluster-unseen": "the filter's grpc_service cluster comes from CDS",
+        "processor-plaintext": "the processor demands TLS and its cluster has no TLS socket",
+        "processor-unverified": "the processor's TLS socket verifies no certificate of it",
+        "processor-client-certificate-missing": (
+            "the processor demands a client certificate and its cluster presents none"
+        ),
+        "processor-tls-unseen": "the processor demands TLS and its socket cannot be seen",
         # Other filters of the chain.
         "other-ext-proc-first": "another ext_proc filter runs before this processor's",
         "other-ext-proc-before-hold": "another ext_proc filter runs before the buffer filter",

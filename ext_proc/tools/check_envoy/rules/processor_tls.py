@@ -1,0 +1,137 @@
+"""The connection to the processor is as authenticated as the processor demands.
+
+A processor whose configuration has ``tls`` serves only TLS; with ``tls.client_ca_file``
+it serves only callers presenting a certificate signed by that CA (mTLS): whoever else
+reaches its port could have a mint route's attributes and a body of its choosing signed.
+Envoy must then reach it through a socket it reads whole: the processor's cluster's
+``transport_socket`` an ``UpstreamTlsContext`` that verifies the processor's certificate
+and, for mTLS, presents a client certificate (or a ``google_grpc`` target with the same
+``ssl_credentials``). A ``transport_socket_matches`` may pick another socket per
+endpoint, and a cluster this check cannot see (CDS, a document that is no bootstrap)
+cannot show one: both are refused when the processor demands TLS.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any, Literal
+
+from ext_proc.core.config import Config
+from ext_proc.tools.check_envoy.findings import Finding, error
+
+# What the processor demands of its callers: nothing (plain h2c), TLS, or mTLS.
+Demand = Literal["none", "tls", "mutual"]
+UPSTREAM_TLS = "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext"
+_CLIENT_CERTIFICATE = (
+    "tls_certificates",
+    "tls_certificate_sds_secret_configs",
+    "tls_certificate_provider_instance",
+)
+_VALIDATION = (
+    "validation_context",
+    "validation_context_sds_secret_config",
+    "combined_validation_context",
+    "validation_context_certificate_provider_instance",
+)
+
+
+def demand(config: Config) -> Demand:
+    """What the processor configured by ``config`` serves."""
+    if config.tls is None:
+        return "none"
+    return "mutual" if config.tls.client_ca_file else "tls"
+
+
+def _static(config: Any, name: Any) -> dict[str, Any] | None:
+    resources = config.get("static_resources") if isinstance(config, dict) else None
+    listed = resources.get("clusters", []) if isinstance(resources, dict) else []
+    found = [c for c in listed if isinstance(c, dict) and c.get("name") == name]
+    return found[0] if len(found) == 1 else None
+
+
+def _given(mapping: Any, keys: tuple[str, ...]) -> bool:
+    return isinstance(mapping, dict) and any(mapping.get(key) for key in keys)
+
+
+def processor_tls(
+    place: str, entry: dict[str, Any], config: Any, wanted: Demand
+) -> Iterator[Finding]:
+    """``entry``: this processor's ext_proc filter; ``config``: the whole configuration
+    (canonical spelling); ``wanted``: what the processor demands (``demand``)."""
+    if wanted == "none":
+        return
+    service = entry["typed_config"].get("grpc_service", {})
+    if isinstance(service.get("google_grpc"), dict):
+        yield from _google_grpc(place, service["google_grpc"], wanted)
+        return
+    name = service.get("envoy_grpc", {}).get("cluster_name")
+    cluster = _static(config, name)
+    if cluster is None:
+        yield error(
+            "processor-tls-unseen",
+            place,
+            f"the processor demands {_words(wanted)} and its cluster {name!r} is not one "
+            "static cluster of this bootstrap: its transport socket cannot be checked",
+        )
+        return
+    where = f"{place} cluster {name}"
+    if "transport_socket_matches" in cluster:
+        yield error(
+            "processor-tls-unseen",
+            where,
+            "transport_socket_matches may choose another socket per endpoint; give the "
+            "processor's cluster one transport_socket",
+        )
+        return
+    typed = cluster.get("transport_socket", {}).get("typed_config", {})
+    if not isinstance(typed, dict) or typed.get("@type") != UPSTREAM_TLS:
+        yield error(
+            "processor-plaintext",
+            where,
+            f"the processor demands {_words(wanted)} and Envoy reaches it without an "
+            "UpstreamTlsContext transport_socket: every stream fails",
+        )
+        return
+    common = typed.get("common_tls_context", {})
+    if not _given(common, _VALIDATION):
+        yield error(
+            "processor-unverified",
+            where,
+            "the UpstreamTlsContext verifies no certificate of the processor (no "
+            "validation_context): any listener on its address is taken for it",
+        )
+    if wanted == "mutual" and not _given(common, _CLIENT_CERTIFICATE):
+        yield error(
+            "processor-client-certificate-missing",
+            where,
+            "the processor demands a client certificate (tls.client_ca_file) and the "
+            "UpstreamTlsContext presents none: every stream is refused",
+        )
+
+
+def _google_grpc(place: str, target: dict[str, Any], wanted: Demand) -> Iterator[Finding]:
+    ssl = target.get("channel_credentials", {}).get("ssl_credentials")
+    if not isinstance(ssl, dict):
+        yield error(
+            "processor-plaintext",
+            place,
+            f"the processor demands {_words(wanted)} and google_grpc has no ssl_credentials",
+        )
+        return
+    if not ssl.get("root_certs"):
+        yield error(
+            "processor-unverified",
+            place,
+            "google_grpc ssl_credentials names no root_certs to verify the processor with",
+        )
+    if wanted == "mutual" and not (ssl.get("cert_chain") and ssl.get("private_key")):
+        yield error(
+            "processor-client-certificate-missing",
+            place,
+            "the processor demands a client certificate (tls.client_ca_file) and "
+            "google_grpc ssl_credentials presents none",
+        )
+
+
+def _words(wanted: Demand) -> str:
+    return "a client certificate (mTLS)" if wanted == "mutual" else "TLS"
