@@ -1,6 +1,10 @@
-"""Proofs as the releases before tp3 minted them, kept for the tests only: the processor
+"""Proofs as the releases before tp4 minted them, kept for the tests only: the processor
 verifies none of them (docs/trust.md, "Proofs of an earlier format"), and these show what
 it would have had to accept.
+
+tp3 (and its turn proof, tt3) is ext_proc/core/proof.py as of cd17e31: tp4's MAC and
+digest without the partition, so a tp3 proof names none and says nothing of where it
+was minted.
 
 tp2 is ext_proc/core/proof.py as of 207ae46^ (the last commit that minted it): HMAC-SHA256
 keyed with the configured key, a SHA-256 prompt digest over the bound fields with sorted
@@ -16,6 +20,7 @@ import hmac
 from collections.abc import Mapping
 from typing import Any
 
+import blake3
 import orjson
 
 from ext_proc.core import proof
@@ -44,3 +49,26 @@ def mint_tp2(
     mac = hmac.new(key, "\n".join(("tp2", key_id, str(expiry), shown, "")).encode(), "sha256")
     mac.update(head + b"\n" + ids + b"\n" + text.encode())
     return f"tp2.{key_id}.{expiry}.{text}.{shown}.{_b64(mac.digest())}"
+
+
+def mint_tp3(
+    key_id: str,
+    key: bytes,
+    params: Mapping[str, Any],
+    digest: bytes,
+    expiry: int,
+    nonce: bytes,
+    version: str = "tp3",
+) -> str:
+    """A tp3 proof (``version`` tt3: a turn's) of ``params`` for a request with ``digest``
+    (tp3's prompt digest is tp4's)."""
+    body = proof.canonical(params)
+    assert body is not None
+    head, ids = body
+    shown, text = _b64(digest), _b64(nonce)
+    derived = blake3.blake3(key, derive_key_context="ext_proc token_policy_proof tp3 MAC key")
+    mac = blake3.blake3(
+        "\n".join((version, key_id, str(expiry), shown, "")).encode(), key=derived.digest()
+    )
+    mac.update(head + b"\n" + ids + b"\n" + text.encode())
+    return f"{version}.{key_id}.{expiry}.{text}.{shown}.{_b64(mac.digest())}"

@@ -5,20 +5,25 @@ import json
 
 import pytest
 
-from ext_proc.core import classified, tenants
+from ext_proc.core import classified, proof, tenants
 from ext_proc.core.errors import BadRequest
 from ext_proc.core.events import (
     NO_PEER,
     ContinueBody,
     ContinueHeaders,
+    ContinueResponseBody,
+    ContinueResponseHeaders,
     Peer,
     RequestBody,
+    ResponseBody,
+    ResponseHeaders,
     RouteMetadata,
 )
 from ext_proc.core.proof import Trust
 from ext_proc.core.reasons import Reason
 from ext_proc.core.route_policy import IdentityType, TenantKind, TenantSource
-from tests.core.messages import JSON, error_body, headers, only
+from ext_proc.core.vllm_request import KV_KEY as KV
+from tests.core.messages import JSON, OK_JSON, error_body, headers, only
 from tests.driver import Driven
 
 KEY = b"t" * 32
@@ -47,6 +52,19 @@ def test_the_salt_is_keyed_by_deployment_tenant_and_client_salt():
     assert mine not in (plain, salt_of("header:team-b", "s1"), salt_of("header:team-a", "s2"))
     # The tenant and the client's salt are not one concatenated string.
     assert salt_of("header:team-a", "bc") != salt_of("header:team-ab", "c")
+
+
+def test_a_partitions_tag_is_the_tenants_own_and_no_salt():
+    def tag_of(tenant, key=KEY):
+        return tenants.tag(tenants.key_for(key, tenant))
+
+    tag = tag_of("route:team-a")
+    assert len(tag) == 22
+    assert tag == tag_of("route:team-a")
+    assert tag not in (tag_of("route:team-b"), tag_of("header:x:team-a"))
+    assert tag != tag_of("route:team-a", b"u" * 32)
+    # A proof names the partition, never a salt the engine is sent.
+    assert not salt_of("route:team-a").startswith(tag)
 
 
 def test_the_member_written_is_a_partition_key_both_engines_read():
@@ -248,3 +266,91 @@ def test_a_strict_route_refuses_a_path_under_a_servers_mount():
         stream = Driven(trust=Trust(tenant_key=KEY))
         answers = stream.handle(headers(route, extra=JSON, path=path))
         assert only(answers).details == "token_policy_tenant_endpoint_refused"
+
+
+# --- a prefill/decode pair knows its tenant ---------------------------------------------
+
+NOW = 1000.0
+KEYS = proof.KeySet({"k1": b"k" * 32}, "k1")
+PREFILL_REPLY = {"prompt_token_ids": [5, 6, 7], "kv_transfer_params": {"remote_block_ids": [1]}}
+
+
+def pair_route(action, source):
+    """A mint or honor route naming ``source`` (None: no tenant source)."""
+    values = {"topology": "disaggregated", "action": action}
+    if source is not None:
+        values["tenant"] = source
+    return RouteMetadata(values, float(len(values)))
+
+
+def through(route, body, extra):
+    """``body`` sent on ``route`` with headers ``extra``, the processor holding the
+    pair's keys and the tenant key; the stream and its answers."""
+    stream = Driven(trust=Trust(keys=lambda: KEYS, clock=lambda: NOW, tenant_key=KEY))
+    assert stream.handle(headers(route, extra=extra)) == [ContinueHeaders()]
+    return stream, stream.handle(RequestBody(json.dumps(body).encode(), True))
+
+
+def minted_on(source, body, extra=JSON):
+    """The kv_transfer_params a mint route naming ``source`` signs for ``body``."""
+    stream, _ = through(pair_route("mint", source), {**body, "return_token_ids": True}, extra)
+    assert stream.handle(ResponseHeaders(OK_JSON, False)) == [ContinueResponseHeaders()]
+    answer = only(stream.handle(ResponseBody(json.dumps(PREFILL_REPLY).encode(), True)))
+    assert isinstance(answer, ContinueResponseBody)
+    assert answer.replacement is not None
+    return json.loads(answer.replacement)["kv_transfer_params"]
+
+
+SALTED = {**CHAT, "cache_salt": "client-salt"}
+TEAM_A = tenant(b"team-a")
+
+
+@pytest.mark.parametrize(
+    ("minted", "honored"),
+    [
+        # (mint route's source, body, headers), then the honor route's.
+        (("route:team-a", CHAT, JSON), (None, CHAT, JSON)),
+        (("route:team-a", SALTED, JSON), (None, SALTED, JSON)),
+        ((None, CHAT, JSON), ("route:team-a", CHAT, JSON)),
+        ((None, SALTED, JSON), ("route:team-a", SALTED, JSON)),
+        (("route:team-a", CHAT, JSON), ("route:team-b", CHAT, JSON)),
+        (("header:x-auth-tenant", CHAT, TEAM_A), ("route:team-a", CHAT, JSON)),
+        (("header:x-auth-tenant", SALTED, TEAM_A), ("header:x-auth-tenant", SALTED, tenant(b"b"))),
+    ],
+)
+def test_a_proof_is_not_honored_in_another_partition(minted, honored):
+    # The engine caches the KV a decode leg loads under the decode request's salt: a
+    # proof honored in another partition (none, the client's raw salt, another
+    # tenant's) would put the tenant's prompt there. The prompt digest alone, which
+    # covers the client's own salt, matches in every case.
+    source, body, extra = minted
+    params = minted_on(source, body, extra)
+    source, body, extra = honored
+    stream, answers = through(pair_route("honor", source), {**body, KV: params}, extra)
+    assert stream.decision.reason == "proof_partition_mismatch"
+    # Removed (the route strips unproven parameters), the prompt recomputed.
+    assert KV not in forwarded(answers)
+
+
+@pytest.mark.parametrize(
+    ("source", "body", "extra"),
+    [
+        ("route:team-a", CHAT, JSON),
+        ("route:team-a", SALTED, JSON),
+        ("header:x-auth-tenant", SALTED, TEAM_A),
+        (None, SALTED, JSON),
+        (None, CHAT, JSON),
+    ],
+)
+def test_a_proof_is_honored_in_the_partition_it_was_minted_in(source, body, extra):
+    params = minted_on(source, body, extra)
+    stream, _ = through(pair_route("honor", source), {**body, KV: params}, extra)
+    assert stream.decision.reason is Reason.TRUSTED_PROOF
+
+
+def test_an_honor_route_that_denies_unproven_refuses_another_partitions_proof():
+    params = minted_on("route:team-a", CHAT)
+    route = RouteMetadata({**pair_route("honor", "route:team-b").values, "unproven": "deny"}, 4.0)
+    _, answers = through(route, {**CHAT, KV: params}, JSON)
+    assert only(answers).status == 400
+    assert only(answers).details == "token_policy_proof_partition_mismatch"

@@ -26,6 +26,7 @@ from ext_proc.core.reasons import Reason
 from ext_proc.core.route_policy import Action, IdentityType, RoutePolicy, Topology
 from ext_proc.core.vllm_request import CONNECTOR_REQUESTS
 from ext_proc.edge.record import LocalRecord
+from tests.core import previous_proofs
 from tests.core.messages import BUFFERED, CHAT_PATH, KEYS, OK_JSON, headers
 from tests.driver import DAY, Driven
 
@@ -57,8 +58,11 @@ TURN_PARAMS = {
 }
 
 
+TENANT_KEY = b"t" * 32
+
+
 def trust(now=NOW):
-    return Trust(keys=lambda: KEYS, clock=lambda: now)
+    return Trust(keys=lambda: KEYS, clock=lambda: now, tenant_key=TENANT_KEY)
 
 
 def record():
@@ -98,10 +102,29 @@ def decode_leg(messages=TURN1, **more):
     return {**document, "kv_transfer_params": {**params, proof.PROOF_KEY: token}}
 
 
-def first_turn(leg=None, **options):
-    """The decode leg of turn 1 (``leg``, else ``decode_leg()``) on a route that
+def tenant_route(route, source):
+    """``route`` naming the tenant ``source``."""
+    return RouteMetadata({**route.values, "tenant": source}, route.size + 1)
+
+
+def prefill_proven(route, messages=TURN1):
+    """A decode leg whose parameters a prefill (mint) ``route`` signed, through the
+    stream: its proof binds the route's partition."""
+    document = {"model": "m", "messages": messages, "max_tokens": 8}
+    stream, _ = request(route, document, response=None)
+    reply = {
+        "prompt_token_ids": PROMPT_IDS,
+        "kv_transfer_params": {"do_remote_prefill": True, "remote_block_ids": [[1]]},
+    }
+    answer = respond(stream, reply)
+    assert stream.decision == Mint(Reason.MINTED, len(PROMPT_IDS))
+    return {**document, "kv_transfer_params": json.loads(answer.replacement)["kv_transfer_params"]}
+
+
+def first_turn(leg=None, route=DECODE_ROUTE, **options):
+    """The decode leg of turn 1 (``leg``, else ``decode_leg()``) on a ``route`` that
     processes responses: the signed object."""
-    stream, _ = request(DECODE_ROUTE, leg or decode_leg())
+    stream, _ = request(route, leg or decode_leg())
     assert stream.decision.reason is Reason.TRUSTED_PROOF
     answer = respond(stream, decode_response(**options))
     assert stream.decision == Mint(Reason.MINTED, HELD)
@@ -132,7 +155,7 @@ def forwarded(answers):
 
 def test_the_decode_response_is_signed_as_a_turn_of_this_conversation():
     params = first_turn()
-    assert params[proof.PROOF_KEY].startswith("tt3.")
+    assert params[proof.PROOF_KEY].startswith("tt4.k1.")
     assert {
         k: v for k, v in params.items() if k not in (proof.PROOF_KEY, turns.TURN_KEY)
     } == TURN_PARAMS
@@ -165,7 +188,7 @@ def test_the_next_turn_reads_the_conversation_back_once():
     }
     answer = respond(stream, response)
     assert stream.decision == Mint(Reason.MINTED, len(response["prompt_token_ids"]))
-    assert json.loads(answer.replacement)["kv_transfer_params"][proof.PROOF_KEY].startswith("tp3.")
+    assert json.loads(answer.replacement)["kv_transfer_params"][proof.PROOF_KEY].startswith("tp4.")
     # The same proof again: spent, nothing read back.
     again, answers = request(PREFILL_ROUTE, second_turn(params), spent=spent)
     assert again.decision.reason is Reason.PROOF_REPLAYED
@@ -400,23 +423,49 @@ def test_a_listed_peers_turn_object_is_checked_and_spent_like_any():
 
 
 def test_a_tenant_routes_read_back_salt_is_fresh_and_the_tenants():
-    key = b"t" * 32
-    tenant_route = RouteMetadata(
-        {"topology": "disaggregated", "action": "mint", "connector": "nixl", "tenant": "route:a"},
-        4.0,
-    )
+    prefill, decode = (tenant_route(r, "route:a") for r in (PREFILL_ROUTE, DECODE_ROUTE))
     salts = []
     for _ in range(2):
-        params = first_turn()
-        stream = Driven(trust=Trust(keys=lambda: KEYS, clock=lambda: NOW, tenant_key=key))
-        stream.handle(headers(tenant_route, response=BUFFERED))
-        body = second_turn(params)
-        answers = stream.handle(RequestBody(json.dumps(body).encode(), True))
+        params = first_turn(prefill_proven(prefill), decode)
+        stream, answers = request(prefill, second_turn(params))
         assert stream.decision.reason is Reason.TURN_READ_BACK
         salts.append(forwarded(answers)["cache_salt"])
     # Each read-back's blocks serve no other prompt, and are the tenant's: a salt of
     # the tenant's key, not the tenant's own salt that every other request gets.
-    tenant_key = tenants.key_for(key, "route:a")
+    tenant_key = tenants.key_for(TENANT_KEY, "route:a")
     assert salts[0] != salts[1]
     assert all(len(salt) == 43 for salt in salts)
     assert tenants.salt(tenant_key, None) not in salts
+
+
+@pytest.mark.parametrize(
+    ("minted", "read"),
+    [("route:a", None), (None, "route:a"), ("route:a", "route:b"), ("route:b", "route:a")],
+)
+def test_a_turn_is_read_back_only_in_the_partition_it_was_minted_in(minted, read):
+    # The prefill server caches the blocks it reads back under its own request's salt:
+    # a turn of one tenant's conversation read back on a route of another (or of none)
+    # would put that conversation's KV in the other's partition.
+    def on(route, source):
+        return route if source is None else tenant_route(route, source)
+
+    leg = prefill_proven(on(PREFILL_ROUTE, minted))
+    params = first_turn(leg, on(DECODE_ROUTE, minted))
+    stream, answers = request(on(PREFILL_ROUTE, read), second_turn(params))
+    assert stream.decision.reason == "proof_partition_mismatch"
+    # Nothing read back: the route's own connector request, no turn's keys.
+    assert forwarded(answers)["kv_transfer_params"] == dict(CONNECTOR_REQUESTS["nixl"])
+
+
+def test_a_turn_of_the_format_before_is_superseded():
+    # tt3 bound no partition: whichever route it was minted on, it is not read back.
+    params = first_turn()
+    old = {k: v for k, v in params.items() if k != proof.PROOF_KEY}
+    digest = turns.conversation(
+        proof.prompt_digest({"model": "m", "messages": TURN1, "max_tokens": 8}, True, CHAT_PATH),
+        turns.message_digest(turns.answer("hi there")),
+    )
+    token = previous_proofs.mint_tp3("k1", b"k" * 32, old, digest, int(NOW) + 10, bytes(12), "tt3")
+    stream, answers = request(PREFILL_ROUTE, second_turn({**old, proof.PROOF_KEY: token}))
+    assert stream.decision.reason is Reason.PROOF_SUPERSEDED
+    assert forwarded(answers)["kv_transfer_params"] == dict(CONNECTOR_REQUESTS["nixl"])
