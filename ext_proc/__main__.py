@@ -62,7 +62,7 @@ def _parser() -> argparse.ArgumentParser:
         "--no-envoy-validate",
         action="store_true",
         help="skip `envoy --mode validate` (run by default with the envoy beside this "
-        "Python, else the first on PATH, when there is one)",
+        "Python, else the first on PATH; without one the check fails)",
     )
     # Parsed by the generator's own parser (_envoy_config) but for --version, which
     # needs no extra.
@@ -145,9 +145,16 @@ def main(argv: list[str] | None = None) -> int:
 
     listeners = frozenset(args.listener) if args.listener else None
     declared = frozenset(args.declared_filter or ())
-    envoy = None if args.no_envoy_validate else find_envoy()
+    validate = not args.no_envoy_validate
+    envoy = find_envoy() if validate else None
     return check_envoy.main(
-        args.file, args.namespace, listeners, declared, envoy, processor=args.processor_config
+        args.file,
+        args.namespace,
+        listeners,
+        declared,
+        envoy,
+        validate=validate,
+        processor=args.processor_config,
     )
 
 

@@ -25,12 +25,12 @@ pytestmark = pytest.mark.timeout(900)
 
 
 def run(
-    args: list[str | Path], cwd: Path, timeout: float = 600
+    args: list[str | Path], cwd: Path, env: dict[str, str] | None = None, timeout: float = 600
 ) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [str(a) for a in args],
         cwd=cwd,
-        env=clean_env(),
+        env=clean_env() if env is None else env,
         capture_output=True,
         text=True,
         check=False,
@@ -130,11 +130,25 @@ def test_serve_answers_health_checks_and_stops_on_sigterm(python, tmp_path):
     assert "Traceback" not in log.read_text()
 
 
+def _without_envoy() -> dict[str, str]:
+    """This environment with no directory on PATH that holds an ``envoy``: the image's."""
+    dirs = os.environ.get("PATH", "").split(os.pathsep)
+    kept = [d for d in dirs if d and not (Path(d) / "envoy").exists()]
+    return {**clean_env(), "PATH": os.pathsep.join(kept)}
+
+
 def test_check_envoy_and_check_config_run_without_the_extra(python, tmp_path):
-    checked = run(
-        [python, "-m", "ext_proc", "check-envoy", REPO / "envoy" / "envoy.yaml"], tmp_path
-    )
+    shipped = REPO / "envoy" / "envoy.yaml"
+    checked = run([python, "-m", "ext_proc", "check-envoy", shipped], tmp_path, _without_envoy())
+    # No envoy beside the wheel's Python nor on PATH: Envoy's validation did not run,
+    # and the check says so and fails unless told to skip it.
+    assert checked.returncode == 1, checked.stdout + checked.stderr
+    assert checked.stdout.startswith("error[envoy-validate-not-run]: ")
+    assert checked.stdout.endswith("; envoy --mode validate did not run)\n")
+    skipped = [python, "-m", "ext_proc", "check-envoy", "--no-envoy-validate", shipped]
+    checked = run(skipped, tmp_path, _without_envoy())
     assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert checked.stdout.endswith("; envoy --mode validate skipped (--no-envoy-validate))\n")
     config = tmp_path / "processor.yaml"
     config.write_text("log_level: info\n")
     checked = run([python, "-m", "ext_proc", "check-config", config], tmp_path)

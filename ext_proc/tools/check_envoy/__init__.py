@@ -1,7 +1,8 @@
 """``check-envoy FILE [--listener NAME] [--declared-filter NAME] [--no-envoy-validate]``:
 check an Envoy configuration offline, before it protects anything.
 
-The real Envoy validates the file first (``envoy_validate``: ``envoy --mode validate``),
+The real Envoy validates the file first (``envoy_validate``: ``envoy --mode validate``;
+without an Envoy the check fails unless told to skip it, and its verdict says which),
 and this processor's filter reaches it through a cluster the bootstrap lists.
 
 This processor's ext_proc filters are those that request its route metadata attributes;

@@ -26,10 +26,12 @@ def main(
     declared: frozenset[str] = frozenset(),
     envoy: str | None = None,
     *,
+    validate: bool = True,
     processor: Path | None = None,
 ) -> int:
-    """``envoy``: the binary that validates the file first (``envoy_validate``); None
-    skips it."""
+    """``envoy``: the binary that validates the file first (``envoy_validate``).
+    ``validate`` False: the caller chose to skip it (``--no-envoy-validate``); True with
+    no binary is an error, never an ``OK`` that Envoy did not share."""
     try:
         config = reader.load(path)
     except reader.Unreadable as exc:
@@ -43,9 +45,9 @@ def main(
             print(f"--processor-config {exc}", file=sys.stderr)
             return 1
     report = check(config, namespace or DEFAULT_NAMESPACE, listeners, declared, wanted)
-    rejected = None if envoy is None else envoy_validate.validate(path, envoy)
-    if rejected is not None:
-        report = Report((rejected, *report.findings), report.routes)
+    validated, said = _validated(path, envoy, validate)
+    if validated is not None:
+        report = Report((validated, *report.findings), report.routes)
     # Warnings first, then errors: the errors end up next to the verdict.
     for severity in ("warning", "error"):
         for finding in report.findings:
@@ -53,5 +55,20 @@ def main(
                 print(line(finding))
     errors, warnings = len(report.errors), len(report.warnings)
     verdict = "FAILED" if errors else "OK"
-    print(f"{path}: {verdict} ({report.routes} routes, {errors} errors, {warnings} warnings)")
+    counts = f"{report.routes} routes, {errors} errors, {warnings} warnings"
+    print(f"{path}: {verdict} ({counts}; envoy --mode validate {said})")
     return 1 if errors else 0
+
+
+def _validated(path: Path, envoy: str | None, validate: bool) -> tuple[Finding | None, str]:
+    """What ``envoy --mode validate`` found, and how the verdict line says it ran."""
+    if not validate:
+        return None, "skipped (--no-envoy-validate)"
+    if envoy is None:
+        return envoy_validate.not_run(), "did not run"
+    found = envoy_validate.validate(path, envoy)
+    if found is None:
+        return None, "passed"
+    if found.severity == "error":
+        return found, "failed"
+    return found, "stopped at a file this machine lacks"

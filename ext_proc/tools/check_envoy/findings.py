@@ -27,6 +27,7 @@ CODES: Final[Mapping[str, str]] = MappingProxyType(
         "upgrade-filter-chain": "an upgrade runs a filter chain of its own",
         "envoy-rejects": "Envoy itself rejects the configuration (envoy --mode validate)",
         "envoy-file-missing": "Envoy stopped at a file this machine lacks; the rest unvalidated",
+        "envoy-validate-not-run": "no envoy to run envoy --mode validate with, and not skipped",
         # This processor's ext_proc filter, and its per-route configurations.
         "failure-mode-allow": "the filter fails open (failure_mode_allow)",
         "observability-mode": "the filter runs in observability_mode",
@@ -68,6 +69,7 @@ CODES: Final[Mapping[str, str]] = MappingProxyType(
         "hold-limit-raised": "a buffer filter's limit is above the route's",
         "hold-limit-lowered": "a buffer filter's limit is below the route's",
         "policy-missing": "no policy metadata (aggregated + strip)",
+        "policy-namespace-misspelt": "metadata under a name one slip from the policy namespace",
         "policy-not-mapping": "the policy metadata is not a mapping",
         "policy-invalid": "the policy metadata is invalid, as the processor would refuse it",
         "mint-response-unseen": "a mint route whose response the processor does not see",

@@ -71,5 +71,7 @@ def test_check_envoy_runs_envoy_unless_told_not_to(tmp_path, capsys):
     assert cli(["check-envoy", str(path)]) == 1
     first, verdict = capsys.readouterr().out.splitlines()
     assert first.startswith("error[envoy-rejects]: envoy --mode validate rejects it: ")
-    assert verdict == f"{path}: FAILED (12 routes, 1 errors, 0 warnings)"
+    assert verdict == (
+        f"{path}: FAILED (12 routes, 1 errors, 0 warnings; envoy --mode validate failed)"
+    )
     assert cli(["check-envoy", "--no-envoy-validate", str(path)]) == 0

@@ -20,6 +20,7 @@ from ext_proc.tools.check_envoy.findings import Finding, error, warning
 from ext_proc.tools.check_envoy.reader import Chain, Route, overrides_in
 from ext_proc.tools.check_envoy.rules.filters import override
 from ext_proc.tools.check_envoy.rules.hold import hold
+from ext_proc.tools.check_envoy.rules.namespace import near_misses
 from ext_proc.tools.check_envoy.rules.tenant import tenant_rules
 from ext_proc.tools.envoy_names import MINT_RESPONSE
 
@@ -30,6 +31,7 @@ def route_rules(route: Route, chain: Chain) -> Iterator[Finding]:
     if not route.forwards:
         return
     yield from _inspected(route, chain)
+    yield from near_misses(route, chain.namespace)
     found = policy_of(route, chain.namespace)
     if isinstance(found, Finding):
         yield found
