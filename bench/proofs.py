@@ -40,8 +40,11 @@ KV_LEASE: Final = LIFETIME + 2 * SKEW
 # carry pool proofs instead.
 PLACEHOLDER_EXPIRY: Final = 4_102_444_800
 ENDPOINT: Final = "/v1/chat/completions"  # the upstream path of /pd/v1/chat/completions
-# tp3.<key id>.<10-digit expiry>.<16>.<43>.<43>: every proof of this key until 2286.
-WIDTH: Final = len(f"{proof.VERSION}.{KEY_ID}.") + 10 + 1 + 16 + 1 + 43 + 1 + 43
+# tp4.<key id>.<10-digit expiry>.<16>.-.<43>.<43> (no partition: the bench's routes name
+# no tenant): every proof of this key until 2286.
+WIDTH: Final = (
+    len(f"{proof.VERSION}.{KEY_ID}.") + 10 + 1 + 16 + 1 + len(proof.NO_PARTITION) + 1 + 43 + 1 + 43
+)
 # The processor's in-flight budget before the record's table is charged to it
 # (config.Config's default): the bench raises it by the table, bodies keep as much.
 BODY_BUDGET: Final = 256 * 1024 * 1024

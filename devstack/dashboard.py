@@ -62,6 +62,7 @@ HONOR_REASONS: Final = (
     "proof_bad_signature",
     "proof_expired",
     "proof_outlives_lease",
+    "proof_partition_mismatch",
     "prompt_mismatch",
     "proof_replayed",
     "proof_record_unavailable",

@@ -90,6 +90,12 @@ class Request:
     # the body is forwarded with the cache_salt derived from it. None: no tenant route.
     partition: bytes | None = None
 
+    @property
+    def tag(self) -> str:
+        """The partition as a proof names it: one minted here binds it, one honored here
+        must (proof.py)."""
+        return proof.NO_PARTITION if self.partition is None else tenants.tag(self.partition)
+
 
 # A request whose headers were never sent (a mint route's response to a request the
 # processor did not see): only the global audit mode applies.
@@ -434,6 +440,7 @@ def _judge(
         settings.ttl_seconds,
         prefix=functools.partial(_prefix, parsed, request.endpoint, account),
         turn_lifetime=settings.turn_ttl_seconds,
+        partition=request.tag,
     )
     return _weigh(parsed, carriers, echo_free, request, evidence, sender=sender)
 
@@ -456,9 +463,10 @@ def _weigh(
     renders it (``admission.digest``)."""
     document = parsed.document
     if request.policy.action is Action.MINT:
-        pending = mint.expect(request.endpoint, evidence.digest)
+        pending = mint.expect(request.endpoint, evidence.digest, evidence.partition)
     elif request.turns:
-        pending = mint.expect_turn(request.endpoint, evidence.digest, document.get("messages"))
+        messages = document.get("messages")
+        pending = mint.expect_turn(request.endpoint, evidence.digest, messages, evidence.partition)
     else:
         pending = mint.NOTHING
     decision = policy.decide(
@@ -468,10 +476,12 @@ def _weigh(
     if decision.reason in policy.SPENDS_PROOF and not isinstance(decision, Deny):
         params = document[KV_KEY]
         lifetime = evidence.lifetime
-        if decision.reason is Reason.TURN_READ_BACK:
+        turn = decision.reason is Reason.TURN_READ_BACK
+        if turn:
             lifetime = evidence.turn_lifetime
             pending = dataclasses.replace(pending, expected=turns.expected(params))
-        ticket = proof.ticket(params, evidence.skew, lifetime)
+        # The record dates a turn proof by the longest turn lifetime it knows (Terms).
+        ticket = dataclasses.replace(proof.ticket(params, evidence.skew, lifetime), turn=turn)
         return Proof(ticket, decision, parsed, evidence, carriers, pending, sender)
     return decision, parsed, pending
 

@@ -20,7 +20,7 @@ from ext_proc.core.content_headers import check_headers
 from ext_proc.core.decisions import Allow, Decision
 from ext_proc.core.errors import Refusal, attempt
 from ext_proc.core.events import ResponseHeaders
-from ext_proc.core.proof import KeySet
+from ext_proc.core.proof import NO_PARTITION, KeySet
 from ext_proc.core.reasons import TRUSTED, Reason
 from ext_proc.core.vllm_request import KV_KEY, MINT_ENDPOINTS
 
@@ -31,12 +31,16 @@ class Pending:
     parameters are signed for, or (``digest`` None) the reason they are not.
     ``messages``: set on a decode route whose responses are processed, the request's
     message count: its response's turn parameters are what is signed (turns.py).
-    ``expected``: set for a turn read back, what the response's ids must begin with."""
+    ``expected``: set for a turn read back, what the response's ids must begin with.
+    ``partition``: the request's cache partition."""
 
     digest: bytes | None
     refused: Reason | None = None  # set exactly when ``digest`` is None
     messages: int | None = None
     expected: turns.Expected | None = None
+    # The cache partition the request was put in (``inspection.Request.tag``): what is
+    # signed binds it.
+    partition: str = NO_PARTITION
 
     @property
     def unsigned(self) -> Reason:
@@ -48,15 +52,18 @@ class Pending:
 NOTHING: Final = Pending(None, Reason.NOT_MINTED_ON_THIS_ROUTE)
 
 
-def expect(endpoint: str, digest: Callable[[], bytes]) -> Pending:
-    """What a mint route's request leaves, before the policy judged it: only the
-    responses of ``MINT_ENDPOINTS`` are signed (``digest`` is rendered for those)."""
+def expect(endpoint: str, digest: Callable[[], bytes], partition: str = NO_PARTITION) -> Pending:
+    """What a mint route's request in ``partition`` leaves, before the policy judged it:
+    only the responses of ``MINT_ENDPOINTS`` are signed (``digest`` is rendered for
+    those)."""
     if endpoint not in MINT_ENDPOINTS:
         return Pending(None, Reason.ENDPOINT_NOT_MINTABLE)
-    return Pending(digest())
+    return Pending(digest(), partition=partition)
 
 
-def expect_turn(endpoint: str, digest: Callable[[], bytes], messages: object) -> Pending:
+def expect_turn(
+    endpoint: str, digest: Callable[[], bytes], messages: object, partition: str = NO_PARTITION
+) -> Pending:
     """What a decode route's request leaves when its response is processed: the turn
     parameters of a chat request's response are signed (``digest`` rendered for those),
     when its messages are text: the digest binds what a media part names, not what it
@@ -65,7 +72,7 @@ def expect_turn(endpoint: str, digest: Callable[[], bytes], messages: object) ->
         return Pending(None, Reason.ENDPOINT_NOT_MINTABLE)
     if not all(isinstance(m, dict) and _text(m.get("content")) for m in messages):
         return Pending(None, Reason.TURN_MEDIA_UNBOUND)
-    return Pending(digest(), messages=len(messages))
+    return Pending(digest(), messages=len(messages), partition=partition)
 
 
 def _text(content: object) -> bool:
@@ -156,14 +163,21 @@ def sign(pending: Pending, raw: bytes, signing: Signing) -> tuple[Decision, byte
     document, keys = parsed.document, signing.keys
     if pending.messages is not None:
         decision, params = turns.mint(
-            document, pending.digest, pending.messages, keys, signing.turn_expiry
+            document,
+            pending.digest,
+            pending.messages,
+            keys,
+            signing.turn_expiry,
+            partition=pending.partition,
         )
     elif pending.expected is not None and turns.diverged(document, pending.expected):
         # The prefill server's prompt does not begin with the tokens whose KV it read
         # back: nothing it answered is signed, so no decode leg runs on it.
         return Allow(Reason.TURN_PROMPT_DIVERGED), None
     else:
-        decision, params = policy.mint_response(document, pending.digest, keys, signing.expiry)
+        decision, params = policy.mint_response(
+            document, pending.digest, keys, signing.expiry, partition=pending.partition
+        )
     if params is None:
         return decision, None
     written = attempt(admission.write, parsed, {**parsed.document, KV_KEY: params}, account)

@@ -58,6 +58,9 @@ class Evidence:
     # conversation), and the longest lifetime of a turn proof (proof.turn_ttl_seconds).
     prefix: Callable[[int], bytes] = lambda n: _no_digest()
     turn_lifetime: float = math.inf
+    # The cache partition the route puts the request in (``Request.tag``): a proof is
+    # honored only in the one it was minted in.
+    partition: str = proof.NO_PARTITION
 
 
 def _no_digest() -> bytes:
@@ -127,7 +130,13 @@ def _trusted(
     if isinstance(claim, Reason):
         return Reason.PEER_NOT_LISTED if claim is Reason.PROOF_MISSING and policy.peers else claim
     # The prompt digest is rendered only for a proof that names a known key.
-    why = claim.settle(evidence.digest(), evidence.now, evidence.skew, evidence.lifetime)
+    why = claim.settle(
+        evidence.digest(),
+        evidence.now,
+        evidence.skew,
+        evidence.lifetime,
+        partition=evidence.partition,
+    )
     return (evidence.spent or HONORED_PROOF) if why is None else why
 
 
@@ -220,6 +229,7 @@ def _turn(
         skew=evidence.skew,
         lifetime=evidence.turn_lifetime,
         connector=policy.connector,
+        partition=evidence.partition,
     )
     if isinstance(found, turns.Honored) and evidence.spent is not None:
         return evidence.spent
@@ -407,10 +417,16 @@ def _decide_params(
 
 
 def mint_response(
-    document: Document, digest: bytes, keys: KeySet, expiry: int
+    document: Document,
+    digest: bytes,
+    keys: KeySet,
+    expiry: int,
+    *,
+    partition: str = proof.NO_PARTITION,
 ) -> tuple[Decision, dict[str, Any] | None]:
     """What a prefill response's ``kv_transfer_params`` become: the connector's keys
-    plus the response's ``prompt_token_ids``, signed for the request's ``digest``.
+    plus the response's ``prompt_token_ids``, signed for the request's ``digest`` in
+    its ``partition``.
     The new object, or None (with the reason) when there is nothing to mint."""
     value = document.get(IDS_KEY)
     connector = document.get(KV_KEY)
@@ -427,7 +443,7 @@ def mint_response(
         return Allow(Reason.NOTHING_TO_MINT), None
     if connector_bounds.refusal(minted, count) is not None:
         return Allow(Reason.RESPONSE_CONNECTOR_OUT_OF_BOUNDS), None
-    token = proof.mint(keys, minted, digest, expiry)
+    token = proof.mint(keys, minted, digest, expiry, partition=partition)
     if token is None:
         unsigned = Reason.NO_SIGNING_KEY if keys.signing is None else Reason.NOT_RENDERABLE
         return Allow(unsigned), None

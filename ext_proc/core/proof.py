@@ -3,17 +3,21 @@
 Pure functions; keys and the time are arguments. The format and its reasons are in
 docs/trust.md:
 
-    tp3.<key id>.<expiry>.<nonce>.<prompt digest>.<mac>
+    tp4.<key id>.<expiry>.<nonce>.<partition>.<prompt digest>.<mac>
     mac = BLAKE3 keyed with BLAKE3-derive_key(MAC_CONTEXT, key) over
-          "tp3\\n" key id "\\n" expiry "\\n" prompt digest "\\n"
+          "tp4\\n" key id "\\n" expiry "\\n" partition "\\n" prompt digest "\\n"
           canonical(parameters without the proof) "\\n" nonce
 
 The digest binds the parameters to the prompt-defining fields of the request they were
-minted for; the nonce makes every minted proof another (two prefill responses alike to
-the byte, a prompt served from the prefix cache twice in one second, still give two
-proofs, each honored once: replay.py); the MAC binds everything (ids, connector keys,
-key id, expiry, nonce, digest) to a key only the gateway holds. Verification compares
-MACs in constant time.
+minted for (the client's own ``cache_salt`` among them); the partition, to the cache
+partition the route put that prompt in (``NO_PARTITION``, or the tenant's: tenants.tag),
+because the engine caches the KV a decode leg loads under the decode request's own salt:
+a proof honored under another partition would put one tenant's prompt in another's
+cache, or in none (docs/trust.md#tenants). The nonce makes every minted proof another
+(two prefill responses alike to the byte, a prompt served from the prefix cache twice in
+one second, still give two proofs, each honored once: replay.py); the MAC binds
+everything (ids, connector keys, key id, expiry, nonce, partition, digest) to a key
+only the gateway holds. Verification compares MACs in constant time.
 
 BLAKE3 (its keyed mode is a MAC, its plain mode a collision-resistant hash) rather than
 HMAC-SHA256: a decode leg's MAC is a pass over its ids, about 900 KB at 128k ids, and
@@ -45,11 +49,14 @@ from ext_proc.core.replay import TICKET_BYTES, Ticket
 from ext_proc.core.vllm_request import EC_KEY, IDS_KEY, KV_KEY
 
 PROOF_KEY: Final = "token_policy_proof"
-VERSION: Final = "tp3"
+VERSION: Final = "tp4"
 # A turn proof (turns.py): the same format and MAC under its own version, so that no
 # proof of one kind is ever read as the other's.
-TURN_VERSION: Final = "tt3"
+TURN_VERSION: Final = "tt4"
 NONCE_BYTES: Final = 12
+# The partition of a route that names no tenant source: the client's own cache_salt
+# (or none) reaches the engine as it came.
+NO_PARTITION: Final = "-"
 # Fields an orchestrator legitimately changes between the prefill and the decode leg
 # (the transfer parameters are each leg's own); every other field of the request is
 # bound by the digest.
@@ -66,23 +73,35 @@ UNBOUND_FIELDS: Final = frozenset(
     }
 )
 KEY_ID: Final = re.compile(r"[A-Za-z0-9_-]{1,64}")
+# A partition is NO_PARTITION or 16 bytes in base64url (22 characters): tenants.tag.
 _PROOF: Final = re.compile(
-    r"(tp3|tt3)\.([A-Za-z0-9_-]{1,64})\.([1-9][0-9]{0,11})\.([A-Za-z0-9_-]{16})"
-    r"\.([A-Za-z0-9_-]{43})\.([A-Za-z0-9_-]{43})"
+    r"(tp4|tt4)\.([A-Za-z0-9_-]{1,64})\.([1-9][0-9]{0,11})\.([A-Za-z0-9_-]{16})"
+    r"\.(-|[A-Za-z0-9_-]{22})\.([A-Za-z0-9_-]{43})\.([A-Za-z0-9_-]{43})"
 )
 
-# The formats tp3 replaced, by their shape alone: none is verified (docs/trust.md, proofs
-# of an earlier format). tp2's digest sorted every object's members, so it binds no
-# member order, which the server renders (a reordered tool schema is another prompt):
-# honoring it would honor ids for a prompt they were not computed for. tp1 had no nonce
-# and no endpoint in its digest. A proof of either shape is ``proof_superseded``, which
+# The formats tp4 replaced, by their shape alone: none is verified (docs/trust.md, proofs
+# of an earlier format). tp3 and tt3 bound no partition: a proof minted on a tenant's
+# route would be honored on a route of another tenant or of none, and nothing in it
+# tells which it was. tp2's digest sorted every object's members, so it binds no member
+# order, which the server renders (a reordered tool schema is another prompt): honoring
+# it would honor ids for a prompt they were not computed for. tp1 had no nonce and no
+# endpoint in its digest. A proof of any of these shapes is ``proof_superseded``, which
 # an operator reads as a replica of an older release minting during a rollout, and is
 # untrusted as a malformed one is.
-_SUPERSEDED: Final = re.compile(
-    r"tp1\.[A-Za-z0-9_-]{1,64}\.[1-9][0-9]{0,11}\.[A-Za-z0-9_-]{43}\.[A-Za-z0-9_-]{43}"
-    r"|tp2\.[A-Za-z0-9_-]{1,64}\.[1-9][0-9]{0,11}\.[A-Za-z0-9_-]{16}"
+_EARLIER_TP3: Final = (
+    r"\.[A-Za-z0-9_-]{1,64}\.[1-9][0-9]{0,11}\.[A-Za-z0-9_-]{16}"
     r"\.[A-Za-z0-9_-]{43}\.[A-Za-z0-9_-]{43}"
 )
+_SUPERSEDED: Final = {
+    VERSION: re.compile(
+        r"tp1\.[A-Za-z0-9_-]{1,64}\.[1-9][0-9]{0,11}\.[A-Za-z0-9_-]{43}\.[A-Za-z0-9_-]{43}"
+        rf"|tp2{_EARLIER_TP3}|tp3{_EARLIER_TP3}"
+    ),
+    TURN_VERSION: re.compile(rf"tt3{_EARLIER_TP3}"),
+}
+# The versions a turn proof was ever minted under (turns.is_turn): an earlier one is
+# read as a turn, and refused as superseded.
+TURN_VERSIONS: Final = (TURN_VERSION, "tt3")
 
 
 @dataclass(frozen=True, slots=True)
@@ -260,7 +279,7 @@ def _nonfinite(value: Any) -> bool:
 
 # The context of the MAC's key derivation: a configured key of any length becomes the
 # 32 bytes BLAKE3's keyed mode takes, and a key used anywhere else gives another.
-MAC_CONTEXT: Final = "ext_proc token_policy_proof tp3 MAC key"
+MAC_CONTEXT: Final = "ext_proc token_policy_proof tp4 MAC key"
 
 
 def _mac_key(key: bytes) -> bytes:
@@ -269,10 +288,10 @@ def _mac_key(key: bytes) -> bytes:
 
 
 def _mac(
-    key: bytes, fields: tuple[str, str, str], body: tuple[bytes, bytes], version: str
+    key: bytes, fields: tuple[str, str, str, str], body: tuple[bytes, bytes], version: str
 ) -> blake3.blake3:
     """The MAC's state over the proof's ``version``, its ``fields`` (key id, expiry,
-    digest) and ``body``; the nonce, fed last, completes it (``_sealed``)."""
+    partition, digest) and ``body``; the nonce, fed last, completes it (``_sealed``)."""
     mac = blake3.blake3("\n".join((version, *fields, "")).encode(), key=_mac_key(key))
     head, ids = body
     mac.update(head)
@@ -288,22 +307,30 @@ def _sealed(state: blake3.blake3, nonce: str) -> bytes:
 
 
 def minter(
-    keys: KeySet, params: Mapping[str, Any], digest: bytes, expiry: int, version: str = VERSION
+    keys: KeySet,
+    params: Mapping[str, Any],
+    digest: bytes,
+    expiry: int,
+    version: str = VERSION,
+    *,
+    partition: str = NO_PARTITION,
 ) -> Callable[[bytes], str] | None:
-    """Proofs for ``params`` minted for a request with ``digest`` that differ in their
-    nonce (``NONCE_BYTES`` bytes) alone, the MAC over the rest computed once; None when
-    there is no signing key or the parameters cannot be rendered."""
+    """Proofs for ``params`` minted for a request with ``digest`` in ``partition``
+    (``NO_PARTITION``, or the tenant's ``tenants.tag``) that differ in their nonce
+    (``NONCE_BYTES`` bytes) alone, the MAC over the rest computed once; None when there
+    is no signing key or the parameters cannot be rendered."""
     if keys.signing is None:
         return None
     body = canonical(params)
     if body is None:
         return None
     key_id, shown = keys.signing, _b64(digest)
-    state = _mac(keys.keys[key_id], (key_id, str(expiry), shown), body, version)
+    state = _mac(keys.keys[key_id], (key_id, str(expiry), partition, shown), body, version)
+    fixed = f"{version}.{key_id}.{expiry}"
 
     def make(nonce: bytes) -> str:
         text = _b64(nonce)
-        return f"{version}.{key_id}.{expiry}.{text}.{shown}.{_b64(_sealed(state, text))}"
+        return f"{fixed}.{text}.{partition}.{shown}.{_b64(_sealed(state, text))}"
 
     return make
 
@@ -316,11 +343,13 @@ def mint(
     nonce: bytes | None = None,
     *,
     version: str = VERSION,
+    partition: str = NO_PARTITION,
 ) -> str | None:
-    """The proof for ``params`` minted for a request with ``digest``; None when there is
-    no signing key or the parameters cannot be rendered. ``nonce``: fresh random bytes
-    unless given; ``version``: the proof's kind (``TURN_VERSION`` for turns.py)."""
-    make = minter(keys, params, digest, expiry, version)
+    """The proof for ``params`` minted for a request with ``digest`` in ``partition``;
+    None when there is no signing key or the parameters cannot be rendered. ``nonce``:
+    fresh random bytes unless given; ``version``: the proof's kind (``TURN_VERSION`` for
+    turns.py)."""
+    make = minter(keys, params, digest, expiry, version, partition=partition)
     if make is None:
         return None
     return make(secrets.token_bytes(NONCE_BYTES) if nonce is None else nonce)
@@ -332,18 +361,29 @@ class Claim:
     what ``settle`` needs."""
 
     key: bytes
-    fields: tuple[str, str, str]  # key id, expiry, the digest shown
+    fields: tuple[str, str, str, str]  # key id, expiry, partition, the digest shown
     nonce: str
     shown: bytes  # the MAC the proof carries
     body: tuple[bytes, bytes]
     version: str = VERSION
 
-    def settle(self, digest: bytes, now: float, skew: float, lifetime: float) -> Reason | None:
+    def settle(
+        self,
+        digest: bytes,
+        now: float,
+        skew: float,
+        lifetime: float,
+        *,
+        partition: str = NO_PARTITION,
+    ) -> Reason | None:
         """``verify``'s verdict: the MAC the proof should carry (a pass over the ids)
-        computed and compared first."""
-        return self.authentic(now, skew, lifetime) or (
-            None if self.matches(digest) else Reason.PROMPT_MISMATCH
-        )
+        computed and compared first, then the partition, then the digest."""
+        why = self.authentic(now, skew, lifetime)
+        if why is not None:
+            return why
+        if not self.within(partition):
+            return Reason.PROOF_PARTITION_MISMATCH
+        return None if self.matches(digest) else Reason.PROMPT_MISMATCH
 
     def authentic(self, now: float, skew: float, lifetime: float) -> Reason | None:
         """Why the proof is not this deployment's and current (its MAC, then its expiry
@@ -351,16 +391,20 @@ class Claim:
         expected = _sealed(_mac(self.key, self.fields, self.body, self.version), self.nonce)
         if not hmac.compare_digest(expected, self.shown):
             return Reason.PROOF_BAD_SIGNATURE
-        _, expiry, _ = self.fields
+        _, expiry, _, _ = self.fields
         if now > int(expiry) + skew:
             return Reason.PROOF_EXPIRED
         if int(expiry) > now + lifetime + skew:
             return Reason.PROOF_OUTLIVES_LEASE
         return None
 
+    def within(self, partition: str) -> bool:
+        """Whether the proof was minted in ``partition`` (the route's that honors it)."""
+        return hmac.compare_digest(self.fields[2].encode(), partition.encode())
+
     def matches(self, digest: bytes) -> bool:
         """Whether the proof was minted for ``digest``."""
-        return hmac.compare_digest(_unb64(self.fields[2]), digest)
+        return hmac.compare_digest(_unb64(self.fields[3]), digest)
 
 
 def claim(keys: KeySet, params: Mapping[str, Any], version: str = VERSION) -> Claim | Reason:
@@ -374,10 +418,11 @@ def claim(keys: KeySet, params: Mapping[str, Any], version: str = VERSION) -> Cl
         return Reason.PROOF_MALFORMED
     match = _PROOF.fullmatch(proof)
     if match is None:
-        superseded = version == VERSION and _SUPERSEDED.fullmatch(proof) is not None
+        superseded = _SUPERSEDED[version].fullmatch(proof) is not None
         return Reason.PROOF_SUPERSEDED if superseded else Reason.PROOF_MALFORMED
-    kind, key_id, expiry, nonce, shown, mac = match.groups()
-    if kind != version or not (_canonical(nonce) and _canonical(shown) and _canonical(mac)):
+    kind, key_id, expiry, nonce, partition, shown, mac = match.groups()
+    spelt = partition == NO_PARTITION or _canonical(partition)
+    if kind != version or not (spelt and all(map(_canonical, (nonce, shown, mac)))):
         return Reason.PROOF_MALFORMED
     key = keys.keys.get(key_id)
     if key is None:
@@ -385,7 +430,7 @@ def claim(keys: KeySet, params: Mapping[str, Any], version: str = VERSION) -> Cl
     body = canonical(params)
     if body is None:
         return Reason.PROOF_MALFORMED
-    return Claim(key, (key_id, expiry, shown), nonce, _unb64(mac), body, version)
+    return Claim(key, (key_id, expiry, partition, shown), nonce, _unb64(mac), body, version)
 
 
 def verify(
@@ -396,16 +441,17 @@ def verify(
     skew: float,
     *,
     lifetime: float = math.inf,
+    partition: str = NO_PARTITION,
 ) -> Reason | None:
-    """None when ``params`` carry a valid proof for a request with ``digest``; otherwise
-    the reason they are unproven (docs/trust.md lists them, in this order).
-    ``lifetime``: the longest this deployment mints for (``ttl_seconds``): a proof that
-    would live longer (minted with another lifetime than the connector's lease allows)
-    is refused."""
+    """None when ``params`` carry a valid proof for a request with ``digest`` on a route
+    of ``partition``; otherwise the reason they are unproven (docs/trust.md lists them,
+    in this order). ``lifetime``: the longest this deployment mints for
+    (``ttl_seconds``): a proof that would live longer (minted with another lifetime than
+    the connector's lease allows) is refused."""
     found = claim(keys, params)
     if isinstance(found, Reason):
         return found
-    return found.settle(digest, now, skew, lifetime)
+    return found.settle(digest, now, skew, lifetime, partition=partition)
 
 
 def ticket(params: Mapping[str, Any], skew: float, lifetime: float) -> Ticket:
@@ -426,7 +472,7 @@ def ticket(params: Mapping[str, Any], skew: float, lifetime: float) -> Ticket:
     such a ticket."""
     match = _PROOF.fullmatch(params[PROOF_KEY])
     assert match is not None, "verified"
-    _, _, expiry, _, _, mac = match.groups()
+    _, _, expiry, _, _, _, mac = match.groups()
     margin = math.ceil(skew)
     since = int(expiry) - math.ceil(lifetime) - margin if math.isfinite(lifetime) else _NEVER
     return Ticket(_unb64(mac)[:TICKET_BYTES], int(expiry) + 3 * margin, since)

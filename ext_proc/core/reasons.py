@@ -37,6 +37,7 @@ class Reason(StrEnum):
     PROOF_BAD_SIGNATURE = "proof_bad_signature"
     PROOF_EXPIRED = "proof_expired"
     PROOF_OUTLIVES_LEASE = "proof_outlives_lease"
+    PROOF_PARTITION_MISMATCH = "proof_partition_mismatch"
     PROMPT_MISMATCH = "prompt_mismatch"
     PROOF_REPLAYED = "proof_replayed"
     PROOF_RECORD_UNAVAILABLE = "proof_record_unavailable"
@@ -112,6 +113,7 @@ UNTRUSTED: Final = frozenset(
         Reason.PROOF_BAD_SIGNATURE,
         Reason.PROOF_EXPIRED,
         Reason.PROOF_OUTLIVES_LEASE,
+        Reason.PROOF_PARTITION_MISMATCH,
         Reason.PROMPT_MISMATCH,
         Reason.PROOF_REPLAYED,
         Reason.PROOF_RECORD_UNAVAILABLE,

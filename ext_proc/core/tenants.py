@@ -12,6 +12,11 @@ derived from it with a key of this deployment:
     cache_salt = base64url(HMAC-SHA256(tenant_key, "ext_proc cache_salt\\0" [|| "\\1" || part]))
 
 where ``part`` is the client's own salt (a string), a turn's fresh one, or nothing. A
+proof minted on such a route names the partition (``tag``) and is honored only on a
+route that puts the request in the same one (proof.py):
+
+    tag = base64url(HMAC-SHA256(tenant_key, "ext_proc partition\0")[:16])
+ A
 client's salt then only divides its own tenant's partition, it never names another's
 (the tenant comes first, under its own key, whatever the client sends); the two HMACs are
 keyed, so no salt is predictable without the key, and a salt of one deployment says
@@ -37,6 +42,9 @@ MIN_KEY_BYTES: Final = 32
 
 _TENANT_LABEL: Final = b"ext_proc tenant\0"
 _SALT_LABEL: Final = b"ext_proc cache_salt\0"
+_TAG_LABEL: Final = b"ext_proc partition\0"
+# The bytes of a tag: 128 bits tell tenants apart; 22 characters of base64url.
+TAG_BYTES: Final = 16
 
 
 def identify(
@@ -77,6 +85,14 @@ def salt(tenant_key: bytes, part: str | None) -> str:
         # The marker keeps "no salt" apart from every salt (an empty one is refused).
         message += b"\1" + part.encode("utf-8", "surrogatepass")
     digest = hmac.digest(tenant_key, message, hashlib.sha256)
+    return base64.urlsafe_b64encode(digest).rstrip(b"=").decode("ascii")
+
+
+def tag(tenant_key: bytes) -> str:
+    """The tenant's partition as a proof names it: the same for every request of the
+    tenant (whatever its client's own salt, which the prompt digest binds), another for
+    each tenant, and nothing a client can derive another tenant's from."""
+    digest = hmac.digest(tenant_key, _TAG_LABEL, hashlib.sha256)[:TAG_BYTES]
     return base64.urlsafe_b64encode(digest).rstrip(b"=").decode("ascii")
 
 

@@ -17,6 +17,9 @@ can check that before and after the read:
   next turn's request must hold the same fields, begin with the same messages, then
   that answer, exactly, every object's members in the same order (the server renders
   in that order), as json.loads reads them (checked before anything is forwarded);
+- the cache partition of the decode route (proof.py): the next turn's prefill route
+  must put the request in the same one, or the blocks read back would fill another
+  tenant's partition (or none);
 - the tokens (``TURN_KEY``): the digest of the first ``remote_num_tokens`` of the decode
   server's tokens, its prompt's ids and its output's, which are the tokens whose KV it
   holds. The prefill server's own rendering of the next turn (the ``prompt_token_ids``
@@ -81,10 +84,15 @@ class Expected:
     count: int
 
 
+# How a turn proof of any format begins.
+_TURN_PREFIXES: Final = tuple(f"{version}." for version in proof.TURN_VERSIONS)
+
+
 def is_turn(params: Mapping[str, Any]) -> bool:
-    """Whether ``params`` carry a turn proof (rather than a prefill leg's, or none)."""
+    """Whether ``params`` carry a turn proof (rather than a prefill leg's, or none), of
+    this format or an earlier one (refused as superseded)."""
     found = params.get(PROOF_KEY)
-    return isinstance(found, str) and found.startswith(TURN_VERSION + ".")
+    return isinstance(found, str) and found.startswith(_TURN_PREFIXES)
 
 
 def answer(content: str) -> dict[str, str]:
@@ -140,14 +148,20 @@ def _answer_of(document: Mapping[str, Any]) -> tuple[str, list[int]] | None:
 
 
 def mint(
-    document: Mapping[str, Any], prompt: bytes, messages: int, keys: KeySet, expiry: int
+    document: Mapping[str, Any],
+    prompt: bytes,
+    messages: int,
+    keys: KeySet,
+    expiry: int,
+    *,
+    partition: str = proof.NO_PARTITION,
 ) -> tuple[Decision, dict[str, Any] | None]:
     """What a decode response's ``kv_transfer_params`` become when they are a turn's
     (``do_remote_decode`` and blocks): signed for the request's prompt digest
-    ``prompt`` (a request of ``messages`` messages) and the response's answer, with the
-    digest of the tokens the blocks hold. None (and the reason) when not minted: a
-    response without them, with more than one choice, or without its token ids (the
-    request must ask ``return_token_ids``) is not signed."""
+    ``prompt`` (a request of ``messages`` messages in the cache ``partition``) and the
+    response's answer, with the digest of the tokens the blocks hold. None (and the
+    reason) when not minted: a response without them, with more than one choice, or
+    without its token ids (the request must ask ``return_token_ids``) is not signed."""
     connector = document.get(KV_KEY)
     if not (
         isinstance(connector, dict)
@@ -172,7 +186,8 @@ def mint(
         return Allow(Reason.NOT_RENDERABLE), None
     sequence = prompt_ids[:held] + output[: max(0, held - len(prompt_ids))]
     params[TURN_KEY] = {"messages": messages, "tokens": _b64(tokens_digest(sequence))}
-    token = proof.mint(keys, params, conversation(prompt, answered), expiry, version=TURN_VERSION)
+    digest = conversation(prompt, answered)
+    token = proof.mint(keys, params, digest, expiry, version=TURN_VERSION, partition=partition)
     if token is None:
         unsigned = Reason.NO_SIGNING_KEY if keys.signing is None else Reason.NOT_RENDERABLE
         return Allow(unsigned), None
@@ -212,10 +227,12 @@ def honor(
     skew: float,
     lifetime: float,
     connector: tuple[tuple[str, Any], ...],
+    partition: str = proof.NO_PARTITION,
 ) -> Honored | Reason:
-    """The next turn's prefill request ``document`` with turn parameters ``params``:
-    honored (its read-back keys merged into the route's ``connector`` request) when the
-    proof verifies for this conversation, or why not. ``prefix(n)``: the prompt digest
+    """The next turn's prefill request ``document`` with turn parameters ``params`` in
+    the cache ``partition``: honored (its read-back keys merged into the route's
+    ``connector`` request) when the proof verifies for this conversation and was minted
+    in that partition, or why not. ``prefix(n)``: the prompt digest
     of the request with its first ``n`` messages only. The record of spent proofs is
     asked afterwards (``proof.ticket``); a replay is caught there."""
     found = proof.claim(keys, params, TURN_VERSION)
@@ -225,6 +242,8 @@ def honor(
     why = found.authentic(now, skew, lifetime)
     if why is not None:
         return why
+    if not found.within(partition):
+        return Reason.PROOF_PARTITION_MISMATCH
     stated = _stated(params)
     if stated is None:
         return Reason.PROOF_MALFORMED

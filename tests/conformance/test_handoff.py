@@ -80,7 +80,7 @@ def minted(gateway: Stack, plain: int) -> dict[str, Any]:
     record("hand-off (a) ids minted", "chat", len(params["prompt_token_ids"]))
     assert set(params) == {"prompt_token_ids", "token_policy_proof"}, params
     assert params["prompt_token_ids"] == payload["prompt_token_ids"]  # vLLM's own
-    assert params["token_policy_proof"].startswith(f"tp3.{KEY_ID}.")
+    assert params["token_policy_proof"].startswith(f"tp4.{KEY_ID}.")
     assert count == len(params["prompt_token_ids"]) == plain
     assert minted_for(gateway, rid) == len(params["prompt_token_ids"])
     return params

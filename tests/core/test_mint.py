@@ -101,7 +101,7 @@ def test_a_response_is_signed_and_written_back():
     params = json.loads(signed)["kv_transfer_params"]
     assert params["prompt_token_ids"] == [1, 2]
     assert params["p"] == 7
-    assert params[proof.PROOF_KEY].startswith("tp3.k1.")
+    assert params[proof.PROOF_KEY].startswith("tp4.k1.")
 
 
 @pytest.mark.parametrize(

@@ -37,10 +37,13 @@ def test_round_trip():
 def test_format():
     token = proof.mint(KEYS, {"prompt_token_ids": [1]}, digest(), 1234)
     assert token is not None
-    version, key_id, expiry, nonce, shown, mac = token.split(".")
-    assert (version, key_id, expiry) == ("tp3", "k1", "1234")
+    version, key_id, expiry, nonce, partition, shown, mac = token.split(".")
+    assert (version, key_id, expiry, partition) == ("tp4", "k1", "1234", "-")
     assert len(nonce) == 16
     assert len(shown) == len(mac) == 43
+    tag = proof.mint(KEYS, {"prompt_token_ids": [1]}, digest(), 1234, partition="A" * 22)
+    assert tag is not None
+    assert tag.split(".")[4] == "A" * 22
 
 
 def _b64(raw):
@@ -50,13 +53,16 @@ def _b64(raw):
 def test_the_mac_is_keyed_blake3_as_documented():
     # docs/trust.md's definition, written out with the test's copy of the key.
     params = {"prompt_token_ids": [7, 8], "remote_port": 5600}
-    token = proof.mint(KEYS, params, digest(), 1234, nonce=bytes(range(12)))
+    partition = "P" * 21 + "A"
+    token = proof.mint(KEYS, params, digest(), 1234, bytes(range(12)), partition=partition)
     assert token is not None
     nonce, shown = _b64(bytes(range(12))), _b64(digest())
-    key = blake3.blake3(b"k" * 32, derive_key_context="ext_proc token_policy_proof tp3 MAC key")
-    message = f'tp3\nk1\n1234\n{shown}\n{{"remote_port":5600}}\n[7,8]\n{nonce}'.encode()
+    key = blake3.blake3(b"k" * 32, derive_key_context="ext_proc token_policy_proof tp4 MAC key")
+    message = (
+        f'tp4\nk1\n1234\n{partition}\n{shown}\n{{"remote_port":5600}}\n[7,8]\n{nonce}'.encode()
+    )
     mac = blake3.blake3(message, key=key.digest()).digest()
-    assert token == f"tp3.k1.1234.{nonce}.{shown}.{_b64(mac)}"
+    assert token == f"tp4.k1.1234.{nonce}.{partition}.{shown}.{_b64(mac)}"
 
 
 TOOL = {"type": "function", "function": {"name": "f", "parameters": {"b": 1, "a": 2}}}
@@ -97,7 +103,9 @@ def test_a_tp1_proof_is_superseded():
     [
         "tp2.k1.1234",  # too few parts
         f"tp2.k1.1234.{'A' * 15}.{'A' * 43}.{'A' * 43}",  # a nonce one character short
-        f"tp4.k1.1234.{'A' * 16}.{'A' * 43}.{'A' * 43}",  # no format this release knows
+        f"tp5.k1.1234.{'A' * 16}.-.{'A' * 43}.{'A' * 43}",  # no format this release knows
+        f"tp3.k1.1234.{'A' * 16}.-.{'A' * 43}.{'A' * 43}",  # tp3 had no partition
+        f"tp4.k1.1234.{'A' * 16}.{'A' * 43}.{'A' * 43}",  # a tp4 without its partition
         f"tp1.k1.1234.{'A' * 16}.{'A' * 43}.{'A' * 43}",  # tp1 had no nonce
     ],
 )
@@ -106,10 +114,33 @@ def test_only_the_exact_shape_of_an_earlier_format_is_superseded(token):
     assert proof.verify(KEYS, params, digest(), now=1200, skew=5) == "proof_malformed"
 
 
-def test_a_turn_claim_never_reads_a_superseded_proof():
-    # Turn proofs (tt3) had no earlier format: a tp2 proof where a turn is expected is
-    # no turn, as a tp3 one is not.
+def test_a_turn_claim_never_reads_a_superseded_prefill_proof():
+    # A tp2 proof where a turn is expected is no turn, as a tp4 one is not; a tt3 one is
+    # a turn of the format before, superseded.
     assert proof.claim(KEYS, tp2_params(), proof.TURN_VERSION) == "proof_malformed"
+    assert proof.claim(KEYS, tp3_params(), proof.TURN_VERSION) == "proof_malformed"
+    turn = tp3_params(version="tt3")
+    assert proof.claim(KEYS, turn, proof.TURN_VERSION) == "proof_superseded"
+    assert proof.claim(KEYS, turn) == "proof_malformed"
+
+
+def tp3_params(version="tp3"):
+    """Parameters the release before tp4 signed for ``PROMPT`` (tp3's digest is tp4's)."""
+    params = {"prompt_token_ids": [7, 8], "remote_port": 5600}
+    token = previous_proofs.mint_tp3("k1", b"k" * 32, params, digest(), 1234, bytes(12), version)
+    return {**params, proof.PROOF_KEY: token}
+
+
+def test_a_tp3_proof_is_superseded_it_names_no_partition():
+    # Its own key, a current expiry, the prompt it was minted for, on a route of no
+    # tenant: still not honored. A tp3 proof may have been minted on a tenant's route,
+    # and nothing in it says so: honored here, the tenant's prompt KV would be cached
+    # under the client's raw salt.
+    params = tp3_params()
+    assert params[proof.PROOF_KEY].startswith("tp3.k1.1234.")
+    for partition in (proof.NO_PARTITION, "A" * 22):
+        found = proof.verify(KEYS, params, digest(), now=1200, skew=5, partition=partition)
+        assert found == "proof_superseded"
 
 
 def test_every_mint_is_another_proof_of_the_same_parameters():
@@ -220,14 +251,26 @@ def test_nan_in_a_prompt_field_is_not_null():
 
 def _without_nonce(params):
     """The proof as the format before the nonce wrote it (tp1, five fields)."""
-    _, key_id, expiry, _, shown, mac = params[proof.PROOF_KEY].split(".")
+    _, key_id, expiry, _, _, shown, mac = params[proof.PROOF_KEY].split(".")
     return ".".join(("tp1", key_id, expiry, shown, mac))
 
 
+def _without_partition(params):
+    """The proof as tp3 wrote it (six fields, no partition)."""
+    _, key_id, expiry, nonce, _, shown, mac = params[proof.PROOF_KEY].split(".")
+    return ".".join(("tp3", key_id, expiry, nonce, shown, mac))
+
+
+def _other_partition(params):
+    fields = params[proof.PROOF_KEY].split(".")
+    fields[4] = "A" * 22
+    return ".".join(fields)
+
+
 def _other_nonce(params):
-    version, key_id, expiry, nonce, shown, mac = params[proof.PROOF_KEY].split(".")
+    version, key_id, expiry, nonce, partition, shown, mac = params[proof.PROOF_KEY].split(".")
     other = ("B" if nonce[0] == "A" else "A") + nonce[1:]
-    return ".".join((version, key_id, expiry, other, shown, mac))
+    return ".".join((version, key_id, expiry, other, partition, shown, mac))
 
 
 @pytest.mark.parametrize(
@@ -236,8 +279,13 @@ def _other_nonce(params):
         (lambda p: p.pop(proof.PROOF_KEY), "proof_missing"),
         (lambda p: p.update({proof.PROOF_KEY: None}), "proof_missing"),
         (lambda p: p.update({proof.PROOF_KEY: ["tp1"]}), "proof_malformed"),
-        (lambda p: p.update({proof.PROOF_KEY: "tp2" + p[proof.PROOF_KEY][3:]}), "proof_superseded"),
+        (lambda p: p.update({proof.PROOF_KEY: _without_partition(p)}), "proof_superseded"),
+        (
+            lambda p: p.update({proof.PROOF_KEY: "tp2" + _without_partition(p)[3:]}),
+            "proof_superseded",
+        ),
         (lambda p: p.update({proof.PROOF_KEY: _without_nonce(p)}), "proof_superseded"),
+        (lambda p: p.update({proof.PROOF_KEY: _other_partition(p)}), "proof_bad_signature"),
         (lambda p: p.update({proof.PROOF_KEY: _other_nonce(p)}), "proof_bad_signature"),
         (lambda p: p.update({proof.PROOF_KEY: p[proof.PROOF_KEY] + "x"}), "proof_malformed"),
         (
@@ -372,12 +420,19 @@ def _respell_last(text: str) -> list[str]:
 
 def test_only_the_canonical_base64_of_a_proof_is_accepted():
     params = minted({"prompt_token_ids": [1, 2]})
-    version, key_id, expiry, nonce, shown, mac = params[proof.PROOF_KEY].split(".")
+    version, key_id, expiry, nonce, _, shown, mac = params[proof.PROOF_KEY].split(".")
+    partition = "B" * 21 + "A"
     respelled_macs = _respell_last(mac)
     respelled_digests = _respell_last(shown)
+    respelled_partitions = _respell_last(partition)
     assert len(respelled_macs) == 3  # 43 characters carry 2 spare bits: 4 spellings
     assert len(respelled_digests) == 3
-    for fields in [(shown, m) for m in respelled_macs] + [(d, mac) for d in respelled_digests]:
+    assert len(respelled_partitions) == 15  # 22 carry 4: 16 spellings
+    for fields in (
+        [(partition, shown, m) for m in respelled_macs]
+        + [(partition, d, mac) for d in respelled_digests]
+        + [(p, shown, mac) for p in respelled_partitions]
+    ):
         token = ".".join((version, key_id, expiry, nonce, *fields))
         assert proof.verify(KEYS, {**params, proof.PROOF_KEY: token}, digest(), 0, 0) == (
             "proof_malformed"
@@ -415,16 +470,43 @@ def test_a_settled_claim_is_verify():
         (50, 0, 10, digest()),  # outlives the lease
         (100, 0, math.inf, digest({"model": "other"})),  # another prompt
     ]:
-        expected = proof.verify(KEYS, params, seen, now, skew, lifetime=lifetime)
-        assert claim.settle(seen, now, skew, lifetime) == expected
+        for partition in (proof.NO_PARTITION, "A" * 22):
+            expected = proof.verify(
+                KEYS, params, seen, now, skew, lifetime=lifetime, partition=partition
+            )
+            assert claim.settle(seen, now, skew, lifetime, partition=partition) == expected
     forged = dataclasses.replace(claim, shown=bytes(32))
     assert forged.settle(digest(), 100, 0, math.inf) == "proof_bad_signature"
+
+
+TEAM_A, TEAM_B = "A" * 22, "B" * 21 + "A"
+
+
+def test_a_proof_is_honored_only_in_the_partition_it_was_minted_in():
+    params = {"prompt_token_ids": [1, 2]}
+    tagged = {**params, proof.PROOF_KEY: proof.mint(KEYS, params, digest(), 100, partition=TEAM_A)}
+    plain = minted(params)
+    for found, partition, reason in [
+        (tagged, TEAM_A, None),
+        (tagged, proof.NO_PARTITION, "proof_partition_mismatch"),
+        (tagged, TEAM_B, "proof_partition_mismatch"),
+        (plain, TEAM_A, "proof_partition_mismatch"),
+        (plain, proof.NO_PARTITION, None),
+    ]:
+        assert proof.verify(KEYS, found, digest(), 100, 0, partition=partition) == reason
+    # After the MAC and the lifetime, before the prompt.
+    assert proof.verify(KEYS, tagged, digest(), 101, 0, partition=TEAM_B) == "proof_expired"
+    other = digest({"model": "other"})
+    assert proof.verify(KEYS, tagged, other, 100, 0, partition=TEAM_B) == (
+        "proof_partition_mismatch"
+    )
+    assert proof.verify(KEYS, tagged, other, 100, 0, partition=TEAM_A) == "prompt_mismatch"
 
 
 def test_what_a_claim_refuses_before_any_mac():
     params = minted({"prompt_token_ids": [1]})
     assert proof.claim(KEYS, {"prompt_token_ids": [1]}) == "proof_missing"
-    assert proof.claim(KEYS, {**params, proof.PROOF_KEY: "tp3.x"}) == "proof_malformed"
+    assert proof.claim(KEYS, {**params, proof.PROOF_KEY: "tp4.x"}) == "proof_malformed"
     assert proof.claim(proof.KeySet({}, None), params) == "proof_unknown_key"
 
 

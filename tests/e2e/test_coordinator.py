@@ -106,7 +106,7 @@ def test_the_coordinators_hand_off_moves_the_kv_cache(gateway):
     # The decode server got the keys the prefill server's connector wrote, with the
     # proof that let them through: the KV cache moves.
     proof = decode["kv_transfer_params"].pop("token_policy_proof")
-    assert proof.startswith("tp3.")
+    assert proof.startswith("tp4.")
     assert decode["kv_transfer_params"] == tokens.CONNECTOR_REPLY
     assert {k: v for k, v in decode.items() if k != "kv_transfer_params"} == CHAT
     decided = gateway.decisions(before)

@@ -523,7 +523,7 @@ def test_generated_config_runs_end_to_end(tmp_path):
             reply = client.post(stack.url + "/pd/prefill/v1/chat/completions", json=prefill)
             assert reply.status_code == 200, reply.text
             params = reply.json()["kv_transfer_params"]
-            assert params["token_policy_proof"].startswith("tp3.k1.")
+            assert params["token_policy_proof"].startswith("tp4.k1.")
             stack.clear()
             reply = client.post(stack.url + "/pd/v1/chat/completions", json=chat(params))
             assert reply.status_code == 200, reply.text

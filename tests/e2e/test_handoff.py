@@ -30,9 +30,10 @@ from tests.e2e.test_operations import access_log
 PREFILL = "/pd/prefill/v1/chat/completions"
 DECODE = "/pd/v1/chat/completions"
 UPSTREAM_PATH = "/v1/chat/completions"
+# The shipped P/D routes name no tenant source: their proofs name no partition ("-").
 PROOF = re.compile(
-    r"tp3\.([A-Za-z0-9_-]{1,64})\.([1-9][0-9]*)\.([A-Za-z0-9_-]{16})"
-    r"\.([A-Za-z0-9_-]{43})\.([A-Za-z0-9_-]{43})"
+    r"tp4\.([A-Za-z0-9_-]{1,64})\.([1-9][0-9]*)\.([A-Za-z0-9_-]{16})"
+    r"\.-\.([A-Za-z0-9_-]{43})\.([A-Za-z0-9_-]{43})"
 )
 # What a P/D proxy sends on the prefill leg (vLLM's toy proxy, llm-d's sidecar).
 PREFILL_REQUEST_PARAMS = {
@@ -117,10 +118,10 @@ def sign(
     head = json.dumps(rest, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
     ids = params.get("prompt_token_ids")
     tail = "-" if ids is None else json.dumps(ids, separators=(",", ":"))
-    message = f"tp3\n{key_id}\n{expiry}\n{digest}\n{head}\n{tail}\n{nonce}".encode()
-    mac_key = blake3.blake3(key, derive_key_context="ext_proc token_policy_proof tp3 MAC key")
+    message = f"tp4\n{key_id}\n{expiry}\n-\n{digest}\n{head}\n{tail}\n{nonce}".encode()
+    mac_key = blake3.blake3(key, derive_key_context="ext_proc token_policy_proof tp4 MAC key")
     mac = blake3.blake3(message, key=mac_key.digest()).digest()
-    return f"tp3.{key_id}.{expiry}.{nonce}.{digest}.{b64(mac)}"
+    return f"tp4.{key_id}.{expiry}.{nonce}.-.{digest}.{b64(mac)}"
 
 
 def assert_not_honored(stack: Stack, sent: dict[str, Any], rid: str, reason: str) -> None:
@@ -159,7 +160,7 @@ def test_prefill_response_carries_signed_ids(gateway, client):
     assert {k: params[k] for k in tokens.CONNECTOR_REPLY} == tokens.CONNECTOR_REPLY
     assert params["prompt_token_ids"] == ids
     proof = params["token_policy_proof"]
-    assert proof.startswith("tp3.")
+    assert proof.startswith("tp4.")
     key_id, expiry, nonce, digest, _mac = proof_parts(params)
     assert key_id == KEY_ID
     assert before + 20 <= expiry <= time.time() + 21  # the default ttl_seconds
@@ -245,7 +246,7 @@ def dropped_ids(params: dict[str, Any]) -> dict[str, Any]:
 
 
 def unknown_key(params: dict[str, Any]) -> dict[str, Any]:
-    proof = params["token_policy_proof"].replace(f"tp3.{KEY_ID}.", "tp3.elsewhere.", 1)
+    proof = params["token_policy_proof"].replace(f"tp4.{KEY_ID}.", "tp4.elsewhere.", 1)
     return {**params, "token_policy_proof": proof}
 
 

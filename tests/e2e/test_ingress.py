@@ -322,7 +322,7 @@ def test_the_ingress_routes_run_with_the_processor(tmp_path):
             reply = post(PREFILL, "/pd/prefill/v1/chat/completions", prefill)
             assert reply.status_code == 200, reply.text
             params = reply.json()["kv_transfer_params"]
-            assert params["token_policy_proof"].startswith("tp3.k1.")
+            assert params["token_policy_proof"].startswith("tp4.k1.")
             assert _forwarded(gateway)[0] == "/v1/chat/completions"
             reply = post(DECODE, "/pd/v1/chat/completions", chat(params))
             assert reply.status_code == 200, reply.text

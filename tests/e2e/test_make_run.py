@@ -99,7 +99,7 @@ def test_make_run_serves_the_routes_and_the_hand_off_and_cleans_up_on_ctrl_c(tmp
         params = json.loads(shown)
         # The route wrote the connector request: the stand-in answered as NIXL does.
         assert set(params) == {*tokens.CONNECTOR_REPLY, "prompt_token_ids", "token_policy_proof"}
-        assert params["token_policy_proof"].startswith(f"tp3.{stack.THROWAWAY_KEY_ID}.")
+        assert params["token_policy_proof"].startswith(f"tp4.{stack.THROWAWAY_KEY_ID}.")
         # The decode leg reached the stand-in as sent: the signed parameters (the
         # connector's and the ids) with their proof.
         decode = json.loads(json.loads(decoded)["stub_received"]["body"])
@@ -130,7 +130,7 @@ def test_a_configured_key_is_used_and_none_generated(tmp_path):
         gateway = f"http://127.0.0.1:{ports['GATEWAY_PORT']}"
         reply = httpx.post(gateway + "/pd/prefill/v1/chat/completions", json=body, timeout=20)
         assert reply.status_code == 200
-        assert reply.json()["kv_transfer_params"]["token_policy_proof"].startswith("tp3.mine.")
+        assert reply.json()["kv_transfer_params"]["token_policy_proof"].startswith("tp4.mine.")
         os.kill(run.pid, signal.SIGINT)
         assert run.wait(timeout=30) == 0
     finally:

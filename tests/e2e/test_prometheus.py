@@ -167,7 +167,7 @@ def drive(stack: Stack) -> dict[tuple[str, str], int]:
         "proof_unknown_key": {
             **minted,
             "token_policy_proof": minted["token_policy_proof"].replace(
-                f"tp3.{key_id}.", "tp3.other."
+                f"tp4.{key_id}.", "tp4.other."
             ),
         },
         "proof_malformed": {**minted, "token_policy_proof": "not-a-proof"},

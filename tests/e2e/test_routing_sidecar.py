@@ -154,7 +154,7 @@ def proven(leg: dict[str, Any]) -> dict[str, Any]:
     """A decode leg's kv_transfer_params without their proof, which the decode pod's
     gateway forwarded with them (docs/trust.md)."""
     params = dict(leg["kv_transfer_params"])
-    assert params.pop("token_policy_proof").startswith("tp3.")
+    assert params.pop("token_policy_proof").startswith("tp4.")
     return params
 
 

@@ -137,6 +137,6 @@ def test_the_prefill_route_keeps_its_rpc_for_the_response_and_signs_it(stack):
     thread.join(10)
     (reply,) = replies
     assert reply.status_code == 200, reply.text
-    assert reply.json()[KV]["token_policy_proof"].startswith("tp3.")
+    assert reply.json()[KV]["token_policy_proof"].startswith("tp4.")
     # Envoy may send the signed answer on before the processor sees its side of the RPC end
     assert wait_for(lambda: ended(stack, "prefill") == before + 1)

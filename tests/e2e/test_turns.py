@@ -67,7 +67,7 @@ def first_turn(
         chat(kv_transfer_params=prefill["kv_transfer_params"], return_token_ids=True, **extra),
     )
     params = decode["kv_transfer_params"]
-    assert params["token_policy_proof"].startswith("tt3.")
+    assert params["token_policy_proof"].startswith("tt4.")
     answer = decode["choices"][0]["message"]["content"]
     messages = [*chat()["messages"], {"role": "assistant", "content": answer}]
     stack.clear()
@@ -99,7 +99,7 @@ def test_the_next_turn_reads_the_first_back_once_and_its_answer_is_signed(client
     assert len(sent["cache_salt"]) >= 16
     # The prefill server's prompt began with the tokens read back: the decode leg's
     # parameters are signed as any prefill's.
-    assert reply["kv_transfer_params"]["token_policy_proof"].startswith("tp3.")
+    assert reply["kv_transfer_params"]["token_policy_proof"].startswith("tp4.")
     stack.clear()
     # The same turn again: spent; the prefill server gets the route's request only.
     post(client, stack, PREFILL, next_turn(messages, params))

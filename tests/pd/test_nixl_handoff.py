@@ -62,7 +62,7 @@ def prefill(gateway: Gateway, chat: list[dict[str, str]], params: Any = ORCHESTR
     assert reply.status_code == 200, reply.text
     minted = reply.json()["kv_transfer_params"]
     assert set(minted) >= CONNECTOR_KEYS, minted
-    assert minted["token_policy_proof"].startswith("tp3.")
+    assert minted["token_policy_proof"].startswith("tp4.")
     return minted
 
 

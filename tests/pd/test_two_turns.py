@@ -67,7 +67,7 @@ def first_turn(
     """Turn 1 through the gateway: the signed turn parameters, the conversation as the
     next turn repeats it, turn 1's tokens (prompt, then output) and the legs' seconds."""
     answer, prefill_s = post(gateway.url + PREFILL, body(first, 1, None))
-    assert answer["kv_transfer_params"]["token_policy_proof"].startswith("tp3.")
+    assert answer["kv_transfer_params"]["token_policy_proof"].startswith("tp4.")
     before = pair.kv_counters()
     params = answer["kv_transfer_params"]
     answer, decode_s = post(gateway.url + TURNS, body(first, answer_tokens, params))
@@ -76,7 +76,7 @@ def first_turn(
     assert moved.external == len(prompt), moved
     assert moved.local == 0, moved
     turn = answer["kv_transfer_params"]
-    assert turn["token_policy_proof"].startswith("tt3."), turn
+    assert turn["token_policy_proof"].startswith("tt4."), turn
     assert turn["remote_num_tokens"] == len(prompt) + len(answer["choices"][0]["token_ids"]) - 1
     said = {"role": "assistant", "content": answer["choices"][0]["message"]["content"]}
     tokens = prompt + answer["choices"][0]["token_ids"]
@@ -112,13 +112,13 @@ def test_the_second_turn_reads_the_first_back_through_the_gateway_once(
     # are signed, and turn 2's decode leg reads its KV from the prefill server.
     assert prompt2[:held] == tokens1[:held]
     onward = answer["kv_transfer_params"]
-    assert onward["token_policy_proof"].startswith("tp3."), onward
+    assert onward["token_policy_proof"].startswith("tp4."), onward
     before = pair.kv_counters()
     answer, decode2_s = post(gateway.url + TURNS, body(second, 8, onward))
     decode2 = settled(pair.kv_counters, before, len(prompt2))
     assert decode2.local == 0, decode2
     assert decode2.external > 0, decode2
-    assert answer["kv_transfer_params"]["token_policy_proof"].startswith("tt3.")
+    assert answer["kv_transfer_params"]["token_policy_proof"].startswith("tt4.")
 
     # The same turn again: spent. Nothing is read back.
     before = pair.kv_counters("prefill")
