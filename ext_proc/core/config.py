@@ -89,6 +89,11 @@ class Proof(BaseModel):
     # The longest one Redis command may take; past it the proof is not honored.
     record_timeout_seconds: float = Field(0.25, gt=0, le=5)
 
+    @property
+    def terms(self) -> replay.Terms:
+        """What this processor's entries in a record of spent proofs rest on."""
+        return replay.Terms(self.clock_skew_seconds, self.ttl_seconds, self.turn_ttl_seconds)
+
     @model_validator(mode="after")
     def _distinct(self) -> Proof:
         ids = [key.id for key in self.keys]

@@ -20,8 +20,14 @@ only by a spend that read a time past the slot's (a proof's expiry + 3 x skew), 
 clock stepped back far enough to verify that proof again reads more than 2 x skew below
 ``seen``.
 
+The header also keeps the terms its entries rest on (``replay.Terms``: the skew and the
+lifetimes), the largest any of its workers brought: every ticket is kept and dated under
+them, and a worker whose terms exceed them raises them and begins the table again. The
+workers of one processor share its configuration, so this holds only where a table is
+mapped by processes configured apart.
+
 Layout: a header (magic, the bucket count, a random secret, when it began, the latest
-second seen), then buckets of
+second seen, the terms), then buckets of
 ``BUCKET_SLOTS`` slots, each a proof's key and the unix second until which it is kept.
 A key goes in the bucket its keyed hash names (the secret keeps clients who hold many
 proofs from aiming them at one bucket); a slot whose time has passed is free. A bucket
@@ -49,8 +55,10 @@ from typing import Final
 
 from ext_proc.core.replay import (
     BUCKET_SLOTS,
+    NO_TERMS,
     TABLE_HEADER,
     TABLE_SLOT,
+    Terms,
     Ticket,
     Verdict,
     allowance,
@@ -58,32 +66,42 @@ from ext_proc.core.replay import (
 )
 
 log = logging.getLogger("ext_proc.record")
-MAGIC: Final = b"xpspent3"
+MAGIC: Final = b"xpspent4"
 _HEADER: Final = TABLE_HEADER
 _SLOT: Final = TABLE_SLOT
 _BUCKET_BYTES: Final = BUCKET_SLOTS * _SLOT.size
-# The header's last field: the latest second a spend read from the clock.
-_SEEN: Final = struct.Struct("<q")
-_SEEN_AT: Final = _HEADER.size - _SEEN.size
+# The header's fields a spend reads and writes: when the table began, the latest second
+# a spend read from the clock, the terms.
+_SECOND: Final = struct.Struct("<q")
+_TERMS: Final = struct.Struct("<III")
+_TERMS_AT: Final = _HEADER.size - _TERMS.size
+_SEEN_AT: Final = _TERMS_AT - _SECOND.size
+_BEGAN_AT: Final = _SEEN_AT - _SECOND.size
 
 
-def _header(slots: int, began: float) -> bytes:
+def _header(slots: int, began: float, terms: Terms) -> bytes:
     # ``began`` rounded up: a proof minted within the second the table began is not fresh.
     # The table has seen its beginning.
     start = math.ceil(began)
-    return _HEADER.pack(MAGIC, -(-slots // BUCKET_SLOTS), secrets.token_bytes(16), start, start)
+    buckets = -(-slots // BUCKET_SLOTS)
+    return _HEADER.pack(
+        MAGIC, buckets, secrets.token_bytes(16), start, start, terms.skew, terms.ttl, terms.turn_ttl
+    )
 
 
-def create(path: Path, slots: int, clock: Callable[[], float] = time.time) -> None:
-    """A new, empty table of ``slots`` slots in the file ``path`` (for ``LocalRecord.open``)."""
+def create(
+    path: Path, slots: int, clock: Callable[[], float] = time.time, *, terms: Terms = NO_TERMS
+) -> None:
+    """A new, empty table of ``slots`` slots in the file ``path`` (for
+    ``LocalRecord.open``), its entries kept under ``terms``."""
     with path.open("wb") as out:
         out.truncate(table_bytes(slots))
-        out.write(_header(slots, clock()))
+        out.write(_header(slots, clock(), terms))
 
 
 class LocalRecord:
-    """Spent proofs in a table mapped by every worker of this processor. ``skew``:
-    ``proof.clock_skew_seconds``."""
+    """Spent proofs in a table mapped by every worker of this processor. ``terms``:
+    this processor's (``config.Proof.terms``), which its tickets were made under."""
 
     def __init__(
         self,
@@ -91,9 +109,9 @@ class LocalRecord:
         fd: int | None,
         clock: Callable[[], float] = time.time,
         *,
-        skew: int = 0,
+        terms: Terms = NO_TERMS,
     ) -> None:
-        magic, buckets, secret, began, _seen = _HEADER.unpack_from(table, 0)
+        magic, buckets, secret, *_state = _HEADER.unpack_from(table, 0)
         if magic != MAGIC or len(table) != _HEADER.size + buckets * _BUCKET_BYTES:
             raise ValueError("not a table of spent proofs")
         self._table = table
@@ -101,9 +119,19 @@ class LocalRecord:
         self._buckets = buckets
         self._secret = secret
         self._clock = clock
-        self._allowance = allowance(skew)
-        self.began = began
+        self._terms = terms
+        self._allowance = allowance(terms.skew)
         self.size = len(table)
+
+    @property
+    def began(self) -> int:
+        """When the table began (unix seconds)."""
+        return int(_SECOND.unpack_from(self._table, _BEGAN_AT)[0])
+
+    @property
+    def terms(self) -> Terms:
+        """The terms the table keeps its entries under."""
+        return Terms(*_TERMS.unpack_from(self._table, _TERMS_AT))
 
     @classmethod
     def open(
@@ -111,7 +139,7 @@ class LocalRecord:
         path: Path,
         clock: Callable[[], float] = time.time,
         *,
-        skew: int = 0,
+        terms: Terms = NO_TERMS,
     ) -> LocalRecord:
         """The table in ``path`` (made by ``create``), shared with every process that
         opens it."""
@@ -121,7 +149,7 @@ class LocalRecord:
         except BaseException:
             os.close(fd)
             raise
-        return cls(table, fd, clock, skew=skew)
+        return cls(table, fd, clock, terms=terms)
 
     @classmethod
     def anonymous(
@@ -130,38 +158,44 @@ class LocalRecord:
         clock: Callable[[], float] = time.time,
         began: float | None = None,
         *,
-        skew: int = 0,
+        terms: Terms = NO_TERMS,
     ) -> LocalRecord:
         """A table for this process alone (no lock: one event loop uses it), begun now
         unless ``began`` says when."""
         table = mmap.mmap(-1, table_bytes(slots))
-        table[: _HEADER.size] = _header(slots, clock() if began is None else began)
-        return cls(table, None, clock, skew=skew)
+        table[: _HEADER.size] = _header(slots, clock() if began is None else began, terms)
+        return cls(table, None, clock, terms=terms)
 
     async def spend(self, ticket: Ticket) -> Verdict:
         return self.spend_now(ticket)
 
     def spend_now(self, ticket: Ticket) -> Verdict:
-        """``FIRST`` and recorded until ``ticket.expires_at``, or why not."""
-        if not ticket.fresh(self.began):
-            # The record working as it should after a restart: logged, not an error.
-            log.warning(
-                "proof record unavailable: the proof may have been minted before this "
-                "processor's record of spent proofs began",
-                extra={"store": "local", "error": "record_began_after_mint"},
-            )
-            return Verdict.UNAVAILABLE
+        """``FIRST`` and recorded until ``ticket.expires_at`` (under the table's terms),
+        or why not."""
         hashed = hashlib.blake2b(ticket.key, key=self._secret, digest_size=8).digest()
         start = _HEADER.size + int.from_bytes(hashed, "little") % self._buckets * _BUCKET_BYTES
         with self._locked():
             # Read under the lock: a worker that waited for it reads no earlier than the
             # one before it wrote.
-            now = int(self._clock())
-            (seen,) = _SEEN.unpack_from(self._table, _SEEN_AT)
+            read = self._clock()
+            kept = self.terms
+            if not kept.covers(self._terms):
+                return self._raise(kept, read)
+            ticket = kept.widened(ticket, self._terms)
+            if not ticket.fresh(self.began):
+                # The record working as it should after a restart: logged, not an error.
+                log.warning(
+                    "proof record unavailable: the proof may have been minted before this "
+                    "processor's record of spent proofs began",
+                    extra={"store": "local", "error": "record_began_after_mint"},
+                )
+                return Verdict.UNAVAILABLE
+            now = int(read)
+            (seen,) = _SECOND.unpack_from(self._table, _SEEN_AT)
             if now < seen - self._allowance:
                 return self._behind(now, seen)
             if now > seen:
-                _SEEN.pack_into(self._table, _SEEN_AT, now)
+                _SECOND.pack_into(self._table, _SEEN_AT, now)
             bucket = self._table[start : start + _BUCKET_BYTES]
             free = None
             for slot, (key, until) in enumerate(_SLOT.iter_unpack(bucket)):
@@ -174,6 +208,21 @@ class LocalRecord:
                 return Verdict.FULL
             _SLOT.pack_into(self._table, start + free * _SLOT.size, ticket.key, ticket.expires_at)
         return Verdict.FIRST
+
+    def _raise(self, kept: Terms, read: float) -> Verdict:
+        """Under the lock: this worker's terms exceed the table's. The table keeps the
+        larger ones from now on and begins again (never earlier than it had): what it
+        kept before was kept for the smaller terms only."""
+        terms = kept.joined(self._terms)
+        _TERMS.pack_into(self._table, _TERMS_AT, terms.skew, terms.ttl, terms.turn_ttl)
+        _SECOND.pack_into(self._table, _BEGAN_AT, max(self.began, math.ceil(read)))
+        log.warning(
+            "proof record unavailable: this processor's skew or proof lifetimes exceed "
+            "those the record of spent proofs kept its entries for; it keeps them from "
+            "now on and begins again",
+            extra={"store": "local", "error": "record_terms_raised", **_fields(terms)},
+        )
+        return Verdict.UNAVAILABLE
 
     def _behind(self, now: int, seen: int) -> Verdict:
         log.warning(
@@ -203,3 +252,12 @@ class LocalRecord:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
+
+
+def _fields(terms: Terms) -> dict[str, int]:
+    """A log line's fields for the terms a record now keeps."""
+    return {
+        "clock_skew_seconds": terms.skew,
+        "ttl_seconds": terms.ttl,
+        "turn_ttl_seconds": terms.turn_ttl,
+    }

@@ -36,6 +36,14 @@ notices it whatever the data it came back with says:
   Redis, which its key lives longer by) is ``CLOCK_BEHIND``: a key expires only once
   that time is past its proof's expiry + 3 x skew, when no clock within the allowance
   verifies the proof.
+- The writers' terms (``replay.Terms``: ``clock_skew_seconds``, ``ttl_seconds``,
+  ``turn_ttl_seconds``) are in ``TERMS``, bound to the incarnation and the beginning
+  they were written under: the largest any writer brought since the record began.
+  Every spend keeps and dates its proof under them; a spend whose own terms exceed
+  them (a rollout that raises one) raises them and begins the record again
+  (``record_terms_raised``): keys set before lived for the smaller terms only. A record
+  whose beginning states no terms (one a processor of an earlier release began) begins
+  again the same way.
 
 All of it in one script, one round trip, read from the server itself at each spend, so
 a processor that just started, or that never saw the Redis before, judges alike.
@@ -65,11 +73,12 @@ from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
 from ext_proc.core.config import ConfigError
-from ext_proc.core.replay import Ticket, Verdict, allowance
+from ext_proc.core.replay import NO_TERMS, Terms, Ticket, Verdict, allowance
 
 log = logging.getLogger("ext_proc.record")
 PREFIX: Final = "ext_proc:spent:"
 SINCE: Final = "ext_proc:spent-since"
+TERMS: Final = "ext_proc:spent-terms"
 # The commands that put other data in place of a key without a new run_id or replid
 # (SWAPDB swaps a database back, MOVE, COPY and RESTORE bring an older key back, a
 # flush or DEBUG RELOAD replaces it) and the count of evicted keys make the record's
@@ -108,13 +117,18 @@ at = tonumber(at[1]) * 1000 + math.floor(tonumber(at[2]) / 1000)
 # the latest time a spend read from a processor's clock (unix ms), Redis's clock then
 # (ms), and how long after that (ms) a key then set may live.
 _SINCE_FORMAT: Final = "'%s %d %d %d %d', incarnation, began, seen, at, window"
-# KEYS: SINCE, the proof's key; ARGV: now (unix seconds, rounded up), when the proof was
-# minted after (unix seconds), its lifetime (ms), now (unix ms, rounded down), how far
-# (ms) a clock may read below the latest time seen. 1: recorded now; 0: recorded before;
-# -1: minted before the record began; -2: not a master; -3: keys may be evicted; -4:
-# this clock reads before the latest time the record has seen; -5: the statistics the
-# history is read from were reset (CONFIG RESETSTAT); -6: older than Redis 7, whose
-# statistics cannot show that.
+# TERMS's value: the incarnation and the beginning it was written under, then the
+# terms (skew, ttl, turn ttl; seconds).
+_TERMS_FORMAT: Final = "'%s %d %d %d %d', incarnation, began, skew, ttl, turn"
+# KEYS: SINCE, TERMS, the proof's key; ARGV: now (unix seconds, rounded up), when the
+# proof was minted after (unix seconds), its lifetime (ms), now (unix ms, rounded down),
+# how far (ms) a clock may read below the latest time seen, the spender's terms (skew,
+# ttl, turn ttl) the two times follow from, 1 for a turn proof (else 0). 1: recorded
+# now; 0: recorded before; -1: minted before the record began; -2: not a master; -3:
+# keys may be evicted; -4: this clock reads before the latest time the record has seen;
+# -5: the statistics the history is read from were reset (CONFIG RESETSTAT); -6: older
+# than Redis 7, whose statistics cannot show that; -7: the spender's terms exceed the
+# record's: raised, and the record began again.
 # A field missing from INFO (not a Redis) fails the script: UNAVAILABLE.
 _SPEND: Final = (
     _INCARNATION
@@ -141,7 +155,8 @@ if since then
     began, seen, anchor, window = tonumber(b), tonumber(s), tonumber(a), tonumber(w)
   end
 end
-if began == nil then
+local begun = began == nil
+if begun then
   began = tonumber(ARGV[1])
 end
 -- The latest time seen goes on with Redis's clock for as long as a key set then may
@@ -152,45 +167,91 @@ if now < seen - tonumber(ARGV[5]) then
   return -4
 end
 seen = math.max(seen, now)
-window = math.max(window - carried, tonumber(ARGV[3]))
+-- The writers' terms since the record began; a spender's that exceed them raise them
+-- and begin the record again (so do none stated for this beginning).
+local own_skew, own_ttl, own_turn = tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])
+local skew, ttl, turn = nil, nil, nil
+local terms = redis.call('GET', KEYS[2])
+if terms and not begun then
+  local wrote, b, s, t, u = string.match(terms, '^(%S+) (%d+) (%d+) (%d+) (%d+)$')
+  if wrote == incarnation and tonumber(b) == began then
+    skew, ttl, turn = tonumber(s), tonumber(t), tonumber(u)
+  end
+end
+local raised = false
+if skew == nil then
+  skew, ttl, turn = own_skew, own_ttl, own_turn
+  raised = not begun
+elseif skew < own_skew or ttl < own_ttl or turn < own_turn then
+  skew, ttl, turn = math.max(skew, own_skew), math.max(ttl, own_ttl), math.max(turn, own_turn)
+  raised = true
+end
+if raised then
+  began = math.max(began, tonumber(ARGV[1]))
+end
+-- The proof kept and dated under the record's terms (replay.Terms.widened).
+local lifetime = tonumber(ARGV[3]) + 3000 * (skew - own_skew)
+local minted_after = tonumber(ARGV[2]) - (skew - own_skew)
+if ARGV[9] == '1' then
+  minted_after = minted_after - (turn - own_turn)
+else
+  minted_after = minted_after - (ttl - own_ttl)
+end
+window = math.max(window - carried, lifetime)
 redis.call('SET', KEYS[1], string.format(@SINCE@))
-if tonumber(ARGV[2]) < began then
+if begun or raised then
+  redis.call('SET', KEYS[2], string.format(@TERMS@))
+end
+if raised then
+  return -7
+end
+if minted_after < began then
   return -1
 end
-if redis.call('SET', KEYS[2], '1', 'NX', 'PX', ARGV[3]) then
+if redis.call('SET', KEYS[3], '1', 'NX', 'PX', lifetime) then
   return 1
 end
 return 0
-""".replace("@SINCE@", _SINCE_FORMAT)
+""".replace("@SINCE@", _SINCE_FORMAT).replace("@TERMS@", _TERMS_FORMAT)
 )
-# KEYS: SINCE; ARGV: when the record began (unix seconds). For a Redis known to have
-# recorded nothing before (a benchmark's, a test's): the record began then, on it, and
-# has seen that time.
+# KEYS: SINCE, TERMS; ARGV: when the record began (unix seconds), its terms (skew, ttl,
+# turn ttl). For a Redis known to have recorded nothing before (a benchmark's, a
+# test's): the record began then, on it, under those terms, and has seen that time.
 _BEGIN: Final = (
     _INCARNATION
     + """
 local began, seen, window = tonumber(ARGV[1]), tonumber(ARGV[1]) * 1000, 0
+local skew, ttl, turn = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 redis.call('SET', KEYS[1], string.format(@SINCE@))
-""".replace("@SINCE@", _SINCE_FORMAT)
+redis.call('SET', KEYS[2], string.format(@TERMS@))
+""".replace("@SINCE@", _SINCE_FORMAT).replace("@TERMS@", _TERMS_FORMAT)
 )
 
 
-def begin(client: redis.Redis, began: int) -> None:
+def begin(client: redis.Redis, began: int, terms: Terms = NO_TERMS) -> None:
     """State that the record on the Redis of ``client`` began at ``began`` (unix
-    seconds), as a spend would have written it then."""
-    client.eval(_BEGIN, 1, SINCE, began)
+    seconds) under ``terms``, as a spend would have written it then."""
+    client.eval(_BEGIN, 2, SINCE, TERMS, began, terms.skew, terms.ttl, terms.turn_ttl)
 
 
 # The script's refusals: the log's ``error`` and its words. A record that began after
 # the proof was minted is the record working as it should after Redis forgot: logged,
 # not counted as an error (the alert on record errors would fire after every restart).
+# So is one whose terms a spender raised (it began again).
 _BEGAN_AFTER_MINT: Final = -1
 _NOT_MASTER: Final = -2
 _EVICTS: Final = -3
 _CLOCK_BEHIND: Final = -4
 _STATS_RESET: Final = -5
 _TOO_OLD: Final = -6
+_TERMS_RAISED: Final = -7
+_BEGINNINGS: Final = frozenset({_BEGAN_AFTER_MINT, _TERMS_RAISED})
 _REFUSED: Final = {
+    _TERMS_RAISED: (
+        "record_terms_raised",
+        "this processor's skew or proof lifetimes exceed those the record kept its keys "
+        "for; it keeps them from now on and begins again",
+    ),
     _BEGAN_AFTER_MINT: (
         "record_began_after_mint",
         "the proof may have been minted before this Redis began its record (a restart, "
@@ -238,10 +299,11 @@ class RedisRecord:
         on_error: Callable[[], None] = lambda: None,
         clock: Callable[[], float] = time.time,
         *,
-        skew: int = 0,
+        terms: Terms = NO_TERMS,
         password_file: str | None = None,
     ) -> None:
-        """``skew``: ``proof.clock_skew_seconds``; ``password_file``:
+        """``terms``: this processor's (``config.Proof.terms``), which its tickets were
+        made under; ``password_file``:
         ``proof.record_password_file``, read once here (``ConfigError`` when it cannot
         be, naming the file and never its content)."""
         self._client = redis.asyncio.Redis.from_url(
@@ -260,7 +322,8 @@ class RedisRecord:
         # that much longer, so a clock that could verify a proof whose key expired still
         # reads more than the allowance below the latest time seen.
         self._in_flight = math.ceil(timeout * 1000)
-        self._allowance = allowance(skew) * 1000 + self._in_flight
+        self._allowance = allowance(terms.skew) * 1000 + self._in_flight
+        self._terms = terms
         self.size = 0  # nothing held here beyond a connection
 
     async def spend(self, ticket: Ticket) -> Verdict:
@@ -276,13 +339,17 @@ class RedisRecord:
         try:
             async with asyncio.timeout(self._timeout):
                 recorded = await self._spend(
-                    keys=[SINCE, name],
+                    keys=[SINCE, TERMS, name],
                     args=[
                         math.ceil(now),
                         ticket.minted_after,
                         lifetime + self._in_flight,
                         math.floor(now * 1000),
                         self._allowance,
+                        self._terms.skew,
+                        self._terms.ttl,
+                        self._terms.turn_ttl,
+                        int(ticket.turn),
                     ],
                 )
         except (RedisError, OSError, TimeoutError) as exc:
@@ -298,7 +365,7 @@ class RedisRecord:
             return Verdict.CLOCK_BEHIND
         if recorded in _REFUSED:
             why, words = _REFUSED[recorded]
-            return self._unavailable(why, words, error=recorded != _BEGAN_AFTER_MINT)
+            return self._unavailable(why, words, error=recorded not in _BEGINNINGS)
         if recorded not in (0, 1):
             return self._unavailable("unexpected_reply", "Redis answered the script oddly")
         return Verdict.FIRST if recorded == 1 else Verdict.SPENT

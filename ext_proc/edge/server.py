@@ -118,12 +118,12 @@ def open_record(config: Config, metrics: Metrics, shared: Path | None = None) ->
             proof.record,
             proof.record_timeout_seconds,
             on_error=errors.inc,
-            skew=proof.clock_skew_seconds,
+            terms=proof.terms,
             password_file=proof.record_password_file,
         )
     if shared is not None:
-        return LocalRecord.open(shared, skew=proof.clock_skew_seconds)
-    return LocalRecord.anonymous(proof.record_slots, skew=proof.clock_skew_seconds)
+        return LocalRecord.open(shared, terms=proof.terms)
+    return LocalRecord.anonymous(proof.record_slots, terms=proof.terms)
 
 
 async def listen(

@@ -69,9 +69,7 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc
         self.record = (
             record
             if record is not None
-            else LocalRecord.anonymous(
-                config.proof.record_slots, skew=config.proof.clock_skew_seconds
-            )
+            else LocalRecord.anonymous(config.proof.record_slots, terms=config.proof.terms)
         )
         # The record is held for the process's life: bodies get the rest of the budget
         # (the configuration leaves room for both).

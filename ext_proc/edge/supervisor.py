@@ -139,7 +139,11 @@ class Supervisor:
             self.directory = _metrics_folder(cleanup)
             if not self.config.proof.record:
                 self.record_file = Path(self.directory) / "spent-proofs"
-                record.create(self.record_file, self.config.proof.record_slots)
+                record.create(
+                    self.record_file,
+                    self.config.proof.record_slots,
+                    terms=self.config.proof.terms,
+                )
             if self.config.metrics_address is not None:
                 registry = metrics.aggregate(self.directory)
                 try:

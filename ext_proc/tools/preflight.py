@@ -49,7 +49,7 @@ async def _record(config: Config) -> None:
     record = RedisRecord(
         proof.record,
         proof.record_timeout_seconds,
-        skew=proof.clock_skew_seconds,
+        terms=proof.terms,
         password_file=proof.record_password_file,
     )
     try:

@@ -32,7 +32,7 @@ from bench import tools
 from devstack import processes, tokens
 from ext_proc.core import proof
 from ext_proc.core.config import Config, ConfigError
-from ext_proc.core.replay import Ticket, Verdict
+from ext_proc.core.replay import Terms, Ticket, Verdict
 from ext_proc.edge import redis_record
 from ext_proc.edge.redis_record import RedisRecord
 from tests.e2e.conftest import KEY_ID
@@ -544,14 +544,15 @@ def test_verifiers_whose_clocks_are_apart_never_honor_a_proof_twice(redis):
     keys = proof.KeySet({KEY_ID: b"k" * 32}, KEY_ID)
     params = {"remote_engine_id": "e", "prompt_token_ids": [1, 2, 3]}
     digest = bytes(32)
+    terms = Terms(skew=skew, ttl=ttl)
     with redis.client() as seed:  # the record began well before the proof was minted
-        redis_record.begin(seed, int(time.time()) - 60)
+        redis_record.begin(seed, int(time.time()) - 60, terms)
     expiry = int(time.time()) + ttl
     params[proof.PROOF_KEY] = proof.mint(keys, params, digest, expiry)
 
     async def run() -> list[Verdict]:
-        ahead = RedisRecord(redis.url, 1.0, clock=lambda: time.time() + 0.9, skew=skew)
-        behind = RedisRecord(redis.url, 1.0, clock=lambda: time.time() - 0.9, skew=skew)
+        ahead = RedisRecord(redis.url, 1.0, clock=lambda: time.time() + 0.9, terms=terms)
+        behind = RedisRecord(redis.url, 1.0, clock=lambda: time.time() - 0.9, terms=terms)
         verdicts = []
         try:
             for record, offset in ((ahead, 0.9), (behind, -0.9)):
@@ -755,17 +756,18 @@ def test_a_clock_stepped_back_past_twice_the_skew_honors_no_proof_whose_key_expi
     keys = proof.KeySet({KEY_ID: b"k" * 32}, KEY_ID)
     params = {"remote_engine_id": "e", "prompt_token_ids": [1, 2, 3]}
     digest = bytes(32)
+    terms = Terms(skew=skew, ttl=ttl)
     with redis.client() as seed:
-        redis_record.begin(seed, int(time.time()) - 60)
+        redis_record.begin(seed, int(time.time()) - 60, terms)
     expiry = int(time.time()) + ttl
     params[proof.PROOF_KEY] = proof.mint(keys, params, digest, expiry)
     name = base64.urlsafe_b64encode(proof.ticket(params, skew, ttl).key).decode()
     key = redis_record.PREFIX + name
 
     async def run() -> tuple[Verdict, Verdict]:
-        steady = RedisRecord(redis.url, timeout, skew=skew)
+        steady = RedisRecord(redis.url, timeout, terms=terms)
         stepped = RedisRecord(
-            redis.url, timeout, clock=lambda: time.time() - 2 * skew - 1.5, skew=skew
+            redis.url, timeout, clock=lambda: time.time() - 2 * skew - 1.5, terms=terms
         )
         try:
             first = await steady.spend(proof.ticket(params, skew, ttl))
@@ -851,3 +853,107 @@ def test_serve_starts_only_on_a_redis_that_keeps_the_record(tmp_path, extra, sai
     assert done.stderr.startswith("ext_proc: proof.record: ")
     assert said in done.stderr
     assert done.stderr.count("\n") == 1
+
+
+# --- writers whose terms differ ---------------------------------------------------------
+
+# A rolling update that raises clock_skew_seconds from 1 to 10: the old processor keeps a
+# spent proof's key until its expiry + 3 s, the new one verifies the proof until its
+# expiry + 10 s.
+ROLLOUT = {"ttl_seconds": 1, "kv_lease_seconds": 21, "turn_ttl_seconds": 300}
+OLD_SKEW, NEW_SKEW = 1, 10
+
+
+def test_records_whose_writers_skews_differ_never_honor_a_proof_twice(tmp_path, caplog):
+    """Two records on one Redis, one per side of the rollout, clocks set by the test: the
+    new one presents the proof after the old one's key expired. The record knows its keys
+    lived for a skew of 1 s: it refuses, raises its skew to 10 s and begins again; from
+    then on the old processor's keys live for 10 s of skew too."""
+    ttl, timeout = ROLLOUT["ttl_seconds"], 0.05
+    old, new = Terms(skew=OLD_SKEW, ttl=ttl), Terms(skew=NEW_SKEW, ttl=ttl)
+    keys = proof.KeySet({KEY_ID: b"k" * 32}, KEY_ID)
+    digest = bytes(32)
+
+    def minted_for(expiry: int) -> dict[str, Any]:
+        params: dict[str, Any] = {"remote_engine_id": "e", "prompt_token_ids": [1, 2, 3]}
+        params[proof.PROOF_KEY] = proof.mint(keys, params, digest, expiry)
+        return params
+
+    clock = [time.time()]
+
+    async def spend(record: RedisRecord, terms: Terms, params: dict[str, Any]) -> Verdict:
+        assert proof.verify(keys, params, digest, clock[0], terms.skew, lifetime=ttl) is None
+        return await record.spend(proof.ticket(params, terms.skew, ttl))
+
+    async def rollout(first: RedisRecord, second: RedisRecord) -> None:
+        expiry = int(clock[0]) + ttl
+        spent = minted_for(expiry)
+        clock[0] = expiry + OLD_SKEW - 0.1  # the last moment the old processor verifies it
+        assert await spend(first, old, spent) is Verdict.FIRST
+        await asyncio.sleep(2 * OLD_SKEW + 0.1 + timeout + 0.2)  # its key expired
+        clock[0] = expiry + 3 * OLD_SKEW + 1
+        assert await spend(second, new, spent) is Verdict.UNAVAILABLE
+        assert [r.error for r in caplog.records if hasattr(r, "error")] == ["record_terms_raised"]
+        # Raised: a proof minted after the record began again is kept for 10 s of skew by
+        # the old processor too.
+        clock[0] = math.ceil(clock[0]) + NEW_SKEW + 1
+        expiry = int(clock[0]) + ttl
+        later = minted_for(expiry)
+        clock[0] = expiry + OLD_SKEW - 0.1
+        assert await spend(first, old, later) is Verdict.FIRST
+        for moment in (expiry + 3 * OLD_SKEW + 1, expiry + NEW_SKEW):
+            clock[0] = moment
+            assert await spend(second, new, later) is Verdict.SPENT
+
+    async def run() -> None:
+        first = RedisRecord(server.url, timeout, clock=lambda: clock[0], terms=old)
+        second = RedisRecord(server.url, timeout, clock=lambda: clock[0], terms=new)
+        try:
+            await rollout(first, second)
+        finally:
+            await first.close()
+            await second.close()
+
+    server = Redis(tmp_path)
+    server.start()
+    try:
+        with server.client() as seed:  # the record the old processors kept
+            redis_record.begin(seed, int(clock[0]) - 60, old)
+        asyncio.run(run())
+    finally:
+        server.stop()
+
+
+def test_two_processors_whose_skews_differ_never_honor_a_proof_twice(tmp_path_factory, client):
+    """The same rollout through two real gateways and processors on one real Redis: the
+    proof honored through the old processor is not honored again through the new one
+    after the old one's key expired (before, it was: trusted_proof)."""
+    server = Redis(tmp_path_factory.mktemp("redis"))
+    server.start()
+    key = new_key()
+    configs = [
+        {"proof": {"record": server.url, "clock_skew_seconds": s, **ROLLOUT}}
+        for s in (OLD_SKEW, NEW_SKEW)
+    ]
+    old, new = (
+        Stack(tmp_path_factory.mktemp(name), proof_keys={KEY_ID: key}, processor_config=config)
+        for name, config in zip(("old", "new"), configs, strict=True)
+    )
+    try:
+        old.start()
+        new.start()
+        terms = Config.load(environ={}, **configs[0]).proof.terms
+        with server.client() as seed:  # the record the old processors kept
+            redis_record.begin(seed, int(time.time()) - 60, terms)
+        sent = chat(minted(client, old))
+        expiry = proof_parts(sent["kv_transfer_params"]).expiry
+        assert_honored(old, sent, decode(client, old, sent))
+        # The old processor's key lives until expiry + 3 x its skew (+ record_timeout).
+        time.sleep(max(0.0, expiry + 3 * OLD_SKEW + 0.25 + 0.5 - time.time()))
+        assert time.time() < expiry + NEW_SKEW  # the new processor still verifies it
+        assert_not_honored(new, sent, decode(client, new, sent), "proof_record_unavailable")
+        assert refusals(new, "record_terms_raised") == 1
+    finally:
+        old.stop()
+        new.stop()
+        server.stop()

@@ -6,7 +6,7 @@ import os
 import pytest
 
 from ext_proc.core import proof, replay
-from ext_proc.core.replay import Ticket, Verdict
+from ext_proc.core.replay import Terms, Ticket, Verdict
 from ext_proc.edge import record
 from ext_proc.edge.record import BUCKET_SLOTS, LocalRecord
 
@@ -112,6 +112,7 @@ def test_a_worker_that_maps_the_table_again_keeps_when_it_began(tmp_path):
 
 SKEW = 5
 TTL = 20
+TERMS = Terms(skew=SKEW, ttl=TTL)
 
 
 def proven(expiry: int) -> tuple[proof.KeySet, dict, bytes]:
@@ -135,9 +136,10 @@ def test_a_clock_stepped_back_past_twice_the_skew_honors_no_forgotten_proof(tmp_
     """The proof's slot is reused once it is past its time; the clock then steps back
     2 x skew + 1 s, to where the proof verifies again: the table has seen a later time."""
     path = tmp_path / "spent"
-    record.create(path, BUCKET_SLOTS, lambda: NOW - 60)  # one bucket, begun before the mint
+    # One bucket, begun before the mint.
+    record.create(path, BUCKET_SLOTS, lambda: NOW - 60, terms=TERMS)
     clock = [NOW]
-    table = LocalRecord.open(path, lambda: clock[0], skew=SKEW)
+    table = LocalRecord.open(path, lambda: clock[0], terms=TERMS)
     expiry = int(NOW) + TTL
     spent = proven(expiry)
     assert spend_if_valid(table, spent, NOW) is Verdict.FIRST
@@ -149,7 +151,7 @@ def test_a_clock_stepped_back_past_twice_the_skew_honors_no_forgotten_proof(tmp_
     clock[0] = kept_until + 1 - (2 * SKEW + 1)
     assert spend_if_valid(table, spent, clock[0]) is Verdict.CLOCK_BEHIND
     # Every worker maps the same header: another one's clock is as far behind.
-    other = LocalRecord.open(path, lambda: clock[0], skew=SKEW)
+    other = LocalRecord.open(path, lambda: clock[0], terms=TERMS)
     assert spend_if_valid(other, spent, clock[0]) is Verdict.CLOCK_BEHIND
     assert other.spend_now(ticket(3, clock[0] + 60, int(NOW))) is Verdict.CLOCK_BEHIND
 
@@ -159,7 +161,7 @@ def test_a_clock_within_twice_the_skew_of_the_latest_time_seen_is_judged():
     that far behind what the table has seen is judged as before; once the clock is
     back within that, spends are judged again."""
     clock = [NOW]
-    table = LocalRecord.anonymous(64, lambda: clock[0], began=NOW, skew=SKEW)
+    table = LocalRecord.anonymous(64, lambda: clock[0], began=NOW, terms=TERMS)
     assert table.spend_now(ticket(1, int(NOW) + 60)) is Verdict.FIRST
     clock[0] = NOW - 2 * SKEW
     assert table.spend_now(ticket(1, int(NOW) + 60)) is Verdict.SPENT
@@ -172,7 +174,83 @@ def test_a_clock_within_twice_the_skew_of_the_latest_time_seen_is_judged():
 
 def test_a_new_table_has_seen_its_beginning():
     clock = [NOW]
-    table = LocalRecord.anonymous(64, lambda: clock[0], skew=0)
+    table = LocalRecord.anonymous(64, lambda: clock[0], terms=Terms(skew=0))
     clock[0] = NOW - 1
     assert table.spend_now(ticket(1, int(NOW) + 60, minted_after=0)) is Verdict.UNAVAILABLE
     assert table.spend_now(ticket(1, int(NOW) + 60)) is Verdict.CLOCK_BEHIND
+
+
+# --- writers whose terms differ ---------------------------------------------------------
+
+
+def spend_under(table: LocalRecord, terms: Terms, proven: tuple, now: float) -> Verdict | None:
+    """What the record answers for the proof at ``now``, verified and dated under
+    ``terms``; None: it no longer verifies."""
+    keys, params, digest = proven
+    if proof.verify(keys, params, digest, now, terms.skew, lifetime=terms.ttl) is not None:
+        return None
+    return table.spend_now(proof.ticket(params, terms.skew, terms.ttl))
+
+
+def test_a_writer_with_a_larger_skew_never_honors_a_proof_the_table_kept_for_a_smaller_one(
+    tmp_path,
+):
+    """A rolling update raises clock_skew_seconds from 1 to 10: the old processor keeps a
+    spent proof until its expiry + 3 s; the new one still verifies it at expiry + 4 s.
+    The table knows it kept it for 1 s only: it raises its skew and begins again."""
+    old, new = Terms(skew=1, ttl=2), Terms(skew=10, ttl=2)
+    path = tmp_path / "spent"
+    record.create(path, BUCKET_SLOTS, lambda: NOW - 60, terms=old)  # one bucket
+    clock = [NOW]
+    first = LocalRecord.open(path, lambda: clock[0], terms=old)
+    second = LocalRecord.open(path, lambda: clock[0], terms=new)
+    expiry = int(NOW) + 2
+    spent = proven(expiry)
+    assert spend_under(first, old, spent, NOW) is Verdict.FIRST
+    clock[0] = expiry + 4  # past the old processor's keeping (expiry + 3 x 1)
+    assert spend_under(first, old, spent, clock[0]) is None  # expired for it
+    assert spend_under(second, new, spent, clock[0]) is Verdict.UNAVAILABLE  # not again
+    assert first.terms == second.terms == new
+    assert first.began == second.began == expiry + 4  # it began again
+    assert spend_under(second, new, spent, clock[0] + 1) is Verdict.UNAVAILABLE
+
+
+def test_every_writer_keeps_and_dates_a_proof_under_the_largest_terms_the_table_knows(tmp_path):
+    """After the rise, the old processor keeps what it spends for the new skew: the new
+    one, verifying until expiry + 10 s, finds it spent until then and after."""
+    old, new = Terms(skew=1, ttl=2), Terms(skew=10, ttl=2)
+    path = tmp_path / "spent"
+    record.create(path, BUCKET_SLOTS, lambda: NOW - 60, terms=new)
+    clock = [NOW]
+    first = LocalRecord.open(path, lambda: clock[0], terms=old)
+    second = LocalRecord.open(path, lambda: clock[0], terms=new)
+    expiry = int(NOW) + 2
+    spent = proven(expiry)
+    assert spend_under(first, old, spent, NOW) is Verdict.FIRST  # covered: no beginning
+    for clock[0] in (expiry + 4, expiry + 10):
+        assert spend_under(second, new, spent, clock[0]) is Verdict.SPENT
+    clock[0] = expiry + 3 * 10  # still kept: the slot is not free for another proof
+    for n in range(BUCKET_SLOTS - 1):
+        assert first.spend_now(ticket(n, clock[0] + 60, int(NOW))) is Verdict.FIRST
+    assert first.spend_now(ticket(BUCKET_SLOTS, clock[0] + 60, int(NOW))) is Verdict.FULL
+    assert first.terms == new  # a writer with smaller terms never lowers them
+
+
+def test_a_shorter_lifetime_dates_a_proof_by_the_longest_one_the_table_knows(tmp_path):
+    """A proof minted for 20 s a second before the table began, presented to a processor
+    whose proofs live 5 s: dated by its own lifetime it looks minted after the table
+    began; the table knows a writer mints for 20 s and dates it before."""
+    began = int(NOW)
+    long, short = Terms(skew=1, ttl=20), Terms(skew=1, ttl=5)
+    record.create(tmp_path / "spent", 64, lambda: began, terms=long)
+    shorter = LocalRecord.open(tmp_path / "spent", lambda: NOW + 13, terms=short)
+    spent = proven(began - 1 + 20)
+    assert proof.ticket(spent[1], short.skew, short.ttl).fresh(began)  # by its own lifetime
+    assert spend_under(shorter, short, spent, NOW + 13) is Verdict.UNAVAILABLE
+    # A turn proof is dated by the longest turn lifetime.
+    record.create(tmp_path / "turns", 64, lambda: began, terms=Terms(turn_ttl=300))
+    quick = LocalRecord.open(tmp_path / "turns", lambda: NOW, terms=Terms(turn_ttl=60))
+    turn = Ticket(b"t" * 16, began + 30, began + 30 - 60, turn=True)
+    assert quick.spend_now(turn) is Verdict.UNAVAILABLE  # minted up to 300 s before expiry
+    prefill = Ticket(b"p" * 16, began + 30, began + 30 - 20)
+    assert quick.spend_now(prefill) is Verdict.FIRST  # its lifetime did not change
