@@ -20,7 +20,7 @@ from ext_proc.core.events import (
     StreamedBody,
 )
 from ext_proc.core.proof import Trust
-from ext_proc.core.replay import Verdict
+from ext_proc.core.replay import Terms, Ticket, Verdict
 from ext_proc.edge.record import LocalRecord
 from tests.driver import DAY, Driven
 
@@ -183,3 +183,20 @@ def test_who_the_caller_is_is_decided_once_for_a_request_decided_twice(monkeypat
     again, _ = present(BODY, record)  # decided again: proof_replayed
     assert again.decision.reason == "proof_replayed"
     assert len(asked) == 2
+
+
+# --- a record's terms ---------------------------------------------------------------------
+
+
+def test_a_record_keeps_and_dates_a_ticket_under_the_largest_terms_of_its_writers():
+    own = Terms(skew=1, ttl=20, turn_ttl=60)
+    kept = own.joined(Terms(skew=10, ttl=5, turn_ttl=300))
+    assert kept == Terms(skew=10, ttl=20, turn_ttl=300)
+    assert kept.covers(own)
+    assert not own.covers(kept)
+    prefill = Ticket(b"p" * 16, 100 + 3 * 1, 100 - 20 - 1)
+    # Kept 3 x 9 s longer, dated 9 s earlier (the skew); its lifetime is the largest.
+    assert kept.widened(prefill, own) == Ticket(b"p" * 16, 100 + 3 * 10, 100 - 20 - 10)
+    turn = Ticket(b"t" * 16, 100 + 3 * 1, 100 - 60 - 1, turn=True)
+    assert kept.widened(turn, own) == Ticket(b"t" * 16, 100 + 3 * 10, 100 - 300 - 10, True)
+    assert own.widened(prefill, own) == prefill

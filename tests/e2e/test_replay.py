@@ -957,3 +957,47 @@ def test_two_processors_whose_skews_differ_never_honor_a_proof_twice(tmp_path_fa
         old.stop()
         new.stop()
         server.stop()
+
+
+def test_a_record_without_terms_begins_again_once_and_smaller_terms_never_begin_it(
+    tmp_path, caplog
+):
+    """A record an earlier release began states no terms: the first spend that keeps
+    terms begins it again. A writer with smaller terms then begins nothing, and its keys
+    live for the record's larger skew."""
+    terms, smaller = Terms(skew=1, ttl=2, turn_ttl=300), Terms(skew=0, ttl=1, turn_ttl=300)
+    clock = [time.time()]
+    now = int(clock[0])
+    server = Redis(tmp_path)
+    server.start()
+
+    async def run() -> list[Verdict]:
+        record = RedisRecord(server.url, 1.0, clock=lambda: clock[0], terms=terms)
+        lower = RedisRecord(server.url, 1.0, clock=lambda: clock[0], terms=smaller)
+        try:
+            verdicts = [await record.spend(Ticket(b"a" * 16, now + 30, now - 10))]
+            clock[0] += 3
+            verdicts.append(await record.spend(Ticket(b"b" * 16, now + 30, now + 3)))
+            verdicts.append(await lower.spend(Ticket(b"c" * 16, now + 30, now + 3)))
+            return verdicts
+        finally:
+            await record.close()
+            await lower.close()
+
+    try:
+        with server.client() as client:
+            redis_record.begin(client, now - 60, terms)
+            client.delete(redis_record.TERMS)  # as a record an earlier release began
+            assert asyncio.run(run()) == [Verdict.UNAVAILABLE, Verdict.FIRST, Verdict.FIRST]
+            assert [r.error for r in caplog.records if hasattr(r, "error")] == [
+                "record_terms_raised"
+            ]
+            assert began_at(server) == math.ceil(clock[0] - 3)  # it began again once
+            stated = client.get(redis_record.TERMS)
+            assert stated is not None
+            assert stated.split(b" ")[1:] == [str(began_at(server)).encode(), b"1", b"2", b"300"]
+            # The smaller writer's key lives until expiry + 3 x the record's skew.
+            name = redis_record.PREFIX + base64.urlsafe_b64encode(b"c" * 16).decode()
+            assert client.pttl(name) > (now + 30 + 3 * terms.skew - clock[0]) * 1000 - 500
+    finally:
+        server.stop()
