@@ -23,8 +23,9 @@ clock stepped back far enough to verify that proof again reads more than 2 x ske
 The header also keeps the terms its entries rest on (``replay.Terms``: the skew and the
 lifetimes), the largest any of its workers brought: every ticket is kept and dated under
 them, and a worker whose terms exceed them raises them and begins the table again. The
-workers of one processor share its configuration, so this holds only where a table is
-mapped by processes configured apart.
+supervisor writes its configuration's terms when it creates the table and its workers
+share that configuration: the terms differ only where processes configured apart map
+one table.
 
 Layout: a header (magic, the bucket count, a random secret, when it began, the latest
 second seen, the terms), then buckets of
