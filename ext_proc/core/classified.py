@@ -309,7 +309,10 @@ PARTITION_MEMBERS: Final[tuple[str, ...]] = (
 )
 # Request headers an engine or stack partitions its prefix cache by: removed by the
 # header step for every caller (a client's copy names any tenant it likes).
-PARTITION_HEADERS: Final[tuple[str, ...]] = ("x-tenant-id",)
+PARTITION_HEADERS: Final[tuple[str, ...]] = (
+    "x-cache-salt",
+    "x-tenant-id",
+)
 # Endpoints whose prompt is token ids or embeddings, as their servers declare them.
 TOKEN_ENDPOINTS: Final[tuple[str, ...]] = (
     "/generative_scoring",
@@ -413,16 +416,20 @@ TENANT_ENDPOINTS: Final[tuple[str, ...]] = (
     "/api/tags",
     "/detokenize",
     "/docs",
+    "/docs/oauth2-redirect",
     "/generate",
     "/get_model_info",
     "/health",
     "/health_generate",
     "/load",
     "/model_info",
+    "/openapi.json",
     "/parse_function_call",
     "/ping",
     "/pooling",
     "/ready",
+    "/readyz",
+    "/redoc",
     "/rerank",
     "/score",
     "/separate_reasoning",
@@ -543,6 +550,7 @@ UNTENANTED_ENDPOINTS: Final[tuple[str, ...]] = (
     "/v1/load_lora_adapter",
     "/v1/messages",
     "/v1/messages/render",
+    "/v1/realtime",
     "/v1/rerank",
     "/v1/responses/render",
     "/v1/score",
@@ -561,4 +569,7 @@ UNTENANTED_ENDPOINTS: Final[tuple[str, ...]] = (
 )
 # Path prefixes a server hands every path it has no route for (a mount): a path
 # holding one is that mount's, whatever endpoint its tail names.
-MOUNTS: Final[tuple[str, ...]] = ("/metrics",)
+MOUNTS: Final[tuple[str, ...]] = (
+    "/metrics",
+    "/static",
+)

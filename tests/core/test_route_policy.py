@@ -267,6 +267,7 @@ def test_a_route_names_where_its_tenant_comes_from(value, expected):
         True,
         # Removed or renewed by the header step right before the processor.
         "header:x-tenant-id",
+        "header:x-cache-salt",
         "header:x-request-id",
         "header:x-prefiller-host-port",
         "header:x-envoy-original-path",

@@ -213,6 +213,38 @@ def test_a_path_the_servers_metrics_mount_takes_is_not_served_on_tenant_routes(p
     assert vllm_request.tenant_endpoint(path) is None
 
 
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/static/x/v1/chat/completions",
+        "/static/v1/completions",
+        "/Static/x/v1/models",
+        "/root/static/x/generate",
+        "/static",
+    ],
+)
+def test_a_path_vllms_static_mount_takes_is_not_served_on_tenant_routes(path: str) -> None:
+    """vLLM mounts StaticFiles at /static (--enable-offline-docs): every path below it is
+    the mount's, whatever endpoint its tail names, behind a root path too."""
+    assert vllm_request.tenant_endpoint(path) is None
+
+
+@pytest.mark.parametrize(
+    ("path", "served"),
+    [
+        ("/readyz", "/readyz"),
+        ("/root/readyz", "/readyz"),
+        ("/openapi.json", "/openapi.json"),
+        ("/v1/realtime", None),
+        ("/team/v1/realtime/", None),
+    ],
+)
+def test_routes_the_servers_register_beside_their_api_are_judged(
+    path: str, served: str | None
+) -> None:
+    assert vllm_request.tenant_endpoint(path) == served
+
+
 def test_no_served_endpoint_is_as_much_an_endpoint_not_served(monkeypatch) -> None:
     """Equal coverage is refused whichever name is literal: a server takes the first
     route registered that matches."""

@@ -55,6 +55,9 @@ def forged(name: str) -> str:
     # A framing flag (x-body-compressed, x-sglext-ids-framed).
     if name.endswith(("-compressed", "-framed")):
         return "1"
+    # A cache partition's salt (vLLM's coming x-cache-salt): another tenant's.
+    if name.endswith("-salt"):
+        return "another-tenants-salt"
     raise ValueError(f"{name}: no forged value for a header of this shape")
 
 
@@ -95,6 +98,19 @@ def test_no_client_routing_header_or_request_id_reaches_the_upstream(gateway, pa
     (renewed,) = arrived[carrier_headers.REQUEST_ID]
     assert uuid.UUID(renewed).version == 4  # the gateway's own (Envoy's %UNIQUE_ID%)
     assert arrived[carrier_headers.CLIENT_REQUEST_ID] == [MORIIO_ID]
+
+
+@pytest.mark.parametrize("path", [*ROUTES, PREFILL])
+def test_a_clients_cache_salt_header_never_reaches_the_upstream(gateway, path):
+    """vLLM PR #57609 (open) reads X-Cache-Salt before the body's cache_salt: a client's
+    copy would name any prefix-cache partition it likes. Named, not derived from the list."""
+    body = PREFILL_BODY if path == PREFILL else chat(cache_salt="own")
+    sent = {"X-Cache-Salt": "another-tenants-salt"}
+    reply = httpx.post(gateway.url + path, json=body, headers=sent, timeout=20)
+    assert reply.status_code == 200, reply.text
+    received = only_request(gateway)
+    assert "x-cache-salt" not in _arrived(received)
+    assert json.loads(received.body).get("cache_salt") == body.get("cache_salt")
 
 
 # Named, not derived from the list: the prefill host older llm-d routing sidecars read

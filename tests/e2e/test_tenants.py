@@ -192,17 +192,15 @@ def test_two_tenants_get_their_own_salts_whatever_they_send(gateway: Stack) -> N
     for tenant in ("team-a", "team-b"):
         gateway.clear()
         sent = chat()
-        # A forged tenant header and a forged Dynamo tenant: neither names the tenant.
-        answer = post(
-            gateway,
-            sent,
-            authorization=f"Bearer {token(tenant)}",
-            **{TENANT_HEADER: "team-z", "x-tenant-id": "team-z"},
-        )
+        # A forged tenant header, a forged Dynamo tenant and a forged salt header (vLLM
+        # PR #57609's, which would win over the body's): none names the partition.
+        forged = {TENANT_HEADER: "team-z", "x-tenant-id": "team-z", "x-cache-salt": "z"}
+        answer = post(gateway, sent, authorization=f"Bearer {token(tenant)}", **forged)
         assert answer.status_code == 200, answer.text
         received = only_request(gateway)
         assert received.body == exact({**sent, "cache_salt": salt(by_header(tenant))})
         assert received.header("x-tenant-id") == []
+        assert received.header("x-cache-salt") == []
         assert received.header(TENANT_HEADER) == [tenant]
 
 
@@ -346,7 +344,9 @@ def test_a_bodiless_request_of_a_tenant_is_served(gateway: Stack) -> None:
     assert (received.target, received.body) == (STORED, b"")
 
 
-@pytest.mark.parametrize("path", ["/team/v1/realtime", "/team-root/api/chat"])
+@pytest.mark.parametrize(
+    "path", ["/team/v1/realtime", "/team-root/api/chat", "/team-root/static/x/v1/models"]
+)
 def test_a_bodiless_request_to_an_endpoint_not_served_is_refused(gateway: Stack, path: str) -> None:
     answer = httpx.get(gateway.url + path)
     assert answer.status_code == 400, answer.text

