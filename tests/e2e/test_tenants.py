@@ -8,6 +8,7 @@ byte."""
 from __future__ import annotations
 
 import base64
+import copy
 import hashlib
 import hmac
 import json
@@ -20,10 +21,11 @@ import pytest
 import yaml
 
 from ext_proc.core import tenants
-from ext_proc.tools import carrier_headers, check_envoy
-from tests.e2e.conftest import BODY_MODES
-from tests.e2e.stack import Stack, route
+from ext_proc.tools import carrier_headers, check_envoy, envoygen
+from tests.e2e.conftest import BODY_MODES, KEY_ID
+from tests.e2e.stack import Stack, new_key, route
 from tests.e2e.test_gateway import chat, only_request
+from tests.e2e.test_operations import access_log
 
 TENANT_HEADER = "x-auth-tenant"
 TENANT_KEY = b"tenant-key-of-this-deployment-32b!"
@@ -119,9 +121,10 @@ def tenant_routes(config: dict[str, Any]) -> Iterator[tuple[dict[str, Any], dict
 
 
 def tenant_stack(
-    workdir: Path, source: Path, routes: list[dict[str, Any]], change: Any
+    workdir: Path, source: Path, routes: list[dict[str, Any]], change: Any, **more: Any
 ) -> Iterator[Stack]:
-    """The stack of ``routes`` behind ``source`` edited by ``change``, with a tenant key."""
+    """The stack of ``routes`` behind ``source`` edited by ``change``, with a tenant key
+    (and ``more`` of the stack's settings)."""
     key_file = workdir / "tenant.key"
     key_file.write_bytes(TENANT_KEY)
     stack = Stack(
@@ -130,6 +133,7 @@ def tenant_stack(
         routes=routes,
         processor_config={"tenants": {"key_file": str(key_file)}},
         edit=change,
+        **more,
     )
     with stack as running:
         yield running
@@ -427,3 +431,69 @@ def test_a_config_check_envoy_passes_forwards_no_request_naming_no_tenant(
     found = [f.code for f in check_envoy.check(written).findings if f.code.startswith("tenant-")]
     bodiless = httpx.get(respelt.url + f"/tenant{STORED}")
     assert found or bodiless.status_code == 401, (bodiless.status_code, respelt.received())
+
+
+# --- a prefill/decode pair knows its tenant -----------------------------------------------
+
+# Copies of the shipped prefill (mint) and decode (honor) routes, by prefix: the tenant
+# source each names (None: none), every honor route refusing unproven parameters (400).
+PAIR_ROUTES = {
+    "/team-a/prefill/v1/": ("prefill", "route:team-a"),
+    "/team-a/v1/": ("disaggregated", "route:team-a"),
+    "/team-b/v1/": ("disaggregated", "route:team-b"),
+    "/untenanted/v1/": ("disaggregated", None),
+}
+
+
+def pair_routes(config: dict[str, Any]) -> None:
+    hcm = config["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]
+    (vhost,) = hcm["typed_config"]["route_config"]["virtual_hosts"]
+    shipped = {entry.get("name"): entry for entry in vhost["routes"]}
+    at = vhost["routes"].index(shipped["prefill"])
+    for prefix, (name, source) in PAIR_ROUTES.items():
+        entry = copy.deepcopy(shipped[name])
+        entry["name"] = f"pair{prefix.replace('/', '-')}"
+        entry["match"] = {"prefix": prefix}
+        policy = entry["metadata"]["filter_metadata"]["ext_proc.token_policy"]
+        if source is not None:
+            policy["tenant"] = source
+        if name == "disaggregated":
+            policy["unproven"] = "deny"
+        envoygen.state_rewrite(entry)
+        vhost["routes"].insert(at, entry)
+
+
+@pytest.fixture(scope="module")
+def paired(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    workdir = tmp_path_factory.mktemp("tenant-pairs")
+    yield from tenant_stack(
+        workdir, BODY_MODES["one-message"], [], pair_routes, proof_keys={KEY_ID: new_key()}
+    )
+
+
+def test_a_proof_reaches_no_upstream_on_a_route_of_another_partition(paired: Stack) -> None:
+    """vLLM caches the KV a decode leg loads under the decode request's salt: a proof
+    minted on team a's route, honored on team b's or on one of no tenant, would put team
+    a's prompt in that partition; and the reverse. Each is refused before anything is
+    forwarded; on team a's own decode route it is honored."""
+    prefill = chat(max_tokens=1, return_token_ids=True)
+    minted = {}
+    for path in ("/team-a/prefill/v1/", "/pd/prefill/v1/"):
+        reply = post(paired, prefill, path + "chat/completions")
+        assert reply.status_code == 200, reply.text
+        minted[path] = reply.json()["kv_transfer_params"]
+    team_a, untenanted = minted["/team-a/prefill/v1/"], minted["/pd/prefill/v1/"]
+    for index, (path, params) in enumerate(
+        [("/team-b/v1/", team_a), ("/untenanted/v1/", team_a), ("/team-a/v1/", untenanted)]
+    ):
+        paired.clear()
+        rid = f"pair-{index}"
+        answer = post(paired, chat(params), path + "chat/completions", **{"x-request-id": rid})
+        assert answer.status_code == 400, answer.text
+        assert paired.received_count() == 0
+        assert access_log(paired, rid)["policy_reason"] == "proof_partition_mismatch"
+    paired.clear()
+    sent = chat(team_a)
+    answer = post(paired, sent, "/team-a/v1/chat/completions")
+    assert answer.status_code == 200, answer.text
+    assert only_request(paired).body == exact({**sent, "cache_salt": salt("route:team-a")})

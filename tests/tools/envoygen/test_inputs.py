@@ -120,6 +120,35 @@ def test_peers_need_the_mutual_tls_listener():
     envoygen.load_input(data | {"listener_tls": LISTENER_TLS})
 
 
+@pytest.mark.parametrize(
+    ("mint", "honor"),
+    [
+        ("route:team-a", None),
+        (None, "route:team-a"),
+        ("route:team-a", "route:team-b"),
+        ("header:x-auth-tenant", "peer_san"),
+    ],
+)
+def test_a_prefill_decode_pair_naming_different_tenant_sources_is_refused(mint, honor):
+    # A proof binds the cache partition of its mint route: the pair could never hand
+    # off, and honoring across would put one tenant's prompt in another's partition.
+    data = example()
+    for index, source in ((0, mint), (1, honor)):
+        if source is not None:
+            data["routes"][index]["policy"]["tenant"] = source
+    message = r"routes\.1\.policy\.tenant: this honor route names .* mint route routes\.0 "
+    with pytest.raises(envoygen.GeneratorError, match=message):
+        envoygen.load_input(data)
+
+
+def test_a_prefill_decode_pair_naming_one_tenant_source_is_written():
+    data = example()
+    for index in (0, 1):
+        data["routes"][index]["policy"]["tenant"] = "route:team-a"
+    data["routes"][2]["policy"]["tenant"] = "route:team-b"  # a strip route pairs with none
+    envoygen.load_input(data)
+
+
 # --- invalid inputs name their field --------------------------------------------------
 
 INVALID = [
