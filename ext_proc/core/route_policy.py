@@ -79,6 +79,11 @@ class TenantSource:
     # The header's name (HEADER) or the tenant (ROUTE); "" for PEER_SAN.
     value: str = ""
 
+    @property
+    def spelt(self) -> str:
+        """The source as a route's ``tenant`` names it."""
+        return f"{self.kind.value}:{self.value}" if self.value else self.kind.value
+
 
 # A peer identity: its type and its value, matched only against the same part of a
 # certificate.

@@ -12,6 +12,7 @@ from ext_proc.tools.check_envoy.findings import Finding, Report, error
 from ext_proc.tools.check_envoy.rules import filters, manager, replay, token_paths
 from ext_proc.tools.check_envoy.rules.after_decision import after_decision
 from ext_proc.tools.check_envoy.rules.header_step import header_step
+from ext_proc.tools.check_envoy.rules.pairs import tenant_pairs
 from ext_proc.tools.check_envoy.rules.processor_tls import Demand, processor_tls
 from ext_proc.tools.check_envoy.rules.route import route_rules
 from ext_proc.tools.check_envoy.rules.writers import writers
@@ -66,6 +67,7 @@ def check(
             if decides:
                 findings.extend(replay.trusted(chain))
             findings.extend(writers(chain, declared, decides))
+    findings.extend(tenant_pairs(found, namespace))
     return Report(tuple(findings), routes)
 
 

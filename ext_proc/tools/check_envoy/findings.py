@@ -88,6 +88,9 @@ CODES: Final[Mapping[str, str]] = MappingProxyType(
             "a route that names a tenant source skips the request headers (one message)"
         ),
         "tenant-route-audited": "a route that names a tenant source is in audit mode",
+        "tenant-pair-mismatch": (
+            "a mint route and an honor route one client reaches name different tenant sources"
+        ),
         "body-retried": "a retry policy can resend a mint or honor route's body",
         "body-hedged": "a hedge policy sends a mint or honor route's body twice",
         "body-mirrored": "a mirror policy copies a mint or honor route's body",

@@ -35,6 +35,7 @@ from ext_proc.core.route_policy import (
     Action,
     RoutePolicy,
     Scalar,
+    TenantSource,
     admitting,
     parse,
 )
@@ -399,6 +400,31 @@ class GeneratorInput(BaseModel):
                     "identify the peers)"
                 )
         return self
+
+    @model_validator(mode="after")
+    def _pairs_share_a_tenant_source(self) -> GeneratorInput:
+        # A proof binds the cache partition its mint route put the prompt in, and an
+        # honor route of another refuses it (docs/trust.md#a-pair-knows-its-tenant): on
+        # one listener every mint route pairs with every honor route (turns the other
+        # way), so they name one tenant source, or none.
+        policies = [entry.read() for entry in self.routes]
+        mints = [(i, p.tenant) for i, p in enumerate(policies) if p.action is Action.MINT]
+        for index, policy in enumerate(policies):
+            if policy.action is not Action.HONOR:
+                continue
+            for at, tenant in mints:
+                if tenant != policy.tenant:
+                    raise ValueError(
+                        f"routes.{index}.policy.tenant: this honor route names "
+                        f"{_spelt(policy.tenant)} and the mint route routes.{at} names "
+                        f"{_spelt(tenant)}; a proof binds the cache partition of its mint "
+                        "route, so a prefill/decode pair names one tenant source (or none)"
+                    )
+        return self
+
+
+def _spelt(source: TenantSource | None) -> str:
+    return "no tenant source" if source is None else source.spelt
 
 
 def route_name(entry: RouteInput, index: int) -> str:

@@ -801,12 +801,14 @@ def test_a_tenant_route_is_sent_its_request_headers_in_every_arrangement():
     """A request without a body must reach the processor to name its tenant: with one
     message per request a tenant route overrides the filter's mode, the rest untouched."""
     data = example()
+    # The prefill/decode pair names one tenant source (a proof binds its partition).
     data["routes"][0]["policy"]["tenant"] = "header:x-auth-tenant"  # the prefill route
+    data["routes"][1]["policy"]["tenant"] = "header:x-auth-tenant"  # the decode route
     data["routes"][2]["policy"]["tenant"] = "route:team-a"  # the aggregated route
     one, two = generate(data), generate(data | {"one_message": False})
     assert request_modes(one) == {
         "prefill": ("SEND", "BUFFERED"),
-        "disaggregated": ("SKIP", "NONE"),
+        "disaggregated": ("SEND", "NONE"),
         "aggregated": ("SEND", "NONE"),
         "default": ("SKIP", "NONE"),
     }
@@ -820,7 +822,7 @@ def test_a_tenant_route_is_sent_its_request_headers_in_every_arrangement():
     assert request_modes(generate(example()))["aggregated"] == ("SKIP", "NONE")
     for config in (one, two):
         codes = [finding.code for finding in check(config).findings]
-        # The prefill route's header has no guard in this config; the modes are right.
-        assert codes == ["tenant-header-unguarded"]
+        # The pair's header has no guard in this config; the modes are right.
+        assert codes == ["tenant-header-unguarded"] * 2
         # The header comes with the headers message: no attribute is requested for it.
         assert "request.headers['x-auth-tenant']" not in ext_proc_of(config)["request_attributes"]
