@@ -1,8 +1,8 @@
 """``python -m devstack``: the local stack behind ``make run``;
 ``python -m devstack upstream --listen HOST:PORT``: the recording stand-in alone;
 ``python -m devstack generate``: every generated file (``devstack/generated.py``), and
-``python -m devstack NAME`` one generator's (envoy-configs, protos, llm-d, ingress, monitoring,
-dashboard, route-policy-docs, connector-keys-docs, module-map);
+``python -m devstack NAME`` one generator's (envoy-configs, envoy-fields, protos, llm-d, ingress,
+monitoring, dashboard, route-policy-docs, connector-keys-docs, module-map);
 ``python -m devstack code-figures``: size by layer, longest functions, the stream's state."""
 
 from __future__ import annotations

@@ -28,6 +28,7 @@ from devstack import (
     classified,
     connector_keys_docs,
     dashboard,
+    envoy_fields,
     helm,
     ingress,
     llmd,
@@ -37,6 +38,7 @@ from devstack import (
     route_policy_docs,
 )
 from ext_proc.tools import envoygen
+from ext_proc.tools.check_envoy import coverage
 
 REPO: Final = Path(__file__).resolve().parents[1]
 
@@ -110,6 +112,12 @@ GENERATORS: Final = (
         classified.files,
     ),
     Generator("envoy-configs", "envoy/*.yaml from envoy/inputs/", _envoy_outputs, _envoy_files),
+    Generator(
+        "envoy-fields",
+        "check-envoy's table of the Envoy messages' fields it walks, from envoy-data-plane",
+        lambda: (coverage.TABLE,),
+        envoy_fields.files,
+    ),
     Generator("protos", "ext_proc/_pb from protos/", _proto_outputs, _proto_files),
     Generator(
         "llm-d",

@@ -8,6 +8,7 @@ from typing import Any
 
 from ext_proc.core.route_policy import DEFAULT_NAMESPACE
 from ext_proc.tools.check_envoy import reader
+from ext_proc.tools.check_envoy.coverage import coverage
 from ext_proc.tools.check_envoy.findings import Finding, Report, error
 from ext_proc.tools.check_envoy.rules import filters, manager, replay, token_paths
 from ext_proc.tools.check_envoy.rules.after_decision import after_decision
@@ -49,6 +50,7 @@ def check(
         findings.append(error("listener-missing", "", f"no listener named {', '.join(missing)}"))
     if not found:
         findings.append(error("no-connection-manager", "", "no HTTP connection manager found"))
+    findings.extend(coverage(config, namespace))
     routes = 0
     for index, entry in enumerate(found):
         chain = reader.read_chain(index, entry, namespace)

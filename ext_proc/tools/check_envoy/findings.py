@@ -84,6 +84,10 @@ CODES: Final[Mapping[str, str]] = MappingProxyType(
         ),
         "decided-cluster-unseen": "a mint or honor route's cluster comes from CDS, unchecked",
         "field-spelt-twice": "a field spelt by its proto name and its JSON name in one message",
+        # The closed world (``coverage``): on a listener that carries a policed route.
+        "field-refused": "a field the check refuses where a policed route is",
+        "field-unclassified": "a field of Envoy's schema the check's classification lacks",
+        "field-unknown": "a key that is no field of its message in Envoy's schema",
         "tenant-headers-skipped": (
             "a route that names a tenant source skips the request headers (one message)"
         ),
