@@ -533,8 +533,9 @@ def _walk(node: Any) -> Iterator[Any]:
 
 
 def apply_patch(resource: dict[str, Any], operation: dict[str, Any]) -> None:
-    """One EnvoyPatchPolicy operation (add/replace) on a resource, in place."""
-    targets = json_path(resource, operation["jsonPath"])
+    """One EnvoyPatchPolicy operation (add/replace) on a resource, in place (without a
+    jsonPath, its ``path`` is from the resource's root)."""
+    targets = json_path(resource, operation["jsonPath"]) if "jsonPath" in operation else [resource]
     if not targets:
         raise LookupError(f"jsonPath {operation['jsonPath']!r} matches nothing")
     parts = [p.replace("~1", "/").replace("~0", "~") for p in operation["path"].split("/")[1:]]
@@ -587,9 +588,13 @@ def envoy_gateway_bootstrap(
         EG_RUNTIME,
     )
     (listener,) = config["static_resources"]["listeners"]
+    named = {c["name"]: c for c in config["static_resources"]["clusters"]}
     for patch in patch_policy["spec"]["jsonPatches"]:
         kind = patch["type"].rsplit(".", 1)[-1]
-        assert patch["name"] == listener_name, patch["name"]
-        target = {"Listener": listener, "RouteConfiguration": route_config}[kind]
+        if kind == "Cluster":
+            target = named[patch["name"]]  # a cluster Envoy Gateway made
+        else:
+            assert patch["name"] == listener_name, patch["name"]
+            target = {"Listener": listener, "RouteConfiguration": route_config}[kind]
         apply_patch(target, patch["operation"])
     return config

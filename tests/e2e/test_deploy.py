@@ -164,13 +164,20 @@ def test_kustomize_renders_exactly_the_listed_objects():
     }
     assert images == {
         "ext-proc-token-policy": {f"{release.image()}:{release.version()}"},
-        "ext-proc-redis": {"redis:7"},
+        "ext-proc-redis": {chart_values()["redis"]["image"]},  # pinned by digest
     }
+
+
+def chart_values() -> dict[str, Any]:
+    values: dict[str, Any] = yaml.safe_load(
+        (DEPLOY / "helm" / "ext-proc-token-policy" / "values.yaml").read_text()
+    )
+    return values
 
 
 def chart_image() -> str:
     """The image the chart's values name (deploy/helm/ext-proc-token-policy)."""
-    image = yaml.safe_load((DEPLOY / "helm" / "ext-proc-token-policy" / "values.yaml").read_text())
+    image = chart_values()
     return f"{image['image']['repository']}:{image['image']['tag']}"
 
 

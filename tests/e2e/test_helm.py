@@ -7,19 +7,37 @@ schema are refused."""
 
 from __future__ import annotations
 
+import asyncio
+import base64
 import copy
+import os
+import re
+import signal
+import subprocess
+import time
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
+import grpc
 import helm_python
 import kubernetes_validate
 import pytest
 import yaml
+from cryptography import x509
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from redis import Redis as RedisClient
+from redis.exceptions import AuthenticationError, NoPermissionError
 
-from devstack import helm, llmd, monitoring
+from bench import tools
+from devstack import helm, llmd, monitoring, processes
 from ext_proc.core.config import Config
+from ext_proc.core.replay import Ticket, Verdict
+from ext_proc.edge import server
+from ext_proc.edge.redis_record import RedisRecord
 from ext_proc.tools import check_envoy
-from tests.e2e import gateway_assembly
+from ext_proc.tools.check_envoy.rules import processor_tls
+from tests.e2e import certs, gateway_assembly
 from tests.e2e.manifests import KUBE_VERSION, documents, envoy_validate, parse
 
 CI = sorted((helm.CHART / "ci").glob("*-values.yaml"))
@@ -36,6 +54,7 @@ CRDS = frozenset(
         ("gateway.networking.k8s.io/v1", "HTTPRoute"),
         ("monitoring.coreos.com/v1", "ServiceMonitor"),
         ("monitoring.coreos.com/v1", "PrometheusRule"),
+        ("cert-manager.io/v1", "Certificate"),
     }
 )
 
@@ -91,6 +110,8 @@ def test_each_arrangement_has_a_values_file():
         "llm-d-envoy-gateway",
         "external-redis",
         "monitoring",
+        "plaintext",
+        "cert-manager",
     } <= names
 
 
@@ -116,19 +137,25 @@ def test_the_processor_config_loads_and_names_the_record(path):
     data = yaml.safe_load(one(objects, "ConfigMap")["data"]["config.yaml"])
     config = Config.model_validate(data)
     assert [key.id for key in config.proof.keys] == values["proofKeys"]["ids"]
+    pod = one(objects, "Deployment", "ext-proc-token-policy")["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
     if values["redis"]["enabled"]:
         service = one(objects, "Service", "ext-proc-redis")
         assert config.proof.record == f"redis://{service['metadata']['name']}:6379/0"
+        password = "ext-proc-redis-auth"
     else:
         assert config.proof.record == values["redis"]["url"]
         assert [d["metadata"]["name"] for d in every(objects, "Deployment")] == [
             "ext-proc-token-policy"
         ]
-    pod = one(objects, "Deployment", "ext-proc-token-policy")["spec"]["template"]["spec"]
-    (volume,) = [v for v in pod["volumes"] if "secret" in v]
-    assert volume["secret"]["secretName"] == values["proofKeys"]["secretName"]
-    assert "Secret" not in {o["kind"] for o in objects}  # never a key in the chart
-    (container,) = pod["containers"]
+        password = values["redis"]["passwordSecret"]["name"]
+    # The Redis password: a file of a mounted Secret.
+    assert secret_of(pod, container, config.proof.record_password_file) == password
+    # The proof keys: an existing Secret, never one of the chart's.
+    assert secret_of(pod, container, config.proof.keys[0].file) == values["proofKeys"]["secretName"]
+    assert values["proofKeys"]["secretName"] not in {
+        o["metadata"]["name"] for o in every(objects, "Secret")
+    }
     image = values["image"]
     expected = (
         f"{image['repository']}@{image['digest']}"
@@ -138,6 +165,184 @@ def test_the_processor_config_loads_and_names_the_record(path):
     assert container["image"] == expected
     grace = config.drain_seconds + config.shutdown_grace_seconds
     assert pod["terminationGracePeriodSeconds"] > grace
+
+
+def secret_of(pod: dict[str, Any], container: dict[str, Any], path: str | None) -> str:
+    """The Secret whose volume the container mounts the file ``path`` from."""
+    assert path is not None
+    found = [m for m in container["volumeMounts"] if path.startswith(m["mountPath"] + "/")]
+    mount = max(found, key=lambda m: len(m["mountPath"]))  # the innermost mount
+    (volume,) = [v for v in pod["volumes"] if v["name"] == mount["name"]]
+    return str(volume["secret"]["secretName"])
+
+
+# --- secrets stay secret; the processor knows its caller ------------------------------------
+
+
+@pytest.mark.parametrize("path", CI, ids=lambda p: p.name)
+def test_no_configmap_holds_a_password(path):
+    objects = rendered(values_of(path))
+    passwords = [
+        base64.b64decode(secret["data"]["password"]).decode()
+        for secret in every(objects, "Secret")
+        if "password" in secret.get("data", {})
+    ]
+    assert passwords or not merged(values_of(path))["redis"]["enabled"]
+    for config_map in every(objects, "ConfigMap"):
+        text = yaml.safe_dump(config_map)
+        assert not any(password in text for password in passwords)
+        for url in re.findall(r"rediss?://\S+", text):
+            assert urlsplit(url).password is None, url
+            assert "password=" not in url
+
+
+def default_objects() -> tuple[list[dict[str, Any]], Config]:
+    objects = rendered({})
+    config = Config.model_validate(yaml.safe_load(one(objects, "ConfigMap")["data"]["config.yaml"]))
+    return objects, config
+
+
+def test_a_default_install_serves_only_envoys_certificate():
+    """The processor demands a client certificate of the chart's CA; Envoy's certificate
+    is of that CA, the processor's names its Services."""
+    objects, config = default_objects()
+    assert config.tls is not None
+    assert config.tls.client_ca_file is not None
+    pod = one(objects, "Deployment", "ext-proc-token-policy")["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert secret_of(pod, container, config.tls.cert_file) == "ext-proc-token-policy-tls"
+    assert secret_of(pod, container, config.tls.client_ca_file) == "ext-proc-token-policy-tls"
+    server, client = (
+        {k: base64.b64decode(v) for k, v in one(objects, "Secret", name)["data"].items()}
+        for name in ("ext-proc-token-policy-tls", "ext-proc-token-policy-envoy")
+    )
+    assert server["ca.crt"] == client["ca.crt"]
+    ca = x509.load_pem_x509_certificate(server["ca.crt"])
+    for pem in (server["tls.crt"], client["tls.crt"]):
+        x509.load_pem_x509_certificate(pem).verify_directly_issued_by(ca)
+    names = x509.load_pem_x509_certificate(server["tls.crt"]).extensions.get_extension_for_class(
+        x509.SubjectAlternativeName
+    )
+    assert f"ext-proc-token-policy.{NAMESPACE}.svc" in names.value.get_values_for_type(x509.DNSName)
+
+
+def write_certificates(objects: list[dict[str, Any]], directory: Path) -> dict[str, Path]:
+    """The chart's generated Secrets as files: the processor's and Envoy's."""
+    out = {}
+    for name, role in (
+        ("ext-proc-token-policy-tls", "processor"),
+        ("ext-proc-token-policy-envoy", "envoy"),
+    ):
+        folder = directory / role
+        folder.mkdir(parents=True)
+        for key, value in one(objects, "Secret", name)["data"].items():
+            (folder / key).write_bytes(base64.b64decode(value))
+        out[role] = folder
+    return out
+
+
+async def _health(port: int, credentials: grpc.ChannelCredentials) -> int:
+    options = [("grpc.ssl_target_name_override", f"ext-proc-token-policy.{NAMESPACE}.svc")]
+    async with grpc.aio.secure_channel(f"127.0.0.1:{port}", credentials, options) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        reply = await stub.Check(health_pb2.HealthCheckRequest(), timeout=10)
+        return int(reply.status)
+
+
+def test_the_processor_with_the_charts_certificates_refuses_a_caller_without_envoys(tmp_path):
+    """The real processor, its tls as the chart's ConfigMap sets it, on the chart's
+    generated certificates: Envoy's certificate is served, no certificate is refused."""
+    objects, rendered_config = default_objects()
+    files = write_certificates(objects, tmp_path)
+    assert rendered_config.tls is not None
+    tls = {
+        field: str(files["processor"] / Path(getattr(rendered_config.tls, field)).name)
+        for field in ("cert_file", "key_file", "client_ca_file")
+    }
+    config = Config.load(environ={}, listen="127.0.0.1:0", metrics_listen="", tls=tls)
+    envoy = {
+        name: (files["envoy"] / name).read_bytes() for name in ("tls.crt", "tls.key", "ca.crt")
+    }
+
+    async def run() -> None:
+        running = await server.listen(config)
+        try:
+            with_certificate = grpc.ssl_channel_credentials(
+                envoy["ca.crt"], envoy["tls.key"], envoy["tls.crt"]
+            )
+            assert await _health(running.port, with_certificate) >= 0
+            without = grpc.ssl_channel_credentials(envoy["ca.crt"])
+            with pytest.raises(grpc.aio.AioRpcError):
+                await _health(running.port, without)
+        finally:
+            await running.server.stop(None)
+
+    asyncio.run(run())
+
+
+REDIS_REFUSED = [
+    ("FLUSHALL",),
+    ("CONFIG", "GET", "*"),
+    ("KEYS", "*"),
+    ("DEL", "ext_proc:spent-since"),
+    ("SET", "other:key", "1"),
+    ("GET", "other:key"),
+    ("ACL", "LIST"),
+    ("EVAL", "return redis.call('FLUSHALL')", "0"),
+]
+
+
+def test_the_charts_redis_serves_the_record_with_its_password_and_nothing_else(tmp_path):
+    """A real redis-server started as the chart starts it (its init container writes
+    the ACL file from the mounted password): the processor's record, with the password
+    file the ConfigMap names, spends a proof; without the password nothing is served;
+    with it, nothing outside the record's keys and commands."""
+    objects = rendered({})
+    redis_pod = one(objects, "Deployment", "ext-proc-redis")["spec"]["template"]["spec"]
+    (init,) = redis_pod["initContainers"]
+    (container,) = redis_pod["containers"]
+    secret = one(objects, "Secret", "ext-proc-redis-auth")
+    (tmp_path / "auth").mkdir()
+    (tmp_path / "acl").mkdir()
+    (tmp_path / "auth" / "password").write_bytes(base64.b64decode(secret["data"]["password"]))
+    script = init["command"][2].replace("/etc/redis-auth/", f"{tmp_path}/auth/")
+    script = script.replace("/acl/", f"{tmp_path}/acl/")
+    environment = {e["name"]: e["value"] for e in init["env"]}
+    subprocess.run([init["command"][0], "-c", script], env=environment, check=True, timeout=30)
+    port = processes.free_port()
+    command = container["command"][1:]
+    command[command.index("--port") + 1] = str(port)
+    command[command.index("--aclfile") + 1] = str(tmp_path / "acl" / "users.acl")
+    binary = tools.ensure_tools({"redis-server": "redis-server"})["redis-server"]
+    redis_process = processes.start(
+        [binary, *command, "--bind", "127.0.0.1", "--dir", str(tmp_path)], tmp_path / "redis.log"
+    )
+    try:
+        processes.wait_for_port(port, redis_process)
+        password_file = str(tmp_path / "auth" / "password")
+        url = f"redis://127.0.0.1:{port}/0"
+
+        async def spend() -> list[Verdict]:
+            record = RedisRecord(url, 2.0, password_file=password_file)
+            try:
+                await record.check()
+                # Minted after the record begins (at this first spend).
+                now = int(time.time())
+                ticket = Ticket(b"k" * 16, now + 30, now + 1)
+                return [await record.spend(ticket), await record.spend(ticket)]
+            finally:
+                await record.close()
+
+        assert asyncio.run(spend()) == [Verdict.FIRST, Verdict.SPENT]
+        with RedisClient.from_url(url) as anonymous, pytest.raises(AuthenticationError):
+            anonymous.get("ext_proc:spent-since")
+        with RedisClient.from_url(url, password=Path(password_file).read_text()) as client:
+            for refused in REDIS_REFUSED:
+                with pytest.raises(NoPermissionError):
+                    client.execute_command(*refused)
+    finally:
+        os.killpg(redis_process.pid, signal.SIGTERM)
+        redis_process.wait(timeout=20)
 
 
 # --- the NetworkPolicy follows the release's namespace ------------------------------------
@@ -189,6 +394,17 @@ def test_the_network_policy_admits_the_named_gateway_namespaces():
         {"image": {"digest": "latest"}},
         {"redis": {"enabled": False}},  # no record shared by the replicas
         {"redis": {"url": "redis://elsewhere:6379/0"}},  # and the chart's own
+        # A password in the URL would land in the ConfigMap.
+        {"redis": {"enabled": False, "url": "redis://ext-proc:secret@redis:6379/0"}},
+        {"redis": {"enabled": False, "url": "rediss://:secret@redis:6380/0"}},
+        {"redis": {"enabled": False, "url": "redis://redis:6379/0?password=secret"}},
+        {"redis": {"passwordSecret": {"name": "mine"}}},  # the chart's Redis has its own
+        {"redis": {"image": "redis:7"}},  # not pinned by digest
+        # Plain h2c only behind the NetworkPolicy: anyone reaching 50051 would be served.
+        {"tls": {"mode": "none"}, "networkPolicy": {"enabled": False}},
+        {"tls": {"mode": "certManager"}},  # no issuer
+        {"tls": {"mode": "h2c"}},
+        {"config": {"extra": {"tls": {"cert_file": "/c", "key_file": "/k"}}}},
         {"proofKeys": {"ids": []}},
         {"proofKeys": {"key": "00112233"}},
         {"config": {"extra": {"proof": {"keys": []}}}},
@@ -214,18 +430,20 @@ def test_the_image_is_stated_once():
     assert values["tag"] == chart["appVersion"]
 
 
+# The shipped deploy/ wiring is plain h2c; the chart's with tls.mode none is that.
+PLAIN = {"tls": {"mode": "none"}}
 GATEWAY_VALUES = {
-    "istio": ({"gateway": {"kind": "istio"}}, ["istio/envoyfilter.yaml"]),
+    "istio": ({**PLAIN, "gateway": {"kind": "istio"}}, ["istio/envoyfilter.yaml"]),
     "envoy-gateway": (
-        {"gateway": {"kind": "envoyGateway"}},
+        {**PLAIN, "gateway": {"kind": "envoyGateway"}},
         ["envoy-gateway/extension-policy.yaml", "envoy-gateway/patch-policy.yaml"],
     ),
     "llm-d-istio": (
-        {"gateway": {"kind": "llmd"}},
+        {**PLAIN, "gateway": {"kind": "llmd"}},
         ["llm-d/coordinator/routes/httproute.yaml", "llm-d/coordinator/istio/envoyfilter.yaml"],
     ),
     "llm-d-envoy-gateway": (
-        {"gateway": {"kind": "llmd", "llmdProvider": "envoyGateway"}},
+        {**PLAIN, "gateway": {"kind": "llmd", "llmdProvider": "envoyGateway"}},
         [
             "llm-d/coordinator/routes/httproute.yaml",
             "llm-d/coordinator/envoy-gateway/extension-policy.yaml",
@@ -298,11 +516,38 @@ def test_every_gateway_kind_has_a_values_file():
 
 @pytest.mark.parametrize("path", WIRED, ids=lambda p: p.name)
 def test_the_rendered_wiring_passes_check_envoy_and_envoy_validate(path, tmp_path):
+    """check-envoy told what the rendered processor demands (its ConfigMap's tls): every
+    wiring's processor cluster presents Envoy's certificate where it demands one."""
     config = assemble(path)
-    report = check_envoy.check(config)
+    objects = rendered(values_of(path))
+    processor = Config.model_validate(
+        yaml.safe_load(one(objects, "ConfigMap")["data"]["config.yaml"])
+    )
+    wanted = processor_tls.demand(processor)
+    assert wanted == ("none" if merged(values_of(path))["tls"]["mode"] == "none" else "mutual")
+    report = check_envoy.check(config, processor=wanted)
     assert report.errors == []
     assert report.warnings == []
     assert report.routes > 0
+    text = yaml.safe_dump(config)
+    if wanted != "none":
+        # Envoy reads the certificate files the gateway's pods mount: these, here.
+        if any(
+            o["metadata"]["name"] == "ext-proc-token-policy-envoy" for o in every(objects, "Secret")
+        ):
+            files = write_certificates(objects, tmp_path / "certs")["envoy"]
+        else:  # cert-manager writes the Secret in the cluster
+            made = certs.make(tmp_path / "certs")
+            files = tmp_path / "envoy"
+            files.mkdir()
+            for name, source in (
+                ("tls.crt", "envoy.crt"),
+                ("tls.key", "envoy.key"),
+                ("ca.crt", "ca.crt"),
+            ):
+                (files / name).write_bytes((made / source).read_bytes())
+        assert text.count(helm.ENVOY_CERTS) >= 3
+        config = yaml.safe_load(text.replace(helm.ENVOY_CERTS, str(files)))
     envoy_validate(config, tmp_path, path.stem)
     text = yaml.safe_dump(config)
     # Every name of the wiring is the release's: nothing left in the base's namespace.

@@ -33,6 +33,14 @@ gateway.networking.k8s.io/gateway-name: {{ .Values.gateway.name }}
 {{- end }}
 {{- end }}
 
+{{/* What the chart's Redis lets the processor do: the record's keys (PREFIX and SINCE
+of ext_proc/edge/redis_record.py), the commands redis-py sends for its script (EVALSHA,
+SCRIPT LOAD when the script is not cached), those the script calls (INFO, TIME, GET,
+SET) and the start-up check's INFO. */}}
+{{- define "ext-proc-token-policy.redisACL" -}}
+resetkeys ~ext_proc:* resetchannels -@all +evalsha +script|load +info +time +get +set
+{{- end }}
+
 {{/* The record of spent proofs: the chart's Redis or the external one; neither fails
 the render (the replicas would each keep their own record and a replay would pass). */}}
 {{- define "ext-proc-token-policy.redisURL" -}}
