@@ -209,7 +209,7 @@ def test_the_redis_password_comes_from_a_file_named_beside_the_record():
         ({"record": "redis://u:pass@redis:6379/0", "record_password_file": "/s/pw"}, "once"),
         ({"record": "redis://:pass@redis:6379/0", "record_password_file": "/s/pw"}, "once"),
         ({"record_password_file": "/s/pw"}, "needs a Redis"),
-        ({"record": "redis://redis:6379/0", "record_password_file": ""}, "record_password_file"),
+        ({"record": "redis://redis:6379/0", "record_password_file": ""}, "at least 1 character"),
     ],
 )
 def test_a_password_given_twice_or_without_a_redis_is_refused(proof, words):

@@ -226,6 +226,18 @@ def test_a_default_install_serves_only_envoys_certificate():
     assert f"ext-proc-token-policy.{NAMESPACE}.svc" in names.value.get_values_for_type(x509.DNSName)
 
 
+def test_without_the_network_policy_only_envoys_certificate_is_served():
+    """networkPolicy.enabled false renders only with the processor's mTLS: the schema
+    refuses it with tls.mode none (test_values_violating_the_schema_are_refused_at_render)."""
+    objects = rendered({"networkPolicy": {"enabled": False}})
+    assert "ext-proc-token-policy" not in {
+        o["metadata"]["name"] for o in every(objects, "NetworkPolicy")
+    }
+    config = Config.model_validate(yaml.safe_load(one(objects, "ConfigMap")["data"]["config.yaml"]))
+    assert config.tls is not None
+    assert config.tls.client_ca_file is not None
+
+
 def write_certificates(objects: list[dict[str, Any]], directory: Path) -> dict[str, Path]:
     """The chart's generated Secrets as files: the processor's and Envoy's."""
     out = {}
