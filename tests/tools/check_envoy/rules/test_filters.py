@@ -278,3 +278,49 @@ def test_a_filter_that_fails_open_by_json_names_is_refused(change, code):
     config = copy.deepcopy(SHIPPED)
     change(config)
     assert (code, OURS) in [(f.code, f.place) for f in check(config).findings]
+
+
+# --- an override's grpc_service -----------------------------------------------------------
+
+
+def _service(cluster=None, **grpc):
+    return {"envoy_grpc": {"cluster_name": cluster}, **grpc} if cluster else grpc
+
+
+def _honor_served_by(service, level="route"):
+    """An edit: the honor route's requests (or its virtual host's) sent elsewhere by an
+    ExtProcPerRoute override (the audit's canary processor)."""
+
+    def change(config):
+        config["static_resources"]["clusters"].append(
+            {**copy.deepcopy(config["static_resources"]["clusters"][0]), "name": "canary"}
+        )
+        holder = route(config, "disaggregated")
+        if level == "vhost":
+            holder = hcm(config)["route_config"]["virtual_hosts"][0]
+        holder.setdefault("typed_per_filter_config", {}).update(
+            per_route(overrides={"grpc_service": service})
+        )
+
+    return change
+
+
+@pytest.mark.parametrize(
+    ("change", "place"),
+    [
+        (_honor_served_by(_service("canary")), at("disaggregated")),
+        (_honor_served_by(_service("canary"), level="vhost"), VHOST),
+        (
+            _honor_served_by(_service(google_grpc={"target_uri": "canary:50051"})),
+            at("disaggregated"),
+        ),
+    ],
+    ids=["another-cluster", "virtual-host", "google-grpc"],
+)
+def test_an_override_naming_another_service_is_an_error(change, place):
+    assert found(mutated(change)) == [("override-grpc-service", f"{place} {EXT_PROC}")]
+
+
+def test_an_override_naming_the_filters_own_cluster_passes():
+    service = _service("ext_proc", timeout="2s")
+    assert found(mutated(_honor_served_by(service))) == []

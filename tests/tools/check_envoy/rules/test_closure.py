@@ -1,0 +1,288 @@
+"""A listener carrying policed routes holds only filter chains that end in a connection
+manager the check reads, and a mint or honor route reaches only static clusters it
+names itself."""
+
+import copy
+
+import pytest
+
+from ext_proc.tools.check_envoy import check
+from tests.tools.check_envoy.shipped import SHIPPED, at, clean, found, mutated, policy, route
+
+LISTENER = "listener gateway"
+_N = "type.googleapis.com/envoy.extensions.filters.network."
+HCM_TYPE = _N + "http_connection_manager.v3.HttpConnectionManager"
+HONOR, MINT = at("disaggregated"), at("prefill")
+
+
+def listener(config):
+    return config["static_resources"]["listeners"][0]
+
+
+def tcp_proxy(cluster="disaggregated"):
+    return {
+        "name": "envoy.filters.network.tcp_proxy",
+        "typed_config": {
+            "@type": _N + "tcp_proxy.v3.TcpProxy",
+            "stat_prefix": "raw",
+            "cluster": cluster,
+        },
+    }
+
+
+def http_inspector_default_tcp_proxy(config):
+    """The audit's listener: the HTTP chain matched by ALPN as http_inspector tells it,
+    and a default chain that proxies whatever else comes (an HTTP/1.0 request)."""
+    entry = listener(config)
+    entry["listener_filters"] = [
+        {
+            "name": "envoy.filters.listener.http_inspector",
+            "typed_config": {
+                "@type": "type.googleapis.com/"
+                "envoy.extensions.filters.listener.http_inspector.v3.HttpInspector"
+            },
+        }
+    ]
+    entry["filter_chains"][0]["filter_chain_match"] = {"application_protocols": ["http/1.1", "h2c"]}
+    entry["default_filter_chain"] = {"filters": [tcp_proxy()]}
+
+
+def second_chain(*filters):
+    def change(config):
+        entry = listener(config)
+        entry["filter_chains"][0]["filter_chain_match"] = {"destination_port": 8080}
+        entry["filter_chains"].append({"name": "other", "filters": list(filters)})
+
+    return change
+
+
+def manager_from_ecds(config):
+    entry = listener(config)
+    entry["default_filter_chain"] = {
+        "filters": [
+            {
+                "name": "envoy.filters.network.http_connection_manager",
+                "config_discovery": {
+                    "config_source": {"ads": {}},
+                    "type_urls": [HCM_TYPE],
+                },
+            }
+        ]
+    }
+
+
+def network_filter_before_manager(kind):
+    def change(config):
+        filters = listener(config)["filter_chains"][0]["filters"]
+        filters.insert(
+            0, {"name": "first", "typed_config": {"@type": _N + kind, "stat_prefix": "x"}}
+        )
+
+    return change
+
+
+@pytest.mark.parametrize(
+    ("change", "expected"),
+    [
+        (
+            http_inspector_default_tcp_proxy,
+            [("filter-chain-unchecked", f"{LISTENER} default_filter_chain")],
+        ),
+        (
+            second_chain(tcp_proxy()),
+            [("filter-chain-unchecked", f"{LISTENER} filter_chains[1] (other)")],
+        ),
+        (
+            second_chain(
+                {
+                    "name": "redis",
+                    "typed_config": {"@type": _N + "redis_proxy.v3.RedisProxy"},
+                }
+            ),
+            [("filter-chain-unchecked", f"{LISTENER} filter_chains[1] (other)")],
+        ),
+        (manager_from_ecds, [("filter-chain-unchecked", f"{LISTENER} default_filter_chain")]),
+        (
+            network_filter_before_manager("wasm.v3.Wasm"),
+            [("network-filter-unknown", f"{LISTENER} filter_chains[0]")],
+        ),
+        (
+            network_filter_before_manager("sni_dynamic_forward_proxy.v3.FilterConfig"),
+            [("network-filter-unknown", f"{LISTENER} filter_chains[0]")],
+        ),
+    ],
+    ids=[
+        "http-inspector-default-tcp-proxy",
+        "tcp-proxy-chain",
+        "redis-proxy-chain",
+        "manager-from-ecds",
+        "wasm-network-filter",
+        "unknown-network-filter",
+    ],
+)
+def test_a_chain_the_check_does_not_read_on_a_policed_listener_is_an_error(change, expected):
+    assert found(mutated(change)) == expected
+
+
+def test_a_network_filter_known_to_pass_the_bytes_on_passes():
+    assert clean(mutated(network_filter_before_manager("rbac.v3.RBAC")))
+
+
+def test_a_second_chain_ending_in_a_checked_manager_passes():
+    def change(config):
+        chain = copy.deepcopy(listener(config)["filter_chains"][0])
+        listener(config)["default_filter_chain"] = chain
+
+    assert clean(mutated(change))
+
+
+def _raw_listener(config):
+    # A listener of its own that carries no policed route: another door, not this one.
+    config["static_resources"]["listeners"].append(
+        {
+            "name": "raw",
+            "address": {"socket_address": {"address": "127.0.0.1", "port_value": 9000}},
+            "filter_chains": [{"filters": [tcp_proxy("aggregated")]}],
+        }
+    )
+
+
+def test_a_listener_without_policed_routes_is_not_this_rules_business():
+    assert clean(mutated(_raw_listener))
+
+
+def test_a_named_listener_is_read_whole():
+    config = copy.deepcopy(SHIPPED)
+    http_inspector_default_tcp_proxy(config)
+    _raw_listener(config)
+    report = check(config, listeners=frozenset({"gateway", "raw"}))
+    assert found(report) == [
+        ("filter-chain-unchecked", f"{LISTENER} default_filter_chain"),
+        ("filter-chain-unchecked", "listener raw filter_chains[0]"),
+    ]
+    # Named alone, the other listener is not read.
+    assert found(check(config, listeners=frozenset({"raw"}))) == [
+        ("no-connection-manager", ""),
+        ("filter-chain-unchecked", "listener raw filter_chains[0]"),
+    ]
+
+
+def test_a_listener_alone_is_read_as_well():
+    # A document that is no bootstrap: the listener itself.
+    config = copy.deepcopy(SHIPPED)
+    http_inspector_default_tcp_proxy(config)
+    assert found(check(listener(config))) == [
+        ("filter-chain-unchecked", f"{LISTENER} default_filter_chain")
+    ]
+
+
+@pytest.mark.parametrize("source", ["lds_config", "lds_resources_locator"])
+def test_listeners_from_lds_are_an_error_unless_those_in_front_are_named(source):
+    def change(config):
+        config["dynamic_resources"] = {source: {"ads": {}} if source == "lds_config" else "x"}
+
+    assert found(mutated(change)) == [("listeners-unseen", "")]
+    config = copy.deepcopy(SHIPPED)
+    change(config)
+    assert clean(check(config, listeners=frozenset({"gateway"})))
+
+
+# --- the clusters a decided route reaches --------------------------------------------------
+
+
+def _chosen(key, value):
+    def change(config):
+        action = route(config, "disaggregated")["route"]
+        del action["cluster"]
+        action[key] = value
+
+    return change
+
+
+PLUGIN = {"extension": {"name": "picker", "typed_config": {"@type": "type.googleapis.com/x.Y"}}}
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("cluster_header", "x-decode-pool"),
+        ("cluster_specifier_plugin", "picker"),
+        ("inline_cluster_specifier_plugin", PLUGIN),
+    ],
+)
+def test_a_decided_routes_cluster_chosen_per_request_is_an_error(key, value):
+    assert found(mutated(_chosen(key, value))) == [("decided-cluster-chosen", HONOR)]
+
+
+def test_a_decided_routes_weighted_cluster_chosen_by_header_is_an_error():
+    def change(config):
+        action = route(config, "prefill")["route"]
+        del action["cluster"]
+        action["weighted_clusters"] = {
+            "clusters": [
+                {"name": "prefill", "weight": 50},
+                {"cluster_header": "x-decode-pool", "weight": 50},
+            ]
+        }
+
+    assert found(mutated(change)) == [("decided-cluster-chosen", f"{MINT} weighted_cluster #1")]
+
+
+def test_a_strip_routes_cluster_chosen_per_request_is_not_this_rules_business():
+    def change(config):
+        _chosen("cluster_header", "x-decode-pool")(config)
+        policy(config, "disaggregated")["action"] = "strip"
+
+    assert "decided-cluster-chosen" not in mutated(change).codes()
+
+
+def _from_cds(key):
+    def change(config):
+        config["dynamic_resources"] = {key: {"ads": {}} if key == "cds_config" else "x"}
+
+    return change
+
+
+@pytest.mark.parametrize("key", ["cds_config", "cds_resources_locator"])
+def test_a_decided_routes_cluster_from_cds_is_an_error(key):
+    def change(config):
+        _from_cds(key)(config)
+        route(config, "disaggregated")["route"]["cluster"] = "decode-from-cds"
+
+    assert found(mutated(change)) == [
+        ("decided-cluster-unseen", f"{HONOR} cluster 'decode-from-cds'")
+    ]
+
+
+def test_a_decided_routes_static_cluster_beside_cds_passes():
+    # Envoy's cluster manager: a static cluster cannot be modified or removed by CDS.
+    assert clean(mutated(_from_cds("cds_config")))
+
+
+def test_a_decided_routes_cluster_of_an_extension_type_is_an_error():
+    def change(config):
+        (cluster,) = [
+            c for c in config["static_resources"]["clusters"] if c["name"] == "disaggregated"
+        ]
+        cluster["cluster_type"] = {
+            "name": "envoy.clusters.aggregate",
+            "typed_config": {
+                "@type": "type.googleapis.com/envoy.extensions.clusters.aggregate.v3.ClusterConfig",
+                "clusters": ["aggregated"],
+            },
+        }
+
+    # Its cluster_type may be refused by the field table too (coverage); this rule names
+    # the route.
+    assert ("decided-cluster-unseen", f"{HONOR} cluster 'disaggregated'") in found(mutated(change))
+
+
+def test_a_decided_routes_weighted_cluster_not_listed_is_an_error():
+    def change(config):
+        action = route(config, "disaggregated")["route"]
+        del action["cluster"]
+        action["weighted_clusters"] = {
+            "clusters": [{"name": "disaggregated", "weight": 1}, {"name": "elsewhere", "weight": 1}]
+        }
+
+    assert found(mutated(change)) == [("decided-cluster-unseen", f"{HONOR} cluster 'elsewhere'")]
