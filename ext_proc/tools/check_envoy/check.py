@@ -10,8 +10,9 @@ from ext_proc.core.route_policy import DEFAULT_NAMESPACE
 from ext_proc.tools.check_envoy import reader
 from ext_proc.tools.check_envoy.coverage import coverage
 from ext_proc.tools.check_envoy.findings import Finding, Report, error
-from ext_proc.tools.check_envoy.rules import filters, manager, replay, token_paths
+from ext_proc.tools.check_envoy.rules import closure, filters, manager, replay, token_paths
 from ext_proc.tools.check_envoy.rules.after_decision import after_decision
+from ext_proc.tools.check_envoy.rules.filter_types import filter_types
 from ext_proc.tools.check_envoy.rules.header_step import header_step
 from ext_proc.tools.check_envoy.rules.pairs import tenant_pairs
 from ext_proc.tools.check_envoy.rules.processor_tls import Demand, processor_tls
@@ -51,6 +52,7 @@ def check(
     if not found:
         findings.append(error("no-connection-manager", "", "no HTTP connection manager found"))
     findings.extend(coverage(config, namespace))
+    findings.extend(closure.listeners(config, listeners, namespace))
     routes = 0
     for index, entry in enumerate(found):
         chain = reader.read_chain(index, entry, namespace)
@@ -84,6 +86,7 @@ def _chain(chain: reader.Chain) -> Iterator[Finding]:
             "inspected",
         )
         return
+    yield from filter_types(chain)
     yield from filters.other_filters(chain)
     yield from header_step(chain)
     for entry in chain.ours:
@@ -91,6 +94,7 @@ def _chain(chain: reader.Chain) -> Iterator[Finding]:
         yield from filters.filter_settings(place, entry, chain.namespace)
     yield from manager.path_handling(chain)
     yield from filters.per_route_names(chain)
+    yield from filters.override_services(chain)
     yield from manager.upgrades(chain)
     yield from manager.unseen_routes(chain)
     top = chain.manager.get("route_config", {}).get("typed_per_filter_config", {})
@@ -109,5 +113,6 @@ def _virtual_host(
         yield from filters.override(vhost.place, name, config, chain.requested)
     for route in vhost.routes:
         yield from route_rules(route, chain)
-        yield from replay.replays(route, vhost, chain, clusters, known)
+        yield from closure.decided_clusters(route, chain, known)
+        yield from replay.replays(route, vhost, chain, clusters)
     yield from token_paths.token_paths(vhost, chain.namespace)

@@ -21,6 +21,11 @@ CODES: Final[Mapping[str, str]] = MappingProxyType(
         "listener-missing": "a listener named with --listener is not in the configuration",
         "ext-proc-missing": "a connection manager runs no ext_proc filter of this processor",
         "routes-unseen": "routes come from RDS, scoped routes or VHDS, which the check cannot read",
+        "listeners-unseen": "listeners come from LDS, which the check cannot read",
+        "filter-chain-unchecked": (
+            "a filter chain of a listener with policed routes ends in no inline connection manager"
+        ),
+        "network-filter-unknown": "a network filter before the connection manager is not known",
         "matcher-tree": "a virtual host chooses routes by a matcher tree",
         "path-not-normalized": "normalize_path is not true",
         "escaped-slashes-kept": "path_with_escaped_slashes_action keeps '%2F' in the path",
@@ -41,6 +46,7 @@ CODES: Final[Mapping[str, str]] = MappingProxyType(
         "per-route-name-unknown": "an ext_proc per-route configuration names no filter",
         "processor-cluster-missing": "the filter's grpc_service names no static cluster",
         "processor-cluster-unseen": "the filter's grpc_service cluster comes from CDS",
+        "override-grpc-service": "an ExtProcPerRoute override names another service",
         "processor-plaintext": "the processor demands TLS and its cluster has no TLS socket",
         "processor-unverified": "the processor's TLS socket verifies no certificate of it",
         "processor-client-certificate-missing": (
@@ -48,6 +54,8 @@ CODES: Final[Mapping[str, str]] = MappingProxyType(
         ),
         "processor-tls-unseen": "the processor demands TLS and its socket cannot be seen",
         # Other filters of the chain.
+        "filter-type-unknown": "an HTTP filter of a type not in the check's table of filters",
+        "per-route-field-refused": "a per-route filter configuration sets what its type may not",
         "other-ext-proc-first": "another ext_proc filter runs before this processor's",
         "other-ext-proc-before-hold": "another ext_proc filter runs before the buffer filter",
         "other-ext-proc-fails-open": "another service's ext_proc filter fails open",
@@ -82,7 +90,8 @@ CODES: Final[Mapping[str, str]] = MappingProxyType(
         "tenant-header-unguarded": (
             "a client's copy of a route's tenant header can reach this processor's filter"
         ),
-        "decided-cluster-unseen": "a mint or honor route's cluster comes from CDS, unchecked",
+        "decided-cluster-unseen": "a mint or honor route's cluster is no static one, unchecked",
+        "decided-cluster-chosen": "a mint or honor route's cluster is chosen per request",
         "field-spelt-twice": "a field spelt by its proto name and its JSON name in one message",
         # The closed world (``coverage``): on a listener that carries a policed route.
         "field-refused": "a field the check refuses where a policed route is",

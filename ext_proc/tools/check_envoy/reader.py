@@ -233,6 +233,37 @@ def virtual_hosts(chain: Chain) -> Iterator[VirtualHost]:
         )
 
 
+def filter_levels(chain: Chain) -> Iterator[tuple[str, dict[str, Any]]]:
+    """Every ``typed_per_filter_config`` of the connection manager's routes, with its
+    place: the route configuration's, each virtual host's, each route's and each of its
+    weighted clusters'."""
+    route_config = chain.manager.get("route_config", {})
+    levels: list[tuple[str, Any]] = [
+        (f"{chain.place} route_config", route_config.get("typed_per_filter_config"))
+    ]
+    for vhost in virtual_hosts(chain):
+        levels.append((vhost.place, vhost.entry.get("typed_per_filter_config")))
+        for route in vhost.routes:
+            levels.append((route.place, route.entry.get("typed_per_filter_config")))
+            action = route.entry.get("route")
+            weighted = action.get("weighted_clusters", {}) if isinstance(action, dict) else {}
+            for cluster in weighted.get("clusters", []) if isinstance(weighted, dict) else []:
+                if isinstance(cluster, dict):
+                    where = f"{route.place} weighted_cluster {cluster.get('name')!r}"
+                    levels.append((where, cluster.get("typed_per_filter_config")))
+    for place, configs in levels:
+        if isinstance(configs, dict):
+            yield place, configs
+
+
+# A route's cluster chosen at request time (RouteAction's, and a ClusterWeight's
+# cluster_header): any cluster may serve it.
+CHOSEN_PER_REQUEST: Final = (
+    "cluster_header",
+    "cluster_specifier_plugin",
+    "inline_cluster_specifier_plugin",
+)
+
 HTTP_OPTIONS: Final = "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
 
 
@@ -253,10 +284,14 @@ def http_options(config: Any) -> dict[str, dict[str, Any]]:
 @dataclass(frozen=True)
 class Clusters:
     """The clusters the bootstrap lists (``static_resources``), and whether others come
-    at run time (``dynamic_resources.cds_config``), which this check cannot see."""
+    at run time (``dynamic_resources``' ``cds_config`` or ``cds_resources_locator``),
+    which this check cannot see. ``extension``: the listed ones of an extension type
+    (``cluster_type``: an aggregate cluster, a dynamic forward proxy), which choose
+    further clusters or hosts at run time."""
 
     static: frozenset[str]
     from_cds: bool
+    extension: frozenset[str] = frozenset()
 
 
 def clusters(config: Any) -> Clusters | None:
@@ -264,7 +299,11 @@ def clusters(config: Any) -> Clusters | None:
     its clusters are defined elsewhere."""
     if not isinstance(config, dict) or not isinstance(config.get("static_resources"), dict):
         return None
-    listed = config["static_resources"].get("clusters", [])
-    names = frozenset(str(c["name"]) for c in listed if isinstance(c, dict) and "name" in c)
+    listed = [c for c in config["static_resources"].get("clusters", []) if isinstance(c, dict)]
+    names = frozenset(str(c["name"]) for c in listed if "name" in c)
     dynamic = config.get("dynamic_resources", {})
-    return Clusters(names, from_cds=isinstance(dynamic, dict) and "cds_config" in dynamic)
+    from_cds = isinstance(dynamic, dict) and bool(
+        {"cds_config", "cds_resources_locator"} & set(dynamic)
+    )
+    extension = frozenset(str(c["name"]) for c in listed if "name" in c and "cluster_type" in c)
+    return Clusters(names, from_cds, extension)

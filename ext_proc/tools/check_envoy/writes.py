@@ -21,14 +21,10 @@ from typing import Any, Final
 
 from ext_proc.tools import carrier_headers
 from ext_proc.tools.check_envoy.reader import FILTER_CONFIG, Chain, is_ext_proc, walk
-from ext_proc.tools.check_envoy.rules.after_decision import KEEPS_THE_REQUEST
+from ext_proc.tools.check_envoy.rules.filter_types import LOCAL_RATELIMIT, WRITES_NO_HEADER
 
 _T: Final = "type.googleapis.com/envoy.extensions.filters.http."
 EXT_AUTHZ: Final = _T + "ext_authz.v3.ExtAuthz"
-LOCAL_RATELIMIT: Final = _T + "local_ratelimit.v3.LocalRateLimit"
-# Filters that write no request header of Envoy's: those that keep the request, and the
-# decompressor (it rewrites the body and its framing headers only).
-WRITES_NONE: Final = KEEPS_THE_REQUEST - {LOCAL_RATELIMIT} | {_T + "decompressor.v3.Decompressor"}
 # Headers Envoy's mutation rules keep from a server unless allow_all_routing
 # (mutation_rules.cc, Checker::getRoutingHeaders).
 _ROUTING: Final = frozenset({"host", ":authority", ":method", ":scheme"})
@@ -199,7 +195,7 @@ def writes(chain: Chain, entry: dict[str, Any]) -> Writes:
     """What the filter ``entry`` of ``chain`` can write into a request's headers."""
     config = entry.get("typed_config", {})
     kind = config.get("@type")
-    if kind in WRITES_NONE:
+    if kind in WRITES_NO_HEADER:
         return NONE
     if kind == carrier_headers.FILTER_TYPE:
         levels = [config, *per_route(chain, str(entry.get("name")))]

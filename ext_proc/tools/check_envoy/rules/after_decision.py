@@ -14,45 +14,26 @@ this processor's filter and its hold) is ``filters.other_filters``'s rule."""
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any, Final
+from typing import Any
 
 from ext_proc.tools.check_envoy.findings import Finding, error, warning
 from ext_proc.tools.check_envoy.reader import Chain, is_ext_proc
-
-_T: Final = "type.googleapis.com/envoy.extensions.filters.http."
-# Filters that never change a request's headers or body, each for its reason.
-KEEPS_THE_REQUEST: Final = frozenset(
-    {
-        # Forwards the request as the filters before it left it.
-        _T + "router.v3.Router",
-        # Holds the body until it is complete; adds content-length to a body that has
-        # none, the length of the bytes it holds (framing, not content).
-        _T + "buffer.v3.Buffer",
-        # Answers preflights itself; writes response headers only.
-        _T + "cors.v3.Cors",
-        # Allows or refuses (403); changes nothing.
-        _T + "rbac.v3.RBAC",
-        # Delays or aborts with a local reply; changes nothing it forwards.
-        _T + "fault.v3.HTTPFault",
-        # Answers health checks itself; pass-through mode forwards them unchanged.
-        _T + "health_check.v3.HealthCheck",
-        # Refuses (429) over the limit; changes nothing unless it adds request headers
-        # (request_headers_to_add_when_not_enforced, refused below).
-        _T + "local_ratelimit.v3.LocalRateLimit",
-    }
+from ext_proc.tools.check_envoy.rules.filter_types import (
+    KEEPS_THE_REQUEST,
+    LOCAL_RATELIMIT,
+    ROUTER,
 )
-# The router's and clusters' upstream filter chains end in this one: it writes the
-# request to the connection.
-UPSTREAM_CODEC: Final = _T + "upstream_codec.v3.UpstreamCodec"
-ROUTER: Final = _T + "router.v3.Router"
 
 
 def _keeps(entry: dict[str, Any]) -> bool:
+    """Whether the filter's type is one the table knows to keep the request (the
+    upstream codec that ends an upstream chain among them), or a ``local_ratelimit``
+    that adds no request header."""
     config = entry.get("typed_config", {})
     kind = config.get("@type")
-    if kind == _T + "local_ratelimit.v3.LocalRateLimit":
+    if kind == LOCAL_RATELIMIT:
         return not config.get("request_headers_to_add_when_not_enforced")
-    return kind in KEEPS_THE_REQUEST or kind == UPSTREAM_CODEC
+    return kind in KEEPS_THE_REQUEST
 
 
 def after_decision(

@@ -14,7 +14,9 @@ from ext_proc.tools.check_envoy.reader import (
     PER_ROUTE,
     Chain,
     Clusters,
+    filter_levels,
     is_ext_proc,
+    per_route,
     walk,
 )
 
@@ -177,3 +179,31 @@ def processor_cluster(
         place,
         f"grpc_service cluster {name!r} is not among the static clusters; every request would fail",
     )
+
+
+def override_services(chain: Chain) -> Iterator[Finding]:
+    """An ``ExtProcPerRoute`` of this processor's filter that sets ``overrides.grpc_service``
+    names the filter's own cluster (``envoy_grpc.cluster_name``): a route sent to another
+    service (another processor, a canary with its own record) is decided by one this
+    check does not see, and one proof could be honored once by each."""
+    for place, configs in filter_levels(chain):
+        for name, config in per_route(configs):
+            service = config.get("overrides", {}).get("grpc_service")
+            if name not in chain.configs or service is None:
+                continue
+            own = chain.configs[name].get("grpc_service", {}).get("envoy_grpc", {})
+            given = service.get("envoy_grpc") if isinstance(service, dict) else None
+            ours = own.get("cluster_name") if isinstance(own, dict) else None
+            theirs = given.get("cluster_name") if isinstance(given, dict) else None
+            if ours is not None and theirs == ours and "google_grpc" not in service:
+                continue
+            target = (
+                f"cluster {theirs!r}" if theirs is not None else "a service other than a cluster"
+            )
+            yield error(
+                "override-grpc-service",
+                f"{place} {name}",
+                f"overrides.grpc_service sends this route's requests to {target}, not to "
+                f"the filter's own cluster {ours!r}: a processor this check does not see "
+                "decides them. Remove the override, or name the filter's own cluster",
+            )

@@ -36,7 +36,7 @@ from typing import Any, Final
 from ext_proc.core.route_policy import Action
 from ext_proc.tools.check_envoy.effective import running
 from ext_proc.tools.check_envoy.findings import Finding, error
-from ext_proc.tools.check_envoy.reader import Chain, Clusters, Route, VirtualHost
+from ext_proc.tools.check_envoy.reader import CHOSEN_PER_REQUEST, Chain, Route, VirtualHost
 from ext_proc.tools.check_envoy.rules.route import policy_of
 from ext_proc.tools.router_headers import ROUTER_HEADERS
 
@@ -44,12 +44,6 @@ from ext_proc.tools.router_headers import ROUTER_HEADERS
 # was never made, the upstream refused the stream unprocessed (HTTP/2 REFUSED_STREAM),
 # or the stream reset before the request went out.
 UNSENT: Final = frozenset({"connect-failure", "refused-stream", "reset-before-request"})
-# A route's cluster chosen at request time: any cluster may serve it.
-_ANY_CLUSTER: Final = (
-    "cluster_header",
-    "cluster_specifier_plugin",
-    "inline_cluster_specifier_plugin",
-)
 
 
 def resends(policy: Any) -> bool:
@@ -78,24 +72,14 @@ def replays(
     vhost: VirtualHost,
     chain: Chain,
     clusters: dict[str, dict[str, Any]],
-    known: Clusters | None,
 ) -> Iterator[Finding]:
-    """``clusters``: each cluster's HttpProtocolOptions; ``known``: the clusters the
-    bootstrap lists (None: no bootstrap)."""
+    """``clusters``: each cluster's HttpProtocolOptions. Which clusters a decided route
+    may reach at all is ``rules.closure``'s."""
     decision = decided(route, chain)
     if decision is None:
         return
     action = route.entry["route"]
     why = f"this {decision.value} route's body, decided once, would reach upstreams twice"
-    unseen = [] if known is None or not known.from_cds else _unlisted(action, known)
-    for name in unseen:
-        yield error(
-            "decided-cluster-unseen",
-            f"{route.place} cluster {name!r}",
-            f"the cluster is not a static one; clusters come from CDS, which this check "
-            f"cannot see: its retry and mirror policies are unchecked ({why} if they "
-            "resend). List it in static_resources to check it",
-        )
     # Where the route's settings come from, the most specific first, and the settings of
     # each cluster it may send to.
     levels = [
@@ -155,10 +139,6 @@ def _clusters(action: dict[str, Any]) -> list[str]:
     return [str(name) for name in named if name is not None]
 
 
-def _unlisted(action: dict[str, Any], known: Clusters) -> list[str]:
-    return [name for name in _clusters(action) if name not in known.static]
-
-
 def _per_request(action: dict[str, Any]) -> bool:
     """Whether the request chooses the route's cluster: on the action or on one of its
     weighted clusters."""
@@ -166,7 +146,7 @@ def _per_request(action: dict[str, Any]) -> bool:
     return any(
         key in holder
         for holder in [action, *(c for c in weighted if isinstance(c, dict))]
-        for key in _ANY_CLUSTER
+        for key in CHOSEN_PER_REQUEST
     )
 
 

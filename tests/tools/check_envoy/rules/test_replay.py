@@ -163,8 +163,9 @@ def test_a_cluster_chosen_per_request_may_be_any_cluster():
         action.update(cluster_header="x-cluster", retry_policy=RETRY)
         _cluster_options("aggregated", retry_policy={"retry_on": "connect-failure"})(config)
 
-    # The route's retry still stands for the clusters without a policy of their own.
-    assert found(mutated(change)) == [("body-retried", HONOR)]
+    # Refused (rules.closure); the route's retry still stands for the clusters without
+    # a policy of their own.
+    assert found(mutated(change)) == [("decided-cluster-chosen", HONOR), ("body-retried", HONOR)]
 
 
 def _retry_headers(*names):
@@ -341,4 +342,8 @@ def test_a_weighted_cluster_chosen_per_request_may_be_any_cluster(weighted):
             "aggregated", retry_policy=RETRY, explicit_http_config={"http_protocol_options": {}}
         )(config)
 
-    assert found(mutated(change)) == [("body-retried", f"{HONOR} cluster 'aggregated'")]
+    chosen = f"{HONOR} weighted_cluster #0" if weighted else HONOR
+    assert found(mutated(change)) == [
+        ("decided-cluster-chosen", chosen),
+        ("body-retried", f"{HONOR} cluster 'aggregated'"),
+    ]

@@ -1,0 +1,204 @@
+"""What the check reads is all a policed request can meet: the listeners in front of
+this processor's routes hold no filter chain it does not read, and a ``mint`` or
+``honor`` route reaches only clusters it reads.
+
+A listener carries policed routes when one of its connection managers runs this
+processor's filter (or when ``--listener`` names it). Every filter chain of such a
+listener, ``default_filter_chain`` included, must end in an HTTP connection manager
+given inline, read whole by the rules: Envoy hands a connection to whichever chain its
+``filter_chain_match`` (or ``filter_chain_matcher``) picks, and the listener filters
+that pick it (``tls_inspector``, ``http_inspector``) are the client's to steer: an
+HTTP/1.0 request is no ``http/1.1`` to ``http_inspector`` and falls through to the
+default chain. A ``tcp_proxy`` (or any other terminal filter) there forwards the bytes
+uninspected, ids and all; a connection manager from ECDS (``config_discovery``) is read
+by no rule. The network filters before the connection manager are of types known to
+leave the bytes alone (``NETWORK_KEEPERS``). Listeners from LDS are not read at all.
+
+A decided route's cluster is one the bootstrap lists in ``static_resources`` (which CDS
+cannot replace or remove: Envoy's cluster manager docs), of no extension type, named by
+the route itself: a cluster chosen per request (``CHOSEN_PER_REQUEST``: a client's
+header names it, or a plugin picks it) may be one from CDS or ODCDS whose retry and
+mirror policies resend the decided body, and none of them is read here."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any, Final
+
+from ext_proc.tools.check_envoy.findings import Finding, error
+from ext_proc.tools.check_envoy.reader import (
+    CHOSEN_PER_REQUEST,
+    EXT_PROC,
+    HCM,
+    Chain,
+    Clusters,
+    Route,
+    is_ours,
+    walk,
+)
+from ext_proc.tools.check_envoy.rules.replay import decided
+
+_N: Final = "type.googleapis.com/envoy.extensions.filters.network."
+# Network filters that allow, refuse or count a connection and pass its bytes on as
+# they came (each filter's Envoy 1.40 docs).
+NETWORK_KEEPERS: Final = frozenset(
+    {
+        _N + "rbac.v3.RBAC",
+        _N + "local_ratelimit.v3.LocalRateLimit",
+        _N + "ratelimit.v3.RateLimit",
+        _N + "connection_limit.v3.ConnectionLimit",
+        _N + "ext_authz.v3.ExtAuthz",
+    }
+)
+
+
+def _is_bootstrap(config: Any) -> bool:
+    return isinstance(config, dict) and isinstance(config.get("static_resources"), dict)
+
+
+def _listeners(config: Any, names: frozenset[str] | None) -> list[dict[str, Any]]:
+    """The listeners the check reads: those named, else every one (a bootstrap's static
+    listeners; anything with filter chains in a document that is no bootstrap)."""
+    if names is None and _is_bootstrap(config):
+        listed = config["static_resources"].get("listeners", [])
+        return [entry for entry in listed if isinstance(entry, dict)]
+    return [
+        entry
+        for entry in walk(config)
+        if ("filter_chains" in entry or "default_filter_chain" in entry)
+        and (names is None or entry.get("name") in names)
+    ]
+
+
+def _chains(listener: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:
+    place = f"listener {listener.get('name')}"
+    for index, chain in enumerate(listener.get("filter_chains", [])):
+        if isinstance(chain, dict):
+            name = f" ({chain['name']})" if chain.get("name") else ""
+            yield f"{place} filter_chains[{index}]{name}", chain
+    default = listener.get("default_filter_chain")
+    if isinstance(default, dict):
+        yield f"{place} default_filter_chain", default
+
+
+def _manager(chain: dict[str, Any]) -> dict[str, Any] | None:
+    """The chain's connection manager, given inline as its last filter; None for any
+    other ending."""
+    filters = chain.get("filters", [])
+    last = filters[-1] if isinstance(filters, list) and filters else None
+    config = last.get("typed_config") if isinstance(last, dict) else None
+    return config if isinstance(config, dict) and config.get("@type") == HCM else None
+
+
+def _policed(listener: dict[str, Any], namespace: str) -> bool:
+    for _, chain in _chains(listener):
+        manager = _manager(chain)
+        for entry in manager.get("http_filters", []) if manager else []:
+            if (
+                isinstance(entry, dict)
+                and entry.get("typed_config", {}).get("@type") == EXT_PROC
+                and is_ours(entry, namespace)
+            ):
+                return True
+    return False
+
+
+def listeners(config: Any, names: frozenset[str] | None, namespace: str) -> Iterator[Finding]:
+    """Every listener that carries policed routes (every one named) holds only chains
+    that end in a connection manager the rules read."""
+    dynamic = config.get("dynamic_resources") if isinstance(config, dict) else None
+    if names is None and isinstance(dynamic, dict):
+        source = sorted({"lds_config", "lds_resources_locator"} & set(dynamic))
+        if source:
+            yield error(
+                "listeners-unseen",
+                "",
+                f"listeners come from LDS (dynamic_resources.{source[0]}), which this check "
+                "cannot read: their filter chains may reach the model servers uninspected. "
+                "Name the listeners in front of model servers (--listener) and list them in "
+                "static_resources",
+            )
+    for listener in _listeners(config, names):
+        if names is None and not _policed(listener, namespace):
+            continue
+        for place, chain in _chains(listener):
+            yield from _chain(place, chain)
+
+
+def _chain(place: str, chain: dict[str, Any]) -> Iterator[Finding]:
+    filters = [f for f in chain.get("filters", []) if isinstance(f, dict)]
+    if not filters:
+        # Envoy closes a connection whose chain has no filter: nothing is forwarded.
+        return
+    *before, last = filters
+    for entry in before:
+        kind = entry.get("typed_config", {}).get("@type", "config_discovery (ECDS)")
+        if kind not in NETWORK_KEEPERS:
+            yield error(
+                "network-filter-unknown",
+                place,
+                f"network filter {entry.get('name')} ({kind}) runs before the connection "
+                "manager and is not known to pass the bytes on as they came. Remove it",
+            )
+    if _manager(chain) is not None:
+        return
+    if "config_discovery" in last:
+        ending = f"{last.get('name')}, a filter from ECDS (config_discovery)"
+    else:
+        ending = f"{last.get('name')} ({last.get('typed_config', {}).get('@type')})"
+    yield error(
+        "filter-chain-unchecked",
+        place,
+        f"this filter chain of a listener carrying policed routes ends in {ending}, not in "
+        "an HTTP connection manager given inline: a connection the listener hands it "
+        "reaches an upstream uninspected. Remove the chain, or make it a connection "
+        "manager this check reads",
+    )
+
+
+def decided_clusters(route: Route, chain: Chain, known: Clusters | None) -> Iterator[Finding]:
+    """A ``mint`` or ``honor`` route names its clusters itself, each a static one of no
+    extension type (``known`` None: no bootstrap, its clusters are listed elsewhere)."""
+    decision = decided(route, chain)
+    if decision is None:
+        return
+    action = route.entry["route"]
+    why = f"this {decision.value} route's body, decided once, could reach upstreams twice"
+    weighted = action.get("weighted_clusters", {}).get("clusters", [])
+    holders = [(route.place, action)] + [
+        (f"{route.place} weighted_cluster #{index}", cluster)
+        for index, cluster in enumerate(weighted)
+        if isinstance(cluster, dict)
+    ]
+    for place, holder in holders:
+        for key in CHOSEN_PER_REQUEST:
+            if key in holder:
+                yield error(
+                    "decided-cluster-chosen",
+                    place,
+                    f"{key} chooses the cluster per request: any cluster, one from CDS or "
+                    f"ODCDS too, with retry and mirror policies unread here ({why}). Name "
+                    "the cluster",
+                )
+    if known is None:
+        return
+    for _, holder in holders:
+        name = holder.get("cluster") if holder is action else holder.get("name")
+        if name is None:
+            continue
+        if str(name) not in known.static:
+            source = "clusters come from CDS" if known.from_cds else "no such cluster is listed"
+            yield error(
+                "decided-cluster-unseen",
+                f"{route.place} cluster {str(name)!r}",
+                f"the cluster is not a static one ({source}), so its retry and mirror "
+                f"policies are unchecked ({why} if they resend). List it in static_resources",
+            )
+        elif str(name) in known.extension:
+            yield error(
+                "decided-cluster-unseen",
+                f"{route.place} cluster {str(name)!r}",
+                "the cluster is of an extension type (cluster_type): it picks further "
+                f"clusters or hosts at run time, their policies unread ({why}). Route to "
+                "a cluster the bootstrap lists",
+            )
