@@ -524,3 +524,69 @@ def test_a_ticket_of_an_unbounded_lifetime_is_fresh_for_no_record():
     token = proof.mint(KEYS, {"remote_engine_id": "e"}, bytes(32), 5000)
     assert token is not None
     assert not proof.ticket({proof.PROOF_KEY: token}, 0, math.inf).fresh(-(2**61))
+
+
+# --- the minting time --------------------------------------------------------------------
+
+
+def test_a_proof_states_when_it_was_minted_under_its_mac():
+    params = {"prompt_token_ids": [7, 8], "remote_port": 5600}
+    token = proof.mint(KEYS, params, digest(), 1234, bytes(12), minted=1214)
+    assert token is not None
+    version, key_id, minted_at, expiry, *_ = token.split(".")
+    assert (version, key_id, minted_at, expiry) == ("tp4", "k1", "1214", "1234")
+    signed = {**params, proof.PROOF_KEY: token}
+    assert proof.verify(KEYS, signed, digest(), 1220, 0, lifetime=20) is None
+    # Another minting time, the rest as signed: another MAC.
+    for other in ("1215", "1213"):
+        moved = token.replace(".1214.1234.", f".{other}.1234.")
+        found = proof.verify(KEYS, {**params, proof.PROOF_KEY: moved}, digest(), 1220, 0)
+        assert found == "proof_bad_signature", other
+
+
+def test_a_proof_minted_for_longer_than_this_processors_lifetime_is_refused():
+    # Minted for 20 s: a processor whose proofs live 10 s refuses it at any moment of
+    # its life (its lease bound, ttl + 2 x skew, would not hold for it), even when its
+    # expiry lies no further ahead than its own lifetime.
+    params = {"prompt_token_ids": [1, 2]}
+    token = proof.mint(KEYS, params, digest(), 120, minted=100)
+    signed = {**params, proof.PROOF_KEY: token}
+    for now in (100, 111, 115):
+        for lifetime, why in [(10, "proof_outlives_lease"), (19, "proof_outlives_lease")]:
+            assert proof.verify(KEYS, signed, digest(), now, 5, lifetime=lifetime) == why
+        assert proof.verify(KEYS, signed, digest(), now, 5, lifetime=20) is None
+    turn = proof.mint(KEYS, params, digest(), 400, version=proof.TURN_VERSION, minted=100)
+    claim = proof.claim(KEYS, {**params, proof.PROOF_KEY: turn}, proof.TURN_VERSION)
+    assert isinstance(claim, proof.Claim)
+    assert claim.authentic(390, 5, 299) == "proof_outlives_lease"
+    assert claim.authentic(390, 5, 300) is None
+
+
+@pytest.mark.parametrize(
+    "spelt",
+    [
+        "0100",  # a leading zero: 100 spelt twice
+        "+100",
+        "100.0",
+        "1e2",
+        "121",  # minted after its expiry: no minter writes it
+        "0",
+    ],
+)
+def test_a_minting_time_has_one_spelling(spelt):
+    params = {"prompt_token_ids": [1, 2]}
+    token = proof.mint(KEYS, params, digest(), 120, minted=100)
+    assert token is not None
+    respelt = token.replace(".100.120.", f".{spelt}.120.")
+    assert respelt != token
+    found = proof.verify(KEYS, {**params, proof.PROOF_KEY: respelt}, digest(), 110, 5)
+    assert found == "proof_malformed"
+
+
+def test_a_ticket_is_dated_by_the_minting_time_less_the_skew():
+    token = proof.mint(KEYS, {"remote_engine_id": "e"}, bytes(32), 5000, minted=4990)
+    assert token is not None
+    found = proof.ticket({proof.PROOF_KEY: token}, 2)
+    assert (found.expires_at, found.minted_after) == (5000 + 3 * 2, 4990 - 2)
+    found = proof.ticket({proof.PROOF_KEY: token}, 0.5)
+    assert (found.expires_at, found.minted_after) == (5003, 4989)

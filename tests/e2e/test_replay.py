@@ -1001,3 +1001,100 @@ def test_a_record_without_terms_begins_again_once_and_smaller_terms_never_begin_
             assert client.pttl(name) > (now + 30 + 3 * terms.skew - clock[0]) * 1000 - 500
     finally:
         server.stop()
+
+
+# --- a proof minted for longer than its verifier's lifetime ------------------------------
+
+
+async def honored_under(
+    record: RedisRecord, terms: Terms, params: dict[str, Any], now: float
+) -> Verdict | str:
+    """What a processor of ``terms`` decides for ``params`` at ``now``: why they do not
+    verify, else the record's verdict."""
+    keys = proof.KeySet({KEY_ID: b"k" * 32}, KEY_ID)
+    why = proof.verify(keys, params, bytes(32), now, terms.skew, lifetime=terms.ttl)
+    if why is not None:
+        return why
+    return await record.spend(proof.ticket(params, terms.skew, terms.ttl))
+
+
+def minted_until(expiry: int) -> dict[str, Any]:
+    keys = proof.KeySet({KEY_ID: b"k" * 32}, KEY_ID)
+    params: dict[str, Any] = {"remote_engine_id": "e", "prompt_token_ids": [1, 2, 3]}
+    params[proof.PROOF_KEY] = proof.mint(keys, params, bytes(32), expiry)
+    return params
+
+
+def test_a_redis_flushed_under_writers_of_other_lifetimes_honors_no_proof_twice(tmp_path):
+    """Writers whose ttl_seconds differ (10 s and 2 s) share a Redis; it is flushed and
+    the 2 s writer begins it again, its terms alone. A proof minted for 10 s and spent
+    before the flush is not honored again by the 2 s writer."""
+    long, short = Terms(skew=1, ttl=10), Terms(skew=1, ttl=2)
+    now = int(time.time())
+    clock = [now + 0.1]
+    server = Redis(tmp_path)
+
+    async def run() -> list[Verdict | str]:
+        first = RedisRecord(server.url, 1.0, clock=lambda: clock[0], terms=long)
+        second = RedisRecord(server.url, 1.0, clock=lambda: clock[0], terms=short)
+        try:
+            spent = minted_until(now + long.ttl)  # minted at now, for 10 s
+            verdicts = [await honored_under(first, long, spent, clock[0])]
+            with server.client() as client:
+                client.flushall()
+            # The record begins again, under the 2 s writer's terms alone.
+            verdicts.append(await second.spend(Ticket(b"q" * 16, now + 30, now - 100)))
+            clock[0] = now + long.ttl - short.ttl - short.skew
+            verdicts.append(await honored_under(second, short, spent, clock[0]))
+            return verdicts
+        finally:
+            await first.close()
+            await second.close()
+
+    server.start()
+    try:
+        with server.client() as client:
+            redis_record.begin(client, now - 60, long)
+        spent, began, again = asyncio.run(run())
+        assert (spent, began) == (Verdict.FIRST, Verdict.UNAVAILABLE)
+        assert again is not Verdict.FIRST
+    finally:
+        server.stop()
+
+
+def test_a_proof_a_minter_minted_for_longer_than_the_verifiers_is_honored_once(tmp_path):
+    """The verifiers live 2 s; a processor that only mints mints for 3 s. The Redis
+    forgets, and the processor that begins it again reads within the skew behind: the
+    proof spent before must not be honored again."""
+    verifiers = Terms(skew=1, ttl=2)
+    base = int(time.time())
+    clock = [base + 0.1]
+    server = Redis(tmp_path)
+
+    async def run() -> list[Verdict | str]:
+        spender = RedisRecord(server.url, 1.0, clock=lambda: clock[0], terms=verifiers)
+        beginner = RedisRecord(server.url, 1.0, clock=lambda: clock[0] - 1, terms=verifiers)
+        try:
+            spent = minted_until(base + 3)  # minted at base, for 3 s
+            verdicts = [await honored_under(spender, verifiers, spent, clock[0])]
+            with server.client() as client:
+                client.flushall()
+            clock[0] = base + 0.2
+            verdicts.append(await beginner.spend(Ticket(b"q" * 16, base + 30, base - 100)))
+            clock[0] = base + 0.3
+            verdicts.append(await honored_under(spender, verifiers, spent, clock[0]))
+            return verdicts
+        finally:
+            await spender.close()
+            await beginner.close()
+
+    server.start()
+    try:
+        with server.client() as client:
+            redis_record.begin(client, base - 60, verifiers)
+        first, began, again = asyncio.run(run())
+        assert began is Verdict.UNAVAILABLE  # the record began again
+        assert [first, again].count(Verdict.FIRST) <= 1
+        assert again is not Verdict.FIRST
+    finally:
+        server.stop()

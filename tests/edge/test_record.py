@@ -254,3 +254,16 @@ def test_a_shorter_lifetime_dates_a_proof_by_the_longest_one_the_table_knows(tmp
     assert quick.spend_now(turn) is Verdict.UNAVAILABLE  # minted up to 300 s before expiry
     prefill = Ticket(b"p" * 16, began + 30, began + 30 - 20)
     assert quick.spend_now(prefill) is Verdict.FIRST  # its lifetime did not change
+
+
+def test_a_processor_restarted_whole_with_a_shorter_lifetime_honors_no_proof_twice():
+    """A proof minted for 20 s and honored; the processor is restarted whole with
+    ttl_seconds 10 (its new table holds only its new terms). Dated by its own lifetime
+    the proof looks minted after the new table began: it must not be honored again."""
+    before, after = Terms(skew=5, ttl=20), Terms(skew=5, ttl=10)
+    t = int(NOW)
+    spent = proven(t + before.ttl)  # minted at t, for 20 s
+    old = LocalRecord.anonymous(64, lambda: t + 0.5, began=t - 600, terms=before)
+    assert spend_under(old, before, spent, t + 0.5) is Verdict.FIRST
+    restarted = LocalRecord.anonymous(64, lambda: t + 5, began=t + 1, terms=after)
+    assert spend_under(restarted, after, spent, t + 5) is not Verdict.FIRST
