@@ -286,3 +286,66 @@ def test_a_decided_routes_weighted_cluster_not_listed_is_an_error():
         }
 
     assert found(mutated(change)) == [("decided-cluster-unseen", f"{HONOR} cluster 'elsewhere'")]
+
+
+# --- a decided route's cluster whose host the request names ---------------------------------
+
+
+def _original_dst(name, **lb_config):
+    """Cluster ``name`` of type ORIGINAL_DST: it connects to the host its
+    ``original_dst_lb_config`` reads from the request (a header, metadata) or, without
+    one, the connection's restored destination."""
+
+    def change(config):
+        (cluster,) = [c for c in config["static_resources"]["clusters"] if c["name"] == name]
+        cluster.pop("load_assignment")
+        cluster.update(type="ORIGINAL_DST", lb_policy="CLUSTER_PROVIDED")
+        if lb_config:
+            cluster["original_dst_lb_config"] = lb_config
+
+    return change
+
+
+@pytest.mark.parametrize(
+    "lb_config",
+    [
+        # Envoy's own header, which nothing removes from a client's request (the
+        # original_dst_lb_config docs: "this header isn't sanitized by default").
+        {"use_http_header": True},
+        {"use_http_header": True, "http_header_name": "x-target"},
+        # From dynamic metadata, or the connection's destination (a client's PROXY
+        # protocol header restores it).
+        {"metadata_key": {"key": "envoy.lb", "path": [{"key": "host"}]}},
+        {},
+    ],
+    ids=["default-header", "own-header", "metadata", "connection"],
+)
+@pytest.mark.parametrize(("name", "place"), [("prefill", MINT), ("disaggregated", HONOR)])
+def test_a_decided_routes_cluster_whose_host_the_request_names_is_an_error(lb_config, name, place):
+    assert found(mutated(_original_dst(name, **lb_config))) == [
+        ("decided-cluster-chosen", f"{place} cluster {name!r}")
+    ]
+
+
+@pytest.mark.parametrize("kind", ["original_dst", 4, "4"])
+def test_original_dst_is_read_in_every_spelling_envoy_reads(kind):
+    def change(config):
+        _original_dst("prefill", use_http_header="yes", http_header_name="x-target")(config)
+        (cluster,) = [c for c in config["static_resources"]["clusters"] if c["name"] == "prefill"]
+        cluster["type"] = kind
+
+    assert found(mutated(change)) == [("decided-cluster-chosen", f"{MINT} cluster 'prefill'")]
+
+
+def test_a_decided_routes_host_from_a_header_the_header_step_removes_passes():
+    # llm-d's endpoint picker: the header step removes a client's
+    # x-gateway-destination-endpoint, the picker (declared, after the decision) writes it.
+    change = _original_dst(
+        "disaggregated", use_http_header=True, http_header_name="X-Gateway-Destination-Endpoint"
+    )
+    assert clean(mutated(change))
+
+
+def test_a_strip_routes_original_dst_cluster_is_not_this_rules_business():
+    change = _original_dst("aggregated", use_http_header=True)
+    assert "decided-cluster-chosen" not in mutated(change).codes()
