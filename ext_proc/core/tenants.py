@@ -12,16 +12,16 @@ derived from it with a key of this deployment:
     cache_salt = base64url(HMAC-SHA256(tenant_key, "ext_proc cache_salt\\0" [|| "\\1" || part]))
 
 where ``part`` is the client's own salt (a string), a turn's fresh one, or nothing. A
-proof minted on such a route names the partition (``tag``) and is honored only on a
-route that puts the request in the same one (proof.py):
-
-    tag = base64url(HMAC-SHA256(tenant_key, "ext_proc partition\0")[:16])
- A
 client's salt then only divides its own tenant's partition, it never names another's
-(the tenant comes first, under its own key, whatever the client sends); the two HMACs are
+(the tenant comes first, under its own key, whatever the client sends); the HMACs are
 keyed, so no salt is predictable without the key, and a salt of one deployment says
 nothing of another's. The salt is 43 characters of base64url, inside what vLLM accepts
 (at most 128, none of ``@ / \\ NUL``).
+
+A proof minted on such a route names the partition (``tag``) and is honored only on a
+route that puts the request in the same one (proof.py):
+
+    tag = base64url(HMAC-SHA256(tenant_key, "ext_proc partition\\0")[:16])
 """
 
 from __future__ import annotations
