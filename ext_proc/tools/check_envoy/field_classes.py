@@ -690,7 +690,7 @@ BY_MESSAGE: Final[Mapping[str, Mapping[str, Class]]] = {
         "transport_socket_matcher": _TLS,
         "name": _read("reader.clusters, reader.http_options"),
         "alt_stat_name": _STATS,
-        "type": _ENDPOINT,
+        "type": _read("reader.clusters, rules.closure (an ORIGINAL_DST cluster's host)"),
         "cluster_type": _refused(
             "a custom cluster (an aggregate one sends to other clusters, whose settings "
             "this check does not read)"
@@ -725,7 +725,9 @@ BY_MESSAGE: Final[Mapping[str, Mapping[str, Class]]] = {
         "lb_subset_config": _ENDPOINT,
         "ring_hash_lb_config": _ENDPOINT,
         "maglev_lb_config": _ENDPOINT,
-        "original_dst_lb_config": _ENDPOINT,
+        "original_dst_lb_config": _read(
+            "rules.closure (where a decided route's ORIGINAL_DST cluster takes its host)"
+        ),
         "least_request_lb_config": _ENDPOINT,
         "round_robin_lb_config": _ENDPOINT,
         "common_lb_config": _ENDPOINT,

@@ -91,7 +91,9 @@ CODES: Final[Mapping[str, str]] = MappingProxyType(
             "a client's copy of a route's tenant header can reach this processor's filter"
         ),
         "decided-cluster-unseen": "a mint or honor route's cluster is no static one, unchecked",
-        "decided-cluster-chosen": "a mint or honor route's cluster is chosen per request",
+        "decided-cluster-chosen": (
+            "a mint or honor route's cluster, or its ORIGINAL_DST host, is chosen per request"
+        ),
         "field-spelt-twice": "a field spelt by its proto name and its JSON name in one message",
         # The closed world (``coverage``): on a listener that carries a policed route.
         "field-refused": "a field the check refuses where a policed route is",

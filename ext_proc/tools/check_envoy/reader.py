@@ -7,8 +7,8 @@ Nothing here judges: the rules do (``rules``), from what this module reads.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
@@ -292,6 +292,9 @@ class Clusters:
     static: frozenset[str]
     from_cds: bool
     extension: frozenset[str] = frozenset()
+    # The listed ones of type ORIGINAL_DST, with their ``original_dst_lb_config``: each
+    # connects to a host the request or the connection names, not one it lists.
+    original_dst: Mapping[str, dict[str, Any]] = field(default_factory=dict)
 
 
 def clusters(config: Any) -> Clusters | None:
@@ -306,4 +309,24 @@ def clusters(config: Any) -> Clusters | None:
         {"cds_config", "cds_resources_locator"} & set(dynamic)
     )
     extension = frozenset(str(c["name"]) for c in listed if "name" in c and "cluster_type" in c)
-    return Clusters(names, from_cds, extension)
+    original_dst = {
+        str(c["name"]): c.get("original_dst_lb_config", {})
+        for c in listed
+        if "name" in c and _discovery_type(c.get("type")) == ORIGINAL_DST
+    }
+    return Clusters(names, from_cds, extension, original_dst)
+
+
+# Cluster.DiscoveryType by its number (cluster.proto).
+_DISCOVERY_TYPES: Final = ("STATIC", "STRICT_DNS", "LOGICAL_DNS", "EDS", "ORIGINAL_DST")
+ORIGINAL_DST: Final = "ORIGINAL_DST"
+
+
+def _discovery_type(value: Any) -> Any:
+    """A cluster's ``type`` by its name, as Envoy reads it: the name in any case, or
+    its number (also as a string)."""
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value.strip())
+    if type(value) is int and 0 <= value < len(_DISCOVERY_TYPES):
+        return _DISCOVERY_TYPES[value]
+    return value.strip().upper() if isinstance(value, str) else value

@@ -104,6 +104,7 @@ BOOLS: Final = frozenset(
         "ignore_case",
         "invert_match",
         "validate_clusters",
+        "use_http_header",
     }
 )
 _TRUE: Final = frozenset({"true", "y", "yes", "on"})

@@ -18,13 +18,17 @@ A decided route's cluster is one the bootstrap lists in ``static_resources`` (wh
 cannot replace or remove: Envoy's cluster manager docs), of no extension type, named by
 the route itself: a cluster chosen per request (``CHOSEN_PER_REQUEST``: a client's
 header names it, or a plugin picks it) may be one from CDS or ODCDS whose retry and
-mirror policies resend the decided body, and none of them is read here."""
+mirror policies resend the decided body, and none of them is read here. A static
+cluster of type ORIGINAL_DST lists no host: it connects where the request or the
+connection says, so it serves a decided route only when its host comes from a header
+the header step removes from every client's request (``host_chosen``)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from typing import Any, Final
 
+from ext_proc.tools.carrier_headers import ROUTING_HEADERS
 from ext_proc.tools.check_envoy.findings import Finding, error
 from ext_proc.tools.check_envoy.reader import (
     CHOSEN_PER_REQUEST,
@@ -202,3 +206,39 @@ def decided_clusters(route: Route, chain: Chain, known: Clusters | None) -> Iter
                 f"clusters or hosts at run time, their policies unread ({why}). Route to "
                 "a cluster the bootstrap lists",
             )
+        elif str(name) in known.original_dst:
+            chosen = host_chosen(known.original_dst[str(name)])
+            if chosen is not None:
+                yield error(
+                    "decided-cluster-chosen",
+                    f"{route.place} cluster {str(name)!r}",
+                    f"the cluster is of type ORIGINAL_DST and {chosen}: a client sends "
+                    f"this {decision.value} route's decided body to a host of its choosing "
+                    "(a mint route signs the parameters that host answers). Route to a "
+                    "cluster that lists its hosts, or read the host from a header the "
+                    "header step removes",
+                )
+
+
+# The header an ORIGINAL_DST cluster reads the host from by default.
+ORIGINAL_DST_HEADER: Final = "x-envoy-original-dst-host"
+
+
+def host_chosen(lb_config: Any) -> str | None:
+    """Why a client can choose the host of an ORIGINAL_DST cluster configured by
+    ``lb_config`` (its ``original_dst_lb_config``); None when only a header the header
+    step removes from every request names it (``carrier_headers.ROUTING_HEADERS``:
+    llm-d's endpoint picker writes ``x-gateway-destination-endpoint`` after the
+    decision). Envoy's docs warn that the header is not sanitised; a host from dynamic
+    metadata is whatever a filter wrote; without either, the host is the connection's
+    restored destination, which a PROXY protocol header (a client's, where the
+    listener accepts one) or the original destination of a redirected connection sets."""
+    config = lb_config if isinstance(lb_config, dict) else {}
+    if "metadata_key" in config:
+        return "its host comes from dynamic metadata (metadata_key), which no rule bounds"
+    if config.get("use_http_header") is not True:
+        return "its host is the connection's restored destination (original_dst, PROXY protocol)"
+    header = str(config.get("http_header_name") or ORIGINAL_DST_HEADER).lower()
+    if header not in ROUTING_HEADERS:
+        return f"its host comes from the request header {header}, which the header step keeps"
+    return None
