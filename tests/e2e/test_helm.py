@@ -410,6 +410,9 @@ def test_the_network_policy_admits_the_named_gateway_namespaces():
         {"redis": {"enabled": False, "url": "redis://ext-proc:secret@redis:6379/0"}},
         {"redis": {"enabled": False, "url": "rediss://:secret@redis:6380/0"}},
         {"redis": {"enabled": False, "url": "redis://redis:6379/0?password=secret"}},
+        # redis-py decodes a query parameter's name and takes any as a keyword.
+        {"redis": {"enabled": False, "url": "redis://redis:6379/0?%70assword=secret"}},
+        {"redis": {"enabled": False, "url": "redis://r:6379/0?socket_timeout=5&passw%6Frd=s"}},
         {"redis": {"passwordSecret": {"name": "mine"}}},  # the chart's Redis has its own
         {"redis": {"image": "redis:7"}},  # not pinned by digest
         # Plain h2c only behind the NetworkPolicy: anyone reaching 50051 would be served.
