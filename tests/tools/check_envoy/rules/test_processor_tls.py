@@ -75,6 +75,46 @@ def test_a_socket_that_verifies_no_certificate_of_the_processor_is_refused():
     assert tls_codes(config, "mutual") == ["processor-unverified"]
 
 
+CA = {"filename": "/etc/ext-proc/tls/ca.crt"}
+
+
+@pytest.mark.parametrize(
+    "given",
+    [
+        # Both accepted by envoy --mode validate (with the files present): without a
+        # trusted CA (or a pinned certificate), or told to accept an untrusted chain,
+        # Envoy takes any certificate for the processor's.
+        {"validation_context": {"only_verify_leaf_cert_crl": False}},
+        {"validation_context": {"trusted_ca": CA, "trust_chain_verification": "ACCEPT_UNTRUSTED"}},
+    ],
+    ids=["no-trusted-ca", "accept-untrusted"],
+)
+def test_a_validation_context_that_verifies_nothing_is_refused(given):
+    config = copy.deepcopy(MTLS)
+    del common(config)["validation_context"]
+    common(config).update(given)
+    assert tls_codes(config, "mutual") == ["processor-unverified"]
+
+
+@pytest.mark.parametrize(
+    "given",
+    [
+        {
+            "validation_context": {
+                "verify_certificate_spki": ["NvqYIYSbgK2vCJpQhObf77vv+bQWtc5ek5RIOwPiC9A="]
+            }
+        },
+        {"validation_context_sds_secret_config": {"name": "processor-ca"}},
+    ],
+    ids=["pinned", "sds"],
+)
+def test_a_validation_context_that_verifies_passes(given):
+    config = copy.deepcopy(MTLS)
+    del common(config)["validation_context"]
+    common(config).update(given)
+    assert tls_codes(config, "mutual") == []
+
+
 def test_a_client_certificate_from_sds_is_one():
     config = copy.deepcopy(MTLS)
     given = common(config)
