@@ -40,11 +40,10 @@ KV_LEASE: Final = LIFETIME + 2 * SKEW
 # carry pool proofs instead.
 PLACEHOLDER_EXPIRY: Final = 4_102_444_800
 ENDPOINT: Final = "/v1/chat/completions"  # the upstream path of /pd/v1/chat/completions
-# tp4.<key id>.<10-digit expiry>.<16>.-.<43>.<43> (no partition: the bench's routes name
-# no tenant): every proof of this key until 2286.
-WIDTH: Final = (
-    len(f"{proof.VERSION}.{KEY_ID}.") + 10 + 1 + 16 + 1 + len(proof.NO_PARTITION) + 1 + 43 + 1 + 43
-)
+# tp4.<key id>.<10-digit minting time>.<10-digit expiry>.<16>.-.<43>.<43> (no partition:
+# the bench's routes name no tenant): every proof of this key until 2286.
+_FIELDS: Final = ("1" * 10, "1" * 10, "A" * 16, proof.NO_PARTITION, "A" * 43, "A" * 43)
+WIDTH: Final = len(".".join((proof.VERSION, KEY_ID, *_FIELDS)))
 # The processor's in-flight budget before the record's table is charged to it
 # (config.Config's default): the bench raises it by the table, bodies keep as much.
 BODY_BUDGET: Final = 256 * 1024 * 1024
@@ -67,7 +66,8 @@ def sign(
     """A proof the gateway would have minted for ``document``'s transfer parameters
     (without a proof) on its prefill leg, for ``endpoint`` (the upstream path).
     Deterministic by default (the placeholder of ``bodies.build``)."""
-    token = proof.mint(KEYS, document[KV_KEY], _digest(document, endpoint), expiry, nonce)
+    digest = _digest(document, endpoint)
+    token = proof.mint(KEYS, document[KV_KEY], digest, expiry, nonce, minted=expiry - LIFETIME)
     if token is None:
         raise ValueError("the transfer parameters cannot be signed")
     return token
@@ -82,11 +82,9 @@ def mint_pool(
     prefix (4 random bytes) and their expiry. ``expiry``: a lifetime from now unless
     given."""
     document = json.loads(data)
+    until = int(time.time()) + LIFETIME if expiry is None else expiry
     make = proof.minter(
-        KEYS,
-        document[KV_KEY],
-        _digest(document, endpoint),
-        int(time.time()) + LIFETIME if expiry is None else expiry,
+        KEYS, document[KV_KEY], _digest(document, endpoint), until, minted=until - LIFETIME
     )
     if make is None:
         raise ValueError("the transfer parameters cannot be signed")

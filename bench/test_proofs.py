@@ -40,10 +40,7 @@ def test_the_pool_holds_distinct_proofs_the_service_verifies() -> None:
         )
         assert verdict is None
     # Their records' keys differ too: no proof of the pool is a replay of another.
-    keys = {
-        proof.ticket({proof.PROOF_KEY: t.decode()}, proofs.SKEW, proofs.LIFETIME).key
-        for t in tokens
-    }
+    keys = {proof.ticket({proof.PROOF_KEY: t.decode()}, proofs.SKEW).key for t in tokens}
     assert len(keys) == 500
     # The fixed body's placeholder outlives any lease the service accepts.
     placeholder = document[KV_KEY]

@@ -54,8 +54,7 @@ class Proof(BaseModel):
     # The first key signs; every key verifies, so keys rotate without downtime.
     keys: tuple[ProofKey, ...] = Field((), strict=False)  # YAML gives a list
     # Lifetime of a minted proof: the decode leg follows the prefill leg within seconds.
-    # The same on every processor that shares a key: a record tells a proof minted after
-    # it began by its expiry less this lifetime (docs/trust.md#a-record-that-begins).
+    # A proof minted for longer (by a processor configured otherwise) is refused here.
     ttl_seconds: int = Field(20, gt=0, le=3600)
     # How far apart the clocks of any two processors may be, minters and verifiers alike
     # (docs/trust.md#clocks).
@@ -68,7 +67,7 @@ class Proof(BaseModel):
     kv_lease_seconds: int = Field(30, gt=0, le=86400)
     # Lifetime of a turn proof (minted on a decode server's response, honored on the
     # next turn's prefill leg; docs/trust.md#turns): the client takes the next turn,
-    # so minutes rather than seconds. The same on every processor that shares a key.
+    # so minutes rather than seconds. A turn proof minted for longer is refused here.
     turn_ttl_seconds: int = Field(300, gt=0, le=86400)
     # How long the decode server's KV connector keeps a turn's blocks for the next turn
     # to read (vLLM's NIXL decoder_kv_blocks_ttl: 480 s by default, a plain timeout).
@@ -92,7 +91,7 @@ class Proof(BaseModel):
     @property
     def terms(self) -> replay.Terms:
         """What this processor's entries in a record of spent proofs rest on."""
-        return replay.Terms(self.clock_skew_seconds, self.ttl_seconds, self.turn_ttl_seconds)
+        return replay.Terms(self.clock_skew_seconds)
 
     @model_validator(mode="after")
     def _distinct(self) -> Proof:

@@ -475,13 +475,9 @@ def _weigh(
     pending = mint.judged(pending, decision, echo_free)
     if decision.reason in policy.SPENDS_PROOF and not isinstance(decision, Deny):
         params = document[KV_KEY]
-        lifetime = evidence.lifetime
-        turn = decision.reason is Reason.TURN_READ_BACK
-        if turn:
-            lifetime = evidence.turn_lifetime
+        if decision.reason is Reason.TURN_READ_BACK:
             pending = dataclasses.replace(pending, expected=turns.expected(params))
-        # The record dates a turn proof by the longest turn lifetime it knows (Terms).
-        ticket = dataclasses.replace(proof.ticket(params, evidence.skew, lifetime), turn=turn)
+        ticket = proof.ticket(params, evidence.skew)
         return Proof(ticket, decision, parsed, evidence, carriers, pending, sender)
     return decision, parsed, pending
 

@@ -136,12 +136,13 @@ def unreadable(refused: Reason) -> Reason:
 @dataclass(frozen=True, slots=True)
 class Signing:
     """What signing a response needs from the stream: its budget account, its limits,
-    the keys and the proof's expiry."""
+    the keys, and the time a proof is minted at and expires at (unix seconds)."""
 
     account: Account
     max_body_bytes: int
     max_json_values: int
     keys: KeySet
+    minted: int
     expiry: int
     turn_expiry: int = 0  # a turn proof's (proof.turn_ttl_seconds)
 
@@ -168,6 +169,7 @@ def sign(pending: Pending, raw: bytes, signing: Signing) -> tuple[Decision, byte
             pending.messages,
             keys,
             signing.turn_expiry,
+            minted=signing.minted,
             partition=pending.partition,
         )
     elif pending.expected is not None and turns.diverged(document, pending.expected):
@@ -176,7 +178,12 @@ def sign(pending: Pending, raw: bytes, signing: Signing) -> tuple[Decision, byte
         return Allow(Reason.TURN_PROMPT_DIVERGED), None
     else:
         decision, params = policy.mint_response(
-            document, pending.digest, keys, signing.expiry, partition=pending.partition
+            document,
+            pending.digest,
+            keys,
+            signing.expiry,
+            minted=signing.minted,
+            partition=pending.partition,
         )
     if params is None:
         return decision, None

@@ -422,29 +422,30 @@ def mint_response(
     keys: KeySet,
     expiry: int,
     *,
+    minted: int,
     partition: str = proof.NO_PARTITION,
 ) -> tuple[Decision, dict[str, Any] | None]:
     """What a prefill response's ``kv_transfer_params`` become: the connector's keys
-    plus the response's ``prompt_token_ids``, signed for the request's ``digest`` in
-    its ``partition``.
+    plus the response's ``prompt_token_ids``, signed at ``minted`` for the request's
+    ``digest`` in its ``partition``.
     The new object, or None (with the reason) when there is nothing to mint."""
     value = document.get(IDS_KEY)
     connector = document.get(KV_KEY)
-    minted: dict[str, Any] = {}
+    signed: dict[str, Any] = {}
     if isinstance(connector, dict):
-        minted = {k: v for k, v in connector.items() if k != PROOF_KEY}
+        signed = {k: v for k, v in connector.items() if k != PROOF_KEY}
     count = 0
     if value is not None:
         ids = Ids.of(value)
         if _invalid_ids(IDS_KEY, ids, _ANY_IDS) is not None:
             return Allow(Reason.RESPONSE_IDS_MALFORMED), None
-        minted[IDS_KEY], count = value, ids.count
-    if not minted:
+        signed[IDS_KEY], count = value, ids.count
+    if not signed:
         return Allow(Reason.NOTHING_TO_MINT), None
-    if connector_bounds.refusal(minted, count) is not None:
+    if connector_bounds.refusal(signed, count) is not None:
         return Allow(Reason.RESPONSE_CONNECTOR_OUT_OF_BOUNDS), None
-    token = proof.mint(keys, minted, digest, expiry, partition=partition)
+    token = proof.mint(keys, signed, digest, expiry, minted=minted, partition=partition)
     if token is None:
         unsigned = Reason.NO_SIGNING_KEY if keys.signing is None else Reason.NOT_RENDERABLE
         return Allow(unsigned), None
-    return Mint(Reason.MINTED, count), {**minted, PROOF_KEY: token}
+    return Mint(Reason.MINTED, count), {**signed, PROOF_KEY: token}

@@ -3,10 +3,10 @@
 Pure functions; keys and the time are arguments. The format and its reasons are in
 docs/trust.md:
 
-    tp4.<key id>.<expiry>.<nonce>.<partition>.<prompt digest>.<mac>
+    tp4.<key id>.<minted>.<expiry>.<nonce>.<partition>.<prompt digest>.<mac>
     mac = BLAKE3 keyed with BLAKE3-derive_key(MAC_CONTEXT, key) over
-          "tp4\\n" key id "\\n" expiry "\\n" partition "\\n" prompt digest "\\n"
-          canonical(parameters without the proof) "\\n" nonce
+          "tp4\\n" key id "\\n" minted "\\n" expiry "\\n" partition "\\n"
+          prompt digest "\\n" canonical(parameters without the proof) "\\n" nonce
 
 The digest binds the parameters to the prompt-defining fields of the request they were
 minted for (the client's own ``cache_salt`` among them); the partition, to the cache
@@ -15,9 +15,12 @@ because the engine caches the KV a decode leg loads under the decode request's o
 a proof honored under another partition would put one tenant's prompt in another's
 cache, or in none (docs/trust.md#tenants). The nonce makes every minted proof another
 (two prefill responses alike to the byte, a prompt served from the prefix cache twice in
-one second, still give two proofs, each honored once: replay.py); the MAC binds
-everything (ids, connector keys, key id, expiry, nonce, partition, digest) to a key
-only the gateway holds. Verification compares MACs in constant time.
+one second, still give two proofs, each honored once: replay.py). The minting time
+(unix seconds by the minter's clock) dates the proof for the record of spent proofs
+(``ticket``) and bounds its lifetime: a verifier refuses a proof minted for longer than
+its own lifetime. The MAC binds everything (ids, connector keys, key id, times, nonce,
+partition, digest) to a key only the gateway holds. Verification compares MACs in
+constant time.
 
 BLAKE3 (its keyed mode is a MAC, its plain mode a collision-resistant hash) rather than
 HMAC-SHA256: a decode leg's MAC is a pass over its ids, about 900 KB at 128k ids, and
@@ -74,8 +77,10 @@ UNBOUND_FIELDS: Final = frozenset(
 )
 KEY_ID: Final = re.compile(r"[A-Za-z0-9_-]{1,64}")
 # A partition is NO_PARTITION or 16 bytes in base64url (22 characters): tenants.tag.
+# Times are decimal without a leading zero: one spelling each.
 _PROOF: Final = re.compile(
-    r"(tp4|tt4)\.([A-Za-z0-9_-]{1,64})\.([1-9][0-9]{0,11})\.([A-Za-z0-9_-]{16})"
+    r"(tp4|tt4)\.([A-Za-z0-9_-]{1,64})\.([1-9][0-9]{0,11})\.([1-9][0-9]{0,11})"
+    r"\.([A-Za-z0-9_-]{16})"
     r"\.(-|[A-Za-z0-9_-]{22})\.([A-Za-z0-9_-]{43})\.([A-Za-z0-9_-]{43})"
 )
 
@@ -125,10 +130,6 @@ class Trust:
     clock: Callable[[], float] = time.time
     # The key tenants' cache salts are derived with (tenants.py); None: none configured.
     tenant_key: bytes | None = None
-
-
-# ``Ticket.minted_after`` of a proof whose minting time nothing bounds.
-_NEVER: Final = -(2**62)
 
 
 def _b64(raw: bytes) -> str:
@@ -287,11 +288,14 @@ def _mac_key(key: bytes) -> bytes:
     return blake3.blake3(key, derive_key_context=MAC_CONTEXT).digest()
 
 
-def _mac(
-    key: bytes, fields: tuple[str, str, str, str], body: tuple[bytes, bytes], version: str
-) -> blake3.blake3:
-    """The MAC's state over the proof's ``version``, its ``fields`` (key id, expiry,
-    partition, digest) and ``body``; the nonce, fed last, completes it (``_sealed``)."""
+# A proof's fields under its MAC but the nonce: key id, minted, expiry, partition, the
+# digest shown.
+Fields = tuple[str, str, str, str, str]
+
+
+def _mac(key: bytes, fields: Fields, body: tuple[bytes, bytes], version: str) -> blake3.blake3:
+    """The MAC's state over the proof's ``version``, its ``fields`` and ``body``; the
+    nonce, fed last, completes it (``_sealed``)."""
     mac = blake3.blake3("\n".join((version, *fields, "")).encode(), key=_mac_key(key))
     head, ids = body
     mac.update(head)
@@ -313,20 +317,23 @@ def minter(
     expiry: int,
     version: str = VERSION,
     *,
+    minted: int,
     partition: str = NO_PARTITION,
 ) -> Callable[[bytes], str] | None:
-    """Proofs for ``params`` minted for a request with ``digest`` in ``partition``
-    (``NO_PARTITION``, or the tenant's ``tenants.tag``) that differ in their nonce
-    (``NONCE_BYTES`` bytes) alone, the MAC over the rest computed once; None when there
-    is no signing key or the parameters cannot be rendered."""
+    """Proofs for ``params`` minted at ``minted`` (unix seconds by this clock, no later
+    than ``expiry``) for a request with ``digest`` in ``partition`` (``NO_PARTITION``,
+    or the tenant's ``tenants.tag``) that differ in their nonce (``NONCE_BYTES`` bytes)
+    alone, the MAC over the rest computed once; None when there is no signing key or
+    the parameters cannot be rendered."""
     if keys.signing is None:
         return None
     body = canonical(params)
     if body is None:
         return None
     key_id, shown = keys.signing, _b64(digest)
-    state = _mac(keys.keys[key_id], (key_id, str(expiry), partition, shown), body, version)
-    fixed = f"{version}.{key_id}.{expiry}"
+    fields = (key_id, str(minted), str(expiry), partition, shown)
+    state = _mac(keys.keys[key_id], fields, body, version)
+    fixed = f"{version}.{key_id}.{minted}.{expiry}"
 
     def make(nonce: bytes) -> str:
         text = _b64(nonce)
@@ -342,14 +349,15 @@ def mint(
     expiry: int,
     nonce: bytes | None = None,
     *,
+    minted: int,
     version: str = VERSION,
     partition: str = NO_PARTITION,
 ) -> str | None:
-    """The proof for ``params`` minted for a request with ``digest`` in ``partition``;
-    None when there is no signing key or the parameters cannot be rendered. ``nonce``:
-    fresh random bytes unless given; ``version``: the proof's kind (``TURN_VERSION`` for
-    turns.py)."""
-    make = minter(keys, params, digest, expiry, version, partition=partition)
+    """The proof for ``params`` minted at ``minted`` (unix seconds) to expire at
+    ``expiry`` for a request with ``digest`` in ``partition``; None when there is no
+    signing key or the parameters cannot be rendered. ``nonce``: fresh random bytes
+    unless given; ``version``: the proof's kind (``TURN_VERSION`` for turns.py)."""
+    make = minter(keys, params, digest, expiry, version, minted=minted, partition=partition)
     if make is None:
         return None
     return make(secrets.token_bytes(NONCE_BYTES) if nonce is None else nonce)
@@ -361,7 +369,7 @@ class Claim:
     what ``settle`` needs."""
 
     key: bytes
-    fields: tuple[str, str, str, str]  # key id, expiry, partition, the digest shown
+    fields: Fields
     nonce: str
     shown: bytes  # the MAC the proof carries
     body: tuple[bytes, bytes]
@@ -387,24 +395,28 @@ class Claim:
 
     def authentic(self, now: float, skew: float, lifetime: float) -> Reason | None:
         """Why the proof is not this deployment's and current (its MAC, then its expiry
-        and lifetime), or None: everything but the digest it was minted for."""
+        and lifetime), or None: everything but the digest it was minted for.
+        ``lifetime``: the longest this processor mints a proof of its kind for; a proof
+        minted for longer, or whose expiry lies further ahead, is refused, so that
+        everything honored is honored within the lifetime + 2 x ``skew`` of its
+        minting (the connector's lease bounds that: ``config.Proof``)."""
         expected = _sealed(_mac(self.key, self.fields, self.body, self.version), self.nonce)
         if not hmac.compare_digest(expected, self.shown):
             return Reason.PROOF_BAD_SIGNATURE
-        _, expiry, _, _ = self.fields
+        _, minted, expiry, _, _ = self.fields
         if now > int(expiry) + skew:
             return Reason.PROOF_EXPIRED
-        if int(expiry) > now + lifetime + skew:
+        if int(expiry) - int(minted) > lifetime or int(expiry) > now + lifetime + skew:
             return Reason.PROOF_OUTLIVES_LEASE
         return None
 
     def within(self, partition: str) -> bool:
         """Whether the proof was minted in ``partition`` (the route's that honors it)."""
-        return hmac.compare_digest(self.fields[2].encode(), partition.encode())
+        return hmac.compare_digest(self.fields[3].encode(), partition.encode())
 
     def matches(self, digest: bytes) -> bool:
         """Whether the proof was minted for ``digest``."""
-        return hmac.compare_digest(_unb64(self.fields[3]), digest)
+        return hmac.compare_digest(_unb64(self.fields[4]), digest)
 
 
 def claim(keys: KeySet, params: Mapping[str, Any], version: str = VERSION) -> Claim | Reason:
@@ -420,17 +432,20 @@ def claim(keys: KeySet, params: Mapping[str, Any], version: str = VERSION) -> Cl
     if match is None:
         superseded = _SUPERSEDED[version].fullmatch(proof) is not None
         return Reason.PROOF_SUPERSEDED if superseded else Reason.PROOF_MALFORMED
-    kind, key_id, expiry, nonce, partition, shown, mac = match.groups()
+    kind, key_id, minted, expiry, nonce, partition, shown, mac = match.groups()
     spelt = partition == NO_PARTITION or _canonical(partition)
     if kind != version or not (spelt and all(map(_canonical, (nonce, shown, mac)))):
         return Reason.PROOF_MALFORMED
+    if int(minted) > int(expiry):
+        return Reason.PROOF_MALFORMED  # no minter writes it
     key = keys.keys.get(key_id)
     if key is None:
         return Reason.PROOF_UNKNOWN_KEY
     body = canonical(params)
     if body is None:
         return Reason.PROOF_MALFORMED
-    return Claim(key, (key_id, expiry, partition, shown), nonce, _unb64(mac), body, version)
+    fields = (key_id, minted, expiry, partition, shown)
+    return Claim(key, fields, nonce, _unb64(mac), body, version)
 
 
 def verify(
@@ -445,34 +460,32 @@ def verify(
 ) -> Reason | None:
     """None when ``params`` carry a valid proof for a request with ``digest`` on a route
     of ``partition``; otherwise the reason they are unproven (docs/trust.md lists them,
-    in this order). ``lifetime``: the longest this deployment mints for
-    (``ttl_seconds``): a proof that would live longer (minted with another lifetime than
-    the connector's lease allows) is refused."""
+    in this order). ``lifetime``: the longest this processor mints for
+    (``ttl_seconds``): a proof minted for longer (with another lifetime than the
+    connector's lease allows here) is refused."""
     found = claim(keys, params)
     if isinstance(found, Reason):
         return found
     return found.settle(digest, now, skew, lifetime, partition=partition)
 
 
-def ticket(params: Mapping[str, Any], skew: float, lifetime: float) -> Ticket:
+def ticket(params: Mapping[str, Any], skew: float) -> Ticket:
     """The record's entry for the proof in ``params``, which ``verify`` accepted with
-    ``skew`` and ``lifetime``.
+    ``skew``.
 
     ``skew`` bounds how far apart any two processors' clocks are (minters and verifiers
-    alike). A proof minted at expiry - lifetime by its minter's clock is verified until
-    expiry + skew by a verifier's, so it can be honored until expiry + 2 x skew by the
-    minter's clock, and a spender's clock may read up to one more skew less than the
-    minter's: the entry is kept until expiry + 3 x skew by the spender's clock. (3 x, not
-    2 x, so that processors merely each within ``skew`` of the minter, up to 2 x skew
-    apart, still never honor a proof another has already forgotten.)
+    alike). A proof with expiry E is verified until E + skew by a verifier's clock, so
+    it can be honored until E + 2 x skew by the minter's clock, and a spender's clock
+    may read up to one more skew less than the minter's: the entry is kept until
+    E + 3 x skew by the spender's clock. (3 x, not 2 x, so that processors merely each
+    within ``skew`` of the minter, up to 2 x skew apart, still never honor a proof
+    another has already forgotten.)
 
-    Every processor's clock had reached expiry - lifetime - skew when it was minted
-    (``Ticket.minted_after``), given the minter minted for at most ``lifetime``; an
-    unbounded ``lifetime`` says nothing of when it was minted, and no record honors
-    such a ticket."""
+    The minter's clock read the proof's minting time when it minted it, so every
+    processor's clock had reached that time less ``skew`` (``Ticket.minted_after``),
+    whatever lifetime it was minted for."""
     match = _PROOF.fullmatch(params[PROOF_KEY])
     assert match is not None, "verified"
-    _, _, expiry, _, _, _, mac = match.groups()
+    _, _, minted, expiry, _, _, _, mac = match.groups()
     margin = math.ceil(skew)
-    since = int(expiry) - math.ceil(lifetime) - margin if math.isfinite(lifetime) else _NEVER
-    return Ticket(_unb64(mac)[:TICKET_BYTES], int(expiry) + 3 * margin, since)
+    return Ticket(_unb64(mac)[:TICKET_BYTES], int(expiry) + 3 * margin, int(minted) - margin)

@@ -26,8 +26,8 @@ TICKET_BYTES: Final = 16
 # the table's size to the in-flight budget before any record exists.
 BUCKET_SLOTS: Final = 32
 # magic, buckets, secret, began and the latest time seen (unix seconds), the record's
-# ``Terms`` (skew, ttl, turn_ttl)
-TABLE_HEADER: Final = struct.Struct("<8sQ16sqqIII")
+# ``Terms`` (its skew)
+TABLE_HEADER: Final = struct.Struct("<8sQ16sqqI")
 TABLE_SLOT: Final = struct.Struct(f"<{TICKET_BYTES}sq")  # key, kept until (unix seconds)
 
 
@@ -50,10 +50,9 @@ class Ticket:
     """One proof, as the record keeps it: ``key`` identifies it (part of its MAC, which
     no one without the signing key can choose); ``expires_at`` (unix seconds, this
     processor's clock) is when no processor can still verify it; ``minted_after`` (unix
-    seconds) is a time every processor's clock had reached when it was minted; ``turn``:
-    a turn proof (its lifetime is ``turn_ttl_seconds``, not ``ttl_seconds``). Both times
-    follow from the spending processor's own ``Terms``; a record judges them under its
-    own (``Terms.widened``).
+    seconds) is a time every processor's clock had reached when it was minted (the
+    minting time the proof states, less a skew). Both follow from the spending
+    processor's own ``Terms``; a record judges them under its own (``Terms.widened``).
 
     A record that began (was created, or found Redis forgot or may have forgotten what
     it held) at ``began`` by some processor's clock honors only a ticket with
@@ -63,7 +62,6 @@ class Ticket:
     key: bytes
     expires_at: int
     minted_after: int
-    turn: bool = False
 
     def fresh(self, began: int) -> bool:
         """Minted after a record that began at ``began`` (unix seconds) began."""
@@ -73,50 +71,41 @@ class Ticket:
 @dataclass(frozen=True, slots=True)
 class Terms:
     """What a record's entries rest on (``config.Proof``): ``skew``
-    (``clock_skew_seconds``) and the lifetimes proofs are minted for (``ttl_seconds``,
-    ``turn_ttl_seconds``). A spender keeps a proof until its expiry + 3 x skew and dates
-    its minting by its expiry less a lifetime and a skew (``proof.ticket``).
+    (``clock_skew_seconds``). A spender keeps a proof until its expiry + 3 x skew and
+    dates its minting by the minting time it states less a skew (``proof.ticket``).
+    Lifetimes date nothing: a proof states when it was minted, and a verifier refuses
+    one minted for longer than its own lifetime.
 
-    Writers of one record whose terms differ would each keep entries for their own: a
+    Writers of one record whose skews differ would each keep entries for their own: a
     processor with a larger skew still verifies a proof after one with a smaller skew
-    let its entry expire, and one with a shorter lifetime dates a longer-lived proof too
-    late (a proof minted before the record began looks fresh). So a record keeps the
-    largest terms any of its writers brought and judges every ticket under them
-    (``widened``): a rollout that raises a skew or a lifetime honors nothing twice, and
-    one that lowers them keeps entries as long as before. A writer whose terms the
-    record does not cover raises them, and the record begins again then: what it kept
-    before was kept for the smaller terms only (``Verdict.UNAVAILABLE`` for the proofs
-    minted before, as after any beginning)."""
+    let its entry expire. So a record keeps the largest skew any of its writers brought
+    and judges every ticket under it (``widened``): a rollout that raises the skew
+    honors nothing twice, and one that lowers it keeps entries as long as before. A
+    writer whose skew the record does not cover raises it, and the record begins again
+    then: what it kept before was kept for the smaller skew only
+    (``Verdict.UNAVAILABLE`` for the proofs minted before, as after any beginning)."""
 
     skew: int = 0
-    ttl: int = 0
-    turn_ttl: int = 0
 
     def covers(self, other: Terms) -> bool:
         """Entries kept under these terms are kept at least as long, and dated at least
         as early, as under ``other``."""
-        return self.skew >= other.skew and self.ttl >= other.ttl and self.turn_ttl >= other.turn_ttl
+        return self.skew >= other.skew
 
     def joined(self, other: Terms) -> Terms:
         """The least terms that cover both."""
-        return Terms(
-            max(self.skew, other.skew), max(self.ttl, other.ttl), max(self.turn_ttl, other.turn_ttl)
-        )
+        return Terms(max(self.skew, other.skew))
 
     def widened(self, ticket: Ticket, own: Terms) -> Ticket:
         """``ticket``, made under ``own`` terms (which these cover), as these keep it
         and date its minting."""
         more_skew = self.skew - own.skew
-        longer = self.turn_ttl - own.turn_ttl if ticket.turn else self.ttl - own.ttl
         return Ticket(
-            ticket.key,
-            ticket.expires_at + 3 * more_skew,
-            ticket.minted_after - longer - more_skew,
-            ticket.turn,
+            ticket.key, ticket.expires_at + 3 * more_skew, ticket.minted_after - more_skew
         )
 
 
-# The terms of a record given none (a test's, a benchmark's): no skew, no lifetime.
+# The terms of a record given none (a test's, a benchmark's): no skew.
 NO_TERMS: Final = Terms()
 
 

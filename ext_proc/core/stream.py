@@ -460,13 +460,16 @@ class Stream:
 
     def _on_response_body(self, event: ResponseBody) -> Result:
         config, trust = self._config, self._trust
+        # Rounded down: the minter's clock had reached the minting time it states.
+        now = int(trust.clock())
         signing = mint.Signing(
             self._account,
             config.max_body_bytes,
             config.max_json_values,
             trust.keys(),
-            int(trust.clock()) + config.proof.ttl_seconds,
-            int(trust.clock()) + config.proof.turn_ttl_seconds,
+            now,
+            now + config.proof.ttl_seconds,
+            now + config.proof.turn_ttl_seconds,
         )
         decision, signed = mint.sign(self._pending, event.chunk, signing)
         # A response is never refused: its decision is an Allow or a Mint.

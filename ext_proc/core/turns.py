@@ -154,10 +154,11 @@ def mint(
     keys: KeySet,
     expiry: int,
     *,
+    minted: int,
     partition: str = proof.NO_PARTITION,
 ) -> tuple[Decision, dict[str, Any] | None]:
     """What a decode response's ``kv_transfer_params`` become when they are a turn's
-    (``do_remote_decode`` and blocks): signed for the request's prompt digest
+    (``do_remote_decode`` and blocks): signed at ``minted`` for the request's prompt digest
     ``prompt`` (a request of ``messages`` messages in the cache ``partition``) and the
     response's answer, with the digest of the tokens the blocks hold. None (and the
     reason) when not minted: a response without them, with more than one choice, or
@@ -187,7 +188,9 @@ def mint(
     sequence = prompt_ids[:held] + output[: max(0, held - len(prompt_ids))]
     params[TURN_KEY] = {"messages": messages, "tokens": _b64(tokens_digest(sequence))}
     digest = conversation(prompt, answered)
-    token = proof.mint(keys, params, digest, expiry, version=TURN_VERSION, partition=partition)
+    token = proof.mint(
+        keys, params, digest, expiry, version=TURN_VERSION, minted=minted, partition=partition
+    )
     if token is None:
         unsigned = Reason.NO_SIGNING_KEY if keys.signing is None else Reason.NOT_RENDERABLE
         return Allow(unsigned), None

@@ -20,12 +20,14 @@ only by a spend that read a time past the slot's (a proof's expiry + 3 x skew), 
 clock stepped back far enough to verify that proof again reads more than 2 x skew below
 ``seen``.
 
-The header also keeps the terms its entries rest on (``replay.Terms``: the skew and the
-lifetimes), the largest any of its workers brought: every ticket is kept and dated under
-them, and a worker whose terms exceed them raises them and begins the table again. The
-supervisor writes its configuration's terms when it creates the table and its workers
-share that configuration: the terms differ only where processes configured apart map
-one table.
+The header also keeps the terms its entries rest on (``replay.Terms``: the skew), the
+largest any of its workers brought: every ticket is kept and dated under them, and a
+worker whose terms exceed them raises them and begins the table again. The supervisor
+writes its configuration's terms when it creates the table and its workers share that
+configuration: the terms differ only where processes configured apart map one table.
+A processor restarted whole with another configuration begins a new table: what it
+honors there was minted after that (a proof states when it was minted), and for no
+longer than its own lifetimes (``proof.Claim.authentic``).
 
 Layout: a header (magic, the bucket count, a random secret, when it began, the latest
 second seen, the terms), then buckets of
@@ -74,7 +76,7 @@ _BUCKET_BYTES: Final = BUCKET_SLOTS * _SLOT.size
 # The header's fields a spend reads and writes: when the table began, the latest second
 # a spend read from the clock, the terms.
 _SECOND: Final = struct.Struct("<q")
-_TERMS: Final = struct.Struct("<III")
+_TERMS: Final = struct.Struct("<I")
 _TERMS_AT: Final = _HEADER.size - _TERMS.size
 _SEEN_AT: Final = _TERMS_AT - _SECOND.size
 _BEGAN_AT: Final = _SEEN_AT - _SECOND.size
@@ -85,9 +87,7 @@ def _header(slots: int, began: float, terms: Terms) -> bytes:
     # The table has seen its beginning.
     start = math.ceil(began)
     buckets = -(-slots // BUCKET_SLOTS)
-    return _HEADER.pack(
-        MAGIC, buckets, secrets.token_bytes(16), start, start, terms.skew, terms.ttl, terms.turn_ttl
-    )
+    return _HEADER.pack(MAGIC, buckets, secrets.token_bytes(16), start, start, terms.skew)
 
 
 def create(
@@ -215,12 +215,12 @@ class LocalRecord:
         larger ones from now on and begins again (never earlier than it had): what it
         kept before was kept for the smaller terms only."""
         terms = kept.joined(self._terms)
-        _TERMS.pack_into(self._table, _TERMS_AT, terms.skew, terms.ttl, terms.turn_ttl)
+        _TERMS.pack_into(self._table, _TERMS_AT, terms.skew)
         _SECOND.pack_into(self._table, _BEGAN_AT, max(self.began, math.ceil(read)))
         log.warning(
-            "proof record unavailable: this processor's skew or proof lifetimes exceed "
-            "those the record of spent proofs kept its entries for; it keeps them from "
-            "now on and begins again",
+            "proof record unavailable: this processor's skew exceeds the one the record "
+            "of spent proofs kept its entries for; it keeps it from now on and begins "
+            "again",
             extra={"store": "local", "error": "record_terms_raised", **_fields(terms)},
         )
         return Verdict.UNAVAILABLE
@@ -257,8 +257,4 @@ class LocalRecord:
 
 def _fields(terms: Terms) -> dict[str, int]:
     """A log line's fields for the terms a record now keeps."""
-    return {
-        "clock_skew_seconds": terms.skew,
-        "ttl_seconds": terms.ttl,
-        "turn_ttl_seconds": terms.turn_ttl,
-    }
+    return {"clock_skew_seconds": terms.skew}

@@ -36,14 +36,14 @@ notices it whatever the data it came back with says:
   Redis, which its key lives longer by) is ``CLOCK_BEHIND``: a key expires only once
   that time is past its proof's expiry + 3 x skew, when no clock within the allowance
   verifies the proof.
-- The writers' terms (``replay.Terms``: ``clock_skew_seconds``, ``ttl_seconds``,
-  ``turn_ttl_seconds``) are in ``TERMS``, bound to the incarnation and the beginning
-  they were written under: the largest any writer brought since the record began.
-  Every spend keeps and dates its proof under them; a spend whose own terms exceed
-  them (a rollout that raises one) raises them and begins the record again
-  (``record_terms_raised``): keys set before lived for the smaller terms only. A record
-  whose beginning states no terms (one a processor of an earlier release began) begins
-  again the same way.
+- The writers' terms (``replay.Terms``: ``clock_skew_seconds``) are in ``TERMS``, bound
+  to the incarnation and the beginning they were written under: the largest skew any
+  writer brought since the record began. Every spend keeps and dates its proof under
+  it; a spend whose own skew exceeds it (a rollout that raises it) raises it and begins
+  the record again (``record_terms_raised``): keys set before lived for the smaller
+  skew only. A record whose beginning states no terms (one a processor of an earlier
+  release began) begins again the same way. Lifetimes are no terms: a proof states
+  when it was minted, which dates it whoever minted it for however long.
 
 All of it in one script, one round trip, read from the server itself at each spend, so
 a processor that just started, or that never saw the Redis before, judges alike.
@@ -118,14 +118,14 @@ at = tonumber(at[1]) * 1000 + math.floor(tonumber(at[2]) / 1000)
 # (ms), and how long after that (ms) a key then set may live.
 _SINCE_FORMAT: Final = "'%s %d %d %d %d', incarnation, began, seen, at, window"
 # TERMS's value: the incarnation and the beginning it was written under, then the
-# terms (skew, ttl, turn ttl; seconds).
-_TERMS_FORMAT: Final = "'%s %d %d %d %d', incarnation, began, skew, ttl, turn"
+# terms (the skew, seconds).
+_TERMS_FORMAT: Final = "'%s %d %d', incarnation, began, skew"
 # KEYS: SINCE, TERMS, the proof's key; ARGV: now (unix seconds, rounded up), when the
 # proof was minted after (unix seconds), its lifetime (ms), now (unix ms, rounded down),
-# how far (ms) a clock may read below the latest time seen, the spender's terms (skew,
-# ttl, turn ttl) the two times follow from, 1 for a turn proof (else 0). 1: recorded
-# now; 0: recorded before; -1: minted before the record began; -2: not a master; -3:
-# keys may be evicted; -4: this clock reads before the latest time the record has seen;
+# how far (ms) a clock may read below the latest time seen, the spender's terms (its
+# skew) the two times follow from. 1: recorded now; 0: recorded before; -1: minted
+# before the record began; -2: not a master; -3: keys may be evicted; -4: this clock
+# reads before the latest time the record has seen;
 # -5: the statistics the history is read from were reset (CONFIG RESETSTAT); -6: older
 # than Redis 7, whose statistics cannot show that; -7: the spender's terms exceed the
 # record's: raised, and the record began again.
@@ -167,23 +167,23 @@ if now < seen - tonumber(ARGV[5]) then
   return -4
 end
 seen = math.max(seen, now)
--- The writers' terms since the record began; a spender's that exceed them raise them
--- and begin the record again (so do none stated for this beginning).
-local own_skew, own_ttl, own_turn = tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])
-local skew, ttl, turn = nil, nil, nil
+-- The writers' skew since the record began; a spender's that exceeds it raises it and
+-- begins the record again (so does none stated for this beginning).
+local own_skew = tonumber(ARGV[6])
+local skew = nil
 local terms = redis.call('GET', KEYS[2])
 if terms and not begun then
-  local wrote, b, s, t, u = string.match(terms, '^(%S+) (%d+) (%d+) (%d+) (%d+)$')
+  local wrote, b, s = string.match(terms, '^(%S+) (%d+) (%d+)$')
   if wrote == incarnation and tonumber(b) == began then
-    skew, ttl, turn = tonumber(s), tonumber(t), tonumber(u)
+    skew = tonumber(s)
   end
 end
 local raised = false
 if skew == nil then
-  skew, ttl, turn = own_skew, own_ttl, own_turn
+  skew = own_skew
   raised = not begun
-elseif skew < own_skew or ttl < own_ttl or turn < own_turn then
-  skew, ttl, turn = math.max(skew, own_skew), math.max(ttl, own_ttl), math.max(turn, own_turn)
+elseif skew < own_skew then
+  skew = own_skew
   raised = true
 end
 if raised then
@@ -192,11 +192,6 @@ end
 -- The proof kept and dated under the record's terms (replay.Terms.widened).
 local lifetime = tonumber(ARGV[3]) + 3000 * (skew - own_skew)
 local minted_after = tonumber(ARGV[2]) - (skew - own_skew)
-if ARGV[9] == '1' then
-  minted_after = minted_after - (turn - own_turn)
-else
-  minted_after = minted_after - (ttl - own_ttl)
-end
 window = math.max(window - carried, lifetime)
 redis.call('SET', KEYS[1], string.format(@SINCE@))
 if begun or raised then
@@ -214,14 +209,14 @@ end
 return 0
 """.replace("@SINCE@", _SINCE_FORMAT).replace("@TERMS@", _TERMS_FORMAT)
 )
-# KEYS: SINCE, TERMS; ARGV: when the record began (unix seconds), its terms (skew, ttl,
-# turn ttl). For a Redis known to have recorded nothing before (a benchmark's, a
+# KEYS: SINCE, TERMS; ARGV: when the record began (unix seconds), its terms (the
+# skew). For a Redis known to have recorded nothing before (a benchmark's, a
 # test's): the record began then, on it, under those terms, and has seen that time.
 _BEGIN: Final = (
     _INCARNATION
     + """
 local began, seen, window = tonumber(ARGV[1]), tonumber(ARGV[1]) * 1000, 0
-local skew, ttl, turn = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+local skew = tonumber(ARGV[2])
 redis.call('SET', KEYS[1], string.format(@SINCE@))
 redis.call('SET', KEYS[2], string.format(@TERMS@))
 """.replace("@SINCE@", _SINCE_FORMAT).replace("@TERMS@", _TERMS_FORMAT)
@@ -231,7 +226,7 @@ redis.call('SET', KEYS[2], string.format(@TERMS@))
 def begin(client: redis.Redis, began: int, terms: Terms = NO_TERMS) -> None:
     """State that the record on the Redis of ``client`` began at ``began`` (unix
     seconds) under ``terms``, as a spend would have written it then."""
-    client.eval(_BEGIN, 2, SINCE, TERMS, began, terms.skew, terms.ttl, terms.turn_ttl)
+    client.eval(_BEGIN, 2, SINCE, TERMS, began, terms.skew)
 
 
 # The script's refusals: the log's ``error`` and its words. A record that began after
@@ -249,8 +244,8 @@ _BEGINNINGS: Final = frozenset({_BEGAN_AFTER_MINT, _TERMS_RAISED})
 _REFUSED: Final = {
     _TERMS_RAISED: (
         "record_terms_raised",
-        "this processor's skew or proof lifetimes exceed those the record kept its keys "
-        "for; it keeps them from now on and begins again",
+        "this processor's skew exceeds the one the record kept its keys for; it keeps "
+        "it from now on and begins again",
     ),
     _BEGAN_AFTER_MINT: (
         "record_began_after_mint",
@@ -347,9 +342,6 @@ class RedisRecord:
                         math.floor(now * 1000),
                         self._allowance,
                         self._terms.skew,
-                        self._terms.ttl,
-                        self._terms.turn_ttl,
-                        int(ticket.turn),
                     ],
                 )
         except (RedisError, OSError, TimeoutError) as exc:

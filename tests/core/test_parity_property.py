@@ -290,7 +290,13 @@ CHAT_PATH = "/v1/chat/completions"
 
 def proven(ids: list[int]) -> dict[str, Any]:
     minted = {"prompt_token_ids": ids}
-    token = proof.mint(KEYS, minted, proof.prompt_digest(CHAT, True, CHAT_PATH), 1_000_000_020)
+    token = proof.mint(
+        KEYS,
+        minted,
+        proof.prompt_digest(CHAT, True, CHAT_PATH),
+        1_000_000_020,
+        minted=1_000_000_000,
+    )
     return {**minted, proof.PROOF_KEY: token}
 
 

@@ -295,7 +295,10 @@ def proven_params(document, **extra):
     """What a mint route signs for ``document``'s prompt: ids plus a proof."""
     minted = {"prompt_token_ids": [1, 2, 3], **extra}
     digest = proof.prompt_digest(document, True, "/v1/chat/completions")
-    return {**minted, proof.PROOF_KEY: proof.mint(KEYS, minted, digest, int(NOW) + 60)}
+    return {
+        **minted,
+        proof.PROOF_KEY: proof.mint(KEYS, minted, digest, int(NOW) + 60, minted=int(NOW)),
+    }
 
 
 def verified(route, document, *, peer=policy.NO_PEER, now=NOW, keys=KEYS):
@@ -384,7 +387,10 @@ def test_a_rotated_key_still_verifies_what_it_signed():
 def test_proven_ids_are_still_validated():
     minted = {"prompt_token_ids": [1, 500]}
     digest = proof.prompt_digest(doc(), True, "/v1/chat/completions")
-    params = {**minted, proof.PROOF_KEY: proof.mint(KEYS, minted, digest, int(NOW) + 60)}
+    params = {
+        **minted,
+        proof.PROOF_KEY: proof.mint(KEYS, minted, digest, int(NOW) + 60, minted=int(NOW)),
+    }
     assert verified(PROVEN, doc(params)).reason == "ids_out_of_vocab"
 
 
@@ -424,7 +430,7 @@ def test_mint_route_requests_are_untrusted_unless_from_a_listed_peer():
 def test_mint_response_signs_the_ids_and_the_connector_keys():
     response = {"id": "x", "prompt_token_ids": [5, 6], "kv_transfer_params": {"remote_port": 7}}
     digest = proof.prompt_digest(doc(), True, "/v1/chat/completions")
-    decision, params = policy.mint_response(response, digest, KEYS, int(NOW) + 60)
+    decision, params = policy.mint_response(response, digest, KEYS, int(NOW) + 60, minted=int(NOW))
     assert decision == Mint("minted", 2)
     assert params is not None
     assert params["prompt_token_ids"] == [5, 6]
@@ -446,7 +452,7 @@ def test_mint_response_signs_the_ids_and_the_connector_keys():
     ],
 )
 def test_mint_response_refuses_to_sign(response, keys, reason):
-    assert policy.mint_response(response, b"\0" * 32, keys, 1) == (Allow(reason), None)
+    assert policy.mint_response(response, b"\0" * 32, keys, 1, minted=1) == (Allow(reason), None)
 
 
 def test_an_identity_matches_only_one_of_its_own_type():
@@ -696,7 +702,10 @@ def test_proven_values_out_of_bounds_are_refused():
     # What an older gateway, or a key of another deployment's, may have signed.
     minted = {"prompt_token_ids": [1, 2, 3], "remote_dp_size": 2, "remote_dp_rank": 2}
     digest = proof.prompt_digest(doc(), True, "/v1/chat/completions")
-    params = {**minted, proof.PROOF_KEY: proof.mint(KEYS, minted, digest, int(NOW) + 60)}
+    params = {
+        **minted,
+        proof.PROOF_KEY: proof.mint(KEYS, minted, digest, int(NOW) + 60, minted=int(NOW)),
+    }
     assert refused_key(verified(PROVEN, doc(params))) == "kv_transfer_params.remote_dp_rank"
 
 
@@ -747,7 +756,7 @@ def test_audit_mode_reports_values_out_of_bounds():
 )
 def test_mint_response_out_of_bounds_is_not_signed(connector):
     response = {"prompt_token_ids": [5, 6], "kv_transfer_params": connector}
-    assert policy.mint_response(response, b"\0" * 32, KEYS, 1) == (
+    assert policy.mint_response(response, b"\0" * 32, KEYS, 1, minted=1) == (
         Allow("response_connector_out_of_bounds"),
         None,
     )
@@ -764,12 +773,12 @@ def test_mint_response_in_bounds_is_signed():
         "remote_num_tokens": 2,
     }
     response = {"prompt_token_ids": [5, 6], "kv_transfer_params": nixl}
-    decision, params = policy.mint_response(response, b"\0" * 32, KEYS, 1)
+    decision, params = policy.mint_response(response, b"\0" * 32, KEYS, 1, minted=1)
     assert decision == Mint("minted", 2)
     assert params is not None
     assert params["tp_size"] == 1
     # Without ids, the ceiling bounds the counts.
-    decision, _ = policy.mint_response({"kv_transfer_params": nixl}, b"\0" * 32, KEYS, 1)
+    decision, _ = policy.mint_response({"kv_transfer_params": nixl}, b"\0" * 32, KEYS, 1, minted=1)
     assert decision == Mint("minted", 0)
 
 

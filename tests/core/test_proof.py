@@ -26,7 +26,10 @@ def digest(document=PROMPT, orjson_safe=True, endpoint=CHAT_PATH):
 
 
 def minted(params, expiry=100):
-    return {**params, proof.PROOF_KEY: proof.mint(KEYS, params, digest(), expiry)}
+    return {
+        **params,
+        proof.PROOF_KEY: proof.mint(KEYS, params, digest(), expiry, minted=expiry - 20),
+    }
 
 
 def test_round_trip():
@@ -35,15 +38,17 @@ def test_round_trip():
 
 
 def test_format():
-    token = proof.mint(KEYS, {"prompt_token_ids": [1]}, digest(), 1234)
+    token = proof.mint(KEYS, {"prompt_token_ids": [1]}, digest(), 1234, minted=1214)
     assert token is not None
-    version, key_id, expiry, nonce, partition, shown, mac = token.split(".")
-    assert (version, key_id, expiry, partition) == ("tp4", "k1", "1234", "-")
+    version, key_id, minted_at, expiry, nonce, partition, shown, mac = token.split(".")
+    assert (version, key_id, minted_at, expiry, partition) == ("tp4", "k1", "1214", "1234", "-")
     assert len(nonce) == 16
     assert len(shown) == len(mac) == 43
-    tag = proof.mint(KEYS, {"prompt_token_ids": [1]}, digest(), 1234, partition="A" * 22)
+    tag = proof.mint(
+        KEYS, {"prompt_token_ids": [1]}, digest(), 1234, minted=1214, partition="A" * 22
+    )
     assert tag is not None
-    assert tag.split(".")[4] == "A" * 22
+    assert tag.split(".")[5] == "A" * 22
 
 
 def _b64(raw):
@@ -54,15 +59,17 @@ def test_the_mac_is_keyed_blake3_as_documented():
     # docs/trust.md's definition, written out with the test's copy of the key.
     params = {"prompt_token_ids": [7, 8], "remote_port": 5600}
     partition = "P" * 21 + "A"
-    token = proof.mint(KEYS, params, digest(), 1234, bytes(range(12)), partition=partition)
+    token = proof.mint(
+        KEYS, params, digest(), 1234, bytes(range(12)), minted=1214, partition=partition
+    )
     assert token is not None
     nonce, shown = _b64(bytes(range(12))), _b64(digest())
     key = blake3.blake3(b"k" * 32, derive_key_context="ext_proc token_policy_proof tp4 MAC key")
     message = (
-        f'tp4\nk1\n1234\n{partition}\n{shown}\n{{"remote_port":5600}}\n[7,8]\n{nonce}'.encode()
-    )
+        f'tp4\nk1\n1214\n1234\n{partition}\n{shown}\n{{"remote_port":5600}}\n[7,8]\n{nonce}'
+    ).encode()
     mac = blake3.blake3(message, key=key.digest()).digest()
-    assert token == f"tp4.k1.1234.{nonce}.{partition}.{shown}.{_b64(mac)}"
+    assert token == f"tp4.k1.1214.1234.{nonce}.{partition}.{shown}.{_b64(mac)}"
 
 
 TOOL = {"type": "function", "function": {"name": "f", "parameters": {"b": 1, "a": 2}}}
@@ -106,6 +113,7 @@ def test_a_tp1_proof_is_superseded():
         f"tp5.k1.1234.{'A' * 16}.-.{'A' * 43}.{'A' * 43}",  # no format this release knows
         f"tp3.k1.1234.{'A' * 16}.-.{'A' * 43}.{'A' * 43}",  # tp3 had no partition
         f"tp4.k1.1234.{'A' * 16}.{'A' * 43}.{'A' * 43}",  # a tp4 without its partition
+        f"tp4.k1.1234.{'A' * 16}.-.{'A' * 43}.{'A' * 43}",  # a tp4 without its minting time
         f"tp1.k1.1234.{'A' * 16}.{'A' * 43}.{'A' * 43}",  # tp1 had no nonce
     ],
 )
@@ -147,14 +155,14 @@ def test_every_mint_is_another_proof_of_the_same_parameters():
     # Two prefill responses alike to the byte in one second are two proofs, each spent
     # on its own (replay.py): neither decode is refused as the other's replay.
     params = {"prompt_token_ids": [1], "remote_block_ids": [3]}
-    first, second = (proof.mint(KEYS, params, digest(), 100) for _ in range(2))
+    first, second = (proof.mint(KEYS, params, digest(), 100, minted=90) for _ in range(2))
     assert first != second
     for token in (first, second):
         assert proof.verify(KEYS, {**params, proof.PROOF_KEY: token}, digest(), 100, 0) is None
-    tickets = {proof.ticket({proof.PROOF_KEY: t}, 0, 20).key for t in (first, second)}
+    tickets = {proof.ticket({proof.PROOF_KEY: t}, 0).key for t in (first, second)}
     assert len(tickets) == 2
-    fixed = proof.mint(KEYS, params, digest(), 100, nonce=bytes(12))
-    assert fixed == proof.mint(KEYS, params, digest(), 100, nonce=bytes(12))
+    fixed = proof.mint(KEYS, params, digest(), 100, nonce=bytes(12), minted=90)
+    assert fixed == proof.mint(KEYS, params, digest(), 100, nonce=bytes(12), minted=90)
 
 
 def test_canonical_form_ignores_key_order_and_the_proof_only():
@@ -177,7 +185,7 @@ def test_canonical_form_ignores_key_order_and_the_proof_only():
 )
 def test_parameters_that_cannot_be_rendered_exactly_are_not_provable(params):
     assert proof.canonical(params) is None
-    assert proof.mint(KEYS, params, digest(), 100) is None
+    assert proof.mint(KEYS, params, digest(), 100, minted=90) is None
 
 
 def test_digest_binds_every_prompt_field_but_the_unbound_ones():
@@ -251,26 +259,28 @@ def test_nan_in_a_prompt_field_is_not_null():
 
 def _without_nonce(params):
     """The proof as the format before the nonce wrote it (tp1, five fields)."""
-    _, key_id, expiry, _, _, shown, mac = params[proof.PROOF_KEY].split(".")
+    _, key_id, _, expiry, _, _, shown, mac = params[proof.PROOF_KEY].split(".")
     return ".".join(("tp1", key_id, expiry, shown, mac))
 
 
 def _without_partition(params):
     """The proof as tp3 wrote it (six fields, no partition)."""
-    _, key_id, expiry, nonce, _, shown, mac = params[proof.PROOF_KEY].split(".")
+    _, key_id, _, expiry, nonce, _, shown, mac = params[proof.PROOF_KEY].split(".")
     return ".".join(("tp3", key_id, expiry, nonce, shown, mac))
 
 
 def _other_partition(params):
     fields = params[proof.PROOF_KEY].split(".")
-    fields[4] = "A" * 22
+    fields[5] = "A" * 22
     return ".".join(fields)
 
 
 def _other_nonce(params):
-    version, key_id, expiry, nonce, partition, shown, mac = params[proof.PROOF_KEY].split(".")
+    version, key_id, minted_at, expiry, nonce, partition, shown, mac = params[
+        proof.PROOF_KEY
+    ].split(".")
     other = ("B" if nonce[0] == "A" else "A") + nonce[1:]
-    return ".".join((version, key_id, expiry, other, partition, shown, mac))
+    return ".".join((version, key_id, minted_at, expiry, other, partition, shown, mac))
 
 
 @pytest.mark.parametrize(
@@ -334,7 +344,9 @@ def test_a_key_of_another_deployment_with_the_same_id_fails():
 
 
 def test_no_signing_key_mints_nothing():
-    assert proof.mint(proof.KeySet({"k1": b"k" * 32}, None), {"a": 1}, digest(), 1) is None
+    assert (
+        proof.mint(proof.KeySet({"k1": b"k" * 32}, None), {"a": 1}, digest(), 1, minted=1) is None
+    )
 
 
 def nested(depth, leaf=1):
@@ -420,7 +432,7 @@ def _respell_last(text: str) -> list[str]:
 
 def test_only_the_canonical_base64_of_a_proof_is_accepted():
     params = minted({"prompt_token_ids": [1, 2]})
-    version, key_id, expiry, nonce, _, shown, mac = params[proof.PROOF_KEY].split(".")
+    version, key_id, minted_at, expiry, nonce, _, shown, mac = params[proof.PROOF_KEY].split(".")
     partition = "B" * 21 + "A"
     respelled_macs = _respell_last(mac)
     respelled_digests = _respell_last(shown)
@@ -433,7 +445,7 @@ def test_only_the_canonical_base64_of_a_proof_is_accepted():
         + [(partition, d, mac) for d in respelled_digests]
         + [(p, shown, mac) for p in respelled_partitions]
     ):
-        token = ".".join((version, key_id, expiry, nonce, *fields))
+        token = ".".join((version, key_id, minted_at, expiry, nonce, *fields))
         assert proof.verify(KEYS, {**params, proof.PROOF_KEY: token}, digest(), 0, 0) == (
             "proof_malformed"
         )
@@ -451,13 +463,13 @@ def test_parameters_too_large_to_render_are_not_provable_and_cost_little():
         tracemalloc.stop()
     assert peak < 64 * 1024
     # A well-formed proof of other parameters: refused before any rendering.
-    token = proof.mint(KEYS, {"prompt_token_ids": [1]}, digest(), 100)
+    token = proof.mint(KEYS, {"prompt_token_ids": [1]}, digest(), 100, minted=90)
     assert proof.verify(KEYS, {**big, proof.PROOF_KEY: token}, digest(), 100, 0) == (
         "proof_malformed"
     )
     signed = {"prompt_token_ids": [1], "remote_block_ids": list(range(8192)), "h": "é" * 1000}
     assert proof.canonical(signed) is not None  # a long prompt's block ids sign
-    assert proof.mint(KEYS, big, digest(), 100) is None
+    assert proof.mint(KEYS, big, digest(), 100, minted=90) is None
 
 
 def test_a_settled_claim_is_verify():
@@ -484,7 +496,10 @@ TEAM_A, TEAM_B = "A" * 22, "B" * 21 + "A"
 
 def test_a_proof_is_honored_only_in_the_partition_it_was_minted_in():
     params = {"prompt_token_ids": [1, 2]}
-    tagged = {**params, proof.PROOF_KEY: proof.mint(KEYS, params, digest(), 100, partition=TEAM_A)}
+    tagged = {
+        **params,
+        proof.PROOF_KEY: proof.mint(KEYS, params, digest(), 100, minted=90, partition=TEAM_A),
+    }
     plain = minted(params)
     for found, partition, reason in [
         (tagged, TEAM_A, None),
@@ -508,22 +523,6 @@ def test_what_a_claim_refuses_before_any_mac():
     assert proof.claim(KEYS, {"prompt_token_ids": [1]}) == "proof_missing"
     assert proof.claim(KEYS, {**params, proof.PROOF_KEY: "tp4.x"}) == "proof_malformed"
     assert proof.claim(proof.KeySet({}, None), params) == "proof_unknown_key"
-
-
-def test_a_ticket_is_kept_three_skews_past_expiry_and_minted_a_lifetime_and_a_skew_before():
-    token = proof.mint(KEYS, {"remote_engine_id": "e"}, bytes(32), 5000)
-    assert token is not None
-    found = proof.ticket({proof.PROOF_KEY: token}, 2, 20)
-    assert (found.expires_at, found.minted_after) == (5000 + 3 * 2, 5000 - 20 - 2)
-    # A fraction of a second of skew counts whole, in the direction that keeps longer.
-    found = proof.ticket({proof.PROOF_KEY: token}, 0.5, 20)
-    assert (found.expires_at, found.minted_after) == (5003, 4979)
-
-
-def test_a_ticket_of_an_unbounded_lifetime_is_fresh_for_no_record():
-    token = proof.mint(KEYS, {"remote_engine_id": "e"}, bytes(32), 5000)
-    assert token is not None
-    assert not proof.ticket({proof.PROOF_KEY: token}, 0, math.inf).fresh(-(2**61))
 
 
 # --- the minting time --------------------------------------------------------------------

@@ -39,7 +39,7 @@ PARAMS = {"prompt_token_ids": [3, 4], "remote_block_ids": [1, 2], "remote_engine
 
 def decode_body(params=PARAMS, expiry=int(NOW) + 20):
     digest = proof.prompt_digest(PROMPT, True, PATH)
-    token = proof.mint(KEYS, params, digest, expiry)
+    token = proof.mint(KEYS, params, digest, expiry, minted=expiry - 20)
     return json.dumps({**PROMPT, "kv_transfer_params": {**params, proof.PROOF_KEY: token}})
 
 
@@ -104,9 +104,9 @@ def test_a_streamed_body_waits_for_the_verdict_and_is_answered_once():
     assert step.answers == []
     assert step.outcome is None  # nothing reported before the verdict
     assert step.ask is not None
-    # Kept for the proof's expiry and three skews; minted after a lifetime and a skew before it.
+    # Kept for the proof's expiry and three skews; minted after a skew before its minting.
     assert step.ask.expires_at == int(NOW) + 20 + 3 * 5
-    assert step.ask.minted_after == int(NOW) + 20 - 20 - 5
+    assert step.ask.minted_after == int(NOW) - 5
     answers = stream.stream.spent(Verdict.FIRST).answers
     assert answers[0] == ContinueHeaders()
     assert all(isinstance(a, StreamedBody) for a in answers[1:])
@@ -188,15 +188,13 @@ def test_who_the_caller_is_is_decided_once_for_a_request_decided_twice(monkeypat
 # --- a record's terms ---------------------------------------------------------------------
 
 
-def test_a_record_keeps_and_dates_a_ticket_under_the_largest_terms_of_its_writers():
-    own = Terms(skew=1, ttl=20, turn_ttl=60)
-    kept = own.joined(Terms(skew=10, ttl=5, turn_ttl=300))
-    assert kept == Terms(skew=10, ttl=20, turn_ttl=300)
+def test_a_record_keeps_and_dates_a_ticket_under_the_largest_skew_of_its_writers():
+    own = Terms(skew=1)
+    kept = own.joined(Terms(skew=10))
+    assert kept == Terms(skew=10)
     assert kept.covers(own)
     assert not own.covers(kept)
-    prefill = Ticket(b"p" * 16, 100 + 3 * 1, 100 - 20 - 1)
-    # Kept 3 x 9 s longer, dated 9 s earlier (the skew); its lifetime is the largest.
-    assert kept.widened(prefill, own) == Ticket(b"p" * 16, 100 + 3 * 10, 100 - 20 - 10)
-    turn = Ticket(b"t" * 16, 100 + 3 * 1, 100 - 60 - 1, turn=True)
-    assert kept.widened(turn, own) == Ticket(b"t" * 16, 100 + 3 * 10, 100 - 300 - 10, True)
+    prefill = Ticket(b"p" * 16, 100 + 3 * 1, 80 - 1)
+    # Kept 3 x 9 s longer, dated 9 s earlier.
+    assert kept.widened(prefill, own) == Ticket(b"p" * 16, 100 + 3 * 10, 80 - 10)
     assert own.widened(prefill, own) == prefill

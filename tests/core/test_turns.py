@@ -98,7 +98,7 @@ def decode_leg(messages=TURN1, **more):
     document = {"model": "m", "messages": messages, "max_tokens": 8, **more}
     digest = proof.prompt_digest(document, True, CHAT_PATH)
     params = {"do_remote_prefill": True, "remote_block_ids": [[1]], "prompt_token_ids": PROMPT_IDS}
-    token = proof.mint(KEYS, params, digest, int(NOW) + 10)
+    token = proof.mint(KEYS, params, digest, int(NOW) + 10, minted=int(NOW))
     return {**document, "kv_transfer_params": {**params, proof.PROOF_KEY: token}}
 
 
@@ -283,7 +283,10 @@ def test_a_tampered_or_expired_turn_reads_nothing_back():
     stream, _ = request(PREFILL_ROUTE, second_turn(params), now=late)
     assert stream.decision.reason is Reason.PROOF_EXPIRED
     # A prefill leg's proof is no turn: the route writes its own request as ever.
-    prefill_proof = {**TURN_PARAMS, proof.PROOF_KEY: proof.mint(KEYS, TURN_PARAMS, b"d" * 32, 2000)}
+    prefill_proof = {
+        **TURN_PARAMS,
+        proof.PROOF_KEY: proof.mint(KEYS, TURN_PARAMS, b"d" * 32, 2000, minted=1990),
+    }
     stream, _ = request(PREFILL_ROUTE, second_turn(prefill_proof))
     assert stream.decision.reason is Reason.UNPROVEN
 
@@ -347,7 +350,7 @@ def test_a_malformed_turn_member_is_read_only_under_a_valid_mac(turn):
     # Signed so (with the gateway's key): malformed, and nothing is read back.
     signed = {**TURN_PARAMS, turns.TURN_KEY: turn}
     expiry = int(NOW) + 100
-    token = proof.mint(KEYS, signed, b"d" * 32, expiry, version=proof.TURN_VERSION)
+    token = proof.mint(KEYS, signed, b"d" * 32, expiry, version=proof.TURN_VERSION, minted=int(NOW))
     stream, answers = request(PREFILL_ROUTE, second_turn({**signed, proof.PROOF_KEY: token}))
     assert stream.decision.reason is Reason.PROOF_MALFORMED
     assert forwarded(answers)["kv_transfer_params"] == dict(CONNECTOR_REQUESTS["nixl"])

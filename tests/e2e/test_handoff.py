@@ -32,7 +32,7 @@ DECODE = "/pd/v1/chat/completions"
 UPSTREAM_PATH = "/v1/chat/completions"
 # The shipped P/D routes name no tenant source: their proofs name no partition ("-").
 PROOF = re.compile(
-    r"tp4\.([A-Za-z0-9_-]{1,64})\.([1-9][0-9]*)\.([A-Za-z0-9_-]{16})"
+    r"tp4\.([A-Za-z0-9_-]{1,64})\.([1-9][0-9]*)\.([1-9][0-9]*)\.([A-Za-z0-9_-]{16})"
     r"\.-\.([A-Za-z0-9_-]{43})\.([A-Za-z0-9_-]{43})"
 )
 # What a P/D proxy sends on the prefill leg (vLLM's toy proxy, llm-d's sidecar).
@@ -92,6 +92,7 @@ def minted(client: httpx.Client, stack: Stack, **extra: Any) -> dict[str, Any]:
 
 class Parts(NamedTuple):
     key_id: str
+    minted: int
     expiry: int
     nonce: str
     digest: str
@@ -102,8 +103,8 @@ def proof_parts(params: dict[str, Any]) -> Parts:
     """The fields of a well-formed proof."""
     match = PROOF.fullmatch(params["token_policy_proof"])
     assert match is not None, params["token_policy_proof"]
-    key_id, expiry, nonce, digest, mac = match.groups()
-    return Parts(key_id, int(expiry), nonce, digest, mac)
+    key_id, minted, expiry, nonce, digest, mac = match.groups()
+    return Parts(key_id, int(minted), int(expiry), nonce, digest, mac)
 
 
 def b64(raw: bytes) -> str:
@@ -111,17 +112,24 @@ def b64(raw: bytes) -> str:
 
 
 def sign(
-    key: bytes, key_id: str, expiry: int, digest: str, params: dict[str, Any], nonce: str = "A" * 16
+    key: bytes,
+    key_id: str,
+    expiry: int,
+    digest: str,
+    params: dict[str, Any],
+    nonce: str = "A" * 16,
+    *,
+    minted: int,
 ) -> str:
     """A proof built from docs/trust.md alone, with the test's copy of a key."""
     rest = {k: v for k, v in params.items() if k not in ("prompt_token_ids", "token_policy_proof")}
     head = json.dumps(rest, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
     ids = params.get("prompt_token_ids")
     tail = "-" if ids is None else json.dumps(ids, separators=(",", ":"))
-    message = f"tp4\n{key_id}\n{expiry}\n-\n{digest}\n{head}\n{tail}\n{nonce}".encode()
+    message = f"tp4\n{key_id}\n{minted}\n{expiry}\n-\n{digest}\n{head}\n{tail}\n{nonce}".encode()
     mac_key = blake3.blake3(key, derive_key_context="ext_proc token_policy_proof tp4 MAC key")
     mac = blake3.blake3(message, key=mac_key.digest()).digest()
-    return f"tp4.{key_id}.{expiry}.{nonce}.-.{digest}.{b64(mac)}"
+    return f"tp4.{key_id}.{minted}.{expiry}.{nonce}.-.{digest}.{b64(mac)}"
 
 
 def assert_not_honored(stack: Stack, sent: dict[str, Any], rid: str, reason: str) -> None:
@@ -161,11 +169,13 @@ def test_prefill_response_carries_signed_ids(gateway, client):
     assert params["prompt_token_ids"] == ids
     proof = params["token_policy_proof"]
     assert proof.startswith("tp4.")
-    key_id, expiry, nonce, digest, _mac = proof_parts(params)
+    key_id, minted_at, expiry, nonce, digest, _mac = proof_parts(params)
     assert key_id == KEY_ID
-    assert before + 20 <= expiry <= time.time() + 21  # the default ttl_seconds
+    assert before <= minted_at <= time.time()
+    assert expiry == minted_at + 20  # the default ttl_seconds
     # The MAC is the one docs/trust.md defines, under the stack's key.
-    assert sign(gateway.proof_keys[KEY_ID], key_id, expiry, digest, params, nonce) == proof
+    key = gateway.proof_keys[KEY_ID]
+    assert sign(key, key_id, expiry, digest, params, nonce, minted=minted_at) == proof
     # Everything else in the response is the upstream's own.
     unchanged = {k: v for k, v in payload.items() if k != "kv_transfer_params"}
     assert unchanged["choices"][0]["token_ids"] == [tokens.EOS]
@@ -303,7 +313,8 @@ def test_an_expired_proof_is_not_honored(gateway, client):
     digest = proof_parts(params).digest
     past = int(time.time()) - 3600
     key = gateway.proof_keys[KEY_ID]
-    sent = chat({**params, "token_policy_proof": sign(key, KEY_ID, past, digest, params)})
+    expired = sign(key, KEY_ID, past, digest, params, minted=past - 20)
+    sent = chat({**params, "token_policy_proof": expired})
     rid = request_id()
     post(client, gateway, DECODE, sent, rid)
     assert_not_honored(gateway, sent, rid, "proof_expired")
@@ -311,8 +322,8 @@ def test_an_expired_proof_is_not_honored(gateway, client):
 
 def test_a_proof_signed_with_another_secret_is_not_honored(gateway, client):
     params = minted(client, gateway)
-    _key_id, expiry, _nonce, digest, _mac = proof_parts(params)
-    forged = sign(new_key(), KEY_ID, expiry, digest, params)
+    _key_id, minted_at, expiry, _nonce, digest, _mac = proof_parts(params)
+    forged = sign(new_key(), KEY_ID, expiry, digest, params, minted=minted_at)
     sent = chat({**params, "token_policy_proof": forged})
     rid = request_id()
     post(client, gateway, DECODE, sent, rid)

@@ -159,7 +159,7 @@ def drive(stack: Stack) -> dict[tuple[str, str], int]:
     count("mint", "minted")
     assert post(stack, DECODE, chat(kv_transfer_params=minted)).status_code == 200
     count("honor", "trusted_proof")
-    key_id, expiry, _nonce, digest, _mac = proof_parts(minted)
+    key_id, _minted, expiry, _nonce, digest, _mac = proof_parts(minted)
     secret = stack.proof_keys[key_id]
     signed = {k: v for k, v in minted.items() if k != "token_policy_proof"}
     failures = {
@@ -174,7 +174,7 @@ def drive(stack: Stack) -> dict[tuple[str, str], int]:
         "proof_missing": signed,
         "proof_expired": {
             **signed,
-            "token_policy_proof": sign(secret, key_id, 1000, digest, signed),
+            "token_policy_proof": sign(secret, key_id, 1000, digest, signed, minted=980),
         },
     }
     for reason, params in failures.items():

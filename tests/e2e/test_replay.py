@@ -544,11 +544,11 @@ def test_verifiers_whose_clocks_are_apart_never_honor_a_proof_twice(redis):
     keys = proof.KeySet({KEY_ID: b"k" * 32}, KEY_ID)
     params = {"remote_engine_id": "e", "prompt_token_ids": [1, 2, 3]}
     digest = bytes(32)
-    terms = Terms(skew=skew, ttl=ttl)
+    terms = Terms(skew=skew)
     with redis.client() as seed:  # the record began well before the proof was minted
         redis_record.begin(seed, int(time.time()) - 60, terms)
     expiry = int(time.time()) + ttl
-    params[proof.PROOF_KEY] = proof.mint(keys, params, digest, expiry)
+    params[proof.PROOF_KEY] = proof.mint(keys, params, digest, expiry, minted=expiry - ttl)
 
     async def run() -> list[Verdict]:
         ahead = RedisRecord(redis.url, 1.0, clock=lambda: time.time() + 0.9, terms=terms)
@@ -560,7 +560,7 @@ def test_verifiers_whose_clocks_are_apart_never_honor_a_proof_twice(redis):
                     now = time.time() + offset
                     if proof.verify(keys, params, digest, now, skew, lifetime=ttl):
                         break  # expired by this verifier's clock
-                    ticket = proof.ticket(params, skew, ttl)
+                    ticket = proof.ticket(params, skew)
                     verdicts.append(await record.spend(ticket))
                     if record is ahead:
                         break
@@ -756,12 +756,12 @@ def test_a_clock_stepped_back_past_twice_the_skew_honors_no_proof_whose_key_expi
     keys = proof.KeySet({KEY_ID: b"k" * 32}, KEY_ID)
     params = {"remote_engine_id": "e", "prompt_token_ids": [1, 2, 3]}
     digest = bytes(32)
-    terms = Terms(skew=skew, ttl=ttl)
+    terms = Terms(skew=skew)
     with redis.client() as seed:
         redis_record.begin(seed, int(time.time()) - 60, terms)
     expiry = int(time.time()) + ttl
-    params[proof.PROOF_KEY] = proof.mint(keys, params, digest, expiry)
-    name = base64.urlsafe_b64encode(proof.ticket(params, skew, ttl).key).decode()
+    params[proof.PROOF_KEY] = proof.mint(keys, params, digest, expiry, minted=expiry - ttl)
+    name = base64.urlsafe_b64encode(proof.ticket(params, skew).key).decode()
     key = redis_record.PREFIX + name
 
     async def run() -> tuple[Verdict, Verdict]:
@@ -770,13 +770,13 @@ def test_a_clock_stepped_back_past_twice_the_skew_honors_no_proof_whose_key_expi
             redis.url, timeout, clock=lambda: time.time() - 2 * skew - 1.5, terms=terms
         )
         try:
-            first = await steady.spend(proof.ticket(params, skew, ttl))
+            first = await steady.spend(proof.ticket(params, skew))
             with redis.client() as client:
                 while client.exists(key):  # until Redis forgot it
                     await asyncio.sleep(0.05)
             behind = time.time() - 2 * skew - 1.5
             assert proof.verify(keys, params, digest, behind, skew, lifetime=ttl) is None
-            return first, await stepped.spend(proof.ticket(params, skew, ttl))
+            return first, await stepped.spend(proof.ticket(params, skew))
         finally:
             await steady.close()
             await stepped.close()
@@ -870,20 +870,20 @@ def test_records_whose_writers_skews_differ_never_honor_a_proof_twice(tmp_path, 
     lived for a skew of 1 s: it refuses, raises its skew to 10 s and begins again; from
     then on the old processor's keys live for 10 s of skew too."""
     ttl, timeout = ROLLOUT["ttl_seconds"], 0.05
-    old, new = Terms(skew=OLD_SKEW, ttl=ttl), Terms(skew=NEW_SKEW, ttl=ttl)
+    old, new = Terms(skew=OLD_SKEW), Terms(skew=NEW_SKEW)
     keys = proof.KeySet({KEY_ID: b"k" * 32}, KEY_ID)
     digest = bytes(32)
 
     def minted_for(expiry: int) -> dict[str, Any]:
         params: dict[str, Any] = {"remote_engine_id": "e", "prompt_token_ids": [1, 2, 3]}
-        params[proof.PROOF_KEY] = proof.mint(keys, params, digest, expiry)
+        params[proof.PROOF_KEY] = proof.mint(keys, params, digest, expiry, minted=expiry - ttl)
         return params
 
     clock = [time.time()]
 
     async def spend(record: RedisRecord, terms: Terms, params: dict[str, Any]) -> Verdict:
         assert proof.verify(keys, params, digest, clock[0], terms.skew, lifetime=ttl) is None
-        return await record.spend(proof.ticket(params, terms.skew, ttl))
+        return await record.spend(proof.ticket(params, terms.skew))
 
     async def rollout(first: RedisRecord, second: RedisRecord) -> None:
         expiry = int(clock[0]) + ttl
@@ -965,7 +965,7 @@ def test_a_record_without_terms_begins_again_once_and_smaller_terms_never_begin_
     """A record an earlier release began states no terms: the first spend that keeps
     terms begins it again. A writer with smaller terms then begins nothing, and its keys
     live for the record's larger skew."""
-    terms, smaller = Terms(skew=1, ttl=2, turn_ttl=300), Terms(skew=0, ttl=1, turn_ttl=300)
+    terms, smaller = Terms(skew=1), Terms(skew=0)
     clock = [time.time()]
     now = int(clock[0])
     server = Redis(tmp_path)
@@ -995,7 +995,7 @@ def test_a_record_without_terms_begins_again_once_and_smaller_terms_never_begin_
             assert began_at(server) == math.ceil(clock[0] - 3)  # it began again once
             stated = client.get(redis_record.TERMS)
             assert stated is not None
-            assert stated.split(b" ")[1:] == [str(began_at(server)).encode(), b"1", b"2", b"300"]
+            assert stated.split(b" ")[1:] == [str(began_at(server)).encode(), b"1"]
             # The smaller writer's key lives until expiry + 3 x the record's skew.
             name = redis_record.PREFIX + base64.urlsafe_b64encode(b"c" * 16).decode()
             assert client.pttl(name) > (now + 30 + 3 * terms.skew - clock[0]) * 1000 - 500
@@ -1007,21 +1007,22 @@ def test_a_record_without_terms_begins_again_once_and_smaller_terms_never_begin_
 
 
 async def honored_under(
-    record: RedisRecord, terms: Terms, params: dict[str, Any], now: float
+    record: RedisRecord, terms: Terms, ttl: int, params: dict[str, Any], now: float
 ) -> Verdict | str:
-    """What a processor of ``terms`` decides for ``params`` at ``now``: why they do not
-    verify, else the record's verdict."""
+    """What a processor of ``terms`` whose proofs live ``ttl`` decides for ``params`` at
+    ``now``: why they do not verify, else the record's verdict."""
     keys = proof.KeySet({KEY_ID: b"k" * 32}, KEY_ID)
-    why = proof.verify(keys, params, bytes(32), now, terms.skew, lifetime=terms.ttl)
+    why = proof.verify(keys, params, bytes(32), now, terms.skew, lifetime=ttl)
     if why is not None:
         return why
-    return await record.spend(proof.ticket(params, terms.skew, terms.ttl))
+    return await record.spend(proof.ticket(params, terms.skew))
 
 
-def minted_until(expiry: int) -> dict[str, Any]:
+def minted_for(lifetime: int, expiry: int) -> dict[str, Any]:
+    """Parameters with a proof minted for ``lifetime`` to expire at ``expiry``."""
     keys = proof.KeySet({KEY_ID: b"k" * 32}, KEY_ID)
     params: dict[str, Any] = {"remote_engine_id": "e", "prompt_token_ids": [1, 2, 3]}
-    params[proof.PROOF_KEY] = proof.mint(keys, params, bytes(32), expiry)
+    params[proof.PROOF_KEY] = proof.mint(keys, params, bytes(32), expiry, minted=expiry - lifetime)
     return params
 
 
@@ -1029,23 +1030,23 @@ def test_a_redis_flushed_under_writers_of_other_lifetimes_honors_no_proof_twice(
     """Writers whose ttl_seconds differ (10 s and 2 s) share a Redis; it is flushed and
     the 2 s writer begins it again, its terms alone. A proof minted for 10 s and spent
     before the flush is not honored again by the 2 s writer."""
-    long, short = Terms(skew=1, ttl=10), Terms(skew=1, ttl=2)
+    terms, long, short = Terms(skew=1), 10, 2
     now = int(time.time())
     clock = [now + 0.1]
     server = Redis(tmp_path)
 
     async def run() -> list[Verdict | str]:
-        first = RedisRecord(server.url, 1.0, clock=lambda: clock[0], terms=long)
-        second = RedisRecord(server.url, 1.0, clock=lambda: clock[0], terms=short)
+        first = RedisRecord(server.url, 1.0, clock=lambda: clock[0], terms=terms)
+        second = RedisRecord(server.url, 1.0, clock=lambda: clock[0], terms=terms)
         try:
-            spent = minted_until(now + long.ttl)  # minted at now, for 10 s
-            verdicts = [await honored_under(first, long, spent, clock[0])]
+            spent = minted_for(long, now + long)  # minted at now, for 10 s
+            verdicts = [await honored_under(first, terms, long, spent, clock[0])]
             with server.client() as client:
                 client.flushall()
-            # The record begins again, under the 2 s writer's terms alone.
+            # The 2 s writer begins the record again.
             verdicts.append(await second.spend(Ticket(b"q" * 16, now + 30, now - 100)))
-            clock[0] = now + long.ttl - short.ttl - short.skew
-            verdicts.append(await honored_under(second, short, spent, clock[0]))
+            clock[0] = now + long - short - terms.skew
+            verdicts.append(await honored_under(second, terms, short, spent, clock[0]))
             return verdicts
         finally:
             await first.close()
@@ -1054,10 +1055,11 @@ def test_a_redis_flushed_under_writers_of_other_lifetimes_honors_no_proof_twice(
     server.start()
     try:
         with server.client() as client:
-            redis_record.begin(client, now - 60, long)
+            redis_record.begin(client, now - 60, terms)
         spent, began, again = asyncio.run(run())
         assert (spent, began) == (Verdict.FIRST, Verdict.UNAVAILABLE)
         assert again is not Verdict.FIRST
+        assert again == "proof_outlives_lease"  # minted for longer than it mints for
     finally:
         server.stop()
 
@@ -1066,7 +1068,7 @@ def test_a_proof_a_minter_minted_for_longer_than_the_verifiers_is_honored_once(t
     """The verifiers live 2 s; a processor that only mints mints for 3 s. The Redis
     forgets, and the processor that begins it again reads within the skew behind: the
     proof spent before must not be honored again."""
-    verifiers = Terms(skew=1, ttl=2)
+    verifiers, ttl = Terms(skew=1), 2
     base = int(time.time())
     clock = [base + 0.1]
     server = Redis(tmp_path)
@@ -1075,14 +1077,14 @@ def test_a_proof_a_minter_minted_for_longer_than_the_verifiers_is_honored_once(t
         spender = RedisRecord(server.url, 1.0, clock=lambda: clock[0], terms=verifiers)
         beginner = RedisRecord(server.url, 1.0, clock=lambda: clock[0] - 1, terms=verifiers)
         try:
-            spent = minted_until(base + 3)  # minted at base, for 3 s
-            verdicts = [await honored_under(spender, verifiers, spent, clock[0])]
+            spent = minted_for(3, base + 3)  # minted at base, for 3 s
+            verdicts = [await honored_under(spender, verifiers, ttl, spent, clock[0])]
             with server.client() as client:
                 client.flushall()
             clock[0] = base + 0.2
             verdicts.append(await beginner.spend(Ticket(b"q" * 16, base + 30, base - 100)))
             clock[0] = base + 0.3
-            verdicts.append(await honored_under(spender, verifiers, spent, clock[0]))
+            verdicts.append(await honored_under(spender, verifiers, ttl, spent, clock[0]))
             return verdicts
         finally:
             await spender.close()
@@ -1096,5 +1098,7 @@ def test_a_proof_a_minter_minted_for_longer_than_the_verifiers_is_honored_once(t
         assert began is Verdict.UNAVAILABLE  # the record began again
         assert [first, again].count(Verdict.FIRST) <= 1
         assert again is not Verdict.FIRST
+        # Refused at its first presentation already: minted for longer than 2 s.
+        assert first == again == "proof_outlives_lease"
     finally:
         server.stop()

@@ -112,15 +112,16 @@ def test_a_worker_that_maps_the_table_again_keeps_when_it_began(tmp_path):
 
 SKEW = 5
 TTL = 20
-TERMS = Terms(skew=SKEW, ttl=TTL)
+TERMS = Terms(skew=SKEW)
 
 
-def proven(expiry: int) -> tuple[proof.KeySet, dict, bytes]:
-    """A proof with ``expiry``, its keys and its prompt digest."""
+def proven(expiry: int, lifetime: int = TTL) -> tuple[proof.KeySet, dict, bytes]:
+    """A proof with ``expiry`` minted ``lifetime`` before it, its keys and its prompt
+    digest."""
     keys = proof.KeySet({"k1": b"k" * 32}, "k1")
     params = {"remote_engine_id": "e", "prompt_token_ids": [1, 2, 3]}
     digest = bytes(32)
-    params[proof.PROOF_KEY] = proof.mint(keys, params, digest, expiry)
+    params[proof.PROOF_KEY] = proof.mint(keys, params, digest, expiry, minted=expiry - lifetime)
     return keys, params, digest
 
 
@@ -129,7 +130,7 @@ def spend_if_valid(table: LocalRecord, proven: tuple, now: float) -> Verdict | N
     keys, params, digest = proven
     if proof.verify(keys, params, digest, now, SKEW, lifetime=TTL) is not None:
         return None
-    return table.spend_now(proof.ticket(params, SKEW, TTL))
+    return table.spend_now(proof.ticket(params, SKEW))
 
 
 def test_a_clock_stepped_back_past_twice_the_skew_honors_no_forgotten_proof(tmp_path):
@@ -183,13 +184,15 @@ def test_a_new_table_has_seen_its_beginning():
 # --- writers whose terms differ ---------------------------------------------------------
 
 
-def spend_under(table: LocalRecord, terms: Terms, proven: tuple, now: float) -> Verdict | None:
-    """What the record answers for the proof at ``now``, verified and dated under
-    ``terms``; None: it no longer verifies."""
+def spend_under(
+    table: LocalRecord, terms: Terms, proven: tuple, now: float, ttl: int = 2
+) -> Verdict | None:
+    """What the record answers for the proof at ``now``, verified under ``terms`` and
+    ``ttl`` and dated under ``terms``; None: it does not verify."""
     keys, params, digest = proven
-    if proof.verify(keys, params, digest, now, terms.skew, lifetime=terms.ttl) is not None:
+    if proof.verify(keys, params, digest, now, terms.skew, lifetime=ttl) is not None:
         return None
-    return table.spend_now(proof.ticket(params, terms.skew, terms.ttl))
+    return table.spend_now(proof.ticket(params, terms.skew))
 
 
 def test_a_writer_with_a_larger_skew_never_honors_a_proof_the_table_kept_for_a_smaller_one(
@@ -198,14 +201,14 @@ def test_a_writer_with_a_larger_skew_never_honors_a_proof_the_table_kept_for_a_s
     """A rolling update raises clock_skew_seconds from 1 to 10: the old processor keeps a
     spent proof until its expiry + 3 s; the new one still verifies it at expiry + 4 s.
     The table knows it kept it for 1 s only: it raises its skew and begins again."""
-    old, new = Terms(skew=1, ttl=2), Terms(skew=10, ttl=2)
+    old, new = Terms(skew=1), Terms(skew=10)
     path = tmp_path / "spent"
     record.create(path, BUCKET_SLOTS, lambda: NOW - 60, terms=old)  # one bucket
     clock = [NOW]
     first = LocalRecord.open(path, lambda: clock[0], terms=old)
     second = LocalRecord.open(path, lambda: clock[0], terms=new)
     expiry = int(NOW) + 2
-    spent = proven(expiry)
+    spent = proven(expiry, 2)
     assert spend_under(first, old, spent, NOW) is Verdict.FIRST
     clock[0] = expiry + 4  # past the old processor's keeping (expiry + 3 x 1)
     assert spend_under(first, old, spent, clock[0]) is None  # expired for it
@@ -218,14 +221,14 @@ def test_a_writer_with_a_larger_skew_never_honors_a_proof_the_table_kept_for_a_s
 def test_every_writer_keeps_and_dates_a_proof_under_the_largest_terms_the_table_knows(tmp_path):
     """After the rise, the old processor keeps what it spends for the new skew: the new
     one, verifying until expiry + 10 s, finds it spent until then and after."""
-    old, new = Terms(skew=1, ttl=2), Terms(skew=10, ttl=2)
+    old, new = Terms(skew=1), Terms(skew=10)
     path = tmp_path / "spent"
     record.create(path, BUCKET_SLOTS, lambda: NOW - 60, terms=new)
     clock = [NOW]
     first = LocalRecord.open(path, lambda: clock[0], terms=old)
     second = LocalRecord.open(path, lambda: clock[0], terms=new)
     expiry = int(NOW) + 2
-    spent = proven(expiry)
+    spent = proven(expiry, 2)
     assert spend_under(first, old, spent, NOW) is Verdict.FIRST  # covered: no beginning
     for clock[0] in (expiry + 4, expiry + 10):
         assert spend_under(second, new, spent, clock[0]) is Verdict.SPENT
@@ -236,34 +239,29 @@ def test_every_writer_keeps_and_dates_a_proof_under_the_largest_terms_the_table_
     assert first.terms == new  # a writer with smaller terms never lowers them
 
 
-def test_a_shorter_lifetime_dates_a_proof_by_the_longest_one_the_table_knows(tmp_path):
-    """A proof minted for 20 s a second before the table began, presented to a processor
-    whose proofs live 5 s: dated by its own lifetime it looks minted after the table
-    began; the table knows a writer mints for 20 s and dates it before."""
+def test_a_proof_is_dated_by_the_minting_time_it_states():
+    """Whatever lifetime it was minted for, a proof minted a second before the table
+    began is dated before it, and one minted a skew after is fresh."""
     began = int(NOW)
-    long, short = Terms(skew=1, ttl=20), Terms(skew=1, ttl=5)
-    record.create(tmp_path / "spent", 64, lambda: began, terms=long)
-    shorter = LocalRecord.open(tmp_path / "spent", lambda: NOW + 13, terms=short)
-    spent = proven(began - 1 + 20)
-    assert proof.ticket(spent[1], short.skew, short.ttl).fresh(began)  # by its own lifetime
-    assert spend_under(shorter, short, spent, NOW + 13) is Verdict.UNAVAILABLE
-    # A turn proof is dated by the longest turn lifetime.
-    record.create(tmp_path / "turns", 64, lambda: began, terms=Terms(turn_ttl=300))
-    quick = LocalRecord.open(tmp_path / "turns", lambda: NOW, terms=Terms(turn_ttl=60))
-    turn = Ticket(b"t" * 16, began + 30, began + 30 - 60, turn=True)
-    assert quick.spend_now(turn) is Verdict.UNAVAILABLE  # minted up to 300 s before expiry
-    prefill = Ticket(b"p" * 16, began + 30, began + 30 - 20)
-    assert quick.spend_now(prefill) is Verdict.FIRST  # its lifetime did not change
+    table = LocalRecord.anonymous(64, lambda: NOW + 13, began=began, terms=Terms(skew=1))
+    for lifetime in (5, 20):
+        before = proven(began - 1 + lifetime, lifetime)
+        assert spend_under(table, Terms(skew=1), before, NOW + 1, 20) is Verdict.UNAVAILABLE
+        after = proven(began + 1 + lifetime, lifetime)
+        assert spend_under(table, Terms(skew=1), after, NOW + 1, 20) is Verdict.FIRST
 
 
 def test_a_processor_restarted_whole_with_a_shorter_lifetime_honors_no_proof_twice():
     """A proof minted for 20 s and honored; the processor is restarted whole with
     ttl_seconds 10 (its new table holds only its new terms). Dated by its own lifetime
     the proof looks minted after the new table began: it must not be honored again."""
-    before, after = Terms(skew=5, ttl=20), Terms(skew=5, ttl=10)
-    t = int(NOW)
-    spent = proven(t + before.ttl)  # minted at t, for 20 s
-    old = LocalRecord.anonymous(64, lambda: t + 0.5, began=t - 600, terms=before)
-    assert spend_under(old, before, spent, t + 0.5) is Verdict.FIRST
-    restarted = LocalRecord.anonymous(64, lambda: t + 5, began=t + 1, terms=after)
-    assert spend_under(restarted, after, spent, t + 5) is not Verdict.FIRST
+    terms, t = Terms(skew=5), int(NOW)
+    spent = proven(t + 20, 20)  # minted at t, for 20 s
+    old = LocalRecord.anonymous(64, lambda: t + 0.5, began=t - 600, terms=terms)
+    assert spend_under(old, terms, spent, t + 0.5, ttl=20) is Verdict.FIRST
+    restarted = LocalRecord.anonymous(64, lambda: t + 5, began=t + 1, terms=terms)
+    assert spend_under(restarted, terms, spent, t + 5, ttl=10) is not Verdict.FIRST
+    # Refused as minted for longer than the restarted processor mints for.
+    keys, params, digest = spent
+    found = proof.verify(keys, params, digest, t + 5, 5, lifetime=10)
+    assert found == "proof_outlives_lease"

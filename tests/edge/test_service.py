@@ -459,7 +459,7 @@ def test_a_long_proven_body_is_verified_and_forwarded_unchanged(tmp_path, monkey
     params = {"prompt_token_ids": list(range(100_000, 160_000)), "remote_engine_id": "e"}
     digest = proof.prompt_digest(prompt, True, "/v1/chat/completions")
     keys = proof.KeySet({"k1": b"k" * 32}, "k1")
-    token = proof.mint(keys, params, digest, int(time.time()) + 10)
+    token = proof.mint(keys, params, digest, int(time.time()) + 10, minted=int(time.time()))
     raw = json.dumps({**prompt, "kv_transfer_params": {**params, proof.PROOF_KEY: token}})
     route = {"topology": "disaggregated", "action": "honor"}
     started = headers_request(
