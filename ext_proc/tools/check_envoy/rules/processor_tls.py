@@ -27,11 +27,26 @@ _CLIENT_CERTIFICATE = (
     "tls_certificate_sds_secret_configs",
     "tls_certificate_provider_instance",
 )
-_VALIDATION = (
-    "validation_context",
+# Validation that arrives at run time (SDS, a certificate provider): taken as given.
+_VALIDATION_FROM = (
     "validation_context_sds_secret_config",
-    "combined_validation_context",
     "validation_context_certificate_provider_instance",
+)
+_COMBINED_FROM = (
+    "validation_context_sds_secret_config",
+    "validation_context_certificate_provider",
+    "validation_context_certificate_provider_instance",
+)
+# What in a CertificateValidationContext makes Envoy verify the peer: a CA (given, from a
+# provider, or the system's), a pinned certificate or key, or a validator extension
+# (SPIFFE). Without one Envoy verifies no chain, whatever else the context says.
+_VERIFIES = (
+    "trusted_ca",
+    "ca_certificate_provider_instance",
+    "system_root_certs",
+    "verify_certificate_hash",
+    "verify_certificate_spki",
+    "custom_validator_config",
 )
 
 
@@ -93,12 +108,13 @@ def processor_tls(
         )
         return
     common = typed.get("common_tls_context", {})
-    if not _given(common, _VALIDATION):
+    if not _verifies(common):
         yield error(
             "processor-unverified",
             where,
             "the UpstreamTlsContext verifies no certificate of the processor (no "
-            "validation_context): any listener on its address is taken for it",
+            "validation_context with a trusted CA or a pinned certificate, or one that "
+            "accepts an untrusted chain): any listener on its address is taken for it",
         )
     if wanted == "mutual" and not _given(common, _CLIENT_CERTIFICATE):
         yield error(
@@ -107,6 +123,27 @@ def processor_tls(
             "the processor demands a client certificate (tls.client_ca_file) and the "
             "UpstreamTlsContext presents none: every stream is refused",
         )
+
+
+def _verifies(common: Any) -> bool:
+    """Whether a ``CommonTlsContext`` verifies the peer's certificate: a validation
+    context that does (and does not accept an untrusted chain), or one from SDS or a
+    certificate provider."""
+    if not isinstance(common, dict):
+        return False
+    if _given(common, _VALIDATION_FROM):
+        return True
+    context = common.get("validation_context")
+    combined = common.get("combined_validation_context")
+    if isinstance(combined, dict):
+        if _given(combined, _COMBINED_FROM):
+            return True
+        context = combined.get("default_validation_context")
+    if not isinstance(context, dict) or not _given(context, _VERIFIES):
+        return False
+    # TrustChainVerification: ACCEPT_UNTRUSTED is 1.
+    trust = str(context.get("trust_chain_verification", "")).strip().upper()
+    return trust not in ("ACCEPT_UNTRUSTED", "1")
 
 
 def _google_grpc(place: str, target: dict[str, Any], wanted: Demand) -> Iterator[Finding]:
