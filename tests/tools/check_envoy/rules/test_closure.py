@@ -136,19 +136,240 @@ def test_a_second_chain_ending_in_a_checked_manager_passes():
     assert clean(mutated(change))
 
 
-def _raw_listener(config):
-    # A listener of its own that carries no policed route: another door, not this one.
+def _raw_listener(config, *filters, name="raw"):
+    # A listener of its own that runs no filter of this processor: another door.
     config["static_resources"]["listeners"].append(
         {
-            "name": "raw",
+            "name": name,
             "address": {"socket_address": {"address": "127.0.0.1", "port_value": 9000}},
-            "filter_chains": [{"filters": [tcp_proxy("aggregated")]}],
+            "filter_chains": [{"filters": list(filters or [tcp_proxy("aggregated")])}],
         }
     )
 
 
-def test_a_listener_without_policed_routes_is_not_this_rules_business():
-    assert clean(mutated(_raw_listener))
+def _cluster(config, name, port=9901, **settings):
+    """A static cluster ``name`` of one host (127.0.0.1:``port``; the shipped upstreams
+    are on 8081)."""
+    address = {"socket_address": {"address": "127.0.0.1", "port_value": port}}
+    config["static_resources"]["clusters"].append(
+        {
+            "name": name,
+            "type": "STATIC",
+            "load_assignment": {
+                "cluster_name": name,
+                "endpoints": [{"lb_endpoints": [{"endpoint": {"address": address}}]}],
+            },
+            **settings,
+        }
+    )
+
+
+def _manager(route_config=None, http_filters=None, **settings):
+    """An inline connection manager of no filter of this processor."""
+    router = {
+        "name": "envoy.filters.http.router",
+        "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"
+        },
+    }
+    config = {"@type": HCM_TYPE, "stat_prefix": "side", **settings}
+    if route_config is not None:
+        config["route_config"] = route_config
+    config["http_filters"] = [*(http_filters or []), router]
+    return {"name": "envoy.filters.network.http_connection_manager", "typed_config": config}
+
+
+def _routes(*actions):
+    routes = [{"match": {"prefix": "/"}, **action} for action in actions]
+    return {"virtual_hosts": [{"name": "side", "domains": ["*"], "routes": routes}]}
+
+
+def _to(cluster):
+    return {"route": {"cluster": cluster}}
+
+
+def _weighted_tcp_proxy(config):
+    proxy = tcp_proxy()
+    del proxy["typed_config"]["cluster"]
+    proxy["typed_config"]["weighted_clusters"] = {
+        "clusters": [{"name": "health", "weight": 1}, {"name": "disaggregated", "weight": 1}]
+    }
+    _cluster(config, "health")
+    _raw_listener(config, proxy)
+
+
+def _copy_of_decode(config):
+    # Another name for the decode upstream's hosts.
+    (decode,) = [c for c in config["static_resources"]["clusters"] if c["name"] == "disaggregated"]
+    config["static_resources"]["clusters"].append({**copy.deepcopy(decode), "name": "copy"})
+    _raw_listener(config, tcp_proxy("copy"))
+
+
+def _redis_proxy(config):
+    # A terminal filter this check does not read: it may reach any cluster.
+    _cluster(config, "cache")
+    redis = {
+        "name": "envoy.filters.network.redis_proxy",
+        "typed_config": {
+            "@type": _N + "redis_proxy.v3.RedisProxy",
+            "stat_prefix": "redis",
+            "settings": {"op_timeout": "1s"},
+            "prefix_routes": {"catch_all_route": {"cluster": "cache"}},
+        },
+    }
+    _raw_listener(config, redis)
+
+
+def _chosen_by_sni(config):
+    # sni_cluster sets tcp_proxy's cluster from the server name the client sends.
+    _cluster(config, "health")
+    sni = {
+        "name": "envoy.filters.network.sni_cluster",
+        "typed_config": {"@type": _N + "sni_cluster.v3.SniCluster"},
+    }
+    _raw_listener(config, sni, tcp_proxy("health"))
+
+
+def _original_dst_side(config):
+    _cluster(config, "anywhere", type="ORIGINAL_DST", lb_policy="CLUSTER_PROVIDED")
+    del config["static_resources"]["clusters"][-1]["load_assignment"]
+    _raw_listener(config, tcp_proxy("anywhere"))
+
+
+def _copy_of_gateway(config):
+    # The gateway's own routes on another port, without the processor's filter.
+    routes = copy.deepcopy(listener(config)["filter_chains"][0]["filters"][0]["typed_config"])
+    routes["http_filters"] = [
+        f for f in routes["http_filters"] if f["name"] != "envoy.filters.http.ext_proc"
+    ]
+    entry = {"name": "envoy.filters.network.http_connection_manager", "typed_config": routes}
+    _raw_listener(config, entry)
+
+
+BYPASSES = {
+    "tcp-proxy-to-decode": lambda config: _raw_listener(config, tcp_proxy("disaggregated")),
+    "tcp-proxy-to-mint": lambda config: _raw_listener(config, tcp_proxy("prefill")),
+    "tcp-proxy-to-strip": lambda config: _raw_listener(config, tcp_proxy("aggregated")),
+    "tcp-proxy-weighted": _weighted_tcp_proxy,
+    "tcp-proxy-to-decode-hosts": _copy_of_decode,
+    "tcp-proxy-original-dst": _original_dst_side,
+    "tcp-proxy-chosen-by-sni": _chosen_by_sni,
+    "redis-proxy": _redis_proxy,
+    "manager-to-decode": lambda config: _raw_listener(
+        config, _manager(_routes(_to("disaggregated")))
+    ),
+    "manager-mirror-to-mint": lambda config: (
+        _cluster(config, "health"),
+        _raw_listener(
+            config,
+            _manager(
+                _routes(
+                    {
+                        "route": {
+                            "cluster": "health",
+                            "request_mirror_policies": [{"cluster": "prefill"}],
+                        }
+                    }
+                )
+            ),
+        ),
+    ),
+    "manager-cluster-header": lambda config: _raw_listener(
+        config, _manager(_routes({"route": {"cluster_header": "x-pool"}}))
+    ),
+    "manager-from-rds": lambda config: _raw_listener(
+        config, _manager(rds={"route_config_name": "side", "config_source": {"ads": {}}})
+    ),
+    "gateway-without-processor": _copy_of_gateway,
+}
+
+
+@pytest.mark.parametrize("change", BYPASSES.values(), ids=BYPASSES.keys())
+def test_a_listener_reaching_a_policed_cluster_around_the_processor_is_an_error(change):
+    expected = ("policed-cluster-bypassed", "listener raw filter_chains[0]")
+    config = copy.deepcopy(SHIPPED)
+    change(config)
+    # The listener in front of the model servers named, as a deployment with an admin
+    # listener beside it runs the check: the other door is found all the same.
+    assert found(check(config, listeners=frozenset({"gateway"}))) == [expected]
+    assert expected in found(check(config))
+
+
+PASSING = {
+    "tcp-proxy-to-health": lambda config: (
+        _cluster(config, "health"),
+        _raw_listener(config, tcp_proxy("health")),
+    ),
+    "manager-to-health": lambda config: (
+        _cluster(config, "health"),
+        _raw_listener(config, _manager(_routes(_to("health")))),
+    ),
+    "manager-direct-response": lambda config: _raw_listener(
+        config, _manager(_routes({"direct_response": {"status": 200}}))
+    ),
+}
+
+
+@pytest.mark.parametrize("change", PASSING.values(), ids=PASSING.keys())
+def test_a_listener_reaching_no_policed_cluster_passes(change):
+    config = copy.deepcopy(SHIPPED)
+    change(config)
+    assert clean(check(config, listeners=frozenset({"gateway"})))
+
+
+# --- the listener filters of a listener carrying policed routes ------------------------------
+
+_L = "type.googleapis.com/envoy.extensions.filters.listener."
+TYPED_STRUCT = "type.googleapis.com/xds.type.v3.TypedStruct"
+
+
+def _listener_filter(typed_config):
+    def change(config):
+        listener(config)["listener_filters"] = [{"name": "first", "typed_config": typed_config}]
+
+    return change
+
+
+@pytest.mark.parametrize(
+    "typed_config",
+    [
+        # The client states its source and destination addresses.
+        {"@type": _L + "proxy_protocol.v3.ProxyProtocol"},
+        {"@type": _L + "original_dst.v3.OriginalDst"},
+        {"@type": _L + "original_src.v3.OriginalSrc"},
+        {"@type": "type.googleapis.com/x.Unknown"},
+        {"@type": TYPED_STRUCT, "type_url": "type.googleapis.com/x.Unknown", "value": {}},
+        {"@type": TYPED_STRUCT, "type_url": _L + "proxy_protocol.v3.ProxyProtocol", "value": {}},
+    ],
+    ids=["proxy-protocol", "original-dst", "original-src", "unknown", "typed-struct", "typed-pp"],
+)
+def test_a_listener_filter_not_known_to_only_choose_a_chain_is_an_error(typed_config):
+    assert found(mutated(_listener_filter(typed_config))) == [
+        ("listener-filter-unknown", f"{LISTENER} listener_filters[0]")
+    ]
+
+
+@pytest.mark.parametrize(
+    "typed_config",
+    [
+        {"@type": _L + "http_inspector.v3.HttpInspector"},
+        {"@type": _L + "tls_inspector.v3.TlsInspector"},
+        {"@type": TYPED_STRUCT, "type_url": _L + "tls_inspector.v3.TlsInspector", "value": {}},
+    ],
+    ids=["http-inspector", "tls-inspector", "typed-struct-tls-inspector"],
+)
+def test_a_listener_filter_that_only_chooses_a_chain_passes(typed_config):
+    assert clean(mutated(_listener_filter(typed_config)))
+
+
+def test_a_listener_filter_of_a_listener_without_policed_routes_is_not_this_rules_business():
+    def change(config):
+        _cluster(config, "health")
+        _raw_listener(config, tcp_proxy("health"))
+        pp = {"name": "pp", "typed_config": {"@type": _L + "proxy_protocol.v3.ProxyProtocol"}}
+        config["static_resources"]["listeners"][-1]["listener_filters"] = [pp]
+
+    assert clean(mutated(change))
 
 
 def test_a_named_listener_is_read_whole():
@@ -159,11 +380,13 @@ def test_a_named_listener_is_read_whole():
     assert found(report) == [
         ("filter-chain-unchecked", f"{LISTENER} default_filter_chain"),
         ("filter-chain-unchecked", "listener raw filter_chains[0]"),
+        ("policed-cluster-bypassed", "listener raw filter_chains[0]"),
     ]
     # Named alone, the other listener is not read.
     assert found(check(config, listeners=frozenset({"raw"}))) == [
         ("no-connection-manager", ""),
         ("filter-chain-unchecked", "listener raw filter_chains[0]"),
+        ("policed-cluster-bypassed", "listener raw filter_chains[0]"),
     ]
 
 
