@@ -187,7 +187,10 @@ BY_MESSAGE: Final[Mapping[str, Mapping[str, Class]]] = {
         "metadata": _harmless("metadata no filter of a policed chain reads from the listener"),
         "deprecated_v1": _SOCKET,
         "drain_type": _SOCKET,
-        "listener_filters": _read("rules.closure, coverage (walked)"),
+        "listener_filters": _read(
+            "rules.closure (listener-filter-unknown: only types that choose a chain, "
+            "closure.LISTENER_FILTERS), coverage (walked)"
+        ),
         "listener_filters_timeout": _harmless(
             "which chain a connection takes when a listener filter times out: every chain of "
             "the listener is held to the same rules (rules.closure)"
@@ -262,7 +265,9 @@ BY_MESSAGE: Final[Mapping[str, Mapping[str, Class]]] = {
     },
     "envoy.config.listener.v3.ListenerFilter": {
         "name": _harmless("a name; Envoy picks the filter by its typed_config"),
-        "typed_config": _CLOSURE,
+        "typed_config": _read(
+            "rules.closure (listener-filter-unknown): its type is one of closure.LISTENER_FILTERS"
+        ),
         "config_discovery": _refused("a listener filter from ECDS, which this check cannot see"),
         "filter_disabled": _harmless(
             "when the listener filter is skipped: every chain is held to the same rules"

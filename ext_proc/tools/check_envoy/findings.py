@@ -26,6 +26,12 @@ CODES: Final[Mapping[str, str]] = MappingProxyType(
             "a filter chain of a listener with policed routes ends in no inline connection manager"
         ),
         "network-filter-unknown": "a network filter before the connection manager is not known",
+        "listener-filter-unknown": (
+            "a listener filter of a listener with policed routes does not only choose a chain"
+        ),
+        "policed-cluster-bypassed": (
+            "a listener without this processor's filter reaches a cluster a policed route reaches"
+        ),
         "matcher-tree": "a virtual host chooses routes by a matcher tree",
         "path-not-normalized": "normalize_path is not true",
         "escaped-slashes-kept": "path_with_escaped_slashes_action keeps '%2F' in the path",

@@ -312,7 +312,7 @@ def clusters(config: Any) -> Clusters | None:
     original_dst = {
         str(c["name"]): c.get("original_dst_lb_config", {})
         for c in listed
-        if "name" in c and _discovery_type(c.get("type")) == ORIGINAL_DST
+        if "name" in c and discovery_type(c.get("type")) == ORIGINAL_DST
     }
     return Clusters(names, from_cds, extension, original_dst)
 
@@ -322,7 +322,7 @@ _DISCOVERY_TYPES: Final = ("STATIC", "STRICT_DNS", "LOGICAL_DNS", "EDS", "ORIGIN
 ORIGINAL_DST: Final = "ORIGINAL_DST"
 
 
-def _discovery_type(value: Any) -> Any:
+def discovery_type(value: Any) -> Any:
     """A cluster's ``type`` by its name, as Envoy reads it: the name in any case, or
     its number (also as a string)."""
     if isinstance(value, str) and value.strip().isdigit():

@@ -28,13 +28,29 @@ def test_every_shipped_config_is_clean(path):
 
 
 def with_admin_listener(config):
-    """A second listener that forwards Envoy's own stats, with no ext_proc filter."""
+    """A second listener that forwards Envoy's own stats, with no ext_proc filter (to a
+    cluster of its own: one a policed route reaches is policed-cluster-bypassed)."""
     listeners = config["static_resources"]["listeners"]
     admin = copy.deepcopy(listeners[0])
     admin["name"] = "stats"
     manager = admin["filter_chains"][0]["filters"][0]["typed_config"]
     manager["http_filters"] = [manager["http_filters"][-1]]
+    stats = {"match": {"prefix": "/stats"}, "route": {"cluster": "stats"}}
+    manager["route_config"] = {
+        "virtual_hosts": [{"name": "stats", "domains": ["*"], "routes": [stats]}]
+    }
     listeners.append(admin)
+    address = {"socket_address": {"address": "127.0.0.1", "port_value": 9901}}
+    config["static_resources"]["clusters"].append(
+        {
+            "name": "stats",
+            "type": "STATIC",
+            "load_assignment": {
+                "cluster_name": "stats",
+                "endpoints": [{"lb_endpoints": [{"endpoint": {"address": address}}]}],
+            },
+        }
+    )
 
 
 def test_named_listeners_are_the_only_ones_checked():

@@ -12,7 +12,16 @@ HTTP/1.0 request is no ``http/1.1`` to ``http_inspector`` and falls through to t
 default chain. A ``tcp_proxy`` (or any other terminal filter) there forwards the bytes
 uninspected, ids and all; a connection manager from ECDS (``config_discovery``) is read
 by no rule. The network filters before the connection manager are of types known to
-leave the bytes alone (``NETWORK_KEEPERS``). Listeners from LDS are not read at all.
+leave the bytes alone (``NETWORK_KEEPERS``), the listener filters of types known only to
+choose a chain (``LISTENER_FILTERS``). Listeners from LDS are not read at all.
+
+No other listener, named with ``--listener`` or not, reaches a cluster a policed route
+reaches (``bypasses``): a ``tcp_proxy`` or a connection manager without this processor's
+filter in front of the decode cluster forwards a client's ``kv_transfer_params`` verbatim,
+around the processor. A chain reaches the clusters its filters name; a chain this check
+cannot read to the end (a terminal filter other than an inline connection manager or
+``tcp_proxy``, a filter before it that is not a keeper, routes from RDS, a cluster chosen
+per request) may reach every cluster.
 
 A decided route's cluster is one the bootstrap lists in ``static_resources`` (which CDS
 cannot replace or remove: Envoy's cluster manager docs), of no extension type, named by
@@ -25,7 +34,8 @@ the header step removes from every client's request (``host_chosen``)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from types import MappingProxyType
 from typing import Any, Final
 
 from ext_proc.tools.carrier_headers import ROUTING_HEADERS
@@ -34,12 +44,16 @@ from ext_proc.tools.check_envoy.reader import (
     CHOSEN_PER_REQUEST,
     EXT_PROC,
     HCM,
+    ORIGINAL_DST,
     Chain,
     Clusters,
     Route,
+    clusters,
+    discovery_type,
     is_ours,
     walk,
 )
+from ext_proc.tools.check_envoy.rules import filter_types
 from ext_proc.tools.check_envoy.rules.replay import decided
 
 _N: Final = "type.googleapis.com/envoy.extensions.filters.network."
@@ -52,6 +66,42 @@ NETWORK_KEEPERS: Final = frozenset(
         _N + "ratelimit.v3.RateLimit",
         _N + "connection_limit.v3.ConnectionLimit",
         _N + "ext_authz.v3.ExtAuthz",
+    }
+)
+
+
+TCP_PROXY: Final = _N + "tcp_proxy.v3.TcpProxy"
+
+_L: Final = "type.googleapis.com/envoy.extensions.filters.listener."
+# Listener filters allowed on a listener that carries policed routes: each only reads
+# the connection's first bytes to choose a filter chain, and every chain of the listener
+# is checked (Envoy 1.40's listener filter docs).
+LISTENER_FILTERS: Final[Mapping[str, str]] = MappingProxyType(
+    {
+        _L + "http_inspector.v3.HttpInspector": (
+            "http_inspector docs: sets the application protocol it detects, which only "
+            "selects a filter chain"
+        ),
+        _L + "tls_inspector.v3.TlsInspector": (
+            "tls_inspector docs: sets the server name and ALPN the client sent, which only "
+            "select a filter chain"
+        ),
+    }
+)
+# Why some listener filters are refused (Envoy 1.40's docs), for the finding's message.
+_LISTENER_FILTER_HARM: Final[Mapping[str, str]] = MappingProxyType(
+    {
+        _L + "proxy_protocol.v3.ProxyProtocol": (
+            "it takes the connection's source and destination addresses from a PROXY "
+            "header the client may send"
+        ),
+        _L + "original_dst.v3.OriginalDst": (
+            "it restores the connection's destination, which an ORIGINAL_DST cluster "
+            "connects to and use_original_dst hands to another listener"
+        ),
+        _L + "original_src.v3.OriginalSrc": (
+            "it makes upstream connections from the client's address, which upstreams may trust"
+        ),
     }
 )
 
@@ -125,8 +175,28 @@ def listeners(config: Any, names: frozenset[str] | None, namespace: str) -> Iter
     for listener in _listeners(config, names):
         if names is None and not _policed(listener, namespace):
             continue
+        yield from _listener_filters(listener)
         for place, chain in _chains(listener):
             yield from _chain(place, chain)
+    yield from bypasses(config, namespace)
+
+
+def _listener_filters(listener: dict[str, Any]) -> Iterator[Finding]:
+    given = listener.get("listener_filters", [])
+    for index, entry in enumerate(given if isinstance(given, list) else [given]):
+        typed = entry.get("typed_config") if isinstance(entry, dict) else None
+        kind = typed.get("@type") if isinstance(typed, dict) else None
+        if kind in LISTENER_FILTERS:
+            continue
+        name = entry.get("name") if isinstance(entry, dict) else None
+        harm = _LISTENER_FILTER_HARM.get(str(kind), "what it does to the connection is unread")
+        yield error(
+            "listener-filter-unknown",
+            f"listener {listener.get('name')} listener_filters[{index}]",
+            f"listener filter {name} ({kind or 'no typed_config'}) on a listener carrying "
+            f"policed routes is not known only to choose a filter chain: {harm}. Known: "
+            f"{', '.join(k.removeprefix(_L) for k in LISTENER_FILTERS)}. Remove it",
+        )
 
 
 def _chain(place: str, chain: dict[str, Any]) -> Iterator[Finding]:
@@ -158,6 +228,156 @@ def _chain(place: str, chain: dict[str, Any]) -> Iterator[Finding]:
         "reaches an upstream uninspected. Remove the chain, or make it a connection "
         "manager this check reads",
     )
+
+
+# A set of clusters, or None: every cluster.
+Reach = frozenset[str] | None
+
+
+def _named(node: Any) -> Reach:
+    """The clusters a filter's configuration (or a route's action) names: ``cluster``,
+    ``cluster_name``, weighted clusters, mirrors; None when one is chosen per request."""
+    names: set[str] = set()
+    for entry in walk(node):
+        if any(key in entry for key in CHOSEN_PER_REQUEST):
+            return None
+        names.update(
+            str(entry[k]) for k in ("cluster", "cluster_name") if isinstance(entry.get(k), str)
+        )
+        weighted = entry.get("weighted_clusters")
+        listed = weighted.get("clusters", []) if isinstance(weighted, dict) else []
+        names.update(str(c["name"]) for c in listed if isinstance(c, dict) and "name" in c)
+    return frozenset(names)
+
+
+def _union(reaches: Iterator[Reach]) -> Reach:
+    names: set[str] = set()
+    for reach in reaches:
+        if reach is None:
+            return None
+        names |= reach
+    return frozenset(names)
+
+
+def _kind(entry: dict[str, Any]) -> Any:
+    typed = entry.get("typed_config")
+    return typed.get("@type") if isinstance(typed, dict) else None
+
+
+def _reach(chain: dict[str, Any]) -> Reach:
+    """The clusters a filter chain can send to; None where it cannot be read to the end."""
+    filters = [f for f in chain.get("filters", []) if isinstance(f, dict)]
+    if not filters:
+        return frozenset()
+    *before, last = filters
+    if any(_kind(entry) not in NETWORK_KEEPERS for entry in before):
+        # sni_cluster, set_filter_state and their kind pick tcp_proxy's cluster per
+        # connection.
+        return None
+    config = last.get("typed_config")
+    if _kind(last) == TCP_PROXY:
+        return _named(config)
+    manager = _manager(chain)
+    if manager is None or not isinstance(manager.get("route_config"), dict):
+        return None
+    entries = [f for f in manager.get("http_filters", []) if isinstance(f, dict)]
+    if any(_kind(entry) not in filter_types.TABLE for entry in entries):
+        return None
+    return _union(_named(part) for part in (manager.get("route_config"), entries))
+
+
+def _guarded(listed: list[dict[str, Any]], namespace: str) -> Reach:
+    """The clusters a policed route (one with this processor's policy metadata, on a
+    listener that runs its filter) reaches; None: every cluster (one is chosen per
+    request, or routes come from RDS)."""
+    reaches: list[Reach] = []
+    for listener in listed:
+        if not _policed(listener, namespace):
+            continue
+        for _, chain in _chains(listener):
+            manager = _manager(chain)
+            if manager is None:
+                continue
+            if not isinstance(manager.get("route_config"), dict):
+                reaches.append(None)
+                continue
+            for entry in walk(manager["route_config"]):
+                metadata = entry.get("metadata")
+                given = metadata.get("filter_metadata") if isinstance(metadata, dict) else None
+                if isinstance(given, dict) and namespace in given and "route" in entry:
+                    reaches.append(_named(entry["route"]))
+    return _union(iter(reaches))
+
+
+def _hosts(cluster: dict[str, Any]) -> set[str]:
+    """The addresses of a cluster's listed endpoints."""
+    found: set[str] = set()
+    for entry in walk(cluster.get("load_assignment", {})):
+        socket = entry.get("socket_address")
+        if isinstance(socket, dict):
+            port = socket.get("port_value", socket.get("named_port"))
+            found.add(f"{socket.get('address')}:{port}")
+        pipe = entry.get("pipe")
+        if isinstance(pipe, dict):
+            found.add(f"unix:{pipe.get('path')}")
+    return found
+
+
+def _bypassed(reach: frozenset[str], guarded: frozenset[str], config: Any) -> list[str]:
+    """Each cluster of ``reach`` that reaches a policed upstream, with why."""
+    known = clusters(config)
+    if known is None:
+        return [f"{name!r}, which a policed route reaches" for name in sorted(reach & guarded)]
+    listed = {
+        str(c["name"]): c
+        for c in config["static_resources"].get("clusters", [])
+        if isinstance(c, dict) and "name" in c
+    }
+    hosts = {host for name in guarded & set(listed) for host in _hosts(listed[name])}
+    found: list[str] = []
+    for name in sorted(reach):
+        cluster = listed.get(name)
+        if name in guarded:
+            found.append(f"{name!r}, which a policed route reaches")
+        elif cluster is None:
+            found.append(f"{name!r}, not listed in static_resources (its hosts unseen)")
+        elif "cluster_type" in cluster or discovery_type(cluster.get("type")) == ORIGINAL_DST:
+            found.append(f"{name!r}, which picks its hosts or clusters at run time")
+        elif _hosts(cluster) & hosts:
+            found.append(f"{name!r}, which lists a host of a cluster a policed route reaches")
+    return found
+
+
+def bypasses(config: Any, namespace: str) -> Iterator[Finding]:
+    """Every filter chain of a listener that runs no filter of this processor, named or
+    not, reaches no cluster a policed route reaches (nor its hosts)."""
+    listed = _listeners(config, None)
+    guarded = _guarded(listed, namespace)
+    if guarded is not None and not guarded:
+        return
+    for listener in listed:
+        if _policed(listener, namespace):
+            continue
+        for place, chain in _chains(listener):
+            reach = _reach(chain)
+            if reach is None:
+                found = ["every cluster (the chain cannot be read to its end)"]
+            elif guarded is None:
+                found = [
+                    f"{name!r}, and a policed route may reach any cluster" for name in sorted(reach)
+                ]
+            else:
+                found = _bypassed(reach, guarded, config)
+            if found:
+                yield error(
+                    "policed-cluster-bypassed",
+                    place,
+                    "this listener runs no filter of this processor and its chain reaches "
+                    f"{'; '.join(found)}: a request here reaches a policed upstream "
+                    "uninspected (a client's kv_transfer_params verbatim). Remove the chain, "
+                    "send it to clusters no policed route reaches, or run this processor's "
+                    "filter on it",
+                )
 
 
 def decided_clusters(route: Route, chain: Chain, known: Clusters | None) -> Iterator[Finding]:
