@@ -561,6 +561,18 @@ def test_a_proof_minted_for_longer_than_this_processors_lifetime_is_refused():
     assert claim.authentic(390, 5, 300) is None
 
 
+def test_a_proof_minted_ahead_of_this_clock_by_more_than_the_skew_is_refused():
+    # No minter within the skew states a later time: a proof that does comes from a
+    # clock outside it, and dated by that time it would look minted after a record
+    # that began after it was spent (tests/edge/test_record.py).
+    params = {"prompt_token_ids": [1, 2]}
+    token = proof.mint(KEYS, params, digest(), 115, minted=110)
+    signed = {**params, proof.PROOF_KEY: token}
+    for now, why in [(100, "proof_outlives_lease"), (104.9, "proof_outlives_lease")]:
+        assert proof.verify(KEYS, signed, digest(), now, 5, lifetime=20) == why
+    assert proof.verify(KEYS, signed, digest(), 105, 5, lifetime=20) is None
+
+
 @pytest.mark.parametrize(
     "spelt",
     [

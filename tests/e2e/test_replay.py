@@ -1102,3 +1102,39 @@ def test_a_proof_a_minter_minted_for_longer_than_the_verifiers_is_honored_once(t
         assert first == again == "proof_outlives_lease"
     finally:
         server.stop()
+
+
+def test_a_proof_stating_a_minting_time_ahead_of_every_clock_is_honored_once(tmp_path):
+    """A processor whose clock runs 10 s ahead (past the skew) mints for 5 s; the
+    verifiers live 20 s. Its proof is spent, the Redis is flushed and begun again at
+    once: the proof must not be honored a second time."""
+    verifiers, ttl = Terms(skew=1), 20
+    base = int(time.time())
+    clock = [base + 0.1]
+    server = Redis(tmp_path)
+
+    async def run() -> list[Verdict | str]:
+        spender = RedisRecord(server.url, 1.0, clock=lambda: clock[0], terms=verifiers)
+        try:
+            ahead = minted_for(5, base + 15)  # states minted at base + 10
+            verdicts = [await honored_under(spender, verifiers, ttl, ahead, clock[0])]
+            with server.client() as client:
+                client.flushall()
+            clock[0] = base + 0.2
+            verdicts.append(await spender.spend(Ticket(b"q" * 16, base + 30, base - 100)))
+            clock[0] = base + 0.3
+            verdicts.append(await honored_under(spender, verifiers, ttl, ahead, clock[0]))
+            return verdicts
+        finally:
+            await spender.close()
+
+    server.start()
+    try:
+        with server.client() as client:
+            redis_record.begin(client, base - 60, verifiers)
+        first, began, again = asyncio.run(run())
+        assert began is Verdict.UNAVAILABLE  # the record began again
+        assert [first, again].count(Verdict.FIRST) <= 1
+        assert first == again == "proof_outlives_lease"  # minted ahead of this clock
+    finally:
+        server.stop()

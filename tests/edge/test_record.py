@@ -265,3 +265,18 @@ def test_a_processor_restarted_whole_with_a_shorter_lifetime_honors_no_proof_twi
     keys, params, digest = spent
     found = proof.verify(keys, params, digest, t + 5, 5, lifetime=10)
     assert found == "proof_outlives_lease"
+
+
+def test_a_proof_stating_a_minting_time_ahead_of_every_clock_is_honored_once():
+    """A processor whose clock runs 10 s ahead (past the skew) mints for 5 s; verifiers
+    mint for 20 s. Its proof is honored, the processor is restarted whole (a table
+    that begins a second later), and the proof is presented again: dated by the minting
+    time it states, it would look minted after the new table began."""
+    terms, t = Terms(skew=1), int(NOW)
+    ahead = proven(t + 15, 5)  # states minted at t + 10, for 5 s
+    old = LocalRecord.anonymous(64, lambda: t + 0.1, began=t - 600, terms=terms)
+    first = spend_under(old, terms, ahead, t + 0.1, ttl=20)
+    restarted = LocalRecord.anonymous(64, lambda: t + 2, began=t + 1, terms=terms)
+    again = spend_under(restarted, terms, ahead, t + 2, ttl=20)
+    assert [first, again].count(Verdict.FIRST) <= 1
+    assert first is None  # refused at once: no clock within the skew minted it yet
