@@ -399,7 +399,10 @@ class Claim:
         ``lifetime``: the longest this processor mints a proof of its kind for; a proof
         minted for longer, or whose expiry lies further ahead, is refused, so that
         everything honored is honored within the lifetime + 2 x ``skew`` of its
-        minting (the connector's lease bounds that: ``config.Proof``)."""
+        minting (the connector's lease bounds that: ``config.Proof``). So is one that
+        states a minting time more than ``skew`` ahead of this clock: no minter within
+        the skew wrote it, and ``ticket`` dates a proof by that time (a record that
+        began after it was spent would take it for fresh)."""
         expected = _sealed(_mac(self.key, self.fields, self.body, self.version), self.nonce)
         if not hmac.compare_digest(expected, self.shown):
             return Reason.PROOF_BAD_SIGNATURE
@@ -407,6 +410,8 @@ class Claim:
         if now > int(expiry) + skew:
             return Reason.PROOF_EXPIRED
         if int(expiry) - int(minted) > lifetime or int(expiry) > now + lifetime + skew:
+            return Reason.PROOF_OUTLIVES_LEASE
+        if int(minted) > now + skew:
             return Reason.PROOF_OUTLIVES_LEASE
         return None
 

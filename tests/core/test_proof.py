@@ -324,9 +324,10 @@ def test_expiry_with_skew():
 
 
 def test_a_proof_that_outlives_this_deployments_lifetime_is_refused():
-    # Minted with a longer lifetime than the connector's lease allows here.
-    params = minted({"prompt_token_ids": [1, 2]}, expiry=200)
-    for lifetime, why in [(20, "proof_outlives_lease"), (95, None), (100, None)]:
+    # Minted (at 100) with a longer lifetime than the connector's lease allows here.
+    params = {"prompt_token_ids": [1, 2]}
+    params[proof.PROOF_KEY] = proof.mint(KEYS, params, digest(), 200, minted=100)
+    for lifetime, why in [(20, "proof_outlives_lease"), (99, "proof_outlives_lease"), (100, None)]:
         found = proof.verify(KEYS, params, digest(), now=100, skew=5, lifetime=lifetime)
         assert found == why, lifetime
 
@@ -334,13 +335,13 @@ def test_a_proof_that_outlives_this_deployments_lifetime_is_refused():
 def test_prompt_mismatch():
     params = minted({"prompt_token_ids": [1]})
     other = digest({**PROMPT, "model": "n"})
-    assert proof.verify(KEYS, params, other, now=0, skew=0) == "prompt_mismatch"
+    assert proof.verify(KEYS, params, other, now=90, skew=0) == "prompt_mismatch"
 
 
 def test_a_key_of_another_deployment_with_the_same_id_fails():
     params = minted({"prompt_token_ids": [1]})
     theirs = proof.KeySet({"k1": b"z" * 32}, "k1")
-    assert proof.verify(theirs, params, digest(), now=0, skew=0) == "proof_bad_signature"
+    assert proof.verify(theirs, params, digest(), now=90, skew=0) == "proof_bad_signature"
 
 
 def test_no_signing_key_mints_nothing():
@@ -411,9 +412,9 @@ def test_json_dumps_renders_the_digest_only_where_orjson_cannot(extra, orjson_sa
 
 def test_a_proof_is_bound_to_the_endpoint_it_was_minted_for():
     params = minted({"prompt_token_ids": [1, 2]})
-    assert proof.verify(KEYS, params, digest(), now=0, skew=0) is None
+    assert proof.verify(KEYS, params, digest(), now=90, skew=0) is None
     for other in ("/v1/messages", "/v1/responses", "/v1/completions", "/v1/chat/completions/"):
-        assert proof.verify(KEYS, params, digest(endpoint=other), 0, 0) == "prompt_mismatch"
+        assert proof.verify(KEYS, params, digest(endpoint=other), 90, 0) == "prompt_mismatch"
 
 
 def test_endpoint_and_prompt_cannot_run_into_each_other():
