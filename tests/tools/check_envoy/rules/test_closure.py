@@ -205,6 +205,20 @@ def _copy_of_decode(config):
     _raw_listener(config, tcp_proxy("copy"))
 
 
+def _decode_host_spelt(address, kind="STATIC"):
+    """A cluster naming the decode upstream's host (127.0.0.1:8081) another way: Envoy
+    connects to the same socket."""
+
+    def change(config):
+        at = {"socket_address": {"address": address, "port_value": 8081}}
+        _cluster(config, "alias", type=kind)
+        assignment = config["static_resources"]["clusters"][-1]["load_assignment"]
+        assignment["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"] = at
+        _raw_listener(config, tcp_proxy("alias"))
+
+    return change
+
+
 def _redis_proxy(config):
     # A terminal filter this check does not read: it may reach any cluster.
     _cluster(config, "cache")
@@ -253,6 +267,12 @@ BYPASSES = {
     "tcp-proxy-weighted": _weighted_tcp_proxy,
     "tcp-proxy-to-decode-hosts": _copy_of_decode,
     "tcp-proxy-original-dst": _original_dst_side,
+    "tcp-proxy-to-decode-host-v4-mapped": _decode_host_spelt("::ffff:127.0.0.1"),
+    "tcp-proxy-to-decode-host-v4-mapped-hex": _decode_host_spelt("::ffff:7f00:1"),
+    "tcp-proxy-to-decode-host-another-loopback": _decode_host_spelt("127.0.0.2"),
+    "tcp-proxy-to-decode-host-unspecified": _decode_host_spelt("0.0.0.0"),
+    "tcp-proxy-to-decode-host-localhost-dns": _decode_host_spelt("localhost", "STRICT_DNS"),
+    "tcp-proxy-to-decode-host-localhost-fqdn": _decode_host_spelt("LocalHost.", "LOGICAL_DNS"),
     "tcp-proxy-chosen-by-sni": _chosen_by_sni,
     "redis-proxy": _redis_proxy,
     "manager-to-decode": lambda config: _raw_listener(
