@@ -34,6 +34,7 @@ the header step removes from every client's request (``host_chosen``)."""
 
 from __future__ import annotations
 
+import ipaddress
 from collections.abc import Iterator, Mapping
 from types import MappingProxyType
 from typing import Any, Final
@@ -309,14 +310,35 @@ def _guarded(listed: list[dict[str, Any]], namespace: str) -> Reach:
     return _union(iter(reaches))
 
 
+# What a host names when it names this machine: the connection reaches whatever listens
+# on the port on all addresses (a model server's default).
+_LOCAL: Final = "local"
+
+
+def _host(address: Any) -> str:
+    """One spelling per host: an IP address in its canonical form (an IPv4-mapped IPv6
+    address as the IPv4 one), and every name of this machine (a loopback or unspecified
+    address; localhost and its subdomains, which RFC 6761 reserves for the loopback)
+    as one; a DNS name in lower case without its root dot (names that resolve alike are
+    not compared)."""
+    text = str(address).lower().rstrip(".")
+    try:
+        ip = ipaddress.ip_address(text)
+    except ValueError:
+        return _LOCAL if text == "localhost" or text.endswith(".localhost") else text
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    return _LOCAL if ip.is_loopback or ip.is_unspecified else str(ip)
+
+
 def _hosts(cluster: dict[str, Any]) -> set[str]:
-    """The addresses of a cluster's listed endpoints."""
+    """The addresses of a cluster's listed endpoints (``_host``)."""
     found: set[str] = set()
     for entry in walk(cluster.get("load_assignment", {})):
         socket = entry.get("socket_address")
         if isinstance(socket, dict):
             port = socket.get("port_value", socket.get("named_port"))
-            found.add(f"{socket.get('address')}:{port}")
+            found.add(f"{_host(socket.get('address'))}:{port}")
         pipe = entry.get("pipe")
         if isinstance(pipe, dict):
             found.add(f"unix:{pipe.get('path')}")
