@@ -20,6 +20,7 @@ CODES = {
     "processor-unverified",
     "processor-client-certificate-missing",
     "processor-tls-unseen",
+    "processor-name-unpinned",
 }
 
 
@@ -76,6 +77,7 @@ def test_a_socket_that_verifies_no_certificate_of_the_processor_is_refused():
 
 
 CA = {"filename": "/etc/ext-proc/tls/ca.crt"}
+PINNED = {"san_type": "DNS", "matcher": {"exact": "ext-proc.local"}}
 
 
 @pytest.mark.parametrize(
@@ -104,7 +106,12 @@ def test_a_validation_context_that_verifies_nothing_is_refused(given):
                 "verify_certificate_spki": ["NvqYIYSbgK2vCJpQhObf77vv+bQWtc5ek5RIOwPiC9A="]
             }
         },
-        {"validation_context_sds_secret_config": {"name": "processor-ca"}},
+        {
+            "combined_validation_context": {
+                "default_validation_context": {"match_typed_subject_alt_names": [PINNED]},
+                "validation_context_sds_secret_config": {"name": "processor-ca"},
+            }
+        },
     ],
     ids=["pinned", "sds"],
 )
@@ -113,6 +120,93 @@ def test_a_validation_context_that_verifies_passes(given):
     del common(config)["validation_context"]
     common(config).update(given)
     assert tls_codes(config, "mutual") == []
+
+
+SPIFFE = {
+    "name": "envoy.tls.cert_validator.spiffe",
+    "typed_config": {
+        "@type": "type.googleapis.com/"
+        "envoy.extensions.transport_sockets.tls.v3.SPIFFECertValidatorConfig",
+        "trust_domains": [{"name": "cluster.local", "trust_bundle": CA}],
+    },
+}
+
+
+@pytest.mark.parametrize(
+    "given",
+    [
+        # Each verifies a chain and checks no name: any certificate the CA (a public
+        # one's, the mesh's) issued is taken for the processor's.
+        {"validation_context": {"trusted_ca": CA}},
+        {"validation_context": {"system_root_certs": {}}},
+        {"validation_context": {"custom_validator_config": SPIFFE}},
+        {"validation_context_sds_secret_config": {"name": "processor-ca"}},
+        {
+            "combined_validation_context": {
+                "default_validation_context": {"trusted_ca": CA},
+                "validation_context_sds_secret_config": {"name": "processor-ca"},
+            }
+        },
+        # A matcher that names no one name matches others.
+        {"validation_context": {"trusted_ca": CA, "match_typed_subject_alt_names": []}},
+        *(
+            {
+                "validation_context": {
+                    "trusted_ca": CA,
+                    "match_typed_subject_alt_names": [PINNED, {"san_type": "DNS", "matcher": m}],
+                }
+            }
+            for m in ({"prefix": ""}, {"suffix": ".svc"}, {"safe_regex": {"regex": ".*"}})
+        ),
+        {"validation_context": {"trusted_ca": CA, "match_subject_alt_names": [{"exact": ""}]}},
+    ],
+    ids=[
+        "trusted-ca",
+        "system-roots",
+        "spiffe-validator",
+        "sds",
+        "combined-sds",
+        "empty-matchers",
+        "prefix-matcher",
+        "suffix-matcher",
+        "regex-matcher",
+        "empty-exact",
+    ],
+)
+def test_a_validation_context_that_pins_no_name_of_the_processor_is_refused(given):
+    config = copy.deepcopy(TLS)
+    del common(config)["validation_context"]
+    common(config).update(given)
+    assert tls_codes(config, "tls") == ["processor-name-unpinned"]
+    assert tls_codes(config, "none") == []
+
+
+@pytest.mark.parametrize(
+    ("given", "upstream"),
+    [
+        ({"trusted_ca": CA, "match_subject_alt_names": [{"exact": "ext-proc.local"}]}, {}),
+        ({"trusted_ca": CA}, {"sni": "ext-proc.local", "auto_sni_san_validation": True}),
+        ({"trusted_ca": CA, "verify_certificate_hash": ["ab" * 32]}, {}),
+    ],
+    ids=["deprecated-matcher", "auto-sni-san-validation", "pinned-certificate"],
+)
+def test_a_validation_context_that_pins_the_processor_passes(given, upstream):
+    config = copy.deepcopy(TLS)
+    common(config)["validation_context"] = given
+    typed = processor_cluster(config)["transport_socket"]["typed_config"]
+    typed.pop("sni")
+    typed.update(upstream)
+    assert tls_codes(config, "tls") == []
+
+
+def test_auto_sni_san_validation_without_an_sni_pins_nothing():
+    config = copy.deepcopy(TLS)
+    typed = processor_cluster(config)["transport_socket"]["typed_config"]
+    del typed["sni"]
+    typed["auto_sni_san_validation"] = True
+    # It replaces the matchers with the SNI sent, which is then no name this cluster
+    # states (none, or one auto_host_sni or auto_sni picks per connection).
+    assert tls_codes(config, "tls") == ["processor-name-unpinned"]
 
 
 def test_a_client_certificate_from_sds_is_one():
