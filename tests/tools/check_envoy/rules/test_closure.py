@@ -219,6 +219,100 @@ def _decode_host_spelt(address, kind="STATIC"):
     return change
 
 
+def _address(config, cluster, address, port, kind="STRICT_DNS"):
+    """Make ``cluster`` (listed) one of a single host ``address``:``port``."""
+    (entry,) = [c for c in config["static_resources"]["clusters"] if c["name"] == cluster]
+    entry["type"] = kind
+    at = {"socket_address": {"address": address, "port_value": port}}
+    entry["load_assignment"]["endpoints"] = [{"lb_endpoints": [{"endpoint": {"address": at}}]}]
+
+
+def _decode_by_dns(decode, side, kind="STRICT_DNS", reach="alias"):
+    """The decode upstream as a Kubernetes deployment names it (``decode``, a host and
+    port) and a side listener's cluster naming ``side`` (a host and port): whether both
+    reach the same pods is for DNS and kube-proxy to say, never for a check that reads
+    no name."""
+
+    def change(config):
+        for name in ("prefill", "disaggregated", "aggregated"):
+            _address(config, name, *decode)
+        if reach == "alias":
+            _cluster(config, "alias")
+            _address(config, "alias", *side, kind=kind)
+        _raw_listener(config, tcp_proxy(reach))
+
+    return change
+
+
+# Another name, port or address for the decode pods; a Service port maps to any
+# targetPort.
+DNS_ALIASES = {
+    "fqdn-vs-short-name": _decode_by_dns(
+        ("decode.llm.svc.cluster.local", 8000), ("decode.llm", 8000)
+    ),
+    "short-name-vs-fqdn": _decode_by_dns(
+        ("decode.llm", 8000), ("decode.llm.svc.cluster.local", 8000), "LOGICAL_DNS"
+    ),
+    "another-service": _decode_by_dns(("decode.llm", 8000), ("decode-direct.llm", 8000)),
+    "pod-ip-vs-service": _decode_by_dns(("decode.llm", 8000), ("10.244.1.7", 8200), "STATIC"),
+    "service-vs-policed-ip": lambda config: (
+        _cluster(config, "alias"),
+        _address(config, "alias", "decode.llm", 8000),
+        _raw_listener(config, tcp_proxy("alias")),
+    ),
+    "another-port-on-the-name": _decode_by_dns(("decode.llm", 8000), ("decode.llm", 80)),
+    # The processor's own cluster (127.0.0.1:50051) is no exception.
+    "processor-cluster": _decode_by_dns(("decode.llm", 8000), (), reach="ext_proc"),
+    "health-by-ip": _decode_by_dns(("decode.llm", 8000), ("127.0.0.1", 9901), "STATIC"),
+}
+
+
+@pytest.mark.parametrize("change", DNS_ALIASES.values(), ids=DNS_ALIASES.keys())
+def test_a_side_listener_cluster_not_proven_apart_from_the_policed_ones_is_an_error(change):
+    expected = ("policed-cluster-bypassed", "listener raw filter_chains[0]")
+    config = copy.deepcopy(SHIPPED)
+    change(config)
+    assert found(check(config, listeners=frozenset({"gateway"}))) == [expected]
+    assert expected in found(check(config))
+
+
+def _side_eds_cluster(config):
+    # Its hosts come from EDS at run time: none is listed.
+    _cluster(config, "alias", type="EDS", eds_cluster_config={"eds_config": {"ads": {}}})
+    del config["static_resources"]["clusters"][-1]["load_assignment"]
+    _raw_listener(config, tcp_proxy("alias"))
+
+
+def _side_at(address, name="alias"):
+    """A side listener to a cluster ``name`` of one endpoint at ``address``."""
+
+    def change(config):
+        _cluster(config, name)
+        endpoint = config["static_resources"]["clusters"][-1]["load_assignment"]["endpoints"][0]
+        endpoint["lb_endpoints"][0]["endpoint"]["address"] = address
+        _raw_listener(config, tcp_proxy(name))
+
+    return change
+
+
+UNLISTED_HOSTS = {
+    "side-eds": _side_eds_cluster,
+    "side-internal-address": _side_at({"envoy_internal_address": {"server_listener_name": "in"}}),
+    "side-custom-resolver": _side_at(
+        {"socket_address": {"address": "10.0.0.1", "port_value": 80, "resolver_name": "custom"}}
+    ),
+    "side-named-port": _side_at({"socket_address": {"address": "10.0.0.1", "named_port": "http"}}),
+}
+
+
+@pytest.mark.parametrize("change", UNLISTED_HOSTS.values(), ids=UNLISTED_HOSTS.keys())
+def test_a_side_listener_cluster_whose_hosts_are_not_ip_literals_is_an_error(change):
+    expected = ("policed-cluster-bypassed", "listener raw filter_chains[0]")
+    config = copy.deepcopy(SHIPPED)
+    change(config)
+    assert found(check(config, listeners=frozenset({"gateway"}))) == [expected]
+
+
 def _redis_proxy(config):
     # A terminal filter this check does not read: it may reach any cluster.
     _cluster(config, "cache")
@@ -327,6 +421,16 @@ PASSING = {
     "manager-direct-response": lambda config: _raw_listener(
         config, _manager(_routes({"direct_response": {"status": 200}}))
     ),
+    # Reaching no cluster, a side listener is apart from DNS-named upstreams too.
+    "direct-response-beside-dns": lambda config: (
+        [_address(config, n, "decode.llm", 8000) for n in ("disaggregated", "prefill")],
+        _raw_listener(config, _manager(_routes({"direct_response": {"status": 200}}))),
+    ),
+    "tcp-proxy-to-another-ip-port": lambda config: (
+        _cluster(config, "health", port=8082, type="STRICT_DNS"),
+        _raw_listener(config, tcp_proxy("health")),
+    ),
+    "tcp-proxy-to-a-pipe": _side_at({"pipe": {"path": "/run/health.sock"}}, "health"),
 }
 
 
