@@ -236,26 +236,48 @@ def test_every_pods_processor_shares_the_redis_record(rendered):
     assert redis["spec"]["strategy"] == {"type": "Recreate"}
     template = redis["spec"]["template"]
     assert service["spec"]["selector"].items() <= template["metadata"]["labels"].items()
+    shipped = yaml.safe_load_all((REPO / "deploy" / "kubernetes" / "redis.yaml").read_text())
+    (base,) = [d for d in shipped if d["kind"] == "Deployment"]
+    base_spec = base["spec"]["template"]["spec"]
     (container,) = template["spec"]["containers"]
     command = container["command"]
-    assert container["image"] == "redis:7"
+    # The base's Redis: its image pinned by digest, its password and ACL.
+    assert container["image"] == base_spec["containers"][0]["image"]
+    assert "@sha256:" in container["image"]
+    assert template["spec"]["initContainers"] == base_spec["initContainers"]
+    assert template["spec"]["volumes"] == base_spec["volumes"]
+    assert template["spec"] == base_spec
+    (auth,) = [v for v in template["spec"]["volumes"] if v["name"] == "auth"]
+    assert auth["secret"]["secretName"] == "ext-proc-redis-auth"
+    assert redis_option(command, "aclfile") == "/acl/users.acl"
     (container_port,) = [p for p in container["ports"] if p["name"] == port["targetPort"]]
     assert container_port["containerPort"] == int(redis_option(command, "port"))
     # Persistence off; eviction by TTL only, sized as deploy/kubernetes's.
     assert redis_option(command, "save") == ""
     assert redis_option(command, "appendonly") == "no"
     assert redis_option(command, "maxmemory-policy") == "noeviction"
-    shipped = yaml.safe_load_all((REPO / "deploy" / "kubernetes" / "redis.yaml").read_text())
-    (base,) = [d for d in shipped if d["kind"] == "Deployment"]
-    assert command == base["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert command == base_spec["containers"][0]["command"]
     assert container["securityContext"]["readOnlyRootFilesystem"] is True
     assert container["securityContext"]["runAsNonRoot"] is True
-    # Both roles' processors carry the config, and their pods may reach Redis (the
-    # pool's own NetworkPolicy restricts ingress only).
+    # Both roles' processors carry the config and Redis's password (the Secret Redis's
+    # ACL is written from), and their pods may reach Redis (the pool's own NetworkPolicy
+    # restricts ingress only).
+    password = config.proof.record_password_file
+    assert password is not None
+    assert Path(password).name == "password"  # the Secret's key
     for role in ROLES:
         spec = pod(rendered, role)
         (volume,) = [v for v in spec["volumes"] if v["name"] == "token-policy-config"]
         assert volume["configMap"]["name"] == "ext-proc-token-policy-pod"
+        (secret,) = [v for v in spec["volumes"] if v["name"] == "token-policy-redis-auth"]
+        assert secret["secret"]["secretName"] == auth["secret"]["secretName"]
+        mounts = {
+            c["name"]: m["mountPath"]
+            for c in spec["initContainers"] + spec["containers"]
+            for m in c.get("volumeMounts", [])
+            if m["name"] == "token-policy-redis-auth"
+        }
+        assert mounts == {"token-policy-processor": str(Path(password).parent)}, role
     assert named(rendered, "NetworkPolicy", "llm-d-model-servers")["spec"]["policyTypes"] == [
         "Ingress"
     ]
