@@ -118,9 +118,11 @@ protos: $(STAMP)
 	$(PY) -m devstack protos
 # deploy/llm-d/: the coordinator's HTTPRoute, Istio EnvoyFilter and Envoy Gateway patch
 # policy (from envoy/inputs/envoy-coordinator.yaml and the shipped gateway manifests), and
-# the routing-sidecar component's copies of envoy/envoy-pod-*.yaml;
+# the routing-sidecar component's copies of envoy/envoy-pod-*.yaml and its redis.yaml
+# (deploy/kubernetes/redis.yaml admitting the pool's pods);
 llm-d-manifests: $(STAMP)
 	$(PY) -m devstack llm-d
+	$(PY) -m devstack llm-d-redis
 # deploy/kubernetes/monitoring/prometheusrule.yaml from deploy/monitoring/rules.yaml;
 monitoring-rules: $(STAMP)
 	$(PY) -m devstack monitoring

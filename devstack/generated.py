@@ -145,6 +145,13 @@ GENERATORS: Final = (
         lambda: helm.OUTPUTS,
         helm.files,
     ),
+    # After helm: the component's Redis is the deploy/kubernetes/redis.yaml it writes.
+    Generator(
+        "llm-d-redis",
+        "deploy/llm-d/routing-sidecar/component/redis.yaml from deploy/kubernetes/redis.yaml",
+        lambda: (llmd.COMPONENT_REDIS,),
+        lambda: {llmd.COMPONENT_REDIS: llmd.component_redis()},
+    ),
     Generator(
         "ingress",
         "deploy/ingress/ (an Ingress for Istio, its EnvoyFilter and NetworkPolicy)",
