@@ -59,6 +59,7 @@ CODES: Final[Mapping[str, str]] = MappingProxyType(
             "the processor demands a client certificate and its cluster presents none"
         ),
         "processor-tls-unseen": "the processor demands TLS and its socket cannot be seen",
+        "processor-name-unpinned": "the processor's TLS socket checks a CA and no name of it",
         # Other filters of the chain.
         "filter-type-unknown": "an HTTP filter of a type not in the check's table of filters",
         "per-route-field-refused": "a per-route filter configuration sets what its type may not",

@@ -9,6 +9,13 @@ and, for mTLS, presents a client certificate (or a ``google_grpc`` target with t
 ``ssl_credentials``). A ``transport_socket_matches`` may pick another socket per
 endpoint, and a cluster this check cannot see (CDS, a document that is no bootstrap)
 cannot show one: both are refused when the processor demands TLS.
+
+A CA verifies a chain and no name: Envoy checks the upstream's name only against
+``match_typed_subject_alt_names`` (or the deprecated ``match_subject_alt_names``), or
+with ``auto_sni_san_validation`` against the SNI sent. Without either, any certificate
+that CA issued (a public site's, another mesh workload's) is taken for the processor's,
+and whoever holds one can pass every request. The validation must name the processor
+exactly, or pin its certificate or key.
 """
 
 from __future__ import annotations
@@ -48,6 +55,10 @@ _VERIFIES = (
     "verify_certificate_spki",
     "custom_validator_config",
 )
+
+
+# A pinned certificate or key is the processor's identity itself.
+_PINS = ("verify_certificate_hash", "verify_certificate_spki")
 
 
 def demand(config: Config) -> Demand:
@@ -116,6 +127,15 @@ def processor_tls(
             "validation_context with a trusted CA or a pinned certificate, or one that "
             "accepts an untrusted chain): any listener on its address is taken for it",
         )
+    elif not _pins_name(typed, common):
+        yield error(
+            "processor-name-unpinned",
+            where,
+            "the UpstreamTlsContext verifies a chain and no name of the processor: give its "
+            "validation context match_typed_subject_alt_names naming it exactly (or set "
+            "auto_sni_san_validation with its name as sni), or pin its certificate; as it "
+            "is, any certificate of that CA is taken for the processor's",
+        )
     if wanted == "mutual" and not _given(common, _CLIENT_CERTIFICATE):
         yield error(
             "processor-client-certificate-missing",
@@ -139,11 +159,55 @@ def _verifies(common: Any) -> bool:
         if _given(combined, _COMBINED_FROM):
             return True
         context = combined.get("default_validation_context")
-    if not isinstance(context, dict) or not _given(context, _VERIFIES):
+    if not isinstance(context, dict):
+        return False
+    # SystemRootCerts has no field: present, even empty, it verifies with the system's CAs.
+    if not (_given(context, _VERIFIES) or isinstance(context.get("system_root_certs"), dict)):
         return False
     # TrustChainVerification: ACCEPT_UNTRUSTED is 1.
     trust = str(context.get("trust_chain_verification", "")).strip().upper()
     return trust not in ("ACCEPT_UNTRUSTED", "1")
+
+
+def _validation_context(common: dict[str, Any]) -> Any:
+    """The validation context this configuration states (an SDS or provider one's
+    fields are not in it)."""
+    combined = common.get("combined_validation_context")
+    if isinstance(combined, dict):
+        return combined.get("default_validation_context")
+    return common.get("validation_context")
+
+
+def _exact(matcher: Any) -> bool:
+    """A ``StringMatcher`` that matches one name only (``exact``, any case or not)."""
+    return (
+        isinstance(matcher, dict)
+        and set(matcher) <= {"exact", "ignore_case"}
+        and isinstance(matcher.get("exact"), str)
+        and bool(matcher["exact"].strip())
+    )
+
+
+def _pins_name(typed: dict[str, Any], common: Any) -> bool:
+    """Whether a verifying ``UpstreamTlsContext`` accepts only the processor's
+    certificate: every SAN matcher one exact name (Envoy accepts a certificate any one
+    of them matches), a pinned certificate or key, or ``auto_sni_san_validation`` with
+    an ``sni`` (it replaces the matchers with the SNI sent)."""
+    if typed.get("auto_sni_san_validation"):
+        sni = typed.get("sni")
+        return isinstance(sni, str) and bool(sni.strip())
+    context = _validation_context(common) if isinstance(common, dict) else None
+    if not isinstance(context, dict):
+        return False
+    if _given(context, _PINS):
+        return True
+    typed_matchers = context.get("match_typed_subject_alt_names") or []
+    plain_matchers = context.get("match_subject_alt_names") or []
+    if not isinstance(typed_matchers, list) or not isinstance(plain_matchers, list):
+        return False
+    matchers = [m.get("matcher") if isinstance(m, dict) else None for m in typed_matchers]
+    matchers += plain_matchers
+    return bool(matchers) and all(_exact(matcher) for matcher in matchers)
 
 
 def _google_grpc(place: str, target: dict[str, Any], wanted: Demand) -> Iterator[Finding]:
