@@ -8,6 +8,8 @@ import subprocess
 from pathlib import Path
 
 NAME = "ext-proc.local"
+# Another server of the same CA (a public site's certificate, another mesh workload's).
+IMPOSTOR = "impostor.local"
 # The gateway's name, and the orchestrator the internal listener's routes list as a peer
 # (envoy/inputs/envoy-internal-mtls.yaml).
 GATEWAY = "gateway.local"
@@ -46,4 +48,12 @@ def make(directory: Path) -> Path:
     _issue(directory, "router", "/CN=router",
            f"subjectAltName=URI:{ROUTER}\nextendedKeyUsage=clientAuth\n",
            ca="clients-ca")  # fmt: skip
+    return directory
+
+
+def impostor(directory: Path) -> Path:
+    """Write impostor.crt/.key into ``directory`` (made by ``make``): a server
+    certificate ``ca.crt`` signed for another name than the processor's."""
+    _issue(directory, "impostor", f"/CN={IMPOSTOR}",
+           f"subjectAltName=DNS:{IMPOSTOR}\nextendedKeyUsage=serverAuth\n")  # fmt: skip
     return directory

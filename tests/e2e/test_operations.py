@@ -16,8 +16,10 @@ from pathlib import Path
 import grpc
 import httpx
 import pytest
+import yaml
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from ext_proc.tools.check_envoy import check
 from tests.e2e import certs
 from tests.e2e.conftest import ENVOY
 from tests.e2e.stack import Stack
@@ -410,6 +412,49 @@ def test_tls_listeners(tmp_path, mutual):
     ).start()
     try:
         strips(stack)
+    finally:
+        stack.stop()
+
+
+def name_unpinned(config: dict) -> None:
+    """The processor cluster's validation with its CA and no name of the processor."""
+    (cluster,) = [c for c in config["static_resources"]["clusters"] if "transport_socket" in c]
+    context = cluster["transport_socket"]["typed_config"]["common_tls_context"]
+    context["validation_context"].pop("match_typed_subject_alt_names")
+
+
+@pytest.mark.parametrize("pinned", [True, False], ids=["pinned", "unpinned"])
+def test_tls_processor_of_another_name_is_refused_where_the_name_is_pinned(tmp_path, pinned):
+    """A server holding a certificate of the processor's CA for another name: the shipped
+    wiring (its SAN matcher) refuses it; without the matcher Envoy takes it for the
+    processor, and check-envoy refuses that configuration."""
+    directory = certs.impostor(certs.make(tmp_path / "certs"))
+    served = {
+        "cert_file": str(directory / "impostor.crt"),
+        "key_file": str(directory / "impostor.key"),
+    }
+    stack = Stack(
+        tmp_path,
+        source=ENVOY / "envoy-tls.yaml",
+        cert_dir=directory,
+        processor_config={"tls": served},
+        edit=None if pinned else name_unpinned,
+    ).start()
+    try:
+        rendered = yaml.safe_load((tmp_path / "envoy.yaml").read_text())
+        codes = check(rendered, processor="tls").codes("error")
+        if pinned:
+            with httpx.Client(timeout=20) as client:
+                reply = client.post(
+                    stack.url + "/v1/chat/completions", json=chat({"prompt_token_ids": IDS})
+                )
+            assert reply.status_code >= 500
+            error_of(reply)
+            assert stack.received() == []
+            assert "processor-name-unpinned" not in codes
+        else:
+            strips(stack)
+            assert "processor-name-unpinned" in codes
     finally:
         stack.stop()
 
