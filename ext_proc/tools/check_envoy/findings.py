@@ -30,7 +30,8 @@ CODES: Final[Mapping[str, str]] = MappingProxyType(
             "a listener filter of a listener with policed routes does not only choose a chain"
         ),
         "policed-cluster-bypassed": (
-            "a listener without this processor's filter reaches a cluster a policed route reaches"
+            "a listener without this processor's filter reaches (or may: a DNS name) a cluster "
+            "a policed route reaches"
         ),
         "matcher-tree": "a virtual host chooses routes by a matcher tree",
         "path-not-normalized": "normalize_path is not true",

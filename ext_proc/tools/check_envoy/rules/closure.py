@@ -21,7 +21,12 @@ filter in front of the decode cluster forwards a client's ``kv_transfer_params``
 around the processor. A chain reaches the clusters its filters name; a chain this check
 cannot read to the end (a terminal filter other than an inline connection manager or
 ``tcp_proxy``, a filter before it that is not a keeper, routes from RDS, a cluster chosen
-per request) may reach every cluster.
+per request) may reach every cluster. A cluster it reaches is apart from the policed
+ones only when proven so: every host of both an IP address (or a pipe) and no address
+and port shared. A DNS name on either side proves nothing: the decode Service's FQDN and
+its short name, another Service for the same pods, a pod's IP and any port of the
+Service (which maps to any targetPort) reach the same server, and no offline check
+resolves them.
 
 A decided route's cluster is one the bootstrap lists in ``static_resources`` (which CDS
 cannot replace or remove: Envoy's cluster manager docs), of no extension type, named by
@@ -49,7 +54,6 @@ from ext_proc.tools.check_envoy.reader import (
     Chain,
     Clusters,
     Route,
-    clusters,
     discovery_type,
     is_ours,
     walk,
@@ -315,64 +319,135 @@ def _guarded(listed: list[dict[str, Any]], namespace: str) -> Reach:
 _LOCAL: Final = "local"
 
 
-def _host(address: Any) -> str:
-    """One spelling per host: an IP address in its canonical form (an IPv4-mapped IPv6
-    address as the IPv4 one), and every name of this machine (a loopback or unspecified
-    address; localhost and its subdomains, which RFC 6761 reserves for the loopback)
-    as one; a DNS name in lower case without its root dot (names that resolve alike are
-    not compared)."""
+class _Unproven(ValueError):
+    """A cluster's addresses are not all known; the message says why."""
+
+
+class _PickedLater(_Unproven):
+    """A cluster lists no hosts: they are picked at run time (or it is not listed)."""
+
+
+def _host(address: Any) -> str | None:
+    """One spelling per IP address: its canonical form (an IPv4-mapped IPv6 address as
+    the IPv4 one), and every name of this machine (a loopback or unspecified address;
+    localhost and its subdomains, which RFC 6761 reserves for the loopback) as one;
+    None for a DNS name: which addresses it resolves to (another Service for the same
+    pods, a pod's own IP) no offline check can tell."""
     text = str(address).lower().rstrip(".")
     try:
         ip = ipaddress.ip_address(text)
     except ValueError:
-        return _LOCAL if text == "localhost" or text.endswith(".localhost") else text
+        return _LOCAL if text == "localhost" or text.endswith(".localhost") else None
     if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
         ip = ip.ipv4_mapped
     return _LOCAL if ip.is_loopback or ip.is_unspecified else str(ip)
 
 
-def _hosts(cluster: dict[str, Any]) -> set[str]:
-    """The addresses of a cluster's listed endpoints (``_host``)."""
+def _address(address: Any) -> str:
+    """An endpoint's address as ``host:port`` (``_host``) or a pipe's path; ``_Unproven``
+    for one the check cannot compare."""
+    socket = address.get("socket_address") if isinstance(address, dict) else None
+    pipe = address.get("pipe") if isinstance(address, dict) else None
+    if isinstance(pipe, dict):
+        return f"unix:{pipe.get('path')}"
+    if not isinstance(socket, dict):
+        raise _Unproven(f"connects to {_kinds(address)}, not an IP address or a pipe")
+    given = socket.get("address")
+    if socket.get("resolver_name"):
+        raise _Unproven(f"resolves {given} with the resolver {socket['resolver_name']}")
+    port = socket.get("port_value", 0)
+    if isinstance(port, str) and port.strip().isdigit():
+        port = int(port)
+    if type(port) is not int or "named_port" in socket:
+        raise _Unproven(f"names no port number for {given}")
+    host = _host(given)
+    if host is None:
+        raise _Unproven(f"names the DNS name {given}")
+    return f"{host}:{port}"
+
+
+def _kinds(address: Any) -> str:
+    return ", ".join(sorted(address)) if isinstance(address, dict) and address else "no address"
+
+
+def _hosts(cluster: Any) -> frozenset[str]:
+    """Every address a listed cluster connects to (``_address``: its endpoints' and
+    their additional addresses); ``_Unproven`` when they are not all known: hosts picked
+    at run time, from EDS or LEDS, or named by DNS."""
+    if not isinstance(cluster, dict):
+        raise _PickedLater("is not listed in static_resources (its hosts unseen)")
+    kind = discovery_type(cluster.get("type", "STATIC"))
+    if "cluster_type" in cluster or kind == ORIGINAL_DST:
+        raise _PickedLater("picks its hosts or clusters at run time")
+    if kind not in {"STATIC", "STRICT_DNS", "LOGICAL_DNS"}:
+        raise _PickedLater(f"takes its hosts from {kind}")
     found: set[str] = set()
-    for entry in walk(cluster.get("load_assignment", {})):
-        socket = entry.get("socket_address")
-        if isinstance(socket, dict):
-            port = socket.get("port_value", socket.get("named_port"))
-            found.add(f"{_host(socket.get('address'))}:{port}")
-        pipe = entry.get("pipe")
-        if isinstance(pipe, dict):
-            found.add(f"unix:{pipe.get('path')}")
-    return found
+    assignment = cluster.get("load_assignment", {})
+    for locality in assignment.get("endpoints", []) if isinstance(assignment, dict) else []:
+        if not isinstance(locality, dict):
+            continue
+        if "leds_cluster_locality_config" in locality:
+            raise _PickedLater("takes its hosts from LEDS")
+        for entry in locality.get("lb_endpoints", []):
+            endpoint = entry.get("endpoint") if isinstance(entry, dict) else None
+            if not isinstance(endpoint, dict):
+                raise _Unproven("lists an endpoint by name (endpoint_name)")
+            extra = endpoint.get("additional_addresses", [])
+            addresses = [endpoint.get("address")] + [
+                more.get("address") if isinstance(more, dict) else more
+                for more in (extra if isinstance(extra, list) else [extra])
+            ]
+            found.update(_address(address) for address in addresses)
+    return frozenset(found)
 
 
 def _bypassed(reach: frozenset[str], guarded: frozenset[str], config: Any) -> list[str]:
-    """Each cluster of ``reach`` that reaches a policed upstream, with why."""
-    known = clusters(config)
-    if known is None:
-        return [f"{name!r}, which a policed route reaches" for name in sorted(reach & guarded)]
-    listed = {
-        str(c["name"]): c
-        for c in config["static_resources"].get("clusters", [])
-        if isinstance(c, dict) and "name" in c
-    }
-    hosts = {host for name in guarded & set(listed) for host in _hosts(listed[name])}
+    """Each cluster of ``reach`` that reaches a policed upstream, or may: one not proven
+    to share no address with any cluster a policed route reaches, with why."""
+    # A document that is no bootstrap lists its clusters elsewhere: none is seen.
+    listed = (
+        {
+            str(c["name"]): c
+            for c in config["static_resources"].get("clusters", [])
+            if isinstance(c, dict) and "name" in c
+        }
+        if _is_bootstrap(config)
+        else {}
+    )
+    policed: set[str] = set()
+    unknown: list[str] = []
+    for name in sorted(guarded):
+        try:
+            policed |= _hosts(listed.get(name))
+        except _PickedLater:
+            # Its hosts are unseen, so compared by name only: llm-d's ORIGINAL_DST cluster
+            # goes where its endpoint picker says, and Envoy Gateway's readiness listener
+            # beside it reaches Envoy's own stats (a side cluster naming a picked pod's
+            # address is not found).
+            continue
+        except _Unproven as why:
+            unknown.append(f"the policed cluster {name!r} {why}")
     found: list[str] = []
     for name in sorted(reach):
-        cluster = listed.get(name)
         if name in guarded:
             found.append(f"{name!r}, which a policed route reaches")
-        elif cluster is None:
-            found.append(f"{name!r}, not listed in static_resources (its hosts unseen)")
-        elif "cluster_type" in cluster or discovery_type(cluster.get("type")) == ORIGINAL_DST:
-            found.append(f"{name!r}, which picks its hosts or clusters at run time")
-        elif _hosts(cluster) & hosts:
+            continue
+        try:
+            hosts = _hosts(listed.get(name))
+        except _Unproven as why:
+            found.append(f"{name!r}, which {why}")
+            continue
+        if hosts & policed:
             found.append(f"{name!r}, which lists a host of a cluster a policed route reaches")
+        elif unknown:
+            found.append(f"{name!r}, while {unknown[0]}")
     return found
 
 
 def bypasses(config: Any, namespace: str) -> Iterator[Finding]:
     """Every filter chain of a listener that runs no filter of this processor, named or
-    not, reaches no cluster a policed route reaches (nor its hosts)."""
+    not, reaches only clusters proven apart from those a policed route reaches: every
+    host of each an IP address (or a pipe), none shared."""
     listed = _listeners(config, None)
     guarded = _guarded(listed, namespace)
     if guarded is not None and not guarded:
@@ -395,10 +470,13 @@ def bypasses(config: Any, namespace: str) -> Iterator[Finding]:
                     "policed-cluster-bypassed",
                     place,
                     "this listener runs no filter of this processor and its chain reaches "
-                    f"{'; '.join(found)}: a request here reaches a policed upstream "
-                    "uninspected (a client's kv_transfer_params verbatim). Remove the chain, "
-                    "send it to clusters no policed route reaches, or run this processor's "
-                    "filter on it",
+                    f"{'; '.join(found)}: the check cannot prove it reaches none of the "
+                    "policed upstreams, and a request reaching one here does so uninspected "
+                    "(a client's kv_transfer_params verbatim). Remove the chain, run this "
+                    "processor's filter on it, send it to clusters whose hosts are IP "
+                    "addresses (or pipes) no policed cluster lists, the policed clusters' "
+                    "hosts IP addresses too (a DNS name may resolve to any of them), or "
+                    "serve it from another Envoy",
                 )
 
 
