@@ -176,6 +176,14 @@ def edited(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         yield running
 
 
+def _refused_by_check_envoy(stack: Stack, code: str) -> None:
+    # The harm below comes from a configuration the check refuses.
+    shipped = yaml.safe_load(SHIPPED.read_text())
+    cluster_from_header_beside_cds(stack.workdir / "cds-checked.yaml")(shipped)
+    tcp_proxy_beside_http_inspector(shipped)
+    assert code in check_envoy.check(shipped).codes("error")
+
+
 def _received(stack: Stack, expected: int) -> list[Received]:
     # A retry follows the answered request: wait for it a little, then for anything more.
     deadline = time.monotonic() + 3
@@ -187,6 +195,7 @@ def _received(stack: Stack, expected: int) -> list[Received]:
 
 @pytest.mark.parametrize(("pool", "copies"), [("disaggregated", 1), (RETRYING, 2)])
 def test_a_client_naming_a_cds_cluster_gets_a_proven_body_delivered_twice(edited, pool, copies):
+    _refused_by_check_envoy(edited, "decided-cluster-chosen")
     reply, raw = proven_decode(edited, {POOL_HEADER: pool})
     assert reply.status_code == 200, reply.text
     received = _received(edited, copies)
@@ -207,6 +216,7 @@ def _http_1_0(stack: Stack, body: bytes) -> bytes:
 
 
 def test_an_http_1_0_request_takes_the_default_chain_uninspected(edited):
+    _refused_by_check_envoy(edited, "filter-chain-unchecked")
     edited.clear()
     forged = json.dumps(chat(FORGED)).encode()
     answer = _http_1_0(edited, forged)
