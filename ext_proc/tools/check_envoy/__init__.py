@@ -1,5 +1,5 @@
-"""``check-envoy FILE [--listener NAME] [--declared-filter NAME] [--no-envoy-validate]``:
-check an Envoy configuration offline, before it protects anything.
+"""``check-envoy FILE [--listener NAME] [--declared-filter NAME] [--processor-config FILE]
+[--no-envoy-validate]``: check an Envoy configuration offline, before it protects anything.
 
 The real Envoy validates the file first (``envoy_validate``: ``envoy --mode validate``;
 without an Envoy the check fails unless told to skip it, and its verdict says which),
@@ -44,6 +44,17 @@ Every rule reads the configuration in one spelling (``spelling``): a field by it
 name, an enum by its number and a ``TypedStruct`` are read as Envoy reads them, as the
 proto name, the enum's name and the message it packs; a field given both ways in one
 message is an error.
+
+What it does not read, it refuses (a closed world): every field of the Envoy messages it
+walks is classified once (``coverage``, ``field_classes``: read, refused or harmless,
+over a table generated from Envoy's schema), and on a listener that carries a policed
+route a refused, unclassified or unknown field is an error; every filter chain there
+ends in an inline connection manager, every HTTP and listener filter is of a known type
+(``rules.filter_types``, ``rules.closure``), a decided route reaches only static
+clusters it names, and no listener without this processor's filter reaches a policed
+upstream unless its clusters are proven apart (``rules.closure``). With
+``--processor-config``, the processor's cluster verifies the processor by name and
+presents Envoy's certificate where the processor demands one (``rules.processor_tls``).
 
 Each problem is a ``Finding`` (``findings``): a stable code, a place, a severity and a
 message; errors fail the check. ``reader`` reads the bootstrap, ``effective`` gives a
