@@ -379,6 +379,17 @@ def strips(stack: Stack) -> None:
     assert_stripped(json.loads(only_request(stack).body), sent)
 
 
+def fails_closed(stack: Stack) -> None:
+    """Envoy cannot reach the processor it trusts: an error answer, nothing upstream."""
+    with httpx.Client(timeout=20) as client:
+        reply = client.post(
+            stack.url + "/v1/chat/completions", json=chat({"prompt_token_ids": IDS})
+        )
+    assert reply.status_code >= 500
+    error_of(reply)
+    assert stack.received() == []
+
+
 def test_unix_socket_listener(tmp_path):
     socket_path = tmp_path / "ext_proc.sock"
     stack = Stack(tmp_path, source=ENVOY / "envoy-uds.yaml", processor_socket=socket_path)
@@ -444,13 +455,7 @@ def test_tls_processor_of_another_name_is_refused_where_the_name_is_pinned(tmp_p
         rendered = yaml.safe_load((tmp_path / "envoy.yaml").read_text())
         codes = check(rendered, processor="tls").codes("error")
         if pinned:
-            with httpx.Client(timeout=20) as client:
-                reply = client.post(
-                    stack.url + "/v1/chat/completions", json=chat({"prompt_token_ids": IDS})
-                )
-            assert reply.status_code >= 500
-            error_of(reply)
-            assert stack.received() == []
+            fails_closed(stack)
             assert "processor-name-unpinned" not in codes
         else:
             strips(stack)
@@ -468,12 +473,6 @@ def test_mtls_refuses_an_envoy_without_client_certificate(tmp_path):
         processor_config=tls_config(directory, mutual=True),
     ).start()
     try:
-        with httpx.Client(timeout=20) as client:
-            reply = client.post(
-                stack.url + "/v1/chat/completions", json=chat({"prompt_token_ids": IDS})
-            )
-        assert reply.status_code >= 500
-        error_of(reply)
-        assert stack.received() == []
+        fails_closed(stack)
     finally:
         stack.stop()

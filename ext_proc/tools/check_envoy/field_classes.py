@@ -705,7 +705,9 @@ BY_MESSAGE: Final[Mapping[str, Mapping[str, Class]]] = {
         "per_connection_buffer_limit_bytes": _TIMEOUT,
         "per_connection_buffer_high_watermark_timeout": _TIMEOUT,
         "lb_policy": _ENDPOINT,
-        "load_assignment": _ENDPOINT,
+        "load_assignment": _read(
+            "rules.closure (policed-cluster-bypassed: the addresses a cluster connects to)"
+        ),
         "health_checks": _ENDPOINT,
         "max_requests_per_connection": _SOCKET,
         "circuit_breakers": _TIMEOUT,
