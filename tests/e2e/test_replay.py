@@ -1064,20 +1064,28 @@ def test_a_redis_flushed_under_writers_of_other_lifetimes_honors_no_proof_twice(
         server.stop()
 
 
-def test_a_proof_a_minter_minted_for_longer_than_the_verifiers_is_honored_once(tmp_path):
-    """The verifiers live 2 s; a processor that only mints mints for 3 s. The Redis
-    forgets, and the processor that begins it again reads within the skew behind: the
-    proof spent before must not be honored again."""
-    verifiers, ttl = Terms(skew=1), 2
+def _presented_across_a_flush(
+    tmp_path: Path, ttl: int, lifetime: int, expiry: int, *, beginner_behind: float | None
+) -> tuple[Verdict | str, Verdict | str, Verdict | str]:
+    """A proof minted for ``lifetime`` s, expiring ``expiry`` s after now, is presented to
+    a verifier living ``ttl`` s (skew 1); the Redis is flushed and begun again, by a
+    second writer whose clock reads ``beginner_behind`` s behind (None: by the verifier
+    itself); the proof is presented again. The three verdicts, the beginning's between."""
+    verifiers = Terms(skew=1)
     base = int(time.time())
     clock = [base + 0.1]
     server = Redis(tmp_path)
 
     async def run() -> list[Verdict | str]:
         spender = RedisRecord(server.url, 1.0, clock=lambda: clock[0], terms=verifiers)
-        beginner = RedisRecord(server.url, 1.0, clock=lambda: clock[0] - 1, terms=verifiers)
+        beginner = spender
+        if beginner_behind is not None:
+            behind = beginner_behind
+            beginner = RedisRecord(
+                server.url, 1.0, clock=lambda: clock[0] - behind, terms=verifiers
+            )
         try:
-            spent = minted_for(3, base + 3)  # minted at base, for 3 s
+            spent = minted_for(lifetime, base + expiry)
             verdicts = [await honored_under(spender, verifiers, ttl, spent, clock[0])]
             with server.client() as client:
                 client.flushall()
@@ -1088,53 +1096,38 @@ def test_a_proof_a_minter_minted_for_longer_than_the_verifiers_is_honored_once(t
             return verdicts
         finally:
             await spender.close()
-            await beginner.close()
+            if beginner is not spender:
+                await beginner.close()
 
     server.start()
     try:
         with server.client() as client:
             redis_record.begin(client, base - 60, verifiers)
         first, began, again = asyncio.run(run())
-        assert began is Verdict.UNAVAILABLE  # the record began again
-        assert [first, again].count(Verdict.FIRST) <= 1
-        assert again is not Verdict.FIRST
-        # Refused at its first presentation already: minted for longer than 2 s.
-        assert first == again == "proof_outlives_lease"
+        return first, began, again
     finally:
         server.stop()
+
+
+def test_a_proof_a_minter_minted_for_longer_than_the_verifiers_is_honored_once(tmp_path):
+    """The verifiers live 2 s; a processor that only mints mints for 3 s. The Redis
+    forgets, and the processor that begins it again reads within the skew behind: the
+    proof spent before must not be honored again."""
+    # Minted at now, for 3 s.
+    first, began, again = _presented_across_a_flush(tmp_path, 2, 3, 3, beginner_behind=1.0)
+    assert began is Verdict.UNAVAILABLE  # the record began again
+    assert [first, again].count(Verdict.FIRST) <= 1
+    assert again is not Verdict.FIRST
+    # Refused at its first presentation already: minted for longer than 2 s.
+    assert first == again == "proof_outlives_lease"
 
 
 def test_a_proof_stating_a_minting_time_ahead_of_every_clock_is_honored_once(tmp_path):
     """A processor whose clock runs 10 s ahead (past the skew) mints for 5 s; the
     verifiers live 20 s. Its proof is spent, the Redis is flushed and begun again at
     once: the proof must not be honored a second time."""
-    verifiers, ttl = Terms(skew=1), 20
-    base = int(time.time())
-    clock = [base + 0.1]
-    server = Redis(tmp_path)
-
-    async def run() -> list[Verdict | str]:
-        spender = RedisRecord(server.url, 1.0, clock=lambda: clock[0], terms=verifiers)
-        try:
-            ahead = minted_for(5, base + 15)  # states minted at base + 10
-            verdicts = [await honored_under(spender, verifiers, ttl, ahead, clock[0])]
-            with server.client() as client:
-                client.flushall()
-            clock[0] = base + 0.2
-            verdicts.append(await spender.spend(Ticket(b"q" * 16, base + 30, base - 100)))
-            clock[0] = base + 0.3
-            verdicts.append(await honored_under(spender, verifiers, ttl, ahead, clock[0]))
-            return verdicts
-        finally:
-            await spender.close()
-
-    server.start()
-    try:
-        with server.client() as client:
-            redis_record.begin(client, base - 60, verifiers)
-        first, began, again = asyncio.run(run())
-        assert began is Verdict.UNAVAILABLE  # the record began again
-        assert [first, again].count(Verdict.FIRST) <= 1
-        assert first == again == "proof_outlives_lease"  # minted ahead of this clock
-    finally:
-        server.stop()
+    # States minted at now + 10, for 5 s.
+    first, began, again = _presented_across_a_flush(tmp_path, 20, 5, 15, beginner_behind=None)
+    assert began is Verdict.UNAVAILABLE  # the record began again
+    assert [first, again].count(Verdict.FIRST) <= 1
+    assert first == again == "proof_outlives_lease"  # minted ahead of this clock
