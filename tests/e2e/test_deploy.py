@@ -464,9 +464,11 @@ def test_only_the_processor_pods_reach_redis():
     assert spec["policyTypes"] == ["Ingress", "Egress"]
     assert spec["egress"] == []
     (rule,) = spec["ingress"]
-    assert rule["from"] == [
-        {"podSelector": {"matchLabels": {"app.kubernetes.io/name": "ext-proc-token-policy"}}}
-    ]
+    processor_pods = {
+        "app.kubernetes.io/name": "ext-proc-token-policy",
+        "app.kubernetes.io/instance": "ext-proc-token-policy",
+    }
+    assert rule["from"] == [{"podSelector": {"matchLabels": processor_pods}}]
     assert rule["ports"] == [{"protocol": "TCP", "port": 6379}]
     processor = one("Deployment")["spec"]["template"]["metadata"]["labels"]
     assert rule["from"][0]["podSelector"]["matchLabels"].items() <= processor.items()
