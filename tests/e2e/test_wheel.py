@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+import zipfile
 from pathlib import Path
 
 import grpc
@@ -19,6 +20,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from devstack import processes
 from ext_proc.tools import envoygen
+from tests.test_layers import commanded
 
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.timeout(900)
@@ -59,6 +61,17 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     assert built.returncode == 0, built.stdout + built.stderr
     (wheel,) = (root / "dist").glob("*.whl")
     return wheel
+
+
+def test_the_wheel_holds_the_modules_the_commands_run(wheel):
+    # Production runs the wheel: its modules are the ones `python -m ext_proc` imports,
+    # with no maintainer's tool (the engines' inventory lives in devstack/).
+    with zipfile.ZipFile(wheel) as archive:
+        names = archive.namelist()
+    modules = {name for name in names if name.endswith(".py")}
+    assert modules == {path.relative_to(REPO).as_posix() for path in commanded()}
+    assert not [name for name in names if "inventory" in name]
+    assert "ext_proc/core/declared.json" in names
 
 
 def install(root: Path, requirement: str) -> Path:
