@@ -1,6 +1,6 @@
 """``python -m devstack classified``: what the classification
-(ext_proc/tools/inventory/classification.py) makes of the committed inventory
-(ext_proc/tools/inventory/inventory.json): the processor's lists
+(devstack/inventory/classification.py) makes of the committed inventory
+(devstack/inventory/inventory.json): the processor's lists
 (ext_proc/core/classified.py), each engine's declared bodies for strict routes
 (ext_proc/core/declared.json), and docs/trust.md's carrier tables."""
 
@@ -11,17 +11,17 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Final
 
+from devstack.inventory import classification as c
+from devstack.inventory import derive
+from devstack.inventory.model import Inventory, loads, release_order
 from devstack.markers import splice
 from ext_proc.core.route_policy import DEFAULT_NAMESPACE, FIELDS
 from ext_proc.edge.attributes import READ_HEADERS
 from ext_proc.tools import refused_paths
-from ext_proc.tools.inventory import classification as c
-from ext_proc.tools.inventory import derive
-from ext_proc.tools.inventory.model import Inventory, loads, release_order
 from ext_proc.tools.router_headers import ROUTER_HEADERS
 
 REPO: Final = Path(__file__).resolve().parents[1]
-INVENTORY: Final = REPO / "ext_proc" / "tools" / "inventory" / "inventory.json"
+INVENTORY: Final = REPO / "devstack" / "inventory" / "inventory.json"
 MODULE: Final = REPO / "ext_proc" / "core" / "classified.py"
 CATALOG: Final = REPO / "ext_proc" / "core" / "declared.json"
 DOCUMENT: Final = REPO / "docs" / "trust.md"

@@ -7,8 +7,8 @@ differs from its generator's output. Each generator lists its files without gene
 them (``outputs``), so the test names every (generator, file) pair cheaply; the test
 also holds that list equal to what ``files`` writes.
 
-Not listed: ``ext_proc/tools/inventory/inventory.json``, written by ``python -m
-ext_proc.tools.inventory refresh`` from the wheels of the vLLM and SGLang releases it
+Not listed: ``devstack/inventory/inventory.json``, written by ``python -m
+devstack.inventory refresh`` from the wheels of the vLLM and SGLang releases it
 names (downloaded when missing: over a gigabyte the first time), so ``generate`` and the
 unit tier stay offline; ``tests/conformance/test_inventory.py`` (the ``vllm`` tier) holds
 it equal to its generator's output instead."""

@@ -1,6 +1,6 @@
 """What an engine declares a request body may hold, endpoint by endpoint: the members of
 its request models as its release's sources define them (``declared.json``, generated
-from the inventory: ext_proc/tools/inventory/derive.py), for a route's ``strict_body``.
+from the inventory: devstack/inventory/derive.py), for a route's ``strict_body``.
 
 A strict route forwards only declared members; anything else is what the next release
 may read as a carrier, so it goes. A member is declared when its name is a field of the

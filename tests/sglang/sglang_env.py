@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ext_proc.tools.inventory import model, wheels
+from devstack.inventory import model, wheels
 from tests.conformance import vllm_env
 
 ENGINE = "sglang"

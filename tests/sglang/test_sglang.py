@@ -31,8 +31,8 @@ from typing import Any
 import httpx
 import pytest
 
+from devstack.inventory import model
 from ext_proc.core import classified
-from ext_proc.tools.inventory import model
 from tests.e2e.stack import Received, Stack
 from tests.e2e.test_gateway import only_request
 from tests.e2e.test_operations import access_log

@@ -34,8 +34,8 @@ import re
 from collections.abc import Iterator
 from typing import Final
 
-from ext_proc.tools.inventory.pysource import Alias, Class, Module, Package, constant, strings
-from ext_proc.tools.inventory.schema import Schema
+from devstack.inventory.pysource import Alias, Class, Module, Package, constant, strings
+from devstack.inventory.schema import Schema
 
 _TOKEN: Final = re.compile(r"[a-z0-9][a-z0-9!#$%&'*+.^_`|~-]*")
 _RESPONSE: Final = re.compile(r"resp", re.IGNORECASE)

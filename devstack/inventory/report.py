@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
-from ext_proc.tools.inventory.model import Inventory, Source, paths, release_order
+from devstack.inventory.model import Inventory, Source, paths, release_order
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ import zipfile
 from collections.abc import Mapping
 from pathlib import Path
 
-from ext_proc.tools.inventory.pysource import Package
+from devstack.inventory.pysource import Package
 
 
 def wheel(path: Path, files: Mapping[str, str]) -> Path:

@@ -7,8 +7,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from ext_proc.tools.inventory.pysource import Alias, Class, External, Package, constant
-from tests.tools.inventory.wheelfiles import package
+from devstack.inventory.pysource import Alias, Class, External, Package, constant
+from tests.inventory.wheelfiles import package
 
 FILES = {
     "app/__init__.py": "from .models import Chat as Chat\n",

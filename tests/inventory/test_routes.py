@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from ext_proc.tools.inventory.routes import Root, routes
-from ext_proc.tools.inventory.schema import Schema
-from tests.tools.inventory.wheelfiles import package
+from devstack.inventory.routes import Root, routes
+from devstack.inventory.schema import Schema
+from tests.inventory.wheelfiles import package
 
 PROTOCOL = """
     from pydantic import BaseModel

@@ -8,8 +8,8 @@ import json
 
 import pytest
 
-from ext_proc.tools.inventory import model
-from ext_proc.tools.inventory.model import Inventory, InventoryError, Source
+from devstack.inventory import model
+from devstack.inventory.model import Inventory, InventoryError, Source
 
 CHAT = Source(
     engine="vllm",

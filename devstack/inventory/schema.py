@@ -33,8 +33,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Final, Literal
 
-from ext_proc.tools.inventory.model import DICT, EXT, LIST, OPEN
-from ext_proc.tools.inventory.pysource import Alias, Class, External, Module, Package, Symbol
+from devstack.inventory.model import DICT, EXT, LIST, OPEN
+from devstack.inventory.pysource import Alias, Class, External, Module, Package, Symbol
 
 _TYPING: Final = frozenset({"typing", "typing_extensions", "collections.abc", "collections"})
 _UNION: Final = frozenset({"Optional", "Union"})

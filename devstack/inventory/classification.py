@@ -4,7 +4,7 @@ type and endpoint of the inventory (``inventory.json``, generated from their sou
 has one class here, and the class says what a caller the route does not trust gets.
 
 Hand-kept: a release that adds a name nobody has classified fails
-tests/tools/inventory/test_classification.py (and the release matrix), so a new carrier
+tests/inventory/test_classification.py (and the release matrix), so a new carrier
 is decided here before the gateway claims that release. The gateway's lists (the body
 carriers, the embeddings, the header step, the token endpoints) and docs/trust.md's
 carrier tables are generated from this table with the inventory

@@ -3,8 +3,8 @@ engine (by release number, not by text; a commit has no previous release)."""
 
 from __future__ import annotations
 
-from ext_proc.tools.inventory import model, report
-from ext_proc.tools.inventory.model import Source
+from devstack.inventory import model, report
+from devstack.inventory.model import Source
 
 
 def _source(release: str, engine: str = "vllm", **kwargs: object) -> Source:

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from ext_proc.tools.inventory import __main__ as cli
-from ext_proc.tools.inventory import model, wheels
-from ext_proc.tools.inventory.wheels import VLLM, Wheel
-from tests.tools.inventory.wheelfiles import wheel
+from devstack.inventory import __main__ as cli
+from devstack.inventory import model, wheels
+from devstack.inventory.wheels import VLLM, Wheel
+from tests.inventory.wheelfiles import wheel
 
 SERVER = {
     "vllm/entrypoints/api_router.py": """
@@ -86,9 +86,9 @@ def test_report(cache: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str])
 
 def test_stacks_is_handed_its_arguments(monkeypatch: pytest.MonkeyPatch) -> None:
     seen: list[list[str]] = []
-    fake = types.ModuleType("ext_proc.tools.inventory.stacks")
+    fake = types.ModuleType("devstack.inventory.stacks")
     fake.main = lambda argv: seen.append(argv) or 7  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "ext_proc.tools.inventory.stacks", fake)
+    monkeypatch.setitem(sys.modules, "devstack.inventory.stacks", fake)
     assert cli.main(["stacks", "--tree", "dynamo=/git@v1"]) == 7
     assert seen == [["--tree", "dynamo=/git@v1"]]
 

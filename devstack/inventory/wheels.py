@@ -19,11 +19,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
-from ext_proc.tools.inventory import reads
-from ext_proc.tools.inventory.model import OPEN, Fields, Source, unwrap
-from ext_proc.tools.inventory.pysource import Class, Package
-from ext_proc.tools.inventory.routes import Root, routes
-from ext_proc.tools.inventory.schema import Reference, Schema
+from devstack.inventory import reads
+from devstack.inventory.model import OPEN, Fields, Source, unwrap
+from devstack.inventory.pysource import Class, Package
+from devstack.inventory.routes import Root, routes
+from devstack.inventory.schema import Reference, Schema
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""``python -m ext_proc.tools.inventory COMMAND``: ``refresh`` (wheels -> inventory.json,
+"""``python -m devstack.inventory COMMAND``: ``refresh`` (wheels -> inventory.json,
 with the committed stacks.json merged in), ``stacks`` (source trees -> stacks.json) and
 ``report`` (per source: counts, and the names new against the previous release)."""
 
@@ -10,12 +10,12 @@ import sys
 import time
 from pathlib import Path
 
-from ext_proc.tools.inventory import model, report, wheels
-from ext_proc.tools.inventory.model import Inventory, InventoryError
+from devstack.inventory import model, report, wheels
+from devstack.inventory.model import Inventory, InventoryError
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m ext_proc.tools.inventory")
+    parser = argparse.ArgumentParser(prog="python -m devstack.inventory")
     commands = parser.add_subparsers(dest="command", required=True)
     refresh = commands.add_parser(
         "refresh", help="read every wheel (downloaded when missing) and write inventory.json"
@@ -73,7 +73,7 @@ def main(argv: list[str]) -> int:
     # `stacks` parses its own options: everything after the word is its.
     # It is imported only then: nothing else needs what it reads source trees with.
     if argv[:1] == ["stacks"]:
-        stacks = importlib.import_module("ext_proc.tools.inventory.stacks")
+        stacks = importlib.import_module("devstack.inventory.stacks")
         return int(stacks.main(argv[1:]))
     args = _parser().parse_args(argv)
     try:

@@ -31,8 +31,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Final
 
-from ext_proc.tools.inventory.pysource import Alias, Class, Module, Package, Symbol
-from ext_proc.tools.inventory.schema import Schema
+from devstack.inventory.pysource import Alias, Class, Module, Package, Symbol
+from devstack.inventory.schema import Schema
 
 _VERBS: Final = frozenset({"get", "post", "put", "patch", "delete", "head", "options"})
 Function = ast.FunctionDef | ast.AsyncFunctionDef

@@ -6,11 +6,11 @@ import dataclasses
 import json
 
 from devstack import classified
+from devstack.inventory import classification as c
+from devstack.inventory import derive
+from devstack.inventory.model import Source, inventory
 from ext_proc.core import classified as lists
 from ext_proc.tools import carrier_headers
-from ext_proc.tools.inventory import classification as c
-from ext_proc.tools.inventory import derive
-from ext_proc.tools.inventory.model import Source, inventory
 
 
 def test_every_name_of_the_committed_inventory_has_a_class():

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
-GENERATED_BY: Final = "python -m ext_proc.tools.inventory refresh"
+GENERATED_BY: Final = "python -m devstack.inventory refresh"
 # The committed files: the whole inventory, and the stacks snapshot merged into it.
 INVENTORY: Final = Path(__file__).with_name("inventory.json")
 STACKS: Final = Path(__file__).with_name("stacks.json")

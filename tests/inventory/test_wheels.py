@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 
-from ext_proc.tools.inventory import model, wheels
-from ext_proc.tools.inventory.wheels import VLLM, Wheel
+from devstack.inventory import model, wheels
+from devstack.inventory.wheels import VLLM, Wheel
 from tests.conformance import matrix
-from tests.tools.inventory.wheelfiles import wheel
+from tests.inventory.wheelfiles import wheel
 
 FILES = {
     "vllm/__init__.py": "",

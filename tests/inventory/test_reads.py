@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ext_proc.tools.inventory import reads
-from ext_proc.tools.inventory.schema import Schema
-from tests.tools.inventory.wheelfiles import package
+from devstack.inventory import reads
+from devstack.inventory.schema import Schema
+from tests.inventory.wheelfiles import package
 
 SERVER = {
     "app/serving.py": """

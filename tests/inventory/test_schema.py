@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from ext_proc.tools.inventory.pysource import Class, Package
-from ext_proc.tools.inventory.schema import Schema
-from tests.tools.inventory.wheelfiles import package
+from devstack.inventory.pysource import Class, Package
+from devstack.inventory.schema import Schema
+from tests.inventory.wheelfiles import package
 
 MODELS = """
     import dataclasses

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from ext_proc.tools.inventory import stacks
-from ext_proc.tools.inventory.stacks import (
+from devstack.inventory import stacks
+from devstack.inventory.stacks import (
     PLANS,
     GoMapReads,
     GoRoot,
@@ -670,7 +670,7 @@ def test_main_writes_the_source_and_keeps_the_others(tmp_path):
     source = document["sources"][f"dynamo {commit[:12]}"]
     assert source["origin"] == f"github:ai-dynamo/dynamo@{commit}"
     assert source["refresh"] == (
-        f"python -m ext_proc.tools.inventory stacks --tree dynamo=$GITDIR@{commit}"
+        f"python -m devstack.inventory stacks --tree dynamo=$GITDIR@{commit}"
     )
     assert source["headers"] == DYNAMO_HEADERS
     assert source["release"] == commit[:12]

@@ -5,7 +5,7 @@ Serve LLM, each read at one git commit (``stacks.json``, beside this module).
 
 Usage::
 
-    python -m ext_proc.tools.inventory stacks --tree NAME=GITDIR[@REV] ... [--out PATH]
+    python -m devstack.inventory stacks --tree NAME=GITDIR[@REV] ... [--out PATH]
 
 NAME is a component of ``PLANS`` (``llm-d-router``, ``llm-d-sidecar``, ``dynamo``,
 ``ray-serve``); GITDIR is a bare clone of the component's repository, read with
@@ -52,7 +52,7 @@ from pathlib import Path, PurePosixPath
 from typing import Final, TypeVar
 
 DEFAULT_OUT: Final = Path(__file__).with_name("stacks.json")
-GENERATED_BY: Final = "python -m ext_proc.tools.inventory stacks"
+GENERATED_BY: Final = "python -m devstack.inventory stacks"
 
 # What a name looks like, so a constant that is some other string is never a header or
 # a body member. Pseudo-headers (":path") are the request line, not headers.
