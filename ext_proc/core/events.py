@@ -140,7 +140,11 @@ Event = (
 
 @dataclass(frozen=True, slots=True)
 class ContinueHeaders:
-    pass
+    """Let the headers through: ``removed`` taken out (every copy), then ``written`` set
+    (one copy each)."""
+
+    removed: tuple[str, ...] = ()
+    written: tuple[tuple[str, bytes], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -227,6 +231,9 @@ class Outcome:
     request_id: str
     # "request", or "response" for what a mint route did with the response.
     phase: str = "request"
+    # The authenticated tenant's partition id (tenants.tag), for the filters after this
+    # one to key on; None when the request names no tenant (or its route reads none).
+    partition: str | None = None
 
     @property
     def mode(self) -> str:

@@ -29,6 +29,8 @@ from ext_proc.core.reasons import Reason
 from ext_proc.core.vllm_request import CONNECTOR_REQUESTS, POLICED_KEYS, TOKEN_ID_BOUND
 
 DEFAULT_NAMESPACE: Final = "ext_proc.token_policy"
+# llm-d's fairness id: the inference scheduler's flow-control queues requests per value.
+FAIRNESS_HEADER: Final = "x-llm-d-inference-fairness-id"
 
 
 class Topology(StrEnum):
@@ -401,6 +403,16 @@ class RoutePolicy:
         "then derived from it (and the caller's own salt), a request without one is "
         "refused with a 401",
     )
+    # Set from the tenant, never from the request: a client's copy names any tenant's
+    # share of the scheduler (docs/trust.md#tenants).
+    fairness_id: bool = _field(
+        False,
+        _flag,
+        _BOOL,
+        f"llm-d's fairness id (`{FAIRNESS_HEADER}`) is set to the tenant's partition id, "
+        "replacing the client's copy (a request naming no tenant goes without one); needs "
+        "`tenant`",
+    )
     strict_body: str | None = _field(
         None,
         _engine,
@@ -519,6 +531,12 @@ def parse_items(
             f"field '{namespace}.{twins[0]}' needs its twin: match_prefix and "
             "prefix_rewrite describe a route's rewrite together",
             f"{namespace}.{twins[0]}",
+        )
+    if policy.fairness_id and policy.tenant is None:
+        raise _invalid(
+            f"field '{namespace}.fairness_id' needs a tenant source (tenant): the fairness "
+            "id is set from the tenant",
+            f"{namespace}.fairness_id",
         )
     for name, value in given.items():
         # false is every route's default; any other value is a statement about the route.

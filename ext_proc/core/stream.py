@@ -52,7 +52,7 @@ from dataclasses import dataclass
 from enum import IntEnum, auto
 from typing import Any, Final, Generic, NoReturn, TypeVar
 
-from ext_proc.core import admission, inspection, memory, mint, proof
+from ext_proc.core import admission, inspection, memory, mint, proof, tenants
 from ext_proc.core.budget import Account, Budget
 from ext_proc.core.config import Config
 from ext_proc.core.decisions import Allow, Decision, Deny
@@ -210,7 +210,9 @@ class Stream:
         "_body_size",
         "_chunks",
         "_config",
+        "_continue",
         "_last_chunk",
+        "_partition",
         "_pending",
         "_received",
         "_request",
@@ -230,6 +232,10 @@ class Stream:
         self._chunks: list[bytes] = []
         self._received = 0
         self._last_chunk: bytes | None = None
+        # The tenant's partition id once the headers named one (``Outcome.partition``),
+        # and what the answer letting the headers through writes (``tenants``).
+        self._partition: str | None = None
+        self._continue = _CONTINUE
         # What the request left for its response (a mint route's prompt digest).
         self._pending = mint.NOTHING
         # A proof to spend before the body's decision stands (``spent``).
@@ -305,6 +311,7 @@ class Stream:
                 self._body_size,
                 request.request_id,
                 phase,
+                self._partition,
             )
         final = self.state is State.REJECTED or (self.state is State.DONE and not self._responds)
         return Step(answers, outcome, waiting, held, request.request_id, final)
@@ -316,20 +323,28 @@ class Stream:
 
     # --- request headers ---------------------------------------------------------------
 
-    def _read(self, headers: RequestHeaders, *, with_body: bool = True) -> Deny | None:
+    def _read(
+        self, headers: RequestHeaders, *, with_body: bool = True, sent: bool = True
+    ) -> Deny | None:
         """What the headers say (kept for the request), and the refusal that ends the
-        request at them."""
-        self._request = inspection.read(
+        request at them. ``sent``: Envoy sent the headers message (else they were
+        rebuilt from attributes, and no answer can write headers)."""
+        request = self._request = inspection.read(
             headers, self._config, with_body=with_body, tenant_key=self._trust.tenant_key
         )
-        self._responds = _responds(headers, self._request)
-        return self._request.refused
+        self._responds = _responds(headers, request)
+        if request.partition is not None:
+            self._partition = request.tag
+        self._continue = tenants.headers_answer(request.policy, self._partition)
+        if request.refused is None and not sent and request.policy.fairness_id:
+            return Deny(tenants.headers_skipped().refusal())
+        return request.refused
 
     def _on_headers_only(self, event: RequestHeaders) -> Result:
         refused = self._read(event, with_body=False)
         if refused is not None:
             return refused
-        return Decided([ContinueHeaders()], Allow(Reason.NO_BODY))
+        return Decided([self._continue], Allow(Reason.NO_BODY))
 
     def _on_headers(self, event: RequestHeaders) -> Result:
         """Headers before a body: BUFFERED answers them now, FULL_DUPLEX_STREAMED with
@@ -337,13 +352,13 @@ class Stream:
         refused = self._read(event)
         if refused is not None:
             return refused
-        return [ContinueHeaders()] if event.body_mode is BodyMode.BUFFERED else []
+        return [self._continue] if event.body_mode is BodyMode.BUFFERED else []
 
     def _on_first_body(self, event: RequestBody) -> Result:
         """request_header_mode SKIP: one message per request, the whole body, with the
         headers and route metadata rebuilt from CEL attributes."""
         assert event.preamble is not None  # FIRST_BODY: the table read it
-        refused = self._read(event.preamble)
+        refused = self._read(event.preamble, sent=False)
         if refused is not None:
             return refused
         return self._on_buffered_body(event)
@@ -352,7 +367,7 @@ class Stream:
         """request_header_mode SKIP and trailers without a body (HTTP/2): the route is
         judged from the attributes, then the empty body like any other."""
         assert event.preamble is not None  # FIRST_TRAILERS: the table read it
-        refused = self._read(event.preamble)
+        refused = self._read(event.preamble, sent=False)
         if refused is not None:
             return refused
         if event.preamble.body_mode is BodyMode.FULL_DUPLEX_STREAMED:
@@ -391,7 +406,7 @@ class Stream:
         self._last_chunk = event.chunk
         raw = b"".join(self._chunks)
         self._chunks.clear()
-        return self._inspected(raw, functools.partial(_streamed, raw))
+        return self._inspected(raw, functools.partial(_streamed, raw, self._continue))
 
     def _inspected(self, raw: bytes, answer: _Answerer) -> Result:
         """The whole body's answers (``answer`` of what is forwarded) and decision, its
@@ -478,6 +493,7 @@ class Stream:
 
 
 _UNCHANGED: Final = ContinueBody()
+_CONTINUE: Final = ContinueHeaders()
 
 
 def _responds(headers: RequestHeaders, request: inspection.Request) -> bool:
@@ -496,12 +512,13 @@ def _buffered(replacement: bytes | None, *, length_header: bool) -> list[Answer]
     return [ContinueBody(replacement, length_header=length_header)]
 
 
-def _streamed(raw: bytes, replacement: bytes | None) -> list[Answer]:
-    """A streamed body's answers: the withheld headers, then the body in pieces."""
+def _streamed(raw: bytes, headers: ContinueHeaders, replacement: bytes | None) -> list[Answer]:
+    """A streamed body's answers: the withheld headers (``headers``), then the body in
+    pieces."""
     out = raw if replacement is None else replacement
     pieces = [out[i : i + STREAM_CHUNK] for i in range(0, len(out), STREAM_CHUNK)] or [b""]
     return [
-        ContinueHeaders(),
+        headers,
         *(StreamedBody(piece, i == len(pieces) - 1) for i, piece in enumerate(pieces)),
     ]
 

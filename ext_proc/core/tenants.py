@@ -32,9 +32,15 @@ import hmac
 from typing import Any, Final
 
 from ext_proc.core.errors import BadRequest, RoutePolicyError, Unauthorized
-from ext_proc.core.events import Peer
+from ext_proc.core.events import ContinueHeaders, Peer
 from ext_proc.core.reasons import Reason
-from ext_proc.core.route_policy import IdentityType, TenantKind, TenantSource
+from ext_proc.core.route_policy import (
+    FAIRNESS_HEADER,
+    IdentityType,
+    RoutePolicy,
+    TenantKind,
+    TenantSource,
+)
 from ext_proc.core.vllm_request import CACHE_SALT
 
 # The least key length a deployment may configure (HMAC-SHA256's output).
@@ -133,4 +139,32 @@ def unkeyed() -> RoutePolicyError:
     return RoutePolicyError(
         "this route serves tenants, and the processor has no tenant key (tenants.key_file)",
         reason=Reason.TENANT_KEY_MISSING,
+    )
+
+
+_UNCHANGED: Final = ContinueHeaders()
+_NO_FAIRNESS: Final = ContinueHeaders(removed=(FAIRNESS_HEADER,))
+
+
+def headers_answer(policy: RoutePolicy, partition: str | None) -> ContinueHeaders:
+    """What the answer that lets a request's headers through writes: on a route with
+    ``fairness_id``, llm-d's fairness id is the tenant's ``partition`` (its tag), every
+    copy the client sent removed first; a request naming no tenant (audit mode lets it
+    pass) goes without one rather than with the client's."""
+    if not policy.fairness_id:
+        return _UNCHANGED
+    if partition is None:
+        return _NO_FAIRNESS
+    return ContinueHeaders((FAIRNESS_HEADER,), ((FAIRNESS_HEADER, partition.encode("ascii")),))
+
+
+def headers_skipped() -> RoutePolicyError:
+    """The refusal of a request on a route that writes a header from its tenant when the
+    processor was not sent its headers (one message per request without the route's
+    override): an answer to a body cannot write headers, and a client's copy would pass."""
+    return RoutePolicyError(
+        "this route sets llm-d's fairness id from the tenant (fairness_id), and Envoy did "
+        "not send the processor the request's headers: send them on this route "
+        "(request_header_mode SEND)",
+        reason=Reason.INVALID_ROUTE_POLICY,
     )

@@ -50,8 +50,11 @@ _PER_REQUEST: Final = tuple(
 # only small ones are kept and the memo stays within a few MiB.
 PREAMBLE_MEMO: Final = 1024
 PREAMBLE_MEMO_BYTES: Final = 2048
-# Distinct decisions whose dynamic metadata is remembered (``Encoder``).
+# Distinct decisions whose dynamic metadata is remembered (``Encoder``), and responses
+# without bytes shared.
 METADATA_MEMO: Final = 4096
+# The dynamic metadata key of the tenant's partition id (``decision_metadata``).
+PARTITION: Final = "partition"
 
 
 def _scalar(value: struct_pb2.Value) -> Scalar:
@@ -277,7 +280,9 @@ def decision_metadata(
     """What the policy did, as Envoy dynamic metadata under ``namespace`` (for access
     logs and later filters), written into ``into`` (a response's ``dynamic_metadata``)
     or a new Struct; a response outcome's keys start with ``response_``. Never the ids
-    themselves."""
+    themselves. ``partition``: the authenticated tenant's partition id, under that key
+    whatever the phase, for a rate limit to key on; absent when the request named no
+    tenant, so no client ever writes it (nothing else writes this namespace)."""
     struct = struct_pb2.Struct() if into is None else into
     # Field by field: Struct.update walks Python dicts in pure Python, 5x slower.
     fields = struct.fields[namespace].struct_value.fields
@@ -287,6 +292,8 @@ def decision_metadata(
     fields[prefix + "reason"].string_value = decision.reason
     fields[prefix + "id_count"].number_value = decision.id_count
     fields[prefix + "mode"].string_value = outcome.mode
+    if outcome.partition is not None:
+        fields[PARTITION].string_value = outcome.partition
     return struct
 
 
@@ -315,7 +322,12 @@ def _continue_body(
 def encode(answer: Answer) -> pb.ProcessingResponse:
     response = pb.ProcessingResponse()
     if isinstance(answer, ContinueHeaders):
-        response.request_headers.SetInParent()
+        common = response.request_headers.response
+        common.SetInParent()
+        if answer.removed:
+            common.header_mutation.remove_headers.extend(answer.removed)
+        for key, value in answer.written:
+            _set(common.header_mutation, key, value)
     elif isinstance(answer, ContinueBody):
         _continue_body(response.request_body.response, answer.replacement, answer.length_header)
     elif isinstance(answer, StreamedBody):
@@ -341,7 +353,8 @@ def encode(answer: Answer) -> pb.ProcessingResponse:
     return response
 
 
-# Answers that carry no bytes of their own once their replacement is None.
+# Answers that carry no bytes of their own once their replacement is None (a headers
+# answer: once it writes no header), each as built without arguments.
 _PLAIN: Final = (
     ContinueHeaders,
     ContinueBody,
@@ -349,11 +362,14 @@ _PLAIN: Final = (
     ContinueResponseHeaders,
     ContinueResponseBody,
 )
+_BYTELESS: Final[dict[type, Answer]] = {kind: kind() for kind in _PLAIN}
 
 
 class Encoder:
-    """A step's answers as protobuf, for one servicer. The last answer of a step that
-    settled a phase carries the decision as dynamic metadata (``decision_metadata``).
+    """A step's answers as protobuf, for one servicer. Every answer of a step that
+    settled a phase carries the decision as dynamic metadata (``decision_metadata``):
+    the first lets the request on to the filters after this one (with a streamed body,
+    the withheld headers, before the body's pieces), which read it there.
 
     An answer that carries no bytes, with an outcome without ids, is one of few (answer
     kind x phase x action x reason x mode): each is built once and shared, since gRPC
@@ -368,16 +384,15 @@ class Encoder:
         answers, outcome = step.answers, step.outcome
         if not answers:
             return []
-        responses = [self._encoded(answer, None) for answer in answers[:-1]]
-        responses.append(self._encoded(answers[-1], outcome))
-        return responses
+        return [self._encoded(answer, outcome) for answer in answers]
 
     def _encoded(self, answer: Answer, outcome: Outcome | None) -> pb.ProcessingResponse:
         key: tuple[object, ...] | None = None
-        if isinstance(answer, _PLAIN) and getattr(answer, "replacement", None) is None:
+        empty = _BYTELESS.get(type(answer))
+        if empty is not None and answer == empty:
             if outcome is None:
                 key = (answer,)
-            elif outcome.decision.id_count == 0:
+            elif outcome.decision.id_count == 0 and outcome.partition is None:
                 decision = outcome.decision
                 key = (answer, outcome.phase, decision.action, decision.reason, outcome.mode)
         if key is not None and (shared := self._shared.get(key)) is not None:
@@ -386,6 +401,8 @@ class Encoder:
         if outcome is not None:
             response.dynamic_metadata.CopyFrom(self._metadata(outcome))
         if key is not None:
+            if len(self._shared) >= METADATA_MEMO:
+                self._shared.clear()
             self._shared[key] = response
         return response
 
@@ -393,7 +410,14 @@ class Encoder:
         """``decision_metadata`` for ``outcome``, built once per distinct decision
         (the id count is the client's: the memo is emptied when full)."""
         decision = outcome.decision
-        key = (outcome.phase, decision.action, decision.reason, decision.id_count, outcome.mode)
+        key = (
+            outcome.phase,
+            decision.action,
+            decision.reason,
+            decision.id_count,
+            outcome.mode,
+            outcome.partition,
+        )
         struct = self._structs.get(key)
         if struct is None:
             if len(self._structs) >= METADATA_MEMO:

@@ -282,3 +282,15 @@ def test_a_tenant_source_is_one_of_three_forms(value):
     with pytest.raises(RoutePolicyError) as caught:
         parse({"tenant": value}, 1.0)
     assert caught.value.param == "ext_proc.token_policy.tenant"
+
+
+def test_fairness_id_is_a_flag_that_needs_a_tenant_source():
+    policy = parse({"tenant": "route:team-a", "fairness_id": True}, 2.0)
+    assert policy.fairness_id is True
+    assert DEFAULT_POLICY.fairness_id is False
+    assert parse({"fairness_id": False}, 1.0).fairness_id is False
+    with pytest.raises(RoutePolicyError) as caught:
+        parse({"fairness_id": True}, 1.0)
+    assert caught.value.param == "ext_proc.token_policy.fairness_id"
+    with pytest.raises(RoutePolicyError):
+        parse({"tenant": "route:team-a", "fairness_id": "true"}, 2.0)

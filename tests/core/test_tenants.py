@@ -23,7 +23,7 @@ from ext_proc.core.proof import Trust
 from ext_proc.core.reasons import Reason
 from ext_proc.core.route_policy import IdentityType, TenantKind, TenantSource
 from ext_proc.core.vllm_request import KV_KEY as KV
-from tests.core.messages import JSON, OK_JSON, error_body, headers, only
+from tests.core.messages import BUFFERED, DUPLEX, JSON, OK_JSON, error_body, headers, only
 from tests.driver import Driven
 
 KEY = b"t" * 32
@@ -33,6 +33,8 @@ BY_PEER = RouteMetadata({"action": "strip", "tenant": "peer_san"}, 2.0)
 BY_ROUTE = RouteMetadata({"action": "strip", "tenant": "route:team-a"}, 2.0)
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 SPIFFE = "spiffe://cluster.local/ns/a/sa/client"
+A = "header:x-auth-tenant:team-a"
+B = "header:x-auth-tenant:team-b"
 
 
 def salt_of(tenant, part=None, key=KEY):
@@ -132,7 +134,7 @@ def send(route, body, *, extra=JSON, key=KEY, peer=NO_PEER):
         request.headers, False, request.body_mode, route, peer, request.path, None
     )
     answers = stream.handle(request)
-    if answers != [ContinueHeaders()]:  # refused at the headers
+    if not isinstance(only(answers), ContinueHeaders):  # refused at the headers
         return stream, answers
     return stream, stream.handle(RequestBody(json.dumps(body).encode(), True))
 
@@ -354,3 +356,101 @@ def test_an_honor_route_that_denies_unproven_refuses_another_partitions_proof():
     _, answers = through(route, {**CHAT, KV: params}, JSON)
     assert only(answers).status == 400
     assert only(answers).details == "token_policy_proof_partition_mismatch"
+
+
+# --- the tenant handed on: llm-d's fairness id and the partition id reported ----------
+
+FAIR = RouteMetadata(
+    {"action": "strip", "tenant": "header:x-auth-tenant", "fairness_id": True}, 3.0
+)
+FAIRNESS = "x-llm-d-inference-fairness-id"
+
+
+def tag_of(tenant, key=KEY):
+    return tenants.tag(tenants.key_for(key, tenant))
+
+
+def opened(route, extra, *, mode=BUFFERED, eos=False, audit=False):
+    """A stream of a tenant key, and its answers to headers with ``extra``."""
+    stream = Driven(trust=Trust(tenant_key=KEY), audit=audit)
+    event = headers(route, extra=extra, mode=mode, eos=eos)
+    return stream, stream.handle(event)
+
+
+@pytest.mark.parametrize("mode", [BUFFERED, DUPLEX])
+def test_the_fairness_id_is_the_tenants_partition_and_replaces_the_clients(mode):
+    forged = (*tenant(b"team-a"), (FAIRNESS, b"team-z"), (FAIRNESS, b"team-y"))
+    stream, answers = opened(FAIR, forged, mode=mode)
+    if mode is DUPLEX:  # the headers are answered with the body
+        assert answers == []
+        answers = stream.handle(RequestBody(json.dumps(CHAT).encode(), True))
+    expected = ContinueHeaders((FAIRNESS,), ((FAIRNESS, tag_of(A).encode()),))
+    assert answers[0] == expected
+    # The partition id is the proof's tag: not the salt, not the tenant, not the key.
+    assert tag_of(A) not in (salt_of(A), A, KEY.decode())
+
+
+def test_a_bodiless_request_gets_its_tenants_fairness_id_too():
+    stream, answers = opened(FAIR, tenant(b"team-b"), eos=True)
+    assert answers == [ContinueHeaders((FAIRNESS,), ((FAIRNESS, tag_of(B).encode()),))]
+    assert stream.outcome.partition == tag_of(B)
+
+
+def test_a_request_naming_no_tenant_in_audit_mode_goes_without_a_fairness_id():
+    stream, answers = opened(FAIR, (*JSON, (FAIRNESS, b"team-z")), eos=True, audit=True)
+    assert answers == [ContinueHeaders((FAIRNESS,))]
+    assert stream.outcome.partition is None
+
+
+def test_a_route_without_fairness_id_writes_no_header():
+    stream, answers = opened(BY_HEADER, (*tenant(b"team-a"), (FAIRNESS, b"mine")), eos=True)
+    assert answers == [ContinueHeaders()]
+    assert stream.outcome.partition == tag_of(A)
+
+
+def test_fairness_id_needs_a_tenant_source():
+    stream, answers = opened(
+        RouteMetadata({"action": "strip", "fairness_id": True}, 2.0), JSON, eos=True
+    )
+    error_body(answers)
+    assert only(answers).status == 500
+    message = stream.outcome.decision.refusal.detail
+    assert "'ext_proc.token_policy.fairness_id' needs a tenant source" in message
+
+
+def test_a_fairness_route_whose_headers_were_skipped_is_refused():
+    """One message per request: no answer to a body can write a header, so the client's
+    copy would pass; the route must send its headers (envoy-config writes that)."""
+    stream = Driven(trust=Trust(tenant_key=KEY))
+    preamble = headers(FAIR, extra=(*tenant(b"team-a"), (FAIRNESS, b"team-z")))
+    answers = stream.handle(RequestBody(json.dumps(CHAT).encode(), True, preamble))
+    error_body(answers)
+    assert only(answers).status == 500
+    assert stream.outcome.decision.refusal.detail.endswith("(request_header_mode SEND)")
+
+
+@pytest.mark.parametrize(
+    ("route", "extra", "partition"),
+    [
+        (BY_HEADER, (*JSON, ("x-auth-tenant", b"team-a")), "header:x-auth-tenant:team-a"),
+        (BY_ROUTE, JSON, "route:team-a"),
+        (FAIR, (*JSON, ("x-auth-tenant", b"team-b")), "header:x-auth-tenant:team-b"),
+    ],
+)
+def test_every_decision_of_a_tenants_request_reports_its_partition(route, extra, partition):
+    stream, _ = send(route, CHAT, extra=extra)
+    assert stream.outcome.decision.action != "deny"
+    assert stream.outcome.partition == tag_of(partition)
+
+
+@pytest.mark.parametrize(
+    ("route", "extra"),
+    [
+        # A route without a tenant source: whatever the client sends names no partition.
+        (RouteMetadata({"action": "strip"}, 1.0), (*JSON, ("x-tenant-id", b"team-a"))),
+        (BY_HEADER, JSON),  # refused: no tenant
+    ],
+)
+def test_a_request_without_an_authenticated_tenant_reports_no_partition(route, extra):
+    stream, _ = send(route, CHAT, extra=extra)
+    assert stream.outcome.partition is None

@@ -22,6 +22,7 @@ from ext_proc.core.events import (
     ResponseHeaders,
     RouteMetadata,
     Step,
+    StreamedBody,
     Unexpected,
 )
 from ext_proc.core.route_policy import IdentityType
@@ -451,3 +452,54 @@ def test_a_header_attribute_reads_as_the_bytes_the_headers_message_carries(value
     for read in (decode(_headerless_body(attrs), KEYS), Decoder(KEYS)(_headerless_body(attrs))):
         assert read.preamble.values("x-auth-tenant") == [value.encode()]
         assert read.preamble.values("x-request-id") == [value.encode()]
+
+
+FAIRNESS = "x-llm-d-inference-fairness-id"
+
+
+def test_a_headers_answer_removes_every_copy_then_sets_one():
+    response = encode(ContinueHeaders((FAIRNESS,), ((FAIRNESS, b"p4rt1t10n"),)))
+    mutation = response.request_headers.response.header_mutation
+    assert list(mutation.remove_headers) == [FAIRNESS]
+    (option,) = mutation.set_headers
+    assert (option.header.key, option.header.raw_value) == (FAIRNESS, b"p4rt1t10n")
+    assert option.append_action == option.OVERWRITE_IF_EXISTS_OR_ADD
+    # Without either, the answer changes nothing.
+    plain = encode(ContinueHeaders())
+    assert plain.HasField("request_headers")
+    assert not plain.request_headers.response.HasField("header_mutation")
+
+
+def test_the_partition_is_reported_only_when_the_request_names_a_tenant():
+    named = Outcome(Allow("no_transfer_params"), False, "r", 10, "id", partition="p4rt")
+    assert MessageToDict(decision_metadata("ns", named))["ns"]["partition"] == "p4rt"
+    minted = Outcome(Mint("minted", 3), False, "r", 10, "id", "response", "p4rt")
+    assert MessageToDict(decision_metadata("ns", minted))["ns"]["partition"] == "p4rt"
+    unnamed = Outcome(Allow("no_transfer_params"), False, "r", 10, "id")
+    assert "partition" not in MessageToDict(decision_metadata("ns", unnamed))["ns"]
+
+
+def test_every_answer_of_a_settling_step_carries_the_decision():
+    """A streamed body's first answer (the withheld headers) lets the request on to the
+    filters after this one: a rate limit keyed on the partition reads it there."""
+    encoder = Encoder("ns")
+    settled = Outcome(Allow("no_transfer_params"), False, "r", 10, "id", partition="p4rt")
+    step = Step([ContinueHeaders(), StreamedBody(b"{", False), StreamedBody(b"}", True)], settled)
+    for response in encoder(step):
+        assert MessageToDict(response.dynamic_metadata)["ns"]["partition"] == "p4rt"
+    (headers_only,) = encoder(Step([ContinueHeaders()], None))
+    assert not headers_only.HasField("dynamic_metadata")
+
+
+def test_answers_are_never_shared_across_tenants():
+    encoder = Encoder("ns")
+
+    def answered(partition):
+        settled = Outcome(Allow("no_body"), False, "r", 0, "id", partition=partition)
+        (response,) = encoder(Step([ContinueHeaders()], settled))
+        return response
+
+    a, b = answered("aaaa"), answered("bbbb")
+    assert MessageToDict(a.dynamic_metadata)["ns"]["partition"] == "aaaa"
+    assert MessageToDict(b.dynamic_metadata)["ns"]["partition"] == "bbbb"
+    assert MessageToDict(answered("aaaa").dynamic_metadata)["ns"]["partition"] == "aaaa"
