@@ -38,19 +38,7 @@ def check(
     found, missing = reader.managers(config, listeners)
     clusters = reader.http_options(config)
     known = reader.clusters(config)
-    findings: list[Finding] = [
-        error(
-            "field-spelt-twice",
-            where,
-            "a field given by its proto name and its JSON name in one message: which "
-            "Envoy reads cannot be checked; give it once",
-        )
-        for where in twice
-    ]
-    if missing:
-        findings.append(error("listener-missing", "", f"no listener named {', '.join(missing)}"))
-    if not found:
-        findings.append(error("no-connection-manager", "", "no HTTP connection manager found"))
+    findings = list(_unreadable(twice, missing, found=bool(found)))
     findings.extend(coverage(config, namespace))
     findings.extend(closure.listeners(config, listeners, namespace))
     routes = 0
@@ -73,6 +61,23 @@ def check(
             findings.extend(writers(chain, declared, decides))
     findings.extend(tenant_pairs(found, namespace))
     return Report(tuple(findings), routes)
+
+
+def _unreadable(twice: list[str], missing: list[str], *, found: bool) -> Iterator[Finding]:
+    """What keeps the rules from reading the configuration as Envoy does: a field spelt
+    twice (by the names of what holds it), a named listener ``missing``, no connection
+    manager ``found``."""
+    for where in twice:
+        yield error(
+            "field-spelt-twice",
+            where,
+            "a field given by its proto name and its JSON name in one message: which "
+            "Envoy reads cannot be checked; give it once",
+        )
+    if missing:
+        yield error("listener-missing", "", f"no listener named {', '.join(missing)}")
+    if not found:
+        yield error("no-connection-manager", "", "no HTTP connection manager found")
 
 
 def _chain(chain: reader.Chain) -> Iterator[Finding]:

@@ -118,6 +118,13 @@ def processor_tls(
             "UpstreamTlsContext transport_socket: every stream fails",
         )
         return
+    yield from _upstream_tls(where, typed, wanted)
+
+
+def _upstream_tls(where: str, typed: dict[str, Any], wanted: Demand) -> Iterator[Finding]:
+    """What the processor's cluster's ``UpstreamTlsContext`` (``typed``) lacks: a
+    verified certificate of the processor, its name, and the client certificate
+    ``wanted`` may demand."""
     common = typed.get("common_tls_context", {})
     if not _verifies(common):
         yield error(
