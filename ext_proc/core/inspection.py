@@ -163,19 +163,10 @@ def read(
     denied = _endpoint_refused(endpoint, parsed.accept)
     if denied is not None and enforced(denied, audit):
         return Request(route.name, request_id, audit, parsed, endpoint, event.peer, refused=denied)
-    body = None
-    if parsed.strict_body is not None:
-        body = declared.body(parsed.strict_body, endpoint)
-        # An endpoint whose body the engine reads without a model (SageMaker's
-        # /invocations hands it to whichever API parses it) declares nothing to hold it to.
-        if body is None or body.root is None:
-            refusal = _undeclared_endpoint(parsed.strict_body, endpoint)
-            return Request(
-                route.name, request_id, audit, parsed, endpoint, event.peer, refused=refusal
-            )
-    partition = _partition(parsed, event, tenant_key)
-    if partition is not None and not isinstance(partition, Deny):
-        partition = _unpartitioned(endpoint, body) or partition
+    body = None if parsed.strict_body is None else _declared(parsed.strict_body, endpoint)
+    if isinstance(body, Deny):
+        return Request(route.name, request_id, audit, parsed, endpoint, event.peer, refused=body)
+    partition = _partition(parsed, event, tenant_key, endpoint, body)
     if isinstance(partition, Deny):
         if enforced(partition, audit):
             return Request(
@@ -183,8 +174,6 @@ def read(
             )
         denied, partition = denied or partition, None
     refused, held = _body_headers(found, audit, config.max_body_bytes) if with_body else _NONE
-    held = held or denied
-    turns = parsed.action is Action.HONOR and event.response_body_mode is BodyMode.BUFFERED
     return Request(
         route.name,
         request_id,
@@ -194,17 +183,22 @@ def read(
         event.peer,
         body,
         refused,
-        held,
-        turns,
-        partition,
+        held or denied,
+        turns=parsed.action is Action.HONOR and event.response_body_mode is BodyMode.BUFFERED,
+        partition=partition,
     )
 
 
 def _partition(
-    parsed: RoutePolicy, event: RequestHeaders, tenant_key: bytes | None
+    parsed: RoutePolicy,
+    event: RequestHeaders,
+    tenant_key: bytes | None,
+    endpoint: str,
+    body: declared.Body | None,
 ) -> bytes | Deny | None:
     """The tenant's key on a route that names a tenant source; None on any other; the
-    refusal of a request that names no tenant, or of any when no key is configured."""
+    refusal of a request that names no tenant, of any when no key is configured, and of
+    one to an endpoint that cannot carry the tenant's cache_salt (``_unpartitioned``)."""
     if parsed.tenant is None:
         return None
     if tenant_key is None:
@@ -212,13 +206,21 @@ def _partition(
     tenant = tenants.identify(parsed.tenant, event.headers, event.peer)
     if tenant is None:
         return Deny(tenants.missing(parsed.tenant).refusal())
-    return tenants.key_for(tenant_key, tenant)
+    key = tenants.key_for(tenant_key, tenant)
+    return _unpartitioned(endpoint, body) or key
 
 
 _NONE: Final = (None, None)
 
 
-def _undeclared_endpoint(engine: str, endpoint: str) -> Deny:
+def _declared(engine: str, endpoint: str) -> declared.Body | Deny:
+    """What ``engine`` declares for ``endpoint`` (a ``strict_body`` route), or the
+    refusal of an endpoint it declares no request model for."""
+    body = declared.body(engine, endpoint)
+    # An endpoint whose body the engine reads without a model (SageMaker's
+    # /invocations hands it to whichever API parses it) declares nothing to hold it to.
+    if body is not None and body.root is not None:
+        return body
     return Deny(
         bad_request(
             f"{engine}, this route's engine (strict_body), declares no request model for "
@@ -429,9 +431,19 @@ def _judge(
             request.policy, parsed.document, policy.NO_EVIDENCE, carriers, sender, body=request.body
         )
         return decision, parsed, mint.NOTHING
+    evidence = _evidence(parsed, request, account, config, trust)
+    return _weigh(parsed, carriers, echo_free, request, evidence, sender=sender)
+
+
+def _evidence(
+    parsed: Parsed, request: Request, account: Account, config: Config, trust: proof.Trust
+) -> policy.Evidence:
+    """What a route that weighs evidence judges a proof by: the prompt's digest
+    (computed on first use, once) and its first messages' (a turn proof's), the peer,
+    the keys, the clock, the lifetimes and the partition the request is in."""
     digest = _Once(functools.partial(admission.digest, parsed, request.endpoint, account))
     settings = config.proof
-    evidence = policy.Evidence(
+    return policy.Evidence(
         digest,
         request.peer,
         trust.keys(),
@@ -442,7 +454,6 @@ def _judge(
         turn_lifetime=settings.turn_ttl_seconds,
         partition=request.tag,
     )
-    return _weigh(parsed, carriers, echo_free, request, evidence, sender=sender)
 
 
 def _weigh(
