@@ -169,3 +169,44 @@ def test_check_config_passes_key_files_serving_reads(tmp_path):
     config = key_config(tmp_path, "a" * 64)
     checked = run_main("check-config", str(config))
     assert (checked.returncode, checked.stdout) == (0, f"{config}: OK\n")
+
+
+def record_config(tmp_path: Path, url: str) -> Path:
+    config = tmp_path / "config.yaml"
+    config.write_text(f'proof: {{record: "{url}", record_timeout_seconds: 0.2}}\n')
+    return config
+
+
+def test_check_config_refuses_a_record_url_that_names_no_redis(tmp_path):
+    for url, said in [
+        ("redis://:6379/0", "a redis:// URL names a host"),
+        ("redis://ext-proc-redis:70000/0", "the port must be a number from 1 to 65535"),
+    ]:
+        config = record_config(tmp_path, url)
+        checked = run_main("check-config", str(config))
+        assert checked.returncode == 1
+        assert checked.stdout == ""
+        (line,) = checked.stderr.splitlines()
+        assert line.startswith(f"{config}: ")
+        assert said in line
+
+
+def test_check_config_reaches_the_record_only_when_asked(tmp_path):
+    """A Redis that does not answer is an outage serve starts through: check-config
+    says the file is valid, and with --connect that the Redis does not answer."""
+    config = record_config(tmp_path, f"redis://127.0.0.1:{free_port()}/0")
+    checked = run_main("check-config", str(config))
+    assert (checked.returncode, checked.stdout) == (0, f"{config}: OK\n")
+    reached = run_main("check-config", "--connect", str(config))
+    assert reached.returncode == 1
+    assert reached.stdout == ""
+    (line,) = reached.stderr.splitlines()
+    assert line.startswith(f"{config}: proof.record: the Redis cannot be consulted (")
+    own = tmp_path / "own.yaml"
+    own.write_text("proof: {}\n")
+    reached = run_main("check-config", "--connect", str(own))
+    assert (reached.returncode, reached.stderr) == (0, "")
+    assert (
+        reached.stdout
+        == f"{own}: OK; proof.record is the processor's own table: nothing to reach\n"
+    )

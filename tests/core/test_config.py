@@ -192,6 +192,26 @@ def test_the_record_is_a_redis_url_or_the_local_table_charged_to_the_budget():
         Config.load(environ={}, max_body_bytes=16, inflight_budget_bytes=4096)
 
 
+@pytest.mark.parametrize(
+    ("url", "said"),
+    [
+        ("redis://", "a redis:// URL names a host"),
+        ("rediss://:6380/0", "a rediss:// URL names a host"),
+        ("redis://ext-proc-redis:0/0", "the port must be a number from 1 to 65535"),
+        ("redis://ext-proc-redis:65536/0", "the port must be a number from 1 to 65535"),
+        ("redis://ext-proc-redis:637x/0", "the port must be a number from 1 to 65535"),
+        ("unix://", "a unix:// URL names the socket's path"),
+        ("redis:/ext-proc-redis:6379/0", "a redis://, rediss:// or unix:// URL"),
+        ("Redis://ext-proc-redis:6379/0", "a redis://, rediss:// or unix:// URL"),
+    ],
+)
+def test_a_record_url_that_names_no_redis_is_refused(url, said):
+    """What a URL lacks to name a Redis is a configuration error (serve does not start,
+    check-config fails); whether the Redis answers is not."""
+    with pytest.raises(ConfigError, match=re.escape(said)):
+        Config.load(environ={}, proof={"record": url})
+
+
 def test_the_redis_password_comes_from_a_file_named_beside_the_record():
     """The configuration file is often a ConfigMap: the password is a file (a mounted
     Secret), the URL names at most the user."""

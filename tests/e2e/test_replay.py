@@ -831,28 +831,84 @@ def serve_on(record: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-@pytest.mark.parametrize(
-    ("extra", "said"),
-    [
-        (("--maxmemory-policy", "allkeys-lru"), "cannot keep the record: redis_evicts_keys: "),
-        (None, "the Redis cannot be consulted (ConnectionError: "),
-    ],
-    ids=["evicts", "down"],
-)
-def test_serve_starts_only_on_a_redis_that_keeps_the_record(tmp_path, extra, said):
-    server = Redis(tmp_path, "--save", "", "--appendonly", "no", *(extra or ()))
-    if extra is not None:
-        server.start()
+def test_serve_refuses_to_start_on_a_redis_that_answers_and_cannot_keep_the_record(tmp_path):
+    server = Redis(
+        tmp_path, "--save", "", "--appendonly", "no", "--maxmemory-policy", "allkeys-lru"
+    )
+    server.start()
     try:
         done = serve_on(server.url)
     finally:
-        if extra is not None:
-            server.stop()
+        server.stop()
     assert done.returncode == 2
     # One line naming the setting, nothing served (no "serving" line, no traceback).
     assert done.stderr.startswith("ext_proc: proof.record: ")
-    assert said in done.stderr
+    assert "cannot keep the record: redis_evicts_keys: " in done.stderr
     assert done.stderr.count("\n") == 1
+
+
+def record_up(stack: Stack) -> float | None:
+    """The processor's ext_proc_proof_record_up{store="redis"}; None when absent."""
+    for line in metrics_text(stack).splitlines():
+        if line.startswith('ext_proc_proof_record_up{store="redis"} '):
+            return float(line.split()[1])
+    return None
+
+
+def check_config(path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-m", "ext_proc", "check-config", *args, str(path)]
+    return subprocess.run(command, capture_output=True, text=True, timeout=30, check=False)
+
+
+def test_a_processor_started_while_redis_is_down_serves_and_honors_once_redis_can_keep_the_record(
+    tmp_path, client
+):
+    """No Redis at start-up: the processor serves. A strip route through the real Envoy
+    as ever; an honor route's proof not honored (proof_record_unavailable: its decode
+    leg recomputes, as when Redis goes away under a running processor); the record
+    reported down. A Redis that then answers and may evict keys is checked as at
+    start-up and keeps nothing; once it can keep the record, honoring resumes."""
+    for name in ("redis", "gateway"):
+        (tmp_path / name).mkdir()
+    server = Redis(
+        tmp_path / "redis", "--save", "", "--appendonly", "no", "--maxmemory-policy", "allkeys-lru"
+    )
+    config = {"proof": {"record": server.url, **SHORT}}
+    with Stack(
+        tmp_path / "gateway", proof_keys={KEY_ID: new_key()}, processor_config=config
+    ) as stack:
+        assert "proof record: serving without it" in stack.logs("processor")
+        assert record_up(stack) == 0
+        offered = chat(kv_transfer_params={"do_remote_prefill": True, "remote_block_ids": [1]})
+        rid = request_id()
+        post(client, stack, "/v1/chat/completions", offered, rid)
+        assert_not_honored(stack, offered, rid, "stripped_by_policy")
+        sent = chat(minted(client, stack))
+        assert_not_honored(stack, sent, decode(client, stack, sent), "proof_record_unavailable")
+        checked = check_config(stack.workdir / "processor.yaml", "--connect")
+        assert checked.returncode == 1
+        assert ": proof.record: the Redis cannot be consulted (" in checked.stderr
+        server.start()
+        try:
+            wait_for(lambda: '"state":"unsafe"' in stack.logs("processor"))
+            assert "redis_evicts_keys" in stack.logs("processor")
+            assert record_up(stack) == 0
+            assert_record_refused(client, stack, chat(minted(client, stack)), "redis_evicts_keys")
+            checked = check_config(stack.workdir / "processor.yaml", "--connect")
+            assert checked.returncode == 1
+            assert "cannot keep the record: redis_evicts_keys: " in checked.stderr
+            with server.client() as admin:
+                admin.config_set("maxmemory-policy", "noeviction")
+            wait_for(lambda: record_up(stack) == 1)
+            checked = check_config(stack.workdir / "processor.yaml", "--connect")
+            assert checked.returncode == 0, checked.stderr
+            assert checked.stdout.endswith(": OK; proof.record answers and can keep the record\n")
+            warmed_up(client, stack)
+            sent = chat(minted(client, stack))
+            assert_honored(stack, sent, decode(client, stack, sent))
+            assert_not_honored(stack, sent, decode(client, stack, sent), "proof_replayed")
+        finally:
+            server.stop()
 
 
 # --- writers whose terms differ ---------------------------------------------------------

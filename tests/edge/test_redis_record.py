@@ -8,7 +8,12 @@ import pytest
 
 from ext_proc.core.config import ConfigError
 from ext_proc.core.replay import Ticket, Verdict
-from ext_proc.edge.redis_record import RedisRecord, read_password
+from ext_proc.edge.redis_record import (
+    RecordState,
+    RecordUnreachable,
+    RedisRecord,
+    read_password,
+)
 
 
 def closed_port() -> int:
@@ -75,3 +80,28 @@ def test_a_password_file_that_cannot_be_read_or_is_empty_stops_the_start(tmp_pat
     (tmp_path / "empty").write_text("\n")
     with pytest.raises(ConfigError, match="is empty"):
         read_password(str(tmp_path / "empty"))
+
+
+def test_a_redis_that_does_not_answer_is_unreachable_and_reported_once():
+    """Every consultation (the checks serve runs, a spend) finds the same state; the
+    state is reported when it changes, not on every consultation."""
+    states = []
+    url = f"redis://127.0.0.1:{closed_port()}/0"
+    record = RedisRecord(url, 0.2, on_state=states.append)
+
+    async def consult():
+        try:
+            with pytest.raises(RecordUnreachable, match=r"^proof\.record: the Redis cannot be"):
+                await record.check()
+            assert record.state is RecordState.UNKNOWN  # check only says, for serve
+            found = [await record.probe()]
+            ticket = Ticket(b"k" * 16, int(time.time()) + 30, int(time.time()))
+            assert await record.spend(ticket) is Verdict.UNAVAILABLE
+            found.append(await record.probe())
+            return found
+        finally:
+            await record.close()
+
+    assert asyncio.run(consult()) == [RecordState.UNREACHABLE] * 2
+    assert states == [RecordState.UNREACHABLE]
+    assert record.state is RecordState.UNREACHABLE

@@ -18,7 +18,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from ext_proc._pb import external_processor_pb2_grpc as pb_grpc
 from ext_proc.core.config import Config
-from ext_proc.edge.server import Server, listen
+from ext_proc.edge.redis_record import RecordState, RedisRecord
+from ext_proc.edge.server import RECORD_SERVICE, Server, listen
 from ext_proc.version import version
 from tests.messages import headers_request, route_attributes
 
@@ -174,3 +175,57 @@ def test_a_taken_metrics_address_is_one_error_line_and_exit_2():
         message = one_error_line(serve("--listen", "127.0.0.1:0", "--metrics-listen", address))
     assert message.startswith(f"cannot listen on {address} for metrics: ")
     assert "metrics_listen / --metrics-listen / EXT_PROC_METRICS_LISTEN" in message
+
+
+async def record_health(port: int) -> int:
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+        reply = await health_pb2_grpc.HealthStub(channel).Check(
+            health_pb2.HealthCheckRequest(service=RECORD_SERVICE), timeout=2
+        )
+        return int(reply.status)
+
+
+def record_up(server: Server) -> float | None:
+    assert server.running is not None
+    registry = server.running.processor.metrics.registry
+    return registry.get_sample_value("ext_proc_proof_record_up", {"store": "redis"})
+
+
+def test_a_processor_whose_redis_does_not_answer_serves_and_says_the_record_is_down():
+    """Its own health SERVING (the pod stays Ready, every route served), the record's
+    NOT_SERVING and its gauge 0, the checks run again while it serves."""
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        url = f"redis://127.0.0.1:{holder.getsockname()[1]}/0"  # nothing listens
+    settings = config(proof={"record": url, "record_timeout_seconds": 0.1})
+
+    async def scenario() -> tuple[list[int], float | None, grpc.StatusCode, int]:
+        server = Server(settings)
+        main = asyncio.ensure_future(server.main())
+        port = await started(server)
+        record = server.running.processor.record if server.running else None
+        assert isinstance(record, RedisRecord)
+        while record.state is not RecordState.UNREACHABLE:  # the first check found it
+            await asyncio.sleep(0.02)
+        statuses = [await health(port), await record_health(port)]
+        served = await one_stream(port)
+        up = record_up(server)
+        os.kill(os.getpid(), signal.SIGTERM)
+        return statuses, up, served, await main
+
+    statuses, up, served, status = run(scenario())
+    assert statuses == [SERVING, NOT_SERVING]
+    assert up == 0
+    assert served == grpc.StatusCode.OK
+    assert status == 0
+
+
+def test_a_processor_keeping_its_own_record_says_the_record_serves():
+    async def scenario() -> int:
+        running = await listen(config())
+        try:
+            return await record_health(running.port)
+        finally:
+            await running.server.stop(None)
+
+    assert run(scenario()) == SERVING

@@ -13,6 +13,7 @@ import yaml
 
 from ext_proc.core.config import Config, ConfigError
 from ext_proc.edge.keys import KeyFileError
+from ext_proc.edge.redis_record import RecordUnreachable
 from ext_proc.tools import preflight
 from tests.tools.check_envoy.shipped import SHIPPED, policy
 
@@ -104,16 +105,28 @@ def test_a_record_the_processor_keeps_itself_needs_no_check():
     preflight.record(Config())  # no Redis: nothing to reach
 
 
+UNREACHABLE = Config.model_validate(
+    {"proof": {"record": "redis://127.0.0.1:1/0", "record_timeout_seconds": 0.1}}
+)
+
+
 def test_every_check_runs_in_order(tmp_path):
     document = copy.deepcopy(SHIPPED)
     policy(document, "disaggregated").update(action="honr")
     bad_routes = written(tmp_path, document)
     # No key files: the Envoy configuration is next, then the record (unreachable).
-    unreachable = Config.model_validate(
-        {"proof": {"record": "redis://127.0.0.1:1/0", "record_timeout_seconds": 0.1}}
-    )
     with pytest.raises(ConfigError, match="invalid route policy metadata"):
-        preflight.check_all(unreachable, bad_routes)
-    with pytest.raises(ConfigError, match=r"^proof.record: the Redis cannot be consulted \("):
-        preflight.check_all(unreachable, REPO / "envoy" / "envoy.yaml")
+        preflight.check_all(UNREACHABLE, bad_routes)
     preflight.check_all(Config(), REPO / "envoy" / "envoy.yaml")
+
+
+def test_a_redis_that_does_not_answer_is_logged_and_serving_goes_on(caplog):
+    """An outage of the record is no configuration error: serve starts (and honors no
+    proof until it answers); asked to reach it (check-config --connect), it is one."""
+    preflight.check_all(UNREACHABLE, REPO / "envoy" / "envoy.yaml")
+    (logged,) = [r for r in caplog.records if r.name == "ext_proc.record"]
+    assert logged.levelname == "WARNING"
+    assert logged.getMessage().startswith("proof record: serving without it; ")
+    assert getattr(logged, "state", None) == "unreachable"
+    with pytest.raises(RecordUnreachable, match=r"^proof.record: the Redis cannot be consulted \("):
+        preflight.record(UNREACHABLE, reach=True)
