@@ -36,6 +36,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     check = commands.add_parser("check-config", help="validate a processor config file")
     check.add_argument("file", type=Path)
+    check.add_argument(
+        "--connect",
+        action="store_true",
+        help="also reach proof.record's Redis and run serve's checks on it",
+    )
     check_envoy = commands.add_parser(
         "check-envoy", help="check the token policy of every route in an Envoy config"
     )
@@ -106,6 +111,28 @@ def _serve(args: argparse.Namespace) -> int:
     return run(config)
 
 
+def _check_config(path: Path, *, connect: bool) -> int:
+    """The configuration and its key files; with ``connect``, its Redis record too.
+    One line either way."""
+    from ext_proc.tools import preflight
+
+    try:
+        config = Config.load(path, environ={})
+        preflight.keys(config)
+        if connect:
+            preflight.record(config, reach=True)
+    except ConfigError as exc:
+        print(f"{path}: {exc}", file=sys.stderr)
+        return 1
+    if not connect:
+        print(f"{path}: OK")
+    elif config.proof.record:
+        print(f"{path}: OK; proof.record answers and can keep the record")
+    else:
+        print(f"{path}: OK; proof.record is the processor's own table: nothing to reach")
+    return 0
+
+
 def _envoy_config(argv: list[str]) -> int:
     try:
         from ext_proc.tools import envoygen
@@ -131,15 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "serve":
         return _serve(args)
     if args.command == "check-config":
-        from ext_proc.tools import preflight
-
-        try:
-            preflight.keys(Config.load(args.file, environ={}))
-        except ConfigError as exc:
-            print(f"{args.file}: {exc}", file=sys.stderr)
-            return 1
-        print(f"{args.file}: OK")
-        return 0
+        return _check_config(args.file, connect=args.connect)
     from ext_proc.tools import check_envoy
     from ext_proc.tools.check_envoy.envoy_validate import find_envoy
 

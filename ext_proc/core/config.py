@@ -118,8 +118,8 @@ class Proof(BaseModel):
                 "request's KV; set decode_blocks_ttl_seconds to your vLLM's "
                 "decoder_kv_blocks_ttl"
             )
-        if self.record and not self.record.startswith(("redis://", "rediss://", "unix://")):
-            raise ValueError("proof.record must be empty or a redis://, rediss:// or unix:// URL")
+        if self.record:
+            record_url_shape(self.record)
         if self.record_password_file is not None:
             if not self.record:
                 raise ValueError("proof.record_password_file needs a Redis proof.record")
@@ -147,6 +147,31 @@ class Tenants(BaseModel):
     # Shared by every processor in front of the same engines. Without it, a route that
     # names a tenant source refuses every request (500 tenant_key_missing).
     key_file: str | None = Field(None, min_length=1)
+
+
+def record_url_shape(url: str) -> None:
+    """``ValueError`` naming what ``url`` lacks to name a Redis: a redis:// or
+    rediss:// URL with a host and a port from 1 to 65535 (6379 when none), or a
+    unix:// URL with a socket path. Whether it answers is ``check-config --connect``'s
+    (a Redis that is down is an outage, not a configuration)."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("redis", "rediss", "unix") or not url.startswith(f"{parts.scheme}://"):
+        raise ValueError("proof.record must be empty or a redis://, rediss:// or unix:// URL")
+    if parts.scheme == "unix":
+        if not parts.path:
+            raise ValueError("proof.record: a unix:// URL names the socket's path")
+        return
+    if not parts.hostname:
+        raise ValueError(f"proof.record: a {parts.scheme}:// URL names a host")
+    try:
+        port = parts.port
+    except ValueError:
+        port = 0
+    if port == 0:
+        raise ValueError(
+            f"proof.record: the port must be a number from 1 to 65535 (or none: 6379), "
+            f"not {parts.netloc.rpartition(':')[2]!r}"
+        )
 
 
 def names_database_zero(url: str) -> bool:

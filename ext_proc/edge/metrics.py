@@ -55,6 +55,17 @@ class Metrics:
             registry=self.registry,
         )
         self.record_errors.labels("redis")
+        # 1 while the last consultation of the record found it able to keep the record,
+        # 0 before the first and while it cannot be reached or cannot keep it; with
+        # several workers, the lowest: a worker that honors nothing shows.
+        self.record_up = Gauge(
+            "ext_proc_proof_record_up",
+            "1 when the record of spent proofs (store: redis) answered the last "
+            "consultation and can keep the record; 0 otherwise (no proof is honored).",
+            ["store"],
+            registry=self.registry,
+            multiprocess_mode="livemin",
+        )
         # 1, labelled with the running version: a rollout shows as two series, and
         # `count by (version)` says how many replicas run each.
         self.build_info = Gauge(

@@ -53,6 +53,13 @@ is ``UNAVAILABLE``: the proof is not honored, a warning is logged and counted, a
 next proof tries again, so honoring resumes on its own once Redis answers. One attempt
 per proof, bounded by ``timeout`` seconds: a Redis that stalls delays only the decode
 legs waiting for it, never another stream.
+
+The record's ``state`` (``RecordState``) is what the last consultation found: a spend,
+or ``probe``, the start-up checks (``check``) run again every ``PROBE_SECONDS`` while
+the processor serves (``edge.server``), so a record that was unreachable at
+start-up, or went away with no proof to spend, is seen to answer (or to answer as a
+Redis that cannot keep the record) without waiting for a proof. The state decides
+nothing: every spend still judges the server it reaches.
 """
 
 from __future__ import annotations
@@ -63,6 +70,7 @@ import logging
 import math
 import time
 from collections.abc import Callable
+from enum import StrEnum
 from pathlib import Path
 from typing import Final
 
@@ -270,6 +278,29 @@ _REFUSED: Final = {
 }
 
 
+# How often a serving processor runs the start-up checks again (``RedisRecord.probe``).
+PROBE_SECONDS: Final = 2.0
+
+
+class RecordState(StrEnum):
+    """What the last consultation of the Redis found."""
+
+    UNKNOWN = "unknown"  # not consulted yet
+    UP = "up"  # it answered and can keep the record
+    UNREACHABLE = "unreachable"  # it did not answer (refused, reset, timed out)
+    UNSAFE = "unsafe"  # it answered and cannot keep the record (a _REFUSED check)
+
+
+class RecordUnreachable(ConfigError):
+    """The Redis did not answer: an outage the processor serves through (every route
+    but a proof's spend), unlike a Redis that answers and cannot keep the record."""
+
+
+# The script's refusals that say the server cannot keep the record (the rest are the
+# record working as it should, or this processor's clock).
+_UNSAFE: Final = frozenset({_NOT_MASTER, _EVICTS, _STATS_RESET, _TOO_OLD})
+
+
 def read_password(path: str | None) -> str | None:
     """The Redis password in ``path`` (one trailing newline, as ``echo`` writes it, is
     not part of it); None without a file."""
@@ -296,11 +327,13 @@ class RedisRecord:
         *,
         terms: Terms = NO_TERMS,
         password_file: str | None = None,
+        on_state: Callable[[RecordState], None] = lambda _state: None,
     ) -> None:
         """``terms``: this processor's (``config.Proof.terms``), which its tickets were
         made under; ``password_file``:
         ``proof.record_password_file``, read once here (``ConfigError`` when it cannot
-        be, naming the file and never its content)."""
+        be, naming the file and never its content); ``on_state``: called with the new
+        state whenever a consultation finds another than the last."""
         self._client = redis.asyncio.Redis.from_url(
             url,
             password=read_password(password_file),
@@ -319,6 +352,8 @@ class RedisRecord:
         self._in_flight = math.ceil(timeout * 1000)
         self._allowance = allowance(terms.skew) * 1000 + self._in_flight
         self._terms = terms
+        self._on_state = on_state
+        self.state = RecordState.UNKNOWN
         self.size = 0  # nothing held here beyond a connection
 
     async def spend(self, ticket: Ticket) -> Verdict:
@@ -345,7 +380,12 @@ class RedisRecord:
                     ],
                 )
         except (RedisError, OSError, TimeoutError) as exc:
+            self._found(RecordState.UNREACHABLE, type(exc).__name__)
             return self._unavailable(type(exc).__name__, "Redis could not be consulted")
+        if recorded in _UNSAFE:
+            self._found(RecordState.UNSAFE, _REFUSED[recorded][0])
+        elif recorded in (0, 1, *_BEGINNINGS, _CLOCK_BEHIND):
+            self._found(RecordState.UP)
         if recorded == _CLOCK_BEHIND:
             # This processor's clock, not the record: logged, counted as the decision's
             # reason.
@@ -370,9 +410,13 @@ class RedisRecord:
 
     async def check(self) -> None:
         """Before serving: the Redis answers and can keep the record, or ``ConfigError``
-        naming what is wrong (one line; the URL is not shown, it may hold a password).
-        The spends still judge for themselves: a Redis can change under a running
-        processor."""
+        naming what is wrong (one line; the URL is not shown, it may hold a password):
+        ``RecordUnreachable`` when it did not answer. The spends still judge for
+        themselves: a Redis can change under a running processor."""
+        log.info("proof record: Redis", extra=await self._inspect())
+
+    async def _inspect(self) -> dict[str, object]:
+        """``check`` without its log line: what the Redis said (the log's fields)."""
         try:
             async with asyncio.timeout(4 * self._timeout):
                 role = (await self._client.info("replication")).get("role")
@@ -381,7 +425,7 @@ class RedisRecord:
                 reset = "cmdstat_config|resetstat" in await self._client.info("commandstats")
         except (RedisError, OSError, TimeoutError) as exc:
             said = str(exc).splitlines()[0] if str(exc) else "no answer"
-            raise ConfigError(
+            raise RecordUnreachable(
                 f"proof.record: the Redis cannot be consulted ({type(exc).__name__}: {said})"
             ) from None
         major = version.partition(".")[0]
@@ -398,8 +442,36 @@ class RedisRecord:
                 + "; ".join(f"{why}: {words}" for why, words in refused)
                 + " (docs/operations.md#what-the-redis-must-be)"
             )
-        fields = {"store": "redis", "role": role, "maxmemory_policy": policy, "version": version}
-        log.info("proof record: Redis", extra=fields)
+        return {"store": "redis", "role": role, "maxmemory_policy": policy, "version": version}
+
+    async def probe(self) -> RecordState:
+        """The start-up checks run again (``check``); the state they find."""
+        try:
+            fields = await self._inspect()
+        except RecordUnreachable as exc:
+            self._found(RecordState.UNREACHABLE, str(exc))
+        except ConfigError as exc:
+            self._found(RecordState.UNSAFE, str(exc))
+        else:
+            self._found(RecordState.UP, fields=fields)
+        return self.state
+
+    def _found(
+        self, state: RecordState, why: str = "", *, fields: dict[str, object] | None = None
+    ) -> None:
+        """A consultation found ``state``: logged and reported when it changed."""
+        if state is self.state:
+            return
+        self.state = state
+        fields = {**(fields or {}), "store": "redis", "state": state.value}
+        if state is RecordState.UP:
+            log.info("proof record: Redis answers and can keep the record", extra=fields)
+        else:
+            log.warning(
+                "proof record: no proof is honored until Redis answers and can keep the record",
+                extra={**fields, "detail": why},
+            )
+        self._on_state(state)
 
     async def close(self) -> None:
         await self._client.aclose()

@@ -1,13 +1,22 @@
 """Process lifecycle: one ``Server`` whose life runs in named phases.
 
 ``startup``: bind the gRPC address → start → health SERVING → freeze the heap → the
-metrics endpoint → log "serving". ``serve``: wait for the first SIGTERM/SIGINT.
+metrics endpoint → log "serving" → with a Redis record, its checks every
+``PROBE_SECONDS``. ``serve``: wait for the first SIGTERM/SIGINT.
 ``drain``: health NOT_SERVING at once, then the drain window (``drain_seconds``: Envoy's
 health checks see NOT_SERVING and stop sending new streams, which are still served
 meanwhile). ``stop``: stop accepting and let in-flight streams finish within
 ``shutdown_grace_seconds`` → exit 0. A second signal at any point cancels what is left
 and exits 1. An address that cannot be bound ends start-up with one error line and
 exit status 2. Signal handlers only set flags; the phases do the work.
+
+Readiness is the gRPC health service: ``""`` and the ExternalProcessor's name say
+whether this process serves (every route: one that needs no record of spent proofs is
+served whatever the record's state); ``RECORD_SERVICE`` says whether the record of
+spent proofs can be consulted (SERVING, or NOT_SERVING while a Redis record cannot be
+reached or cannot keep the record: then no proof is honored, its decode legs
+recompute). A pod stays Ready through a Redis outage; ``ext_proc_proof_record_up`` and
+``RECORD_SERVICE`` state what is degraded.
 """
 
 from __future__ import annotations
@@ -33,7 +42,7 @@ from ext_proc.core.replay import Record
 from ext_proc.edge import allocator, logs, tracing
 from ext_proc.edge.metrics import Endpoint, Metrics, serve_metrics
 from ext_proc.edge.record import LocalRecord
-from ext_proc.edge.redis_record import RedisRecord
+from ext_proc.edge.redis_record import PROBE_SECONDS, RecordState, RedisRecord
 from ext_proc.edge.service import ExternalProcessor
 from ext_proc.version import version
 
@@ -42,6 +51,8 @@ GC_THRESHOLD = 20_000  # CPython's default is 700
 # How often the in-flight gauges are read: a request costs no gauge update.
 SAMPLE_SECONDS = 1.0
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["ExternalProcessor"].full_name
+# The health service name whose status is the record of spent proofs' (not the pod's).
+RECORD_SERVICE = "ext_proc.ProofRecord"
 
 
 async def _set_health(servicer: health.aio.HealthServicer, status: int) -> None:
@@ -114,12 +125,15 @@ def open_record(config: Config, metrics: Metrics, shared: Path | None = None) ->
     proof = config.proof
     if proof.record:
         errors = metrics.record_errors.labels("redis")
+        up = metrics.record_up.labels("redis")
+        up.set(0)  # until a consultation finds it able to keep the record
         return RedisRecord(
             proof.record,
             proof.record_timeout_seconds,
             on_error=errors.inc,
             terms=proof.terms,
             password_file=proof.record_password_file,
+            on_state=lambda state: up.set(1 if state is RecordState.UP else 0),
         )
     if shared is not None:
         return LocalRecord.open(shared, terms=proof.terms)
@@ -154,6 +168,8 @@ async def listen(
     pb_grpc.add_ExternalProcessorServicer_to_server(processor, server)
     health_servicer = health.aio.HealthServicer()
     await _set_health(health_servicer, health_pb2.HealthCheckResponse.NOT_SERVING)
+    # A table this process keeps itself is always there; a Redis once it answers.
+    await health_servicer.set(RECORD_SERVICE, _record_status(record))
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     credentials = _credentials(config)
     try:
@@ -167,6 +183,31 @@ async def listen(
         raise _cannot_listen(config.listen, "the address cannot be bound")
     await server.start()
     return Running(server, health_servicer, processor, port)
+
+
+def _record_status(record: Record) -> int:
+    """The record's health status: SERVING while it can be consulted."""
+    down = isinstance(record, RedisRecord) and record.state is not RecordState.UP
+    status: int = (
+        health_pb2.HealthCheckResponse.NOT_SERVING
+        if down
+        else health_pb2.HealthCheckResponse.SERVING
+    )
+    return status
+
+
+async def watch_record(running: Running, every: float = PROBE_SECONDS) -> None:
+    """With a Redis record: its start-up checks now and every ``every`` seconds until
+    cancelled, each finding reported as ``RECORD_SERVICE``'s health (the metric and
+    the log follow the record's state themselves). The processor serves throughout:
+    a Redis that went away, or was away at start-up, costs honored proofs only."""
+    record = running.processor.record
+    if not isinstance(record, RedisRecord):
+        return
+    while True:
+        await record.probe()
+        await running.health.set(RECORD_SERVICE, _record_status(record))
+        await asyncio.sleep(every)
 
 
 async def build(config: Config, *, reuse_port: bool = False) -> Running:
@@ -201,6 +242,7 @@ class Server:
         self.running: Running | None = None
         self.metrics: Endpoint | None = None
         self.sampler: asyncio.Task[None] | None = None
+        self.watcher: asyncio.Task[None] | None = None
 
     def on_signal(self) -> None:
         # Handlers only set flags; the phases do the work.
@@ -255,6 +297,7 @@ class Server:
             registry = self.running.processor.metrics.registry
             self.metrics = serve_metrics(config.metrics_address, registry)
         self.sampler = asyncio.ensure_future(self._sample(self.running.processor))
+        self.watcher = asyncio.ensure_future(watch_record(self.running))
         log.info(
             "serving",
             extra={
@@ -315,8 +358,9 @@ class Server:
 
     async def _close(self) -> None:
         """On every exit path: nothing left listening (idempotent after a clean stop)."""
-        if self.sampler is not None:
-            self.sampler.cancel()
+        for task in (self.sampler, self.watcher):
+            if task is not None:
+                task.cancel()
         if self.running is not None:
             await self.running.server.stop(None)
             await self.running.processor.record.close()
