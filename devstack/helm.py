@@ -284,9 +284,19 @@ GATEWAY_TEMPLATES: Final = {
 
 def prometheus_rule_template() -> str:
     document = monitoring.prometheus_rule(yaml.safe_load(monitoring.RULES.read_text()))
+    document["metadata"]["name"] = "__FULLNAME__"
     document["metadata"]["namespace"] = "__RELEASE_NAMESPACE__"
+    document["metadata"]["labels"] = "__LABELS__"
     text = yaml.dump(document, Dumper=monitoring._Dumper, sort_keys=False, width=1000)
     text = _escaped(text).replace("__RELEASE_NAMESPACE__", "{{ .Release.Namespace }}")
+    text = text.replace("__FULLNAME__", '{{ include "ext-proc-token-policy.fullname" . }}')
+    labels = (
+        '\n    {{- include "ext-proc-token-policy.labels" . | nindent 4 }}'
+        "\n    {{- with .Values.monitoring.prometheusRule.labels }}"
+        "\n    {{- toYaml . | nindent 4 }}"
+        "\n    {{- end }}"
+    )
+    text = text.replace(" __LABELS__", labels)
     condition = "{{- if .Values.monitoring.prometheusRule.enabled }}\n"
     return _RULE_HEADER + condition + text + "{{- end }}\n"
 
@@ -306,16 +316,38 @@ def render(
     namespace: str = BASE_NAMESPACE,
     chart: Path = CHART,
     generated: dict[Path, str] | None = None,
+    release: str = RELEASE,
 ) -> dict[str, str]:
-    """The chart's render: each template's name (``deployment.yaml``) and its text.
-    ``generated``: template texts that take the place of the committed ones (so the base
-    follows what this run writes)."""
+    """The chart's render: each template's name (``deployment.yaml``) and its text, the
+    manifests only (``NOTES.txt``: ``notes``). ``generated``: template texts that take
+    the place of the committed ones (so the base follows what this run writes)."""
+    rendered = _rendered(values, namespace, chart, generated, release)
+    rendered.pop("NOTES.txt", None)
+    return rendered
+
+
+def notes(
+    values: dict[str, Any] | None = None,
+    namespace: str = BASE_NAMESPACE,
+    release: str = RELEASE,
+) -> str:
+    """What ``helm install`` prints: the chart's NOTES.txt rendered."""
+    return _rendered(values, namespace, CHART, None, release)["NOTES.txt"]
+
+
+def _rendered(
+    values: dict[str, Any] | None,
+    namespace: str,
+    chart: Path,
+    generated: dict[Path, str] | None,
+    release: str,
+) -> dict[str, str]:
     with tempfile.TemporaryDirectory() as scratch:
         copy = Path(scratch) / chart.name
         shutil.copytree(chart, copy)
         for path, text in (generated or {}).items():
             (copy / path.relative_to(chart)).write_text(text)
-        rendered = helm_python.Chart.load(copy).render(values, name=RELEASE, namespace=namespace)
+        rendered = helm_python.Chart.load(copy).render(values, name=release, namespace=namespace)
     prefix = f"{chart.name}/templates/"
     return {name.removeprefix(prefix): text for name, text in rendered.items()}
 

@@ -394,6 +394,188 @@ def test_the_network_policy_admits_the_named_gateway_namespaces():
     }
 
 
+# --- names from the release, the standard pod settings, what install prints ---------------
+
+
+def validated(objects: list[dict[str, Any]]) -> None:
+    for doc in objects:
+        if doc["apiVersion"] in CORE:
+            kubernetes_validate.validate(doc, KUBE_VERSION, strict=True)
+        else:
+            assert (doc["apiVersion"], doc["kind"]) in CRDS, doc["kind"]
+
+
+def selects(selector: dict[str, str], labels: dict[str, str]) -> bool:
+    return selector.items() <= labels.items()
+
+
+def test_two_releases_in_one_namespace_render_apart():
+    """Every object of a release is named from it and selects only its own pods: a
+    second release beside the shipped one (ext-proc-token-policy, whose names the
+    deploy/ wiring uses) clashes with none of its objects and wires its own."""
+    monitoring_on = values_of(helm.CHART / "ci" / "monitoring-values.yaml")
+    releases = {
+        name: [
+            doc
+            for text in helm.render(monitoring_on, NAMESPACE, release=name).values()
+            for doc in parse(text)
+        ]
+        for name in ("ext-proc-token-policy", "team-b")
+    }
+    shipped, other = releases.values()
+    named = lambda objects: {(o["kind"], o["metadata"]["name"]) for o in objects}  # noqa: E731
+    assert len(named(shipped)) == len(shipped)
+    assert len(named(other)) == len(other)
+    assert named(shipped) & named(other) == set()
+    assert ("Service", "ext-proc-token-policy-headless") in named(shipped)
+    assert ("Service", "ext-proc-redis") in named(shipped)
+    assert ("Secret", "ext-proc-redis-auth") in named(shipped)
+    for objects in releases.values():
+        validated(objects)
+    for name, objects in releases.items():
+        prefix = "ext-proc-" if name == "ext-proc-token-policy" else f"{name}-ext-proc-"
+        assert all(o["metadata"]["name"].startswith(prefix) for o in objects), name
+        assert all(o["metadata"]["labels"]["app.kubernetes.io/instance"] == name for o in objects)
+    # What a selector may pick: pods, and Services (a ServiceMonitor's).
+    pods = {
+        name: [d["spec"]["template"]["metadata"]["labels"] for d in every(objects, "Deployment")]
+        + [d["metadata"]["labels"] for d in every(objects, "Service")]
+        for name, objects in releases.items()
+    }
+    for name, objects in releases.items():
+        (theirs,) = [pods[other_name] for other_name in pods if other_name != name]
+        for doc in objects:
+            spec = doc.get("spec", {})
+            selector = spec.get("selector", {}).get("matchLabels") or (
+                spec.get("selector") if doc["kind"] == "Service" else None
+            )
+            selector = selector or spec.get("podSelector", {}).get("matchLabels")
+            if selector:
+                assert not any(selects(selector, labels) for labels in theirs), doc["kind"]
+                assert any(selects(selector, labels) for labels in pods[name]), doc["kind"]
+    # team-b's processor reaches team-b's Redis, serves team-b's names, reads its Secrets.
+    config = yaml.safe_load(one(other, "ConfigMap")["data"]["config.yaml"])
+    assert config["proof"]["record"] == "redis://team-b-ext-proc-redis:6379/0"
+    assert ("Service", "team-b-ext-proc-redis") in named(other)
+    pod = one(other, "Deployment", "team-b-ext-proc-token-policy")["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert pod["serviceAccountName"] == "team-b-ext-proc-token-policy"
+    assert (
+        secret_of(pod, container, config["tls"]["cert_file"]) == "team-b-ext-proc-token-policy-tls"
+    )
+    password = secret_of(pod, container, config["proof"]["record_password_file"])
+    assert password == "team-b-ext-proc-redis-auth"
+    server = one(other, "Secret", "team-b-ext-proc-token-policy-tls")["data"]["tls.crt"]
+    names = x509.load_pem_x509_certificate(base64.b64decode(server)).extensions
+    sans = names.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert f"team-b-ext-proc-token-policy-headless.{NAMESPACE}.svc" in sans.get_values_for_type(
+        x509.DNSName
+    )
+    assert ("Secret", "team-b-ext-proc-token-policy-envoy") in named(other)
+    target = one(other, "HorizontalPodAutoscaler")["spec"]["scaleTargetRef"]["name"]
+    assert target == "team-b-ext-proc-token-policy"
+
+
+def test_the_standard_pod_settings_reach_the_pods():
+    values = values_of(helm.CHART / "ci" / "pod-settings-values.yaml")
+    objects = rendered(values)
+    processor = one(objects, "Deployment", "ext-proc-token-policy")["spec"]["template"]
+    redis = one(objects, "Deployment", "ext-proc-redis")["spec"]["template"]["spec"]
+    pod = processor["spec"]
+    assert processor["metadata"]["labels"]["team"] == "inference"
+    annotations = processor["metadata"]["annotations"]
+    assert annotations["example.com/owner"] == "inference"
+    assert annotations["sidecar.istio.io/inject"] == "false"
+    for key in ("nodeSelector", "tolerations", "imagePullSecrets"):
+        assert pod[key] == values[key] == redis[key], key
+    assert pod["affinity"] == values["affinity"]
+    assert redis["affinity"] == values["redis"]["affinity"]
+    assert pod["priorityClassName"] == values["priorityClassName"]
+    assert pod["topologySpreadConstraints"] == values["topologySpreadConstraints"]
+    (container,) = pod["containers"]
+    assert values["extraEnv"][0] in container["env"]
+    assert values["extraVolumeMounts"][0] in container["volumeMounts"]
+    assert values["extraVolumes"][0] in pod["volumes"]
+    # runAsUser: null removes the default (a platform that assigns the user); the rest
+    # stays.
+    assert "runAsUser" not in pod["securityContext"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    assert container["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    readiness = container["readinessProbe"]
+    assert (readiness["periodSeconds"], readiness["timeoutSeconds"]) == (10, 3)
+    assert readiness["failureThreshold"] == 2
+    assert readiness["tcpSocket"] == {"port": 50051}
+    defaults = yaml.safe_load((helm.CHART / "values.yaml").read_text())["probes"]
+    for probe, key in (("startupProbe", "startup"), ("livenessProbe", "liveness")):
+        assert {k: container[probe][k] for k in defaults[key]} == defaults[key]
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "peer"),
+    [
+        (
+            "otel-collector.observability.svc.cluster.local:4317",
+            {
+                "namespaceSelector": {
+                    "matchLabels": {"kubernetes.io/metadata.name": "observability"}
+                }
+            },
+        ),
+        ("otel-collector:4318", {"podSelector": {}}),
+        ("10.0.0.7:4317", {"ipBlock": {"cidr": "10.0.0.7/32"}}),
+        ("otel.example.com:4317", None),  # no NetworkPolicy resolves a name: the port
+    ],
+)
+def test_with_tracing_the_network_policy_admits_the_collector(endpoint, peer):
+    values = {"config": {"tracing": {"enabled": True, "endpoint": endpoint}}}
+    policy = one(rendered(values), "NetworkPolicy", "ext-proc-token-policy")
+    validated([policy])
+    port = int(endpoint.rsplit(":", 1)[1])
+    (rule,) = [r for r in policy["spec"]["egress"] if r["ports"][0]["port"] == port]
+    assert rule["ports"] == [{"protocol": "TCP", "port": port}]
+    assert rule.get("to") == (None if peer is None else [peer])
+    # Tracing off: no egress beyond the record and DNS.
+    off = one(rendered({}), "NetworkPolicy", "ext-proc-token-policy")["spec"]["egress"]
+    assert sorted(p["port"] for r in off for p in r["ports"]) == [53, 53, 6379]
+
+
+def test_the_notes_state_what_was_wired():
+    values = {
+        "gateway": {"kind": "istio", "name": "edge-gateway"},
+        "tls": {"mode": "certManager", "issuer": {"kind": "ClusterIssuer", "name": "mesh-ca"}},
+        "config": {"tracing": {"enabled": True}},
+    }
+    notes = helm.notes(values, NAMESPACE, release="team-b")
+    for stated in (
+        "objects named team-b-ext-proc-token-policy, namespace inference",
+        "Services team-b-ext-proc-token-policy and team-b-ext-proc-token-policy-headless",
+        "gateway.kind istio",
+        "Istio EnvoyFilter on the Envoy pods of the Gateway edge-gateway",
+        "signed by the ClusterIssuer mesh-ca",
+        "Secret\nteam-b-ext-proc-token-policy-envoy at /etc/ext-proc-token-policy/envoy",
+        "redis://team-b-ext-proc-redis:6379/0",
+        "OTLP/gRPC to otel-collector.observability:4317",
+        "kubectl -n inference rollout status deployment/team-b-ext-proc-token-policy",
+        "kubectl -n inference get envoyfilter",
+    ):
+        assert stated in notes, stated
+    assert "{{" not in notes
+    assert "<no value>" not in notes
+
+
+def test_the_render_refuses_names_and_probes_that_would_break():
+    # <fullname>-headless would be no DNS label: the render fails, nothing is cut short.
+    with pytest.raises(helm_python.HelmError, match="longer than 54"):
+        helm.render({}, NAMESPACE, release="a-release-name-of-forty-characters-long")
+    # Liveness would restart a draining processor (it answers NOT_SERVING meanwhile).
+    short = {
+        "probes": {"liveness": {"periodSeconds": 1, "timeoutSeconds": 1, "failureThreshold": 5}}
+    }
+    with pytest.raises(helm_python.HelmError, match=r"config\.drainSeconds"):
+        helm.render(short, NAMESPACE)
+
+
 # --- values outside the schema ------------------------------------------------------------
 
 
@@ -425,6 +607,17 @@ def test_the_network_policy_admits_the_named_gateway_namespaces():
         {"config": {"extra": {"proof": {"keys": []}}}},
         {"config": {"maxBodyBytes": 0}},
         {"replica": 3},
+        {"nodeSelectors": {"x": "y"}},  # an unknown key is still refused
+        {"nodeSelector": {"x": 1}},
+        {"podLabels": {"app.kubernetes.io/instance": "other"}},  # the selector's
+        {"podAnnotations": {"sidecar.istio.io/inject": "true"}},  # would end the mTLS
+        {"extraEnv": [{"name": "EXT_PROC_TLS", "value": "null"}]},  # config past the schema
+        {"extraVolumeMounts": [{"name": "x", "mountPath": "/etc/ext-proc/config.yaml"}]},
+        {"securityContext": {"readOnlyRootFilesystem": False}},
+        {"securityContext": {"capabilities": {"add": ["NET_ADMIN"]}}},
+        {"podSecurityContext": {"runAsNonRoot": None}},
+        {"probes": {"readiness": {"periodSeconds": 0}}},
+        {"fullnameOverride": "Not-A-Name"},
     ],
     ids=lambda values: yaml.safe_dump(values, default_flow_style=True).strip(),
 )
