@@ -683,6 +683,9 @@ def test_the_prometheus_rule_is_the_rules_file():
     service = one(objects, "Service", "ext-proc-token-policy-metrics")
     selector = monitor["spec"]["selector"]["matchLabels"]
     assert selector.items() <= service["metadata"]["labels"].items()
+    # A Prometheus selects monitors and rules by label (monitoring.*.labels).
+    assert monitor["metadata"]["labels"]["release"] == "prometheus"
+    assert rule["metadata"]["labels"]["release"] == "prometheus"
     assert monitor["spec"]["endpoints"][0]["port"] == service["spec"]["ports"][0]["name"]
 
 
