@@ -21,6 +21,7 @@ from ext_proc.core.events import (
 )
 from ext_proc.core.proof import Trust
 from ext_proc.core.replay import Terms, Ticket, Verdict
+from ext_proc.core.stream import State
 from ext_proc.edge.record import LocalRecord
 from tests.driver import DAY, Driven
 
@@ -112,8 +113,8 @@ def test_a_streamed_body_waits_for_the_verdict_and_is_answered_once():
     assert all(isinstance(a, StreamedBody) for a in answers[1:])
 
 
-@pytest.mark.parametrize("verdict", [Verdict.SPENT, Verdict.UNAVAILABLE, Verdict.FULL])
-def test_every_verdict_but_first_leaves_the_proof_unproven(verdict):
+@pytest.mark.parametrize("verdict", [Verdict.SPENT, Verdict.FULL, Verdict.CLOCK_BEHIND])
+def test_every_verdict_that_judges_the_proof_leaves_it_unproven(verdict):
     stream = Driven(max_body_bytes=1 << 20, trust=TRUST)
     stream.handle(headers())
     step = stream.stream.handle(RequestBody(BODY.encode(), True))
@@ -123,6 +124,52 @@ def test_every_verdict_but_first_leaves_the_proof_unproven(verdict):
     assert done.outcome.decision.reason == verdict.value
     (answer,) = done.answers
     assert "kv_transfer_params" not in json.loads(answer.replacement)
+
+
+def assert_unavailable(step):
+    """The request refused with a 503 a client retries (vLLM's error shape, nothing of
+    the deployment in it), counted under proof_record_unavailable; nothing forwarded."""
+    (answer,) = step.answers
+    assert isinstance(answer, Reject)
+    assert answer.status == 503
+    assert answer.headers == (("retry-after", b"1"),)
+    assert answer.details == "token_policy_proof_record_unavailable"
+    error = json.loads(answer.body)["error"]
+    assert error["type"] == "ServiceUnavailableError"
+    assert error["code"] == 503
+    assert error["param"] is None
+    assert "record of spent proofs" in error["message"]
+    assert "retry" in error["message"]
+    assert "redis" not in error["message"].lower()
+    assert step.outcome is not None
+    assert step.outcome.decision.action == "deny"
+    assert step.outcome.decision.reason == "proof_record_unavailable"
+    assert step.final
+
+
+@pytest.mark.parametrize("audit", [False, True])
+@pytest.mark.parametrize("mode", [BodyMode.BUFFERED, BodyMode.FULL_DUPLEX_STREAMED])
+def test_a_record_that_cannot_be_consulted_refuses_the_request_in_every_mode(audit, mode):
+    """Not a finding about the request: audit mode refuses it too. The decode leg is
+    never forwarded to recompute what its proof would have read."""
+    stream = Driven(max_body_bytes=1 << 20, trust=TRUST, audit=audit)
+    stream.handle(headers(mode=mode))
+    step = stream.stream.handle(RequestBody(BODY.encode(), True))
+    assert step.ask is not None
+    assert_unavailable(stream.stream.spent(Verdict.UNAVAILABLE))
+    assert stream.state is State.REJECTED
+    assert stream.budget.used == 0
+
+
+@pytest.mark.parametrize("route", [HONOR, HONOR_DENY])
+def test_a_record_that_cannot_vouch_for_a_proof_refuses_it_on_every_honor_route(route):
+    """A real record that began after the proof was minted (a processor restarted
+    whole) answers UNAVAILABLE: the decode leg is refused, whatever the route does with
+    unproven parameters."""
+    record = LocalRecord.anonymous(64, TRUST.clock, began=NOW + 1)
+    stream, _ = present(BODY, record, route)
+    assert_unavailable(stream.last)
+    assert stream.budget.used == 0
 
 
 def test_audit_mode_spends_the_proof_and_reports_a_replay_but_forwards_unchanged():

@@ -16,6 +16,7 @@ from ext_proc.core.events import (
     ContinueResponseBody,
     ContinueResponseHeaders,
     Peer,
+    Reject,
     RequestBody,
     ResponseBody,
     ResponseHeaders,
@@ -194,6 +195,26 @@ def test_the_next_turn_reads_the_conversation_back_once():
     assert again.decision.reason is Reason.PROOF_REPLAYED
     assert forwarded(answers)["kv_transfer_params"] == dict(CONNECTOR_REQUESTS["nixl"])
     assert "cache_salt" not in forwarded(answers)
+
+
+@pytest.mark.parametrize("audit", [False, True])
+def test_a_turn_the_record_cannot_vouch_for_is_refused_with_a_503_not_recomputed(audit):
+    """The record of spent proofs began after the turn was minted (it cannot say the
+    turn was not read back before): the next turn's prefill leg is refused with a 503
+    to retry, in audit mode too, instead of prefilling the whole conversation again."""
+    params = first_turn()
+    stream = Driven(
+        trust=trust(), spent=LocalRecord.anonymous(64, lambda: NOW, began=NOW + 1), audit=audit
+    )
+    stream.handle(headers(PREFILL_ROUTE, response=BUFFERED))
+    (answer,) = stream.handle(RequestBody(json.dumps(second_turn(params)).encode(), True))
+    assert isinstance(answer, Reject)
+    assert answer.status == 503
+    assert answer.headers == (("retry-after", b"1"),)
+    assert answer.details == "token_policy_proof_record_unavailable"
+    assert json.loads(answer.body)["error"]["type"] == "ServiceUnavailableError"
+    assert stream.decision.reason is Reason.PROOF_RECORD_UNAVAILABLE
+    assert stream.budget.used == 0
 
 
 @pytest.mark.parametrize(
