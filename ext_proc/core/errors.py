@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import ClassVar, ParamSpec, TypeVar
+from typing import ClassVar, Final, ParamSpec, TypeVar
 
 from ext_proc.core.reasons import Reason
 
@@ -135,11 +135,22 @@ class RequestTimeout(HttpError):
 
 
 class ServiceUnavailable(HttpError):
-    """A transient refusal (the in-flight byte budget is exhausted); clients may retry."""
+    """A transient refusal (the in-flight byte budget is exhausted, the record of spent
+    proofs cannot vouch for a proof); clients may retry."""
 
     status = 503
     error_type = "ServiceUnavailableError"
     retry_after = 1
+
+
+# A proof the record of spent proofs could not vouch for (``replay.Verdict.UNAVAILABLE``).
+# No finding about the request: refused in every mode, never forwarded without the proof
+# (its decode would recompute what the proof lets it read). The client is told what it
+# can act on, nothing of the deployment.
+RECORD_UNAVAILABLE: Final = ServiceUnavailable(
+    "the record of spent proofs does not answer for this proof now; retry the request",
+    reason=Reason.PROOF_RECORD_UNAVAILABLE,
+).refusal()
 
 
 class RoutePolicyError(HttpError):

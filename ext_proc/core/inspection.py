@@ -46,7 +46,13 @@ from ext_proc.core.caller import Caller
 from ext_proc.core.config import Config
 from ext_proc.core.content_headers import check_headers
 from ext_proc.core.decisions import NO_PARAMS, Decision, Deny, Strip
-from ext_proc.core.errors import Refusal, RoutePolicyError, attempt, bad_request
+from ext_proc.core.errors import (
+    RECORD_UNAVAILABLE,
+    Refusal,
+    RoutePolicyError,
+    attempt,
+    bad_request,
+)
 from ext_proc.core.events import NO_PEER, BodyMode, Peer, RequestHeaders
 from ext_proc.core.read_headers import CHECKED_HEADERS
 from ext_proc.core.reading import Parsed
@@ -328,10 +334,17 @@ def inspect(
 
 
 def settle(asked: Proof, verdict: Verdict, request: Request, account: Account) -> Inspection:
-    """The record's verdict on ``asked``: the decision stands (``FIRST``), or the
-    request is decided again with the proof unproven for the verdict's reason (its
-    parameters removed, or refused on a route that denies unproven ones)."""
+    """The record's verdict on ``asked``: the decision stands (``FIRST``); the request
+    is refused with a 503 to retry when the record could not vouch for the proof
+    (``UNAVAILABLE``: the record's state, not the proof's, so it is never decided as
+    unproven and forwarded to recompute, and audit mode refuses it too); or it is
+    decided again with the proof unproven for the verdict's reason (its parameters
+    removed, or refused on a route that denies unproven ones)."""
     decision, pending = asked.decision, asked.pending
+    if verdict is Verdict.UNAVAILABLE:
+        return _enforce(
+            Deny(RECORD_UNAVAILABLE, decision.id_count), None, request, account, pending
+        )
     if verdict is not Verdict.FIRST:
         pending = mint.unproven(pending)
         evidence = dataclasses.replace(asked.evidence, spent=verdict.reason)

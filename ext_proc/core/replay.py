@@ -110,8 +110,10 @@ NO_TERMS: Final = Terms()
 
 
 class Verdict(StrEnum):
-    """The record's answer. Every value but ``FIRST`` is the reason the proof is then
-    treated as unproven (``reason``)."""
+    """The record's answer. ``UNAVAILABLE`` refuses the request with a 503 to retry
+    (``inspection.settle``): the record's state, not the proof's, never a reason to
+    forward without the proof. Every other value but ``FIRST`` is the reason the proof
+    is then treated as unproven (``reason``)."""
 
     FIRST = "first"  # recorded now: the proof is honored
     SPENT = Reason.PROOF_REPLAYED  # honored before: not again

@@ -262,8 +262,9 @@ class Stream:
 
     def spent(self, verdict: Verdict) -> Step:
         """The record's verdict on the proof the last step asked about: the decision
-        stands (``FIRST``), or the request is decided again with the proof unproven
-        for the verdict's reason, and the body's answers go out."""
+        stands (``FIRST``), the request is refused (``UNAVAILABLE``), or it is decided
+        again with the proof unproven for the verdict's reason; and the body's answers
+        go out (``inspection.settle``)."""
         asking = self._asking
         if asking is None:
             self._fail(ProtocolError("no proof was asked about"))
