@@ -279,6 +279,8 @@ class Spec:
     actions: tuple[Action, ...] = ALL_ACTIONS
     # The default as the docs state it, where the field's own default does not say it.
     default_doc: str | None = None
+    # Another field the route must give with this one (unless this one is false).
+    needs: str | None = None
 
 
 _SPEC: Final = "spec"
@@ -412,6 +414,7 @@ class RoutePolicy:
         f"llm-d's fairness id (`{FAIRNESS_HEADER}`) is set to the tenant's partition id, "
         "replacing the client's copy (a request naming no tenant goes without one); needs "
         "`tenant`",
+        needs="tenant",
     )
     strict_body: str | None = _field(
         None,
@@ -454,6 +457,20 @@ def admitting(name: str) -> Action:
     """An action on which the field ``name`` is valid (honor admits all but a few)."""
     allowed = SCHEMA[name].actions
     return Action.HONOR if Action.HONOR in allowed else allowed[0]
+
+
+# A valid value of each field another field needs, to read that field on its own.
+_NEEDED: Final[Mapping[str, Scalar]] = {"tenant": "route:any"}
+
+
+def beside(name: str) -> dict[str, Scalar]:
+    """What the field ``name`` can be read beside on its own (``parse``): an action it
+    applies to, and a value of the field it needs."""
+    fields: dict[str, Scalar] = {} if name == "action" else {"action": admitting(name).value}
+    needs = SCHEMA[name].needs
+    if needs is not None:
+        fields[needs] = _NEEDED[needs]
+    return fields
 
 
 def _invalid(problem: str, param: str) -> RoutePolicyError:
@@ -532,13 +549,13 @@ def parse_items(
             "prefix_rewrite describe a route's rewrite together",
             f"{namespace}.{twins[0]}",
         )
-    if policy.fairness_id and policy.tenant is None:
-        raise _invalid(
-            f"field '{namespace}.fairness_id' needs a tenant source (tenant): the fairness "
-            "id is set from the tenant",
-            f"{namespace}.fairness_id",
-        )
     for name, value in given.items():
+        needs = SCHEMA[name].needs
+        if value is not False and needs is not None and needs not in given:
+            raise _invalid(
+                f"field '{namespace}.{name}' needs field '{namespace}.{needs}'",
+                f"{namespace}.{name}",
+            )
         # false is every route's default; any other value is a statement about the route.
         allowed = SCHEMA[name].actions
         if value is not False and policy.action not in allowed:

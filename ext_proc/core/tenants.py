@@ -51,6 +51,9 @@ _SALT_LABEL: Final = b"ext_proc cache_salt\0"
 _TAG_LABEL: Final = b"ext_proc partition\0"
 # The bytes of a tag: 128 bits tell tenants apart; 22 characters of base64url.
 TAG_BYTES: Final = 16
+# The key of the tag in the dynamic metadata the processor returns (under the route
+# metadata namespace), for Envoy's rate limits to key on.
+METADATA_KEY: Final = "partition"
 
 
 def identify(

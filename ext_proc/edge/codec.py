@@ -13,6 +13,7 @@ from typing import Final
 from google.protobuf import struct_pb2
 
 from ext_proc._pb import external_processor_pb2 as pb
+from ext_proc.core import tenants
 from ext_proc.core.events import (
     Answer,
     BodyMode,
@@ -53,8 +54,6 @@ PREAMBLE_MEMO_BYTES: Final = 2048
 # Distinct decisions whose dynamic metadata is remembered (``Encoder``), and responses
 # without bytes shared.
 METADATA_MEMO: Final = 4096
-# The dynamic metadata key of the tenant's partition id (``decision_metadata``).
-PARTITION: Final = "partition"
 
 
 def _scalar(value: struct_pb2.Value) -> Scalar:
@@ -280,7 +279,7 @@ def decision_metadata(
     """What the policy did, as Envoy dynamic metadata under ``namespace`` (for access
     logs and later filters), written into ``into`` (a response's ``dynamic_metadata``)
     or a new Struct; a response outcome's keys start with ``response_``. Never the ids
-    themselves. ``partition``: the authenticated tenant's partition id, under that key
+    themselves. The authenticated tenant's partition id, under ``tenants.METADATA_KEY``
     whatever the phase, for a rate limit to key on; absent when the request named no
     tenant, so no client ever writes it (nothing else writes this namespace)."""
     struct = struct_pb2.Struct() if into is None else into
@@ -293,7 +292,7 @@ def decision_metadata(
     fields[prefix + "id_count"].number_value = decision.id_count
     fields[prefix + "mode"].string_value = outcome.mode
     if outcome.partition is not None:
-        fields[PARTITION].string_value = outcome.partition
+        fields[tenants.METADATA_KEY].string_value = outcome.partition
     return struct
 
 

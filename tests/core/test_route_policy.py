@@ -13,6 +13,7 @@ from ext_proc.core.route_policy import (
     Topology,
     Unproven,
     admitting,
+    beside,
     parse,
     parse_whole,
 )
@@ -239,6 +240,11 @@ def test_of_several_bad_fields_the_first_declared_is_named():
 def test_every_field_is_valid_on_the_action_it_is_admitted_on(name):
     assert admitting(name) in SCHEMA[name].actions
     assert SCHEMA[name].doc
+    # Read on its own beside what it needs, its default is valid.
+    default = getattr(DEFAULT_POLICY, name)
+    if isinstance(default, bool):
+        given = beside(name) | {name: default}
+        assert parse(given, float(len(given))) is not None
 
 
 @pytest.mark.parametrize(

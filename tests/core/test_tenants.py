@@ -415,7 +415,9 @@ def test_fairness_id_needs_a_tenant_source():
     error_body(answers)
     assert only(answers).status == 500
     message = stream.outcome.decision.refusal.detail
-    assert "'ext_proc.token_policy.fairness_id' needs a tenant source" in message
+    assert (
+        "'ext_proc.token_policy.fairness_id' needs field 'ext_proc.token_policy.tenant'" in message
+    )
 
 
 def test_a_fairness_route_whose_headers_were_skipped_is_refused():

@@ -22,7 +22,7 @@ import yaml
 
 from ext_proc.core import tenants
 from ext_proc.tools import carrier_headers, check_envoy, envoygen
-from tests.e2e.conftest import BODY_MODES, KEY_ID
+from tests.e2e.conftest import BODY_MODES, ENVOY, KEY_ID
 from tests.e2e.stack import Stack, new_key, route
 from tests.e2e.test_gateway import chat, only_request
 from tests.e2e.test_operations import access_log
@@ -32,6 +32,10 @@ TENANT_KEY = b"tenant-key-of-this-deployment-32b!"
 JWT_SECRET = b"jwt-signing-secret-of-the-identity-provider"
 PREFIX = "/tenant/v1/"
 URL = f"{PREFIX}chat/completions"
+# A tenant route that sets llm-d's fairness id from the tenant.
+FAIR = "/fair/v1/"
+FAIRNESS = {"fairness_id": True}
+FAIRNESS_HEADER = "x-llm-d-inference-fairness-id"
 
 
 def _b64(raw: bytes) -> str:
@@ -147,6 +151,7 @@ def tenanted(
         route("tenant", PREFIX, {"action": "strip", "tenant": f"header:{TENANT_HEADER}"}),
         route("team-route", "/team/v1/", {"action": "strip", "tenant": "route:team-c"}),
         route("team-root", "/team-root/", {"action": "strip", "tenant": "route:team-d"}, "/"),
+        route("fair", FAIR, {"action": "strip", "tenant": f"header:{TENANT_HEADER}", **FAIRNESS}),
     ]
     workdir = tmp_path_factory.mktemp(f"tenants-{request.param}")
     yield from tenant_stack(workdir, BODY_MODES[request.param], routes, edit)
@@ -189,7 +194,7 @@ def test_the_edited_config_passes_check_envoy(tenanted: Stack) -> None:
             entry.get("typed_per_filter_config", {}).pop(EXT_PROC, None)
     skipped = [f.code for f in check_envoy.check(written).findings if f.code.startswith("tenant-")]
     one_message = "tenants-one-message" in tenanted.workdir.name
-    assert skipped == (["tenant-headers-skipped"] * 3 if one_message else [])
+    assert skipped == (["tenant-headers-skipped"] * 4 if one_message else [])
 
 
 def test_two_tenants_get_their_own_salts_whatever_they_send(gateway: Stack) -> None:
@@ -206,6 +211,36 @@ def test_two_tenants_get_their_own_salts_whatever_they_send(gateway: Stack) -> N
         assert received.header("x-tenant-id") == []
         assert received.header("x-cache-salt") == []
         assert received.header(TENANT_HEADER) == [tenant]
+
+
+def partition(tenant: str) -> str:
+    """The partition id the processor reports for ``tenant`` (tenants.tag)."""
+    return tenants.tag(tenants.key_for(TENANT_KEY, tenant))
+
+
+@pytest.mark.parametrize("method", ["POST", "GET"])
+def test_the_fairness_id_reaching_llm_d_is_the_tenants_own(gateway: Stack, method: str) -> None:
+    """Whatever copies the client sends, the upstream reads one fairness id: the
+    partition id of the tenant the token names, in every arrangement, with a body or
+    without."""
+    forged = [(FAIRNESS_HEADER, "team-z"), (FAIRNESS_HEADER, "team-y"), (TENANT_HEADER, "team-z")]
+    headers = [("authorization", f"Bearer {token('team-a')}"), *forged]
+    path = f"{FAIR}chat/completions" if method == "POST" else f"{FAIR}models"
+    body = json.dumps(chat()).encode() if method == "POST" else None
+    sent = [*headers, ("content-type", "application/json")] if body else headers
+    answer = httpx.request(method, gateway.url + path, headers=sent, content=body, timeout=30)
+    assert answer.status_code == 200, answer.text
+    (received,) = gateway.received()
+    assert received.header(FAIRNESS_HEADER) == [partition(by_header("team-a"))]
+    assert received.header(TENANT_HEADER) == ["team-a"]
+    assert FAIRNESS_HEADER.encode() + b": " + partition(by_header("team-a")).encode() in (
+        received.raw
+    )
+    # Without a token the route refuses the request, the client's copy with it.
+    gateway.clear()
+    refused = httpx.request(method, gateway.url + path, headers=forged, content=body)
+    assert refused.status_code == 401, refused.text
+    assert gateway.received() == []
 
 
 def test_a_clients_salt_is_combined_with_its_tenant(gateway: Stack) -> None:
@@ -497,3 +532,66 @@ def test_a_proof_reaches_no_upstream_on_a_route_of_another_partition(paired: Sta
     answer = post(paired, sent, "/team-a/v1/chat/completions")
     assert answer.status_code == 200, answer.text
     assert only_request(paired).body == exact({**sent, "cache_salt": salt("route:team-a")})
+
+
+RATE_LIMITED = ENVOY / "envoy-ratelimit.yaml"
+JWT_ROUTE = "/jwt/v1/"
+
+
+@pytest.fixture(scope="module")
+def limited(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    """envoy-ratelimit.yaml as shipped (its route tenants), with a route whose tenant
+    a verified token names."""
+    routes = [route("jwt", JWT_ROUTE, {"action": "strip", "tenant": f"header:{TENANT_HEADER}"})]
+    workdir = tmp_path_factory.mktemp("tenants-rate-limited")
+    yield from tenant_stack(workdir, RATE_LIMITED, routes, edit)
+
+
+def bucket_size() -> int:
+    config = yaml.safe_load(RATE_LIMITED.read_text())
+    hcm = config["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]
+    chain = hcm["typed_config"]["http_filters"]
+    (limit,) = [f for f in chain if f["name"] == "envoy.filters.http.local_ratelimit"]
+    (descriptor,) = limit["typed_config"]["descriptors"]
+    return int(descriptor["token_bucket"]["max_tokens"])
+
+
+def test_a_tenant_over_its_bucket_gets_429_while_the_others_pass(limited: Stack) -> None:
+    """Each tenant is counted in its own bucket, keyed on the partition id only the
+    processor reports: headers naming another tenant (its identity header, Dynamo's,
+    llm-d's fairness id) change nothing, and a request naming no tenant is refused
+    before it takes anyone's token."""
+    assert check_envoy.check(yaml.safe_load(RATE_LIMITED.read_text())).errors == []
+    written = yaml.safe_load((limited.workdir / "envoy.yaml").read_text())
+    found = check_envoy.check(written).findings
+    assert [f for f in found if f.code.startswith(("tenant-", "filter-"))] == []
+    url = f"{limited.url}{JWT_ROUTE}chat/completions"
+    forged = {TENANT_HEADER: "team-b", "x-tenant-id": "team-b", FAIRNESS_HEADER: "team-b"}
+
+    def as_tenant(name: str, **headers: str) -> httpx.Response:
+        return httpx.post(
+            url, json=chat(), headers={"authorization": f"Bearer {token(name)}", **headers}
+        )
+
+    size = bucket_size()
+    for _ in range(size):
+        assert as_tenant("team-a", **forged).status_code == 200
+    for _ in range(3):
+        assert httpx.post(url, json=chat(), headers=forged).status_code == 401
+    limited.clear()
+    over = as_tenant("team-a", **forged)
+    assert over.status_code == 429, over.text
+    assert over.json()["error"] == {
+        "message": "the tenant's rate limit is exceeded",
+        "type": "RateLimitError",
+        "param": None,
+        "code": 429,
+    }
+    assert limited.received() == []
+    # Team b's bucket was never charged by team a's forged headers, nor by the refused.
+    for _ in range(size):
+        assert as_tenant("team-b").status_code == 200
+    assert as_tenant("team-b").status_code == 429
+    # A route's tenant has its own bucket; the routes without one share another.
+    assert post(limited, chat(), "/team-a/v1/chat/completions").status_code == 200
+    assert post(limited, chat(), "/v1/chat/completions").status_code == 200

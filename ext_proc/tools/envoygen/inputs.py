@@ -36,7 +36,7 @@ from ext_proc.core.route_policy import (
     RoutePolicy,
     Scalar,
     TenantSource,
-    admitting,
+    beside,
     parse,
 )
 from ext_proc.core.validation import problems
@@ -108,8 +108,7 @@ class PolicyFields(BaseModel):
                 "written from the route's prefix and prefix_rewrite, not given in its policy"
             )
         if value is not None and name is not None:
-            beside = {} if name == "action" else {"action": admitting(name).value}
-            _as_input_error(parse, beside | {name: as_cel(value)}, None)
+            _as_input_error(parse, beside(name) | {name: as_cel(value)}, None)
         return value
 
     @model_validator(mode="after")
@@ -262,6 +261,26 @@ class ListenerTls(BaseModel):
     client_ca_file: str = Field(pattern=r"^/")
 
 
+class TenantRateLimit(BaseModel):
+    """Envoy's local rate limit after the processor's decision, one bucket per tenant:
+    keyed on the partition id the processor reports for the tenant it authenticated
+    (dynamic metadata ``partition``), which no client can write. Requests naming no
+    tenant (routes without a tenant source) share one more bucket."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
+
+    # Each tenant's bucket holds this many requests and is filled again, whole, every
+    # interval; Envoy's least fill interval is 50 ms.
+    requests: int = Field(gt=0)
+    interval_seconds: float = Field(ge=0.05, le=86400)
+    # The one bucket of every request naming no tenant (routes without a tenant
+    # source), per interval; by default a tenant's.
+    shared_requests: int | None = Field(default=None, gt=0)
+    # Tenant buckets kept at once (Envoy's max_dynamic_descriptors, least recently used
+    # dropped): at least the tenants there are, or a dropped tenant's bucket starts full.
+    tenants: int = Field(default=1000, gt=0)
+
+
 class GeneratorInput(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
 
@@ -280,6 +299,8 @@ class GeneratorInput(BaseModel):
     one_message: bool = False
     # Envoy's gzip decompressor before ext_proc: the processor sees decompressed bodies.
     decompress_gzip: bool = False
+    # A rate limit per authenticated tenant after the processor's decision.
+    tenant_rate_limit: TenantRateLimit | None = None
     # Per message, BUFFERED mode only (README: 16 MiB takes about 1 s on 2 cores).
     message_timeout_seconds: float = Field(default=5.0, gt=0, le=300)
     body_limit_bytes: int = Field(default=16 * MiB, gt=0, le=1024 * MiB)

@@ -14,6 +14,7 @@ from typing import Any, Final
 import yaml
 from betterproto2 import Casing
 
+from ext_proc.core import tenants
 from ext_proc.core.address import HostPort
 from ext_proc.edge.attributes import READ_HEADERS, attribute_keys
 from ext_proc.tools import carrier_headers
@@ -28,6 +29,7 @@ from ext_proc.tools.envoygen.inputs import (
     MiB,
     ProcessorTls,
     RouteInput,
+    TenantRateLimit,
     UnixSocket,
     route_name,
 )
@@ -56,12 +58,16 @@ with warnings.catch_warnings():
     from envoy_data_plane.envoy.config.route import v3 as route
     from envoy_data_plane.envoy.extensions.access_loggers.filters.cel import v3 as cel_filter
     from envoy_data_plane.envoy.extensions.access_loggers.stream import v3 as stream_log
+    from envoy_data_plane.envoy.extensions.common.ratelimit import v3 as ratelimit
     from envoy_data_plane.envoy.extensions.compression.gzip.decompressor import v3 as gzip
     from envoy_data_plane.envoy.extensions.filters.http.buffer import v3 as buffer
     from envoy_data_plane.envoy.extensions.filters.http.decompressor import v3 as decompressor
     from envoy_data_plane.envoy.extensions.filters.http.ext_proc import v3 as ext_proc
     from envoy_data_plane.envoy.extensions.filters.http.header_mutation import (
         v3 as header_mutation,
+    )
+    from envoy_data_plane.envoy.extensions.filters.http.local_ratelimit import (
+        v3 as local_ratelimit,
     )
     from envoy_data_plane.envoy.extensions.filters.http.router import v3 as router
     from envoy_data_plane.envoy.extensions.filters.network.http_connection_manager import (
@@ -73,7 +79,9 @@ with warnings.catch_warnings():
     from envoy_data_plane.envoy.extensions.resource_monitors.fixed_heap import v3 as fixed_heap
     from envoy_data_plane.envoy.extensions.transport_sockets.tls import v3 as tls
     from envoy_data_plane.envoy.extensions.upstreams.http import v3 as upstream_http
+    from envoy_data_plane.envoy.type import v3 as envoy_type
     from envoy_data_plane.envoy.type.matcher import v3 as matcher
+    from envoy_data_plane.envoy.type.metadata import v3 as metadata
     from envoy_data_plane.google import protobuf
 
 # The gRPC service name the processor's health service reports (ext_proc/edge/server.py).
@@ -82,6 +90,9 @@ HCM_NAME: Final = "envoy.filters.network.http_connection_manager"
 DECOMPRESSOR_FILTER: Final = "envoy.filters.http.decompressor"
 EXT_PROC_FILTER: Final = "envoy.filters.http.ext_proc"
 ROUTER_FILTER: Final = "envoy.filters.http.router"
+RATE_LIMIT_FILTER: Final = "envoy.filters.http.local_ratelimit"
+# The descriptor entry a tenant's requests are counted under: its partition id.
+TENANT_DESCRIPTOR: Final = "tenant_partition"
 HTTP_OPTIONS: Final = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
 TLS_SOCKET: Final = "envoy.transport_sockets.tls"
 # The overload manager's resource monitors and actions (Envoy's edge best practices).
@@ -419,10 +430,73 @@ def http_filters(spec: GeneratorInput) -> list[hcm.HttpFilter]:
                 ),
             )
         )
+    if spec.tenant_rate_limit is not None:
+        # After the decision (and the hold): the partition id is in the dynamic metadata
+        # by then, and a request the processor refused takes no tenant's token.
+        filters.append(
+            hcm.HttpFilter(
+                name=RATE_LIMIT_FILTER,
+                typed_config=protobuf.Any.pack(
+                    tenant_rate_limit(spec.tenant_rate_limit, spec.namespace)
+                ),
+            )
+        )
     filters.append(
         hcm.HttpFilter(name=ROUTER_FILTER, typed_config=protobuf.Any.pack(router.Router()))
     )
     return filters
+
+
+def _every_request(runtime_key: str) -> core.RuntimeFractionalPercent:
+    return core.RuntimeFractionalPercent(
+        default_value=envoy_type.FractionalPercent(
+            numerator=100, denominator=envoy_type.FractionalPercentDenominatorType.HUNDRED
+        ),
+        runtime_key=runtime_key,
+    )
+
+
+def tenant_rate_limit(limit: TenantRateLimit, namespace: str) -> local_ratelimit.LocalRateLimit:
+    """One token bucket per partition id the processor reported (a wildcard descriptor:
+    a bucket for each value), read from its dynamic metadata, which only the processor
+    writes; a request without one (no tenant named) is counted in the filter's own
+    bucket alone, never in a tenant's."""
+    bucket, shared = (
+        envoy_type.TokenBucket(
+            max_tokens=size, tokens_per_fill=size, fill_interval=_seconds(limit.interval_seconds)
+        )
+        for size in (limit.requests, limit.shared_requests or limit.requests)
+    )
+    partition = metadata.MetadataKey(
+        key=namespace, path=[metadata.MetadataKeyPathSegment(key=tenants.METADATA_KEY)]
+    )
+    return local_ratelimit.LocalRateLimit(
+        stat_prefix="tenant_rate_limit",
+        token_bucket=shared,
+        filter_enabled=_every_request("tenant_rate_limit.enabled"),
+        filter_enforced=_every_request("tenant_rate_limit.enforced"),
+        descriptors=[
+            ratelimit.LocalRateLimitDescriptor(
+                entries=[ratelimit.RateLimitDescriptorEntry(key=TENANT_DESCRIPTOR)],
+                token_bucket=bucket,
+            )
+        ],
+        always_consume_default_token_bucket=False,
+        max_dynamic_descriptors=limit.tenants,
+        rate_limits=[
+            route.RateLimit(
+                actions=[
+                    route.RateLimitAction(
+                        metadata=route.RateLimitActionMetaData(
+                            descriptor_key=TENANT_DESCRIPTOR,
+                            metadata_key=partition,
+                            source=route.RateLimitActionMetaDataSource.DYNAMIC,
+                        )
+                    )
+                ]
+            )
+        ],
+    )
 
 
 def access_log(namespace: str) -> accesslog.AccessLog:
@@ -511,14 +585,17 @@ def route_header_mappers(selecting: Iterable[str]) -> list[hcm.ResponseMapper]:
     ]
 
 
-def local_reply_config(selecting: Iterable[str] = ()) -> hcm.LocalReplyConfig:
+def local_reply_config(
+    selecting: Iterable[str] = (), *, rate_limited: bool = False
+) -> hcm.LocalReplyConfig:
     """Envoy's own local replies in vLLM's error shape; processor denials untouched.
+    ``rate_limited``: the tenant rate limit's 429 among them.
 
     The client's messages are fixed text: ``%RESPONSE_CODE_DETAILS%`` can hold internal
     state (exception class names, the ext_proc state machine's messages), so it goes
     to the access log's ``details`` field only, never into a reply body.
     """
-    specific = (
+    specific: tuple[tuple[int, str, str], ...] = (
         (413, "request body exceeds this route's buffer limit", "PayloadTooLargeError"),
         (504, "the gateway timed out; the request was not processed", "GatewayTimeoutError"),
         (408, "the request was not received in time", "RequestTimeoutError"),
@@ -526,6 +603,8 @@ def local_reply_config(selecting: Iterable[str] = ()) -> hcm.LocalReplyConfig:
         # route matches; an upstream's own 404 is no local reply and passes unchanged.
         (404, "not found", "NotFoundError"),
     )
+    if rate_limited:
+        specific += ((429, "the tenant's rate limit is exceeded", "RateLimitError"),)
     # A header that chooses the route, stated twice (route_headers): RBAC's 403 as 400.
     mappers = route_header_mappers(selecting)
     mappers += [
@@ -700,7 +779,9 @@ def connection_manager(spec: GeneratorInput) -> hcm.HttpConnectionManager:
             hcm.HttpConnectionManagerPathWithEscapedSlashesAction.UNESCAPE_AND_REDIRECT
         ),
         access_log=[access_log(spec.namespace)],
-        local_reply_config=local_reply_config(_selecting(spec)),
+        local_reply_config=local_reply_config(
+            _selecting(spec), rate_limited=spec.tenant_rate_limit is not None
+        ),
         route_config=route.RouteConfiguration(
             name="gateway",
             virtual_hosts=[route.VirtualHost(name="vllm", domains=["*"], routes=routes(spec))],

@@ -158,6 +158,8 @@ GENERIC_MESSAGES = {
     "NotFoundError": "not found",
     "GatewayError": "gateway error",
 }
+# Where the configuration has a tenant rate limit, its 429.
+RATE_LIMITED_MESSAGE = {"RateLimitError": "the tenant's rate limit is exceeded"}
 
 
 def strings_under(node: Any, path: tuple[str, ...] = ()) -> list[tuple[tuple[str, ...], str]]:
@@ -182,7 +184,8 @@ def test_local_replies_tell_the_client_fixed_text_only(path):
         if f["name"] == route_headers.FILTER
         for policy in f["typed_config"]["rules"]["policies"]
     ]
-    messages = GENERIC_MESSAGES | {"BadRequestError": selecting}
+    generic = GENERIC_MESSAGES | (RATE_LIMITED_MESSAGE if "ratelimit" in path.name else {})
+    messages = generic | {"BadRequestError": selecting}
     for mapper in mappers:
         error = mapper["body_format_override"]["json_format"]["error"]
         if error["type"] == "BadRequestError":
@@ -193,7 +196,7 @@ def test_local_replies_tell_the_client_fixed_text_only(path):
         assert "%" not in json.dumps({k: v for k, v in error.items() if k != "code"})
     assert not selecting
     types = {m["body_format_override"]["json_format"]["error"]["type"] for m in mappers}
-    assert types - {"BadRequestError"} == set(GENERIC_MESSAGES)
+    assert types - {"BadRequestError"} == set(generic)
     (log,) = manager["access_log"]
     assert "%RESPONSE_CODE_DETAILS%" in json.dumps(log)
 
@@ -826,3 +829,58 @@ def test_a_tenant_route_is_sent_its_request_headers_in_every_arrangement():
         assert codes == ["tenant-header-unguarded"] * 2
         # The header comes with the headers message: no attribute is requested for it.
         assert "request.headers['x-auth-tenant']" not in ext_proc_of(config)["request_attributes"]
+
+
+RATE_LIMIT = {"tenant_rate_limit": {"requests": 5, "interval_seconds": 2}}
+
+
+@pytest.mark.parametrize(
+    ("arrangement", "before"),
+    [({}, envoygen.BUFFER_FILTER), ({"one_message": False}, envoygen.EXT_PROC_FILTER)],
+)
+def test_the_tenant_rate_limit_runs_after_the_decision(arrangement, before):
+    """After the processor's answer (and the hold): the partition id is in the dynamic
+    metadata by then, read under the configured namespace; a request without one is
+    counted only in the filter's own bucket."""
+    base = generate(example() | arrangement)
+    config = generate(example() | arrangement | RATE_LIMIT)
+    names = [f["name"] for f in filters_of(config)]
+    assert names[-2:] == [envoygen.RATE_LIMIT_FILTER, envoygen.ROUTER_FILTER]
+    assert names[-3] == before
+    limit = filters_of(config)[-2]["typed_config"]
+    bucket = {"max_tokens": 5, "tokens_per_fill": 5, "fill_interval": "2s"}
+    assert limit["token_bucket"] == bucket  # shared_requests: a tenant's by default
+    (descriptor,) = limit["descriptors"]
+    assert descriptor == {"entries": [{"key": "tenant_partition"}], "token_bucket": bucket}
+    assert limit["always_consume_default_token_bucket"] is False
+    (action,) = limit["rate_limits"][0]["actions"]
+    assert action["metadata"] == {
+        "descriptor_key": "tenant_partition",
+        "metadata_key": {"key": "ext_proc.token_policy", "path": [{"key": "partition"}]},
+    }
+    for enabled in ("filter_enabled", "filter_enforced"):
+        assert limit[enabled]["default_value"] == {"numerator": 100}
+    assert check(config).errors == []
+    # Nothing else changes but the 429's reply in vLLM's error shape.
+    del filters_of(config)[-2]
+    mappers = hcm_of(config)["local_reply_config"]["mappers"]
+    (added,) = [m for m in mappers if m not in hcm_of(base)["local_reply_config"]["mappers"]]
+    assert added["body_format_override"]["json_format"]["error"]["type"] == "RateLimitError"
+    mappers.remove(added)
+    assert config == base
+
+
+@pytest.mark.parametrize(
+    "limit", [{"requests": 0, "interval_seconds": 1}, {"requests": 1, "interval_seconds": 0.01}]
+)
+def test_the_tenant_rate_limit_is_a_bucket_envoy_takes(limit):
+    with pytest.raises(envoygen.GeneratorError, match="tenant_rate_limit"):
+        generate(example() | {"tenant_rate_limit": limit})
+
+
+def test_requests_naming_no_tenant_share_a_bucket_of_their_own():
+    limit = {**RATE_LIMIT["tenant_rate_limit"], "shared_requests": 50}
+    config = generate(example() | {"tenant_rate_limit": limit})
+    typed = filters_of(config)[-2]["typed_config"]
+    assert typed["token_bucket"]["max_tokens"] == typed["token_bucket"]["tokens_per_fill"] == 50
+    assert typed["descriptors"][0]["token_bucket"]["max_tokens"] == 5

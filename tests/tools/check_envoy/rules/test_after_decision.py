@@ -5,12 +5,14 @@ headers alone."""
 import copy
 
 import pytest
+import yaml
 
 from ext_proc.tools.check_envoy import check
 from tests.tools.check_envoy.shipped import (
     EXT_PROC,
     HCM,
     SHIPPED,
+    SHIPPED_DIR,
     clean,
     ext_proc_index,
     filter_names,
@@ -211,3 +213,46 @@ def test_the_processors_own_filter_is_not_judged():
         chain.insert(filter_names(config).index(ROUTER), second)
 
     assert "filter-after-decision" not in mutated(change).codes()
+
+
+RATE_LIMITED = yaml.safe_load((SHIPPED_DIR / "envoy-ratelimit.yaml").read_text())
+LIMIT = "envoy.filters.http.local_ratelimit"
+
+
+def _limit(config):
+    (entry,) = [f for f in hcm(config)["http_filters"] if f["name"] == LIMIT]
+    return entry["typed_config"]
+
+
+def test_the_tenant_rate_limit_after_the_decision_passes():
+    """envoy-ratelimit.yaml: a local_ratelimit after the processor's filter and its hold,
+    keyed on the processor's dynamic metadata, adds no request header."""
+    names = filter_names(RATE_LIMITED)
+    assert (
+        names.index(LIMIT) > names.index("envoy.filters.http.buffer") > ext_proc_index(RATE_LIMITED)
+    )
+    assert check(RATE_LIMITED).findings == ()
+
+
+@pytest.mark.parametrize("level", ["filter", "route"])
+def test_the_tenant_rate_limit_adding_a_request_header_is_refused(level):
+    """Shadow mode's request headers (request_headers_to_add_when_not_enforced) would
+    reach the upstream after the decision: refused in the filter, and not a per-route
+    field the check reads."""
+    config = copy.deepcopy(RATE_LIMITED)
+    added = [{"header": {"key": "x-tenant-id", "value": "%REQ(x-auth-tenant)%"}}]
+    if level == "filter":
+        _limit(config)["request_headers_to_add_when_not_enforced"] = added
+        expected = ("filter-after-decision", HCM)
+    else:
+        entry = next(
+            r
+            for r in hcm(config)["route_config"]["virtual_hosts"][0]["routes"]
+            if r["name"] == "team-a"
+        )
+        entry["typed_per_filter_config"][LIMIT] = {
+            **{k: v for k, v in _limit(config).items() if k != "rate_limits"},
+            "request_headers_to_add_when_not_enforced": added,
+        }
+        expected = ("per-route-field-refused", f"{HCM} route vllm/team-a {LIMIT}")
+    assert expected in found(check(config))
