@@ -16,7 +16,7 @@ from ext_proc.tools.check_envoy.rules.filter_types import filter_types
 from ext_proc.tools.check_envoy.rules.header_step import header_step
 from ext_proc.tools.check_envoy.rules.pairs import tenant_pairs
 from ext_proc.tools.check_envoy.rules.processor_tls import Demand, processor_tls
-from ext_proc.tools.check_envoy.rules.route import route_rules
+from ext_proc.tools.check_envoy.rules.route import route_rules, scoped_out
 from ext_proc.tools.check_envoy.rules.writers import writers
 from ext_proc.tools.check_envoy.spelling import canonical
 
@@ -120,4 +120,6 @@ def _virtual_host(
         yield from route_rules(route, chain)
         yield from closure.decided_clusters(route, chain, known)
         yield from replay.replays(route, vhost, chain, clusters)
-    yield from token_paths.token_paths(vhost, chain.namespace)
+    # A virtual host of a shared gateway whose routes this processor does not police.
+    if not all(scoped_out(r, chain) for r in vhost.routes if r.forwards):
+        yield from token_paths.token_paths(vhost, chain.namespace)

@@ -80,6 +80,10 @@ CODES: Final[Mapping[str, str]] = MappingProxyType(
         # A forwarding route.
         "ext-proc-not-running": "no ext_proc filter of this processor runs on the route",
         "ext-proc-off-for-cluster": "a weighted cluster turns every ext_proc filter off",
+        "route-unpoliced": (
+            "a route of a scoped wiring runs none of this processor's filters, its clusters "
+            "apart from the policed routes' by name"
+        ),
         "hold-missing": "headers skipped and no buffer filter after the filter holds them",
         "hold-limit-unstated": "a buffer filter sets a limit on a route that states none",
         "hold-limit-raised": "a buffer filter's limit is above the route's",

@@ -10,8 +10,9 @@ from collections.abc import Iterator
 from typing import Any, Final
 
 from ext_proc.tools import carrier_headers
+from ext_proc.tools.check_envoy.effective import running, runs
 from ext_proc.tools.check_envoy.findings import Finding, error, warning
-from ext_proc.tools.check_envoy.reader import Chain, walk
+from ext_proc.tools.check_envoy.reader import FILTER_CONFIG, Chain, virtual_hosts, walk
 from ext_proc.tools.check_envoy.writes import client_derived
 
 OVERWRITE: Final = "OVERWRITE_IF_EXISTS_OR_ADD"
@@ -38,8 +39,6 @@ def faults(entry: dict[str, Any]) -> list[str]:
     them: every routing header removed last, and the request id last overwritten with a
     fresh one."""
     config = entry.get("typed_config", {})
-    if entry.get("disabled", False):
-        return ["it is disabled"]
     if config.get("most_specific_header_mutations_wins", False):
         return ["most_specific_header_mutations_wins lets a route's mutations replace it"]
     # What each guarded header holds after the step: None = removed, else the last write.
@@ -83,9 +82,29 @@ def header_step(chain: Chain) -> Iterator[Finding]:
             "writes the step",
         )
         return
+    yield from _disabled(chain, [filters[i] for i in good])
     yield from _added_by_routes(chain)
-    yield from _underscores(chain)
+    yield from _underscores(chain, [filters[i] for i in good])
     yield from _per_route(chain, {str(filters[i].get("name")) for i in good})
+
+
+def _disabled(chain: Chain, steps: list[dict[str, Any]]) -> Iterator[Finding]:
+    """A step disabled by default (a shared gateway's wiring, enabled where this
+    processor's filter is) must run on every route this processor polices."""
+    if any(not step.get("disabled", False) for step in steps):
+        return
+    for vhost in virtual_hosts(chain):
+        for route in vhost.routes:
+            if not running(chain, route.levels):
+                continue
+            if not any(runs(step, route.levels) for step in steps):
+                yield error(
+                    "header-step-missing",
+                    route.place,
+                    "the header step is disabled by default and this route, which this "
+                    "processor's filter polices, does not enable it: later filters and the "
+                    "upstream see a client's routing headers and request id",
+                )
 
 
 def _added_by_routes(chain: Chain) -> Iterator[Finding]:
@@ -106,8 +125,18 @@ def _added_by_routes(chain: Chain) -> Iterator[Finding]:
                 )
 
 
-def _underscores(chain: Chain) -> Iterator[Finding]:
+def _removed(step: dict[str, Any]) -> set[str]:
+    mutations = step.get("typed_config", {}).get("mutations", {}).get("request_mutations", [])
+    return {str(m["remove"]).lower() for m in mutations if isinstance(m, dict) and "remove" in m}
+
+
+def _underscores(chain: Chain, steps: list[dict[str, Any]]) -> Iterator[Finding]:
     options = chain.manager.get("common_http_protocol_options", {})
+    # A step that removes every guarded header's underscore spelling keeps them from
+    # such a reader on the routes it runs on, without dropping other routes' headers.
+    spelt = {name.replace("-", "_") for name in GUARDED}
+    if any(spelt <= _removed(step) for step in steps):
+        return
     if options.get("headers_with_underscores_action", "ALLOW") == "ALLOW":
         yield warning(
             "underscore-headers",
@@ -118,9 +147,23 @@ def _underscores(chain: Chain) -> Iterator[Finding]:
         )
 
 
+def _only_enables(given: Any) -> bool:
+    """A ``FilterConfig`` with an empty config: it enables the step as it is."""
+    return (
+        isinstance(given, dict)
+        and given.get("@type") == FILTER_CONFIG
+        and not given.get("disabled", False)
+        and not given.get("is_optional", False)
+        and given.get("config") in (None, {})
+    )
+
+
 def _per_route(chain: Chain, names: set[str]) -> Iterator[Finding]:
     for node in walk(chain.manager.get("route_config", {})):
-        for name in names & set(node.get("typed_per_filter_config", {})):
+        configs = node.get("typed_per_filter_config", {})
+        for name in names & set(configs):
+            if _only_enables(configs[name]):
+                continue
             yield error(
                 "header-step-per-route",
                 chain.place,

@@ -7,12 +7,47 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Final
 
+from ext_proc.tools.check_envoy.effective import running
 from ext_proc.tools.check_envoy.findings import Finding, error
-from ext_proc.tools.check_envoy.reader import Chain, VirtualHost
+from ext_proc.tools.check_envoy.reader import Chain, VirtualHost, virtual_hosts
+from ext_proc.tools.route_match import Unreadable, read_matcher
 
 # What the connection manager must do to the path before routes match, so that route
 # matches see the path the upstream decodes (uvicorn percent-decodes it).
 UNESCAPING: Final = ("UNESCAPE_AND_REDIRECT", "UNESCAPE_AND_FORWARD", "REJECT_REQUEST")
+# Paths with an escaped slash or backslash, which the upstream decodes. Where the
+# connection manager keeps them (a shared gateway whose other routes this processor
+# does not police), each virtual host with a route this processor polices must answer
+# them itself before any route forwards one.
+ESCAPED: Final = tuple(
+    f"/v1/chat/completions{escape}derender" for escape in ("%2F", "%2f", "%5C", "%5c")
+)
+
+
+def _answers(vhost: VirtualHost, path: str) -> bool:
+    """Whether the first route of ``vhost`` that may take ``path`` answers it itself (a
+    route matching only some requests, by header or query, does not answer all)."""
+    for route in vhost.routes:
+        match = route.entry.get("match", {})
+        try:
+            if not read_matcher(match).matches(path):
+                continue
+        except Unreadable:
+            return False
+        if route.forwards:
+            return False
+        if not {"headers", "query_parameters", "grpc", "runtime_fraction"} & set(match):
+            return True
+    return False
+
+
+def _escaped_answered(chain: Chain) -> bool:
+    policed = [
+        vhost
+        for vhost in virtual_hosts(chain)
+        if any(route.forwards and running(chain, route.levels) for route in vhost.routes)
+    ]
+    return all(_answers(vhost, path) for vhost in policed for path in ESCAPED)
 
 
 def path_handling(chain: Chain) -> Iterator[Finding]:
@@ -26,13 +61,14 @@ def path_handling(chain: Chain) -> Iterator[Finding]:
             "normalize_path: true",
         )
     action = manager.get("path_with_escaped_slashes_action", "KEEP_UNCHANGED")
-    if action not in UNESCAPING:
+    if action not in UNESCAPING and not _escaped_answered(chain):
         yield error(
             "escaped-slashes-kept",
             chain.place,
             f"path_with_escaped_slashes_action {action} keeps '%2F' in the path routes match "
             "while the upstream decodes it ('/pd/v1/chat/completions%2Fderender' reaches "
-            f"derender). Use one of {', '.join(UNESCAPING)}",
+            f"derender). Use one of {', '.join(UNESCAPING)}, or answer such paths (a "
+            "direct_response route first) in every virtual host this processor polices",
         )
 
 

@@ -17,7 +17,7 @@ from ext_proc.edge.attributes import as_cel
 from ext_proc.tools import route_probes
 from ext_proc.tools.check_envoy.effective import ext_proc_mode, running
 from ext_proc.tools.check_envoy.findings import Finding, error, warning
-from ext_proc.tools.check_envoy.reader import Chain, Route, overrides_in
+from ext_proc.tools.check_envoy.reader import Chain, Route, overrides_in, virtual_hosts
 from ext_proc.tools.check_envoy.rules.filters import override
 from ext_proc.tools.check_envoy.rules.hold import hold
 from ext_proc.tools.check_envoy.rules.namespace import near_misses
@@ -31,6 +31,8 @@ def route_rules(route: Route, chain: Chain) -> Iterator[Finding]:
     if not route.forwards:
         return
     yield from _inspected(route, chain)
+    if scoped_out(route, chain):
+        return
     yield from near_misses(route, chain.namespace)
     found = policy_of(route, chain.namespace)
     if isinstance(found, Finding):
@@ -41,18 +43,78 @@ def route_rules(route: Route, chain: Chain) -> Iterator[Finding]:
     yield from tenant_rules(route, chain, found)
 
 
+def _named_clusters(entry: dict[str, Any]) -> frozenset[str] | None:
+    """The clusters a forwarding route names; None where one is chosen per request."""
+    action = entry.get("route", {})
+    if "cluster" in action:
+        return frozenset({str(action["cluster"])})
+    weighted = action.get("weighted_clusters", {}).get("clusters")
+    if isinstance(weighted, list) and weighted:
+        return frozenset(str(c.get("name")) for c in weighted if isinstance(c, dict))
+    return None
+
+
+def _policed_clusters(chain: Chain) -> frozenset[str] | None:
+    """The clusters the routes this processor polices in ``chain`` reach; None: any."""
+    found: set[str] = set()
+    for vhost in virtual_hosts(chain):
+        for route in vhost.routes:
+            if route.forwards and running(chain, route.levels):
+                named = _named_clusters(route.entry)
+                if named is None:
+                    return None
+                found |= named
+    return frozenset(found)
+
+
+def _second_door(route: Route, chain: Chain) -> str | None:
+    """Why a route this processor's filter does not run on may reach what it polices;
+    None for a route of a scoped wiring (every filter of this processor disabled by
+    default, enabled on the routes it polices) that names only clusters no policed
+    route names."""
+    if chain.on_by_default:
+        return "the filter runs by default and this route turns it off"
+    named = _named_clusters(route.entry)
+    policed = _policed_clusters(chain)
+    if named is None or policed is None:
+        return "a cluster is chosen per request, here or on a policed route"
+    if not policed:
+        return "no route of this connection manager runs it"
+    shared = sorted(named & policed)
+    if shared:
+        return f"it reaches {', '.join(map(repr, shared))}, which a policed route reaches"
+    return None
+
+
+def scoped_out(route: Route, chain: Chain) -> bool:
+    """A forwarding route a scoped wiring does not police (``_second_door``): no policy,
+    token path or refused endpoint of this processor applies to it."""
+    return not running(chain, route.levels) and _second_door(route, chain) is None
+
+
 def _inspected(route: Route, chain: Chain) -> Iterator[Finding]:
     on_route = running(chain, route.levels)
     if not on_route:
-        # Fail closed: whatever this route forwards reaches the upstream uninspected,
-        # client-chosen kv_transfer_params included.
-        yield error(
-            "ext-proc-not-running",
-            route.place,
-            "no ext_proc filter runs on this forwarding route (disabled here or not enabled); "
-            "request bodies would reach the upstream uninspected. Enable the filter, or answer "
-            "the route with a direct_response",
-        )
+        door = _second_door(route, chain)
+        if door is None:
+            yield warning(
+                "route-unpoliced",
+                route.place,
+                "this processor's filter, disabled by default, does not run on this route: "
+                "its requests are not inspected (a route the wiring does not police, on a "
+                "shared gateway). Its clusters are compared with the policed routes' by "
+                "name only: no other name may reach a policed upstream",
+            )
+        else:
+            # Fail closed: whatever this route forwards reaches the upstream uninspected,
+            # client-chosen kv_transfer_params included.
+            yield error(
+                "ext-proc-not-running",
+                route.place,
+                "no ext_proc filter runs on this forwarding route (disabled here or not "
+                f"enabled; {door}); request bodies would reach the upstream uninspected. "
+                "Enable the filter, or answer the route with a direct_response",
+            )
     yield from hold(route.place, route.entry, route.levels, on_route, chain)
     # A weighted cluster's own configuration is the most specific of all: one that
     # turns the filter off forwards its share of the route's requests uninspected.

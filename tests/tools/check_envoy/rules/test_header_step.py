@@ -77,7 +77,6 @@ def test_the_shipped_step_has_no_fault():
 @pytest.mark.parametrize(
     ("change", "expected"),
     [
-        (lambda c: _step(c).update(disabled=True), ["it is disabled"]),
         (_drop_removal("x-prefiller-host-port"), ["it keeps a client's x-prefiller-host-port"]),
         (_drop_removal("x-worker-instance-id"), ["it keeps a client's x-worker-instance-id"]),
         (_request_id_kept, [KEEPS_ID]),
@@ -91,7 +90,6 @@ def test_the_shipped_step_has_no_fault():
         ),
     ],
     ids=[
-        "disabled",
         "llm-d",
         "dynamo",
         "request-id",
@@ -119,6 +117,36 @@ def test_a_step_that_lets_a_client_header_through_is_no_step(change, expected):
 )
 def test_a_chain_without_a_step_before_ours_is_an_error(change, expected):
     assert found(mutated(change)) == [("header-step-missing", HCM), *expected]
+
+
+def _disabled(config):
+    _step(config).update(disabled=True)
+
+
+def _enabled_on_every_host(config):
+    for vhost in hcm(config)["route_config"]["virtual_hosts"]:
+        vhost.setdefault("typed_per_filter_config", {})[STEP] = {
+            "@type": FILTER_CONFIG,
+            "config": {},
+        }
+
+
+def test_a_step_disabled_by_default_and_not_enabled_where_ours_runs_is_an_error():
+    errors = found(mutated(_disabled))
+    assert errors
+    assert {code for code, _ in errors} == {"header-step-missing"}
+    assert all(place.startswith(f"{HCM} route ") for _, place in errors)
+
+
+def test_a_step_disabled_by_default_and_enabled_where_ours_runs_is_the_step():
+    """A shared gateway's wiring: the step enabled only where this processor polices, by
+    a FilterConfig whose empty config configures nothing of its own."""
+
+    def change(config):
+        _disabled(config)
+        _enabled_on_every_host(config)
+
+    assert found(mutated(change)) == []
 
 
 def test_a_route_that_configures_the_step_is_an_error():

@@ -5,7 +5,7 @@ import copy
 
 import pytest
 
-from tests.tools.check_envoy.shipped import HCM, VHOST, found, hcm, mutated
+from tests.tools.check_envoy.shipped import HCM, VHOST, found, hcm, mutated, per_route
 
 
 @pytest.mark.parametrize(
@@ -27,6 +27,36 @@ def test_route_matches_must_see_the_path_the_upstream_decodes(change, code):
 @pytest.mark.parametrize("action", ["UNESCAPE_AND_FORWARD", "REJECT_REQUEST"])
 def test_escaped_slashes_may_also_be_forwarded_unescaped_or_refused(action):
     assert mutated(lambda c: hcm(c).update(path_with_escaped_slashes_action=action)).findings == ()
+
+
+def _answered(regex):
+    """Escaped slashes kept, and a 400 route for ``regex`` first in every virtual host
+    (a shared gateway's wiring, scoped to the hosts it polices)."""
+
+    def change(config):
+        manager = hcm(config)
+        manager["path_with_escaped_slashes_action"] = "KEEP_UNCHANGED"
+        for vhost in manager["route_config"]["virtual_hosts"]:
+            vhost["routes"].insert(
+                0,
+                {
+                    "name": "path-not-normalized",
+                    "match": {"safe_regex": {"regex": regex}},
+                    "direct_response": {"status": 400},
+                    "typed_per_filter_config": per_route(disabled=True),
+                },
+            )
+
+    return change
+
+
+def test_escaped_slashes_kept_may_be_answered_in_every_policed_virtual_host():
+    assert mutated(_answered("(?i).*(//|%2f|%5c).*")).findings == ()
+
+
+def test_escaped_slashes_kept_and_answered_in_part_are_an_error():
+    # An escaped backslash still reaches the upstream, which decodes it.
+    assert found(mutated(_answered("(?i).*%2f.*"))) == [("escaped-slashes-kept", HCM)]
 
 
 def test_an_upgrade_with_its_own_filters_is_an_error():

@@ -329,3 +329,35 @@ def test_the_end_to_end_stacks_routes_state_their_own_rewrites():
     ] == []
     assert invalid
     assert all(place.split("/")[-1].startswith("bad-") for place in invalid)
+
+
+def _scoped(config):
+    """A shared gateway's wiring: the filter disabled by default and enabled on every
+    forwarding route but ``default``, which goes to a cluster of its own."""
+    hcm(config)["http_filters"][ext_proc_index(config)]["disabled"] = True
+    for entry in routes(config):
+        if "route" not in entry or entry.get("name") == "default":
+            continue
+        own = entry.setdefault("typed_per_filter_config", {})
+        own[EXT_PROC] = {"@type": FILTER_CONFIG, "config": own.get(EXT_PROC, {})}
+    clusters = config["static_resources"]["clusters"]
+    other = copy.deepcopy(clusters[-1])
+    other["name"] = other["load_assignment"]["cluster_name"] = "other"
+    clusters.append(other)
+    route(config, "default")["route"]["cluster"] = "other"
+
+
+def test_a_route_a_scoped_wiring_leaves_out_is_told_not_refused():
+    report = mutated(_scoped)
+    assert found(report) == []
+    assert found(report, "warning") == [("route-unpoliced", at("default"))]
+
+
+def test_a_route_a_scoped_wiring_leaves_out_may_not_reach_a_policed_cluster():
+    def change(config):
+        _scoped(config)
+        route(config, "default")["route"]["cluster"] = route(config, "aggregated")["route"][
+            "cluster"
+        ]
+
+    assert found(mutated(change)) == [("ext-proc-not-running", at("default"))]
