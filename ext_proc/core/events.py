@@ -45,6 +45,11 @@ class RouteMetadata:
     def __post_init__(self) -> None:
         object.__setattr__(self, "items", route_policy.items_of(self.values))
 
+    @property
+    def unstated(self) -> bool:
+        """No policy metadata at all: the route gets ``route_policy.DEFAULT_POLICY``."""
+        return self.size is None and not self.values
+
 
 @dataclass(frozen=True, slots=True)
 class Peer:

@@ -39,6 +39,15 @@ class Metrics:
             ["route", "action", "reason", "mode"],
             registry=self.registry,
         )
+        # Fail closed on a shared gateway: a route the filter runs on without a policy
+        # gets the strictest one, counted so a route left out of the values shows.
+        self.default_policy = Counter(
+            "ext_proc_default_policy_requests",
+            "Requests on a route without policy metadata (given the default policy, "
+            "aggregated + strip), by route.",
+            ["route"],
+            registry=self.registry,
+        )
         self.body_bytes, self.processing_seconds = _histograms(self.registry)
         self.inflight_streams, self.inflight_bytes, self.inflight_limit = _gauges(self.registry)
         self.stream_errors = Counter(

@@ -22,7 +22,15 @@ from ext_proc.core.budget import Budget
 from ext_proc.core.config import Config, ConfigError
 from ext_proc.core.decisions import Allow, Deny
 from ext_proc.core.errors import ProtocolError
-from ext_proc.core.events import Event, Outcome, RequestHeaders, Step, TimedOut
+from ext_proc.core.events import (
+    Event,
+    Outcome,
+    RequestBody,
+    RequestHeaders,
+    RequestTrailers,
+    Step,
+    TimedOut,
+)
 from ext_proc.core.proof import Trust
 from ext_proc.core.replay import Record
 from ext_proc.core.stream import Stream
@@ -202,6 +210,10 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc
             if not usage.started_ns:
                 usage.started_ns = tracing.now_ns()
             usage.request = tracing.request_of(event)
+        # A route without a policy gets the default one (strip), counted.
+        head = event.preamble if isinstance(event, (RequestBody, RequestTrailers)) else event
+        if isinstance(head, RequestHeaders) and head.route.unstated:
+            self.metrics.default_policy.labels(head.route.name).inc()
         started = time.perf_counter()
         step = stream.handle(event)
         if step.ask is not None:
