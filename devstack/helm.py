@@ -34,7 +34,7 @@ from typing import Any, Final
 import helm_python
 import yaml
 
-from devstack import llmd, monitoring
+from devstack import helm_routes, llmd, monitoring
 from devstack.markers import splice
 
 REPO: Final = Path(__file__).resolve().parents[1]
@@ -66,10 +66,32 @@ BASE_FILES: Final = (
 _NAMESPACE = re.compile(r"(?:(?<=~1)|(?<![\w-]))" + re.escape(llmd.NAMESPACE) + r"(?![\w-])")
 _GATEWAY = re.compile(r"(?<![\w-])" + re.escape(llmd.GATEWAY) + r"(?![\w-])")
 _DOMAIN = re.compile(r"(?<=\.svc\.)cluster\.local$")
+# The processor's objects: the release's fullname (its Services, the EnvoyFilter).
+_FULLNAME = re.compile(r"(?<![\w.-])" + re.escape(RELEASE) + r"(?=$|-headless\.|\.)")
+# The body limit (config.maxBodyBytes) and what the shipped wiring derives from it: the
+# processor cluster's HTTP/2 stream window (twice), its connection window and the gRPC
+# message a rewritten body may grow to (four times); in bytes, and as Envoy Gateway's
+# quantities.
+MAX_BODY: Final = 16 * 1024 * 1024
+_BODY_LIMITS: Final = {MAX_BODY * n: f"__MAX_BODY_{n}__" for n in (1, 2, 4)}
+_BODY_QUANTITIES: Final = {f"{MAX_BODY * n // 2**20}Mi": f"__MAX_BODY_MI_{n}__" for n in (1, 2, 4)}
+_MAX = "(int64 .Values.config.maxBodyBytes)"
+
+
+def _quantity(times: str) -> str:
+    """``times`` the body limit as a Kubernetes quantity: in Mi where it is whole."""
+    q = f"$q{times}"
+    whole = f"{{{{ if mod {q} 1048576 }}}}{{{{ {q} }}}}{{{{ else }}}}{{{{ div {q} 1048576 }}}}Mi"
+    return f"{{{{ {q} := mul {_MAX} {times} }}}}{whole}{{{{ end }}}}"
+
+
 _HOLES: Final = {
     "__RELEASE_NAMESPACE__": "{{ .Release.Namespace }}",
     "__GATEWAY_NAME__": "{{ .Values.gateway.name }}",
     "__CLUSTER_DOMAIN__": "{{ .Values.gateway.clusterDomain }}",
+    "__FULLNAME__": '{{ include "ext-proc-token-policy.fullname" $ }}',
+    **{hole: f"{{{{ mul {_MAX} {hole[-3]} }}}}" for hole in _BODY_LIMITS.values()},
+    **{hole: _quantity(hole[-3]) for hole in _BODY_QUANTITIES.values()},
 }
 _POD_LABELS = "__GATEWAY_POD_LABELS__"
 _POD_LABELS_LINE = re.compile(rf"^( *)(\S+): {_POD_LABELS}$", re.MULTILINE)
@@ -118,6 +140,7 @@ PROCESSOR_TLS: Final = {
 }
 _TLS_ON = "__TLS_ON__"
 _TLS_END = "__TLS_END__"
+_EXAMPLES_ON = "__EXAMPLES_ON__"
 _SOCKET = "__PROCESSOR_TLS__"
 _SOCKET_PATCH = "__PROCESSOR_TLS_PATCH__ "
 # The marked key (``transport_socket: __PROCESSOR_TLS__``) and list item
@@ -140,7 +163,12 @@ def _holes(value: Any) -> Any:
         return {key: _holes(item) for key, item in value.items()}
     if isinstance(value, list):
         return [_holes(item) for item in value]
+    if isinstance(value, int) and not isinstance(value, bool) and value in _BODY_LIMITS:
+        return _BODY_LIMITS[value]
+    if isinstance(value, str) and value in _BODY_QUANTITIES:
+        return _BODY_QUANTITIES[value]
     if isinstance(value, str):
+        value = _FULLNAME.sub("__FULLNAME__", value)
         value = _NAMESPACE.sub("__RELEASE_NAMESPACE__", value)
         value = _GATEWAY.sub("__GATEWAY_NAME__", value)
         return _DOMAIN.sub("__CLUSTER_DOMAIN__", value)
@@ -187,18 +215,48 @@ def _socket_patch(found: re.Match[str]) -> str:
     return _guarded(indent, [indent + line for line in _dumped([patch]).splitlines()])
 
 
-def _template(document: dict[str, Any], clusters: list[str] | None = None) -> str:
+_EXAMPLE = "__EXAMPLE_PATCH__ "
+_EXAMPLE_ITEM = re.compile(rf"^( *)- {_EXAMPLE}(\d+)$", re.MULTILINE)
+# An EnvoyPatchPolicy's patch of an example route (deploy/envoy-gateway/httproutes.yaml).
+_EXAMPLE_PATH = "..routes[?(@.name=='httproute/"
+
+
+def _examples_gated(document: dict[str, Any]) -> list[dict[str, Any]]:
+    """Marks each of an EnvoyPatchPolicy's patches of an example route (rendered only
+    with gateway.examples); the patches marked, by index."""
+    patches = document["spec"]["jsonPatches"]
+    found: list[dict[str, Any]] = []
+    for index, patch in enumerate(patches):
+        if str(patch["operation"].get("jsonPath", "")).startswith(_EXAMPLE_PATH):
+            patches[index] = f"{_EXAMPLE}{len(found)}"
+            found.append(patch)
+    return found
+
+
+def _template(
+    document: dict[str, Any], clusters: list[str] | None = None, examples: bool = False
+) -> str:
     """One object as template text: the names made values, the gateway pods' labels
     (an Istio workloadSelector) the chart's helper, the processor's cluster's TLS
-    behind values tls."""
+    behind values tls; ``examples``: an EnvoyPatchPolicy's patches of the example routes
+    behind values gateway.examples."""
     document = _holes(document)
+    gated = _examples_gated(document) if examples and document["kind"] == "EnvoyPatchPolicy" else []
     selector = document.get("spec", {}).get("workloadSelector")
     if selector is not None:
         selector["labels"] = _POD_LABELS
     _processor_tls(document, [_holes(name) for name in clusters or []])
     text = _SOCKET_ITEM.sub(_socket_patch, _SOCKET_KEY.sub(_socket, _dumped(document)))
+
+    def example(found: re.Match[str]) -> str:
+        indent, patch = found.group(1), gated[int(found.group(2))]
+        lines = [indent + line for line in _dumped([patch]).splitlines()]
+        return "\n".join([f"{indent}{_EXAMPLES_ON}", *lines, f"{indent}{_TLS_END}"])
+
+    text = _EXAMPLE_ITEM.sub(example, text)
     text = _escaped(text).replace(_TLS_ON, '{{- if ne .Values.tls.mode "none" }}')
     text = text.replace(_TLS_END, "{{- end }}")
+    text = text.replace(_EXAMPLES_ON, "{{- if .Values.gateway.examples }}")
     for hole, action in _HOLES.items():
         text = text.replace(hole, action)
 
@@ -214,10 +272,15 @@ def _sources(paths: Iterable[Path]) -> list[tuple[str, list[dict[str, Any]]]]:
     return [(path.relative_to(REPO).as_posix(), llmd._documents(path)) for path in paths]
 
 
-def _gateway_template(condition: str, blocks: list[tuple[str, list[Path]]]) -> str:
-    """``blocks``: each an inner condition (or "") and the files rendered under it."""
+def _gateway_template(
+    condition: str, blocks: list[tuple[str, list[Path]]], examples: bool = False
+) -> str:
+    """``blocks``: each an inner condition (or "") and the files rendered under it;
+    ``examples``: the patches of the example routes behind gateway.examples."""
     names = [p.relative_to(REPO).as_posix() for _, paths in blocks for p in paths]
     out = [_HEADER.format(sources=", ".join(names)), f"{{{{- if {condition} }}}}\n"]
+    if "gateway.kind" in condition and "examples" not in condition:
+        out.append(_ISTIO_ONLY)
     for inner, paths in blocks:
         if inner:
             out.append(f"{{{{- if {inner} }}}}\n")
@@ -233,19 +296,23 @@ def _gateway_template(condition: str, blocks: list[tuple[str, list[Path]]]) -> s
         ]
         for _, documents in sources:
             for document in documents:
-                out.append("---\n" + _template(document, clusters))
+                out.append("---\n" + _template(document, clusters, examples))
         if inner:
             out.append("{{- end }}\n")
     out.append("{{- end }}\n")
     return "".join(out)
 
 
+# Routes and hosts from values are the Istio wiring's: any other kind would leave them
+# to its own policy (Envoy Gateway's polices the whole Gateway, llm-d's its coordinator
+# routes), not the one they state.
+_ISTIO_ONLY: Final = (
+    "{{- if or .Values.gateway.routes .Values.gateway.hosts }}\n"
+    '{{- fail "gateway.routes and gateway.hosts are rendered by gateway.kind istio only" }}\n'
+    "{{- end }}\n"
+)
 _COORDINATOR = llmd.OUTPUT
 GATEWAY_TEMPLATES: Final = {
-    "gateway-istio.yaml": (
-        'eq .Values.gateway.kind "istio"',
-        [("", [DEPLOY / "istio" / "envoyfilter.yaml"])],
-    ),
     "gateway-envoy-gateway.yaml": (
         'eq .Values.gateway.kind "envoyGateway"',
         [
@@ -259,7 +326,7 @@ GATEWAY_TEMPLATES: Final = {
         ],
     ),
     "gateway-httproutes.yaml": (
-        'and .Values.gateway.httpRoutes (has .Values.gateway.kind (list "istio" "envoyGateway"))',
+        'and .Values.gateway.examples (has .Values.gateway.kind (list "istio" "envoyGateway"))',
         [("", [DEPLOY / "envoy-gateway" / "httproutes.yaml"])],
     ),
     "gateway-llmd.yaml": (
@@ -280,6 +347,12 @@ GATEWAY_TEMPLATES: Final = {
         ],
     ),
 }
+
+
+# Rendered from the shipped Istio wiring by helm_routes (the routes of the values).
+ISTIO: Final = "gateway-istio.yaml"
+# The template whose EnvoyPatchPolicy patches the example routes by name.
+EXAMPLES_GATED: Final = "gateway-envoy-gateway.yaml"
 
 
 def prometheus_rule_template() -> str:
@@ -304,9 +377,10 @@ def prometheus_rule_template() -> str:
 def templates() -> dict[Path, str]:
     """The chart's generated templates."""
     out = {
-        TEMPLATES / name: _gateway_template(condition, blocks)
+        TEMPLATES / name: _gateway_template(condition, blocks, name == EXAMPLES_GATED)
         for name, (condition, blocks) in GATEWAY_TEMPLATES.items()
     }
+    out[TEMPLATES / ISTIO] = helm_routes.istio_template(_template)
     out[TEMPLATES / "prometheusrule.yaml"] = prometheus_rule_template()
     return out
 
@@ -396,13 +470,26 @@ def values_table() -> str:
 # Every file ``files()`` writes, listed without generating them.
 OUTPUTS: Final = (
     *(TEMPLATES / name for name in GATEWAY_TEMPLATES),
+    TEMPLATES / ISTIO,
     TEMPLATES / "prometheusrule.yaml",
     *(BASE / name for name in BASE_FILES),
     README,
+    CHART / "values.schema.json",
 )
+
+
+SCHEMA: Final = CHART / "values.schema.json"
+
+
+def values_schema() -> str:
+    """values.schema.json with its route policy (``definitions.routePolicy``) read off
+    the processor's declaration."""
+    schema = json.loads(SCHEMA.read_text())
+    schema["definitions"]["routePolicy"] = helm_routes.route_policy_schema()
+    return json.dumps(schema, indent=2) + "\n"
 
 
 def files() -> dict[Path, str]:
     generated = templates()
     readme = splice(README.read_text(), VALUES_BEGIN, VALUES_END, values_table())
-    return {**generated, **base(generated), README: readme}
+    return {**generated, **base(generated), README: readme, SCHEMA: values_schema()}

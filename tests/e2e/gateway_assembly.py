@@ -229,33 +229,75 @@ ISTIO_RETRY_POLICY: dict[str, Any] = {
 ISTIO_1_23_RETRY_POLICY: dict[str, Any] = {**ISTIO_RETRY_POLICY, "retriable_status_codes": [503]}
 
 
+def istio_cluster(namespace: str, backend: dict[str, Any]) -> str:
+    """istiod's cluster of a backendRef (model.BuildSubsetKey): the Service's port."""
+    service = f"{backend['name']}.{backend.get('namespace', namespace)}.svc.cluster.local"
+    return f"outbound|{backend.get('port', 8000)}||{service}"
+
+
 def istio_routes(
-    httproutes: list[dict[str, Any]], retry_policy: dict[str, Any] | None = None
+    httproutes: list[dict[str, Any]],
+    retry_policy: dict[str, Any] | None = None,
+    by_backend: bool = False,
 ) -> list[dict[str, Any]]:
-    """The Envoy routes istiod makes of ``httproutes``, to the cluster ``upstream``, each
-    forwarding one with ``retry_policy`` (by default Istio's, ``ISTIO_RETRY_POLICY``)."""
+    """The Envoy routes istiod makes of ``httproutes``, to the cluster ``upstream`` (or,
+    ``by_backend``, istiod's cluster of each rule's one backend), each forwarding one
+    with ``retry_policy`` (by default Istio's, ``ISTIO_RETRY_POLICY``)."""
     policy = ISTIO_RETRY_POLICY if retry_policy is None else retry_policy
     out = []
     for httproute in httproutes:
         meta = httproute["metadata"]
         for index, rule in enumerate(httproute["spec"]["rules"]):
             name = f"{meta['namespace']}.{meta['name']}.{index}"
-            out += [gateway_api_route(name, rule, m, "upstream") for m in rule["matches"]]
+            cluster = "upstream"
+            if by_backend:
+                (backend,) = rule["backendRefs"]
+                cluster = istio_cluster(meta["namespace"], backend)
+            out += [gateway_api_route(name, rule, m, cluster) for m in rule["matches"]]
     for entry in out:
         if "route" in entry:
             entry["route"]["retry_policy"] = copy.deepcopy(policy)
     return sorted(out, key=_longest_path_first)
 
 
+# The port of the Gateway's listener the HTTPRoutes attach to (sectionName http).
+ISTIO_PORT: Final = 80
+
+
+def istio_virtual_hosts(
+    httproutes: list[dict[str, Any]],
+    retry_policy: dict[str, Any] | None = None,
+    by_backend: bool = False,
+) -> list[dict[str, Any]]:
+    """The virtual hosts istiod makes of ``httproutes`` (pilot/pkg/networking/core/
+    gateway.go): one per hostname, named ``<hostname>:<port>`` (util.DomainName), an
+    HTTPRoute without hostnames on ``*``; each route on every host of its HTTPRoute."""
+    by_host: dict[str, list[dict[str, Any]]] = {}
+    for httproute in httproutes:
+        for host in httproute["spec"].get("hostnames") or ["*"]:
+            by_host.setdefault(host, []).append(httproute)
+    return [
+        {
+            "name": f"{host}:{ISTIO_PORT}",
+            "domains": [host],
+            "routes": istio_routes(routes, retry_policy, by_backend),
+        }
+        for host, routes in sorted(by_host.items())
+    ]
+
+
 def istio_bootstrap(
     envoy_filter: dict[str, Any],
     httproutes: list[dict[str, Any]],
     retry_policy: dict[str, Any] | None = None,
+    more_hosts: list[dict[str, Any]] | None = None,
+    more_clusters: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    """``retry_policy``: the one istiod gives the routes (``istio_routes``)."""
-    vhost = {"name": "gateway", "domains": ["*"], "routes": istio_routes(httproutes, retry_policy)}
+    """``retry_policy``: the one istiod gives the routes (``istio_routes``);
+    ``more_hosts``: virtual hosts of other sources (an Ingress), to ``more_clusters``."""
+    hosts = [*istio_virtual_hosts(httproutes, retry_policy), *(more_hosts or [])]
     upstream = static_cluster("upstream", "upstream.invalid", 8000)
-    return istio_assemble(envoy_filter, [vhost], [upstream])
+    return istio_assemble(envoy_filter, hosts, [upstream, *(more_clusters or [])])
 
 
 def _route_matched(patch: dict[str, Any], vhost: dict[str, Any], entry: dict[str, Any]) -> bool:
@@ -300,9 +342,17 @@ def istio_assemble(
         operation = patch["patch"]["operation"]
         assert operation in ("MERGE", "INSERT_FIRST"), operation
         if operation == "INSERT_FIRST":
-            assert "routeConfiguration" not in patch["match"], "only unconditional inserts"
+            wanted = patch["match"].get("routeConfiguration", {}).get("vhost", {})
+            assert set(wanted) <= {"name"}, "inserts into every or a named virtual host only"
+    host_patches = [p for p in patches if p["applyTo"] == "VIRTUAL_HOST"]
+    assert all(p["patch"]["operation"] == "MERGE" for p in host_patches)
     hosts = []
-    for vhost in virtual_hosts:
+    for made in virtual_hosts:
+        vhost = made
+        for patch in host_patches:
+            wanted = patch["match"].get("routeConfiguration", {}).get("vhost", {})
+            if wanted.get("name") in (None, vhost["name"]):
+                vhost = deep_merge(vhost, patch["patch"]["value"])
         routes = []
         for generated in vhost["routes"]:
             entry = generated
@@ -311,7 +361,11 @@ def istio_assemble(
                     entry = deep_merge(entry, patch["patch"]["value"])
             routes.append(entry)
         for patch in route_patches:
-            if patch["patch"]["operation"] == "INSERT_FIRST":
+            wanted = patch["match"].get("routeConfiguration", {}).get("vhost", {})
+            if patch["patch"]["operation"] == "INSERT_FIRST" and wanted.get("name") in (
+                None,
+                vhost["name"],
+            ):
                 routes.insert(0, copy.deepcopy(patch["patch"]["value"]))
         hosts.append({**vhost, "routes": routes})
     route_config = {"name": "gateway", "virtual_hosts": hosts}

@@ -50,6 +50,8 @@ BODILESS: Final = (("GET", None), ("HEAD", None), ("DELETE", None), ("POST", b""
 class Running:
     gateway: HostPort
     stand_in: HostPort
+    # The processor's metrics listener.
+    metrics: HostPort | None = None
 
     def send(
         self,
@@ -80,6 +82,11 @@ class Running:
     def bodies(self) -> list[tuple[str, bytes]]:
         """Each request the stand-in received: target and body."""
         return [(r["target"], base64.b64decode(r["body_b64"])) for r in self._stub("GET")]
+
+    def records(self) -> list[dict[str, Any]]:
+        """Each request the stand-in received, as it records it (method, target,
+        headers, body_b64)."""
+        return list(self._stub("GET"))
 
     def clear(self) -> None:
         self._stub("DELETE")
@@ -158,7 +165,7 @@ def running(
         )
         children.append(envoy)
         processes.wait_for_envoy(ports["admin"].port, envoy)
-        yield Running(ports["gateway"], ports["stand_in"])
+        yield Running(ports["gateway"], ports["stand_in"], ports["metrics"])
     finally:
         for child in reversed(children):
             processes.stop(child)

@@ -1,0 +1,282 @@
+"""The chart's Istio wiring for the routes its values name (``gateway.routes``,
+``gateway.hosts``), generated from the shipped deploy/istio/envoyfilter.yaml: one source
+for every patch, the shipped file staying the example for the example routes.
+
+Scoped to what it polices, so a shared gateway's other routes are left as they are:
+
+- the header step, this processor's filter and the buffer filter are inserted disabled
+  (``HttpFilter.disabled``) and enabled, each by a ``FilterConfig`` whose empty config
+  enables a filter disabled by default (the real Envoy takes it; a ``FilterConfig`` with
+  only ``disabled: false`` is refused as an empty per-filter configuration), on every
+  route of a policed virtual host (``gateway.hosts``) and on each policed route
+  (``gateway.routes``);
+- a policed route gets what the shipped patch of an example route with the same action
+  gives it (its retry policy, the mint route's response processing), its policy as
+  route metadata and the body limit as its ``request_body_buffer_limit``;
+- the refused endpoints' 404 routes go into the policed virtual hosts only, with a 400
+  route for a path the shipped connection manager patch would have changed (an escaped
+  slash or backslash, ``//``), which this wiring does not set for the whole gateway;
+- the header step also removes each guarded header's spelling with underscores, which
+  the shipped wiring drops gateway-wide (``headers_with_underscores_action``).
+
+The values' route policies go into the metadata as written; the processor reads them
+(``ext_proc.core.route_policy``) and values.schema.json's ``routePolicy`` is generated
+from the same declaration.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import typing
+from enum import StrEnum
+from pathlib import Path
+from typing import Any, Final
+
+import yaml
+
+from ext_proc.core.route_policy import DEFAULT_NAMESPACE, SCHEMA, Action, RoutePolicy
+
+REPO: Final = Path(__file__).resolve().parents[1]
+SHIPPED: Final = REPO / "deploy" / "istio" / "envoyfilter.yaml"
+FILTER_CONFIG: Final = "type.googleapis.com/envoy.config.route.v3.FilterConfig"
+# The connection manager fields the shipped wiring sets for every route of the gateway,
+# and what takes their place here: checked, so a new one is not dropped unseen.
+MANAGER_WIDE: Final = frozenset(
+    {
+        "http_protocol_options",
+        "common_http_protocol_options",
+        "normalize_path",
+        "merge_slashes",
+        "path_with_escaped_slashes_action",
+    }
+)
+# A path that normalize_path leaves and the shipped wiring's merge_slashes and
+# UNESCAPE_AND_REDIRECT would have changed: answered 400 on the policed hosts, before
+# any route matches it.
+UNNORMALIZED: Final = {
+    "name": "path-not-normalized",
+    "match": {"safe_regex": {"regex": "(?i).*(//|%2f|%5c).*"}},
+    "direct_response": {"status": 400},
+}
+
+
+def _documents(path: Path) -> list[dict[str, Any]]:
+    return [d for d in yaml.safe_load_all(path.read_text()) if d is not None]
+
+
+def _route_name(patch: dict[str, Any]) -> str | None:
+    vhost = patch["match"].get("routeConfiguration", {}).get("vhost", {})
+    name = vhost.get("route", {}).get("name")
+    return name if isinstance(name, str) else None
+
+
+def enabling(filters: list[dict[str, Any]]) -> dict[str, Any]:
+    """The per-filter configuration that enables each of ``filters`` (disabled by
+    default) on a route or virtual host."""
+    return {f["name"]: {"@type": FILTER_CONFIG, "config": {}} for f in filters}
+
+
+def _underscored(step: dict[str, Any]) -> None:
+    """The header step also removes the underscore spelling of each header it removes
+    or renews, so no reader that takes '_' for '-' sees a client's copy."""
+    mutations = step["typed_config"]["mutations"]["request_mutations"]
+    names = [m["remove"] for m in mutations if "remove" in m]
+    names += [m["append"]["header"]["key"] for m in mutations if "append" in m]
+    spelt = sorted({n.replace("-", "_") for n in names} - set(names))
+    # Before the last mutation, which must stay the fresh request id (check-envoy).
+    mutations[-1:-1] = [{"remove": name} for name in spelt]
+
+
+def parts(envoy_filter: dict[str, Any]) -> dict[str, Any]:
+    """The shipped EnvoyFilter taken apart: the processor's cluster, the filters
+    (disabled), the routes' shapes by action, the example routes, the 404 routes."""
+    patches = envoy_filter["spec"]["configPatches"]
+    filters = [copy.deepcopy(p) for p in patches if p["applyTo"] == "HTTP_FILTER"]
+    for patch in filters:
+        patch["patch"]["value"]["disabled"] = True
+        if patch["patch"]["value"]["name"] == "envoy.filters.http.header_mutation":
+            _underscored(patch["patch"]["value"])
+    enable = enabling([p["patch"]["value"] for p in filters])
+    shapes: dict[str, dict[str, Any]] = {}
+    examples = []
+    for patch in patches:
+        name = _route_name(patch)
+        if patch["applyTo"] != "HTTP_ROUTE" or name is None:
+            continue
+        value = copy.deepcopy(patch["patch"]["value"])
+        policy = value.pop("metadata")["filter_metadata"][DEFAULT_NAMESPACE]
+        value["typed_per_filter_config"] = {**enable, **value.get("typed_per_filter_config", {})}
+        if shapes.setdefault(policy["action"], value) != value:
+            raise ValueError(f"{name}: another shape for the action {policy['action']}")
+        _, route, rule = name.split(".")
+        examples.append({"httpRoute": {"name": route, "rule": int(rule)}, "policy": policy})
+    for action in Action:
+        shapes.setdefault(action.value, {"typed_per_filter_config": dict(enable)})
+    inserts = [
+        copy.deepcopy(p["patch"]["value"])
+        for p in patches
+        if p["applyTo"] == "HTTP_ROUTE" and p["patch"]["operation"] == "INSERT_FIRST"
+    ]
+    for patch in patches:
+        if patch["applyTo"] == "NETWORK_FILTER":
+            typed = set(patch["patch"]["value"]["typed_config"]) - {"@type"}
+            if not typed <= MANAGER_WIDE:
+                raise ValueError(f"connection manager settings not scoped: {typed - MANAGER_WIDE}")
+    unnormalized = copy.deepcopy(UNNORMALIZED)
+    unnormalized["typed_per_filter_config"] = inserts[0]["typed_per_filter_config"]
+    return {
+        "cluster": [copy.deepcopy(p) for p in patches if p["applyTo"] == "CLUSTER"],
+        "filters": filters,
+        "enable": enable,
+        "shapes": shapes,
+        "examples": examples,
+        "inserts": [unnormalized, *inserts],
+    }
+
+
+def _json(value: Any) -> str:
+    """``value`` as a Go template string literal of its JSON."""
+    return json.dumps(json.dumps(value, separators=(",", ":")))
+
+
+_HEADER: Final = """\
+# Generated by `make generate` from deploy/istio/envoyfilter.yaml (devstack/helm_routes.py):
+# edit that file. The patches of its example routes are the shapes every route of
+# gateway.routes gets for its action; the filters are enabled only on the routes and
+# virtual hosts of gateway.routes and gateway.hosts (the comments there and in
+# devstack/helm_routes.py say why each part is as it is).
+"""
+
+# The route a values item names, as an EnvoyFilter's route configuration match.
+_MATCH: Final = """\
+          {{- if $route.httpRoute }}
+          {{- $rule := $route.httpRoute }}
+          {{- $namespace := $rule.namespace | default $.Release.Namespace }}
+          route:
+            name: {{ printf "%s.%s.%d" $namespace $rule.name (int $rule.rule) }}
+          {{- else if $route.ingress }}
+          name: {{ printf "%s:%d" $route.ingress.host (int ($route.ingress.port | default 80)) }}
+          route:
+            action: ROUTE
+          {{- else }}
+          route:
+            name: {{ $route.envoyRoute }}
+          {{- end }}
+"""
+
+
+def istio_template(template: Any) -> str:
+    """The chart's templates/gateway-istio.yaml; ``template``: helm's ``_template``
+    (one object as template text, its names made values)."""
+    (envoy_filter,) = _documents(SHIPPED)
+    found = parts(envoy_filter)
+    head = copy.deepcopy(envoy_filter)
+    head["spec"]["configPatches"] = [*found["cluster"], *found["filters"]]
+    static = template(head).rstrip("\n")
+    out = [
+        _HEADER,
+        '{{- if eq .Values.gateway.kind "istio" }}\n',
+        "{{- $max := int64 .Values.config.maxBodyBytes }}\n",
+        "{{- $routes := .Values.gateway.routes }}\n",
+        "{{- if .Values.gateway.examples }}\n",
+        f"{{{{- $routes = concat $routes (fromJsonArray {_json(found['examples'])}) }}}}\n",
+        "{{- end }}\n",
+        f"{{{{- $shapes := fromJson {_json(found['shapes'])} }}}}\n",
+        f"{{{{- $enable := fromJson {_json(found['enable'])} }}}}\n",
+        # An Ingress host's routes are all policed: its virtual host is a policed one.
+        "{{- $hosts := .Values.gateway.hosts }}\n",
+        "{{- range $route := $routes }}{{ if $route.ingress }}\n",
+        '{{- $hosts = append $hosts (printf "%s:%d" $route.ingress.host'
+        " (int ($route.ingress.port | default 80))) }}\n",
+        "{{- end }}{{ end }}\n",
+        "---\n",
+        static + "\n",
+        "  {{- range $host := uniq $hosts }}\n",
+        "  - applyTo: VIRTUAL_HOST\n",
+        "    match:\n",
+        "      context: GATEWAY\n",
+        "      routeConfiguration:\n",
+        "        vhost:\n",
+        "          name: {{ $host | quote }}\n",
+        "    patch:\n",
+        "      operation: MERGE\n",
+        "      value:\n",
+        "        typed_per_filter_config:\n",
+        "          {{- toYaml $enable | nindent 10 }}\n",
+        "  - applyTo: HTTP_ROUTE\n",
+        "    match:\n",
+        "      context: GATEWAY\n",
+        "      routeConfiguration:\n",
+        "        vhost:\n",
+        "          name: {{ $host | quote }}\n",
+        "    patch:\n",
+        "      operation: MERGE\n",
+        "      value:\n",
+        "        request_body_buffer_limit: {{ $max }}\n",
+    ]
+    for insert in reversed(found["inserts"]):
+        value = yaml.dump(insert, sort_keys=False, width=1000).replace("{{", '{{ "{{" }}')
+        out += [
+            "  - applyTo: HTTP_ROUTE\n",
+            "    match:\n",
+            "      context: GATEWAY\n",
+            "      routeConfiguration:\n",
+            "        vhost:\n",
+            "          name: {{ $host | quote }}\n",
+            "    patch:\n",
+            "      operation: INSERT_FIRST\n",
+            "      value:\n",
+            *(f"        {line}\n" for line in value.splitlines()),
+        ]
+    out += [
+        "  {{- end }}\n",
+        "  {{- range $route := $routes }}\n",
+        "  {{- $value := deepCopy (get $shapes $route.policy.action) }}\n",
+        '  {{- $_ := set $value "request_body_buffer_limit" $max }}\n',
+        f'  {{{{- $policy := dict "{DEFAULT_NAMESPACE}" $route.policy }}}}\n',
+        '  {{- $_ := set $value "metadata" (dict "filter_metadata" $policy) }}\n',
+        "  - applyTo: HTTP_ROUTE\n",
+        "    match:\n",
+        "      context: GATEWAY\n",
+        "      routeConfiguration:\n",
+        "        vhost:\n",
+        _MATCH,
+        "    patch:\n",
+        "      operation: MERGE\n",
+        "      value:\n",
+        "        {{- toYaml $value | nindent 8 }}\n",
+        "  {{- end }}\n",
+        "{{- end }}\n",
+    ]
+    return "".join(out)
+
+
+# --- values.schema.json's route policy ---------------------------------------------------
+
+
+def _field_schema(name: str, kind: Any) -> dict[str, Any]:
+    args = [a for a in typing.get_args(kind) if a is not type(None)] or [kind]
+    (base,) = args[:1]
+    out: dict[str, Any]
+    if isinstance(base, type) and issubclass(base, StrEnum):
+        out = {"enum": [member.value for member in base]}
+    elif base is bool:
+        out = {"type": "boolean"}
+    elif base is int:
+        out = {"type": "integer", "minimum": 1}
+    else:
+        out = {"type": "string"}
+    return {**out, "description": SCHEMA[name].doc}
+
+
+def route_policy_schema() -> dict[str, Any]:
+    """The schema of one route policy as values state it: the fields the processor
+    reads (``ext_proc.core.route_policy``), each a scalar of Envoy's metadata."""
+    hints = typing.get_type_hints(RoutePolicy)
+    return {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["action"],
+        "properties": {name: _field_schema(name, hints[name]) for name in SCHEMA},
+    }

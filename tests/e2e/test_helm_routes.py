@@ -1,0 +1,368 @@
+"""The chart's gateway wiring for a team's own routes, from values alone
+(deploy/helm/ext-proc-token-policy/ci/team-routes-values.yaml): two of its HTTPRoutes and
+an Ingress host on a shared Istio gateway. The rendered EnvoyFilter, applied as istiod
+applies it to the routes istiod makes of the team's HTTPRoutes and Ingress (defined
+here, not the chart's examples; tests/e2e/gateway_assembly.py, istio_ingress.py), passes
+check-envoy and runs on the real Envoy with the processor: the strip route strips, a
+proof minted on the mint route is honored on the honor route, a route of the policed
+host without a policy strips, and a route of another host on the same gateway receives
+what its client sent, byte for byte. The body limit is one value in every manifest; two
+releases share a namespace."""
+
+from __future__ import annotations
+
+import base64
+import json
+from pathlib import Path
+from typing import Any
+
+import helm_python
+import httpx
+import pytest
+import yaml
+
+from devstack import helm
+from ext_proc.core.config import Config
+from ext_proc.tools import check_envoy
+from tests.e2e import gateway_assembly, gateway_run, istio_ingress
+from tests.e2e.stack import new_key
+
+TEAM = helm.CHART / "ci" / "team-routes-values.yaml"
+NAMESPACE = "inference"
+POLICED = "llm.team-a.example.com"
+INGRESS_HOST = "ingress.team-a.example.com"
+OTHER = "web.team-b.example.com"
+PROCESSOR = "ext_proc_token_policy"
+
+
+def _rule(prefix: str, service: str, rewrite: str | None = None) -> dict[str, Any]:
+    rule: dict[str, Any] = {
+        "matches": [{"path": {"type": "PathPrefix", "value": prefix}}],
+        "backendRefs": [{"name": service, "port": 8000}],
+    }
+    if rewrite is not None:
+        path = {"type": "ReplacePrefixMatch", "replacePrefixMatch": rewrite}
+        rule["filters"] = [{"type": "URLRewrite", "urlRewrite": {"path": path}}]
+    return rule
+
+
+def _httproute(namespace: str, name: str, host: str, rules: list[dict[str, Any]]) -> dict[str, Any]:
+    return {
+        "apiVersion": "gateway.networking.k8s.io/v1",
+        "kind": "HTTPRoute",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "parentRefs": [{"name": "shared-gateway", "namespace": NAMESPACE}],
+            "hostnames": [host],
+            "rules": rules,
+        },
+    }
+
+
+# The team's HTTPRoutes, a route of its host that values give no policy (team-a/misc),
+# and another team's route on another host of the same gateway (team-b/web).
+HTTPROUTES = [
+    _httproute("team-a", "chat", POLICED, [_rule("/v1/", "chat")]),
+    _httproute(
+        "team-a",
+        "pd",
+        POLICED,
+        [_rule("/pd/v1/", "decode", "/v1/"), _rule("/pd/prefill/v1/", "prefill", "/v1/")],
+    ),
+    _httproute("team-a", "misc", POLICED, [_rule("/misc/", "misc")]),
+    _httproute("team-b", "web", OTHER, [_rule("/", "web")]),
+]
+INGRESS = {
+    "metadata": {"name": "llm", "namespace": "team-a"},
+    "spec": {
+        "rules": [
+            {
+                "host": INGRESS_HOST,
+                "http": {
+                    "paths": [
+                        {
+                            "path": "/",
+                            "pathType": "Prefix",
+                            "backend": {"service": {"name": "llm", "port": {"number": 8000}}},
+                        }
+                    ]
+                },
+            }
+        ]
+    },
+}
+
+
+def render(
+    values: dict[str, Any], release: str = helm.RELEASE, namespace: str = NAMESPACE
+) -> list[dict[str, Any]]:
+    rendered = helm_python.Chart.load(helm.CHART).render(values, name=release, namespace=namespace)
+    return [
+        doc
+        for name, text in rendered.items()
+        if name.endswith(".yaml")
+        for doc in yaml.safe_load_all(text)
+        if doc
+    ]
+
+
+def team_values(**more: Any) -> dict[str, Any]:
+    values: dict[str, Any] = yaml.safe_load(TEAM.read_text())
+    values.update(more)
+    return values
+
+
+def envoy_filter(objects: list[dict[str, Any]]) -> dict[str, Any]:
+    (found,) = [o for o in objects if o["kind"] == "EnvoyFilter"]
+    return found
+
+
+def assembled(objects: list[dict[str, Any]]) -> dict[str, Any]:
+    """The gateway's bootstrap: istiod's virtual hosts of the team's HTTPRoutes (each
+    backend its own cluster) and Ingress, with the rendered EnvoyFilter applied."""
+    hosts = gateway_assembly.istio_virtual_hosts(HTTPROUTES, by_backend=True)
+    ingress_hosts, clusters = istio_ingress.virtual_hosts(INGRESS)
+    names = sorted(
+        {
+            gateway_assembly.istio_cluster(r["metadata"]["namespace"], backend)
+            for r in HTTPROUTES
+            for rule in r["spec"]["rules"]
+            for backend in rule["backendRefs"]
+        }
+    )
+    clusters += [
+        gateway_assembly.static_cluster(name, name.rsplit("|", 1)[-1], 8000) for name in names
+    ]
+    return gateway_assembly.istio_assemble(
+        envoy_filter(objects), [*hosts, *ingress_hosts], clusters
+    )
+
+
+def virtual_hosts(config: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    (listener,) = config["static_resources"]["listeners"]
+    manager = listener["default_filter_chain"]["filters"][0]["typed_config"]
+    return {h["name"]: h for h in manager["route_config"]["virtual_hosts"]}
+
+
+def test_the_team_routes_pass_check_envoy_and_only_the_policed_hosts_change():
+    objects = render(team_values())
+    config = assembled(objects)
+    report = check_envoy.check(config, processor="mutual")
+    assert report.errors == []
+    # The policed host's route without a policy gets the default one; the other team's
+    # route is not policed, and both are told.
+    assert [(f.code, f.place.rsplit(" ", 1)[-1]) for f in report.findings] == [
+        ("policy-missing", f"{POLICED}:80/team-a.misc.0"),
+        ("route-unpoliced", f"{OTHER}:80/team-b.web.0"),
+    ]
+    hosts = virtual_hosts(config)
+    # Routes of the policed hosts: policy metadata where values name them, the
+    # filters enabled by the virtual host; the other host exactly as istiod made it.
+    made = {h["name"]: h for h in gateway_assembly.istio_virtual_hosts(HTTPROUTES, by_backend=True)}
+    assert hosts[f"{OTHER}:80"] == made[f"{OTHER}:80"]
+    policed = {r.get("name"): r for r in hosts[f"{POLICED}:80"]["routes"]}
+    policies = {
+        name: policed[name]["metadata"]["filter_metadata"]["ext_proc.token_policy"]["action"]
+        for name in ("team-a.chat.0", "team-a.pd.0", "team-a.pd.1")
+    }
+    assert policies == {"team-a.chat.0": "strip", "team-a.pd.0": "honor", "team-a.pd.1": "mint"}
+    assert "metadata" not in policed["team-a.misc.0"]
+    assert {"path-not-normalized", "token-endpoint-echo"} <= set(policed)
+    assert hosts[f"{POLICED}:80"]["typed_per_filter_config"]
+    (ingress_route,) = [r for r in hosts[f"{INGRESS_HOST}:80"]["routes"] if "route" in r]
+    assert ingress_route["metadata"]["filter_metadata"]["ext_proc.token_policy"] == {
+        "topology": "aggregated",
+        "action": "strip",
+    }
+    # No setting of the connection manager for every host.
+    (listener,) = config["static_resources"]["listeners"]
+    manager = listener["default_filter_chain"]["filters"][0]["typed_config"]
+    assert {k: manager[k] for k in gateway_assembly.ISTIO_PATH_DEFAULTS} == (
+        gateway_assembly.ISTIO_PATH_DEFAULTS
+    )
+    assert "common_http_protocol_options" not in manager
+    assert all(
+        f.get("disabled")
+        for f in manager["http_filters"]
+        if f["name"] != "envoy.filters.http.router"
+    )
+
+
+def test_a_route_without_the_filter_to_a_policed_cluster_is_refused():
+    """Scoped wiring never opens a second door: the other team's route sent to the
+    decode pool's cluster is an error."""
+    config = assembled(render(team_values()))
+    hosts = virtual_hosts(config)
+    (other,) = hosts[f"{OTHER}:80"]["routes"]
+    other["route"]["cluster"] = gateway_assembly.istio_cluster("team-a", {"name": "decode"})
+    report = check_envoy.check(config, processor="mutual")
+    (door,) = [f for f in report.findings if f.code == "ext-proc-not-running"]
+    assert door.severity == "error"
+    assert door.place.endswith(f"{OTHER}:80/team-b.web.0")
+    assert "which a policed route reaches" in door.message
+    assert "route-unpoliced" not in report.codes()
+
+
+KINDS = {
+    "istio": {"kind": "istio", "examples": True, "hosts": ["*:80"]},
+    "envoyGateway": {"kind": "envoyGateway", "examples": True},
+    "llmd-istio": {"kind": "llmd", "llmdProvider": "istio"},
+    "llmd-envoyGateway": {"kind": "llmd", "llmdProvider": "envoyGateway"},
+}
+
+
+@pytest.mark.parametrize("gateway", list(KINDS))
+def test_one_body_limit_reaches_every_manifest(gateway):
+    # The in-flight budget must hold a body of the limit (the processor's validation).
+    config = {"maxBodyBytes": 33554432, "inflightBudgetBytes": 536870912}
+    objects = render({"gateway": KINDS[gateway], "config": config})
+    assert "16777216" not in yaml.safe_dump_all(objects)
+    (config_map,) = [o for o in objects if o["kind"] == "ConfigMap"]
+    loaded = Config.model_validate(yaml.safe_load(config_map["data"]["config.yaml"]))
+    assert loaded.max_body_bytes == 33554432
+    # The gateway's objects: the buffer filter's and the routes' limits, and the
+    # windows and gRPC message derived from the limit.
+    wiring = yaml.safe_dump_all([o for o in objects if "." in o["apiVersion"].split("/")[0]])
+    assert "16Mi" not in wiring
+    assert wiring.count("33554432") >= 2
+    assert "67108864" in wiring or "64Mi" in wiring
+
+
+def test_two_releases_in_one_namespace_render_and_pass_check_envoy():
+    configs = []
+    for release, gateway in (("team-a", "shared-gateway"), ("team-b", "other-gateway")):
+        values = team_values()
+        values["gateway"] = {**values["gateway"], "name": gateway}
+        objects = render(values, release=release)
+        config = assembled(objects)
+        assert check_envoy.check(config, processor="mutual").errors == []
+        found = envoy_filter(objects)
+        assert found["metadata"]["name"] == f"{release}-ext-proc-token-policy"
+        configs.append(yaml.safe_dump(config))
+    assert "team-a-ext-proc-token-policy-headless.inference.svc" in configs[0]
+    assert "team-b-ext-proc-token-policy-headless.inference.svc" in configs[1]
+
+
+def _forwarded(gateway: gateway_run.Running) -> dict[str, Any]:
+    (found,) = gateway.bodies()
+    gateway.clear()
+    return dict(json.loads(found[1]))
+
+
+def _chat(params: dict[str, Any] | None) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "model": "m",
+        "messages": [{"role": "user", "content": "hello"}],
+        "max_tokens": 4,
+    }
+    if params is not None:
+        body["kv_transfer_params"] = params
+    return body
+
+
+DEFAULT_POLICY_METRIC = "ext_proc_default_policy_requests_total"
+FORGED = {"do_remote_prefill": True, "remote_engine_id": "forged", "remote_port": 9}
+
+
+def test_the_team_routes_run_on_the_real_envoy(tmp_path: Path):
+    objects = render(team_values(tls={"mode": "none"}))
+    config = assembled(objects)
+    with gateway_run.running(config, tmp_path, PROCESSOR, {"k1": new_key()}) as gateway:
+        with httpx.Client(base_url=f"http://{gateway.gateway}", timeout=20) as client:
+
+            def post(host: str, path: str, body: dict[str, Any]) -> httpx.Response:
+                return client.post(path, json=body, headers={"host": host})
+
+            # Forged parameters removed on the strip route, on the policed host's route
+            # without a policy, and on the Ingress host.
+            for host, path in ((POLICED, "/v1/"), (POLICED, "/misc/"), (INGRESS_HOST, "/v1/")):
+                reply = post(host, f"{path}chat/completions", _chat(FORGED))
+                assert reply.status_code == 200, (host, path, reply.text)
+                assert "kv_transfer_params" not in _forwarded(gateway), (host, path)
+
+            # Minted on the mint route, honored on the honor route.
+            prefill = {**_chat(None), "max_tokens": 1, "return_token_ids": True}
+            reply = post(POLICED, "/pd/prefill/v1/chat/completions", prefill)
+            assert reply.status_code == 200, reply.text
+            params = reply.json()["kv_transfer_params"]
+            assert params["token_policy_proof"].startswith("tp4.k1.")
+            gateway.clear()
+            reply = post(POLICED, "/pd/v1/chat/completions", _chat(params))
+            assert reply.status_code == 200, reply.text
+            assert _forwarded(gateway)["kv_transfer_params"] == params
+
+            # The route without a policy is counted (alert ExtProcRouteWithoutPolicy);
+            # the routes with one are not.
+            metrics = httpx.get(f"http://{gateway.metrics}/metrics", timeout=10).text
+            counted = [
+                line for line in metrics.splitlines() if line.startswith(DEFAULT_POLICY_METRIC)
+            ]
+            assert counted == [f'{DEFAULT_POLICY_METRIC}{{route="team-a.misc.0"}} 1.0'], counted
+
+            # The refused endpoints' 404s and the unnormalised paths' 400s: on the
+            # policed hosts only.
+            for host in (POLICED, INGRESS_HOST):
+                assert client.get("/v1/render", headers={"host": host}).status_code == 404
+            assert post(POLICED, "/v1/chat%2Fcompletions", _chat(None)).status_code == 400
+            assert gateway.received() == []
+
+        # The other team's route: the bytes and headers its client sent, untouched
+        # (forged parameters, a client's request id and tenant, an underscore header,
+        # an escaped slash, a render path).
+        body = json.dumps(_chat(FORGED), separators=(",", ":")).encode()
+        sent = {
+            "host": OTHER,
+            "content-type": "application/json",
+            "x-request-id": "client-chosen",
+            "x-tenant-id": "team-b",
+            "x_request_id": "underscored",
+        }
+        for method, path, payload in (
+            ("POST", "/v1/chat/completions", body),
+            ("GET", "/v1/render", None),
+            ("POST", "/v1/chat%2Fcompletions", body),
+        ):
+            assert gateway.send(method, path, payload, sent) == 200, path
+            (record,) = gateway.records()
+            gateway.clear()
+            assert (record["method"], record["target"]) == (method, path)
+            got = dict((k.lower(), v) for k, v in record["headers"])
+            for key, value in sent.items():
+                if key != "host":
+                    assert got.get(key) == value, (path, key)
+            assert base64.b64decode(record["body_b64"]) == (payload or b"")
+
+
+def test_the_team_values_leave_the_shipped_examples_out():
+    objects = render(team_values())
+    assert [o for o in objects if o["kind"] == "HTTPRoute"] == []
+    patches = envoy_filter(objects)["spec"]["configPatches"]
+    text = yaml.safe_dump(patches)
+    assert "llama" not in text
+
+
+STRIP = {"action": "strip"}
+
+
+@pytest.mark.parametrize(
+    "gateway",
+    [
+        {"httpRoutes": True},  # the value examples replaced
+        # One route each: an HTTPRoute rule, an Ingress host or an Envoy route name.
+        {"routes": [{"policy": STRIP}]},
+        {"routes": [{"envoyRoute": "a.b.0", "ingress": {"host": "a.example"}, "policy": STRIP}]},
+        # The processor's policy fields, as it reads them.
+        {"routes": [{"envoyRoute": "a.b.0", "policy": {"action": "allow"}}]},
+        {"routes": [{"envoyRoute": "a.b.0", "policy": {"action": "strip", "colour": "red"}}]},
+        {"routes": [{"envoyRoute": "a.b.0", "policy": {"topology": "aggregated"}}]},
+        {"hosts": ["llm.example.com"]},  # Istio's name has the port
+        # Routes and hosts of values are the Istio wiring's.
+        {"kind": "envoyGateway", "routes": [{"envoyRoute": "a.b.0", "policy": STRIP}]},
+        {"kind": "llmd", "hosts": ["llm.example.com:80"]},
+    ],
+    ids=lambda gateway: yaml.safe_dump(gateway, default_flow_style=True).strip(),
+)
+def test_routes_the_chart_cannot_police_as_stated_are_refused(gateway):
+    values = {"gateway": {"kind": "istio", **gateway}}
+    with pytest.raises((helm_python.HelmValuesError, helm_python.HelmError)):
+        render(values)
