@@ -637,14 +637,18 @@ def _per_route(
 
 
 def _not_found(spec: GeneratorInput, name: str, match: route.RouteMatch) -> route.Route:
-    # Nothing to hold: the router answers without an upstream.
+    # Nothing to hold: the router answers without an upstream. Nor to count: no tenant
+    # is named (the processor is skipped), and a 404 costs no upstream anything.
+    configs = _per_route(
+        spec, ext_proc.ExtProcPerRoute(disabled=True), buffer.BufferPerRoute(disabled=True)
+    )
+    if spec.tenant_rate_limit is not None:
+        configs[RATE_LIMIT_FILTER] = protobuf.Any.pack(route.FilterConfig(disabled=True))
     return route.Route(
         name=name,
         match=match,
         direct_response=route.DirectResponseAction(status=404),
-        typed_per_filter_config=_per_route(
-            spec, ext_proc.ExtProcPerRoute(disabled=True), buffer.BufferPerRoute(disabled=True)
-        ),
+        typed_per_filter_config=configs,
     )
 
 

@@ -832,6 +832,7 @@ def test_a_tenant_route_is_sent_its_request_headers_in_every_arrangement():
 
 
 RATE_LIMIT = {"tenant_rate_limit": {"requests": 5, "interval_seconds": 2}}
+FILTER_CONFIG = "type.googleapis.com/envoy.config.route.v3.FilterConfig"
 
 
 @pytest.mark.parametrize(
@@ -861,6 +862,14 @@ def test_the_tenant_rate_limit_runs_after_the_decision(arrangement, before):
     for enabled in ("filter_enabled", "filter_enforced"):
         assert limit[enabled]["default_value"] == {"numerator": 100}
     assert check(config).errors == []
+    # Envoy's own 404s (the refused endpoints) count in no bucket.
+    (vhost,) = hcm_of(config)["route_config"]["virtual_hosts"]
+    for entry in vhost["routes"]:
+        configs = entry.get("typed_per_filter_config", {})
+        off = configs.pop(envoygen.RATE_LIMIT_FILTER, None)
+        assert (off is not None) == ("direct_response" in entry)
+        if off is not None:
+            assert off == {"@type": FILTER_CONFIG, "disabled": True}
     # Nothing else changes but the 429's reply in vLLM's error shape.
     del filters_of(config)[-2]
     mappers = hcm_of(config)["local_reply_config"]["mappers"]
