@@ -6,7 +6,7 @@ import copy
 import pytest
 
 from ext_proc.tools import carrier_headers
-from ext_proc.tools.check_envoy.rules.header_step import faults
+from ext_proc.tools.check_envoy.rules.header_step import GUARDED, faults
 from ext_proc.tools.router_headers import ROUTER_HEADERS
 from tests.tools.check_envoy.shipped import (
     FILTER_CONFIG,
@@ -188,3 +188,22 @@ def test_the_shipped_header_step_removes_every_routing_and_router_header_and_ren
 def test_header_names_with_underscores_passing_is_a_warning():
     report = mutated(lambda c: hcm(c).pop("common_http_protocol_options"))
     assert (found(report), found(report, "warning")) == ([], [("underscore-headers", HCM)])
+
+
+def _underscores_removed(keep=None):
+    """Underscore headers pass the connection manager; the step removes each guarded
+    header's underscore spelling (but ``keep``'s)."""
+
+    def change(config):
+        hcm(config).pop("common_http_protocol_options")
+        mutations = _step_mutations(config)
+        spelt = {name.replace("-", "_") for name in GUARDED} - {keep}
+        mutations[-1:-1] = [{"remove": name} for name in sorted(spelt)]
+
+    return change
+
+
+def test_a_step_removing_every_guarded_headers_underscore_spelling_keeps_them_out():
+    assert mutated(_underscores_removed()).findings == ()
+    report = mutated(_underscores_removed(keep="x_request_id"))
+    assert found(report, "warning") == [("underscore-headers", HCM)]
