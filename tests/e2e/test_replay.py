@@ -1,6 +1,7 @@
 """A proof is honored once, through the real Envoy (ext_proc/core/replay.py): on another
 worker of the same processor, through a second processor sharing a real Redis, and not
-at all while that Redis is down; and never after the connector's lease.
+at all while that Redis is down (the decode leg answered 503 to retry, never forwarded
+to recompute); and never after the connector's lease.
 
 The stand-in answers every prefill leg alike (devstack.tokens): what makes two proofs
 of one prompt differ is their nonce alone."""
@@ -12,6 +13,7 @@ import base64
 import contextlib
 import math
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -78,6 +80,40 @@ def decode(client: httpx.Client, stack: Stack, sent: dict[str, Any]) -> str:
     stack.clear()
     rid = request_id()
     post(client, stack, DECODE, sent, rid)
+    return rid
+
+
+UNAVAILABLE = "proof_record_unavailable"
+
+
+def unavailable_count(stack: Stack) -> float:
+    """ext_proc_decisions_total for the refusals of proofs the record could not vouch
+    for (action deny, reason proof_record_unavailable), every route and mode."""
+    pattern = rf'ext_proc_decisions_total\{{(.*reason="{UNAVAILABLE}".*)\}} (\S+)'
+    return sum(
+        float(match.group(2))
+        for match in map(re.compile(pattern).fullmatch, metrics_text(stack).splitlines())
+        if match and 'action="deny"' in match.group(1)
+    )
+
+
+def refused_unavailable(client: httpx.Client, stack: Stack, sent: dict[str, Any]) -> str:
+    """The decode leg ``sent`` refused because the record of spent proofs cannot vouch
+    for its proof: a 503 in vLLM's error shape with retry-after, nothing upstream (no
+    decode recomputes), the access log and the decision counter naming the reason."""
+    stack.clear()
+    before = unavailable_count(stack)
+    rid = request_id()
+    reply = client.post(stack.url + DECODE, json=sent, headers={"x-request-id": rid})
+    assert reply.status_code == 503, reply.text
+    assert reply.headers["retry-after"] == "1"
+    error = reply.json()["error"]
+    assert (error["type"], error["code"]) == ("ServiceUnavailableError", 503)
+    assert "record of spent proofs" in error["message"]
+    line = access_log(stack, rid)
+    assert (line["policy_action"], line["policy_reason"]) == ("deny", UNAVAILABLE), line
+    assert stack.received_count() == 0
+    wait_for(lambda: unavailable_count(stack) == before + 1)
     return rid
 
 
@@ -274,11 +310,11 @@ def refusals(stack: Stack, error: str) -> int:
 def assert_record_refused(
     client: httpx.Client, stack: Stack, sent: dict[str, Any], error: str
 ) -> float:
-    """The decode leg is not honored because the record refused it for ``error``; when."""
+    """The decode leg is refused (503) because the record could not vouch for its proof
+    for ``error``; when."""
     before = refusals(stack, error)
-    rid = decode(client, stack, sent)
+    refused_unavailable(client, stack, sent)
     refused_at = time.time()
-    assert_not_honored(stack, sent, rid, "proof_record_unavailable")
     wait_for(lambda: refusals(stack, error) == before + 1)
     return refused_at
 
@@ -303,9 +339,11 @@ def honored_after(client: httpx.Client, stack: Stack, began: float) -> None:
 
 def reconnect(client: httpx.Client, stack: Stack) -> None:
     """A decode leg whose only use is to let the processor find its Redis again (its
-    connection died with the server it knew; the first command on it fails)."""
+    connection died with the server it knew; the first command on it fails: a 503)."""
     sent = chat(minted(client, stack))
-    decode(client, stack, sent)
+    stack.clear()
+    reply = client.post(stack.url + DECODE, json=sent)
+    assert reply.status_code in (200, 503), reply.text
 
 
 def test_a_proof_replayed_through_a_second_processor_is_refused(sharing, client):
@@ -320,15 +358,18 @@ def test_a_proof_replayed_through_a_second_processor_is_refused(sharing, client)
     assert_not_honored(first, sent, decode(client, first, sent), "proof_replayed")
 
 
-def test_no_proof_is_honored_while_redis_is_down_and_honoring_resumes(sharing, redis, client):
+def test_a_proof_is_refused_to_retry_while_redis_is_down_and_honoring_resumes(
+    sharing, redis, client
+):
+    """Redis killed under a running processor: the decode leg answers 503 to retry
+    (nothing recomputes it upstream), a retry after Redis is back is honored."""
     first, _second = sharing
     errors = {"store": "redis"}
     before = metric(metrics_text(first), "ext_proc_proof_record_errors_total", **errors)
-    redis.stop()
+    redis.stop(signal.SIGKILL)
     try:
         sent = chat(minted(client, first))
-        rid = decode(client, first, sent)
-        assert_not_honored(first, sent, rid, "proof_record_unavailable")
+        refused_unavailable(client, first, sent)
     finally:
         redis.start()
     after = metric(metrics_text(first), "ext_proc_proof_record_errors_total", **errors)
@@ -501,7 +542,7 @@ def test_a_processor_restarted_whole_honors_no_proof_spent_before(tmp_path, clie
         processes.stop(stack.children["processor"])
         stack.start_processor()  # returns once a proof minted now is fresh
         before = refusals(stack, "record_began_after_mint")
-        assert_not_honored(stack, sent, decode(client, stack, sent), "proof_record_unavailable")
+        refused_unavailable(client, stack, sent)
         wait_for(lambda: refusals(stack, "record_began_after_mint") == before + 1)
         sent = chat(minted(client, stack))
         assert_honored(stack, sent, decode(client, stack, sent))
@@ -527,7 +568,7 @@ def test_workers_die_with_their_supervisor_and_leave_no_table_behind(tmp_path, c
         stack.children["processor"].wait(timeout=5)
         stack.start_processor()
         for _ in range(10):  # one stream per connection: spread over the new workers
-            assert_not_honored(stack, sent, decode(client, stack, sent), "proof_record_unavailable")
+            refused_unavailable(client, stack, sent)
     finally:
         stack.stop()
 
@@ -864,10 +905,11 @@ def test_a_processor_started_while_redis_is_down_serves_and_honors_once_redis_ca
     tmp_path, client
 ):
     """No Redis at start-up: the processor serves. A strip route through the real Envoy
-    as ever; an honor route's proof not honored (proof_record_unavailable: its decode
-    leg recomputes, as when Redis goes away under a running processor); the record
-    reported down. A Redis that then answers and may evict keys is checked as at
-    start-up and keeps nothing; once it can keep the record, honoring resumes."""
+    as ever; an honor route's proof answered 503 to retry (proof_record_unavailable,
+    nothing upstream: no decode recomputes, as when Redis goes away under a running
+    processor); the record reported down. A Redis that then answers and may evict keys
+    is checked as at start-up and keeps nothing; once it can keep the record, honoring
+    resumes."""
     for name in ("redis", "gateway"):
         (tmp_path / name).mkdir()
     server = Redis(
@@ -884,7 +926,7 @@ def test_a_processor_started_while_redis_is_down_serves_and_honors_once_redis_ca
         post(client, stack, "/v1/chat/completions", offered, rid)
         assert_not_honored(stack, offered, rid, "stripped_by_policy")
         sent = chat(minted(client, stack))
-        assert_not_honored(stack, sent, decode(client, stack, sent), "proof_record_unavailable")
+        refused_unavailable(client, stack, sent)
         checked = check_config(stack.workdir / "processor.yaml", "--connect")
         assert checked.returncode == 1
         assert ": proof.record: the Redis cannot be consulted (" in checked.stderr
@@ -1007,7 +1049,7 @@ def test_two_processors_whose_skews_differ_never_honor_a_proof_twice(tmp_path_fa
         # The old processor's key lives until expiry + 3 x its skew (+ record_timeout).
         time.sleep(max(0.0, expiry + 3 * OLD_SKEW + 0.25 + 0.5 - time.time()))
         assert time.time() < expiry + NEW_SKEW  # the new processor still verifies it
-        assert_not_honored(new, sent, decode(client, new, sent), "proof_record_unavailable")
+        refused_unavailable(client, new, sent)
         assert refusals(new, "record_terms_raised") == 1
     finally:
         old.stop()
