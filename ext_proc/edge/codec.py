@@ -367,8 +367,9 @@ _BYTELESS: Final[dict[type, Answer]] = {kind: kind() for kind in _PLAIN}
 class Encoder:
     """A step's answers as protobuf, for one servicer. Every answer of a step that
     settled a phase carries the decision as dynamic metadata (``decision_metadata``):
-    the first lets the request on to the filters after this one (with a streamed body,
-    the withheld headers, before the body's pieces), which read it there.
+    with a streamed body, the withheld headers' answer and each piece, so whichever of
+    them Envoy continues the filter chain on, the filters after this one (a rate limit
+    keyed on the tenant's partition) find it.
 
     An answer that carries no bytes, with an outcome without ids, is one of few (answer
     kind x phase x action x reason x mode): each is built once and shared, since gRPC

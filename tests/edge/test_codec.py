@@ -480,8 +480,9 @@ def test_the_partition_is_reported_only_when_the_request_names_a_tenant():
 
 
 def test_every_answer_of_a_settling_step_carries_the_decision():
-    """A streamed body's first answer (the withheld headers) lets the request on to the
-    filters after this one: a rate limit keyed on the partition reads it there."""
+    """A streamed body's answers (the withheld headers, then the pieces) each carry it:
+    whichever Envoy continues the filter chain on, a rate limit keyed on the partition
+    after this filter finds it."""
     encoder = Encoder("ns")
     settled = Outcome(Allow("no_transfer_params"), False, "r", 10, "id", partition="p4rt")
     step = Step([ContinueHeaders(), StreamedBody(b"{", False), StreamedBody(b"}", True)], settled)
