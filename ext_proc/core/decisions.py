@@ -102,7 +102,9 @@ REASONS_BY_ACTION: Final[Mapping[str, frozenset[Reason]]] = {
     ),
     "strip": frozenset(
         {
-            *(UNTRUSTED - {Reason.DENIED_BY_POLICY}),
+            # A proof the record cannot vouch for refuses the request (a 503): never
+            # a reason to forward without it.
+            *(UNTRUSTED - {Reason.DENIED_BY_POLICY, Reason.PROOF_RECORD_UNAVAILABLE}),
             Reason.IGNORED_BY_UPSTREAM,
             Reason.CONNECTOR_WRITTEN,
             Reason.TURN_READ_BACK,
