@@ -875,7 +875,7 @@ MINT_AND_HONOR = ["llm-d.llama-pd.0", "llm-d.llama-pd.1"]
 
 
 def _flagged_routes(errors: list[str]) -> list[str]:
-    return sorted(m.group(1) for e in errors if (m := re.search(r" route gateway/(\S+):", e)))
+    return sorted(m.group(1) for e in errors if (m := re.search(r" route [^/\s]+/(\S+?):", e)))
 
 
 @ISTIO_DEFAULTS
