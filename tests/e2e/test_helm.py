@@ -542,7 +542,7 @@ def test_with_tracing_the_network_policy_admits_the_collector(endpoint, peer):
 
 def test_the_notes_state_what_was_wired():
     values = {
-        "gateway": {"kind": "istio", "name": "edge-gateway"},
+        **values_of(helm.CHART / "ci" / "team-routes-values.yaml"),
         "tls": {"mode": "certManager", "issuer": {"kind": "ClusterIssuer", "name": "mesh-ca"}},
         "config": {"tracing": {"enabled": True}},
     }
@@ -551,7 +551,12 @@ def test_the_notes_state_what_was_wired():
         "objects named team-b-ext-proc-token-policy, namespace inference",
         "Services team-b-ext-proc-token-policy and team-b-ext-proc-token-policy-headless",
         "gateway.kind istio",
-        "Istio EnvoyFilter on the Envoy pods of the Gateway edge-gateway",
+        "Istio EnvoyFilter on the Envoy pods of the Gateway shared-gateway",
+        "- HTTPRoute team-a/chat rule 0: strip\n",
+        "- HTTPRoute team-a/pd rule 0: honor\n",
+        "- HTTPRoute team-a/pd rule 1: mint\n",
+        "- Ingress host ingress.team-a.example.com:80: strip\n",
+        "(gateway.hosts): llm.team-a.example.com:80\n",
         "signed by the ClusterIssuer mesh-ca",
         "Secret\nteam-b-ext-proc-token-policy-envoy at /etc/ext-proc-token-policy/envoy",
         "redis://team-b-ext-proc-redis:6379/0",
