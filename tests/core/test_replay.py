@@ -7,7 +7,7 @@ import json
 import pytest
 
 from ext_proc.core import caller, proof
-from ext_proc.core.decisions import Honor
+from ext_proc.core.decisions import Honor, Strip
 from ext_proc.core.errors import ProtocolError
 from ext_proc.core.events import (
     BodyMode,
@@ -113,7 +113,9 @@ def test_a_streamed_body_waits_for_the_verdict_and_is_answered_once():
     assert all(isinstance(a, StreamedBody) for a in answers[1:])
 
 
-@pytest.mark.parametrize("verdict", [Verdict.SPENT, Verdict.FULL, Verdict.CLOCK_BEHIND])
+@pytest.mark.parametrize(
+    "verdict", [Verdict.SPENT, Verdict.PREDATES, Verdict.FULL, Verdict.CLOCK_BEHIND]
+)
 def test_every_verdict_that_judges_the_proof_leaves_it_unproven(verdict):
     stream = Driven(max_body_bytes=1 << 20, trust=TRUST)
     stream.handle(headers())
@@ -161,15 +163,33 @@ def test_a_record_that_cannot_be_consulted_refuses_the_request_in_every_mode(aud
     assert stream.budget.used == 0
 
 
-@pytest.mark.parametrize("route", [HONOR, HONOR_DENY])
-def test_a_record_that_cannot_vouch_for_a_proof_refuses_it_on_every_honor_route(route):
+def test_a_proof_minted_before_the_record_began_is_unproven_and_recomputed():
     """A real record that began after the proof was minted (a processor restarted
-    whole) answers UNAVAILABLE: the decode leg is refused, whatever the route does with
-    unproven parameters."""
+    whole) can never vouch for it: no retry would be honored, so the decode leg goes
+    on without the parameters (it recomputes), named for the reason, not a 503."""
     record = LocalRecord.anonymous(64, TRUST.clock, began=NOW + 1)
-    stream, _ = present(BODY, record, route)
-    assert_unavailable(stream.last)
+    stream, answers = present(BODY, record)
+    assert isinstance(stream.decision, Strip)
+    assert stream.decision.reason == "proof_predates_record"
+    (answer,) = answers
+    assert json.loads(answer.replacement) == PROMPT
     assert stream.budget.used == 0
+
+
+def test_a_proof_minted_before_the_record_began_is_refused_where_unproven_is_denied():
+    record = LocalRecord.anonymous(64, TRUST.clock, began=NOW + 1)
+    stream, (answer,) = present(BODY, record, HONOR_DENY)
+    assert isinstance(answer, Reject)
+    assert answer.status == 400
+    assert answer.details == "token_policy_proof_predates_record"
+    assert stream.decision.reason == "proof_predates_record"
+
+
+def test_audit_mode_reports_a_proof_minted_before_the_record_began_and_forwards_it():
+    record = LocalRecord.anonymous(64, TRUST.clock, began=NOW + 1)
+    stream, answers = present(BODY, record, audit=True)
+    assert stream.decision.reason == "proof_predates_record"
+    assert answers == [ContinueBody(None)]
 
 
 def test_audit_mode_spends_the_proof_and_reports_a_replay_but_forwards_unchanged():

@@ -24,6 +24,7 @@ from ext_proc.core.events import (
 )
 from ext_proc.core.proof import Trust
 from ext_proc.core.reasons import Reason
+from ext_proc.core.replay import Verdict
 from ext_proc.core.route_policy import Action, IdentityType, RoutePolicy, Topology
 from ext_proc.core.vllm_request import CONNECTOR_REQUESTS
 from ext_proc.edge.record import LocalRecord
@@ -198,23 +199,34 @@ def test_the_next_turn_reads_the_conversation_back_once():
 
 
 @pytest.mark.parametrize("audit", [False, True])
-def test_a_turn_the_record_cannot_vouch_for_is_refused_with_a_503_not_recomputed(audit):
-    """The record of spent proofs began after the turn was minted (it cannot say the
-    turn was not read back before): the next turn's prefill leg is refused with a 503
-    to retry, in audit mode too, instead of prefilling the whole conversation again."""
+def test_a_turn_the_record_cannot_consult_is_refused_with_a_503_not_recomputed(audit):
+    """The record of spent proofs did not answer for the turn (it cannot say the turn
+    was not read back before): the next turn's prefill leg is refused with a 503 to
+    retry, in audit mode too, instead of prefilling the whole conversation again."""
     params = first_turn()
-    stream = Driven(
-        trust=trust(), spent=LocalRecord.anonymous(64, lambda: NOW, began=NOW + 1), audit=audit
-    )
+    stream = Driven(trust=trust(), audit=audit)
     stream.handle(headers(PREFILL_ROUTE, response=BUFFERED))
-    (answer,) = stream.handle(RequestBody(json.dumps(second_turn(params)).encode(), True))
+    asked = stream.stream.handle(RequestBody(json.dumps(second_turn(params)).encode(), True))
+    assert asked.ask is not None
+    (answer,) = stream.stream.spent(Verdict.UNAVAILABLE).answers
     assert isinstance(answer, Reject)
     assert answer.status == 503
     assert answer.headers == (("retry-after", b"1"),)
     assert answer.details == "token_policy_proof_record_unavailable"
     assert json.loads(answer.body)["error"]["type"] == "ServiceUnavailableError"
-    assert stream.decision.reason is Reason.PROOF_RECORD_UNAVAILABLE
     assert stream.budget.used == 0
+
+
+def test_a_turn_minted_before_the_record_began_is_not_read_back_and_is_prefilled():
+    """The record began after the turn was minted (a processor restarted whole): no
+    retry can ever vouch for the turn, so the prefill leg goes on without it, as for a
+    turn read back before (the conversation prefilled again), named for the reason."""
+    params = first_turn()
+    spent = LocalRecord.anonymous(64, lambda: NOW, began=NOW + 1)
+    stream, answers = request(PREFILL_ROUTE, second_turn(params), spent=spent)
+    assert stream.decision.reason is Reason.PROOF_PREDATES_RECORD
+    assert forwarded(answers)["kv_transfer_params"] == dict(CONNECTOR_REQUESTS["nixl"])
+    assert "cache_salt" not in forwarded(answers)
 
 
 @pytest.mark.parametrize(

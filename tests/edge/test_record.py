@@ -82,7 +82,7 @@ def test_processes_sharing_the_file_honor_each_ticket_once(tmp_path):
 def test_a_proof_minted_before_the_table_began_is_not_honored():
     table = LocalRecord.anonymous(64, lambda: NOW)
     assert table.began == NOW
-    assert table.spend_now(ticket(1, minted_after=int(NOW) - 1)) is Verdict.UNAVAILABLE
+    assert table.spend_now(ticket(1, minted_after=int(NOW) - 1)) is Verdict.PREDATES
     assert table.spend_now(ticket(1, minted_after=int(NOW))) is Verdict.FIRST
     # A fraction of a second counts as the next second: the table began after it.
     assert LocalRecord.anonymous(64, lambda: NOW + 0.1).began == NOW + 1
@@ -93,7 +93,7 @@ def test_a_processor_restarted_whole_honors_no_proof_spent_before_it():
     first = LocalRecord.anonymous(64, lambda: NOW)
     assert first.spend_now(spent_before) is Verdict.FIRST
     restarted = LocalRecord.anonymous(64, lambda: NOW + 3)  # a new table: it forgot
-    assert restarted.spend_now(spent_before) is Verdict.UNAVAILABLE
+    assert restarted.spend_now(spent_before) is Verdict.PREDATES
     assert restarted.spend_now(ticket(2, minted_after=int(NOW) + 3)) is Verdict.FIRST
 
 
@@ -177,7 +177,7 @@ def test_a_new_table_has_seen_its_beginning():
     clock = [NOW]
     table = LocalRecord.anonymous(64, lambda: clock[0], terms=Terms(skew=0))
     clock[0] = NOW - 1
-    assert table.spend_now(ticket(1, int(NOW) + 60, minted_after=0)) is Verdict.UNAVAILABLE
+    assert table.spend_now(ticket(1, int(NOW) + 60, minted_after=0)) is Verdict.PREDATES
     assert table.spend_now(ticket(1, int(NOW) + 60)) is Verdict.CLOCK_BEHIND
 
 
@@ -212,10 +212,10 @@ def test_a_writer_with_a_larger_skew_never_honors_a_proof_the_table_kept_for_a_s
     assert spend_under(first, old, spent, NOW) is Verdict.FIRST
     clock[0] = expiry + 4  # past the old processor's keeping (expiry + 3 x 1)
     assert spend_under(first, old, spent, clock[0]) is None  # expired for it
-    assert spend_under(second, new, spent, clock[0]) is Verdict.UNAVAILABLE  # not again
+    assert spend_under(second, new, spent, clock[0]) is Verdict.PREDATES  # not again
     assert first.terms == second.terms == new
     assert first.began == second.began == expiry + 4  # it began again
-    assert spend_under(second, new, spent, clock[0] + 1) is Verdict.UNAVAILABLE
+    assert spend_under(second, new, spent, clock[0] + 1) is Verdict.PREDATES
 
 
 def test_every_writer_keeps_and_dates_a_proof_under_the_largest_terms_the_table_knows(tmp_path):
@@ -246,7 +246,7 @@ def test_a_proof_is_dated_by_the_minting_time_it_states():
     table = LocalRecord.anonymous(64, lambda: NOW + 13, began=began, terms=Terms(skew=1))
     for lifetime in (5, 20):
         before = proven(began - 1 + lifetime, lifetime)
-        assert spend_under(table, Terms(skew=1), before, NOW + 1, 20) is Verdict.UNAVAILABLE
+        assert spend_under(table, Terms(skew=1), before, NOW + 1, 20) is Verdict.PREDATES
         after = proven(began + 1 + lifetime, lifetime)
         assert spend_under(table, Terms(skew=1), after, NOW + 1, 20) is Verdict.FIRST
 

@@ -1,13 +1,20 @@
-"""The Redis record's failure path (a real redis-server: tests/e2e/test_replay.py)."""
+"""The Redis record's failure path, and what it answers for a proof minted before it
+began (a real redis-server; the rest through the real Envoy: tests/e2e/test_replay.py)."""
 
 import asyncio
 import socket
 import time
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
+from redis import Redis
 
+from bench import tools
+from devstack import processes
 from ext_proc.core.config import ConfigError
-from ext_proc.core.replay import Ticket, Verdict
+from ext_proc.core.replay import NO_TERMS, Terms, Ticket, Verdict
+from ext_proc.edge import redis_record
 from ext_proc.edge.redis_record import (
     RecordState,
     RecordUnreachable,
@@ -105,3 +112,84 @@ def test_a_redis_that_does_not_answer_is_unreachable_and_reported_once():
     assert asyncio.run(consult()) == [RecordState.UNREACHABLE] * 2
     assert states == [RecordState.UNREACHABLE]
     assert record.state is RecordState.UNREACHABLE
+
+
+# --- a proof minted before the record began (a real redis-server) -----------------------
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[Redis]:
+    """A real redis-server on a loopback port, persisting nothing."""
+    binary = tools.ensure_tools({"redis-server": "redis-server"})["redis-server"]
+    port = processes.free_port()
+    args = [binary, "--port", str(port), "--bind", "127.0.0.1", "--dir", str(tmp_path)]
+    process = processes.start([*args, "--save", "", "--appendonly", "no"], tmp_path / "log")
+    try:
+        processes.wait_for_port(port, process)
+        with Redis(host="127.0.0.1", port=port, socket_timeout=10) as client:
+            yield client
+    finally:
+        processes.stop(process)
+
+
+def spent_on(
+    client: Redis, *tickets: Ticket, terms: Terms = NO_TERMS, errors: int = 0
+) -> list[Verdict]:
+    """The verdicts of a record on ``client``'s Redis for ``tickets``, in turn; it
+    counted ``errors`` record errors meanwhile."""
+    kwargs = client.connection_pool.connection_kwargs
+    counted: list[int] = []
+
+    async def run() -> list[Verdict]:
+        url = f"redis://{kwargs['host']}:{kwargs['port']}/0"
+        record = RedisRecord(url, 1.0, lambda: counted.append(1), terms=terms)
+        try:
+            return [await record.spend(ticket) for ticket in tickets]
+        finally:
+            await record.close()
+
+    verdicts = asyncio.run(run())
+    assert len(counted) == errors
+    return verdicts
+
+
+def test_a_proof_minted_before_the_record_began_predates_it(server):
+    """No retry can vouch for it: PREDATES (unproven), not UNAVAILABLE (a 503 to retry).
+    A proof minted after the beginning is honored once."""
+    now = int(time.time())
+    redis_record.begin(server, now)
+    before = Ticket(b"b" * 16, now + 30, now - 1)
+    after = Ticket(b"a" * 16, now + 30, now)
+    assert spent_on(server, before, after, after, before) == [
+        Verdict.PREDATES,
+        Verdict.FIRST,
+        Verdict.SPENT,
+        Verdict.PREDATES,
+    ]
+
+
+def test_a_flushed_redis_begins_the_record_again_and_earlier_proofs_predate_it(server):
+    now = int(time.time())
+    redis_record.begin(server, now - 60)
+    spent = Ticket(b"s" * 16, now + 30, now - 10)
+    assert spent_on(server, spent) == [Verdict.FIRST]
+    server.flushall()
+    assert spent_on(server, spent) == [Verdict.PREDATES]
+
+
+def test_a_writer_that_raises_the_skew_begins_the_record_again_and_its_proof_predates_it(
+    server,
+):
+    now = int(time.time())
+    redis_record.begin(server, now - 60, Terms(skew=0))
+    ticket = Ticket(b"r" * 16, now + 30, now - 1)
+    assert spent_on(server, ticket, terms=Terms(skew=1)) == [Verdict.PREDATES]
+
+
+def test_a_redis_that_answers_and_cannot_keep_the_record_stays_unavailable(server):
+    """Not the proof's age: the record cannot be consulted, a retry may succeed."""
+    now = int(time.time())
+    redis_record.begin(server, now - 60)
+    server.config_set("maxmemory-policy", "allkeys-lru")
+    ticket = Ticket(b"u" * 16, now + 30, now)
+    assert spent_on(server, ticket, errors=1) == [Verdict.UNAVAILABLE]
