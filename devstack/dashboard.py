@@ -66,6 +66,7 @@ HONOR_REASONS: Final = (
     "prompt_mismatch",
     "proof_replayed",
     "proof_record_unavailable",
+    "proof_predates_record",
     "proof_record_full",
     "clock_behind",
 )

@@ -136,14 +136,15 @@ class RequestTimeout(HttpError):
 
 class ServiceUnavailable(HttpError):
     """A transient refusal (the in-flight byte budget is exhausted, the record of spent
-    proofs cannot vouch for a proof); clients may retry."""
+    proofs cannot be consulted); clients may retry."""
 
     status = 503
     error_type = "ServiceUnavailableError"
     retry_after = 1
 
 
-# A proof the record of spent proofs could not vouch for (``replay.Verdict.UNAVAILABLE``).
+# A proof the record of spent proofs could not be consulted for
+# (``replay.Verdict.UNAVAILABLE``; not ``PREDATES``, which no retry changes).
 # No finding about the request: refused in every mode, never forwarded without the proof
 # (its decode would recompute what the proof lets it read). The client is told what it
 # can act on, nothing of the deployment.

@@ -335,11 +335,12 @@ def inspect(
 
 def settle(asked: Proof, verdict: Verdict, request: Request, account: Account) -> Inspection:
     """The record's verdict on ``asked``: the decision stands (``FIRST``); the request
-    is refused with a 503 to retry when the record could not vouch for the proof
+    is refused with a 503 to retry when the record could not be consulted
     (``UNAVAILABLE``: the record's state, not the proof's, so it is never decided as
     unproven and forwarded to recompute, and audit mode refuses it too); or it is
     decided again with the proof unproven for the verdict's reason (its parameters
-    removed, or refused on a route that denies unproven ones)."""
+    removed, or refused on a route that denies unproven ones), ``PREDATES`` included:
+    a proof minted before the record began is one no retry can have honored."""
     decision, pending = asked.decision, asked.pending
     if verdict is Verdict.UNAVAILABLE:
         return _enforce(

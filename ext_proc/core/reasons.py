@@ -41,6 +41,7 @@ class Reason(StrEnum):
     PROMPT_MISMATCH = "prompt_mismatch"
     PROOF_REPLAYED = "proof_replayed"
     PROOF_RECORD_UNAVAILABLE = "proof_record_unavailable"
+    PROOF_PREDATES_RECORD = "proof_predates_record"
     PROOF_RECORD_FULL = "proof_record_full"
     CLOCK_BEHIND = "clock_behind"
     TURN_NOT_CHECKABLE = "turn_not_checkable"
@@ -117,6 +118,7 @@ UNTRUSTED: Final = frozenset(
         Reason.PROMPT_MISMATCH,
         Reason.PROOF_REPLAYED,
         Reason.PROOF_RECORD_UNAVAILABLE,
+        Reason.PROOF_PREDATES_RECORD,
         Reason.PROOF_RECORD_FULL,
         Reason.CLOCK_BEHIND,
         Reason.TURN_NOT_CHECKABLE,

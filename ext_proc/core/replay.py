@@ -83,7 +83,7 @@ class Terms:
     honors nothing twice, and one that lowers it keeps entries as long as before. A
     writer whose skew the record does not cover raises it, and the record begins again
     then: what it kept before was kept for the smaller skew only
-    (``Verdict.UNAVAILABLE`` for the proofs minted before, as after any beginning)."""
+    (``Verdict.PREDATES`` for the proofs minted before, as after any beginning)."""
 
     skew: int = 0
 
@@ -113,11 +113,15 @@ class Verdict(StrEnum):
     """The record's answer. ``UNAVAILABLE`` refuses the request with a 503 to retry
     (``inspection.settle``): the record's state, not the proof's, never a reason to
     forward without the proof. Every other value but ``FIRST`` is the reason the proof
-    is then treated as unproven (``reason``)."""
+    is then treated as unproven (``reason``): ``PREDATES`` among them, since no record
+    that began after a proof was minted will ever vouch for it, so a retry would only
+    be refused again until the proof expires."""
 
     FIRST = "first"  # recorded now: the proof is honored
     SPENT = Reason.PROOF_REPLAYED  # honored before: not again
-    UNAVAILABLE = Reason.PROOF_RECORD_UNAVAILABLE  # the record could not be consulted
+    # the record did not answer, or answered and cannot keep the record
+    UNAVAILABLE = Reason.PROOF_RECORD_UNAVAILABLE
+    PREDATES = Reason.PROOF_PREDATES_RECORD  # minted before the record began (Ticket.fresh)
     FULL = Reason.PROOF_RECORD_FULL  # the record has no room left to remember it
     CLOCK_BEHIND = Reason.CLOCK_BEHIND  # this clock reads before what the record has seen
 
@@ -129,7 +133,8 @@ class Verdict(StrEnum):
 
 class Record(Protocol):
     """Where spent proofs are kept (``record.LocalRecord``, ``redis_record.RedisRecord``).
-    ``spend`` never raises: a record it cannot consult is ``UNAVAILABLE``."""
+    ``spend`` never raises: a record it cannot consult is ``UNAVAILABLE``, a ticket
+    minted before the record began ``PREDATES``."""
 
     size: int  # bytes held in this process (charged to the in-flight budget)
 

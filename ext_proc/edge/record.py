@@ -10,8 +10,8 @@ killed worker never wedges the others.
 A table begins when it is created (``began``, in its header): a processor restarted
 whole (a crash, an OOM kill, a rollout) starts a new one that has forgotten every proof
 spent before, so it honors only proofs minted after it began (``Ticket.fresh``); the
-others answer ``UNAVAILABLE``. A worker the supervisor restarts maps the same table and
-keeps its ``began``.
+others answer ``PREDATES`` (unproven: no later spend could honor them). A worker the
+supervisor restarts maps the same table and keeps its ``began``.
 
 Time never runs backwards for the table: its header keeps the latest second any spend
 read from the clock (``seen``), and a spend whose clock reads more than
@@ -186,11 +186,11 @@ class LocalRecord:
             if not ticket.fresh(self.began):
                 # The record working as it should after a restart: logged, not an error.
                 log.warning(
-                    "proof record unavailable: the proof may have been minted before this "
-                    "processor's record of spent proofs began",
+                    "proof record: the proof may have been minted before this processor's "
+                    "record of spent proofs began; it is not honored",
                     extra={"store": "local", "error": "record_began_after_mint"},
                 )
-                return Verdict.UNAVAILABLE
+                return Verdict.PREDATES
             now = int(read)
             (seen,) = _SECOND.unpack_from(self._table, _SEEN_AT)
             if now < seen - self._allowance:
@@ -213,17 +213,18 @@ class LocalRecord:
     def _raise(self, kept: Terms, read: float) -> Verdict:
         """Under the lock: this worker's terms exceed the table's. The table keeps the
         larger ones from now on and begins again (never earlier than it had): what it
-        kept before was kept for the smaller terms only."""
+        kept before was kept for the smaller terms only. It begins at this read of the
+        clock, which the proof's ``minted_after`` (its minting less a skew) does not pass
+        on any clock within the skew of the minter's: ``PREDATES``."""
         terms = kept.joined(self._terms)
         _TERMS.pack_into(self._table, _TERMS_AT, terms.skew)
         _SECOND.pack_into(self._table, _BEGAN_AT, max(self.began, math.ceil(read)))
         log.warning(
-            "proof record unavailable: this processor's skew exceeds the one the record "
-            "of spent proofs kept its entries for; it keeps it from now on and begins "
-            "again",
+            "proof record: this processor's skew exceeds the one the record of spent "
+            "proofs kept its entries for; it keeps it from now on and begins again",
             extra={"store": "local", "error": "record_terms_raised", **_fields(terms)},
         )
-        return Verdict.UNAVAILABLE
+        return Verdict.PREDATES
 
     def _behind(self, now: int, seen: int) -> Verdict:
         log.warning(

@@ -19,7 +19,9 @@ notices it whatever the data it came back with says:
   A missing ``SINCE`` (a flush), or one of another incarnation (whatever a snapshot,
   AOF, backup or replication brought back), is rewritten: the record begins now.
 - A proof is honored only when it was minted after the record began
-  (``Ticket.fresh``): no earlier incarnation can have spent it.
+  (``Ticket.fresh``): no earlier incarnation can have spent it. One minted before is
+  ``PREDATES``: no later spend could honor it either, so it is treated as unproven
+  rather than refused to retry.
 - A replica is refused (``role`` is not ``master``): a writable replica would keep a
   second record. So is an eviction policy other than ``noeviction``: an evicted key is
   a forgotten proof.
@@ -40,7 +42,8 @@ notices it whatever the data it came back with says:
   to the incarnation and the beginning they were written under: the largest skew any
   writer brought since the record began. Every spend keeps and dates its proof under
   it; a spend whose own skew exceeds it (a rollout that raises it) raises it and begins
-  the record again (``record_terms_raised``): keys set before lived for the smaller
+  the record again (``record_terms_raised``, ``PREDATES``: its proof was minted before
+  that spend's clock read, within the skew): keys set before lived for the smaller
   skew only. A record whose beginning states no terms (one a processor of an earlier
   release began) begins again the same way. Lifetimes are no terms: a proof states
   when it was minted, which dates it whoever minted it for however long.
@@ -48,11 +51,12 @@ notices it whatever the data it came back with says:
 All of it in one script, one round trip, read from the server itself at each spend, so
 a processor that just started, or that never saw the Redis before, judges alike.
 
-Every failure (refused, reset, timed out, a reply that is not Redis's, a script error)
-is ``UNAVAILABLE``: the proof is not honored, a warning is logged and counted, and the
-next proof tries again, so honoring resumes on its own once Redis answers. One attempt
-per proof, bounded by ``timeout`` seconds: a Redis that stalls delays only the decode
-legs waiting for it, never another stream.
+Every failure (refused, reset, timed out, a reply that is not Redis's, a script error,
+a Redis that answers and cannot keep the record) is ``UNAVAILABLE``: the proof is not
+honored, a warning is logged and counted, and the next proof tries again, so honoring
+resumes on its own once Redis answers. One attempt per proof, bounded by ``timeout``
+seconds: a Redis that stalls delays only the decode legs waiting for it, never another
+stream.
 
 The record's ``state`` (``RecordState``) is what the last consultation found: a spend,
 or ``probe``, the start-up checks (``check``) run again every ``PROBE_SECONDS`` while
@@ -239,8 +243,9 @@ def begin(client: redis.Redis, began: int, terms: Terms = NO_TERMS) -> None:
 
 # The script's refusals: the log's ``error`` and its words. A record that began after
 # the proof was minted is the record working as it should after Redis forgot: logged,
-# not counted as an error (the alert on record errors would fire after every restart).
-# So is one whose terms a spender raised (it began again).
+# not counted as an error (the alert on record errors would fire after every restart),
+# and ``PREDATES``, not ``UNAVAILABLE``. So is one whose terms a spender raised (it
+# began again).
 _BEGAN_AFTER_MINT: Final = -1
 _NOT_MASTER: Final = -2
 _EVICTS: Final = -3
@@ -358,8 +363,9 @@ class RedisRecord:
 
     async def spend(self, ticket: Ticket) -> Verdict:
         """``FIRST`` when this call recorded the proof; ``SPENT`` when it was recorded
-        before; ``UNAVAILABLE`` when Redis could not be consulted or the record cannot
-        vouch for the proof (see the module's docstring)."""
+        before; ``PREDATES`` when the record began after it was minted; ``UNAVAILABLE``
+        when Redis could not be consulted or cannot keep the record (see the module's
+        docstring)."""
         now = self._clock()
         lifetime = math.ceil((ticket.expires_at - now) * 1000)
         if lifetime <= 0:
@@ -395,16 +401,19 @@ class RedisRecord:
                 extra={"store": "redis", "error": Verdict.CLOCK_BEHIND.value},
             )
             return Verdict.CLOCK_BEHIND
+        if recorded in _BEGINNINGS:
+            why, words = _REFUSED[recorded]
+            log.warning(f"proof record: {words}", extra={"store": "redis", "error": why})
+            return Verdict.PREDATES
         if recorded in _REFUSED:
             why, words = _REFUSED[recorded]
-            return self._unavailable(why, words, error=recorded not in _BEGINNINGS)
+            return self._unavailable(why, words)
         if recorded not in (0, 1):
             return self._unavailable("unexpected_reply", "Redis answered the script oddly")
         return Verdict.FIRST if recorded == 1 else Verdict.SPENT
 
-    def _unavailable(self, why: str, words: str, *, error: bool = True) -> Verdict:
-        if error:
-            self._on_error()
+    def _unavailable(self, why: str, words: str) -> Verdict:
+        self._on_error()
         log.warning(f"proof record unavailable: {words}", extra={"store": "redis", "error": why})
         return Verdict.UNAVAILABLE
 
