@@ -203,6 +203,29 @@ def test_a_route_without_the_filter_to_a_policed_cluster_is_refused():
     assert "route-unpoliced" not in report.codes()
 
 
+def test_a_route_of_another_host_named_as_a_policed_one_gets_no_policy():
+    """A route's name is no proof of whose it is: a VirtualService names its http routes
+    freely, so another team's route on its own host named as the team's mint rule
+    (team-a.pd.1) must not get the mint policy (the gateway would sign what that team's
+    backend answers, honored on the team's decode route) nor this processor's filters."""
+    hosts = gateway_assembly.istio_virtual_hosts(HTTPROUTES, by_backend=True)
+    other = _httproute("team-b", "vs", OTHER, [_rule("/pd/prefill/v1/", "web", "/v1/")])
+    (named,) = gateway_assembly.istio_routes([other], by_backend=True)
+    named["name"] = "team-a.pd.1"
+    (host,) = [h for h in hosts if h["name"] == f"{OTHER}:80"]
+    host["routes"].insert(0, named)
+    clusters = [
+        gateway_assembly.static_cluster(name, name.rsplit("|", 1)[-1], 8000)
+        for name in sorted({r["route"]["cluster"] for h in hosts for r in h["routes"]})
+    ]
+    config = gateway_assembly.istio_assemble(envoy_filter(render(team_values())), hosts, clusters)
+    (route,) = [
+        r for r in virtual_hosts(config)[f"{OTHER}:80"]["routes"] if r["name"] == named["name"]
+    ]
+    assert "metadata" not in route
+    assert "typed_per_filter_config" not in route
+
+
 KINDS = {
     "istio": {"kind": "istio", "examples": True, "hosts": ["*:80"]},
     "envoyGateway": {"kind": "envoyGateway", "examples": True},
