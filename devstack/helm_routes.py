@@ -9,7 +9,9 @@ Scoped to what it polices, so a shared gateway's other routes are left as they a
   enables a filter disabled by default (the real Envoy takes it; a ``FilterConfig`` with
   only ``disabled: false`` is refused as an empty per-filter configuration), on every
   route of a policed virtual host (``gateway.hosts``) and on each policed route
-  (``gateway.routes``);
+  (``gateway.routes``) in those hosts only: a route's name is no proof of whose it is
+  (a VirtualService names its http routes freely), so a route of another host that
+  takes a policed route's name gets neither the filters nor its policy;
 - a policed route gets what the shipped patch of an example route with the same action
   gives it (its retry policy, the mint route's response processing), its policy as
   route metadata and the body limit as its ``request_body_buffer_limit``;
@@ -148,15 +150,19 @@ _HEADER: Final = """\
 # devstack/helm_routes.py say why each part is as it is).
 """
 
-# The route a values item names, as an EnvoyFilter's route configuration match.
+# The route a values item names, as an EnvoyFilter's route configuration match, in the
+# virtual host ``$host``: a route's name alone says nothing of whose it is (a
+# VirtualService names its http routes as it likes, team-a.pd.1 on another team's host
+# among them), so an HTTPRoute rule or an Envoy route name is policed on the policed
+# hosts only (gateway.hosts), an Ingress host's routes on that host.
 _MATCH: Final = """\
+          name: {{ $host | quote }}
           {{- if $route.httpRoute }}
           {{- $rule := $route.httpRoute }}
           {{- $namespace := $rule.namespace | default $.Release.Namespace }}
           route:
             name: {{ printf "%s.%s.%d" $namespace $rule.name (int $rule.rule) }}
           {{- else if $route.ingress }}
-          name: {{ printf "%s:%d" $route.ingress.host (int ($route.ingress.port | default 80)) }}
           route:
             action: ROUTE
           {{- else }}
@@ -189,6 +195,12 @@ def istio_template(template: Any) -> str:
         "{{- range $route := $routes }}{{ if $route.ingress }}\n",
         '{{- $hosts = append $hosts (printf "%s:%d" $route.ingress.host'
         " (int ($route.ingress.port | default 80))) }}\n",
+        "{{- end }}{{ end }}\n",
+        "{{- range $route := $routes }}"
+        "{{ if and (not $route.ingress) (not $.Values.gateway.hosts) }}\n",
+        '{{- fail "gateway.routes: an httpRoute or envoyRoute is policed on the virtual hosts'
+        " of gateway.hosts only (a route name may be another host's route):"
+        ' name its host there" }}\n',
         "{{- end }}{{ end }}\n",
         "---\n",
         static + "\n",
@@ -236,6 +248,12 @@ def istio_template(template: Any) -> str:
         '  {{- $_ := set $value "request_body_buffer_limit" $max }}\n',
         f'  {{{{- $policy := dict "{DEFAULT_NAMESPACE}" $route.policy }}}}\n',
         '  {{- $_ := set $value "metadata" (dict "filter_metadata" $policy) }}\n',
+        "  {{- $in := $hosts }}\n",
+        "  {{- if $route.ingress }}\n",
+        '  {{- $in = list (printf "%s:%d" $route.ingress.host'
+        " (int ($route.ingress.port | default 80))) }}\n",
+        "  {{- end }}\n",
+        "  {{- range $host := uniq $in }}\n",
         "  - applyTo: HTTP_ROUTE\n",
         "    match:\n",
         "      context: GATEWAY\n",
@@ -246,6 +264,7 @@ def istio_template(template: Any) -> str:
         "      operation: MERGE\n",
         "      value:\n",
         "        {{- toYaml $value | nindent 8 }}\n",
+        "  {{- end }}\n",
         "  {{- end }}\n",
         "{{- end }}\n",
     ]

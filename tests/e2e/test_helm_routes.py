@@ -379,6 +379,9 @@ STRIP = {"action": "strip"}
         {"routes": [{"envoyRoute": "a.b.0", "policy": {"action": "strip", "colour": "red"}}]},
         {"routes": [{"envoyRoute": "a.b.0", "policy": {"topology": "aggregated"}}]},
         {"hosts": ["llm.example.com"]},  # Istio's name has the port
+        # A route by name is policed in the policed hosts only: none named.
+        {"routes": [{"envoyRoute": "a.b.0", "policy": STRIP}]},
+        {"examples": True},
         # Routes and hosts of values are the Istio wiring's.
         {"kind": "envoyGateway", "routes": [{"envoyRoute": "a.b.0", "policy": STRIP}]},
         {"kind": "llmd", "hosts": ["llm.example.com:80"]},
