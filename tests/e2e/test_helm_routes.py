@@ -226,6 +226,21 @@ def test_a_route_of_another_host_named_as_a_policed_one_gets_no_policy():
     assert "typed_per_filter_config" not in route
 
 
+def test_a_tenant_route_from_values_sends_the_processor_its_headers():
+    """A route policy naming a tenant source (and setting llm-d's fairness id from it)
+    needs the request headers at the processor: a request without a body would
+    otherwise be forwarded naming no tenant, with its client's fairness id."""
+    values = team_values()
+    chat, pd, prefill, *rest = values["gateway"]["routes"]
+    tenant = {"tenant": "route:team-a", "fairness_id": True}
+    chat = {**chat, "policy": {**chat["policy"], **tenant}}
+    prefill = {**prefill, "policy": {**prefill["policy"], **tenant}}
+    pd = {**pd, "policy": {**pd["policy"], **tenant}}
+    values["gateway"] = {**values["gateway"], "routes": [chat, pd, prefill, *rest]}
+    report = check_envoy.check(assembled(render(values)), processor="mutual")
+    assert report.errors == []
+
+
 KINDS = {
     "istio": {"kind": "istio", "examples": True, "hosts": ["*:80"]},
     "envoyGateway": {"kind": "envoyGateway", "examples": True},
