@@ -1,7 +1,9 @@
 """A proof is honored once, through the real Envoy (ext_proc/core/replay.py): on another
 worker of the same processor, through a second processor sharing a real Redis, and not
 at all while that Redis is down (the decode leg answered 503 to retry, never forwarded
-to recompute); and never after the connector's lease.
+to recompute); a proof minted before the record began (a processor restarted whole, a
+Redis that forgot) is unproven (removed, the decode recomputes), not a 503 no retry
+could clear; and never after the connector's lease.
 
 The stand-in answers every prefill leg alike (devstack.tokens): what makes two proofs
 of one prompt differ is their nonce alone."""
@@ -84,22 +86,28 @@ def decode(client: httpx.Client, stack: Stack, sent: dict[str, Any]) -> str:
 
 
 UNAVAILABLE = "proof_record_unavailable"
+PREDATES = "proof_predates_record"
 
 
-def unavailable_count(stack: Stack) -> float:
-    """ext_proc_decisions_total for the refusals of proofs the record could not vouch
-    for (action deny, reason proof_record_unavailable), every route and mode."""
-    pattern = rf'ext_proc_decisions_total\{{(.*reason="{UNAVAILABLE}".*)\}} (\S+)'
+def decisions_count(stack: Stack, reason: str, action: str) -> float:
+    """ext_proc_decisions_total for ``action`` and ``reason``, every route and mode."""
+    pattern = rf'ext_proc_decisions_total\{{(.*reason="{reason}".*)\}} (\S+)'
     return sum(
         float(match.group(2))
         for match in map(re.compile(pattern).fullmatch, metrics_text(stack).splitlines())
-        if match and 'action="deny"' in match.group(1)
+        if match and f'action="{action}"' in match.group(1)
     )
 
 
+def unavailable_count(stack: Stack) -> float:
+    """The refusals of proofs the record could not be consulted for (action deny,
+    reason proof_record_unavailable)."""
+    return decisions_count(stack, UNAVAILABLE, "deny")
+
+
 def refused_unavailable(client: httpx.Client, stack: Stack, sent: dict[str, Any]) -> str:
-    """The decode leg ``sent`` refused because the record of spent proofs cannot vouch
-    for its proof: a 503 in vLLM's error shape with retry-after, nothing upstream (no
+    """The decode leg ``sent`` refused because the record of spent proofs cannot be
+    consulted for its proof: a 503 in vLLM's error shape with retry-after, nothing upstream (no
     decode recomputes), the access log and the decision counter naming the reason."""
     stack.clear()
     before = unavailable_count(stack)
@@ -310,7 +318,7 @@ def refusals(stack: Stack, error: str) -> int:
 def assert_record_refused(
     client: httpx.Client, stack: Stack, sent: dict[str, Any], error: str
 ) -> float:
-    """The decode leg is refused (503) because the record could not vouch for its proof
+    """The decode leg is refused (503) because the record could not be consulted for its proof
     for ``error``; when."""
     before = refusals(stack, error)
     refused_unavailable(client, stack, sent)
@@ -319,14 +327,30 @@ def assert_record_refused(
     return refused_at
 
 
+def predated(
+    client: httpx.Client, stack: Stack, sent: dict[str, Any], error: str = "record_began_after_mint"
+) -> float:
+    """The decode leg ``sent`` decided unproven because its proof was minted before the
+    record began (logged as ``error``): forwarded without its parameters (the decode
+    recomputes; no retry of it could be honored, so no 503), the access log and the
+    strip counter naming proof_predates_record; when."""
+    before = refusals(stack, error), decisions_count(stack, PREDATES, "strip")
+    assert_not_honored(stack, sent, decode(client, stack, sent), PREDATES)
+    refused_at = time.time()
+    wait_for(
+        lambda: (
+            (refusals(stack, error), decisions_count(stack, PREDATES, "strip"))
+            == (before[0] + 1, before[1] + 1)
+        )
+    )
+    return refused_at
+
+
 def warmed_up(client: httpx.Client, stack: Stack) -> None:
     """A record that has just begun (a new Redis, or one restarted, restored, failed over
     or flushed) honors only proofs minted after it began, a skew included: the first,
-    minted before, is refused; one minted after is honored."""
-    sent = chat(minted(client, stack))
-    honored_after(
-        client, stack, assert_record_refused(client, stack, sent, "record_began_after_mint")
-    )
+    minted before, is unproven; one minted after is honored."""
+    honored_after(client, stack, predated(client, stack, chat(minted(client, stack))))
 
 
 def honored_after(client: httpx.Client, stack: Stack, began: float) -> None:
@@ -417,9 +441,7 @@ def test_a_redis_restarted_from_a_snapshot_honors_no_proof_it_forgot(persisted, 
     server.start()
     assert server.client().exists(redis_record.SINCE)  # the snapshot came back
     reconnect(client, stack)
-    honored_after(
-        client, stack, assert_record_refused(client, stack, sent, "record_began_after_mint")
-    )
+    honored_after(client, stack, predated(client, stack, sent))
 
 
 def test_a_redis_restored_from_an_older_aof_honors_no_proof_it_forgot(persisted, client):
@@ -437,9 +459,7 @@ def test_a_redis_restored_from_an_older_aof_honors_no_proof_it_forgot(persisted,
     server.start()
     assert server.client().exists(redis_record.SINCE)  # the AOF came back
     reconnect(client, stack)
-    honored_after(
-        client, stack, assert_record_refused(client, stack, sent, "record_began_after_mint")
-    )
+    honored_after(client, stack, predated(client, stack, sent))
 
 
 @pytest.fixture
@@ -506,8 +526,7 @@ def test_a_promoted_replica_honors_no_proof_its_master_did_not_pass_on(failover,
         replica.signal(signal.SIGCONT)
     replica.client().replicaof("NO", "ONE")
     assert replica.client().exists(redis_record.SINCE)  # what the master passed on
-    began = assert_record_refused(client, on_replica, sent, "record_began_after_mint")
-    honored_after(client, on_replica, began)
+    honored_after(client, on_replica, predated(client, on_replica, sent))
 
 
 def test_a_redis_that_may_evict_keys_keeps_no_record(redis, tmp_path, client):
@@ -541,9 +560,7 @@ def test_a_processor_restarted_whole_honors_no_proof_spent_before(tmp_path, clie
         assert_honored(stack, sent, decode(client, stack, sent))
         processes.stop(stack.children["processor"])
         stack.start_processor()  # returns once a proof minted now is fresh
-        before = refusals(stack, "record_began_after_mint")
-        refused_unavailable(client, stack, sent)
-        wait_for(lambda: refusals(stack, "record_began_after_mint") == before + 1)
+        predated(client, stack, sent)
         sent = chat(minted(client, stack))
         assert_honored(stack, sent, decode(client, stack, sent))
     finally:
@@ -568,7 +585,7 @@ def test_workers_die_with_their_supervisor_and_leave_no_table_behind(tmp_path, c
         stack.children["processor"].wait(timeout=5)
         stack.start_processor()
         for _ in range(10):  # one stream per connection: spread over the new workers
-            refused_unavailable(client, stack, sent)
+            predated(client, stack, sent)
     finally:
         stack.stop()
 
@@ -652,14 +669,14 @@ def test_a_database_swapped_back_begins_the_record_again(tmp_path):
         with server.client() as client:
             redis_record.begin(client, int(time.time()) - 60)
             client.swapdb(0, 1)  # the record is elsewhere now: this one begins anew
-            assert spend(server, Ticket(b"a" * 16, int(time.time()) + 30, 0)) is Verdict.UNAVAILABLE
+            assert spend(server, Ticket(b"a" * 16, int(time.time()) + 30, 0)) is Verdict.PREDATES
             began = began_at(server)
             proof = Ticket(b"p" * 16, began + 30, began)  # minted after the new record began
             assert spend(server, proof) is Verdict.FIRST
             assert spend(server, proof) is Verdict.SPENT
             client.swapdb(0, 1)  # the older record is back, without the proof
             after(began)
-            assert spend(server, proof) is Verdict.UNAVAILABLE
+            assert spend(server, proof) is Verdict.PREDATES
             assert began_at(server) > began  # it began again
     finally:
         server.stop()
@@ -688,7 +705,7 @@ def test_keys_evicted_while_a_policy_allowed_it_begin_the_record_again(tmp_path)
             client.config_set("maxmemory", 0)
             client.config_set("maxmemory-policy", "noeviction")
             after(now)
-            assert spend(server, proof) is Verdict.UNAVAILABLE  # the record began again
+            assert spend(server, proof) is Verdict.PREDATES  # the record began again
     finally:
         server.stop()
 
@@ -714,7 +731,7 @@ def swapped(server: Redis, client: RedisClient) -> Ticket:
     """The record swapped away, a proof honored by the one begun in its place, and the
     older record swapped back."""
     client.swapdb(0, 1)
-    assert spend(server, Ticket(b"a" * 16, int(time.time()) + 30, 0)) is Verdict.UNAVAILABLE
+    assert spend(server, Ticket(b"a" * 16, int(time.time()) + 30, 0)) is Verdict.PREDATES
     began = began_at(server)
     proof = Ticket(b"p" * 16, began + 30, began)
     after(began)
@@ -990,7 +1007,7 @@ def test_records_whose_writers_skews_differ_never_honor_a_proof_twice(tmp_path, 
         assert await spend(first, old, spent) is Verdict.FIRST
         await asyncio.sleep(2 * OLD_SKEW + 0.1 + timeout + 0.2)  # its key expired
         clock[0] = expiry + 3 * OLD_SKEW + 1
-        assert await spend(second, new, spent) is Verdict.UNAVAILABLE
+        assert await spend(second, new, spent) is Verdict.PREDATES
         assert [r.error for r in caplog.records if hasattr(r, "error")] == ["record_terms_raised"]
         # Raised: a proof minted after the record began again is kept for 10 s of skew by
         # the old processor too.
@@ -1049,7 +1066,7 @@ def test_two_processors_whose_skews_differ_never_honor_a_proof_twice(tmp_path_fa
         # The old processor's key lives until expiry + 3 x its skew (+ record_timeout).
         time.sleep(max(0.0, expiry + 3 * OLD_SKEW + 0.25 + 0.5 - time.time()))
         assert time.time() < expiry + NEW_SKEW  # the new processor still verifies it
-        refused_unavailable(client, new, sent)
+        predated(client, new, sent, "record_terms_raised")
         assert refusals(new, "record_terms_raised") == 1
     finally:
         old.stop()
@@ -1086,7 +1103,7 @@ def test_a_record_without_terms_begins_again_once_and_smaller_terms_never_begin_
         with server.client() as client:
             redis_record.begin(client, now - 60, terms)
             client.delete(redis_record.TERMS)  # as a record an earlier release began
-            assert asyncio.run(run()) == [Verdict.UNAVAILABLE, Verdict.FIRST, Verdict.FIRST]
+            assert asyncio.run(run()) == [Verdict.PREDATES, Verdict.FIRST, Verdict.FIRST]
             assert [r.error for r in caplog.records if hasattr(r, "error")] == [
                 "record_terms_raised"
             ]
@@ -1155,7 +1172,7 @@ def test_a_redis_flushed_under_writers_of_other_lifetimes_honors_no_proof_twice(
         with server.client() as client:
             redis_record.begin(client, now - 60, terms)
         spent, began, again = asyncio.run(run())
-        assert (spent, began) == (Verdict.FIRST, Verdict.UNAVAILABLE)
+        assert (spent, began) == (Verdict.FIRST, Verdict.PREDATES)
         assert again is not Verdict.FIRST
         assert again == "proof_outlives_lease"  # minted for longer than it mints for
     finally:
@@ -1213,7 +1230,7 @@ def test_a_proof_a_minter_minted_for_longer_than_the_verifiers_is_honored_once(t
     proof spent before must not be honored again."""
     # Minted at now, for 3 s.
     first, began, again = _presented_across_a_flush(tmp_path, 2, 3, 3, beginner_behind=1.0)
-    assert began is Verdict.UNAVAILABLE  # the record began again
+    assert began is Verdict.PREDATES  # the record began again
     assert [first, again].count(Verdict.FIRST) <= 1
     assert again is not Verdict.FIRST
     # Refused at its first presentation already: minted for longer than 2 s.
@@ -1226,6 +1243,6 @@ def test_a_proof_stating_a_minting_time_ahead_of_every_clock_is_honored_once(tmp
     once: the proof must not be honored a second time."""
     # States minted at now + 10, for 5 s.
     first, began, again = _presented_across_a_flush(tmp_path, 20, 5, 15, beginner_behind=None)
-    assert began is Verdict.UNAVAILABLE  # the record began again
+    assert began is Verdict.PREDATES  # the record began again
     assert [first, again].count(Verdict.FIRST) <= 1
     assert first == again == "proof_outlives_lease"  # minted ahead of this clock
