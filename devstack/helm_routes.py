@@ -15,6 +15,8 @@ Scoped to what it polices, so a shared gateway's other routes are left as they a
 - a policed route gets what the shipped patch of an example route with the same action
   gives it (its retry policy, the mint route's response processing), its policy as
   route metadata and the body limit as its ``request_body_buffer_limit``;
+- a route whose policy names a tenant source sends the processor its request headers
+  (a request without a body is judged too, and llm-d's fairness id written);
 - the refused endpoints' 404 routes go into the policed virtual hosts only, with a 400
   route for a path the shipped connection manager patch would have changed (an escaped
   slash or backslash, ``//``), which this wiring does not set for the whole gateway;
@@ -90,6 +92,38 @@ def _underscored(step: dict[str, Any]) -> None:
     mutations[-1:-1] = [{"remove": name} for name in spelt]
 
 
+# The shape of a route whose policy names a tenant source: ``TENANT <action>``.
+TENANT: Final = "tenant"
+EXT_PROC_PER_ROUTE: Final = (
+    "type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExtProcPerRoute"
+)
+
+
+def _processor(value: dict[str, Any]) -> bool:
+    return bool(value["typed_config"]["@type"].endswith(".ext_proc.v3.ExternalProcessor"))
+
+
+def _headers_sent(shape: dict[str, Any], processor: dict[str, Any]) -> dict[str, Any]:
+    """``shape`` with the processor sent the request headers (``request_header_mode``
+    SEND): a tenant route's request without a body must reach it (check-envoy's
+    tenant-headers-skipped), and an answer to a body alone cannot write llm-d's fairness
+    id. The route's own modes where it has some (a mint route), else the filter's; the
+    filter stays enabled by the policed virtual host's ``FilterConfig``."""
+    out = copy.deepcopy(shape)
+    configs = out["typed_per_filter_config"]
+    own = configs.get(processor["name"], {})
+    if own.get("@type") == EXT_PROC_PER_ROUTE:
+        mode = own["overrides"]["processing_mode"]
+    else:
+        mode = copy.deepcopy(processor["typed_config"]["processing_mode"])
+        configs[processor["name"]] = {
+            "@type": EXT_PROC_PER_ROUTE,
+            "overrides": {"processing_mode": mode},
+        }
+    mode["request_header_mode"] = "SEND"
+    return out
+
+
 def parts(envoy_filter: dict[str, Any]) -> dict[str, Any]:
     """The shipped EnvoyFilter taken apart: the processor's cluster, the filters
     (disabled), the routes' shapes by action, the example routes, the 404 routes."""
@@ -115,6 +149,9 @@ def parts(envoy_filter: dict[str, Any]) -> dict[str, Any]:
         examples.append({"httpRoute": {"name": route, "rule": int(rule)}, "policy": policy})
     for action in Action:
         shapes.setdefault(action.value, {"typed_per_filter_config": dict(enable)})
+    (processor,) = [f["patch"]["value"] for f in filters if _processor(f["patch"]["value"])]
+    for action in Action:
+        shapes[f"{TENANT} {action.value}"] = _headers_sent(shapes[action.value], processor)
     inserts = [
         copy.deepcopy(p["patch"]["value"])
         for p in patches
@@ -244,7 +281,10 @@ def istio_template(template: Any) -> str:
     out += [
         "  {{- end }}\n",
         "  {{- range $route := $routes }}\n",
-        "  {{- $value := deepCopy (get $shapes $route.policy.action) }}\n",
+        "  {{- $shape := $route.policy.action }}\n",
+        f'  {{{{- if $route.policy.tenant }}}}{{{{ $shape = printf "{TENANT} %s" $shape }}}}'
+        "{{ end }}\n",
+        "  {{- $value := deepCopy (get $shapes $shape) }}\n",
         '  {{- $_ := set $value "request_body_buffer_limit" $max }}\n',
         f'  {{{{- $policy := dict "{DEFAULT_NAMESPACE}" $route.policy }}}}\n',
         '  {{- $_ := set $value "metadata" (dict "filter_metadata" $policy) }}\n',
