@@ -361,3 +361,43 @@ def test_a_route_a_scoped_wiring_leaves_out_may_not_reach_a_policed_cluster():
         ]
 
     assert found(mutated(change)) == [("ext-proc-not-running", at("default"))]
+
+
+def _istio_named(config, pool: str, other: str) -> None:
+    """``_scoped`` with the aggregated pool's cluster named as istiod names a Service's
+    (``pool``) and the left-out route's cluster ``other``, a cluster of its own."""
+    _scoped(config)
+    old = route(config, "aggregated")["route"]["cluster"]
+    for entry in routes(config):
+        if entry.get("route", {}).get("cluster") == old:
+            entry["route"]["cluster"] = pool
+    clusters = config["static_resources"]["clusters"]
+    for cluster in clusters:
+        if cluster["name"] == old:
+            cluster["name"] = cluster["load_assignment"]["cluster_name"] = pool
+        if cluster["name"] == "other":
+            cluster["name"] = cluster["load_assignment"]["cluster_name"] = other
+    route(config, "default")["route"]["cluster"] = other
+
+
+@pytest.mark.parametrize(
+    "other",
+    [
+        "outbound|8000|v2|decode.team-a.svc.cluster.local",  # a subset of the same Service
+        "outbound|8001||decode.team-a.svc.cluster.local",  # another port of it
+    ],
+)
+def test_a_route_a_scoped_wiring_leaves_out_may_not_reach_a_policed_service(other):
+    """istiod names a cluster by the Service's port, subset and host: another port or a
+    subset of a policed route's Service reaches the same pods under another name."""
+    pool = "outbound|8000||decode.team-a.svc.cluster.local"
+    report = mutated(lambda config: _istio_named(config, pool, other))
+    assert found(report) == [("ext-proc-not-running", at("default"))]
+
+
+def test_a_route_a_scoped_wiring_leaves_out_may_reach_another_service():
+    pool = "outbound|8000||decode.team-a.svc.cluster.local"
+    other = "outbound|8000||web.team-b.svc.cluster.local"
+    report = mutated(lambda config: _istio_named(config, pool, other))
+    assert found(report) == []
+    assert found(report, "warning") == [("route-unpoliced", at("default"))]
