@@ -82,7 +82,7 @@ CODES: Final[Mapping[str, str]] = MappingProxyType(
         "ext-proc-off-for-cluster": "a weighted cluster turns every ext_proc filter off",
         "route-unpoliced": (
             "a route of a scoped wiring runs none of this processor's filters, its clusters "
-            "apart from the policed routes' by name"
+            "apart from the policed routes' by name (an Istio Service's by its host)"
         ),
         "hold-missing": "headers skipped and no buffer filter after the filter holds them",
         "hold-limit-unstated": "a buffer filter sets a limit on a route that states none",

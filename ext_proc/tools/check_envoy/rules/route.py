@@ -43,14 +43,25 @@ def route_rules(route: Route, chain: Chain) -> Iterator[Finding]:
     yield from tenant_rules(route, chain, found)
 
 
+def _upstream(cluster: str) -> str:
+    """What a cluster's name says it reaches: istiod names a Service's clusters
+    ``outbound|<port>|<subset>|<host>``, every port and subset of one Service reaching
+    its pods, so the host; any other name as it is."""
+    parts = cluster.split("|")
+    if len(parts) == 4 and parts[0] == "outbound" and parts[3]:
+        return parts[3]
+    return cluster
+
+
 def _named_clusters(entry: dict[str, Any]) -> frozenset[str] | None:
-    """The clusters a forwarding route names; None where one is chosen per request."""
+    """What the clusters a forwarding route names reach (``_upstream``); None where one
+    is chosen per request."""
     action = entry.get("route", {})
     if "cluster" in action:
-        return frozenset({str(action["cluster"])})
+        return frozenset({_upstream(str(action["cluster"]))})
     weighted = action.get("weighted_clusters", {}).get("clusters")
     if isinstance(weighted, list) and weighted:
-        return frozenset(str(c.get("name")) for c in weighted if isinstance(c, dict))
+        return frozenset(_upstream(str(c.get("name"))) for c in weighted if isinstance(c, dict))
     return None
 
 
@@ -103,7 +114,8 @@ def _inspected(route: Route, chain: Chain) -> Iterator[Finding]:
                 "this processor's filter, disabled by default, does not run on this route: "
                 "its requests are not inspected (a route the wiring does not police, on a "
                 "shared gateway). Its clusters are compared with the policed routes' by "
-                "name only: no other name may reach a policed upstream",
+                "name (an Istio Service's by its host, whatever the port or subset): no "
+                "other name may reach a policed upstream",
             )
         else:
             # Fail closed: whatever this route forwards reaches the upstream uninspected,
