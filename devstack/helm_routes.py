@@ -9,9 +9,9 @@ Scoped to what it polices, so a shared gateway's other routes are left as they a
   enables a filter disabled by default (the real Envoy takes it; a ``FilterConfig`` with
   only ``disabled: false`` is refused as an empty per-filter configuration), on every
   route of a policed virtual host (``gateway.hosts``) and on each policed route
-  (``gateway.routes``) in those hosts only: a route's name is no proof of whose it is
-  (a VirtualService names its http routes freely), so a route of another host that
-  takes a policed route's name gets neither the filters nor its policy;
+  (``gateway.routes``); a route's name is no proof of whose it is (a VirtualService
+  names its http routes freely), so its policy goes to the route of that name in the
+  policed hosts only, and one elsewhere runs the filters without a policy (strip);
 - a policed route gets what the shipped patch of an example route with the same action
   gives it (its retry policy, the mint route's response processing), its policy as
   route metadata and the body limit as its ``request_body_buffer_limit``;
@@ -190,22 +190,48 @@ _HEADER: Final = """\
 # The route a values item names, as an EnvoyFilter's route configuration match, in the
 # virtual host ``$host``: a route's name alone says nothing of whose it is (a
 # VirtualService names its http routes as it likes, team-a.pd.1 on another team's host
-# among them), so an HTTPRoute rule or an Envoy route name is policed on the policed
-# hosts only (gateway.hosts), an Ingress host's routes on that host.
+# among them), so an HTTPRoute rule or an Envoy route name gets its policy on the
+# policed hosts only (gateway.hosts), an Ingress host's routes on that host. ``$name``:
+# the route's name (``_NAME``).
 _MATCH: Final = """\
           name: {{ $host | quote }}
-          {{- if $route.httpRoute }}
-          {{- $rule := $route.httpRoute }}
-          {{- $namespace := $rule.namespace | default $.Release.Namespace }}
-          route:
-            name: {{ printf "%s.%s.%d" $namespace $rule.name (int $rule.rule) }}
-          {{- else if $route.ingress }}
+          {{- if $route.ingress }}
           route:
             action: ROUTE
           {{- else }}
           route:
-            name: {{ $route.envoyRoute }}
+            name: {{ $name }}
           {{- end }}
+"""
+_NAME: Final = """\
+  {{- $name := $route.envoyRoute }}
+  {{- if $route.httpRoute }}
+  {{- $rule := $route.httpRoute }}
+  {{- $namespace := $rule.namespace | default $.Release.Namespace }}
+  {{- $name = printf "%s.%s.%d" $namespace $rule.name (int $rule.rule) }}
+  {{- end }}
+"""
+# Wherever else a route of that name is (another host of the team's HTTPRoute left out
+# of gateway.hosts, or another team's route taking its name), it runs the filters
+# without a policy: the strictest one (aggregated, strip; counted and alerted), never
+# forwarded uninspected, never given the named route's policy. Before the policed
+# hosts' patch, whose per-filter configurations (a mint route's) replace these.
+_ANYWHERE: Final = """\
+  {{- if not $route.ingress }}
+  - applyTo: HTTP_ROUTE
+    match:
+      context: GATEWAY
+      routeConfiguration:
+        vhost:
+          route:
+            name: {{ $name }}
+    patch:
+      operation: MERGE
+      value:
+        request_body_buffer_limit: {{ $max }}
+        typed_per_filter_config:
+          {{- toYaml $enable | nindent 10 }}
+  {{- end }}
 """
 
 
@@ -293,6 +319,8 @@ def istio_template(template: Any) -> str:
         '  {{- $in = list (printf "%s:%d" $route.ingress.host'
         " (int ($route.ingress.port | default 80))) }}\n",
         "  {{- end }}\n",
+        _NAME,
+        _ANYWHERE,
         "  {{- range $host := uniq $in }}\n",
         "  - applyTo: HTTP_ROUTE\n",
         "    match:\n",

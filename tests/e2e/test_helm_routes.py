@@ -33,6 +33,9 @@ POLICED = "llm.team-a.example.com"
 INGRESS_HOST = "ingress.team-a.example.com"
 OTHER = "web.team-b.example.com"
 PROCESSOR = "ext_proc_token_policy"
+# The processor's filter and the steps around it, enabled on the routes they police.
+PROCESSOR_FILTER = "ext_proc.token_policy"
+STEPS = ("envoy.filters.http.header_mutation", "envoy.filters.http.buffer")
 
 
 def _rule(prefix: str, service: str, rewrite: str | None = None) -> dict[str, Any]:
@@ -207,7 +210,8 @@ def test_a_route_of_another_host_named_as_a_policed_one_gets_no_policy():
     """A route's name is no proof of whose it is: a VirtualService names its http routes
     freely, so another team's route on its own host named as the team's mint rule
     (team-a.pd.1) must not get the mint policy (the gateway would sign what that team's
-    backend answers, honored on the team's decode route) nor this processor's filters."""
+    backend answers, honored on the team's decode route). It runs the filters without a
+    policy (strip), as a host of the team's HTTPRoute left out of gateway.hosts does."""
     hosts = gateway_assembly.istio_virtual_hosts(HTTPROUTES, by_backend=True)
     other = _httproute("team-b", "vs", OTHER, [_rule("/pd/prefill/v1/", "web", "/v1/")])
     (named,) = gateway_assembly.istio_routes([other], by_backend=True)
@@ -223,7 +227,10 @@ def test_a_route_of_another_host_named_as_a_policed_one_gets_no_policy():
         r for r in virtual_hosts(config)[f"{OTHER}:80"]["routes"] if r["name"] == named["name"]
     ]
     assert "metadata" not in route
-    assert "typed_per_filter_config" not in route
+    assert set(route["typed_per_filter_config"]) == {PROCESSOR_FILTER, *STEPS}
+    assert all(
+        c["@type"].endswith("FilterConfig") for c in route["typed_per_filter_config"].values()
+    )
 
 
 def test_a_tenant_route_from_values_sends_the_processor_its_headers():
