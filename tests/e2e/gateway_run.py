@@ -124,8 +124,10 @@ def running(
     workdir: Path,
     processor_cluster: str,
     proof_keys: dict[str, bytes] | None = None,
+    tenant_key: bytes | None = None,
 ) -> Iterator[Running]:
-    """``proof_keys``: the processor's signing keys (id -> secret; the first signs)."""
+    """``proof_keys``: the processor's signing keys (id -> secret; the first signs);
+    ``tenant_key``: its tenants' key (tenants.key_file)."""
     ports = {
         name: HostPort(LOCAL, processes.free_port())
         for name in ("gateway", "admin", "processor", "metrics", "stand_in")
@@ -138,6 +140,9 @@ def running(
             # One machine, one clock.
             keys = write_proof_keys(workdir, proof_keys)
             settings["proof"] = {"clock_skew_seconds": 1, "keys": keys}
+        if tenant_key:
+            (workdir / "tenant.key").write_bytes(tenant_key)
+            settings["tenants"] = {"key_file": str(workdir / "tenant.key")}
         (workdir / "processor.yaml").write_text(yaml.safe_dump(settings))
         processor = processes.start(
             [

@@ -22,7 +22,9 @@ import pytest
 import yaml
 
 from devstack import helm
+from ext_proc.core import tenants
 from ext_proc.core.config import Config
+from ext_proc.core.route_policy import FAIRNESS_HEADER
 from ext_proc.tools import check_envoy
 from tests.e2e import gateway_assembly, gateway_run, istio_ingress
 from tests.e2e.stack import new_key
@@ -231,6 +233,26 @@ def test_a_route_of_another_host_named_as_a_policed_one_gets_no_policy():
     assert all(
         c["@type"].endswith("FilterConfig") for c in route["typed_per_filter_config"].values()
     )
+
+
+def test_a_tenant_route_from_values_sets_the_fairness_id_without_a_body(tmp_path: Path):
+    """On the real Envoy: a request without a body on a route setting llm-d's fairness
+    id from its tenant reaches the upstream with the tenant's partition id, never with
+    the one its client sent."""
+    values = team_values(tls={"mode": "none"})
+    chat, *rest = values["gateway"]["routes"]
+    tenant = {"tenant": "route:team-a", "fairness_id": True}
+    chat = {**chat, "policy": {**chat["policy"], **tenant}}
+    values["gateway"] = {**values["gateway"], "routes": [chat, *rest]}
+    key = new_key()
+    partition = tenants.tag(tenants.key_for(key, "route:team-a"))
+    config = assembled(render(values))
+    with gateway_run.running(config, tmp_path, PROCESSOR, tenant_key=key) as gateway:
+        sent = {"host": POLICED, FAIRNESS_HEADER: "another-tenant"}
+        assert gateway.send("GET", "/v1/models", None, sent) == 200
+        (record,) = gateway.records()
+        got = [v for k, v in record["headers"] if k.lower() == FAIRNESS_HEADER]
+        assert got == [partition]
 
 
 def test_a_tenant_route_from_values_sends_the_processor_its_headers():
