@@ -22,6 +22,31 @@ def _parser() -> argparse.ArgumentParser:
     add_version(parser)
     commands = parser.add_subparsers(dest="command", required=True)
     serve = commands.add_parser("serve", help="run the ext_proc gRPC processor")
+    _serve_arguments(serve)
+    check = commands.add_parser("check-config", help="validate a processor config file")
+    check.add_argument("file", type=Path)
+    check.add_argument(
+        "--connect",
+        action="store_true",
+        help="also reach proof.record's Redis and run serve's checks on it",
+    )
+    check_envoy = commands.add_parser(
+        "check-envoy", help="check the token policy of every route in an Envoy config"
+    )
+    _check_envoy_arguments(check_envoy)
+    # Parsed by the generator's own parser (_envoy_config) but for --version, which
+    # needs no extra.
+    envoy_config = commands.add_parser(
+        "envoy-config",
+        help="write a fail-closed Envoy bootstrap from a short YAML input "
+        f"(needs {GENERATOR_EXTRA})",
+    )
+    for command in (serve, check, check_envoy, envoy_config):
+        add_version(command)
+    return parser
+
+
+def _serve_arguments(serve: argparse.ArgumentParser) -> None:
     serve.add_argument("--config", type=Path, help="YAML configuration file")
     serve.add_argument("--listen", help="gRPC address: host:port or unix:/path")
     serve.add_argument("--log-level", choices=LEVELS)
@@ -34,16 +59,9 @@ def _parser() -> argparse.ArgumentParser:
         help="the Envoy configuration this processor serves: every route's policy "
         "metadata is checked before serving",
     )
-    check = commands.add_parser("check-config", help="validate a processor config file")
-    check.add_argument("file", type=Path)
-    check.add_argument(
-        "--connect",
-        action="store_true",
-        help="also reach proof.record's Redis and run serve's checks on it",
-    )
-    check_envoy = commands.add_parser(
-        "check-envoy", help="check the token policy of every route in an Envoy config"
-    )
+
+
+def _check_envoy_arguments(check_envoy: argparse.ArgumentParser) -> None:
     check_envoy.add_argument("file", type=Path)
     check_envoy.add_argument("--namespace", help="route metadata namespace")
     check_envoy.add_argument(
@@ -69,16 +87,6 @@ def _parser() -> argparse.ArgumentParser:
         help="skip `envoy --mode validate` (run by default with the envoy beside this "
         "Python, else the first on PATH; without one the check fails)",
     )
-    # Parsed by the generator's own parser (_envoy_config) but for --version, which
-    # needs no extra.
-    envoy_config = commands.add_parser(
-        "envoy-config",
-        help="write a fail-closed Envoy bootstrap from a short YAML input "
-        f"(needs {GENERATOR_EXTRA})",
-    )
-    for command in (serve, check, check_envoy, envoy_config):
-        add_version(command)
-    return parser
 
 
 def _serve(args: argparse.Namespace) -> int:
