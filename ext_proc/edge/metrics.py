@@ -32,63 +32,12 @@ TIME_BUCKETS: Final = (
 class Metrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
-        self.decisions = Counter(
-            "ext_proc_decisions",
-            "Policy decisions by route, action (allow, strip, honor, deny, mint), reason and mode "
-            "(enforce, audit).",
-            ["route", "action", "reason", "mode"],
-            registry=self.registry,
-        )
-        # Fail closed on a shared gateway: a route the filter runs on without a policy
-        # gets the strictest one, counted so a route left out of the values shows.
-        self.default_policy = Counter(
-            "ext_proc_default_policy_requests",
-            "Requests on a route without policy metadata (given the default policy, "
-            "aggregated + strip), by route.",
-            ["route"],
-            registry=self.registry,
-        )
+        self.decisions, self.default_policy = _decision_counters(self.registry)
         self.body_bytes, self.processing_seconds = _histograms(self.registry)
         self.inflight_streams, self.inflight_bytes, self.inflight_limit = _gauges(self.registry)
-        self.stream_errors = Counter(
-            "ext_proc_stream_errors",
-            "Streams ended with an error: protocol_violation, internal, cancelled.",
-            ["kind"],
-            registry=self.registry,
-        )
-        self.record_errors = Counter(
-            "ext_proc_proof_record_errors",
-            "Proofs not honored because the record of spent proofs could not be consulted "
-            "(store: redis).",
-            ["store"],
-            registry=self.registry,
-        )
-        self.record_errors.labels("redis")
-        # 1 while the last consultation of the record found it able to keep the record,
-        # 0 before the first and while it cannot be reached or cannot keep it; with
-        # several workers, the lowest: a worker that honors nothing shows.
-        self.record_up = Gauge(
-            "ext_proc_proof_record_up",
-            "1 when the record of spent proofs (store: redis) answered the last "
-            "consultation and can keep the record; 0 otherwise (no proof is honored).",
-            ["store"],
-            registry=self.registry,
-            multiprocess_mode="livemin",
-        )
-        # 1, labelled with the running version: a rollout shows as two series, and
-        # `count by (version)` says how many replicas run each.
-        self.build_info = Gauge(
-            "ext_proc_build_info",
-            "The processor's version (label version); always 1.",
-            ["version"],
-            registry=self.registry,
-            multiprocess_mode="livemax",
-        )
-        self.build_info.labels(version()).set(1)
-        # Every kind exported from the start, at 0: a ratio of errors (and an alert on
-        # it) then has a value before the first error, not no series at all.
-        for kind in STREAM_ERROR_KINDS:
-            self.stream_errors.labels(kind)
+        self.stream_errors = _stream_errors(self.registry)
+        self.record_errors, self.record_up = _record(self.registry)
+        self.build_info = _build_info(self.registry)
         # Labelled children by label values: labels() validates and locks on every call.
         # Bounded: routes come from the Envoy config, actions, reasons and modes from
         # this package.
@@ -135,6 +84,27 @@ class Metrics:
         self.inflight_limit.set(limit)
 
 
+def _decision_counters(registry: CollectorRegistry) -> tuple[Counter, Counter]:
+    """What was decided: every decision, and the requests given the default policy."""
+    decisions = Counter(
+        "ext_proc_decisions",
+        "Policy decisions by route, action (allow, strip, honor, deny, mint), reason and mode "
+        "(enforce, audit).",
+        ["route", "action", "reason", "mode"],
+        registry=registry,
+    )
+    # Fail closed on a shared gateway: a route the filter runs on without a policy
+    # gets the strictest one, counted so a route left out of the values shows.
+    default_policy = Counter(
+        "ext_proc_default_policy_requests",
+        "Requests on a route without policy metadata (given the default policy, "
+        "aggregated + strip), by route.",
+        ["route"],
+        registry=registry,
+    )
+    return decisions, default_policy
+
+
 def _histograms(registry: CollectorRegistry) -> tuple[Histogram, Histogram]:
     """Body sizes and processor time, per route."""
     body_bytes = Histogram(
@@ -172,6 +142,60 @@ def _gauges(registry: CollectorRegistry) -> tuple[Gauge, Gauge, Gauge]:
             "The in-flight budget: request-body bytes that may be held at once (503 beyond).",
         ),
     )
+
+
+def _stream_errors(registry: CollectorRegistry) -> Counter:
+    """Streams ended with an error, by kind."""
+    stream_errors = Counter(
+        "ext_proc_stream_errors",
+        "Streams ended with an error: protocol_violation, internal, cancelled.",
+        ["kind"],
+        registry=registry,
+    )
+    # Every kind exported from the start, at 0: a ratio of errors (and an alert on
+    # it) then has a value before the first error, not no series at all.
+    for kind in STREAM_ERROR_KINDS:
+        stream_errors.labels(kind)
+    return stream_errors
+
+
+def _record(registry: CollectorRegistry) -> tuple[Counter, Gauge]:
+    """The record of spent proofs: consultations that failed, and whether it is up."""
+    record_errors = Counter(
+        "ext_proc_proof_record_errors",
+        "Proofs not honored because the record of spent proofs could not be consulted "
+        "(store: redis).",
+        ["store"],
+        registry=registry,
+    )
+    record_errors.labels("redis")
+    # 1 while the last consultation of the record found it able to keep the record,
+    # 0 before the first and while it cannot be reached or cannot keep it; with
+    # several workers, the lowest: a worker that honors nothing shows.
+    record_up = Gauge(
+        "ext_proc_proof_record_up",
+        "1 when the record of spent proofs (store: redis) answered the last "
+        "consultation and can keep the record; 0 otherwise (no proof is honored).",
+        ["store"],
+        registry=registry,
+        multiprocess_mode="livemin",
+    )
+    return record_errors, record_up
+
+
+def _build_info(registry: CollectorRegistry) -> Gauge:
+    """The running version."""
+    # 1, labelled with the running version: a rollout shows as two series, and
+    # `count by (version)` says how many replicas run each.
+    build_info = Gauge(
+        "ext_proc_build_info",
+        "The processor's version (label version); always 1.",
+        ["version"],
+        registry=registry,
+        multiprocess_mode="livemax",
+    )
+    build_info.labels(version()).set(1)
+    return build_info
 
 
 class Endpoint:
