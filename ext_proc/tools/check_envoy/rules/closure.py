@@ -508,36 +508,45 @@ def decided_clusters(route: Route, chain: Chain, known: Clusters | None) -> Iter
         return
     for _, holder in holders:
         name = holder.get("cluster") if holder is action else holder.get("name")
-        if name is None:
-            continue
-        if str(name) not in known.static:
-            source = "clusters come from CDS" if known.from_cds else "no such cluster is listed"
-            yield error(
-                "decided-cluster-unseen",
-                f"{route.place} cluster {str(name)!r}",
-                f"the cluster is not a static one ({source}), so its retry and mirror "
-                f"policies are unchecked ({why} if they resend). List it in static_resources",
+        if name is not None:
+            yield from _named_cluster(
+                f"{route.place} cluster {str(name)!r}", str(name), known, decision.value, why
             )
-        elif str(name) in known.extension:
+
+
+def _named_cluster(
+    place: str, name: str, known: Clusters, decided_as: str, why: str
+) -> Iterator[Finding]:
+    """Why the cluster ``name`` a ``decided_as`` route names is not read whole here: not a
+    static one, of an extension type, or ORIGINAL_DST with its host chosen by a client."""
+    if name not in known.static:
+        source = "clusters come from CDS" if known.from_cds else "no such cluster is listed"
+        yield error(
+            "decided-cluster-unseen",
+            place,
+            f"the cluster is not a static one ({source}), so its retry and mirror "
+            f"policies are unchecked ({why} if they resend). List it in static_resources",
+        )
+    elif name in known.extension:
+        yield error(
+            "decided-cluster-unseen",
+            place,
+            "the cluster is of an extension type (cluster_type): it picks further "
+            f"clusters or hosts at run time, their policies unread ({why}). Route to "
+            "a cluster the bootstrap lists",
+        )
+    elif name in known.original_dst:
+        chosen = host_chosen(known.original_dst[name])
+        if chosen is not None:
             yield error(
-                "decided-cluster-unseen",
-                f"{route.place} cluster {str(name)!r}",
-                "the cluster is of an extension type (cluster_type): it picks further "
-                f"clusters or hosts at run time, their policies unread ({why}). Route to "
-                "a cluster the bootstrap lists",
+                "decided-cluster-chosen",
+                place,
+                f"the cluster is of type ORIGINAL_DST and {chosen}: a client sends "
+                f"this {decided_as} route's decided body to a host of its choosing "
+                "(a mint route signs the parameters that host answers). Route to a "
+                "cluster that lists its hosts, or read the host from a header the "
+                "header step removes",
             )
-        elif str(name) in known.original_dst:
-            chosen = host_chosen(known.original_dst[str(name)])
-            if chosen is not None:
-                yield error(
-                    "decided-cluster-chosen",
-                    f"{route.place} cluster {str(name)!r}",
-                    f"the cluster is of type ORIGINAL_DST and {chosen}: a client sends "
-                    f"this {decision.value} route's decided body to a host of its choosing "
-                    "(a mint route signs the parameters that host answers). Route to a "
-                    "cluster that lists its hosts, or read the host from a header the "
-                    "header step removes",
-                )
 
 
 # The header an ORIGINAL_DST cluster reads the host from by default.
