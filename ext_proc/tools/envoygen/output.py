@@ -12,7 +12,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
 import yaml
-from betterproto2 import Casing
+from betterproto2 import Casing, Message
 
 from ext_proc.core import tenants
 from ext_proc.core.address import HostPort
@@ -391,14 +391,14 @@ def header_step(spec: GeneratorInput) -> header_mutation.HeaderMutation:
     )
 
 
+def _filter(name: str, config: Message) -> hcm.HttpFilter:
+    return hcm.HttpFilter(name=name, typed_config=protobuf.Any.pack(config))
+
+
 def http_filters(spec: GeneratorInput) -> list[hcm.HttpFilter]:
     # First: no filter of this chain, the processor included, sees a client's copy of
     # a header that a component behind the gateway trusts.
-    filters = [
-        hcm.HttpFilter(
-            name=carrier_headers.FILTER, typed_config=protobuf.Any.pack(header_step(spec))
-        )
-    ]
+    filters = [_filter(carrier_headers.FILTER, header_step(spec))]
     selecting = _selecting(spec)
     if selecting:
         # A header that chooses the route stated twice is refused before the processor
@@ -406,14 +406,8 @@ def http_filters(spec: GeneratorInput) -> list[hcm.HttpFilter]:
         filters.append(route_header_filter(selecting))
     if spec.decompress_gzip:
         # Before ext_proc: the processor sees, and the upstream receives, the plain body.
-        filters.append(
-            hcm.HttpFilter(
-                name=DECOMPRESSOR_FILTER, typed_config=protobuf.Any.pack(gzip_decompressor())
-            )
-        )
-    filters.append(
-        hcm.HttpFilter(name=EXT_PROC_FILTER, typed_config=protobuf.Any.pack(ext_proc_filter(spec)))
-    )
+        filters.append(_filter(DECOMPRESSOR_FILTER, gzip_decompressor()))
+    filters.append(_filter(EXT_PROC_FILTER, ext_proc_filter(spec)))
     if spec.one_message:
         # The request is held here until ext_proc has let the whole body through: with
         # the headers message skipped, ext_proc passes the headers on at once, and the
@@ -423,27 +417,15 @@ def http_filters(spec: GeneratorInput) -> list[hcm.HttpFilter]:
         # body arrives with its content-length (the filter adds it). Two messages and
         # FULL_DUPLEX_STREAMED hold the headers at ext_proc until the processor answers.
         filters.append(
-            hcm.HttpFilter(
-                name=BUFFER_FILTER,
-                typed_config=protobuf.Any.pack(
-                    buffer.Buffer(max_request_bytes=spec.body_limit_bytes)
-                ),
-            )
+            _filter(BUFFER_FILTER, buffer.Buffer(max_request_bytes=spec.body_limit_bytes))
         )
     if spec.tenant_rate_limit is not None:
         # After the decision (and the hold): the partition id is in the dynamic metadata
         # by then, and a request the processor refused takes no tenant's token.
         filters.append(
-            hcm.HttpFilter(
-                name=RATE_LIMIT_FILTER,
-                typed_config=protobuf.Any.pack(
-                    tenant_rate_limit(spec.tenant_rate_limit, spec.namespace)
-                ),
-            )
+            _filter(RATE_LIMIT_FILTER, tenant_rate_limit(spec.tenant_rate_limit, spec.namespace))
         )
-    filters.append(
-        hcm.HttpFilter(name=ROUTER_FILTER, typed_config=protobuf.Any.pack(router.Router()))
-    )
+    filters.append(_filter(ROUTER_FILTER, router.Router()))
     return filters
 
 
