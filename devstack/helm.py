@@ -34,7 +34,7 @@ from typing import Any, Final
 import helm_python
 import yaml
 
-from devstack import helm_routes, llmd, monitoring
+from devstack import helm_eg_routes, helm_routes, llmd, monitoring
 from devstack.markers import splice
 
 REPO: Final = Path(__file__).resolve().parents[1]
@@ -219,6 +219,9 @@ _EXAMPLE = "__EXAMPLE_PATCH__ "
 _EXAMPLE_ITEM = re.compile(rf"^( *)- {_EXAMPLE}(\d+)$", re.MULTILINE)
 # An EnvoyPatchPolicy's patch of an example route (deploy/envoy-gateway/httproutes.yaml).
 _EXAMPLE_PATH = "..routes[?(@.name=='httproute/"
+# Where an EnvoyPatchPolicy with example route patches takes those of gateway.routes.
+_ROUTES = "__GATEWAY_ROUTES__"
+_ROUTES_ITEM = re.compile(rf"^( *)- {_ROUTES}$", re.MULTILINE)
 
 
 def _examples_gated(document: dict[str, Any]) -> list[dict[str, Any]]:
@@ -242,6 +245,8 @@ def _template(
     behind values gateway.examples."""
     document = _holes(document)
     gated = _examples_gated(document) if examples and document["kind"] == "EnvoyPatchPolicy" else []
+    if gated:
+        document["spec"]["jsonPatches"].append(_ROUTES)
     selector = document.get("spec", {}).get("workloadSelector")
     if selector is not None:
         selector["labels"] = _POD_LABELS
@@ -259,6 +264,9 @@ def _template(
     text = text.replace(_EXAMPLES_ON, "{{- if .Values.gateway.examples }}")
     for hole, action in _HOLES.items():
         text = text.replace(hole, action)
+    # The routes of gateway.routes get the example routes' patches of their action.
+    shaped = helm_eg_routes.shapes(gated)
+    text = _ROUTES_ITEM.sub(lambda found: helm_eg_routes.routes_block(shaped, found[1]), text)
 
     def labels(found: re.Match[str]) -> str:
         indent, key = found.group(1), found.group(2)
@@ -279,7 +287,7 @@ def _gateway_template(
     ``examples``: the patches of the example routes behind gateway.examples."""
     names = [p.relative_to(REPO).as_posix() for _, paths in blocks for p in paths]
     out = [_HEADER.format(sources=", ".join(names)), f"{{{{- if {condition} }}}}\n"]
-    if "gateway.kind" in condition and "examples" not in condition:
+    if "gateway.kind" in condition and not examples and "examples" not in condition:
         out.append(_ISTIO_ONLY)
     for inner, paths in blocks:
         if inner:
@@ -303,12 +311,12 @@ def _gateway_template(
     return "".join(out)
 
 
-# Routes and hosts from values are the Istio wiring's: any other kind would leave them
-# to its own policy (Envoy Gateway's polices the whole Gateway, llm-d's its coordinator
-# routes), not the one they state.
+# Routes and hosts from values are the Istio and Envoy Gateway wirings': llm-d's would
+# leave them to its own policy (its coordinator routes'), not the one they state.
 _ISTIO_ONLY: Final = (
     "{{- if or .Values.gateway.routes .Values.gateway.hosts }}\n"
-    '{{- fail "gateway.routes and gateway.hosts are rendered by gateway.kind istio only" }}\n'
+    '{{- fail "gateway.routes and gateway.hosts are rendered by gateway.kind istio and'
+    ' envoyGateway only" }}\n'
     "{{- end }}\n"
 )
 _COORDINATOR = llmd.OUTPUT

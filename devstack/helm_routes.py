@@ -265,6 +265,9 @@ def istio_template(template: Any) -> str:
         " of gateway.hosts only (a route name may be another host's route):"
         ' name its host there" }}\n',
         "{{- end }}{{ end }}\n",
+        '{{- range $host := .Values.gateway.hosts }}{{ if not (contains ":" $host) }}\n',
+        '{{- fail "gateway.hosts: gateway.kind istio names a virtual host <host>:<port>" }}\n',
+        "{{- end }}{{ end }}\n",
         "---\n",
         static + "\n",
         "  {{- range $host := uniq $hosts }}\n",

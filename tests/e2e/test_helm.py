@@ -718,7 +718,12 @@ def assemble(path: Path) -> dict[str, Any]:
 # A team's own routes on a shared gateway: its HTTPRoutes, Ingress and the check are
 # tests/e2e/test_helm_routes.py's.
 TEAM_ROUTES = helm.CHART / "ci" / "team-routes-values.yaml"
-WIRED = [p for p in CI if merged(values_of(p))["gateway"]["kind"] != "none" and p != TEAM_ROUTES]
+TEAM_ROUTES_EG = helm.CHART / "ci" / "team-routes-envoy-gateway-values.yaml"
+WIRED = [
+    p
+    for p in CI
+    if merged(values_of(p))["gateway"]["kind"] != "none" and p not in (TEAM_ROUTES, TEAM_ROUTES_EG)
+]
 
 
 def test_every_gateway_kind_has_a_values_file():

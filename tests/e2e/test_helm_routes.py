@@ -27,6 +27,7 @@ from ext_proc.core.config import Config
 from ext_proc.core.route_policy import FAIRNESS_HEADER
 from ext_proc.tools import check_envoy
 from tests.e2e import gateway_assembly, gateway_run, istio_ingress
+from tests.e2e.manifests import envoy_validate
 from tests.e2e.stack import new_key
 
 TEAM = helm.CHART / "ci" / "team-routes-values.yaml"
@@ -426,8 +427,10 @@ STRIP = {"action": "strip"}
         # A route by name is policed in the policed hosts only: none named.
         {"routes": [{"envoyRoute": "a.b.0", "policy": STRIP}]},
         {"examples": True},
-        # Routes and hosts of values are the Istio wiring's.
-        {"kind": "envoyGateway", "routes": [{"envoyRoute": "a.b.0", "policy": STRIP}]},
+        # Routes and hosts of values are the Istio and Envoy Gateway wirings': an
+        # Ingress is not Envoy Gateway's, its hostnames have no port.
+        {"kind": "envoyGateway", "routes": [{"ingress": {"host": "a.example"}, "policy": STRIP}]},
+        {"kind": "envoyGateway", "hosts": ["llm.example.com:80"]},
         {"kind": "llmd", "hosts": ["llm.example.com:80"]},
     ],
     ids=lambda gateway: yaml.safe_dump(gateway, default_flow_style=True).strip(),
@@ -436,3 +439,104 @@ def test_routes_the_chart_cannot_police_as_stated_are_refused(gateway):
     values = {"gateway": {"kind": "istio", **gateway}}
     with pytest.raises((helm_python.HelmValuesError, helm_python.HelmError)):
         render(values)
+
+
+# --- the same routes on a shared Envoy Gateway Gateway ---------------------------------
+
+TEAM_EG = helm.CHART / "ci" / "team-routes-envoy-gateway-values.yaml"
+EG_LISTENER = f"{NAMESPACE}/shared-gateway/http"
+EG_PROCESSOR = f"envoyextensionpolicy/{NAMESPACE}/token-policy/0"
+
+
+def _no_hostnames(route: dict[str, Any]) -> dict[str, Any]:
+    return {**route, "spec": {k: v for k, v in route["spec"].items() if k != "hostnames"}}
+
+
+# The team's HTTPRoutes without hostnames (Envoy Gateway's route names end in '*'), a
+# route values give no policy (team-a/misc) and another team's (team-b/web).
+EG_HTTPROUTES = [_no_hostnames(r) for r in HTTPROUTES]
+
+
+def eg_assembled(objects: list[dict[str, Any]]) -> dict[str, Any]:
+    """The Gateway's bootstrap as Envoy Gateway makes it of the team's HTTPRoutes, with
+    the rendered EnvoyPatchPolicy applied."""
+    (extension,) = [o for o in objects if o["kind"] == "EnvoyExtensionPolicy"]
+    (patches,) = [o for o in objects if o["kind"] == "EnvoyPatchPolicy"]
+    return gateway_assembly.envoy_gateway_bootstrap(extension, patches, EG_HTTPROUTES, EG_LISTENER)
+
+
+def _eg_policies(config: dict[str, Any]) -> dict[str, Any]:
+    (host,) = virtual_hosts(config).values()
+    return {
+        r["name"]: r.get("metadata", {}).get("filter_metadata", {}).get("ext_proc.token_policy")
+        for r in host["routes"]
+        if r["name"].startswith("httproute/")
+    }
+
+
+def _route_patches(objects: list[dict[str, Any]], name: str) -> list[dict[str, Any]]:
+    (patches,) = [o for o in objects if o["kind"] == "EnvoyPatchPolicy"]
+    wanted = f"..routes[?(@.name=='{name}')]"
+    return [
+        p["operation"]
+        for p in patches["spec"]["jsonPatches"]
+        if p["operation"].get("jsonPath") == wanted
+    ]
+
+
+def test_the_team_routes_on_envoy_gateway_pass_check_envoy_and_envoy_validate(tmp_path: Path):
+    values = yaml.safe_load(TEAM_EG.read_text())
+    objects = render(values)
+    assert "llama" not in yaml.safe_dump(objects)
+    config = eg_assembled(objects)
+    report = check_envoy.check(config, processor="mutual")
+    assert report.errors == []
+    policies = _eg_policies(config)
+    actions = {name: policy and policy["action"] for name, policy in policies.items()}
+    assert actions == {
+        "httproute/team-a/chat/rule/0/match/0/*": "strip",
+        "httproute/team-a/pd/rule/0/match/0/*": "honor",
+        "httproute/team-a/pd/rule/1/match/0/*": "mint",
+        "httproute/team-a/misc/rule/0/match/0/*": None,
+        "httproute/team-b/web/rule/0/match/0/*": None,
+    }
+    # Envoy takes it (without the processor's TLS, whose files are the gateway pods').
+    plain = eg_assembled(render({**values, "tls": {"mode": "none"}}))
+    envoy_validate(plain, tmp_path, "team-routes-envoy-gateway")
+    # Each action's patches are the example route's of that action, the policy the
+    # route's: the mint route's response processing override as the example's.
+    examples = render({**values, "gateway": {**values["gateway"], "examples": True}})
+    mint = _route_patches(objects, "httproute/team-a/pd/rule/1/match/0/*")
+    example = _route_patches(examples, f"httproute/{NAMESPACE}/llama-pd/rule/1/match/0/*")
+    assert [o["path"] for o in mint] == [o["path"] for o in example]
+    assert mint[2]["value"] == example[2]["value"]
+    # With hostnames, Envoy Gateway's name for each (dots as '_').
+    hosted = {**values["gateway"], "hosts": [POLICED, "llm.example.org"]}
+    named = render({**values, "gateway": hosted})
+    for host in ("llm_team-a_example_com", "llm_example_org"):
+        assert len(_route_patches(named, f"httproute/team-a/chat/rule/0/match/0/{host}")) == 2
+
+
+def test_the_team_routes_on_envoy_gateway_run_on_the_real_envoy(tmp_path: Path):
+    values = yaml.safe_load(TEAM_EG.read_text())
+    config = eg_assembled(render({**values, "tls": {"mode": "none"}}))
+    with (
+        gateway_run.running(config, tmp_path, EG_PROCESSOR, {"k1": new_key()}) as gateway,
+        httpx.Client(base_url=f"http://{gateway.gateway}", timeout=20) as client,
+    ):
+        # Forged parameters removed on the strip route and on the route without a
+        # policy (every route of the Gateway is inspected).
+        for path in ("/v1/", "/misc/"):
+            reply = client.post(f"{path}chat/completions", json=_chat(FORGED))
+            assert reply.status_code == 200, (path, reply.text)
+            assert "kv_transfer_params" not in _forwarded(gateway), path
+        # Minted on the mint route, honored on the honor route.
+        prefill = {**_chat(None), "max_tokens": 1, "return_token_ids": True}
+        reply = client.post("/pd/prefill/v1/chat/completions", json=prefill)
+        assert reply.status_code == 200, reply.text
+        params = reply.json()["kv_transfer_params"]
+        assert params["token_policy_proof"].startswith("tp4.k1.")
+        gateway.clear()
+        reply = client.post("/pd/v1/chat/completions", json=_chat(params))
+        assert reply.status_code == 200, reply.text
+        assert _forwarded(gateway)["kv_transfer_params"] == params
