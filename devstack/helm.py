@@ -219,6 +219,45 @@ _EXAMPLE = "__EXAMPLE_PATCH__ "
 _EXAMPLE_ITEM = re.compile(rf"^( *)- {_EXAMPLE}(\d+)$", re.MULTILINE)
 # An EnvoyPatchPolicy's patch of an example route (deploy/envoy-gateway/httproutes.yaml).
 _EXAMPLE_PATH = "..routes[?(@.name=='httproute/"
+# An EnvoyPatchPolicy's patch of the listener's virtual host '*' (the refused endpoints'
+# 404s), made one per virtual host of gateway.hosts ('*' without, and with the examples).
+_VHOST = "__VHOST_PATCH__ "
+_VHOST_ITEM = re.compile(rf"^( *)- {_VHOST}(\d+)$", re.MULTILINE)
+_VHOST_PATH = "..virtual_hosts[?(@.name=="
+_VHOST_NAME = "__VHOST__"
+_VHOSTS = (
+    '{{- range $vhost := uniq (concat ($.Values.gateway.hosts | default (list "*"))'
+    ' (ternary (list "*") (list) $.Values.gateway.examples)) }}'
+)
+
+
+def _hosts_gated(document: dict[str, Any]) -> list[dict[str, Any]]:
+    """Marks each of an EnvoyPatchPolicy's patches of the virtual host '*'; the patches
+    marked, by index, their virtual host's name a placeholder."""
+    patches = document["spec"]["jsonPatches"]
+    found: list[dict[str, Any]] = []
+    for index, patch in enumerate(patches):
+        if not isinstance(patch, dict):  # a marked patch of an example route
+            continue
+        path = str(patch["operation"].get("jsonPath", ""))
+        if path.startswith(_VHOST_PATH) and path.endswith("/*')]"):
+            patch["operation"]["jsonPath"] = path.removesuffix("*')]") + f"{_VHOST_NAME}')]"
+            patches[index] = f"{_VHOST}{len(found)}"
+            found.append(patch)
+    return found
+
+
+def _vhost_patches(patch: dict[str, Any], indent: str) -> str:
+    """``patch`` once per virtual host (Envoy Gateway's name: the listener's and the
+    hostname, dots as '_'), the chart's names read from the root context."""
+    text = _escaped(_dumped([patch]))
+    for hole, action in _HOLES.items():
+        text = text.replace(hole, re.sub(r"(?<=[\s(])\.(Values|Release)", r"$.\1", action))
+    text = text.replace(_VHOST_NAME, '{{ replace "." "_" $vhost }}')
+    lines = [indent + line for line in text.splitlines()]
+    return "\n".join([indent + _VHOSTS, *lines, f"{indent}{{{{- end }}}}"])
+
+
 # Where an EnvoyPatchPolicy with example route patches takes those of gateway.routes.
 _ROUTES = "__GATEWAY_ROUTES__"
 _ROUTES_ITEM = re.compile(rf"^( *)- {_ROUTES}$", re.MULTILINE)
@@ -245,6 +284,7 @@ def _template(
     behind values gateway.examples."""
     document = _holes(document)
     gated = _examples_gated(document) if examples and document["kind"] == "EnvoyPatchPolicy" else []
+    vhosted = _hosts_gated(document) if gated else []
     if gated:
         document["spec"]["jsonPatches"].append(_ROUTES)
     selector = document.get("spec", {}).get("workloadSelector")
@@ -267,6 +307,7 @@ def _template(
     # The routes of gateway.routes get the example routes' patches of their action.
     shaped = helm_eg_routes.shapes(gated)
     text = _ROUTES_ITEM.sub(lambda found: helm_eg_routes.routes_block(shaped, found[1]), text)
+    text = _VHOST_ITEM.sub(lambda found: _vhost_patches(vhosted[int(found[2])], found[1]), text)
 
     def labels(found: re.Match[str]) -> str:
         indent, key = found.group(1), found.group(2)

@@ -69,15 +69,14 @@ def _json(value: Any) -> str:
 
 
 # A route named by gateway.routes, as Envoy Gateway names it: an httpRoute's rule (its
-# first match) in each hostname of gateway.hosts (dots as '_'; none: the HTTPRoutes
-# name no hostname, '*'), or an envoyRoute's name as it is. An Ingress is not Envoy
-# Gateway's.
+# first match) in each of its hostnames (dots as '_'; none: the HTTPRoute names no
+# hostname, '*'), or an envoyRoute's name as it is. An Ingress is not Envoy Gateway's.
 _NAMES: Final = """\
   {{- $names := list }}
   {{- if $route.httpRoute }}
   {{- $rule := $route.httpRoute }}
   {{- $namespace := $rule.namespace | default $.Release.Namespace }}
-  {{- range $host := $.Values.gateway.hosts | default (list "*") }}
+  {{- range $host := $rule.hostnames | default (list "*") }}
   {{- $rule_name := printf "httproute/%s/%s/rule/%d" $namespace $rule.name (int $rule.rule) }}
   {{- $names = append $names (printf "%s/match/0/%s" $rule_name (replace "." "_" $host)) }}
   {{- end }}

@@ -486,17 +486,28 @@ def eg_ext_proc(policy: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict
     return filters, clusters
 
 
-def eg_routes(httproutes: list[dict[str, Any]], filter_names: list[str]) -> list[dict[str, Any]]:
-    """Envoy routes named as Envoy Gateway names them, with its own metadata."""
+def eg_hostnames(httproutes: list[dict[str, Any]]) -> list[str]:
+    """The hostnames Envoy Gateway makes a virtual host of: each HTTPRoute's, '*' for
+    one that names none."""
+    return sorted({h for r in httproutes for h in r["spec"].get("hostnames") or ["*"]})
+
+
+def eg_routes(
+    httproutes: list[dict[str, Any]], filter_names: list[str], hostname: str = "*"
+) -> list[dict[str, Any]]:
+    """Envoy routes named as Envoy Gateway names them, with its own metadata: those of
+    the virtual host of ``hostname`` (in the name, dots as '_')."""
     out = []
     for httproute in httproutes:
+        if hostname not in (httproute["spec"].get("hostnames") or ["*"]):
+            continue
         meta = httproute["metadata"]
         cluster = f"httproute/{meta['namespace']}/{meta['name']}"
         for rule_index, rule in enumerate(httproute["spec"]["rules"]):
             for match_index, match in enumerate(rule["matches"]):
                 name = (
                     f"httproute/{meta['namespace']}/{meta['name']}/rule/{rule_index}"
-                    f"/match/{match_index}/*"
+                    f"/match/{match_index}/{hostname.replace('.', '_')}"
                 )
                 entry = gateway_api_route(name, rule, match, cluster)
                 entry["metadata"] = {
@@ -622,10 +633,17 @@ def envoy_gateway_bootstrap(
     listener_name: str,
 ) -> dict[str, Any]:
     filters, clusters = eg_ext_proc(extension_policy)
-    routes = eg_routes(httproutes, [f["name"] for f in filters])
+    names = [f["name"] for f in filters]
     route_config = {
         "name": listener_name,
-        "virtual_hosts": [{"name": f"{listener_name}/*", "domains": ["*"], "routes": routes}],
+        "virtual_hosts": [
+            {
+                "name": f"{listener_name}/{host.replace('.', '_')}",
+                "domains": [host],
+                "routes": eg_routes(httproutes, names, host),
+            }
+            for host in eg_hostnames(httproutes)
+        ],
     }
     clusters += [
         static_cluster(

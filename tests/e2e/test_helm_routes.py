@@ -7,7 +7,9 @@ check-envoy and runs on the real Envoy with the processor: the strip route strip
 proof minted on the mint route is honored on the honor route, a route of the policed
 host without a policy strips, and a route of another host on the same gateway receives
 what its client sent, byte for byte. The body limit is one value in every manifest; two
-releases share a namespace."""
+releases share a namespace. The same HTTPRoutes on a shared Envoy Gateway Gateway
+(ci/team-routes-envoy-gateway-values.yaml), the rendered EnvoyPatchPolicy applied to the
+routes Envoy Gateway makes of them, pass check-envoy and run on the real Envoy."""
 
 from __future__ import annotations
 
@@ -431,6 +433,13 @@ STRIP = {"action": "strip"}
         # Ingress is not Envoy Gateway's, its hostnames have no port.
         {"kind": "envoyGateway", "routes": [{"ingress": {"host": "a.example"}, "policy": STRIP}]},
         {"kind": "envoyGateway", "hosts": ["llm.example.com:80"]},
+        # An HTTPRoute's hostnames name Envoy Gateway's routes, not Istio's.
+        {
+            "hosts": ["llm.example.com:80"],
+            "routes": [
+                {"httpRoute": {"name": "a", "rule": 0, "hostnames": ["a.example"]}, "policy": STRIP}
+            ],
+        },
         {"kind": "llmd", "hosts": ["llm.example.com:80"]},
     ],
     ids=lambda gateway: yaml.safe_dump(gateway, default_flow_style=True).strip(),
@@ -510,11 +519,44 @@ def test_the_team_routes_on_envoy_gateway_pass_check_envoy_and_envoy_validate(tm
     example = _route_patches(examples, f"httproute/{NAMESPACE}/llama-pd/rule/1/match/0/*")
     assert [o["path"] for o in mint] == [o["path"] for o in example]
     assert mint[2]["value"] == example[2]["value"]
-    # With hostnames, Envoy Gateway's name for each (dots as '_').
-    hosted = {**values["gateway"], "hosts": [POLICED, "llm.example.org"]}
-    named = render({**values, "gateway": hosted})
-    for host in ("llm_team-a_example_com", "llm_example_org"):
-        assert len(_route_patches(named, f"httproute/team-a/chat/rule/0/match/0/{host}")) == 2
+
+
+def test_the_team_routes_on_envoy_gateway_with_hostnames_name_every_virtual_host():
+    """HTTPRoutes with hostnames: Envoy Gateway names each route and virtual host by
+    the hostname (dots as '_'); each virtual host of gateway.hosts gets the refused
+    endpoints' 404s, and check-envoy finds one left out (its routes are inspected, its
+    refused endpoints forwarded)."""
+    values = yaml.safe_load(TEAM_EG.read_text())
+    for route in values["gateway"]["routes"]:
+        route["httpRoute"]["hostnames"] = [POLICED]
+    values["gateway"]["hosts"] = [POLICED, OTHER]
+    objects = render(values)
+    (extension,) = [o for o in objects if o["kind"] == "EnvoyExtensionPolicy"]
+    (patches,) = [o for o in objects if o["kind"] == "EnvoyPatchPolicy"]
+    config = gateway_assembly.envoy_gateway_bootstrap(extension, patches, HTTPROUTES, EG_LISTENER)
+    report = check_envoy.check(config, processor="mutual")
+    assert report.errors == []
+    hosts = virtual_hosts(config)
+    host = "llm_team-a_example_com"
+    policed = {r["name"]: r for r in hosts[f"{EG_LISTENER}/{host}"]["routes"]}
+    metadata = {
+        name: policed[f"httproute/team-a/{name}/match/0/{host}"]["metadata"]
+        for name in ("chat/rule/0", "pd/rule/0", "pd/rule/1")
+    }
+    actions = {
+        n: m["filter_metadata"]["ext_proc.token_policy"]["action"] for n, m in metadata.items()
+    }
+    assert actions == {"chat/rule/0": "strip", "pd/rule/0": "honor", "pd/rule/1": "mint"}
+    for name in (host, "web_team-b_example_com"):
+        routes = [r["name"] for r in hosts[f"{EG_LISTENER}/{name}"]["routes"]]
+        assert "token-endpoint-internal-refused" in routes, name
+    values["gateway"]["hosts"] = [POLICED]
+    objects = render(values)
+    (patches,) = [o for o in objects if o["kind"] == "EnvoyPatchPolicy"]
+    config = gateway_assembly.envoy_gateway_bootstrap(extension, patches, HTTPROUTES, EG_LISTENER)
+    report = check_envoy.check(config, processor="mutual")
+    found = {(f.code, f.place.rsplit("/", 1)[-1]) for f in report.findings if f.severity == "error"}
+    assert ("refused-endpoint-forwarded", "web_team-b_example_com") in found
 
 
 def test_the_team_routes_on_envoy_gateway_run_on_the_real_envoy(tmp_path: Path):
