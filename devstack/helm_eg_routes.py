@@ -68,17 +68,20 @@ def _json(value: Any) -> str:
     return json.dumps(json.dumps(value, separators=(",", ":")))
 
 
-# A route named by gateway.routes, as Envoy Gateway names it: an httpRoute's rule (its
-# first match) in each of its hostnames (dots as '_'; none: the HTTPRoute names no
-# hostname, '*'), or an envoyRoute's name as it is. An Ingress is not Envoy Gateway's.
+# A route named by gateway.routes, as Envoy Gateway names it: an httpRoute's rule, each
+# of its matches (``matches``, 1 unless given) in each of its hostnames (dots as '_';
+# none: the HTTPRoute names no hostname, '*'), or an envoyRoute's name as it is. An
+# Ingress is not Envoy Gateway's.
 _NAMES: Final = """\
   {{- $names := list }}
   {{- if $route.httpRoute }}
   {{- $rule := $route.httpRoute }}
   {{- $namespace := $rule.namespace | default $.Release.Namespace }}
-  {{- range $host := $rule.hostnames | default (list "*") }}
   {{- $rule_name := printf "httproute/%s/%s/rule/%d" $namespace $rule.name (int $rule.rule) }}
-  {{- $names = append $names (printf "%s/match/0/%s" $rule_name (replace "." "_" $host)) }}
+  {{- range $match := until (int ($rule.matches | default 1)) }}
+  {{- range $host := $rule.hostnames | default (list "*") }}
+  {{- $names = append $names (printf "%s/match/%d/%s" $rule_name $match (replace "." "_" $host)) }}
+  {{- end }}
   {{- end }}
   {{- else if $route.envoyRoute }}
   {{- $names = list $route.envoyRoute }}

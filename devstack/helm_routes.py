@@ -265,9 +265,11 @@ def istio_template(template: Any) -> str:
         " of gateway.hosts only (a route name may be another host's route):"
         ' name its host there" }}\n',
         "{{- end }}{{ end }}\n",
-        "{{- range $route := $routes }}{{ if and $route.httpRoute $route.httpRoute.hostnames }}\n",
-        "{{- fail \"gateway.routes: an httpRoute's hostnames are Envoy Gateway's (Istio names"
-        ' its route <namespace>.<name>.<rule>)" }}\n',
+        "{{- range $route := $routes }}{{ with $route.httpRoute }}"
+        "{{ if or .hostnames .matches }}\n",
+        "{{- fail \"gateway.routes: an httpRoute's hostnames and matches are Envoy Gateway's"
+        ' (Istio names its routes <namespace>.<name>.<rule>)" }}\n',
+        "{{- end }}\n",
         "{{- end }}{{ end }}\n",
         '{{- range $host := .Values.gateway.hosts }}{{ if not (contains ":" $host) }}\n',
         '{{- fail "gateway.hosts: gateway.kind istio names a virtual host <host>:<port>" }}\n',

@@ -14,6 +14,7 @@ routes Envoy Gateway makes of them, pass check-envoy and run on the real Envoy."
 from __future__ import annotations
 
 import base64
+import copy
 import json
 from pathlib import Path
 from typing import Any
@@ -433,12 +434,16 @@ STRIP = {"action": "strip"}
         # Ingress is not Envoy Gateway's, its hostnames have no port.
         {"kind": "envoyGateway", "routes": [{"ingress": {"host": "a.example"}, "policy": STRIP}]},
         {"kind": "envoyGateway", "hosts": ["llm.example.com:80"]},
-        # An HTTPRoute's hostnames name Envoy Gateway's routes, not Istio's.
+        # An HTTPRoute's hostnames and matches name Envoy Gateway's routes, not Istio's.
         {
             "hosts": ["llm.example.com:80"],
             "routes": [
                 {"httpRoute": {"name": "a", "rule": 0, "hostnames": ["a.example"]}, "policy": STRIP}
             ],
+        },
+        {
+            "hosts": ["llm.example.com:80"],
+            "routes": [{"httpRoute": {"name": "a", "rule": 0, "matches": 2}, "policy": STRIP}],
         },
         {"kind": "llmd", "hosts": ["llm.example.com:80"]},
     ],
@@ -466,12 +471,14 @@ def _no_hostnames(route: dict[str, Any]) -> dict[str, Any]:
 EG_HTTPROUTES = [_no_hostnames(r) for r in HTTPROUTES]
 
 
-def eg_assembled(objects: list[dict[str, Any]]) -> dict[str, Any]:
+def eg_assembled(
+    objects: list[dict[str, Any]], httproutes: list[dict[str, Any]] = EG_HTTPROUTES
+) -> dict[str, Any]:
     """The Gateway's bootstrap as Envoy Gateway makes it of the team's HTTPRoutes, with
     the rendered EnvoyPatchPolicy applied."""
     (extension,) = [o for o in objects if o["kind"] == "EnvoyExtensionPolicy"]
     (patches,) = [o for o in objects if o["kind"] == "EnvoyPatchPolicy"]
-    return gateway_assembly.envoy_gateway_bootstrap(extension, patches, EG_HTTPROUTES, EG_LISTENER)
+    return gateway_assembly.envoy_gateway_bootstrap(extension, patches, httproutes, EG_LISTENER)
 
 
 def _eg_policies(config: dict[str, Any]) -> dict[str, Any]:
@@ -582,3 +589,19 @@ def test_the_team_routes_on_envoy_gateway_run_on_the_real_envoy(tmp_path: Path):
         reply = client.post("/pd/v1/chat/completions", json=_chat(params))
         assert reply.status_code == 200, reply.text
         assert _forwarded(gateway)["kv_transfer_params"] == params
+
+
+def test_each_match_of_a_rule_gets_its_policy_on_envoy_gateway():
+    """Envoy Gateway makes a route of each match of a rule: each named (``matches``)
+    gets the rule's policy."""
+    values = yaml.safe_load(TEAM_EG.read_text())
+    values["gateway"]["routes"][0]["httpRoute"]["matches"] = 2
+    httproutes = copy.deepcopy(EG_HTTPROUTES)
+    second = {"path": {"type": "PathPrefix", "value": "/v2/"}}
+    httproutes[0]["spec"]["rules"][0]["matches"].append(second)
+    config = eg_assembled(render(values), httproutes)
+    assert check_envoy.check(config, processor="mutual").errors == []
+    policies = _eg_policies(config)
+    for match in (0, 1):
+        policy = policies[f"httproute/team-a/chat/rule/0/match/{match}/*"]
+        assert policy == {"topology": "aggregated", "action": "strip"}, match
