@@ -557,6 +557,9 @@ def test_the_team_routes_on_envoy_gateway_with_hostnames_name_every_virtual_host
     for name in (host, "web_team-b_example_com"):
         routes = [r["name"] for r in hosts[f"{EG_LISTENER}/{name}"]["routes"]]
         assert "token-endpoint-internal-refused" in routes, name
+    notes = helm.notes(values)
+    assert f"404s (gateway.hosts): {POLICED}, {OTHER}\n" in notes
+    assert "every route of the Gateway inspected, a route without a policy stripped" in notes
     values["gateway"]["hosts"] = [POLICED]
     objects = render(values)
     (patches,) = [o for o in objects if o["kind"] == "EnvoyPatchPolicy"]
