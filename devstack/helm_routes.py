@@ -235,6 +235,27 @@ _ANYWHERE: Final = """\
 """
 
 
+# The virtual host of a patch's match: the one ``range $host`` names.
+_IN_HOST: Final = "          name: {{ $host | quote }}\n"
+
+
+def _patch(apply_to: str, vhost: str, operation: str, *value: str) -> list[str]:
+    """The lines of one EnvoyFilter patch in the gateway's context: its match's
+    ``vhost`` lines (``vhost``) and its value's lines (``value``) as given."""
+    return [
+        f"  - applyTo: {apply_to}\n",
+        "    match:\n",
+        "      context: GATEWAY\n",
+        "      routeConfiguration:\n",
+        "        vhost:\n",
+        vhost,
+        "    patch:\n",
+        f"      operation: {operation}\n",
+        "      value:\n",
+        *value,
+    ]
+
+
 def istio_template(template: Any) -> str:
     """The chart's templates/gateway-istio.yaml; ``template``: helm's ``_template``
     (one object as template text, its names made values)."""
@@ -277,42 +298,23 @@ def istio_template(template: Any) -> str:
         "---\n",
         static + "\n",
         "  {{- range $host := uniq $hosts }}\n",
-        "  - applyTo: VIRTUAL_HOST\n",
-        "    match:\n",
-        "      context: GATEWAY\n",
-        "      routeConfiguration:\n",
-        "        vhost:\n",
-        "          name: {{ $host | quote }}\n",
-        "    patch:\n",
-        "      operation: MERGE\n",
-        "      value:\n",
-        "        typed_per_filter_config:\n",
-        "          {{- toYaml $enable | nindent 10 }}\n",
-        "  - applyTo: HTTP_ROUTE\n",
-        "    match:\n",
-        "      context: GATEWAY\n",
-        "      routeConfiguration:\n",
-        "        vhost:\n",
-        "          name: {{ $host | quote }}\n",
-        "    patch:\n",
-        "      operation: MERGE\n",
-        "      value:\n",
-        "        request_body_buffer_limit: {{ $max }}\n",
+        *_patch(
+            "VIRTUAL_HOST",
+            _IN_HOST,
+            "MERGE",
+            "        typed_per_filter_config:\n",
+            "          {{- toYaml $enable | nindent 10 }}\n",
+        ),
+        *_patch("HTTP_ROUTE", _IN_HOST, "MERGE", "        request_body_buffer_limit: {{ $max }}\n"),
     ]
     for insert in reversed(found["inserts"]):
         value = yaml.dump(insert, sort_keys=False, width=1000).replace("{{", '{{ "{{" }}')
-        out += [
-            "  - applyTo: HTTP_ROUTE\n",
-            "    match:\n",
-            "      context: GATEWAY\n",
-            "      routeConfiguration:\n",
-            "        vhost:\n",
-            "          name: {{ $host | quote }}\n",
-            "    patch:\n",
-            "      operation: INSERT_FIRST\n",
-            "      value:\n",
+        out += _patch(
+            "HTTP_ROUTE",
+            _IN_HOST,
+            "INSERT_FIRST",
             *(f"        {line}\n" for line in value.splitlines()),
-        ]
+        )
     out += [
         "  {{- end }}\n",
         "  {{- range $route := $routes }}\n",
@@ -331,16 +333,7 @@ def istio_template(template: Any) -> str:
         _NAME,
         _ANYWHERE,
         "  {{- range $host := uniq $in }}\n",
-        "  - applyTo: HTTP_ROUTE\n",
-        "    match:\n",
-        "      context: GATEWAY\n",
-        "      routeConfiguration:\n",
-        "        vhost:\n",
-        _MATCH,
-        "    patch:\n",
-        "      operation: MERGE\n",
-        "      value:\n",
-        "        {{- toYaml $value | nindent 8 }}\n",
+        *_patch("HTTP_ROUTE", _MATCH, "MERGE", "        {{- toYaml $value | nindent 8 }}\n"),
         "  {{- end }}\n",
         "  {{- end }}\n",
         "{{- end }}\n",
