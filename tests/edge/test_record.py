@@ -2,10 +2,12 @@
 
 import multiprocessing
 import os
+import tempfile
 
 import pytest
 
 from ext_proc.core import proof, replay
+from ext_proc.core.config import ConfigError
 from ext_proc.core.replay import Terms, Ticket, Verdict
 from ext_proc.edge import record
 from ext_proc.edge.record import BUCKET_SLOTS, LocalRecord
@@ -177,7 +179,8 @@ def test_a_new_table_has_seen_its_beginning():
     clock = [NOW]
     table = LocalRecord.anonymous(64, lambda: clock[0], terms=Terms(skew=0))
     clock[0] = NOW - 1
-    assert table.spend_now(ticket(1, int(NOW) + 60, minted_after=0)) is Verdict.PREDATES
+    # The clock is judged first: whatever the proof, the answer is why.
+    assert table.spend_now(ticket(1, int(NOW) + 60, minted_after=0)) is Verdict.CLOCK_BEHIND
     assert table.spend_now(ticket(1, int(NOW) + 60)) is Verdict.CLOCK_BEHIND
 
 
@@ -280,3 +283,110 @@ def test_a_proof_stating_a_minting_time_ahead_of_every_clock_is_honored_once():
     again = spend_under(restarted, terms, ahead, t + 2, ttl=20)
     assert [first, again].count(Verdict.FIRST) <= 1
     assert first is None  # refused at once: no clock within the skew minted it yet
+
+
+# --- a processor restarted whole: the table's time outlives it --------------------------
+
+
+def restart(path, now, terms=TERMS):
+    """The processor restarted whole at ``now``: a new table in the old one's file."""
+    return LocalRecord.alone(path, BUCKET_SLOTS, lambda: now, terms=terms)
+
+
+def test_a_processor_restarted_with_its_clock_behind_honors_no_proof_spent_before(tmp_path):
+    """It honored a proof at NOW + 5 and is restarted with its clock 1 to 20 s behind:
+    the proof verifies again for that clock, but the new table began after the latest
+    second the old one saw, and a clock more than 2 x skew behind it is CLOCK_BEHIND."""
+    path = tmp_path / "spent"
+    clock = [NOW]
+    first = LocalRecord.alone(path, BUCKET_SLOTS, lambda: clock[0], terms=TERMS)
+    spent = proven(int(NOW) + 5 + TTL, TTL)  # minted at NOW + 5
+    clock[0] = NOW + 5.5
+    assert spend_if_valid(first, spent, clock[0]) is Verdict.FIRST
+    for behind in range(1, 21):
+        now = NOW + 5.5 - behind
+        table = restart(path, now)
+        assert table.began == int(NOW) + 6  # after the second the old table saw
+        expected = Verdict.CLOCK_BEHIND if behind > 2 * SKEW else Verdict.PREDATES
+        assert spend_if_valid(table, spent, now) in (None, expected)
+        assert table.spend_now(ticket(1, int(NOW) + 60, int(NOW) + 5)) is expected
+
+
+def test_a_clock_behind_the_old_tables_time_is_judged_again_once_it_catches_up(tmp_path):
+    path = tmp_path / "spent"
+    LocalRecord.alone(path, BUCKET_SLOTS, lambda: NOW, terms=TERMS).spend_now(ticket(1))
+    clock = [NOW - 60]
+    table = LocalRecord.alone(path, BUCKET_SLOTS, lambda: clock[0], terms=TERMS)
+    assert table.spend_now(ticket(2, int(NOW) + 60, int(NOW) + 1)) is Verdict.CLOCK_BEHIND
+    clock[0] = NOW - 2 * SKEW
+    assert table.spend_now(ticket(2, int(NOW) + 60, int(NOW) + 1)) is Verdict.FIRST
+    assert table.spend_now(ticket(3, int(NOW) + 60, int(NOW))) is Verdict.PREDATES
+
+
+def test_a_time_the_old_table_saw_ahead_is_clock_behind_not_honored(tmp_path):
+    """The clock jumped an hour ahead, the table saw it, the clock came back and the
+    processor restarted: nothing is honored until the clock reaches that hour."""
+    path = tmp_path / "spent"
+    ahead = LocalRecord.alone(path, BUCKET_SLOTS, lambda: NOW + 3600, terms=TERMS)
+    assert ahead.spend_now(ticket(1, int(NOW) + 4000, int(NOW) + 3600)) is Verdict.FIRST
+    table = restart(path, NOW)
+    assert table.spend_now(ticket(2, int(NOW) + 60, int(NOW))) is Verdict.CLOCK_BEHIND
+    # Restarted again meanwhile, still behind: the mark stays.
+    assert restart(path, NOW + 1).spend_now(ticket(2, int(NOW) + 60)) is Verdict.CLOCK_BEHIND
+
+
+def test_a_table_begun_in_a_new_file_begins_at_the_clock(tmp_path):
+    """No file: a new machine or pod. The table begins at the clock, as every record."""
+    table = restart(tmp_path / "spent", NOW + 0.5)
+    assert table.began == NOW + 1
+    assert table.spend_now(ticket(1, int(NOW) + 60, int(NOW) + 1)) is Verdict.FIRST
+
+
+@pytest.mark.parametrize(
+    "old",
+    [b"", b"xpspent4", b"\0" * 4096, b"not a table" * 100],
+    ids=["empty", "truncated", "zeros", "garbage"],
+)
+def test_a_previous_file_that_is_not_a_table_begins_at_the_clock_and_says_so(tmp_path, caplog, old):
+    path = tmp_path / "spent"
+    path.write_bytes(old)
+    table = restart(path, NOW)
+    assert table.began == NOW  # no later than a new machine's: never earlier
+    assert "record_mark_unreadable" in [r.error for r in caplog.records]
+    assert restart(path, NOW - 30).spend_now(ticket(1)) is Verdict.CLOCK_BEHIND  # a table now
+
+
+def test_a_table_whose_slots_were_cut_off_keeps_its_mark(tmp_path):
+    path = tmp_path / "spent"
+    LocalRecord.alone(path, 4096, lambda: NOW + 100, terms=TERMS).spend_now(ticket(1))
+    with path.open("r+b") as cut:
+        cut.truncate(replay.TABLE_HEADER.size + 10)
+    assert restart(path, NOW).spend_now(ticket(2, int(NOW) + 60)) is Verdict.CLOCK_BEHIND
+
+
+def test_a_skew_lowered_across_a_restart_begins_the_new_table_later(tmp_path):
+    """The old table dated proofs by a 10 s skew: one it honored may be dated up to 9 s
+    later under the new 1 s; the new table begins that much later."""
+    path = tmp_path / "spent"
+    LocalRecord.alone(path, BUCKET_SLOTS, lambda: NOW, terms=Terms(skew=10))
+    assert restart(path, NOW, terms=Terms(skew=1)).began == NOW + 1 + 9
+
+
+def test_the_table_file_is_the_processors_own_and_replaced_at_once(tmp_path):
+    path = tmp_path / "spent"
+    restart(path, NOW)
+    assert path.stat().st_mode & 0o777 == 0o600
+    assert [p.name for p in tmp_path.iterdir()] == ["spent"]
+    assert os.path.getsize(path) == replay.table_bytes(BUCKET_SLOTS)
+
+
+def test_a_table_that_cannot_be_written_stops_the_start(tmp_path):
+    with pytest.raises(ConfigError, match="cannot write the table of spent proofs"):
+        restart(tmp_path / "missing" / "spent", NOW)
+
+
+def test_each_listen_address_has_its_table_in_the_temporary_directory(monkeypatch, tmp_path):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    assert record.table_path("0.0.0.0:9002") == tmp_path / "ext-proc-spent-proofs-0.0.0.0-9002"
+    assert record.table_path("unix:/run/x.sock").parent == tmp_path
+    assert record.table_path("[::]:9002") != record.table_path("[::]:9003")
