@@ -13,6 +13,14 @@ spent before, so it honors only proofs minted after it began (``Ticket.fresh``);
 others answer ``PREDATES`` (unproven: no later spend could honor them). A worker the
 supervisor restarts maps the same table and keeps its ``began``.
 
+The table's file (``table_path``: in the temporary directory, named by the listen
+address) outlives the process, and ``begin`` reads the old table's header before
+replacing it: the new one begins after the latest second the old one saw and has seen
+that second, so a process restarted with its clock behind never begins before a proof
+the old one honored, and is ``CLOCK_BEHIND`` until its clock catches up. Where no file
+survives (a new machine or pod, a new temporary directory) the table begins at the
+clock, as every record does.
+
 Time never runs backwards for the table: its header keeps the latest second any spend
 read from the clock (``seen``), and a spend whose clock reads more than
 ``replay.allowance(skew)`` below it is ``CLOCK_BEHIND``, not judged. A slot is reused
@@ -49,13 +57,16 @@ import logging
 import math
 import mmap
 import os
+import re
 import secrets
 import struct
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Final
 
+from ext_proc.core.config import ConfigError
 from ext_proc.core.replay import (
     BUCKET_SLOTS,
     NO_TERMS,
@@ -80,6 +91,8 @@ _TERMS: Final = struct.Struct("<I")
 _TERMS_AT: Final = _HEADER.size - _TERMS.size
 _SEEN_AT: Final = _TERMS_AT - _SECOND.size
 _BEGAN_AT: Final = _SEEN_AT - _SECOND.size
+# What of a listen address goes into a file name as it is.
+_FILE_NAME: Final = re.compile(r"[^A-Za-z0-9.]+")
 
 
 def _header(slots: int, began: float, terms: Terms) -> bytes:
@@ -98,6 +111,73 @@ def create(
     with path.open("wb") as out:
         out.truncate(table_bytes(slots))
         out.write(_header(slots, clock(), terms))
+
+
+def table_path(listen: str) -> Path:
+    """Where the processor serving ``listen`` keeps its table: one file per address
+    (no two processors serve one address on a host), in the temporary directory (the
+    shipped manifests' emptyDir, which a container restarted in its pod keeps)."""
+    return Path(tempfile.gettempdir()) / f"ext-proc-spent-proofs-{_FILE_NAME.sub('-', listen)}"
+
+
+def begin(
+    path: Path, slots: int, clock: Callable[[], float] = time.time, *, terms: Terms = NO_TERMS
+) -> None:
+    """A new, empty table in ``path`` (as ``create``) that begins after the latest
+    second the table it replaces saw, and has seen that second. The new file takes the
+    old one's place at once (a rename): a process killed meanwhile leaves the old."""
+    began = clock()
+    mark = _mark(path, terms)
+    header = bytearray(_header(slots, began, terms))
+    if mark is not None:
+        start = max(math.ceil(began), mark + 1)
+        _SECOND.pack_into(header, _BEGAN_AT, start)
+        _SECOND.pack_into(header, _SEEN_AT, max(math.ceil(began), mark))
+    fresh = path.with_name(f"{path.name}.{os.getpid()}.new")
+    fresh.unlink(missing_ok=True)  # one a process of this pid left
+    try:
+        # Only this user reads it (its secret aims clients' proofs at buckets).
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+        with os.fdopen(os.open(fresh, flags, 0o600), "wb") as out:
+            out.truncate(table_bytes(slots))
+            out.write(header)
+        fresh.replace(path)
+    except OSError as exc:
+        fresh.unlink(missing_ok=True)
+        raise ConfigError(
+            f"cannot write the table of spent proofs {path}: {exc.strerror or exc} (it "
+            "lives in the temporary directory, TMPDIR or /tmp, which must be writable)"
+        ) from None
+
+
+def _mark(path: Path, terms: Terms) -> int | None:
+    """The latest second the table in ``path`` saw, later by the skew its entries were
+    dated under beyond ``terms``' (a proof it honored is dated by that larger skew
+    there); None when there is no file. A file that cannot be read as a table is
+    logged and leaves the clock to begin the new table, as on a new machine."""
+    try:
+        with path.open("rb") as old:
+            head = old.read(_HEADER.size)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        head, why = b"", exc.strerror or str(exc)
+    else:
+        why = "not a table of spent proofs"
+    if len(head) < _HEADER.size or head[: len(MAGIC)] != MAGIC:
+        _unreadable(path, why)
+        return None
+    _magic, _buckets, _secret, began, seen, skew = _HEADER.unpack(head)
+    return int(max(began - 1, seen) + max(0, skew - terms.skew))
+
+
+def _unreadable(path: Path, why: str) -> None:
+    log.error(
+        "proof record: the previous table of spent proofs cannot be read (%s); the new "
+        "one begins at this clock, as on a new machine",
+        why,
+        extra={"store": "local", "error": "record_mark_unreadable", "path": str(path)},
+    )
 
 
 class LocalRecord:
@@ -153,6 +233,25 @@ class LocalRecord:
         return cls(table, fd, clock, terms=terms)
 
     @classmethod
+    def alone(
+        cls,
+        path: Path,
+        slots: int,
+        clock: Callable[[], float] = time.time,
+        *,
+        terms: Terms = NO_TERMS,
+    ) -> LocalRecord:
+        """A table for this process alone (no lock: one event loop uses it), begun in
+        ``path`` (``begin``) so that its time outlives the process."""
+        begin(path, slots, clock, terms=terms)
+        fd = os.open(path, os.O_RDWR)
+        try:
+            table = mmap.mmap(fd, 0, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        finally:
+            os.close(fd)  # the mapping stays
+        return cls(table, None, clock, terms=terms)
+
+    @classmethod
     def anonymous(
         cls,
         slots: int,
@@ -183,6 +282,14 @@ class LocalRecord:
             if not kept.covers(self._terms):
                 return self._raise(kept, read)
             ticket = kept.widened(ticket, self._terms)
+            # The clock first: a table begun after a mark its clock reads before (a
+            # process restarted with its clock behind) answers why.
+            now = int(read)
+            (seen,) = _SECOND.unpack_from(self._table, _SEEN_AT)
+            if now < seen - self._allowance:
+                return self._behind(now, seen)
+            if now > seen:
+                _SECOND.pack_into(self._table, _SEEN_AT, now)
             if not ticket.fresh(self.began):
                 # The record working as it should after a restart: logged, not an error.
                 log.warning(
@@ -191,12 +298,6 @@ class LocalRecord:
                     extra={"store": "local", "error": "record_began_after_mint"},
                 )
                 return Verdict.PREDATES
-            now = int(read)
-            (seen,) = _SECOND.unpack_from(self._table, _SEEN_AT)
-            if now < seen - self._allowance:
-                return self._behind(now, seen)
-            if now > seen:
-                _SECOND.pack_into(self._table, _SEEN_AT, now)
             bucket = self._table[start : start + _BUCKET_BYTES]
             free = None
             for slot, (key, until) in enumerate(_SLOT.iter_unpack(bucket)):

@@ -41,7 +41,7 @@ from ext_proc.core.config import Config, ConfigError
 from ext_proc.core.replay import Record
 from ext_proc.edge import allocator, logs, tracing
 from ext_proc.edge.metrics import Endpoint, Metrics, serve_metrics
-from ext_proc.edge.record import LocalRecord
+from ext_proc.edge.record import LocalRecord, table_path
 from ext_proc.edge.redis_record import PROBE_SECONDS, RecordState, RedisRecord
 from ext_proc.edge.service import ExternalProcessor
 from ext_proc.version import version
@@ -137,7 +137,7 @@ def open_record(config: Config, metrics: Metrics, shared: Path | None = None) ->
         )
     if shared is not None:
         return LocalRecord.open(shared, terms=proof.terms)
-    return LocalRecord.anonymous(proof.record_slots, terms=proof.terms)
+    return LocalRecord.alone(table_path(config.listen), proof.record_slots, terms=proof.terms)
 
 
 async def listen(

@@ -138,12 +138,16 @@ class Supervisor:
                 return 2
             self.directory = _metrics_folder(cleanup)
             if not self.config.proof.record:
-                self.record_file = Path(self.directory) / "spent-proofs"
-                record.create(
-                    self.record_file,
-                    self.config.proof.record_slots,
-                    terms=self.config.proof.terms,
-                )
+                self.record_file = record.table_path(self.config.listen)
+                try:
+                    record.begin(
+                        self.record_file,
+                        self.config.proof.record_slots,
+                        terms=self.config.proof.terms,
+                    )
+                except ConfigError as exc:
+                    log.error(str(exc))  # noqa: TRY400 - one line naming the file, no traceback
+                    return 2
             if self.config.metrics_address is not None:
                 registry = metrics.aggregate(self.directory)
                 try:
