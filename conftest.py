@@ -1,10 +1,10 @@
 """Test tiers are opt-in: every test carries exactly one tier marker (the markers
 pyproject.toml registers are the tiers), and a test that carries none fails collection
 instead of running in some tier by default. The tier directories' conftests mark their
-tests (tests/e2e: e2e, tests/hostile: hostile, tests/conformance: vllm, tests/pd: pd,
-tests/sglang: sglang), a test may name its tier itself (bench/test_smoke.py: bench), and
-every other test under tests/ (the layers' mirrors, at any depth) or in bench/ that
-names none is ``unit``: `make unit` runs ``-m unit``."""
+tests (tests/e2e: e2e, tests/hostile: hostile, tests/faults: faults, tests/conformance:
+vllm, tests/pd: pd, tests/sglang: sglang), a test may name its tier itself
+(bench/test_smoke.py: bench), and every other test under tests/ (the layers' mirrors,
+at any depth) or in bench/ that names none is ``unit``: `make unit` runs ``-m unit``."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parent
 UNIT = "unit"
 # Directories whose tests have a tier of their own (their conftest marks it).
 TIER_DIRECTORIES = tuple(
-    ROOT / "tests" / name for name in ("e2e", "hostile", "conformance", "pd", "sglang")
+    ROOT / "tests" / name for name in ("e2e", "hostile", "faults", "conformance", "pd", "sglang")
 )
 
 

@@ -98,14 +98,34 @@ def stand_in_args(listen: HostPort) -> list[str]:
     return [sys.executable, "-m", "devstack", "upstream", "--listen", str(listen)]
 
 
-def envoy_args(config: Path, base_id: int) -> list[str]:
+# A hot-restarted Envoy's parent drains its listeners this long, then exits: longer
+# than a request takes through the stand-in, short enough for a test or a terminal.
+HOT_RESTART_DRAIN_SECONDS: Final = 5
+HOT_RESTART_PARENT_SECONDS: Final = 10
+
+
+def envoy_args(config: Path, base_id: int, restart_epoch: int | None = None) -> list[str]:
+    """Envoy on ``config``; hot restart off unless ``restart_epoch`` is given (0 for the
+    first process, one more for each that takes over the listeners of the one before,
+    with the same ``base_id``)."""
+    if restart_epoch is None:
+        restart = ["--disable-hot-restart"]
+    else:
+        restart = [
+            "--restart-epoch",
+            str(restart_epoch),
+            "--drain-time-s",
+            str(HOT_RESTART_DRAIN_SECONDS),
+            "--parent-shutdown-time-s",
+            str(HOT_RESTART_PARENT_SECONDS),
+        ]
     return [
         envoy_binary(),
         "-c",
         str(config),
         "--base-id",
         str(base_id),
-        "--disable-hot-restart",
+        *restart,
         "--file-flush-interval-msec",
         "200",
         "-l",

@@ -54,6 +54,9 @@ class Recorded:
 @dataclass
 class Recorder:
     requests: list[Recorded] = field(default_factory=list)
+    # Requests whose connection ended before their body did (never recorded, never
+    # answered): what a gateway that stops mid-request leaves an upstream with.
+    incomplete: int = 0
 
 
 def _reply_text(record: Recorded) -> str:
@@ -173,8 +176,9 @@ def _respond(recorder: Recorder, record: Recorded) -> tuple[int, Any]:
     if record.target.split("?", 1)[0] == ADMIN_PATH:
         if record.method == "DELETE":
             recorder.requests.clear()
+            recorder.incomplete = 0
         if record.target.endswith("?count"):  # without the bodies: cheap for many
-            return 200, {"count": len(recorder.requests)}
+            return 200, {"count": len(recorder.requests), "incomplete": recorder.incomplete}
         return 200, [r.to_json() for r in recorder.requests]
     recorder.requests.append(record)
     shown = record.body[:2000].decode("utf-8", "replace")
@@ -222,6 +226,20 @@ def _first_copy(recorder: Recorder, record: Recorded) -> tuple[int | None, list[
 async def _serve_http1(
     recorder: Recorder, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, raw: bytes
 ) -> None:
+    started = [False]  # a request whose end has not arrived yet
+    try:
+        await _serve_http1_requests(recorder, reader, writer, raw, started)
+    finally:
+        recorder.incomplete += started[0]
+
+
+async def _serve_http1_requests(
+    recorder: Recorder,
+    reader: asyncio.StreamReader,
+    writer: asyncio.StreamWriter,
+    raw: bytes,
+    started: list[bool],
+) -> None:
     conn = h11.Connection(h11.SERVER)
     conn.receive_data(raw)
     pending = bytearray(raw)
@@ -235,9 +253,11 @@ async def _serve_http1(
             conn.receive_data(data)
         elif isinstance(event, h11.Request):
             request, body = event, bytearray()
+            started[0] = True
         elif isinstance(event, h11.Data):
             body += event.data
         elif isinstance(event, h11.EndOfMessage) and request is not None:
+            started[0] = False
             record = Recorded(
                 method=request.method.decode("latin-1"),
                 target=request.target.decode("latin-1"),
@@ -268,13 +288,26 @@ async def _serve_http2(
 ) -> None:
     """HTTP/2 with prior knowledge. ``raw`` of a request is its DATA payload as framed:
     the concatenated DATA frame contents, to compare with the declared content-length."""
+    streams: dict[int, tuple[list[tuple[str, str]], bytearray]] = {}
+    try:
+        await _serve_http2_streams(recorder, reader, writer, raw, streams)
+    finally:
+        recorder.incomplete += len(streams)
+
+
+async def _serve_http2_streams(
+    recorder: Recorder,
+    reader: asyncio.StreamReader,
+    writer: asyncio.StreamWriter,
+    raw: bytes,
+    streams: dict[int, tuple[list[tuple[str, str]], bytearray]],
+) -> None:
     import h2.config  # noqa: PLC0415 - only this path needs h2
     import h2.connection  # noqa: PLC0415
     import h2.events  # noqa: PLC0415
 
     conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=False))
     conn.initiate_connection()
-    streams: dict[int, tuple[list[tuple[str, str]], bytearray]] = {}
     data = raw
     while data:
         for event in conn.receive_data(data):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
@@ -15,6 +16,7 @@ from devstack.upstream import (
     Recorded,
     Recorder,
     _first_copy,
+    _handle,
     _respond,
     openai_response,
 )
@@ -158,8 +160,43 @@ def test_the_admin_path_counts_recorded_requests_without_their_bodies():
     for _ in range(3):
         _respond(recorder, Recorded("POST", "/v1/chat/completions", [], b"{}", b"{}"))
     admin = Recorded("GET", ADMIN_PATH + "?count", [], b"", b"")
-    assert _respond(recorder, admin) == (200, {"count": 3})
+    assert _respond(recorder, admin) == (200, {"count": 3, "incomplete": 0})
     assert len(_respond(recorder, Recorded("GET", ADMIN_PATH, [], b"", b""))[1]) == 3
+
+
+async def _cut_short(recorder: Recorder, sent: bytes) -> None:
+    """``sent`` to the stand-in over a real socket, the connection closed after it."""
+    server = await asyncio.start_server(lambda r, w: _handle(recorder, r, w), "127.0.0.1", 0)
+    async with server:
+        port = server.sockets[0].getsockname()[1]
+        _reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(sent)
+        await writer.drain()
+        writer.close()
+        await writer.wait_closed()
+        for _ in range(100):  # until the stand-in has seen the connection end
+            if recorder.incomplete or recorder.requests:
+                break
+            await asyncio.sleep(0.01)
+
+
+HEAD = b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-length: 10\r\n\r\n"
+
+
+def test_a_request_whose_connection_ends_before_its_body_is_counted_not_recorded():
+    recorder = Recorder()
+    asyncio.run(_cut_short(recorder, HEAD + b"{}"))
+    assert (recorder.incomplete, recorder.requests) == (1, [])
+    admin = Recorded("GET", ADMIN_PATH + "?count", [], b"", b"")
+    assert _respond(recorder, admin) == (200, {"count": 0, "incomplete": 1})
+    _respond(recorder, Recorded("DELETE", ADMIN_PATH, [], b"", b""))
+    assert recorder.incomplete == 0
+
+
+def test_a_whole_request_is_recorded_not_counted_incomplete():
+    recorder = Recorder()
+    asyncio.run(_cut_short(recorder, HEAD + b'{"a": 1}  '))
+    assert (recorder.incomplete, len(recorder.requests)) == (0, 1)
 
 
 def test_a_request_asking_to_fail_once_fails_its_first_copy_only():

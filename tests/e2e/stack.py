@@ -251,6 +251,10 @@ class Stack:
     others: dict[str, HostPort] = field(default_factory=dict)
     # Changes the rendered Envoy config before it is written (after the routes are in).
     edit: Callable[[dict[str, Any]], None] | None = None
+    # The processor's environment on top of this one's (LD_PRELOAD, FAKETIME, ...).
+    processor_env: dict[str, str] = field(default_factory=dict)
+    # Envoy's hot restart epoch (processes.envoy_args); None: hot restart off.
+    envoy_epoch: int | None = None
 
     @property
     def url(self) -> str:
@@ -298,8 +302,14 @@ class Stack:
         config["static_resources"]["clusters"].append(_h2_cluster(self.upstream))
         if self.edit is not None:
             self.edit(config)
-        path = envoy_config.write(config, self.workdir / "envoy.yaml")
-        envoy = processes.start(processes.envoy_args(path, self.admin.port), self._log("envoy"))
+        envoy_config.write(config, self.workdir / "envoy.yaml")
+        self.start_envoy()
+
+    def start_envoy(self) -> None:
+        """Envoy on the config ``start`` wrote, at ``envoy_epoch``, once it is ready."""
+        path = self.workdir / "envoy.yaml"
+        args = processes.envoy_args(path, self.admin.port, self.envoy_epoch)
+        envoy = processes.start(args, self._log("envoy"))
         self.children["envoy"] = envoy
         processes.wait_for_envoy(self.admin.port, envoy)
 
@@ -325,7 +335,8 @@ class Stack:
         path = self.workdir / "processor.yaml"
         path.write_text(yaml.safe_dump(config))
         args += ["--config", str(path), "--workers", str(self.workers)]
-        proc = processes.start(args, self._log("processor"))
+        env = {**os.environ, **self.processor_env} if self.processor_env else None
+        proc = processes.start(args, self._log("processor"), env=env)
         self.children["processor"] = proc
         if self.processor_socket is not None:
             processes.wait_for_port(self.metrics.port, proc)  # opened once serving
@@ -382,6 +393,11 @@ class Stack:
     def received_count(self) -> int:
         """How many requests reached the stub, without fetching their bodies."""
         return int(self._stub("GET", "?count")["count"])
+
+    def incomplete_count(self) -> int:
+        """How many requests reached the stub whose connection ended before their body
+        did (never recorded)."""
+        return int(self._stub("GET", "?count")["incomplete"])
 
     def received(self) -> list[Received]:
         return [
