@@ -197,6 +197,10 @@ class LocalRecord:
             raise ValueError("not a table of spent proofs")
         self._table = table
         self._fd = fd
+        # The file of a table this process alone maps: cut to its header at close (its
+        # time is all the next process reads). Cut by this descriptor, never by name:
+        # a processor started meanwhile may have put its own table there.
+        self._own: int | None = None
         self._buckets = buckets
         self._secret = secret
         self._clock = clock
@@ -247,9 +251,12 @@ class LocalRecord:
         fd = os.open(path, os.O_RDWR)
         try:
             table = mmap.mmap(fd, 0, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
-        finally:
-            os.close(fd)  # the mapping stays
-        return cls(table, None, clock, terms=terms)
+        except BaseException:
+            os.close(fd)
+            raise
+        alone = cls(table, None, clock, terms=terms)
+        alone._own = fd
+        return alone
 
     @classmethod
     def anonymous(
@@ -355,6 +362,10 @@ class LocalRecord:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
+        if self._own is not None:
+            os.ftruncate(self._own, _HEADER.size)
+            os.close(self._own)
+            self._own = None
 
 
 def _fields(terms: Terms) -> dict[str, int]:

@@ -1,5 +1,6 @@
 """The record of spent proofs for one processor (ext_proc/edge/record.py)."""
 
+import asyncio
 import multiprocessing
 import os
 import tempfile
@@ -390,3 +391,21 @@ def test_each_listen_address_has_its_table_in_the_temporary_directory(monkeypatc
     assert record.table_path("0.0.0.0:9002") == tmp_path / "ext-proc-spent-proofs-0.0.0.0-9002"
     assert record.table_path("unix:/run/x.sock").parent == tmp_path
     assert record.table_path("[::]:9002") != record.table_path("[::]:9003")
+
+
+def test_a_table_of_one_process_keeps_only_its_header_once_closed(tmp_path):
+    """Its slots are no use to the next process; its time is."""
+    path = tmp_path / "spent"
+    table = LocalRecord.alone(path, 4096, lambda: NOW + 100, terms=TERMS)
+    assert table.spend_now(ticket(1, int(NOW) + 200, int(NOW) + 100)) is Verdict.FIRST
+    asyncio.run(table.close())
+    assert os.path.getsize(path) == replay.TABLE_HEADER.size
+    assert restart(path, NOW).spend_now(ticket(2, int(NOW) + 60)) is Verdict.CLOCK_BEHIND
+
+
+def test_closing_never_cuts_a_table_another_process_put_in_its_place(tmp_path):
+    path = tmp_path / "spent"
+    table = LocalRecord.alone(path, 4096, lambda: NOW, terms=TERMS)
+    restart(path, NOW + 1)  # the next processor, started before this one closed
+    asyncio.run(table.close())
+    assert os.path.getsize(path) == replay.table_bytes(BUCKET_SLOTS)
