@@ -5,10 +5,21 @@ metrics endpoint → log "serving" → with a Redis record, its checks every
 ``PROBE_SECONDS``. ``serve``: wait for the first SIGTERM/SIGINT.
 ``drain``: health NOT_SERVING at once, then the drain window (``drain_seconds``: Envoy's
 health checks see NOT_SERVING and stop sending new streams, which are still served
-meanwhile). ``stop``: stop accepting and let in-flight streams finish within
-``shutdown_grace_seconds`` → exit 0. A second signal at any point cancels what is left
-and exits 1. An address that cannot be bound ends start-up with one error line and
-exit status 2. Signal handlers only set flags; the phases do the work.
+meanwhile). ``settle``: still accepting and serving every stream, until no stream is
+open and none has begun for ``QUIET_SECONDS`` (Envoy has moved away) or
+``shutdown_grace_seconds`` have passed. ``stop``: stop accepting; what is still open
+then is ended → exit 0. A second signal at any point cancels what is left and exits 1.
+An address that cannot be bound ends start-up with one error line and exit status 2.
+Signal handlers only set flags; the phases do the work.
+
+Why accepting lasts until idle: gRPC's server shutdown (the first thing
+``grpc.aio.Server.stop`` does, whatever its grace) stops listening, sends GOAWAY and
+cancels every call it has received but not yet handed to the servicer; the grace covers
+only calls already handed over. grpc.aio asks for one call at a time between the event
+loop's other work, so under load the calls of the last milliseconds are still waiting
+in gRPC's queue, and streams Envoy sent before it read the GOAWAY are refused: each is a
+failed request (Envoy's 500) that no grace would save. Stopping only once Envoy has
+stopped opening streams leaves nothing waiting to be cancelled.
 
 Readiness is the gRPC health service: ``""`` and the ExternalProcessor's name say
 whether this process serves (every route: one that needs no record of spent proofs is
@@ -50,6 +61,11 @@ log = logging.getLogger("ext_proc.server")
 GC_THRESHOLD = 20_000  # CPython's default is 700
 # How often the in-flight gauges are read: a request costs no gauge update.
 SAMPLE_SECONDS = 1.0
+# Draining, a server that saw no stream open or begin for this long is no longer sent
+# any: a gateway still sending here opens streams milliseconds apart under load.
+QUIET_SECONDS = 0.5
+# How often a settling server looks at its streams.
+SETTLE_POLL_SECONDS = 0.05
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["ExternalProcessor"].full_name
 # The health service name whose status is the record of spent proofs' (not the pod's).
 RECORD_SERVICE = "ext_proc.ProofRecord"
@@ -217,6 +233,21 @@ async def build(config: Config, *, reuse_port: bool = False) -> Running:
     return running
 
 
+async def until_idle(processor: ExternalProcessor, grace: float) -> bool:
+    """True once no stream has been open or begun for ``QUIET_SECONDS``; False when
+    ``grace`` seconds pass first."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + grace
+    begun, quiet_since = -1, loop.time()
+    while (now := loop.time()) < deadline:
+        if processor.open_streams or processor.streams_begun != begun:
+            begun, quiet_since = processor.streams_begun, now
+        elif now - quiet_since >= QUIET_SECONDS:
+            return True
+        await asyncio.sleep(min(SETTLE_POLL_SECONDS, deadline - now))
+    return False
+
+
 def loop_factory(config: Config) -> Callable[[], asyncio.AbstractEventLoop]:
     if config.event_loop == "uvloop":
         import uvloop  # noqa: PLC0415 - only when chosen
@@ -262,7 +293,7 @@ class Server:
                 log.error(str(exc))  # noqa: TRY400 - one line naming the setting, no traceback
                 return 2  # as for any other invalid configuration
             await self.serve()
-            if not await self.drain() or not await self.stop():
+            if not await self.drain() or not await self.settle() or not await self.stop():
                 log.warning("forced stop")  # _close cancels the streams left
                 return 1
             log.info("stopped")
@@ -341,11 +372,31 @@ class Server:
         finally:
             window.cancel()
 
+    async def settle(self) -> bool:
+        """Serve on, accepting, until idle or the grace is over; False if forced."""
+        assert self.running is not None, "started"
+        idle = asyncio.ensure_future(
+            until_idle(self.running.processor, self.config.shutdown_grace_seconds)
+        )
+        try:
+            if await self._forced_before(idle):
+                return False
+        finally:
+            idle.cancel()
+        if not idle.result() and self.running.processor.open_streams:
+            log.warning(
+                "grace period over; ending open streams",
+                extra={"open_streams": self.running.processor.open_streams},
+            )
+        return True
+
     async def stop(self) -> bool:
-        """Stop accepting; in-flight streams get the grace period. False if forced."""
+        """Stop accepting; what is still open is ended. False if forced."""
+        # Idle: nothing is open. Otherwise the grace is over. A stream begun this instant
+        # is ended either way: the gateway is still sending here, and nothing stays.
         # Not cancelled when forced: the forced stop in _close runs alongside and ends it.
-        graceful = asyncio.ensure_future(self._server.stop(self.config.shutdown_grace_seconds))
-        return not await self._forced_before(graceful)
+        ended = asyncio.ensure_future(self._server.stop(0))
+        return not await self._forced_before(ended)
 
     async def _forced_before(self, phase: asyncio.Future[Any]) -> bool:
         """Wait for ``phase`` unless a second signal comes first; True when it did."""

@@ -89,6 +89,8 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc
             )
         self.budget = budget if budget is not None else Budget(limit)
         self.open_streams = 0  # sampled into the metrics (see sample_metrics)
+        # Every stream ever begun: a draining server tells Envoy still sending from idle.
+        self.streams_begun = 0
         # Envoy cancels a stream whenever a client goes away: counted without a lookup.
         self._cancelled = self.metrics.stream_errors.labels("cancelled")
         self._trust = Trust(
@@ -134,6 +136,7 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc
         stream = Stream(self._config, self.budget, self._trust)
         metrics = self.metrics
         self.open_streams += 1
+        self.streams_begun += 1
         usage = _Usage()
         if self.spans is not None:
             usage.call = tracing.call_context(context.invocation_metadata())

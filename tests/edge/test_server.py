@@ -10,16 +10,17 @@ import signal
 import socket
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from ext_proc._pb import external_processor_pb2 as pb
 from ext_proc._pb import external_processor_pb2_grpc as pb_grpc
 from ext_proc.core.config import Config
 from ext_proc.edge.redis_record import RecordState, RedisRecord
-from ext_proc.edge.server import RECORD_SERVICE, Server, listen
+from ext_proc.edge.server import QUIET_SECONDS, RECORD_SERVICE, Server, listen
 from ext_proc.version import version
 from tests.messages import headers_request, route_attributes
 
@@ -130,6 +131,74 @@ def test_a_second_signal_forces_the_stop_with_1(caplog):
     assert run(scenario()) == 1
     messages = [r.getMessage() for r in caplog.records if r.name == "ext_proc.server"]
     assert messages == ["serving", "draining", "forced stop"]
+
+
+async def stream_status(port: int) -> grpc.StatusCode:
+    """A complete header-only request on a new stream; its final status, an error's too."""
+    try:
+        return await one_stream(port)
+    except grpc.aio.AioRpcError as exc:
+        return exc.code()
+
+
+def test_a_draining_server_accepts_new_streams_until_they_stop_coming(caplog):
+    """No drain window: the streams begun after the signal are served, one after the
+    other for twice the quiet time, and the server stops only once they stopped."""
+    caplog.set_level("INFO", "ext_proc.server")
+
+    async def scenario() -> tuple[int, list[grpc.StatusCode]]:
+        server = Server(config(drain_seconds=0, shutdown_grace_seconds=60))
+        main = asyncio.ensure_future(server.main())
+        port = await started(server)
+        os.kill(os.getpid(), signal.SIGTERM)
+        await until(port, NOT_SERVING)
+        loop = asyncio.get_running_loop()
+        end = loop.time() + 2 * QUIET_SECONDS
+        codes = []
+        while loop.time() < end:
+            codes.append(await stream_status(port))
+        assert not main.done()
+        return await main, codes
+
+    status, codes = run(scenario())
+    assert status == 0
+    assert len(codes) > 1
+    assert set(codes) == {grpc.StatusCode.OK}
+    messages = [r.getMessage() for r in caplog.records if r.name == "ext_proc.server"]
+    assert messages == ["serving", "draining", "stopped"]
+
+
+def test_a_stream_still_open_when_the_grace_is_over_is_ended(caplog):
+    caplog.set_level("INFO", "ext_proc.server")
+
+    async def scenario() -> tuple[int, grpc.StatusCode]:
+        server = Server(config(drain_seconds=0, shutdown_grace_seconds=0.5))
+        main = asyncio.ensure_future(server.main())
+        port = await started(server)
+        never = asyncio.Event()
+
+        async def requests() -> AsyncIterator[pb.ProcessingRequest]:
+            yield headers_request(route_attributes({"action": "strip"}))  # a body to come
+            await never.wait()
+
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            call = pb_grpc.ExternalProcessorStub(channel).Process(requests())
+            assert server.running is not None
+            while server.running.processor.open_streams == 0:
+                await asyncio.sleep(0.01)
+            os.kill(os.getpid(), signal.SIGTERM)
+            status = await main
+            with contextlib.suppress(grpc.aio.AioRpcError):
+                assert [r.WhichOneof("response") async for r in call] == ["request_headers"]
+            return status, await call.code()
+
+    status, code = run(scenario())
+    assert status == 0
+    assert code == grpc.StatusCode.UNAVAILABLE  # gRPC's "Cancelling all calls"
+    messages = [r.getMessage() for r in caplog.records if r.name == "ext_proc.server"]
+    assert messages == ["serving", "draining", "grace period over; ending open streams", "stopped"]
+    (over,) = [r for r in caplog.records if r.getMessage().startswith("grace period over")]
+    assert over.open_streams == 1
 
 
 def serve(*args: str, environ: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
