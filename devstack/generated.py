@@ -32,6 +32,7 @@ from devstack import (
     helm,
     ingress,
     llmd,
+    memory_limit,
     module_map,
     monitoring,
     release,
@@ -137,6 +138,13 @@ GENERATORS: Final = (
         "deploy/kubernetes/monitoring/prometheusrule.yaml from deploy/monitoring/rules.yaml",
         lambda: (monitoring.PROMETHEUS_RULE,),
         lambda: {monitoring.PROMETHEUS_RULE: monitoring.render()},
+    ),
+    # Before helm: deploy/kubernetes/deployment.yaml renders the limit it writes.
+    Generator(
+        "memory-limit",
+        "the Helm chart's memory limit (values.yaml resources) from the memory model",
+        lambda: (memory_limit.VALUES,),
+        memory_limit.files,
     ),
     Generator(
         "helm",

@@ -29,16 +29,19 @@ in-flight budget must hold at least one (``config.Config``). Bytes that have not
 are never charged: a streamed body is charged ``held`` per byte as its chunks arrive,
 then its full cost once whole.
 
-A processor's resident memory is then at most ``resident_bound``: its baseline (about
-60 MiB), WARM_UP, the in-flight budget, the body in the servicer's hands before it is
-admitted or refused (``held`` of the largest body: its copies and the scan's), and the
+A processor's resident memory is then at most ``resident_bound``: its baseline
+(``BASELINE``), WARM_UP, the in-flight budget, the body in the servicer's hands before it
+is admitted or refused (``held`` of the largest body: its copies and the scan's), and the
 messages gRPC has received that the servicer has not taken yet: at most one per open
-stream, about 1.25 times its size each. The servicer takes them as fast as its event
-loop turns and drops a refused body at once, so that queue is what Envoy sends at the
-same moment, itself bounded by what Envoy may buffer (its overload manager's heap
-limit). With the defaults (16 MiB bodies, 262,144 values, a 256 MiB budget) the fixed
-terms come to about 540 MiB; a 1 GiB pod limit leaves room for 24 largest bodies
-arriving at once. The CPU one body takes is bounded by the same limits (reading.py, writing.py).
+stream, 1.25 times its size each (``QUEUED_FACTOR_QUARTERS``). The servicer takes them
+as fast as its event loop turns and drops a refused body at once, but it cannot refuse a
+body before gRPC has received it whole, so that term is not in the budget: it is what
+Envoy sends at the same moment. The factor is therefore stated, not budgeted: with
+the defaults (16 MiB bodies, 262,144 values, a 256 MiB budget) ``BASELINE + WARM_UP +
+budget + 4 max_body`` comes to 576 MiB, plus 20 MiB per largest body received at once.
+A pod's memory limit (``pod_limit``, written into the Helm chart by ``make generate``)
+is that bound with ``QUEUED`` such bodies. The CPU one body takes is bounded by the same
+limits (reading.py, writing.py).
 """
 
 from __future__ import annotations
@@ -58,6 +61,17 @@ SLOW_PARSE_MAX_VALUES: Final = 65_536
 WARM_UP: Final = 160 * MiB
 # The default limit on JSON values per body (config max_json_values).
 MAX_JSON_VALUES: Final = 262_144
+# What a processor holds before its first body: the interpreter, gRPC, the metrics,
+# the codec's memo of route attributes and the record of spent proofs at its default
+# size (tests/faults/test_overload.py measures it).
+BASELINE: Final = 96 * MiB
+# A message gRPC has received and the servicer not yet taken: its bytes in gRPC's
+# buffers and their slack, 1.25 times its size (5 quarters).
+QUEUED_FACTOR_QUARTERS: Final = 5
+# The largest bodies received by gRPC at the same moment a pod's memory limit leaves
+# room for (``pod_limit``); more at once can exceed it.
+QUEUED: Final = 24
+LIMIT_STEP: Final = 64 * MiB
 COPIES: Final = 4
 PARSE_PER_BYTE: Final = 8
 # json.loads (bodies up to SLOW_PARSE_MAX_BYTES) and json.dumps build whole
@@ -99,4 +113,13 @@ def largest(max_size: int, max_values: int) -> int:
 def resident_bound(baseline: int, budget: int, max_size: int, queued: int) -> int:
     """The most a processor holds with ``queued`` bodies of ``max_size`` bytes received
     by gRPC and not yet taken by the servicer (see the module docstring)."""
-    return baseline + WARM_UP + budget + held(max_size) + queued * max_size * 5 // 4
+    received = queued * max_size * QUEUED_FACTOR_QUARTERS // 4
+    return baseline + WARM_UP + budget + held(max_size) + received
+
+
+def pod_limit(budget: int, max_size: int, workers: int = 1) -> int:
+    """The memory limit of a pod running ``workers`` processes with these limits (each
+    worker has its own budget): ``resident_bound`` with ``BASELINE`` and ``QUEUED``,
+    rounded up to ``LIMIT_STEP``."""
+    bound = workers * resident_bound(BASELINE, budget, max_size, QUEUED)
+    return -(-bound // LIMIT_STEP) * LIMIT_STEP

@@ -84,3 +84,23 @@ def test_parsing_and_rewriting_stay_within_the_model(name):
     assert bool(slow) is name.endswith("_slow_parser")
     print(f"{name}: {size} bytes, peak {peak / size:.1f}x, model {charged / size:.1f}x")
     assert peak <= charged, (peak, charged)
+
+
+def test_the_resident_bound_states_every_term():
+    size, budget = 16 * MiB, 256 * MiB
+    fixed = memory.BASELINE + memory.WARM_UP + budget + memory.COPIES * size
+    assert memory.resident_bound(memory.BASELINE, budget, size, 0) == fixed
+    # Each body gRPC holds received and not yet taken adds 1.25 times its size.
+    assert memory.resident_bound(memory.BASELINE, budget, size, 8) == fixed + 10 * size
+
+
+def test_a_pods_limit_is_the_bound_with_queued_bodies_rounded_up():
+    size, budget = 16 * MiB, 256 * MiB
+    limit = memory.pod_limit(budget, size)
+    bound = memory.resident_bound(memory.BASELINE, budget, size, memory.QUEUED)
+    assert bound <= limit < bound + memory.LIMIT_STEP
+    assert limit % memory.LIMIT_STEP == 0
+    # Each worker has its own budget.
+    assert memory.pod_limit(budget, size, workers=2) >= 2 * bound
+    # A larger budget raises the limit by as much.
+    assert memory.pod_limit(budget + memory.LIMIT_STEP, size) == limit + memory.LIMIT_STEP

@@ -301,11 +301,16 @@ def test_memory_limit_holds_the_memory_model():
     config = processor_config()
     (container,) = one("Deployment")["spec"]["template"]["spec"]["containers"]
     limit = container["resources"]["limits"]["memory"]
-    assert limit.endswith("Gi")
-    # Baseline, warm-up, budget, the body being admitted and 16 of the largest bodies
-    # received by gRPC at once (ext_proc/core/memory.py), per worker.
-    bound = memory.resident_bound(60 << 20, config.inflight_budget_bytes, config.max_body_bytes, 16)
-    assert int(limit.removesuffix("Gi")) * 1024**3 >= bound * config.workers
+    assert limit.endswith("Mi")
+    # Baseline, warm-up, budget, the body being admitted and memory.QUEUED of the largest
+    # bodies received by gRPC at once (ext_proc/core/memory.py), per worker.
+    bound = memory.resident_bound(
+        memory.BASELINE, config.inflight_budget_bytes, config.max_body_bytes, memory.QUEUED
+    )
+    assert int(limit.removesuffix("Mi")) * memory.MiB >= bound * config.workers
+    assert int(limit.removesuffix("Mi")) * memory.MiB == memory.pod_limit(
+        config.inflight_budget_bytes, config.max_body_bytes, config.workers
+    )
 
 
 def test_selectors_agree():

@@ -8,12 +8,12 @@ answered (no 504 from Envoy's message timeout); their latency is printed, not ju
 
 from __future__ import annotations
 
-import re
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+import yaml
 
 from ext_proc.core import memory
 from ext_proc.core.config import Config
@@ -46,8 +46,11 @@ PROSE = padded(b'{"model":"tiny","messages":[{"role":"user","content":"Read this
 
 
 def kubernetes_limit() -> int:
-    (limit,) = re.findall(r"^\s+memory: (\d+)Gi\s*$", MANIFEST.read_text(), re.M)[-1:]
-    return int(limit) << 30
+    (deployment,) = [
+        d for d in yaml.safe_load_all(MANIFEST.read_text()) if d["kind"] == "Deployment"
+    ]
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    return int(container["resources"]["limits"]["memory"].removesuffix("Mi")) * MiB
 
 
 @pytest.fixture(scope="module")
