@@ -10,6 +10,8 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import AsyncIterator, Iterator
 
 import grpc
@@ -166,6 +168,43 @@ def test_a_draining_server_accepts_new_streams_until_they_stop_coming(caplog):
     assert set(codes) == {grpc.StatusCode.OK}
     messages = [r.getMessage() for r in caplog.records if r.name == "ext_proc.server"]
     assert messages == ["serving", "draining", "stopped"]
+
+
+def blocking_stream(port: int, codes: list[grpc.StatusCode]) -> None:
+    """One complete header-only stream on a channel of its own, from another thread."""
+    request = headers_request(route_attributes({"action": "strip"}), eos=True)
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        try:
+            list(pb_grpc.ExternalProcessorStub(channel).Process(iter([request]), timeout=20))
+        except grpc.RpcError as exc:
+            codes.append(exc.code())
+        else:
+            codes.append(grpc.StatusCode.OK)
+
+
+def test_streams_received_while_the_loop_was_busy_are_served_not_cancelled():
+    """gRPC holds the streams that arrive while the event loop is busy until grpc.aio
+    asks for them, one at a time; a server shutdown cancels those it still holds. The
+    signal comes while they wait: every one is served."""
+
+    async def scenario() -> tuple[int, list[grpc.StatusCode]]:
+        server = Server(config(drain_seconds=0, shutdown_grace_seconds=60))
+        main = asyncio.ensure_future(server.main())
+        port = await started(server)
+        codes: list[grpc.StatusCode] = []
+        clients = [threading.Thread(target=blocking_stream, args=(port, codes)) for _ in range(8)]
+        for client in clients:
+            client.start()
+        time.sleep(1)  # the loop busy: the streams arrive and wait in gRPC
+        os.kill(os.getpid(), signal.SIGTERM)
+        status = await main
+        for client in clients:
+            await asyncio.to_thread(client.join)
+        return status, codes
+
+    status, codes = run(scenario())
+    assert status == 0
+    assert codes == [grpc.StatusCode.OK] * 8
 
 
 def test_a_stream_still_open_when_the_grace_is_over_is_ended(caplog):
