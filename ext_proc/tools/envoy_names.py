@@ -20,3 +20,23 @@ PER_ROUTE_TYPE: Final = "envoy.extensions.filters.http.ext_proc.v3.ExtProcPerRou
 MINT_RESPONSE: Final[Mapping[str, str]] = MappingProxyType(
     {"response_header_mode": "SEND", "response_body_mode": "BUFFERED"}
 )
+
+# Envoy's response code details for a failure of the ext_proc filter itself (a gRPC
+# error, a stream that could not be opened, a message timeout), never for a decision of
+# the processor's, whose details start with ``token_policy_``.
+PROCESSOR_FAILED: Final = "ext_proc_error_"
+# Such a failure before the router chose an upstream host: nothing of the request left
+# the gateway, so a client may send it again (CEL on Envoy's attributes).
+RETRY_SAFE: Final = (
+    f"response.code_details.startsWith('{PROCESSOR_FAILED}') && !has(upstream.address)"
+)
+# The same failure after the router chose a host: the upstream may have the request.
+RETRY_UNSAFE: Final = (
+    f"response.code_details.startsWith('{PROCESSOR_FAILED}') && has(upstream.address)"
+)
+# The status and the retry-after (seconds) of a retry-safe processor failure.
+RETRY_STATUS: Final = 503
+RETRY_AFTER: Final = "1"
+# The retry-after header's value where no local reply mapper can set it (a route's or
+# virtual host's response_headers_to_add): empty, so not added, for any other answer.
+RETRY_AFTER_FORMAT: Final = f"%CEL({RETRY_SAFE} ? '{RETRY_AFTER}' : '')%"

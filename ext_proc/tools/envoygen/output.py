@@ -18,7 +18,14 @@ from ext_proc.core import tenants
 from ext_proc.core.address import HostPort
 from ext_proc.edge.attributes import READ_HEADERS, attribute_keys
 from ext_proc.tools import carrier_headers
-from ext_proc.tools.envoy_names import BUFFER_FILTER, MINT_RESPONSE
+from ext_proc.tools.envoy_names import (
+    BUFFER_FILTER,
+    MINT_RESPONSE,
+    RETRY_AFTER,
+    RETRY_SAFE,
+    RETRY_STATUS,
+    RETRY_UNSAFE,
+)
 from ext_proc.tools.envoygen import route_headers
 from ext_proc.tools.envoygen.inputs import (
     PROCESSOR_CLUSTER,
@@ -304,6 +311,9 @@ def ext_proc_filter(spec: GeneratorInput) -> ext_proc.ExternalProcessor:
         ),
         # Fail closed: processor down, slow or failing means a 5xx, nothing forwarded.
         failure_mode_allow=False,
+        # A processor that cannot be reached or fails: 503 (the local reply mappers add
+        # retry-after where nothing was forwarded); its own refusals keep their status.
+        status_on_error=envoy_type.HttpStatus(code=envoy_type.StatusCode(RETRY_STATUS)),
         message_timeout=_seconds(spec.message_timeout_seconds),
         processing_mode=processing_mode(spec, response=False),
         request_attributes=attributes,
@@ -579,7 +589,10 @@ def local_reply_config(
     """
     specific: tuple[tuple[int, str, str], ...] = (
         (413, "request body exceeds this route's buffer limit", "PayloadTooLargeError"),
-        (504, "the gateway timed out; the request was not processed", "GatewayTimeoutError"),
+        # Every 504 left comes after the router chose an upstream (the route's timeout,
+        # the idle timeout awaiting a response; the processor's message timeout is
+        # mapped above): the upstream may have run the request.
+        (504, "the gateway timed out; the upstream may have processed it", "GatewayTimeoutError"),
         (408, "the request was not received in time", "RequestTimeoutError"),
         # The token endpoints' direct responses (token_endpoint_routes), and a path no
         # route matches; an upstream's own 404 is no local reply and passes unchanged.
@@ -589,6 +602,7 @@ def local_reply_config(
         specific += ((429, "the tenant's rate limit is exceeded", "RateLimitError"),)
     # A header that chooses the route, stated twice (route_headers): RBAC's 403 as 400.
     mappers = route_header_mappers(selecting)
+    mappers += processor_failure_mappers()
     mappers += [
         hcm.ResponseMapper(
             filter=accesslog.AccessLogFilter(
@@ -605,6 +619,35 @@ def local_reply_config(
         )
     )
     return hcm.LocalReplyConfig(mappers=mappers)
+
+
+def processor_failure_mappers() -> list[hcm.ResponseMapper]:
+    """The ext_proc filter's own failures (``envoy_names.PROCESSOR_FAILED``): before the
+    router chose an upstream, 503 with retry-after (unreachable, failed or slower than
+    message_timeout, whose 504 becomes a 503 too: nothing was forwarded, a retry is
+    safe); after it, 500 without one (the upstream may have run the request)."""
+    retry = core.HeaderValueOption(
+        header=core.HeaderValue(key="retry-after", value=RETRY_AFTER),
+        append_action=core.HeaderValueOptionHeaderAppendAction.OVERWRITE_IF_EXISTS_OR_ADD,
+    )
+    return [
+        hcm.ResponseMapper(
+            filter=_cel(RETRY_SAFE),
+            status_code=RETRY_STATUS,
+            headers_to_add=[retry],
+            body_format_override=_error_body(
+                "the policy processor is unavailable; the request was not processed, retry it",
+                "ServiceUnavailableError",
+            ),
+        ),
+        hcm.ResponseMapper(
+            filter=_cel(RETRY_UNSAFE),
+            status_code=500,
+            body_format_override=_error_body(
+                "gateway error after the upstream was contacted", "GatewayError"
+            ),
+        ),
+    ]
 
 
 def _per_route(

@@ -17,6 +17,7 @@ from ext_proc.edge.attributes import READ_HEADERS, attribute_keys
 from ext_proc.edge.server import SERVICE_NAME
 from ext_proc.tools import carrier_headers, envoygen, refused_paths, token_endpoints
 from ext_proc.tools.check_envoy import check
+from ext_proc.tools.envoy_names import PROCESSOR_FAILED, RETRY_SAFE, RETRY_UNSAFE
 from ext_proc.tools.envoygen import route_headers
 from ext_proc.tools.router_headers import ROUTER_HEADERS
 from tests.filters import assert_fails_closed
@@ -138,10 +139,14 @@ def test_dns_processor_gets_strict_dns():
 
 def test_local_replies_keep_processor_denials():
     mappers = hcm_of(generate(example()))["local_reply_config"]["mappers"]
-    assert len(mappers) == 5
+    assert len(mappers) == 7
     for mapper in mappers:
         text = json.dumps(mapper["filter"])
-        assert "!response.code_details.startsWith('token_policy_')" in text
+        # Envoy's details for the filter's own failures never start as a denial's do.
+        assert (
+            "!response.code_details.startsWith('token_policy_')" in text
+            or f"response.code_details.startsWith('{PROCESSOR_FAILED}')" in text
+        )
         assert mapper["body_format_override"]["content_type"] == "application/json"
         assert set(mapper["body_format_override"]["json_format"]["error"]) == {
             "message",
@@ -151,13 +156,42 @@ def test_local_replies_keep_processor_denials():
         }
 
 
+def test_a_processor_failure_is_a_503_with_retry_after_before_the_upstream_only():
+    config = generate(example())
+    (processor,) = [f for f in filters_of(config) if f["name"] == envoygen.EXT_PROC_FILTER]
+    assert processor["typed_config"]["status_on_error"] == {"code": "ServiceUnavailable"}
+    mappers = hcm_of(config)["local_reply_config"]["mappers"]
+    by_filter = {
+        m["filter"]["extension_filter"]["typed_config"]["expression"]: m
+        for m in mappers
+        if "extension_filter" in m["filter"]
+    }
+    safe, unsafe = by_filter[RETRY_SAFE], by_filter[RETRY_UNSAFE]
+    assert safe["status_code"] == 503
+    assert safe["headers_to_add"] == [
+        {
+            "header": {"key": "retry-after", "value": "1"},
+            "append_action": "OVERWRITE_IF_EXISTS_OR_ADD",
+        }
+    ]
+    assert unsafe["status_code"] == 500
+    assert "headers_to_add" not in unsafe
+    # Before any mapper a 503 or 504 of Envoy's own would otherwise take.
+    assert mappers.index(safe) < mappers.index(unsafe) < len(mappers) - 5
+
+
 GENERIC_MESSAGES = {
     "PayloadTooLargeError": "request body exceeds this route's buffer limit",
-    "GatewayTimeoutError": "the gateway timed out; the request was not processed",
+    "GatewayTimeoutError": "the gateway timed out; the upstream may have processed it",
     "RequestTimeoutError": "the request was not received in time",
     "NotFoundError": "not found",
     "GatewayError": "gateway error",
+    "ServiceUnavailableError": (
+        "the policy processor is unavailable; the request was not processed, retry it"
+    ),
 }
+# The processor failing after the router chose an upstream: a GatewayError of its own.
+CONTACTED_MESSAGE = "gateway error after the upstream was contacted"
 # Where the configuration has a tenant rate limit, its 429.
 RATE_LIMITED_MESSAGE = {"RateLimitError": "the tenant's rate limit is exceeded"}
 
@@ -190,7 +224,7 @@ def test_local_replies_tell_the_client_fixed_text_only(path):
         error = mapper["body_format_override"]["json_format"]["error"]
         if error["type"] == "BadRequestError":
             assert error["message"] == selecting.pop(0)
-        else:
+        elif error["message"] != CONTACTED_MESSAGE:
             assert error["message"] == messages[error["type"]]
         assert error["code"] == "%RESPONSE_CODE%"
         assert "%" not in json.dumps({k: v for k, v in error.items() if k != "code"})
