@@ -250,8 +250,9 @@ class Config(BaseModel):
     tracing: Tracing = Field(default_factory=lambda: Tracing.model_validate({}))
     tenants: Tenants = Field(default_factory=lambda: Tenants.model_validate({}))
     # After a stop signal: health reports NOT_SERVING for drain_seconds while streams
-    # are still accepted (so Envoy's health checks move traffic away), then in-flight
-    # streams get shutdown_grace_seconds to finish.
+    # are still accepted (so Envoy's health checks move traffic away), then streams are
+    # still accepted and served until none comes (the gateway moved away) or
+    # shutdown_grace_seconds have passed; what is open then is ended.
     drain_seconds: float = Field(5.0, ge=0)
     shutdown_grace_seconds: float = Field(5.0, ge=0)
 
