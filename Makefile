@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test release lock test-vllm test-pd test-sglang conformance-matrix pd-pair pd-pair-turns rules helm generate monitoring-rules dashboard llm-d-manifests lint typecheck unit e2e hostile bench bench-smoke profile protos envoy-config envoy-configs clean
+.PHONY: run test release lock test-vllm test-pd test-sglang conformance-matrix pd-pair pd-pair-turns rules helm generate monitoring-rules dashboard llm-d-manifests lint typecheck unit e2e hostile faults bench bench-smoke profile protos envoy-config envoy-configs clean
 
 # The image's name: pyproject.toml's [tool.ext-proc] image unless given
 # (make release IMAGE=registry.example/ext-proc-token-policy).
@@ -29,7 +29,7 @@ run: $(STAMP)
 	$(PY) -m devstack
 
 # Every tier; pytest's exit code 5 (nothing collected) fails like any other.
-test: lint typecheck unit e2e hostile bench-smoke test-vllm test-pd test-sglang
+test: lint typecheck unit e2e hostile faults bench-smoke test-vllm test-pd test-sglang
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check ext_proc devstack tests bench conftest.py
@@ -48,6 +48,11 @@ e2e: $(STAMP)
 # Attacks on availability through the real Envoy (loopback only, bounded in time).
 hostile: $(STAMP)
 	$(PY) -m pytest -m hostile -q -s tests/hostile
+
+# Faults done to each part of the real stack under a bounded load, counted at the client
+# and the upstream (tests/faults; docs/operations.md#faults): a few minutes.
+faults: $(STAMP)
+	$(PY) -m pytest -m faults -q -s tests/faults
 
 # The benchmark (see bench/README.md): nginx and wrk are installed with apt-get when
 # missing. bench-smoke checks that the harness produces results, never a speed.

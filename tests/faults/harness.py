@@ -39,7 +39,7 @@ import httpx
 from devstack import processes
 from devstack.upstream import DELAY_HEADER
 from tests.e2e.conftest import KEY_ID
-from tests.e2e.stack import Stack, new_key
+from tests.e2e.stack import Stack, new_key, wait_for_fresh_record
 from tests.e2e.test_operations import _is_worker, children_of, wait_for
 from tests.e2e.test_replay import Redis
 
@@ -149,6 +149,21 @@ def _chat(rid: str, **extra: Any) -> dict[str, Any]:
     }
 
 
+def prime(stack: Stack) -> None:
+    """A Redis record begins at its first spend, and honors only proofs minted a skew
+    after: one proof minted and spent, then that wait, so that the load's proofs are
+    honored from the start (a local record began before the processor served)."""
+    proof = stack.processor_config["proof"]
+    if not proof.get("record"):
+        return
+    with httpx.Client(timeout=15) as client:
+        prompt = _chat("prime", max_tokens=1, return_token_ids=True)
+        params = client.post(stack.url + PREFILL, json=prompt).json()["kv_transfer_params"]
+        decode = _chat("prime", messages=prompt["messages"], kv_transfer_params=params)
+        client.post(stack.url + DECODE, json=decode).raise_for_status()
+    wait_for_fresh_record(proof["clock_skew_seconds"])
+
+
 def _forged(rid: str) -> dict[str, Any]:
     return {
         "prompt_token_ids": [1, 2, 3],
@@ -171,6 +186,7 @@ class Tally:
     statuses: Counter[str] = field(default_factory=Counter)
     retry_after: Counter[str] = field(default_factory=Counter)  # statuses with retry-after
     outcome: dict[str, str] = field(default_factory=dict)  # request id -> status or error
+    kind: dict[str, str] = field(default_factory=dict)  # request id -> one of KINDS
     kinds: Counter[str] = field(default_factory=Counter)
     # Each proof minted: the prefill leg's messages and the parameters it returned.
     minted: list[Minted] = field(default_factory=list)
@@ -181,6 +197,7 @@ class Tally:
             self.statuses[outcome] += 1
             self.retry_after[outcome] += retry_after
             self.outcome[rid] = outcome
+            self.kind[rid] = kind
             self.kinds[kind] += 1
 
 
@@ -213,9 +230,12 @@ class Load:
     timeout: float = 15.0
     tally: Tally = field(default_factory=Tally)
     threads: list[threading.Thread] = field(default_factory=list)
+    before: Counter[str] = field(default_factory=Counter)  # the decisions before the load
 
     def __enter__(self) -> Load:
+        prime(self.stack)
         self.stack.clear()
+        self.before = reasons(self.stack)
         end = time.monotonic() + self.seconds
         for number in range(self.clients):
             thread = threading.Thread(target=self._client, args=(number, end), daemon=True)
@@ -227,6 +247,10 @@ class Load:
         for thread in self.threads:
             thread.join(self.seconds + self.timeout + 30)
         assert not any(t.is_alive() for t in self.threads), "a client did not finish"
+
+    def decisions(self) -> Counter[str]:
+        """The processor's decisions since the load began (Envoy's access log, by reason)."""
+        return reasons(self.stack) - self.before
 
     def _client(self, number: int, end: float) -> None:
         rng = random.Random(number)  # which proof to replay: not a secret
@@ -286,6 +310,7 @@ class Counts:
     honored: int
     double_honors: int
     lost_answers: int
+    lost_kinds: dict[str, int]  # the lost answers by kind of request
 
     def row(self, fault: str) -> str:
         """One row of docs/operations.md's fault table."""
@@ -322,7 +347,7 @@ def count(stack: Stack, load: Load) -> Counts:
         params = document.get("kv_transfer_params")
         if isinstance(params, dict) and "token_policy_proof" in params:
             honors[str(params["token_policy_proof"])] += 1
-    lost = sum(1 for rid in seen if load.tally.outcome[rid] not in OK)
+    lost = Counter(load.tally.kind[rid] for rid in seen if load.tally.outcome[rid] not in OK)
     return Counts(
         requests=sum(load.tally.statuses.values()),
         statuses=dict(load.tally.statuses),
@@ -333,7 +358,8 @@ def count(stack: Stack, load: Load) -> Counts:
         half_sent=incomplete + malformed,
         honored=sum(honors.values()),
         double_honors=sum(n - 1 for n in honors.values() if n > 1),
-        lost_answers=lost,
+        lost_answers=lost.total(),
+        lost_kinds=dict(lost),
     )
 
 
@@ -346,7 +372,21 @@ def assert_sound(counts: Counts, allowed: set[str]) -> None:
     assert counts.double_honors == 0, counts
     assert counts.half_sent == 0, counts
     assert set(counts.statuses) <= allowed, counts
+    # A 503 is an answer to retry: it says when (the processor's and Envoy's alike).
+    assert counts.retry_after.get("503", 0) == counts.statuses.get("503", 0), counts
     assert counts.statuses.get("200", 0) > 0, counts
+
+
+def reasons(stack: Stack) -> Counter[str]:
+    """The processor's decisions as Envoy's access log names them (policy_reason), every
+    Envoy of the stack so far."""
+    found: Counter[str] = Counter()
+    for line in stack.logs("envoy").splitlines():
+        with contextlib.suppress(ValueError):
+            entry = json.loads(line)
+            if isinstance(entry, dict) and entry.get("policy_reason"):
+                found[str(entry["policy_reason"])] += 1
+    return found
 
 
 @contextlib.contextmanager

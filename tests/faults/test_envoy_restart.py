@@ -1,0 +1,43 @@
+"""Envoy restarted under load, requests in flight at the upstream: a plain restart (stop,
+start) resets connections whose request the upstream already received, so a client
+that retries runs the inference twice; a hot restart (a new Envoy at the next restart
+epoch takes over the listeners, the old one drains) loses no answer. Neither lets a
+request through un-inspected, twice or cut short."""
+
+from __future__ import annotations
+
+import time
+
+from tests.faults.harness import (
+    Load,
+    assert_sound,
+    count,
+    faults_stack,
+    hot_restart_envoy,
+    restart_envoy,
+)
+
+# Requests wait this long at the upstream: each client has one in flight there nearly
+# all the time, so a restart finds some.
+IN_FLIGHT = 0.3
+
+
+def test_a_plain_restart_loses_answers_the_upstream_ran(tmp_path):
+    with faults_stack(tmp_path) as stack:
+        with Load(stack, clients=6, seconds=10, delay=IN_FLIGHT) as load:
+            time.sleep(4)
+            restart_envoy(stack)
+        counts = count(stack, load)
+    assert_sound(counts, {"200", "reset", "refused"})
+    assert counts.lost_answers > 0, counts
+
+
+def test_a_hot_restart_loses_nothing(tmp_path):
+    with faults_stack(tmp_path, hot_restart=True) as stack:
+        with Load(stack, clients=6, seconds=12, delay=IN_FLIGHT) as load:
+            time.sleep(4)
+            old = hot_restart_envoy(stack)
+        counts = count(stack, load)
+        old.wait(timeout=30)  # the old Envoy drained and exited by itself
+    assert_sound(counts, {"200"})
+    assert counts.lost_answers == 0, counts
