@@ -66,6 +66,18 @@ def _apt_install(packages: list[str]) -> None:
     )
 
 
+def libfaketime(offset: str) -> dict[str, str]:
+    """The environment that sets a process's clock ``offset`` from the real one
+    (libfaketime's ``FAKETIME``, e.g. ``-10s``), its package installed first if needed:
+    the package of the ``faketime`` command brings the library."""
+    ensure_tools({"faketime": "faketime"})
+    found = sorted(Path("/usr/lib").glob("*/faketime/libfaketime.so.1"))
+    found += sorted(Path("/usr/lib/faketime").glob("libfaketime.so.1"))
+    if not found:
+        raise ToolError("libfaketime.so.1 not found under /usr/lib after installing faketime")
+    return {"LD_PRELOAD": str(found[0]), "FAKETIME": offset}
+
+
 def py_spy() -> str:
     """py-spy from the project's virtual environment (a dev dependency) or PATH."""
     beside = Path(sys.executable).parent / "py-spy"
