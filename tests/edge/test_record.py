@@ -4,6 +4,7 @@ import asyncio
 import multiprocessing
 import os
 import tempfile
+import time
 
 import pytest
 
@@ -12,6 +13,9 @@ from ext_proc.core.config import ConfigError
 from ext_proc.core.replay import Terms, Ticket, Verdict
 from ext_proc.edge import record
 from ext_proc.edge.record import BUCKET_SLOTS, LocalRecord
+from ext_proc.edge.supervisor import Supervisor
+from tests.edge.test_supervisor import config as supervised_config
+from tests.edge.test_supervisor import pid, supervise, wait_for
 
 NOW = 1000.0
 
@@ -409,3 +413,25 @@ def test_closing_never_cuts_a_table_another_process_put_in_its_place(tmp_path):
     restart(path, NOW + 1)  # the next processor, started before this one closed
     asyncio.run(table.close())
     assert os.path.getsize(path) == replay.table_bytes(BUCKET_SLOTS)
+
+
+def test_a_supervisor_begins_its_workers_table_after_the_time_the_last_one_saw(
+    tmp_path, monkeypatch
+):
+    """Its workers' table is in the file of its listen address, and begins after the
+    latest second the previous table there saw (an hour ahead here)."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    settings = supervised_config()
+    path = record.table_path(settings.listen)
+    ahead = int(time.time()) + 3600
+    LocalRecord.alone(path, BUCKET_SLOTS, lambda: ahead, terms=settings.proof.terms)
+    supervisor = Supervisor(settings, backoff=0.1)
+
+    def drive() -> None:
+        wait_for(lambda: all(pid(w) for w in supervisor.workers))
+        assert supervisor.record_file == path
+
+    assert supervise(supervisor, drive) == 0
+    table = LocalRecord.open(path, terms=settings.proof.terms)
+    assert table.began == ahead + 1
+    assert table.spend_now(ticket(1, ahead + 60, ahead + 1)) is Verdict.CLOCK_BEHIND
