@@ -55,6 +55,7 @@ from ext_proc.edge.metrics import Endpoint, Metrics, serve_metrics
 from ext_proc.edge.record import LocalRecord, table_path
 from ext_proc.edge.redis_record import PROBE_SECONDS, RecordState, RedisRecord
 from ext_proc.edge.service import ExternalProcessor
+from ext_proc.edge.supervisor import STOP_WORKER
 from ext_proc.version import version
 
 log = logging.getLogger("ext_proc.server")
@@ -282,8 +283,8 @@ class Server:
     async def main(self) -> int:
         """Every phase in order; the exit status (0 drained, 1 forced, 2 cannot listen)."""
         loop = asyncio.get_running_loop()
-        # A worker leaves SIGINT to its supervisor, which forwards SIGTERM.
-        signals = (signal.SIGTERM,) if self.worker else (signal.SIGTERM, signal.SIGINT)
+        # A worker leaves SIGTERM and SIGINT to its supervisor, which sends STOP_WORKER.
+        signals = (STOP_WORKER,) if self.worker else (signal.SIGTERM, signal.SIGINT)
         for sig in signals:
             loop.add_signal_handler(sig, self.on_signal)
         try:

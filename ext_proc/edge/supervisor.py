@@ -4,7 +4,11 @@ The supervisor knows nothing about ext_proc: it starts workers (each a full
 ``server.Server``, sharing the port through SO_REUSEPORT), restarts one that dies,
 serves the aggregated Prometheus metrics, makes the table of spent proofs they share
 (``record``), and forwards stop signals: the first SIGTERM
-or SIGINT starts every worker's drain, a second one forces them all.
+or SIGINT starts every worker's drain, a second one forces them all. A worker ignores
+SIGTERM and SIGINT and stops on its supervisor's word only (``STOP_WORKER``): a SIGTERM
+sent to the whole process group (``kill -- -PGID``, systemd's control-group kill) reaches
+every worker too, which would take the supervisor's forwarded one as a second signal and
+force its stop.
 
 Its loop never sleeps through work: it waits for a worker to exit, a signal, or the
 next scheduled restart, whichever comes first. A dead worker is restarted
@@ -49,8 +53,10 @@ TICK_SECONDS: Final = 1.0
 MULTIPROC_DIR: Final = "PROMETHEUS_MULTIPROC_DIR"
 _PR_SET_PDEATHSIG: Final = 1  # linux/prctl.h
 STOP_SIGNALS: Final = (signal.SIGTERM, signal.SIGINT)
+# What a supervisor sends a worker to stop it: the first drains, a second forces.
+STOP_WORKER: Final = signal.SIGUSR1
 # A worker stopped while still starting up: it held no streams.
-CLEAN_EXITS: Final = (0, -signal.SIGTERM)
+CLEAN_EXITS: Final = (0, -signal.SIGTERM, -STOP_WORKER)
 
 
 def _die_with(supervisor: int) -> None:
@@ -66,10 +72,12 @@ def _die_with(supervisor: int) -> None:
 
 
 def _worker(config: Config, record_file: Path | None, supervisor: int) -> None:
+    # Ctrl-C or a SIGTERM to the whole process group reaches every worker too; only the
+    # supervisor reacts to them and it sends STOP_WORKER, so a worker never sees one
+    # signal twice.
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
     _die_with(supervisor)
-    # Ctrl-C reaches the whole process group; only the supervisor reacts to SIGINT and
-    # it forwards a SIGTERM, so a worker never sees one signal twice.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
     logs.configure(config.log_level)
     from ext_proc.edge.server import run  # noqa: PLC0415 - imported in the child only
 
@@ -96,9 +104,9 @@ class Worker:
         return self.process is not None and not self.alive and self.restart_at is None
 
     def terminate(self) -> None:
-        """SIGTERM: the first one drains, a second one forces."""
+        """``STOP_WORKER``: the first one drains, a second one forces."""
         if self.process is not None and self.process.pid is not None and self.alive:
-            os.kill(self.process.pid, signal.SIGTERM)
+            os.kill(self.process.pid, STOP_WORKER)
 
 
 class Supervisor:

@@ -111,6 +111,33 @@ def test_a_stop_signal_is_not_held_up_by_a_pending_restart():
     assert supervisor.workers[0].process is None  # never restarted
 
 
+def has_metrics(supervisor: Supervisor, worker: int | None) -> bool:
+    """The worker has made its metrics: it is past installing its signal handlers."""
+    folder = supervisor.directory
+    return folder is not None and any(f"_{worker}." in f.name for f in Path(folder).iterdir())
+
+
+def test_a_sigterm_to_the_whole_process_group_drains_every_worker(caplog):
+    """Each worker gets the SIGTERM as well as the supervisor (``kill -- -PGID``):
+    it waits for its supervisor's word, drains once and exits 0 (not forced). The
+    supervisor's comes a little later, as it would to a worker draining streams."""
+    caplog.set_level("INFO", "ext_proc.supervisor")
+    supervisor = Supervisor(config(drain_seconds=2, shutdown_grace_seconds=30))
+
+    def drive() -> None:
+        wait_for(lambda: all(has_metrics(supervisor, pid(w)) for w in supervisor.workers))
+        for worker in supervisor.workers:
+            number = pid(worker)
+            assert number is not None
+            os.kill(number, signal.SIGTERM)
+        time.sleep(0.2)  # two signals, not one: pending ones of a kind merge
+        # supervise() signals the supervisor now
+
+    assert supervise(supervisor, drive) == 0
+    (stopped,) = [r for r in caplog.records if r.getMessage() == "stopped"]
+    assert stopped.exit_codes == [0, 0]
+
+
 def test_a_worker_failing_at_start_up_is_given_up_on_with_exit_1(caplog, tmp_path):
     caplog.set_level("INFO", "ext_proc.supervisor")
     missing = str(tmp_path / "missing.pem")  # each worker fails to read it (status 1)
