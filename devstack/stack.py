@@ -13,6 +13,11 @@ generated for the run).
 
 Every port is checked before anything starts: a port in use, or a child that dies while
 starting, ends the run with one line on stderr naming what to change.
+
+SIGHUP restarts Envoy by hot restart (``kill -HUP <pid of make run>``): a new Envoy at
+the next restart epoch takes over the listeners and the previous one drains its
+connections and exits, so no request in flight is cut off. A plain restart would reset
+requests the upstream already received, which a client that retries runs twice.
 """
 
 from __future__ import annotations
@@ -253,16 +258,26 @@ def run(processor_config: Path | None) -> int:
         return 1
 
 
+@dataclass
+class _Asked:
+    """What the run's signals asked for."""
+
+    stopping: bool = False  # SIGINT, SIGTERM
+    restarts: int = 0  # hot restarts of Envoy (SIGHUP)
+
+    def stop(self, signum: int, frame: object) -> None:
+        self.stopping = True
+
+    def restart(self, signum: int, frame: object) -> None:
+        self.restarts += 1
+
+
 def _run(plan: Plan) -> int:
     children: list[subprocess.Popen[bytes]] = []
-    stopping = False
-
-    def on_signal(signum: int, frame: object) -> None:
-        nonlocal stopping
-        stopping = True
-
-    signal.signal(signal.SIGINT, on_signal)
-    signal.signal(signal.SIGTERM, on_signal)
+    asked = _Asked()
+    signal.signal(signal.SIGINT, asked.stop)
+    signal.signal(signal.SIGTERM, asked.stop)
+    signal.signal(signal.SIGHUP, asked.restart)
     # Nothing routes around a local stack: Ctrl-C need not wait out the drain window.
     os.environ.setdefault("EXT_PROC_DRAIN_SECONDS", "0")
     with tempfile.TemporaryDirectory(prefix="ext_proc-stack-") as workdir:
@@ -276,20 +291,55 @@ def _run(plan: Plan) -> int:
                     ready(child)
             # Everything serves: the processor's record began before now.
             _until_proofs_are_honored(plan, time.time())
-            if not stopping:
+            if not asked.stopping:
                 print(_examples(plan.port("GATEWAY_PORT"), plan.port("METRICS_PORT")), flush=True)
-            while not stopping:
-                for child in children:
-                    if child.poll() is not None:
-                        raise StackError(
-                            f"{processes.describe(child)} exited with status "
-                            f"{child.returncode}; stopping"
-                        )
-                time.sleep(0.2)
+            _watch(plan, Path(workdir), children, asked)
             return 0
         finally:
             for child in reversed(children):
                 processes.stop(child)
+
+
+def _watch(
+    plan: Plan, workdir: Path, children: list[subprocess.Popen[bytes]], asked: _Asked
+) -> None:
+    """Until a stop is asked: a child that exits ends the run, and each hot restart
+    asked replaces Envoy (the last child) with one at the next restart epoch."""
+    draining: list[subprocess.Popen[bytes]] = []  # Envoys a hot restart took over from
+    epoch = 0
+    try:
+        while not asked.stopping:
+            while epoch < asked.restarts:
+                epoch += 1
+                draining.append(children[-1])
+                children[-1] = _hot_restart(plan, workdir, epoch)
+            draining = [old for old in draining if old.poll() is None]
+            for child in children:
+                if child.poll() is not None:
+                    raise StackError(
+                        f"{processes.describe(child)} exited with status "
+                        f"{child.returncode}; stopping"
+                    )
+            time.sleep(0.2)
+    finally:
+        for old in draining:
+            processes.stop(old)
+
+
+def _hot_restart(plan: Plan, workdir: Path, epoch: int) -> subprocess.Popen[bytes]:
+    """Envoy at restart ``epoch`` on the run's config, once ready: it took over the
+    listeners, and the one before drains its connections and exits by itself."""
+    admin = plan.port("ENVOY_ADMIN_PORT")
+    args = processes.envoy_args(workdir / "envoy.yaml", admin.port, epoch)
+    envoy = processes.start(args)
+    with _starting():
+        processes.wait_for_envoy(admin.port, envoy)
+    print(
+        f"{PROG}: Envoy hot-restarted (restart epoch {epoch}); the previous one drains "
+        f"its connections for {processes.HOT_RESTART_DRAIN_SECONDS} s and exits",
+        flush=True,
+    )
+    return envoy
 
 
 Ready = Callable[[subprocess.Popen[bytes]], None]
@@ -324,7 +374,7 @@ def _commands(plan: Plan, workdir: Path) -> Iterator[tuple[list[str], Path | Non
     yield serve, None, partial(processes.wait_for_port, processor.port)
     admin = plan.port("ENVOY_ADMIN_PORT")
     yield (
-        processes.envoy_args(path, admin.port),
+        processes.envoy_args(path, admin.port, restart_epoch=0),
         None,
         partial(processes.wait_for_envoy, admin.port),
     )
