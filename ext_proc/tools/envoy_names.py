@@ -25,15 +25,18 @@ MINT_RESPONSE: Final[Mapping[str, str]] = MappingProxyType(
 # error, a stream that could not be opened, a message timeout), never for a decision of
 # the processor's, whose details start with ``token_policy_``.
 PROCESSOR_FAILED: Final = "ext_proc_error_"
-# Such a failure before the router chose an upstream host: nothing of the request left
-# the gateway, so a client may send it again (CEL on Envoy's attributes).
-RETRY_SAFE: Final = (
-    f"response.code_details.startsWith('{PROCESSOR_FAILED}') && !has(upstream.address)"
-)
-# The same failure after the router chose a host: the upstream may have the request.
-RETRY_UNSAFE: Final = (
-    f"response.code_details.startsWith('{PROCESSOR_FAILED}') && has(upstream.address)"
-)
+# The processor ending a stream it will not serve (FAILED_PRECONDITION: a message order
+# or body mode it does not accept): the same request fails the same way again.
+PROCESSOR_REFUSED_STREAM: Final = "ext_proc_error_gRPC_error_9{"
+_FAILED: Final = f"response.code_details.startsWith('{PROCESSOR_FAILED}')"
+_REFUSED: Final = f"response.code_details.startsWith('{PROCESSOR_REFUSED_STREAM}')"
+# Any other such failure before the router chose an upstream host (the processor
+# unreachable, gone mid-stream, failing, or silent past message_timeout): nothing of the
+# request left the gateway, so a client may send it again (CEL on Envoy's attributes).
+RETRY_SAFE: Final = f"{_FAILED} && !{_REFUSED} && !has(upstream.address)"
+# The rest: a refused stream, or a failure after the router chose a host (the upstream
+# may have the request).
+RETRY_UNSAFE: Final = f"{_FAILED} && ({_REFUSED} || has(upstream.address))"
 # The status and the retry-after (seconds) of a retry-safe processor failure.
 RETRY_STATUS: Final = 503
 RETRY_AFTER: Final = "1"

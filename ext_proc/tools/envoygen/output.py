@@ -625,7 +625,8 @@ def processor_failure_mappers() -> list[hcm.ResponseMapper]:
     """The ext_proc filter's own failures (``envoy_names.PROCESSOR_FAILED``): before the
     router chose an upstream, 503 with retry-after (unreachable, failed or slower than
     message_timeout, whose 504 becomes a 503 too: nothing was forwarded, a retry is
-    safe); after it, 500 without one (the upstream may have run the request)."""
+    safe); after it, or a stream the processor refused, 500 without one (the upstream
+    may have run the request; the same request fails again)."""
     retry = core.HeaderValueOption(
         header=core.HeaderValue(key="retry-after", value=RETRY_AFTER),
         append_action=core.HeaderValueOptionHeaderAppendAction.OVERWRITE_IF_EXISTS_OR_ADD,
@@ -643,9 +644,7 @@ def processor_failure_mappers() -> list[hcm.ResponseMapper]:
         hcm.ResponseMapper(
             filter=_cel(RETRY_UNSAFE),
             status_code=500,
-            body_format_override=_error_body(
-                "gateway error after the upstream was contacted", "GatewayError"
-            ),
+            body_format_override=_error_body("gateway error", "GatewayError"),
         ),
     ]
 
