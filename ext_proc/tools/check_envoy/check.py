@@ -9,8 +9,9 @@ from typing import Any
 from ext_proc.core.route_policy import DEFAULT_NAMESPACE
 from ext_proc.tools.check_envoy import reader
 from ext_proc.tools.check_envoy.coverage import coverage
+from ext_proc.tools.check_envoy.effective import running
 from ext_proc.tools.check_envoy.findings import Finding, Report, error
-from ext_proc.tools.check_envoy.rules import closure, filters, manager, replay, token_paths
+from ext_proc.tools.check_envoy.rules import closure, filters, manager, replay, retry, token_paths
 from ext_proc.tools.check_envoy.rules.after_decision import after_decision
 from ext_proc.tools.check_envoy.rules.filter_types import filter_types
 from ext_proc.tools.check_envoy.rules.header_step import header_step
@@ -97,6 +98,7 @@ def _chain(chain: reader.Chain) -> Iterator[Finding]:
     for entry in chain.ours:
         place = f"{chain.place} filter {entry.get('name')}"
         yield from filters.filter_settings(place, entry, chain.namespace)
+        yield from retry.error_status(place, entry["typed_config"])
     yield from manager.path_handling(chain)
     yield from filters.per_route_names(chain)
     yield from filters.override_services(chain)
@@ -116,8 +118,11 @@ def _virtual_host(
     yield from manager.matcher_tree(vhost)
     for name, config in reader.per_route(vhost.entry.get("typed_per_filter_config", {})):
         yield from filters.override(vhost.place, name, config, chain.requested)
+    mapped = retry.mapped(chain)
     for route in vhost.routes:
         yield from route_rules(route, chain)
+        if not mapped and route.forwards and running(chain, route.levels):
+            yield from retry.retry_after(route, vhost.entry, chain)
         yield from closure.decided_clusters(route, chain, known)
         yield from replay.replays(route, vhost, chain, clusters)
     # A virtual host of a shared gateway whose routes this processor does not police.

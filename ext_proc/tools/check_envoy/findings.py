@@ -61,6 +61,11 @@ CODES: Final[Mapping[str, str]] = MappingProxyType(
         ),
         "processor-tls-unseen": "the processor demands TLS and its socket cannot be seen",
         "processor-name-unpinned": "the processor's TLS socket checks a CA and no name of it",
+        "processor-error-status": "the filter's status_on_error is not 503",
+        "retry-after-missing": (
+            "a policed route's processor failures get no retry-after (no local reply mapper, "
+            "no response_headers_to_add)"
+        ),
         # Other filters of the chain.
         "filter-type-unknown": "an HTTP filter of a type not in the check's table of filters",
         "per-route-field-refused": "a per-route filter configuration sets what its type may not",
