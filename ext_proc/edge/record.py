@@ -91,6 +91,9 @@ _TERMS: Final = struct.Struct("<I")
 _TERMS_AT: Final = _HEADER.size - _TERMS.size
 _SEEN_AT: Final = _TERMS_AT - _SECOND.size
 _BEGAN_AT: Final = _SEEN_AT - _SECOND.size
+# The latest mark a table begins after: any later one (a header written wrong) is that,
+# which no clock reaches, so the new table is CLOCK_BEHIND, and fits the header.
+_LATEST_MARK: Final = 2**62
 # What of a listen address goes into a file name as it is.
 _FILE_NAME: Final = re.compile(r"[^A-Za-z0-9.]+")
 
@@ -136,7 +139,7 @@ def begin(
     fresh = path.with_name(f"{path.name}.{os.getpid()}.new")
     fresh.unlink(missing_ok=True)  # one a process of this pid left
     try:
-        # Only this user reads it (its secret aims clients' proofs at buckets).
+        # Only this user reads it: with its secret a client could aim proofs at a bucket.
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
         with os.fdopen(os.open(fresh, flags, 0o600), "wb") as out:
             out.truncate(table_bytes(slots))
@@ -168,7 +171,7 @@ def _mark(path: Path, terms: Terms) -> int | None:
         _unreadable(path, why)
         return None
     _magic, _buckets, _secret, began, seen, skew = _HEADER.unpack(head)
-    return int(max(began - 1, seen) + max(0, skew - terms.skew))
+    return min(int(max(began - 1, seen) + max(0, skew - terms.skew)), _LATEST_MARK)
 
 
 def _unreadable(path: Path, why: str) -> None:

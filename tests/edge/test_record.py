@@ -361,6 +361,15 @@ def test_a_previous_file_that_is_not_a_table_begins_at_the_clock_and_says_so(tmp
     assert restart(path, NOW - 30).spend_now(ticket(1)) is Verdict.CLOCK_BEHIND  # a table now
 
 
+def test_a_previous_header_past_any_clock_refuses_every_proof(tmp_path):
+    path = tmp_path / "spent"
+    path.write_bytes(
+        replay.TABLE_HEADER.pack(record.MAGIC, 1, bytes(16), 2**63 - 1, 2**63 - 1, 2**32 - 1)
+    )
+    table = restart(path, NOW)
+    assert table.spend_now(ticket(1, 2**40, 2**39)) is Verdict.CLOCK_BEHIND
+
+
 def test_a_table_whose_slots_were_cut_off_keeps_its_mark(tmp_path):
     path = tmp_path / "spent"
     LocalRecord.alone(path, 4096, lambda: NOW + 100, terms=TERMS).spend_now(ticket(1))
