@@ -116,10 +116,36 @@ def test_clusters():
     assert h2 == {
         "initial_stream_window_size": 32 * 1024 * 1024,
         "initial_connection_window_size": 64 * 1024 * 1024,
+        "max_concurrent_streams": 8,
+        "max_outbound_frames": 18720,
     }
     (check,) = processor["health_checks"]
     assert check["grpc_health_check"]["service_name"] == envoygen.PROCESSOR_SERVICE
     assert clusters["aggregated"]["type"] == "STRICT_DNS"
+
+
+# Envoy's HTTP/2 DATA frames carry 16 KiB each (nghttp2's payload size, whatever the
+# peer allows); Envoy ends a connection whose frames not yet written pass
+# max_outbound_frames (10,000 unless set) as a flood, resetting every stream on it.
+ENVOY_DATA_FRAME = 16 * 1024
+ENVOY_DEFAULT_OUTBOUND_FRAMES = 10_000
+
+
+@pytest.mark.parametrize("limit", [16 * 1024**2, 100 * 1024**2, 512 * 1024**2])
+def test_a_processor_connection_queues_its_bodies_without_tripping_the_flood_limit(limit):
+    """A processor slow to read yet granting its windows lets Envoy queue every body on a
+    connection unsent: the streams a connection carries, each a largest body with its
+    headers and attributes (up to 1 MiB) in 16 KiB frames, fit under max_outbound_frames
+    with Envoy's own default left for everything else."""
+    processor = clusters_of(generate(example() | {"body_limit_bytes": limit}))["ext_proc"]
+    options = processor["typed_extension_protocol_options"][envoygen.HTTP_OPTIONS]
+    h2 = options["explicit_http_config"]["http2_protocol_options"]
+    frames_per_body = -(-(limit + 1024**2) // ENVOY_DATA_FRAME)
+    assert h2["max_concurrent_streams"] >= 1
+    assert (
+        h2["max_concurrent_streams"] * frames_per_body + ENVOY_DEFAULT_OUTBOUND_FRAMES
+        <= h2["max_outbound_frames"]
+    )
 
 
 def test_processor_service_name_matches_the_server():
