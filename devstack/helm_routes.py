@@ -21,7 +21,10 @@ Scoped to what it polices, so a shared gateway's other routes are left as they a
   route for a path the shipped connection manager patch would have changed (an escaped
   slash or backslash, ``//``), which this wiring does not set for the whole gateway;
 - the header step also removes each guarded header's spelling with underscores, which
-  the shipped wiring drops gateway-wide (``headers_with_underscores_action``).
+  the shipped wiring drops gateway-wide (``headers_with_underscores_action``);
+- the shipped virtual host settings (the processor failures' conditional retry-after,
+  a ``response_headers_to_add``) go on the policed virtual hosts and on each policed
+  route, never on a connection manager or virtual host the chart does not police.
 
 The values' route policies go into the metadata as written; the processor reads them
 (``ext_proc.core.route_policy``) and values.schema.json's ``routePolicy`` is generated
@@ -152,6 +155,16 @@ def parts(envoy_filter: dict[str, Any]) -> dict[str, Any]:
     (processor,) = [f["patch"]["value"] for f in filters if _processor(f["patch"]["value"])]
     for action in Action:
         shapes[f"{TENANT} {action.value}"] = _headers_sent(shapes[action.value], processor)
+    # The shipped virtual host settings (the processor failures' retry-after), which
+    # apply to every virtual host there: here on the policed hosts and on each policed
+    # route, wherever it is.
+    (host,) = [
+        copy.deepcopy(p["patch"]["value"]) for p in patches if p["applyTo"] == "VIRTUAL_HOST"
+    ]
+    if set(host) != {"response_headers_to_add"}:
+        raise ValueError(f"virtual host settings not scoped: {set(host)}")
+    for shape in shapes.values():
+        shape.update(copy.deepcopy(host))
     inserts = [
         copy.deepcopy(p["patch"]["value"])
         for p in patches
@@ -171,6 +184,7 @@ def parts(envoy_filter: dict[str, Any]) -> dict[str, Any]:
         "shapes": shapes,
         "examples": examples,
         "inserts": [unnormalized, *inserts],
+        "host": host,
     }
 
 
@@ -256,6 +270,11 @@ def _patch(apply_to: str, vhost: str, operation: str, *value: str) -> list[str]:
     ]
 
 
+def _yaml(value: Any) -> str:
+    """``value`` as YAML lines a Go template writes as they are."""
+    return yaml.dump(value, sort_keys=False, width=1000).replace("{{", '{{ "{{" }}')
+
+
 def istio_template(template: Any) -> str:
     """The chart's templates/gateway-istio.yaml; ``template``: helm's ``_template``
     (one object as template text, its names made values)."""
@@ -304,11 +323,12 @@ def istio_template(template: Any) -> str:
             "MERGE",
             "        typed_per_filter_config:\n",
             "          {{- toYaml $enable | nindent 10 }}\n",
+            *(f"        {line}\n" for line in _yaml(found["host"]).splitlines()),
         ),
         *_patch("HTTP_ROUTE", _IN_HOST, "MERGE", "        request_body_buffer_limit: {{ $max }}\n"),
     ]
     for insert in reversed(found["inserts"]):
-        value = yaml.dump(insert, sort_keys=False, width=1000).replace("{{", '{{ "{{" }}')
+        value = _yaml(insert)
         out += _patch(
             "HTTP_ROUTE",
             _IN_HOST,

@@ -1060,7 +1060,9 @@ def test_check_envoy_catches_a_patch_policy_without_the_404s():
     (extension,) = documents(eg / "extension-policy.yaml")
     (patch,) = documents(eg / "patch-policy.yaml")
     patch["spec"]["jsonPatches"] = [
-        p for p in patch["spec"]["jsonPatches"] if "virtual_hosts" not in p["operation"]["jsonPath"]
+        p
+        for p in patch["spec"]["jsonPatches"]
+        if "virtual_hosts" not in p["operation"].get("jsonPath", "")
     ]
     config = gateway_assembly.envoy_gateway_bootstrap(
         extension, patch, httproutes(), "llm-d/inference-gateway/http"
