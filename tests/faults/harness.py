@@ -311,13 +311,16 @@ class Counts:
     double_honors: int
     lost_answers: int
     lost_kinds: dict[str, int]  # the lost answers by kind of request
+    # The failed requests that never reached the upstream, by status: safe to retry.
+    unforwarded: dict[str, int]
 
     def row(self, fault: str) -> str:
         """One row of docs/operations.md's fault table."""
         shown = ", ".join(f"{k} {v}" for k, v in sorted(self.statuses.items()))
         return (
-            f"| {fault} | {self.requests} | {shown} | {self.uninspected} | {self.duplicates}"
-            f" | {self.double_honors} | {self.half_sent} | {self.lost_answers} |"
+            f"| {fault} | {self.requests} | {shown} | {self.honored} | {self.uninspected}"
+            f" | {self.duplicates} | {self.double_honors} | {self.half_sent}"
+            f" | {self.lost_answers} |"
         )
 
 
@@ -347,7 +350,9 @@ def count(stack: Stack, load: Load) -> Counts:
         params = document.get("kv_transfer_params")
         if isinstance(params, dict) and "token_policy_proof" in params:
             honors[str(params["token_policy_proof"])] += 1
-    lost = Counter(load.tally.kind[rid] for rid in seen if load.tally.outcome[rid] not in OK)
+    outcome = load.tally.outcome
+    lost = Counter(load.tally.kind[rid] for rid in seen if outcome[rid] not in OK)
+    unforwarded = Counter(o for rid, o in outcome.items() if o not in OK and rid not in seen)
     return Counts(
         requests=sum(load.tally.statuses.values()),
         statuses=dict(load.tally.statuses),
@@ -360,13 +365,17 @@ def count(stack: Stack, load: Load) -> Counts:
         double_honors=sum(n - 1 for n in honors.values() if n > 1),
         lost_answers=lost.total(),
         lost_kinds=dict(lost),
+        unforwarded=dict(unforwarded),
     )
 
 
-def assert_sound(counts: Counts, allowed: set[str]) -> None:
+def assert_sound(counts: Counts, allowed: set[str], fault: str = "") -> None:
     """Nothing un-inspected, duplicated, honored twice or half-sent, and every status
-    one of ``allowed`` (strings: "200", "503", "reset", ...)."""
+    one of ``allowed`` (strings: "200", "503", "reset", ...); the counts printed, as a
+    row of the fault table when ``fault`` names it."""
     print(counts)
+    if fault:
+        print(counts.row(fault))
     assert counts.uninspected == 0, counts
     assert counts.duplicates == 0, counts
     assert counts.double_honors == 0, counts

@@ -32,17 +32,18 @@ from tests.faults.harness import (
 )
 
 # What a client may get while the processor is away: its own answers, and Envoy's for
-# a processor it cannot reach (503 with retry-after where the config says so, 500
-# otherwise and once the upstream was contacted) or that did not answer in time (504,
-# or 503 where the config says so).
+# a processor it cannot reach or that did not answer in time: 503 with retry-after
+# before the upstream was chosen, 500 (or 504 for a timeout) after.
 AWAY = {"200", "500", "503"}
 TIMED_OUT = AWAY | {"504"}
 
 
 def assert_decided_before_forwarded(counts: Counts) -> None:
     """Requests failed by the fault never reached the upstream, but for prefill legs
-    (mint), which reach it before the processor signs their response."""
+    (mint), which reach it before the processor signs their response; each that did
+    not was told to retry (503 with retry-after, assert_sound)."""
     assert set(counts.lost_kinds) <= {"mint"}, counts
+    assert set(counts.unforwarded) <= {"503"}, counts
 
 
 def replaced(stack: Stack, victim: int) -> bool:
