@@ -399,9 +399,14 @@ class GeneratorInput(BaseModel):
             earlier.append(entry)
         return self
 
+    @property
+    def largest_body_bytes(self) -> int:
+        """The largest body any route buffers (and sends the processor in one message)."""
+        return max([self.body_limit_bytes, *(e.body_limit_bytes or 0 for e in self.routes)])
+
     @model_validator(mode="after")
     def _heap_holds_a_body(self) -> GeneratorInput:
-        largest = max([self.body_limit_bytes, *(e.body_limit_bytes or 0 for e in self.routes)])
+        largest = self.largest_body_bytes
         if self.max_heap_size_bytes <= largest:
             raise ValueError(
                 f"max_heap_size_bytes: {self.max_heap_size_bytes} does not exceed the largest "

@@ -130,6 +130,20 @@ DOWNSTREAM_HTTP2_STREAM_WINDOW: Final = 64 * KiB
 DOWNSTREAM_HTTP2_CONNECTION_WINDOW: Final = MiB
 # A client must send its whole request headers within this time.
 REQUEST_HEADERS_TIMEOUT_SECONDS: Final = 10.0
+# Envoy sends the processor DATA frames of 16 KiB (nghttp2's payload size, whatever
+# SETTINGS_MAX_FRAME_SIZE the processor allows), over a thousand for a 16 MiB body, and
+# ends a connection whose frames not yet written pass max_outbound_frames (10,000 unless
+# set) as a flood, resetting every stream on it. A processor that grants its windows
+# (gRPC opens a stream's window to the whole message it reads) but reads slower than
+# Envoy writes lets every body on a connection queue there: so a connection carries at
+# most PROCESSOR_STREAMS streams (Envoy opens more connections beyond), and the limit is
+# their largest bodies' frames on top of Envoy's default for everything else.
+ENVOY_DATA_FRAME_BYTES: Final = 16 * KiB
+ENVOY_OUTBOUND_FRAMES: Final = 10_000
+PROCESSOR_STREAMS: Final = 8
+# A ProcessingRequest is the body plus its headers and attributes (the processor's own
+# gRPC message limit allows the same).
+MESSAGE_OVERHEAD_BYTES: Final = MiB
 
 
 def _seconds(value: float) -> datetime.timedelta:
@@ -225,6 +239,13 @@ def listener_tls(settings: ListenerTls) -> core.TransportSocket:
     return core.TransportSocket(name=TLS_SOCKET, typed_config=protobuf.Any.pack(context))
 
 
+def processor_outbound_frames(spec: GeneratorInput) -> int:
+    """The frames Envoy may queue for the processor on one connection before it ends the
+    connection as a flood: PROCESSOR_STREAMS largest messages and Envoy's default."""
+    message = spec.largest_body_bytes + MESSAGE_OVERHEAD_BYTES
+    return PROCESSOR_STREAMS * -(-message // ENVOY_DATA_FRAME_BYTES) + ENVOY_OUTBOUND_FRAMES
+
+
 def processor_cluster(spec: GeneratorInput) -> cluster.Cluster:
     options = upstream_http.HttpProtocolOptions(
         explicit_http_config=upstream_http.HttpProtocolOptionsExplicitHttpConfig(
@@ -232,6 +253,8 @@ def processor_cluster(spec: GeneratorInput) -> cluster.Cluster:
                 # Room for a 16 MiB body in one gRPC message.
                 initial_stream_window_size=32 * MiB,
                 initial_connection_window_size=64 * MiB,
+                max_concurrent_streams=PROCESSOR_STREAMS,
+                max_outbound_frames=processor_outbound_frames(spec),
             )
         )
     )

@@ -117,7 +117,7 @@ def test_clusters():
         "initial_stream_window_size": 32 * 1024 * 1024,
         "initial_connection_window_size": 64 * 1024 * 1024,
         "max_concurrent_streams": 8,
-        "max_outbound_frames": 18720,
+        "max_outbound_frames": 18704,
     }
     (check,) = processor["health_checks"]
     assert check["grpc_health_check"]["service_name"] == envoygen.PROCESSOR_SERVICE
