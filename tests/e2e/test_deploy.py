@@ -18,8 +18,9 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from devstack import llmd, release
+from devstack import llmd, processes, release
 from ext_proc.core import memory, route_policy
+from ext_proc.core.address import HostPort
 from ext_proc.core.config import Config
 from ext_proc.core.route_policy import Action, RoutePolicy, Topology
 from ext_proc.core.vllm_request import CONNECTOR_REQUESTS
@@ -28,7 +29,7 @@ from ext_proc.tools import carrier_headers, check_envoy, envoygen, refused_paths
 from ext_proc.tools.check_envoy.rules.replay import UNSENT
 from tests.e2e import gateway_assembly, gateway_run
 from tests.e2e.manifests import KUBE_VERSION, documents, envoy_validate
-from tests.e2e.stack import Stack, new_key
+from tests.e2e.stack import Stack, new_key, start_stand_in
 from tests.filters import assert_fails_closed
 
 REPO = Path(__file__).resolve().parents[2]
@@ -1131,3 +1132,39 @@ def test_check_envoy_catches_manifests_without_the_refused_404s():
     for report in (istio, envoy_gateway):
         assert sorted(set(report.codes())) == ["refused-endpoint-forwarded"]
         assert len(report.errors) == 3  # each forwarding route
+
+
+@pytest.mark.parametrize("platform", list(PLATFORMS))
+def test_the_manifests_answer_an_unreachable_processor_503_with_retry_after(platform, tmp_path):
+    # The processor's cluster points at a port nothing listens on: Envoy answers
+    # status_on_error's 503 and the virtual hosts' (or route configuration's) retry-after,
+    # forwarding nothing; an answer of Envoy's own that is no processor failure (a token
+    # endpoint's 404) gets no retry-after.
+    assemble, processor = PLATFORMS[platform]
+    ports = {
+        name: HostPort("127.0.0.1", processes.free_port())
+        for name in ("gateway", "admin", "processor", "stand_in")
+    }
+    config = gateway_run.runnable(assemble(), ports, processor)
+    (tmp_path / "envoy.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    stand_in = start_stand_in(ports["stand_in"], tmp_path / "stand-in.log")
+    try:
+        args = processes.envoy_args(tmp_path / "envoy.yaml", ports["admin"].port)
+        envoy = processes.start(args, tmp_path / "envoy.log")
+        try:
+            processes.wait_for_envoy(ports["admin"].port, envoy)
+            url = f"http://{ports['gateway']}"
+            with httpx.Client(timeout=20) as client:
+                for path in ("/v1/completions", "/pd/v1/completions", "/pd/prefill/v1/completions"):
+                    reply = client.post(url + path, json={"model": "m", "prompt": "hi"})
+                    assert reply.status_code == 503, (path, reply.text)
+                    assert reply.headers["retry-after"] == "1", path
+                refused = client.post(url + "/v1/render", json={})
+                assert refused.status_code == 404
+                assert "retry-after" not in refused.headers
+            running = gateway_run.Running(ports["gateway"], ports["stand_in"])
+            assert running.received() == []
+        finally:
+            processes.stop(envoy)
+    finally:
+        processes.stop(stand_in)
