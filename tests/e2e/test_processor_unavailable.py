@@ -6,9 +6,12 @@ upstream that resets a request it received gets no retry-after."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 import socket
 import struct
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,8 +20,9 @@ import httpx
 import pytest
 
 from devstack import processes
+from devstack import upstream as upstream_stub
 from ext_proc.core.address import HostPort
-from tests.e2e.stack import Stack
+from tests.e2e.stack import Stack, new_key
 
 SHIPPED = Path(__file__).resolve().parents[2] / "envoy" / "envoy.yaml"
 BODY = {"model": "m", "prompt": "hi", "kv_transfer_params": {"do_remote_decode": True}}
@@ -102,7 +106,12 @@ def upstream() -> Iterator[ResettingUpstream]:
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory, upstream: ResettingUpstream) -> Iterator[Stack]:
     workdir = tmp_path_factory.mktemp("unavailable")
-    with Stack(workdir, source=SHIPPED, edit=_resetting_route(upstream.address)) as running:
+    with Stack(
+        workdir,
+        source=SHIPPED,
+        edit=_resetting_route(upstream.address),
+        proof_keys={"e2e": new_key()},
+    ) as running:
         yield running
 
 
@@ -131,9 +140,37 @@ def test_an_upstream_reset_after_the_request_arrived_says_no_retry(
     assert reply.json()["error"]["type"] == "GatewayError"
 
 
+def test_a_processor_lost_after_the_upstream_was_chosen_says_no_retry(stack: Stack) -> None:
+    # A mint route's response goes to the processor: killed while the upstream holds
+    # the request, the filter fails after the router chose an upstream. The upstream
+    # may have run it, so no retry-after, and not a 503 a proxy would retry.
+    stack.clear()
+    replies: list[httpx.Response] = []
+    body = json.dumps({"model": "m", "prompt": "hi"}).encode()
+    headers = {"content-type": "application/json", upstream_stub.DELAY_HEADER: "3"}
+    sender = threading.Thread(
+        target=lambda: replies.append(
+            httpx.post(
+                f"{stack.url}/pd/prefill/v1/completions", content=body, headers=headers, timeout=20
+            )
+        )
+    )
+    sender.start()
+    for _ in range(100):
+        if stack.received_count():
+            break
+        time.sleep(0.05)
+    assert stack.received_count() == 1
+    os.kill(stack.children["processor"].pid, signal.SIGKILL)
+    sender.join(30)
+    (reply,) = replies
+    assert reply.status_code == 500
+    assert "retry-after" not in reply.headers
+    assert reply.json()["error"]["type"] == "GatewayError"
+
+
 def test_an_unreachable_processor_answers_503_with_retry_after(stack: Stack) -> None:
-    # Last in this module: the processor is started again, but Envoy's connection to it
-    # is not this test's business.
+    # Last in this module: the processor is not started again.
     stack.stop_processor()
     assert processes.port_is_free(stack.processor.port)
     stack.clear()
