@@ -39,3 +39,7 @@ def test_the_gateway_wiring_states_the_retry_condition_envoy_config_writes():
     for name in ("istio/envoyfilter.yaml", "envoy-gateway/patch-policy.yaml"):
         documents = list(yaml.safe_load_all((REPO / "deploy" / name).read_text()))
         assert _retry_after_values(documents) == [RETRY_AFTER_FORMAT], name
+    # llm-d's standalone router: the Envoy bootstrap is a string of its values.
+    text = (REPO / "deploy" / "llm-d" / "standalone" / "values.yaml").read_text()
+    assert text.count("key: retry-after") == 1
+    assert f'value: "{RETRY_AFTER_FORMAT}"' in text
