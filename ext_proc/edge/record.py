@@ -119,8 +119,15 @@ def create(
 def table_path(listen: str) -> Path:
     """Where the processor serving ``listen`` keeps its table: one file per address
     (no two processors serve one address on a host), in the temporary directory (the
-    shipped manifests' emptyDir, which a container restarted in its pod keeps)."""
-    return Path(tempfile.gettempdir()) / f"ext-proc-spent-proofs-{_FILE_NAME.sub('-', listen)}"
+    shipped manifests' emptyDir, which a container restarted in its pod keeps).
+    ``ConfigError`` when there is no temporary directory to write."""
+    try:
+        directory = tempfile.gettempdir()
+    except FileNotFoundError as exc:
+        raise ConfigError(
+            f"no directory for the table of spent proofs: {exc} (TMPDIR or /tmp must be writable)"
+        ) from None
+    return Path(directory) / f"ext-proc-spent-proofs-{_FILE_NAME.sub('-', listen)}"
 
 
 def begin(

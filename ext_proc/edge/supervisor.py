@@ -146,8 +146,8 @@ class Supervisor:
                 return 2
             self.directory = _metrics_folder(cleanup)
             if not self.config.proof.record:
-                self.record_file = record.table_path(self.config.listen)
                 try:
+                    self.record_file = record.table_path(self.config.listen)
                     record.begin(
                         self.record_file,
                         self.config.proof.record_slots,

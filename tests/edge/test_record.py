@@ -399,6 +399,13 @@ def test_a_table_that_cannot_be_written_stops_the_start(tmp_path):
         restart(tmp_path / "missing" / "spent", NOW)
 
 
+def test_no_temporary_directory_stops_the_start(monkeypatch):
+    monkeypatch.setattr(tempfile, "tempdir", None)
+    monkeypatch.setattr(tempfile, "_candidate_tempdir_list", lambda: ["/nonexistent"])
+    with pytest.raises(ConfigError, match="no directory for the table of spent proofs"):
+        record.table_path("0.0.0.0:9002")
+
+
 def test_each_listen_address_has_its_table_in_the_temporary_directory(monkeypatch, tmp_path):
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     assert record.table_path("0.0.0.0:9002") == tmp_path / "ext-proc-spent-proofs-0.0.0.0-9002"
