@@ -29,7 +29,7 @@ import subprocess
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -408,9 +408,3 @@ def redis_server(workdir: Path) -> Iterator[Redis]:
         yield server
     finally:
         server.stop()
-
-
-def during(seconds: float, action: Callable[[], None]) -> None:
-    """``action`` after ``seconds`` of load."""
-    time.sleep(seconds)
-    action()
