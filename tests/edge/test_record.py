@@ -4,6 +4,7 @@ import asyncio
 import multiprocessing
 import os
 import tempfile
+import threading
 import time
 
 import pytest
@@ -451,3 +452,57 @@ def test_a_supervisor_begins_its_workers_table_after_the_time_the_last_one_saw(
     table = LocalRecord.open(path, terms=settings.proof.terms)
     assert table.began == ahead + 1
     assert table.spend_now(ticket(1, ahead + 60, ahead + 1)) is Verdict.CLOCK_BEHIND
+
+
+# --- another process at the table's file ------------------------------------------------
+
+
+def _second_processor(path, out):
+    """A second processor begun on the same address (it fails to bind, or binds a unix
+    socket the first serves): what its start made of the first one's table."""
+    try:
+        record.begin(path, BUCKET_SLOTS, lambda: NOW + 1, terms=TERMS)
+    except ConfigError as exc:
+        out.put(str(exc))
+    else:
+        out.put(None)
+
+
+def test_a_second_processor_never_replaces_a_live_table(tmp_path):
+    """The first keeps serving after a second one began on its address: had the second
+    put its table in the file's place, the first would spend into a file no one reads,
+    and restarted with its clock a few seconds behind it would begin after the second's
+    time, not its own, and honor again a proof it honored."""
+    path = tmp_path / "spent"
+    clock = [NOW]
+    live = LocalRecord.alone(path, BUCKET_SLOTS, lambda: clock[0], terms=TERMS)
+    context = multiprocessing.get_context("spawn")
+    out = context.Queue()
+    second = context.Process(target=_second_processor, args=(path, out))
+    second.start()
+    refused = out.get(timeout=60)
+    second.join(timeout=60)
+    clock[0] = NOW + 50.5
+    spent = ticket(1, int(NOW) + 80, int(NOW) + 50)
+    assert live.spend_now(spent) is Verdict.FIRST
+    asyncio.run(live.close())
+    assert restart(path, NOW + 45).spend_now(spent) is not Verdict.FIRST
+    assert refused is not None
+    assert "another processor" in refused
+
+
+def test_a_fifo_at_the_tables_path_never_hangs_the_start(tmp_path, caplog):
+    """Anyone who can write the temporary directory can put a FIFO there first: reading
+    the previous table's time must not wait for a writer that never comes."""
+    path = tmp_path / "spent"
+    os.mkfifo(path)
+    began: list[LocalRecord] = []
+    start = threading.Thread(target=lambda: began.append(restart(path, NOW)), daemon=True)
+    start.start()
+    start.join(timeout=30)
+    if start.is_alive():  # release it: open the FIFO's other end
+        os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
+        start.join(timeout=30)
+        pytest.fail("the start waited on a FIFO at the table's path")
+    assert began[0].began == NOW
+    assert "record_mark_unreadable" in [r.error for r in caplog.records]
