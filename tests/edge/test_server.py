@@ -21,6 +21,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from ext_proc._pb import external_processor_pb2 as pb
 from ext_proc._pb import external_processor_pb2_grpc as pb_grpc
 from ext_proc.core.config import Config
+from ext_proc.edge.metrics import STREAM_ERROR_KINDS
 from ext_proc.edge.redis_record import RecordState, RedisRecord
 from ext_proc.edge.server import QUIET_SECONDS, RECORD_SERVICE, Server, listen
 from ext_proc.version import version
@@ -208,9 +209,11 @@ def test_streams_received_while_the_loop_was_busy_are_served_not_cancelled():
 
 
 def test_a_stream_still_open_when_the_grace_is_over_is_ended(caplog):
-    caplog.set_level("INFO", "ext_proc.server")
+    """The stream waits for a body that never comes: the stop ends it, which the
+    operator reads as one line, and no internal or protocol error is logged or counted."""
+    caplog.set_level("INFO", "ext_proc")
 
-    async def scenario() -> tuple[int, grpc.StatusCode]:
+    async def scenario() -> tuple[int, grpc.StatusCode, dict[str, float]]:
         server = Server(config(drain_seconds=0, shutdown_grace_seconds=0.5))
         main = asyncio.ensure_future(server.main())
         port = await started(server)
@@ -229,15 +232,24 @@ def test_a_stream_still_open_when_the_grace_is_over_is_ended(caplog):
             status = await main
             with contextlib.suppress(grpc.aio.AioRpcError):
                 assert [r.WhichOneof("response") async for r in call] == ["request_headers"]
-            return status, await call.code()
+            errors = server.running.processor.metrics.stream_errors
+            counted = {kind: errors.labels(kind)._value.get() for kind in STREAM_ERROR_KINDS}
+            return status, await call.code(), counted
 
-    status, code = run(scenario())
+    status, code, counted = run(scenario())
     assert status == 0
     assert code == grpc.StatusCode.UNAVAILABLE  # gRPC's "Cancelling all calls"
     messages = [r.getMessage() for r in caplog.records if r.name == "ext_proc.server"]
     assert messages == ["serving", "draining", "grace period over; ending open streams", "stopped"]
     (over,) = [r for r in caplog.records if r.getMessage().startswith("grace period over")]
     assert over.open_streams == 1
+    decisions = [r for r in caplog.records if r.name == "ext_proc.decision"]
+    assert [(r.levelname, r.getMessage()) for r in decisions] == [
+        ("WARNING", "stream ended at shutdown")
+    ]
+    assert decisions[0].exc_info is None
+    assert decisions[0].request_id == ""  # no x-request-id sent
+    assert counted == {"protocol_violation": 0, "internal": 0, "cancelled": 0, "shutdown": 1}
 
 
 def serve(*args: str, environ: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
