@@ -19,7 +19,8 @@ replacing it: the new one begins after the latest second the old one saw and has
 that second, so a process restarted with its clock behind never begins before a proof
 the old one honored, and is ``CLOCK_BEHIND`` until its clock catches up. Where no file
 survives (a new machine or pod, a new temporary directory) the table begins at the
-clock, as every record does.
+clock, as every record does. The process that begins a table holds its lock while the
+table is in use: no other process replaces a table some process still spends into.
 
 Time never runs backwards for the table: its header keeps the latest second any spend
 read from the clock (``seen``), and a spend whose clock reads more than
@@ -59,6 +60,7 @@ import mmap
 import os
 import re
 import secrets
+import stat
 import struct
 import tempfile
 import time
@@ -132,10 +134,63 @@ def table_path(listen: str) -> Path:
 
 def begin(
     path: Path, slots: int, clock: Callable[[], float] = time.time, *, terms: Terms = NO_TERMS
-) -> None:
+) -> int:
     """A new, empty table in ``path`` (as ``create``) that begins after the latest
     second the table it replaces saw, and has seen that second. The new file takes the
-    old one's place at once (a rename): a process killed meanwhile leaves the old."""
+    old one's place at once (a rename): a process killed meanwhile leaves the old.
+
+    Returns the descriptor of the table's lock (``_hold``), which the caller keeps open
+    while it or its workers use the table: no other process begins one there until it
+    is closed or the process ends. ``ConfigError`` when another process holds it."""
+    lock = _hold(path)
+    try:
+        _replace(path, slots, clock, terms)
+    except BaseException:
+        os.close(lock)
+        raise
+    return lock
+
+
+def _hold(path: Path) -> int:
+    """The table's lock (``<path>.lock``, this user's own file), held exclusively. A
+    process that replaced a table still in use would leave its users spending into a
+    file no one reads again, and the next process to start there would read the wrong
+    time. A POSIX lock: the kernel releases it when its process dies, however."""
+    lock = path.with_name(f"{path.name}.lock")
+    try:
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o600)
+    except OSError as exc:
+        raise _unwritable(lock, exc) from None
+    try:
+        _lock(fd, lock, path)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _lock(fd: int, lock: Path, path: Path) -> None:
+    found = os.fstat(fd)
+    if not stat.S_ISREG(found.st_mode) or found.st_uid != os.geteuid():
+        raise _unwritable(lock, "not a file of this user's own")
+    try:
+        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        raise ConfigError(
+            f"another processor keeps its table of spent proofs in {path} (it serves "
+            "this listen address, or one named alike): it must stop before this one starts"
+        ) from None
+
+
+def _unwritable(path: Path, why: object) -> ConfigError:
+    return ConfigError(
+        f"cannot write the table of spent proofs {path}: {why} (it lives in the "
+        "temporary directory, TMPDIR or /tmp, which must be writable)"
+    )
+
+
+def _replace(path: Path, slots: int, clock: Callable[[], float], terms: Terms) -> None:
+    """Under the table's lock: the new table in ``path`` (``begin``)."""
     began = clock()
     mark = _mark(path, terms)
     header = bytearray(_header(slots, began, terms))
@@ -144,8 +199,8 @@ def begin(
         _SECOND.pack_into(header, _BEGAN_AT, start)
         _SECOND.pack_into(header, _SEEN_AT, max(math.ceil(began), mark))
     fresh = path.with_name(f"{path.name}.{os.getpid()}.new")
-    fresh.unlink(missing_ok=True)  # one a process of this pid left
     try:
+        fresh.unlink(missing_ok=True)  # one a process of this pid left
         # Only this user reads it: with its secret a client could aim proofs at a bucket.
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
         with os.fdopen(os.open(fresh, flags, 0o600), "wb") as out:
@@ -153,11 +208,9 @@ def begin(
             out.write(header)
         fresh.replace(path)
     except OSError as exc:
-        fresh.unlink(missing_ok=True)
-        raise ConfigError(
-            f"cannot write the table of spent proofs {path}: {exc.strerror or exc} (it "
-            "lives in the temporary directory, TMPDIR or /tmp, which must be writable)"
-        ) from None
+        with contextlib.suppress(OSError):
+            fresh.unlink(missing_ok=True)
+        raise _unwritable(path, exc.strerror or exc) from None
 
 
 def _mark(path: Path, terms: Terms) -> int | None:
@@ -166,19 +219,27 @@ def _mark(path: Path, terms: Terms) -> int | None:
     there); None when there is no file. A file that cannot be read as a table is
     logged and leaves the clock to begin the new table, as on a new machine."""
     try:
-        with path.open("rb") as old:
-            head = old.read(_HEADER.size)
+        head, why = _read_head(path)
     except FileNotFoundError:
         return None
     except OSError as exc:
         head, why = b"", exc.strerror or str(exc)
-    else:
-        why = "not a table of spent proofs"
     if len(head) < _HEADER.size or head[: len(MAGIC)] != MAGIC:
         _unreadable(path, why)
         return None
     _magic, _buckets, _secret, began, seen, skew = _HEADER.unpack(head)
     return min(int(max(began - 1, seen) + max(0, skew - terms.skew)), _LATEST_MARK)
+
+
+def _read_head(path: Path) -> tuple[bytes, str]:
+    """The first bytes of the regular file in ``path``, or none and why. Neither a link
+    nor a FIFO (which would wait for a writer) is followed: anyone who can write the
+    temporary directory may have put one there."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    with os.fdopen(fd, "rb") as old:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return b"", "not a regular file"
+        return old.read(_HEADER.size), "not a table of spent proofs"
 
 
 def _unreadable(path: Path, why: str) -> None:
@@ -211,6 +272,8 @@ class LocalRecord:
         # time is all the next process reads). Cut by this descriptor, never by name:
         # a processor started meanwhile may have put its own table there.
         self._own: int | None = None
+        # Its lock (``begin``), held until then.
+        self._lock: int | None = None
         self._buckets = buckets
         self._secret = secret
         self._clock = clock
@@ -257,15 +320,20 @@ class LocalRecord:
     ) -> LocalRecord:
         """A table for this process alone (no lock: one event loop uses it), begun in
         ``path`` (``begin``) so that its time outlives the process."""
-        begin(path, slots, clock, terms=terms)
-        fd = os.open(path, os.O_RDWR)
+        lock = begin(path, slots, clock, terms=terms)
+        try:
+            fd = os.open(path, os.O_RDWR)
+        except BaseException:
+            os.close(lock)
+            raise
         try:
             table = mmap.mmap(fd, 0, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
         except BaseException:
             os.close(fd)
+            os.close(lock)
             raise
         alone = cls(table, None, clock, terms=terms)
-        alone._own = fd
+        alone._own, alone._lock = fd, lock
         return alone
 
     @classmethod
@@ -376,6 +444,9 @@ class LocalRecord:
             os.ftruncate(self._own, _HEADER.size)
             os.close(self._own)
             self._own = None
+        if self._lock is not None:  # after the cut: the next process reads the header
+            os.close(self._lock)
+            self._lock = None
 
 
 def _fields(terms: Terms) -> dict[str, int]:

@@ -148,7 +148,7 @@ class Supervisor:
             if not self.config.proof.record:
                 try:
                     self.record_file = record.table_path(self.config.listen)
-                    record.begin(
+                    lock = record.begin(
                         self.record_file,
                         self.config.proof.record_slots,
                         terms=self.config.proof.terms,
@@ -156,6 +156,8 @@ class Supervisor:
                 except ConfigError as exc:
                     log.error(str(exc))  # noqa: TRY400 - one line naming the file, no traceback
                     return 2
+                # Held while the workers map the table: no other processor replaces it.
+                cleanup.callback(os.close, lock)
             if self.config.metrics_address is not None:
                 registry = metrics.aggregate(self.directory)
                 try:

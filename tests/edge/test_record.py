@@ -391,7 +391,8 @@ def test_the_table_file_is_the_processors_own_and_replaced_at_once(tmp_path):
     path = tmp_path / "spent"
     restart(path, NOW)
     assert path.stat().st_mode & 0o777 == 0o600
-    assert [p.name for p in tmp_path.iterdir()] == ["spent"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["spent", "spent.lock"]
+    assert (tmp_path / "spent.lock").stat().st_mode & 0o777 == 0o600
     assert os.path.getsize(path) == replay.table_bytes(BUCKET_SLOTS)
 
 
