@@ -20,7 +20,8 @@ from ext_proc.core.reasons import Reason
 from ext_proc.version import version
 
 # How a stream can end in error (``ext_proc_stream_errors_total``'s kind label).
-STREAM_ERROR_KINDS: Final = ("protocol_violation", "internal", "cancelled")
+# shutdown: still open when the server stopped after its grace.
+STREAM_ERROR_KINDS: Final = ("protocol_violation", "internal", "cancelled", "shutdown")
 # Body sizes from 1 KiB to 64 MiB, processing times from 50 µs to 5 s.
 BODY_BUCKETS: Final = tuple(float(1024 * 4**i) for i in range(9))
 TIME_BUCKETS: Final = (
@@ -148,7 +149,7 @@ def _stream_errors(registry: CollectorRegistry) -> Counter:
     """Streams ended with an error, by kind."""
     stream_errors = Counter(
         "ext_proc_stream_errors",
-        "Streams ended with an error: protocol_violation, internal, cancelled.",
+        "Streams ended with an error: protocol_violation, internal, cancelled, shutdown.",
         ["kind"],
         registry=registry,
     )

@@ -396,8 +396,14 @@ class Server:
         # Idle: nothing is open. Otherwise the grace is over. A stream begun this instant
         # is ended either way: the gateway is still sending here, and nothing stays.
         # Not cancelled when forced: the forced stop in _close runs alongside and ends it.
+        self._ending()
         ended = asyncio.ensure_future(self._server.stop(0))
         return not await self._forced_before(ended)
+
+    def _ending(self) -> None:
+        """From here every stream still open is ended by the stop, and logged so."""
+        assert self.running is not None, "started"
+        self.running.processor.stopping = True
 
     async def _forced_before(self, phase: asyncio.Future[Any]) -> bool:
         """Wait for ``phase`` unless a second signal comes first; True when it did."""
@@ -414,6 +420,7 @@ class Server:
             if task is not None:
                 task.cancel()
         if self.running is not None:
+            self._ending()
             await self.running.server.stop(None)
             await self.running.processor.record.close()
             spans = self.running.processor.spans

@@ -93,6 +93,9 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc
         self.streams_begun = 0
         # Envoy cancels a stream whenever a client goes away: counted without a lookup.
         self._cancelled = self.metrics.stream_errors.labels("cancelled")
+        # Set by the server as it stops: every stream still open is ended by the stop,
+        # and one that fails from now on because its call is over was ended, not broken.
+        self.stopping = False
         self._trust = Trust(
             keys=KeyRing(config.proof.keys).current,
             tenant_key=tenant_key(config.tenants.key_file),
@@ -143,21 +146,42 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc
         try:
             await self._converse(context, stream, usage)
         except asyncio.CancelledError:
-            self._cancelled.inc()
+            if self.stopping:
+                self._ended(usage)
+            else:
+                self._cancelled.inc()
             raise
         except grpc.aio.AbortError:
             raise  # an error status this servicer chose; already counted
+        except grpc.aio.InternalError:
+            # An answer or status gRPC could not send because the call is over.
+            if not self.stopping:
+                self._internal(usage)
+                raise
+            self._ended(usage)  # nothing is left to send it on
         except Exception:
-            metrics.stream_errors.labels("internal").inc()
-            log.exception("internal error", extra={"request_id": usage.request_id})
-            if self.spans is not None:
-                self.spans.failed("internal", usage.call, usage.request, usage.started_ns)
+            self._internal(usage)
             raise
         finally:
             stream.close()
             self.open_streams -= 1
             if usage.outcome is not None:
                 metrics.observe_processing(usage.outcome.route, usage.busy)
+
+    def _internal(self, usage: _Usage) -> None:
+        """Count and log the exception being handled, with its traceback."""
+        self.metrics.stream_errors.labels("internal").inc()
+        log.exception("internal error", extra={"request_id": usage.request_id})
+        if self.spans is not None:
+            self.spans.failed("internal", usage.call, usage.request, usage.started_ns)
+
+    def _ended(self, usage: _Usage) -> None:
+        """A stream the server's stop ended: one line, no traceback (not a fault here;
+        a stop that ends streams means the grace was shorter than they lasted)."""
+        self.metrics.stream_errors.labels("shutdown").inc()
+        log.warning("stream ended at shutdown", extra={"request_id": usage.request_id})
+        if self.spans is not None:
+            self.spans.failed("shutdown", usage.call, usage.request, usage.started_ns)
 
     async def _converse(
         self,
@@ -178,6 +202,9 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc
             elif deadline is None:
                 deadline = asyncio.get_running_loop().time() + self._config.body_timeout_seconds
             event = await self._next(context, deadline)
+            if event is None and self.stopping:
+                self._ended(usage)  # the stop closed the call, not Envoy
+                return
             if event is None:
                 break
             try:

@@ -84,7 +84,7 @@ def test_sample_sets_the_inflight_gauges(metrics):
 
 
 def test_every_stream_error_kind_is_exported_at_zero_before_the_first(metrics):
-    for kind in ("protocol_violation", "internal", "cancelled"):
+    for kind in ("protocol_violation", "internal", "cancelled", "shutdown"):
         assert value(metrics, "ext_proc_stream_errors_total", kind=kind) == 0
 
 

@@ -247,6 +247,40 @@ def test_protocol_errors_are_counted_as_such_not_as_internal_errors():
     assert run(scenario()) == (1.0, 0.0)
 
 
+def test_an_internal_error_while_the_server_stops_stays_an_internal_error(caplog):
+    """Only a stream whose call the stop ended is "ended at shutdown": a fault in the
+    processor meanwhile is logged with its traceback and counted as internal."""
+    caplog.set_level("INFO", "ext_proc.decision")
+
+    async def scenario():
+        running = await build(Config.load(listen="127.0.0.1:0"))
+        running.processor.stopping = True
+
+        def broken(request: pb.ProcessingRequest) -> None:
+            raise RuntimeError("broken")
+
+        running.processor._decode = broken
+        try:
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{running.port}") as channel:
+                call = pb_grpc.ExternalProcessorStub(channel).Process(iter([headers(eos=True)]))
+                with pytest.raises(grpc.aio.AioRpcError) as failed:
+                    async for _ in call:
+                        pass
+        finally:
+            await running.server.stop(None)
+        errors = running.processor.metrics.stream_errors
+        counted = {kind: errors.labels(kind)._value.get() for kind in ("internal", "shutdown")}
+        return failed.value.code(), counted
+
+    code, counted = run(scenario())
+    assert code == grpc.StatusCode.UNKNOWN
+    assert counted == {"internal": 1, "shutdown": 0}
+    (record,) = [r for r in caplog.records if r.name == "ext_proc.decision"]
+    assert (record.levelname, record.getMessage()) == ("ERROR", "internal error")
+    assert record.exc_info is not None
+    assert record.exc_info[0] is RuntimeError
+
+
 def test_chunks_after_a_streamed_rejection_are_dropped_and_the_stream_ends_ok():
     # Envoy keeps sending the chunks it had read when the ImmediateResponse reaches it.
     first = headers()
