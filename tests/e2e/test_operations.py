@@ -297,6 +297,43 @@ def test_second_signal_forces_exit_and_nothing_half_forwarded(draining):
     assert draining.received() == []
 
 
+def head_of(sock: socket.socket) -> bytes:
+    """The response's status line and headers (empty if the connection closed first)."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(65536)
+        if not chunk:
+            break
+        data += chunk
+    return data.split(b"\r\n\r\n", 1)[0]
+
+
+def test_a_stream_still_open_when_the_grace_is_over_is_a_503_to_retry(tmp_path):
+    """The upload never finishes: its stream outlives the grace and the stop ends it.
+    Envoy answers 503 with retry-after (a processor that failed), nothing was forwarded,
+    and the processor logs it as one line, not as an error with a traceback."""
+    config = {"drain_seconds": 0, "shutdown_grace_seconds": 1}
+    source = ENVOY / "envoy-two-message.yaml"
+    with Stack(tmp_path, source=source, processor_config=config) as stack:
+        data = json.dumps(chat({"prompt_token_ids": IDS})).encode()
+        in_flight = stack.open_upload(len(data), data[:20])
+        time.sleep(0.3)
+        processor = stack.children["processor"]
+        os.kill(processor.pid, signal.SIGTERM)
+        assert processor.wait(timeout=15) == 0
+        head = head_of(in_flight).decode().lower().split("\r\n")
+        in_flight.close()
+        assert head[0].split(" ", 2)[1] == "503", head
+        assert "retry-after: 1" in head
+        assert stack.received() == []
+        lines = [json.loads(line) for line in stack.logs("processor").splitlines()]
+    messages = [line["message"] for line in lines if line.get("level") != "debug"]
+    assert messages.count("stream ended at shutdown") == 1, messages
+    assert "internal error" not in messages
+    assert "protocol error" not in messages
+    assert "Traceback" not in stack.logs("processor")
+
+
 # --- workers ----------------------------------------------------------------------------
 
 
