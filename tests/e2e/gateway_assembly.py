@@ -464,6 +464,8 @@ def eg_ext_proc(policy: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict
             h2_options["initial_connection_window_size"] = quantity(
                 h2["initialConnectionWindowSize"]
             )
+        if "maxConcurrentStreams" in h2:
+            h2_options["max_concurrent_streams"] = int(h2["maxConcurrentStreams"])
         options = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
         cluster["typed_extension_protocol_options"] = {
             options: {

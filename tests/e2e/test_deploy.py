@@ -1088,6 +1088,36 @@ PLATFORMS = {
 }
 
 
+def processor_connection(config: dict[str, Any], processor: str) -> tuple[int, int]:
+    """The processor cluster's streams on one HTTP/2 connection and max_outbound_frames."""
+    (found,) = [c for c in config["static_resources"]["clusters"] if c["name"] == processor]
+    options = found["typed_extension_protocol_options"][envoygen.HTTP_OPTIONS]
+    h2 = options["explicit_http_config"]["http2_protocol_options"]
+    return h2.get("max_concurrent_streams", 0), h2.get("max_outbound_frames", 0)
+
+
+def bounded_connection(largest_body: int) -> tuple[int, int]:
+    """What every wiring gives the processor cluster for its largest body (envoygen's)."""
+    return envoygen.PROCESSOR_STREAMS, envoygen.processor_outbound_frames(largest_body)
+
+
+def largest_route_body(config: dict[str, Any]) -> int:
+    hcm = config["static_resources"]["listeners"][0]["default_filter_chain"]["filters"][0]
+    hosts = hcm["typed_config"]["route_config"]["virtual_hosts"]
+    limits = [r["request_body_buffer_limit"] for h in hosts for r in h["routes"] if "route" in r]
+    assert limits
+    return int(max(limits))
+
+
+@pytest.mark.parametrize("platform", list(PLATFORMS))
+def test_the_processor_connection_has_room_for_its_streams_bodies(platform):
+    # Bodies queued on one connection to a processor slow to read would otherwise pass
+    # Envoy's default max_outbound_frames, which ends the connection as a flood.
+    assemble, processor = PLATFORMS[platform]
+    config = assemble()
+    assert processor_connection(config, processor) == bounded_connection(largest_route_body(config))
+
+
 @pytest.mark.parametrize("platform", list(PLATFORMS))
 def test_a_bodiless_request_never_reaches_a_refused_endpoint_through_the_manifests(
     platform, tmp_path

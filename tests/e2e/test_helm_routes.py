@@ -28,7 +28,7 @@ from devstack import helm
 from ext_proc.core import tenants
 from ext_proc.core.config import Config
 from ext_proc.core.route_policy import FAIRNESS_HEADER
-from ext_proc.tools import check_envoy
+from ext_proc.tools import check_envoy, envoygen
 from tests.e2e import gateway_assembly, gateway_run, istio_ingress
 from tests.e2e.manifests import envoy_validate
 from tests.e2e.stack import new_key
@@ -297,6 +297,40 @@ def test_one_body_limit_reaches_every_manifest(gateway):
     assert "16Mi" not in wiring
     assert wiring.count("33554432") >= 2
     assert "67108864" in wiring or "64Mi" in wiring
+    # The processor cluster's room for its streams' bodies, envoygen's for the limit.
+    bounded = (envoygen.PROCESSOR_STREAMS, envoygen.processor_outbound_frames(33554432))
+    assert processor_connections(objects) == [bounded]
+
+
+_FRAMES_PATH = "/http2_protocol_options/max_outbound_frames"
+
+
+def processor_connections(objects: list[dict[str, Any]]) -> list[tuple[int, int]]:
+    """Each processor cluster's streams per connection and max_outbound_frames: an
+    EnvoyFilter's cluster, or an EnvoyExtensionPolicy's with its EnvoyPatchPolicy patch."""
+    found = []
+    frames = {
+        p["name"]: p["operation"]["value"]
+        for o in objects
+        if o["kind"] == "EnvoyPatchPolicy"
+        for p in o["spec"]["jsonPatches"]
+        if p["operation"]["path"].endswith(_FRAMES_PATH)
+    }
+    for o in objects:
+        if o["kind"] == "EnvoyFilter":
+            for patch in o["spec"]["configPatches"]:
+                value = patch["patch"]["value"]
+                if patch["applyTo"] == "CLUSTER" and value["name"] == PROCESSOR:
+                    options = value["typed_extension_protocol_options"][envoygen.HTTP_OPTIONS]
+                    h2 = options["explicit_http_config"]["http2_protocol_options"]
+                    found.append((h2.get("max_concurrent_streams"), h2.get("max_outbound_frames")))
+        if o["kind"] == "EnvoyExtensionPolicy":
+            meta = o["metadata"]
+            for index, ext_proc in enumerate(o["spec"]["extProc"]):
+                h2 = ext_proc["backendSettings"]["http2"]
+                name = f"envoyextensionpolicy/{meta['namespace']}/{meta['name']}/{index}"
+                found.append((h2.get("maxConcurrentStreams"), frames.get(name)))
+    return found
 
 
 def test_two_releases_in_one_namespace_render_and_pass_check_envoy():

@@ -22,11 +22,14 @@ from tests.e2e.test_deploy import (
     ISTIO_PROCESSOR,
     KUBE_VERSION,
     NAMESPACE,
+    bounded_connection,
     chat,
     documents,
     envoy_validate,
     httproutes,
     istio_filter,
+    largest_route_body,
+    processor_connection,
     routes_of,
 )
 
@@ -227,6 +230,13 @@ def test_every_virtual_host_answers_the_refused_endpoints_first():
     for name, routes in virtual_hosts(assembled()).items():
         assert routes[: len(inserted)] == inserted, name
         assert len(routes) == len(inserted) + 1, name
+
+
+def test_the_processor_connection_has_room_for_its_streams_bodies():
+    config = assembled()
+    assert processor_connection(config, ISTIO_PROCESSOR) == bounded_connection(
+        largest_route_body(config)
+    )
 
 
 def test_the_assembled_gateway_passes_check_envoy():

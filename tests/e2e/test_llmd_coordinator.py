@@ -21,10 +21,13 @@ from tests.e2e.test_deploy import (
     KUBE_VERSION,
     KUBECTL,
     NAMESPACE,
+    bounded_connection,
     documents,
     envoy_validate,
+    largest_route_body,
     manager_of,
     policy_from,
+    processor_connection,
     routes_of,
 )
 from tests.tools.envoygen.configs import hcm_of
@@ -87,6 +90,19 @@ def test_each_phase_gets_its_policy(assemble, name_of, tmp_path):
     assert report.errors == []
     assert report.warnings == []
     envoy_validate(config, tmp_path, "coordinator")
+
+
+@pytest.mark.parametrize(
+    ("assemble", "processor"),
+    [
+        (istio, "ext_proc_token_policy"),
+        (envoy_gateway, "envoyextensionpolicy/llm-d/token-policy/0"),
+    ],
+    ids=["istio", "envoy-gateway"],
+)
+def test_the_processor_connection_has_room_for_its_streams_bodies(assemble, processor):
+    config = assemble()
+    assert processor_connection(config, processor) == bounded_connection(largest_route_body(config))
 
 
 def test_istio_prefill_and_decode_phases_retry_only_unread_requests():

@@ -44,6 +44,7 @@ from tests.e2e.test_deploy import (
     NOT_KUBERNETES,
     PATH_SETTINGS,
     REPO,
+    bounded_connection,
     documents,
     envoy_validate,
     generated_not_found_routes,
@@ -52,6 +53,7 @@ from tests.e2e.test_deploy import (
     patch_of,
     policy_from,
     processor_config,
+    processor_connection,
     shipped_manager,
 )
 
@@ -248,6 +250,14 @@ def test_processor_cluster_is_the_istio_patchs():
         assert ours[key] == istio[key], key
     assert ours["typed_extension_protocol_options"] == istio["typed_extension_protocol_options"]
     assert ours["load_assignment"]["endpoints"] == istio["load_assignment"]["endpoints"]
+
+
+def test_the_processor_connection_has_room_for_its_streams_bodies():
+    # These values are written by hand: envoygen's figures for their largest body.
+    config = bootstrap()
+    largest = max(r["request_body_buffer_limit"] for r in routes(config) if "route" in r)
+    got = processor_connection(config, "ext_proc_token_policy")
+    assert got == bounded_connection(largest)
 
 
 def test_every_forwarding_route_holds_the_processors_body_limit():

@@ -239,10 +239,11 @@ def listener_tls(settings: ListenerTls) -> core.TransportSocket:
     return core.TransportSocket(name=TLS_SOCKET, typed_config=protobuf.Any.pack(context))
 
 
-def processor_outbound_frames(spec: GeneratorInput) -> int:
+def processor_outbound_frames(largest_body_bytes: int) -> int:
     """The frames Envoy may queue for the processor on one connection before it ends the
-    connection as a flood: PROCESSOR_STREAMS largest messages and Envoy's default."""
-    message = spec.largest_body_bytes + MESSAGE_OVERHEAD_BYTES
+    connection as a flood: PROCESSOR_STREAMS largest messages and Envoy's default. Every
+    wiring of the processor (envoy/, deploy/, the chart) sets this for its largest body."""
+    message = largest_body_bytes + MESSAGE_OVERHEAD_BYTES
     return PROCESSOR_STREAMS * -(-message // ENVOY_DATA_FRAME_BYTES) + ENVOY_OUTBOUND_FRAMES
 
 
@@ -254,7 +255,7 @@ def processor_cluster(spec: GeneratorInput) -> cluster.Cluster:
                 initial_stream_window_size=32 * MiB,
                 initial_connection_window_size=64 * MiB,
                 max_concurrent_streams=PROCESSOR_STREAMS,
-                max_outbound_frames=processor_outbound_frames(spec),
+                max_outbound_frames=processor_outbound_frames(spec.largest_body_bytes),
             )
         )
     )
