@@ -36,6 +36,7 @@ import yaml
 
 from devstack import helm_eg_routes, helm_routes, llmd, monitoring
 from devstack.markers import splice
+from ext_proc.tools import envoygen
 
 REPO: Final = Path(__file__).resolve().parents[1]
 DEPLOY: Final = REPO / "deploy"
@@ -76,6 +77,19 @@ MAX_BODY: Final = 16 * 1024 * 1024
 _BODY_LIMITS: Final = {MAX_BODY * n: f"__MAX_BODY_{n}__" for n in (1, 2, 4)}
 _BODY_QUANTITIES: Final = {f"{MAX_BODY * n // 2**20}Mi": f"__MAX_BODY_MI_{n}__" for n in (1, 2, 4)}
 _MAX = "(int64 .Values.config.maxBodyBytes)"
+# The processor cluster's max_outbound_frames follows the body limit as
+# envoygen.processor_outbound_frames computes it: the shipped wiring's value at MAX_BODY
+# becomes the same sum of the limit's frames in the template.
+_FRAMES: Final = envoygen.processor_outbound_frames(MAX_BODY)
+_FRAMES_HOLE: Final = "__OUTBOUND_FRAMES__"
+
+
+def _outbound_frames() -> str:
+    """processor_outbound_frames of the body limit, as a template action."""
+    frame = envoygen.ENVOY_DATA_FRAME_BYTES
+    message = f"(add {_MAX} {envoygen.MESSAGE_OVERHEAD_BYTES} {frame - 1})"
+    frames = f"(mul {envoygen.PROCESSOR_STREAMS} (div {message} {frame}))"
+    return f"{{{{ add {frames} {envoygen.ENVOY_OUTBOUND_FRAMES} }}}}"
 
 
 def _quantity(times: str) -> str:
@@ -92,6 +106,7 @@ _HOLES: Final = {
     "__FULLNAME__": '{{ include "ext-proc-token-policy.fullname" $ }}',
     **{hole: f"{{{{ mul {_MAX} {hole[-3]} }}}}" for hole in _BODY_LIMITS.values()},
     **{hole: _quantity(hole[-3]) for hole in _BODY_QUANTITIES.values()},
+    _FRAMES_HOLE: _outbound_frames(),
 }
 _POD_LABELS = "__GATEWAY_POD_LABELS__"
 _POD_LABELS_LINE = re.compile(rf"^( *)(\S+): {_POD_LABELS}$", re.MULTILINE)
@@ -165,6 +180,8 @@ def _holes(value: Any) -> Any:
         return [_holes(item) for item in value]
     if isinstance(value, int) and not isinstance(value, bool) and value in _BODY_LIMITS:
         return _BODY_LIMITS[value]
+    if isinstance(value, int) and not isinstance(value, bool) and value == _FRAMES:
+        return _FRAMES_HOLE
     if isinstance(value, str) and value in _BODY_QUANTITIES:
         return _BODY_QUANTITIES[value]
     if isinstance(value, str):
