@@ -276,7 +276,7 @@ PANELS: Final[tuple[PanelSpec, ...]] = (
         row="Stream errors",
         title="Stream errors by kind",
         description="Streams ended with an error per second: protocol_violation, internal, "
-        "cancelled (the client went away).",
+        "cancelled (the client went away), shutdown (still open when the processor stopped).",
         unit="reqps",
         queries=(
             Query(
