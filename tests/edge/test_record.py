@@ -3,6 +3,9 @@
 import asyncio
 import multiprocessing
 import os
+import signal
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -15,6 +18,7 @@ from ext_proc.core.replay import Terms, Ticket, Verdict
 from ext_proc.edge import record
 from ext_proc.edge.record import BUCKET_SLOTS, LocalRecord
 from ext_proc.edge.supervisor import Supervisor
+from tests.edge.test_server import one_error_line
 from tests.edge.test_supervisor import config as supervised_config
 from tests.edge.test_supervisor import pid, supervise, wait_for
 
@@ -507,3 +511,46 @@ def test_a_fifo_at_the_tables_path_never_hangs_the_start(tmp_path, caplog):
         pytest.fail("the start waited on a FIFO at the table's path")
     assert began[0].began == NOW
     assert "record_mark_unreadable" in [r.error for r in caplog.records]
+
+
+def _processor(listen: str, tmp: str) -> subprocess.Popen[str]:
+    """The real processor serving ``listen`` alone, its temporary directory ``tmp``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("EXT_PROC_")}
+    command = [sys.executable, "-m", "ext_proc", "serve", "--listen", listen]
+    return subprocess.Popen(
+        [*command, "--metrics-listen", ""],
+        env={**env, "TMPDIR": tmp},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def test_a_processor_started_on_a_unix_socket_another_serves_stops_at_start(tmp_path):
+    """gRPC takes over a unix socket's path: a second processor would serve beside the
+    first (which keeps the gateway's connections it has) with a table of its own in the
+    first one's file, so a proof could be honored by each."""
+    listen = f"unix:{tmp_path}/ext-proc.sock"
+    first = _processor(listen, str(tmp_path))
+    try:
+        assert first.stderr is not None
+        for line in first.stderr:
+            if '"serving"' in line:
+                break
+        table = record.table_path(listen).name
+        before = {p.name: p.stat().st_ino for p in tmp_path.iterdir()}
+        second = _processor(listen, str(tmp_path))
+        try:
+            _out, errors = second.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            second.kill()
+            _out, errors = second.communicate()
+        message = one_error_line(subprocess.CompletedProcess([], second.returncode, "", errors))
+        assert message.startswith("another processor keeps its table of spent proofs in ")
+        after = {p.name: p.stat().st_ino for p in tmp_path.iterdir()}
+        assert after == before  # the first one's socket and table, untouched
+        assert table in after
+    finally:
+        first.send_signal(signal.SIGTERM)
+        first.communicate(timeout=60)
+    assert first.returncode == 0
