@@ -554,3 +554,18 @@ def test_a_processor_started_on_a_unix_socket_another_serves_stops_at_start(tmp_
         first.send_signal(signal.SIGTERM)
         first.communicate(timeout=60)
     assert first.returncode == 0
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="making another user's file needs root")
+def test_another_users_file_at_the_tables_path_gives_it_no_time(tmp_path, caplog):
+    """Anyone may put a file in a shared /tmp before the processor's first start: its
+    header, a time far ahead, would keep a processor running as root (which may replace
+    it there) clock_behind for good, its own table carrying that time on."""
+    path = tmp_path / "spent"
+    far = int(NOW) + 10**9
+    path.write_bytes(replay.TABLE_HEADER.pack(record.MAGIC, 1, bytes(16), far, far, SKEW))
+    os.chown(path, 65534, 65534)
+    table = restart(path, NOW)
+    assert table.began == NOW
+    assert "record_mark_unreadable" in [r.error for r in caplog.records]
+    assert table.spend_now(ticket(1, int(NOW) + 60, int(NOW))) is Verdict.FIRST
