@@ -581,6 +581,18 @@ def test_the_render_refuses_names_and_probes_that_would_break():
         helm.render(short, NAMESPACE)
 
 
+@pytest.mark.parametrize(("drain", "grace"), [(0, 0), (2.5, 40), (30, 0.2)])
+def test_the_termination_grace_covers_the_drain_and_the_shutdown_grace(drain, grace):
+    """Kubernetes kills the pod at terminationGracePeriodSeconds: it follows the values,
+    past the processor's drain and shutdown grace by a margin for its stop and exit."""
+    objects = rendered({"config": {"drainSeconds": drain, "shutdownGraceSeconds": grace}})
+    config = Config.model_validate(yaml.safe_load(one(objects, "ConfigMap")["data"]["config.yaml"]))
+    assert (config.drain_seconds, config.shutdown_grace_seconds) == (drain, grace)
+    pod = one(objects, "Deployment", "ext-proc-token-policy")["spec"]["template"]["spec"]
+    stopping = config.drain_seconds + config.shutdown_grace_seconds
+    assert pod["terminationGracePeriodSeconds"] >= stopping + 10
+
+
 # --- values outside the schema ------------------------------------------------------------
 
 
