@@ -232,13 +232,16 @@ def _mark(path: Path, terms: Terms) -> int | None:
 
 
 def _read_head(path: Path) -> tuple[bytes, str]:
-    """The first bytes of the regular file in ``path``, or none and why. Neither a link
-    nor a FIFO (which would wait for a writer) is followed: anyone who can write the
-    temporary directory may have put one there."""
+    """The first bytes of this user's regular file in ``path``, or none and why. Neither
+    a link nor a FIFO (which would wait for a writer) is followed, nor another user's
+    file read: anyone who can write the temporary directory may have put one there."""
     fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     with os.fdopen(fd, "rb") as old:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+        found = os.fstat(fd)
+        if not stat.S_ISREG(found.st_mode):
             return b"", "not a regular file"
+        if found.st_uid != os.geteuid():
+            return b"", "another user's file"
         return old.read(_HEADER.size), "not a table of spent proofs"
 
 
