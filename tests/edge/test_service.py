@@ -227,6 +227,89 @@ def test_stream_closed_mid_body_ends_with_an_error_not_cleanly():
     assert "before the end of the body" in details
 
 
+STREAM_ERROR_KINDS = ("protocol_violation", "internal", "cancelled", "shutdown")
+
+
+def decision_lines(caplog) -> list[tuple[str, str, bool]]:
+    """The processor's log lines: level, message, whether a traceback came with it."""
+    return [
+        (r.levelname, r.getMessage(), r.exc_info is not None)
+        for r in caplog.records
+        if r.name == "ext_proc.decision"
+    ]
+
+
+@pytest.mark.parametrize("mode", [2, 4], ids=["buffered", "streamed"])
+def test_a_stream_envoy_cancels_mid_body_is_cancelled_not_a_protocol_error(mode, caplog):
+    """Envoy cancels the stream of a client gone mid-upload (or past its message
+    timeout): the read ends mid-body and the call is over. One line, no traceback,
+    counted as cancelled; nothing is decided, so nothing is forwarded."""
+    caplog.set_level("INFO", "ext_proc.decision")
+
+    async def scenario():
+        running = await build(Config.load(listen="127.0.0.1:0"))
+        processor = running.processor
+        sent = asyncio.Event()
+
+        async def messages():
+            first = headers()
+            first.protocol_config.request_body_mode = mode  # BUFFERED or FULL_DUPLEX_STREAMED
+            yield first
+            if mode == 4:
+                yield body(b'{"messages": [', eos=False)
+            await sent.wait()  # the client's upload never ends
+
+        try:
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{running.port}") as channel:
+                call = pb_grpc.ExternalProcessorStub(channel).Process(messages())
+                if mode == 4:
+                    while processor.budget.used == 0:  # the first chunk is held
+                        await asyncio.sleep(0.01)
+                else:
+                    assert (await call.read()).WhichOneof("response") == "request_headers"
+                call.cancel()
+                sent.set()
+            while processor.open_streams:
+                await asyncio.sleep(0.01)
+        finally:
+            await running.server.stop(None)
+        errors = processor.metrics.stream_errors
+        return {kind: errors.labels(kind)._value.get() for kind in STREAM_ERROR_KINDS}
+
+    counted = run(scenario())
+    assert counted == {"protocol_violation": 0, "internal": 0, "cancelled": 1, "shutdown": 0}
+    assert decision_lines(caplog) == [("INFO", "stream cancelled", False)]
+
+
+def test_a_live_peer_that_ends_its_side_mid_body_is_a_protocol_error(caplog):
+    """Envoy's side closed mid-body while the call is live: the error status goes out
+    (Envoy fails the request closed), logged and counted as a protocol violation."""
+    caplog.set_level("INFO", "ext_proc.decision")
+
+    async def scenario():
+        running = await build(Config.load(listen="127.0.0.1:0"))
+        first = headers()
+        first.protocol_config.request_body_mode = 4  # FULL_DUPLEX_STREAMED: chunks are held
+        try:
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{running.port}") as channel:
+                call = pb_grpc.ExternalProcessorStub(channel).Process(
+                    iter([first, body(b'{"messages": [', False)])
+                )
+                with pytest.raises(grpc.aio.AioRpcError) as failed:
+                    async for _ in call:
+                        pass
+        finally:
+            await running.server.stop(None)
+        errors = running.processor.metrics.stream_errors
+        counted = {kind: errors.labels(kind)._value.get() for kind in STREAM_ERROR_KINDS}
+        return failed.value.code(), counted
+
+    code, counted = run(scenario())
+    assert code == grpc.StatusCode.FAILED_PRECONDITION
+    assert counted == {"protocol_violation": 1, "internal": 0, "cancelled": 0, "shutdown": 0}
+    assert decision_lines(caplog) == [("WARNING", "protocol error", False)]
+
+
 def test_protocol_errors_are_counted_as_such_not_as_internal_errors():
     async def scenario():
         running = await build(Config.load(listen="127.0.0.1:0"))
