@@ -281,12 +281,22 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc
         usage: _Usage,
         reason: str,
     ) -> None:
-        """End the RPC with an error status: Envoy fails the request closed."""
-        self.metrics.stream_errors.labels("protocol_violation").inc()
-        log.warning("protocol error", extra={"request_id": usage.request_id, "reason": reason})
-        if self.spans is not None:
-            self.spans.failed("protocol_violation", usage.call, usage.request, usage.started_ns)
-        await context.abort(grpc.StatusCode.FAILED_PRECONDITION, reason)
+        """End the RPC with an error status: Envoy fails the request closed. A call
+        already over (Envoy cancelled it: its client went away, or its message timeout
+        ran out) takes no status: that stream was cancelled, not a protocol error."""
+        try:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, reason)
+        except grpc.aio.AbortError:
+            self.metrics.stream_errors.labels("protocol_violation").inc()
+            log.warning("protocol error", extra={"request_id": usage.request_id, "reason": reason})
+            if self.spans is not None:
+                self.spans.failed("protocol_violation", usage.call, usage.request, usage.started_ns)
+            raise
+        except grpc.aio.InternalError:
+            if self.stopping or not context.done():
+                raise  # the stop ended it (counted as shutdown), or a fault here
+            self._cancelled.inc()
+            log.info("stream cancelled", extra={"request_id": usage.request_id, "reason": reason})
 
     def _record(self, outcome: Outcome) -> None:
         """Count every outcome; log every one but an allow without ids (never the ids,
