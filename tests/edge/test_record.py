@@ -3,12 +3,14 @@
 import asyncio
 import multiprocessing
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -569,3 +571,42 @@ def test_another_users_file_at_the_tables_path_gives_it_no_time(tmp_path, caplog
     assert table.began == NOW
     assert "record_mark_unreadable" in [r.error for r in caplog.records]
     assert table.spend_now(ticket(1, int(NOW) + 60, int(NOW))) is Verdict.FIRST
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="two users need root")
+def test_another_users_files_in_a_shared_tmp_stop_the_start_with_one_line():
+    """A processor not running as root, in a sticky directory where another user put
+    its file first (the table, or the name the new table is written under): it cannot
+    replace them, and says so as a ConfigError (one line), not a traceback."""
+    shared = Path(tempfile.mkdtemp(dir="/tmp"))  # pytest's own is root's alone
+    shared.chmod(0o1777)
+    try:
+        assert _refused_as_another_user(shared) == 0b11
+    finally:
+        shutil.rmtree(shared)
+
+
+def _refused_as_another_user(shared: Path) -> int:
+    """Which of its two starts a processor running as user 65533 in ``shared``
+    refused with a ConfigError (a bit each), after user 65534 put its files there."""
+    ready, go = os.pipe()
+    child = os.fork()
+    if child == 0:  # the processor
+        os.read(ready, 1)
+        os.setgid(65533)
+        os.setuid(65533)
+        refused = 0
+        for bit, name in enumerate(("written-under", "table")):
+            try:
+                restart(shared / name, NOW)
+            except ConfigError:
+                refused |= 1 << bit
+            except BaseException:
+                pass
+        os._exit(refused)
+    for name in (f"written-under.{child}.new", "table"):
+        (shared / name).write_bytes(b"")
+        os.chown(shared / name, 65534, 65534)
+    os.write(go, b"x")
+    _, status = os.waitpid(child, 0)
+    return os.waitstatus_to_exitcode(status)
