@@ -160,7 +160,7 @@ def _hold(path: Path) -> int:
     try:
         fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o600)
     except OSError as exc:
-        raise _unwritable(lock, exc) from None
+        raise _unwritable(lock, exc.strerror or exc) from None
     try:
         _lock(fd, lock, path)
     except BaseException:
