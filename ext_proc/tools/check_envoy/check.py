@@ -16,6 +16,7 @@ from ext_proc.tools.check_envoy.rules.after_decision import after_decision
 from ext_proc.tools.check_envoy.rules.filter_types import filter_types
 from ext_proc.tools.check_envoy.rules.header_step import header_step
 from ext_proc.tools.check_envoy.rules.pairs import tenant_pairs
+from ext_proc.tools.check_envoy.rules.processor_connection import processor_connection
 from ext_proc.tools.check_envoy.rules.processor_tls import Demand, processor_tls
 from ext_proc.tools.check_envoy.rules.route import route_rules, scoped_out
 from ext_proc.tools.check_envoy.rules.writers import writers
@@ -50,6 +51,7 @@ def check(
             place = f"{chain.place} filter {ours.get('name')}"
             findings.extend(filters.processor_cluster(place, ours, known))
             findings.extend(processor_tls(place, ours, config, processor))
+            findings.extend(processor_connection(place, ours, clusters, known))
         if chain.ours:
             findings.extend(after_decision(chain, declared, clusters))
             decides = False

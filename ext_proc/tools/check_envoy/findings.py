@@ -62,6 +62,9 @@ CODES: Final[Mapping[str, str]] = MappingProxyType(
         "processor-tls-unseen": "the processor demands TLS and its socket cannot be seen",
         "processor-name-unpinned": "the processor's TLS socket checks a CA and no name of it",
         "processor-error-status": "the filter's status_on_error is not 503",
+        "processor-connection-unbounded": (
+            "the processor's cluster sets no HTTP/2 max_concurrent_streams or max_outbound_frames"
+        ),
         "retry-after-missing": (
             "a policed route's processor failures get no retry-after (no local reply mapper, "
             "no response_headers_to_add)"
