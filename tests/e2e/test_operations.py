@@ -334,6 +334,47 @@ def test_a_stream_still_open_when_the_grace_is_over_is_a_503_to_retry(tmp_path):
     assert "Traceback" not in stack.logs("processor")
 
 
+def stream_errors(stack: Stack) -> dict[str, float]:
+    text = metrics_text(stack)
+    kinds = ("protocol_violation", "internal", "cancelled", "shutdown")
+    return {kind: metric(text, "ext_proc_stream_errors_total", kind=kind) for kind in kinds}
+
+
+def open_streams(stack: Stack) -> float:
+    (line,) = (
+        x for x in metrics_text(stack).splitlines() if x.startswith("ext_proc_inflight_streams ")
+    )
+    return float(line.split()[1])
+
+
+@pytest.mark.parametrize("source", ["envoy-two-message.yaml", "envoy-streamed.yaml"])
+def test_a_client_gone_mid_upload_is_one_cancelled_stream_not_two_errors(tmp_path, source):
+    """The client closes its connection while its body is sent: Envoy cancels the
+    processor's stream mid-body. Nothing is forwarded, and the processor counts one
+    cancelled stream, without a protocol error, an internal error or a traceback."""
+    with Stack(tmp_path, source=ENVOY / source) as stack:
+        data = json.dumps(chat({"prompt_token_ids": IDS})).encode()
+        upload = stack.open_upload(len(data), data[:20])
+        # The headers reached the processor (streamed: and the first bytes, held).
+        wait_for(lambda: open_streams(stack) == 1)
+        wait_for(lambda: source == "envoy-two-message.yaml" or stack.inflight() > 0)
+        upload.close()
+        wait_for(lambda: sum(stream_errors(stack).values()) >= 1)
+        ended = ("stream cancelled", "internal error")
+        wait_for(lambda: any(message in stack.logs("processor") for message in ended))
+        counted = stream_errors(stack)
+        assert stack.received() == []
+        assert stack.incomplete_count() == 0
+        lines = [json.loads(line) for line in stack.logs("processor").splitlines()]
+        traceback = "Traceback" in stack.logs("processor")
+    assert counted == {"protocol_violation": 0, "internal": 0, "cancelled": 1, "shutdown": 0}
+    messages = [line["message"] for line in lines if line.get("level") != "debug"]
+    assert messages.count("stream cancelled") == 1, messages
+    assert "internal error" not in messages
+    assert "protocol error" not in messages
+    assert not traceback
+
+
 # --- workers ----------------------------------------------------------------------------
 
 
