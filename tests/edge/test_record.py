@@ -610,3 +610,28 @@ def _refused_as_another_user(shared: Path) -> int:
     os.write(go, b"x")
     _, status = os.waitpid(child, 0)
     return os.waitstatus_to_exitcode(status)
+
+
+def _start_on_port_0(directory, out):
+    tempfile.tempdir = directory
+    try:
+        LocalRecord.alone(record.table_path("127.0.0.1:0"), BUCKET_SLOTS, terms=TERMS)
+    except ConfigError as exc:
+        out.put(str(exc))
+    else:
+        out.put(None)
+
+
+def test_processors_on_ephemeral_ports_each_keep_a_table_of_their_own(tmp_path, monkeypatch):
+    """Port 0 is a different port for each processor (and for each start): nothing of
+    its table is found again, and processors started on it are no two on one address."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    first = LocalRecord.alone(record.table_path("127.0.0.1:0"), BUCKET_SLOTS, terms=TERMS)
+    context = multiprocessing.get_context("spawn")
+    out = context.Queue()
+    second = context.Process(target=_start_on_port_0, args=(str(tmp_path), out))
+    second.start()
+    refused = out.get(timeout=60)
+    second.join(timeout=60)
+    assert refused is None
+    assert first.spend_now(ticket(1, 2**40, 2**39)) is Verdict.FIRST
