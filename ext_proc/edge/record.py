@@ -68,6 +68,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Final
 
+from ext_proc.core.address import UNIX_PREFIX
 from ext_proc.core.config import ConfigError
 from ext_proc.core.replay import (
     BUCKET_SLOTS,
@@ -118,11 +119,15 @@ def create(
         out.write(_header(slots, clock(), terms))
 
 
-def table_path(listen: str) -> Path:
+def table_path(listen: str) -> Path | None:
     """Where the processor serving ``listen`` keeps its table: one file per address
     (no two processors serve one address on a host), in the temporary directory (the
-    shipped manifests' emptyDir, which a container restarted in its pod keeps).
-    ``ConfigError`` when there is no temporary directory to write."""
+    shipped manifests' emptyDir, which a container restarted in its pod keeps). None
+    for port 0, a port of the system's choosing: no two starts have the same, so no
+    later process finds the table there again, and processors started on it are no two
+    on one address. ``ConfigError`` when there is no temporary directory to write."""
+    if not listen.startswith(UNIX_PREFIX) and listen.rpartition(":")[2] == "0":
+        return None
     try:
         directory = tempfile.gettempdir()
     except FileNotFoundError as exc:
@@ -315,14 +320,17 @@ class LocalRecord:
     @classmethod
     def alone(
         cls,
-        path: Path,
+        path: Path | None,
         slots: int,
         clock: Callable[[], float] = time.time,
         *,
         terms: Terms = NO_TERMS,
     ) -> LocalRecord:
         """A table for this process alone (no lock: one event loop uses it), begun in
-        ``path`` (``begin``) so that its time outlives the process."""
+        ``path`` (``begin``) so that its time outlives the process; in memory when
+        there is no path (``table_path``)."""
+        if path is None:
+            return cls.anonymous(slots, clock, terms=terms)
         lock = begin(path, slots, clock, terms=terms)
         try:
             fd = os.open(path, os.O_RDWR)

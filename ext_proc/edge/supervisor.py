@@ -147,7 +147,10 @@ class Supervisor:
             self.directory = _metrics_folder(cleanup)
             if not self.config.proof.record:
                 try:
-                    self.record_file = record.table_path(self.config.listen)
+                    # Port 0: a table no later process finds; in this supervisor's folder.
+                    self.record_file = record.table_path(self.config.listen) or (
+                        Path(self.directory) / "spent-proofs"
+                    )
                     lock = record.begin(
                         self.record_file,
                         self.config.proof.record_slots,

@@ -5,6 +5,7 @@ import multiprocessing
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -445,8 +446,12 @@ def test_a_supervisor_begins_its_workers_table_after_the_time_the_last_one_saw(
     """Its workers' table is in the file of its listen address, and begins after the
     latest second the previous table there saw (an hour ahead here)."""
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
-    settings = supervised_config()
+    with socket.socket() as free:  # a port of its own: port 0 keeps no table's file
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    settings = supervised_config(listen=f"127.0.0.1:{port}")
     path = record.table_path(settings.listen)
+    assert path is not None
     ahead = int(time.time()) + 3600
     LocalRecord.alone(path, BUCKET_SLOTS, lambda: ahead, terms=settings.proof.terms)
     supervisor = Supervisor(settings, backoff=0.1)
