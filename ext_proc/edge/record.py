@@ -83,6 +83,9 @@ from ext_proc.core.replay import (
 )
 
 log = logging.getLogger("ext_proc.record")
+# A new layout must still read this one's mark (began, seen, terms) from a file left
+# before it: a processor upgraded where its table's file is would otherwise begin at its
+# clock, as on a new machine.
 MAGIC: Final = b"xpspent4"
 _HEADER: Final = TABLE_HEADER
 _SLOT: Final = TABLE_SLOT
