@@ -167,7 +167,7 @@ def test_a_proof_minted_before_the_record_began_is_unproven_and_recomputed():
     """A real record that began after the proof was minted (a processor restarted
     whole) can never vouch for it: no retry would be honored, so the decode leg goes
     on without the parameters (it recomputes), named for the reason, not a 503."""
-    record = LocalRecord.anonymous(64, TRUST.clock, began=NOW + 1)
+    record = LocalRecord.anonymous(64, lambda: NOW + 1, began=NOW + 1)
     stream, answers = present(BODY, record)
     assert isinstance(stream.decision, Strip)
     assert stream.decision.reason == "proof_predates_record"
@@ -177,7 +177,7 @@ def test_a_proof_minted_before_the_record_began_is_unproven_and_recomputed():
 
 
 def test_a_proof_minted_before_the_record_began_is_refused_where_unproven_is_denied():
-    record = LocalRecord.anonymous(64, TRUST.clock, began=NOW + 1)
+    record = LocalRecord.anonymous(64, lambda: NOW + 1, began=NOW + 1)
     stream, (answer,) = present(BODY, record, HONOR_DENY)
     assert isinstance(answer, Reject)
     assert answer.status == 400
@@ -186,7 +186,7 @@ def test_a_proof_minted_before_the_record_began_is_refused_where_unproven_is_den
 
 
 def test_audit_mode_reports_a_proof_minted_before_the_record_began_and_forwards_it():
-    record = LocalRecord.anonymous(64, TRUST.clock, began=NOW + 1)
+    record = LocalRecord.anonymous(64, lambda: NOW + 1, began=NOW + 1)
     stream, answers = present(BODY, record, audit=True)
     assert stream.decision.reason == "proof_predates_record"
     assert answers == [ContinueBody(None)]

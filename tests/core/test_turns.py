@@ -222,7 +222,7 @@ def test_a_turn_minted_before_the_record_began_is_not_read_back_and_is_prefilled
     retry can ever vouch for the turn, so the prefill leg goes on without it, as for a
     turn read back before (the conversation prefilled again), named for the reason."""
     params = first_turn()
-    spent = LocalRecord.anonymous(64, lambda: NOW, began=NOW + 1)
+    spent = LocalRecord.anonymous(64, lambda: NOW + 1, began=NOW + 1)
     stream, answers = request(PREFILL_ROUTE, second_turn(params), spent=spent)
     assert stream.decision.reason is Reason.PROOF_PREDATES_RECORD
     assert forwarded(answers)["kv_transfer_params"] == dict(CONNECTOR_REQUESTS["nixl"])
