@@ -4,8 +4,8 @@ behind any prefix (vLLM's --root-path serves them there too), whatever spelling 
 path a client tries, and forwards nothing.
 
 Envoy runs each shipped body arrangement with no processor (``envoy_alone``): a path
-that reached a policy route would fail closed (500), so a 404 comes from the token
-endpoint routes and the stub upstream shows that nothing was forwarded.
+that reached a policy route would fail closed (503 with retry-after), so a 404 comes
+from the token endpoint routes and the stub upstream shows that nothing was forwarded.
 """
 
 from __future__ import annotations
@@ -189,9 +189,9 @@ def test_escaped_slashes_redirect_to_the_normalised_path(
 )
 def test_other_paths_reach_the_policy_routes(gateway: Gateway, path: str) -> None:
     # A policy route asks the processor first; there is none here, so it fails closed
-    # (500) instead of answering 404: the token routes catch only their own paths.
+    # (503 to retry) instead of answering 404: the token routes catch only their own paths.
     reply = post(gateway, path)
-    assert reply.status == 500, (path, reply)
+    assert (reply.status, reply.headers.get("retry-after")) == (503, "1"), (path, reply)
     assert gateway.forwarded() == []
 
 
@@ -233,5 +233,5 @@ def test_a_rewrite_onto_a_token_endpoint_gets_its_own_404s(rewriting: Gateway, p
 
 def test_the_rewriting_routes_still_reach_their_policy(rewriting: Gateway) -> None:
     for path in ("/pd/v1/chat/completions", "/xv1", "/pd/inferences"):
-        assert post(rewriting, path).status == 500, path
+        assert post(rewriting, path).status == 503, path
     assert rewriting.forwarded() == []
