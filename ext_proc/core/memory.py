@@ -38,7 +38,7 @@ as fast as its event loop turns and drops a refused body at once, but it cannot 
 body before gRPC has received it whole, so that term is not in the budget: it is what
 Envoy sends at the same moment. The factor is therefore stated, not budgeted: with
 the defaults (16 MiB bodies, 262,144 values, a 256 MiB budget) ``BASELINE + WARM_UP +
-budget + 4 max_body`` comes to 576 MiB, plus 20 MiB per largest body received at once.
+budget + 4 max_body`` comes to 608 MiB, plus 20 MiB per largest body received at once.
 A pod's memory limit (``pod_limit``, written into the Helm chart by ``make generate``)
 is that bound with ``QUEUED`` such bodies. The CPU one body takes is bounded by the same
 limits (reading.py, writing.py).
@@ -64,7 +64,7 @@ MAX_JSON_VALUES: Final = 262_144
 # What a processor holds before its first body: the interpreter, gRPC, the metrics,
 # the codec's memo of route attributes and the record of spent proofs at its default
 # size (tests/faults/test_overload.py measures it).
-BASELINE: Final = 96 * MiB
+BASELINE: Final = 128 * MiB
 # A message gRPC has received and the servicer not yet taken: its bytes in gRPC's
 # buffers and their slack, 1.25 times its size (5 quarters).
 QUEUED_FACTOR_QUARTERS: Final = 5
