@@ -6,6 +6,7 @@ import json
 import time
 import tracemalloc
 import types
+from collections.abc import Iterable
 
 import grpc
 import pytest
@@ -281,6 +282,23 @@ def test_a_stream_envoy_cancels_mid_body_is_cancelled_not_a_protocol_error(mode,
     assert decision_lines(caplog) == [("INFO", "stream cancelled", False)]
 
 
+async def failed_stream(
+    running, messages: list[pb.ProcessingRequest], kinds: Iterable[str]
+) -> tuple[grpc.StatusCode, dict[str, float]]:
+    """Send ``messages`` on one stream of the running server, which must end it with an
+    error status; then stop the server: the status and the stream errors counted by kind."""
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{running.port}") as channel:
+            call = pb_grpc.ExternalProcessorStub(channel).Process(iter(messages))
+            with pytest.raises(grpc.aio.AioRpcError) as failed:
+                async for _ in call:
+                    pass
+    finally:
+        await running.server.stop(None)
+    errors = running.processor.metrics.stream_errors
+    return failed.value.code(), {kind: errors.labels(kind)._value.get() for kind in kinds}
+
+
 def test_a_live_peer_that_ends_its_side_mid_body_is_a_protocol_error(caplog):
     """Envoy's side closed mid-body while the call is live: the error status goes out
     (Envoy fails the request closed), logged and counted as a protocol violation."""
@@ -290,19 +308,9 @@ def test_a_live_peer_that_ends_its_side_mid_body_is_a_protocol_error(caplog):
         running = await build(Config.load(listen="127.0.0.1:0"))
         first = headers()
         first.protocol_config.request_body_mode = 4  # FULL_DUPLEX_STREAMED: chunks are held
-        try:
-            async with grpc.aio.insecure_channel(f"127.0.0.1:{running.port}") as channel:
-                call = pb_grpc.ExternalProcessorStub(channel).Process(
-                    iter([first, body(b'{"messages": [', False)])
-                )
-                with pytest.raises(grpc.aio.AioRpcError) as failed:
-                    async for _ in call:
-                        pass
-        finally:
-            await running.server.stop(None)
-        errors = running.processor.metrics.stream_errors
-        counted = {kind: errors.labels(kind)._value.get() for kind in STREAM_ERROR_KINDS}
-        return failed.value.code(), counted
+        return await failed_stream(
+            running, [first, body(b'{"messages": [', False)], STREAM_ERROR_KINDS
+        )
 
     code, counted = run(scenario())
     assert code == grpc.StatusCode.FAILED_PRECONDITION
@@ -343,17 +351,7 @@ def test_an_internal_error_while_the_server_stops_stays_an_internal_error(caplog
             raise RuntimeError("broken")
 
         running.processor._decode = broken
-        try:
-            async with grpc.aio.insecure_channel(f"127.0.0.1:{running.port}") as channel:
-                call = pb_grpc.ExternalProcessorStub(channel).Process(iter([headers(eos=True)]))
-                with pytest.raises(grpc.aio.AioRpcError) as failed:
-                    async for _ in call:
-                        pass
-        finally:
-            await running.server.stop(None)
-        errors = running.processor.metrics.stream_errors
-        counted = {kind: errors.labels(kind)._value.get() for kind in ("internal", "shutdown")}
-        return failed.value.code(), counted
+        return await failed_stream(running, [headers(eos=True)], ("internal", "shutdown"))
 
     code, counted = run(scenario())
     assert code == grpc.StatusCode.UNKNOWN
