@@ -417,3 +417,15 @@ class Stack:
 
     def logs(self, name: str) -> str:
         return (self.workdir / f"{name}.log").read_text(errors="replace")
+
+
+def read_past_head(sock: socket.socket) -> bytes:
+    """What ``sock`` received until a response's head was whole (its blank line, and any
+    bytes after it in the same reads), or the connection closed."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(65536)
+        if not chunk:
+            break
+        data += chunk
+    return data

@@ -9,6 +9,7 @@ import socket
 import httpx
 import pytest
 
+from tests.e2e.stack import read_past_head
 from tests.e2e.test_gateway import assert_framing, assert_stripped, chat, error_of
 
 JSON = {"content-type": "application/json"}
@@ -58,16 +59,6 @@ def test_gzip_refused_without_the_decompressor(gateway):
     assert gateway.received() == []
 
 
-def _read_response(sock: socket.socket) -> bytes:
-    data = b""
-    while b"\r\n\r\n" not in data:
-        chunk = sock.recv(65536)
-        if not chunk:
-            break
-        data += chunk
-    return data
-
-
 def test_expect_100_continue(gateway):
     sent = chat({"prompt_token_ids": [4, 5], "k": 1})
     body = json.dumps(sent).encode()
@@ -77,10 +68,10 @@ def test_expect_100_continue(gateway):
     ).encode()
     with socket.create_connection((gateway.gateway.host, gateway.gateway.port), timeout=10) as s:
         s.sendall(head)
-        interim = _read_response(s)
+        interim = read_past_head(s)
         assert interim.startswith(b"HTTP/1.1 100 Continue"), interim
         s.sendall(body)
-        final = interim.partition(b"\r\n\r\n")[2] or _read_response(s)
+        final = interim.partition(b"\r\n\r\n")[2] or read_past_head(s)
         assert final.startswith(b"HTTP/1.1 200"), final
     (received,) = gateway.received()
     assert_framing(received)
@@ -97,7 +88,7 @@ def _request(path: str, body: bytes, extra: str = "") -> bytes:
 
 def _whole_response(sock: socket.socket) -> bytes:
     """One response, headers and content-length body; b"" if the connection ended."""
-    data = _read_response(sock)
+    data = read_past_head(sock)
     head, _, rest = data.partition(b"\r\n\r\n")
     lengths = [
         line.split(b":", 1)[1]

@@ -22,7 +22,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from ext_proc.tools.check_envoy import check
 from tests.e2e import certs
 from tests.e2e.conftest import ENVOY
-from tests.e2e.stack import Stack
+from tests.e2e.stack import Stack, read_past_head
 from tests.e2e.test_gateway import assert_stripped, chat, error_of, only_request
 
 IDS = [101, 202, 303]
@@ -299,13 +299,7 @@ def test_second_signal_forces_exit_and_nothing_half_forwarded(draining):
 
 def head_of(sock: socket.socket) -> bytes:
     """The response's status line and headers (empty if the connection closed first)."""
-    data = b""
-    while b"\r\n\r\n" not in data:
-        chunk = sock.recv(65536)
-        if not chunk:
-            break
-        data += chunk
-    return data.split(b"\r\n\r\n", 1)[0]
+    return read_past_head(sock).split(b"\r\n\r\n", 1)[0]
 
 
 def test_a_stream_still_open_when_the_grace_is_over_is_a_503_to_retry(tmp_path):
