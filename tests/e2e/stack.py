@@ -166,36 +166,30 @@ def new_key() -> bytes:
 OPTIONS = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
 
 
+def static_cluster(name: str, address: HostPort, connect_timeout: str) -> dict[str, Any]:
+    """A STATIC cluster of one endpoint at ``address``."""
+    endpoint = {
+        "address": {"socket_address": {"address": address.host, "port_value": address.port}}
+    }
+    return {
+        "name": name,
+        "type": "STATIC",
+        "connect_timeout": connect_timeout,
+        "load_assignment": {
+            "cluster_name": name,
+            "endpoints": [{"lb_endpoints": [{"endpoint": endpoint}]}],
+        },
+    }
+
+
 def _h2_cluster(address: HostPort) -> dict[str, Any]:
     """The stub upstream again, reached over HTTP/2 (prior knowledge)."""
-    return {
-        "name": "upstream_h2",
-        "type": "STATIC",
-        "connect_timeout": "2s",
+    return static_cluster("upstream_h2", address, "2s") | {
         "typed_extension_protocol_options": {
             OPTIONS: {
                 "@type": f"type.googleapis.com/{OPTIONS}",
                 "explicit_http_config": {"http2_protocol_options": {}},
             }
-        },
-        "load_assignment": {
-            "cluster_name": "upstream_h2",
-            "endpoints": [
-                {
-                    "lb_endpoints": [
-                        {
-                            "endpoint": {
-                                "address": {
-                                    "socket_address": {
-                                        "address": address.host,
-                                        "port_value": address.port,
-                                    }
-                                }
-                            }
-                        }
-                    ]
-                }
-            ],
         },
     }
 

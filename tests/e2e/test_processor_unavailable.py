@@ -22,7 +22,7 @@ import pytest
 from devstack import processes
 from devstack import upstream as upstream_stub
 from ext_proc.core.address import HostPort
-from tests.e2e.stack import Stack, new_key
+from tests.e2e.stack import Stack, new_key, static_cluster
 
 SHIPPED = Path(__file__).resolve().parents[2] / "envoy" / "envoy.yaml"
 BODY = {"model": "m", "prompt": "hi", "kv_transfer_params": {"do_remote_decode": True}}
@@ -55,32 +55,7 @@ class ResettingUpstream:
 
 def _resetting_route(address: HostPort) -> Any:
     def edit(config: dict[str, Any]) -> None:
-        config["static_resources"]["clusters"].append(
-            {
-                "name": "resetting",
-                "type": "STATIC",
-                "connect_timeout": "1s",
-                "load_assignment": {
-                    "cluster_name": "resetting",
-                    "endpoints": [
-                        {
-                            "lb_endpoints": [
-                                {
-                                    "endpoint": {
-                                        "address": {
-                                            "socket_address": {
-                                                "address": address.host,
-                                                "port_value": address.port,
-                                            }
-                                        }
-                                    }
-                                }
-                            ]
-                        }
-                    ],
-                },
-            }
-        )
+        config["static_resources"]["clusters"].append(static_cluster("resetting", address, "1s"))
         hcm = config["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]
         (vhost,) = hcm["typed_config"]["route_config"]["virtual_hosts"]
         first = next(i for i, r in enumerate(vhost["routes"]) if "direct_response" not in r)
