@@ -47,6 +47,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from ext_proc._pb import external_processor_pb2 as pb
 from ext_proc._pb import external_processor_pb2_grpc as pb_grpc
+from ext_proc.core import native
 from ext_proc.core.address import UNIX_PREFIX, HostPort
 from ext_proc.core.config import Config, ConfigError
 from ext_proc.core.replay import Record
@@ -341,6 +342,8 @@ class Server:
                 # routes without mint or honor need no key).
                 "proof_keys": len(config.proof.keys),
                 "tracing": config.tracing.endpoint if config.tracing.enabled else "off",
+                # Which runs each hot part: its compiled module or the Python reference.
+                "implementation": native.implementations(),
             },
         )
 

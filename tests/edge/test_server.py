@@ -20,6 +20,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from ext_proc._pb import external_processor_pb2 as pb
 from ext_proc._pb import external_processor_pb2_grpc as pb_grpc
+from ext_proc.core import native
 from ext_proc.core.config import Config
 from ext_proc.edge.metrics import STREAM_ERROR_KINDS
 from ext_proc.edge.redis_record import RecordState, RedisRecord
@@ -117,6 +118,8 @@ def test_sigterm_drains_serving_new_streams_then_stops_with_0(caplog):
     assert (draining.drain_seconds, draining.grace_seconds) == (0.6, 5)
     (serving,) = [r for r in caplog.records if r.getMessage() == "serving"]
     assert serving.version == version()
+    # Which implementation runs each hot part is stated, whichever it is.
+    assert serving.implementation == native.implementations()
 
 
 def test_a_second_signal_forces_the_stop_with_1(caplog):
