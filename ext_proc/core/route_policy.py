@@ -565,3 +565,21 @@ def parse_items(
                 f"{namespace}.{name}",
             )
     return policy
+
+
+@functools.lru_cache(maxsize=1024)
+def read_headers(items: Items, size: float | None, namespace: str) -> frozenset[str]:
+    """The request headers a request on the route is read by: ``CHECKED_HEADERS`` and,
+    on a route whose tenant is a header's, that header (``tenants.identify``). An
+    invalid policy names no tenant: the request is refused before one is read."""
+    try:
+        policy = parse_items(items, size, namespace)
+    except RoutePolicyError:
+        return _CHECKED
+    tenant = policy.tenant
+    if tenant is None or tenant.kind is not TenantKind.HEADER:
+        return _CHECKED
+    return _CHECKED | {tenant.value}
+
+
+_CHECKED: Final = frozenset(CHECKED_HEADERS)

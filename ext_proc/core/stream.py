@@ -46,13 +46,14 @@ Invariants (fail closed):
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import IntEnum, auto
 from typing import Any, Final, Generic, NoReturn, TypeVar
 
-from ext_proc.core import admission, inspection, memory, mint, proof, tenants
+from ext_proc.core import admission, inspection, memory, mint, proof, route_policy, tenants
 from ext_proc.core.budget import Account, Budget
 from ext_proc.core.config import Config
 from ext_proc.core.decisions import Allow, Decision, Deny
@@ -214,20 +215,31 @@ class Stream:
         "_last_chunk",
         "_partition",
         "_pending",
+        "_reads",
         "_received",
         "_request",
+        "_request_id",
         "_responds",
         "_trust",
         "state",
     )
 
-    def __init__(self, config: Config, budget: Budget, trust: proof.Trust | None = None) -> None:
+    def __init__(
+        self,
+        config: Config,
+        budget: Budget,
+        trust: proof.Trust | None = None,
+        reads: Reads | None = None,
+    ) -> None:
         self.state = State.EXPECT_HEADERS
         self._config = config
         self._account = Account(budget)
         self._trust = trust if trust is not None else proof.Trust()
-        # What the request's headers said (before them, the global audit mode only).
+        self._reads = reads if reads is not None else _READS
+        # What the request's headers said (before them, the global audit mode only),
+        # and its x-request-id: the stream's own, as the request it reads is shared.
         self._request = inspection.unseen(config.audit)
+        self._request_id = ""
         self._body_size = 0
         self._chunks: list[bytes] = []
         self._received = 0
@@ -286,14 +298,14 @@ class Stream:
         if isinstance(result, _Asking):
             self._asking = result
             # Nothing is answered, reported or handed over before the verdict.
-            return Step([], request_id=self._request.request_id, ask=result.proof.ticket)
+            return Step([], request_id=self._request_id, ask=result.proof.ticket)
         return self._step(result.answers, result.decision, result.phase)
 
     def _fail(self, exc: ProtocolError) -> NoReturn:
         """Into ERROR for good, everything released, and ``exc`` raised."""
         self.state = State.ERROR
         self.close()
-        exc.request_id = self._request.request_id
+        exc.request_id = self._request_id
         raise exc
 
     def _step(
@@ -310,12 +322,12 @@ class Stream:
                 request.audit,
                 request.route,
                 self._body_size,
-                request.request_id,
+                self._request_id,
                 phase,
                 self._partition,
             )
         final = self.state is State.REJECTED or (self.state is State.DONE and not self._responds)
-        return Step(answers, outcome, waiting, held, request.request_id, final)
+        return Step(answers, outcome, waiting, held, self._request_id, final)
 
     def close(self) -> None:
         """Refund everything held and drop held chunks; safe to call twice."""
@@ -330,16 +342,14 @@ class Stream:
         """What the headers say (kept for the request), and the refusal that ends the
         request at them. ``sent``: Envoy sent the headers message (else they were
         rebuilt from attributes, and no answer can write headers)."""
-        request = self._request = inspection.read(
-            headers, self._config, with_body=with_body, tenant_key=self._trust.tenant_key
+        found, self._request_id = self._reads(
+            headers, self._config, self._trust.tenant_key, with_body=with_body, sent=sent
         )
-        self._responds = _responds(headers, request)
-        if request.partition is not None:
-            self._partition = request.tag
-        self._continue = tenants.headers_answer(request.policy, self._partition)
-        if request.refused is None and not sent and request.policy.fairness_id:
-            return Deny(tenants.headers_skipped().refusal())
-        return request.refused
+        self._request = found.request
+        self._responds = found.responds
+        self._partition = found.partition
+        self._continue = found.answer
+        return found.refused
 
     def _on_headers_only(self, event: RequestHeaders) -> Result:
         refused = self._read(event, with_body=False)
@@ -495,6 +505,130 @@ class Stream:
 
 _UNCHANGED: Final = ContinueBody()
 _CONTINUE: Final = ContinueHeaders()
+
+
+@dataclass(frozen=True, slots=True)
+class Read:
+    """What a request's headers say, as the stream keeps it (``read``)."""
+
+    # Its ``request_id`` is blank: a Read is shared by the requests whose headers say
+    # the same (``Reads``); the id is each stream's own.
+    request: inspection.Request
+    responds: bool  # whether a response phase can follow (``_responds``)
+    partition: str | None  # the tenant's partition id, where the headers name one
+    answer: ContinueHeaders  # what the answer letting the headers through writes
+    refused: Deny | None  # the refusal that ends the request at its headers
+
+
+def read(
+    headers: RequestHeaders,
+    config: Config,
+    tenant_key: bytes | None,
+    *,
+    with_body: bool,
+    sent: bool,
+) -> Read:
+    """What ``headers`` say (``inspection.read``), for a request ``with_body`` or not.
+    ``sent``: Envoy sent the headers message (else they were rebuilt from attributes,
+    and no answer can write headers: a route that sets the fairness id refuses it)."""
+    request = inspection.read(headers, config, with_body=with_body, tenant_key=tenant_key)
+    partition = None if request.partition is None else request.tag
+    refused = request.refused
+    if refused is None and not sent and request.policy.fairness_id:
+        refused = Deny(tenants.headers_skipped().refusal())
+    return Read(
+        dataclasses.replace(request, request_id=""),
+        _responds(headers, request),
+        partition,
+        tenants.headers_answer(request.policy, partition),
+        refused,
+    )
+
+
+# The one header a reading depends on that the memo is not keyed by: the request's id
+# for the logs, which ``inspection.read`` joins from every value (Latin-1 maps each byte
+# to one character).
+_REQUEST_ID: Final = "x-request-id"
+# Entries kept, and the most bytes of path, keyed header values and peer identities
+# an entry is kept for: a client chooses the path and those headers.
+READ_MEMO: Final = 1024
+READ_MEMO_BYTES: Final = 1024
+
+
+class Reads:
+    """``read`` with a bounded memo, shared by the streams of a process.
+
+    What the headers say is a function of the route's metadata (its items, with each
+    value's type, its size and name), the path, the peer, the response body mode, the
+    configuration, the tenant key, ``with_body``, ``sent`` and the values, in order, of
+    the headers the route reads (``route_policy.read_headers``: the checked headers
+    and the tenant's), all of which are the key; every other header, the request id
+    included, is read by nothing that it returns. The configuration is keyed by
+    identity, the entry holding it so that no other can take its id.
+    Keys are client-chosen (the path, the media type, the announced size): the memo
+    is emptied when full, and a request whose keyed bytes pass ``READ_MEMO_BYTES`` is
+    read without it, so a miss costs only the uncached reading.
+    """
+
+    __slots__ = ("_memo", "_size")
+
+    def __init__(self, size: int = READ_MEMO) -> None:
+        self._size = size
+        self._memo: dict[tuple[object, ...], tuple[Config, Read]] = {}
+
+    def __len__(self) -> int:
+        return len(self._memo)
+
+    def __call__(
+        self,
+        headers: RequestHeaders,
+        config: Config,
+        tenant_key: bytes | None,
+        *,
+        with_body: bool,
+        sent: bool,
+    ) -> tuple[Read, str]:
+        """What ``headers`` say (``read``), and the request's id."""
+        route = headers.route
+        named = route_policy.read_headers(route.items, route.size, config.route_metadata_namespace)
+        ids: list[bytes] = []
+        keyed: list[object] = [
+            id(config),
+            route.items,
+            route.size,
+            route.name,
+            headers.path,
+            headers.peer,
+            headers.response_body_mode,
+            tenant_key,
+            with_body,
+            sent,
+        ]
+        size = len(headers.path)
+        for pair in headers.headers:
+            name = pair[0]
+            if name == _REQUEST_ID:
+                ids.append(pair[1])
+            elif name in named:
+                keyed.append(pair)
+                size += len(pair[1])
+        request_id = b"".join(ids).decode("latin-1")
+        key = tuple(keyed)
+        entry = self._memo.get(key)
+        if entry is not None and entry[0] is config:
+            return entry[1], request_id
+        found = read(headers, config, tenant_key, with_body=with_body, sent=sent)
+        for _, identity in headers.peer.identities:
+            size += len(identity)
+        if size <= READ_MEMO_BYTES:
+            if len(self._memo) >= self._size:
+                self._memo.clear()
+            self._memo[key] = (config, found)
+        return found, request_id
+
+
+# The memo every stream reads through unless given its own.
+_READS: Final = Reads()
 
 
 def _responds(headers: RequestHeaders, request: inspection.Request) -> bool:
