@@ -1,7 +1,15 @@
-"""``--workers N``: N processes serving one TCP address, kept alive by a supervisor.
+"""``--workers N``: N processes serving consecutive TCP ports, kept alive by a supervisor.
+
+Worker i serves the configured port plus i (``worker_listen``), on its own socket: Envoy
+lists every port as an endpoint of the processor cluster (``envoygen``'s
+``processor_workers``) and picks one per stream, and health-checks each worker by
+itself. One port shared through SO_REUSEPORT would spread connections instead, and
+Envoy multiplexes every stream of one of its worker threads on a single connection
+(more only past ``max_concurrent_streams``): one worker would serve them all.
 
 The supervisor knows nothing about ext_proc: it starts workers (each a full
-``server.Server``, sharing the port through SO_REUSEPORT), restarts one that dies,
+``server.Server`` with ``workers: 1`` on its own port, ``worker_config``), restarts one
+that dies,
 serves the aggregated Prometheus metrics, makes the table of spent proofs they share
 (``record``), and forwards stop signals: the first SIGTERM
 or SIGINT starts every worker's drain, a second one forces them all. A worker ignores
@@ -41,6 +49,7 @@ from typing import Final
 
 from prometheus_client import multiprocess
 
+from ext_proc.core.address import UNIX_PREFIX, HostPort
 from ext_proc.core.config import Config, ConfigError
 from ext_proc.edge import logs, metrics, record
 
@@ -57,6 +66,37 @@ STOP_SIGNALS: Final = (signal.SIGTERM, signal.SIGINT)
 STOP_WORKER: Final = signal.SIGUSR1
 # A worker stopped while still starting up: it held no streams.
 CLEAN_EXITS: Final = (0, -signal.SIGTERM, -STOP_WORKER)
+
+
+def worker_listen(listen: str, slot: int) -> str:
+    """The address worker ``slot`` serves: the configured port plus ``slot``; port 0 (any
+    free port) stays 0, each worker its own. Not checked against the last port:
+    ``worker_ports`` is."""
+    address = HostPort.parse(listen, allow_zero=True)
+    if address.port == 0:
+        return listen
+    return str(HostPort(address.host, address.port + slot))
+
+
+def worker_ports(listen: str, workers: int) -> list[str]:
+    """Every worker's address, in slot order; ``ConfigError`` when the last port would
+    pass 65535."""
+    if listen.startswith(UNIX_PREFIX):
+        return [listen]  # one process only (the configuration refuses more)
+    last = HostPort.parse(listen, allow_zero=True).port + workers - 1
+    if workers > 1 and last > 65535:
+        first = last - workers + 1
+        raise ConfigError(
+            f"workers: {workers} from port {first} need ports up to {last} "
+            "(setting: listen / --listen / EXT_PROC_LISTEN, workers / --workers)"
+        )
+    return [worker_listen(listen, slot) for slot in range(workers)]
+
+
+def worker_config(config: Config, slot: int) -> Config:
+    """Worker ``slot``'s own configuration: its port, and one process on it, so it binds
+    the port without SO_REUSEPORT and a second server there fails instead of sharing it."""
+    return config.model_copy(update={"listen": worker_listen(config.listen, slot), "workers": 1})
 
 
 def _die_with(supervisor: int) -> None:
@@ -135,12 +175,13 @@ class Supervisor:
         cleanup = contextlib.ExitStack()
         try:
             wake = self._catch_signals(cleanup)
-            # No other processor's workers may share the port (SO_REUSEPORT): they would
-            # keep a table of spent proofs of their own beside this one's.
+            # Every worker's port free now: a taken one would make its worker fail at
+            # every start.
             from ext_proc.edge.server import check_free  # noqa: PLC0415 - grpc in workers only
 
             try:
-                check_free(self.config.listen, reuse_port=False)
+                for address in worker_ports(self.config.listen, len(self.workers)):
+                    check_free(address, reuse_port=False)
             except ConfigError as exc:
                 log.error(str(exc))  # noqa: TRY400 - one line naming the setting, no traceback
                 return 2
@@ -197,12 +238,15 @@ class Supervisor:
     def _start(self, worker: Worker) -> None:
         process = self.context.Process(
             target=_worker,
-            args=(self.config, self.record_file, os.getpid()),
+            args=(worker_config(self.config, worker.slot), self.record_file, os.getpid()),
             name=f"worker-{worker.slot}",
         )
         process.start()
         worker.process, worker.started, worker.restart_at = process, time.monotonic(), None
-        log.info("worker started", extra={"slot": worker.slot, "pid": process.pid})
+        listen = worker_listen(self.config.listen, worker.slot)
+        log.info(
+            "worker started", extra={"slot": worker.slot, "pid": process.pid, "listen": listen}
+        )
 
     def _step(self, now: float) -> int | None:
         """Handle what is due; the exit status once every worker has stopped."""

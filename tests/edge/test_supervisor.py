@@ -11,8 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from ext_proc.core.config import Config
-from ext_proc.edge.supervisor import Supervisor, Worker
+from ext_proc.core.config import Config, ConfigError
+from ext_proc.edge.supervisor import (
+    Supervisor,
+    Worker,
+    worker_config,
+    worker_listen,
+    worker_ports,
+)
 from tests.edge.test_server import one_error_line, serve, taken
 
 
@@ -174,3 +180,91 @@ def test_an_address_another_process_serves_is_refused_before_any_worker_starts(c
         assert supervisor.run() == 2
     assert all(worker.process is None for worker in supervisor.workers)
     assert any(r.getMessage().startswith(f"cannot listen on {address}") for r in caplog.records)
+
+
+def test_each_worker_listens_on_its_own_port_from_the_configured_one():
+    """Worker i serves port base + i, so Envoy lists each as an endpoint and spreads
+    streams by its load balancer; SO_REUSEPORT would spread connections only."""
+    assert [worker_listen("127.0.0.1:9000", slot) for slot in range(3)] == [
+        "127.0.0.1:9000",
+        "127.0.0.1:9001",
+        "127.0.0.1:9002",
+    ]
+    assert worker_listen("[::1]:50051", 1) == "[::1]:50052"
+    assert worker_listen("ext-proc.local:50051", 1) == "ext-proc.local:50052"
+    # Any free port: each worker its own, none known beforehand.
+    assert worker_listen("127.0.0.1:0", 1) == "127.0.0.1:0"
+
+
+def test_a_worker_is_configured_as_one_process_on_its_own_port():
+    """``workers: 1`` in a worker's own configuration: it binds its port without
+    SO_REUSEPORT (ext_proc/edge/server.py sets it only for ``workers > 1``), so a second
+    server on a worker's port fails instead of silently sharing it."""
+    settings = config(listen="127.0.0.1:9000", workers=3)
+    mine = worker_config(settings, 2)
+    assert (mine.listen, mine.workers) == ("127.0.0.1:9002", 1)
+    assert mine.model_copy(update={"listen": settings.listen, "workers": 3}) == settings
+
+
+def test_the_workers_ports_must_all_exist():
+    with pytest.raises(ConfigError, match="workers: 3 from port 65534 need ports up to 65536"):
+        worker_ports("127.0.0.1:65534", 3)
+    assert worker_ports("127.0.0.1:65534", 2) == ["127.0.0.1:65534", "127.0.0.1:65535"]
+
+
+def test_ports_past_the_last_are_one_error_line_and_exit_2(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    supervisor = Supervisor(config(listen="127.0.0.1:65535"))
+    assert supervisor.run() == 2
+    assert all(worker.process is None for worker in supervisor.workers)
+    assert any("need ports up to 65536" in r.getMessage() for r in caplog.records)
+
+
+def free_pair() -> int:
+    """A port whose next one is free too (each checked by binding it)."""
+    for _ in range(50):
+        with socket.socket() as first:
+            first.bind(("127.0.0.1", 0))
+            base = int(first.getsockname()[1])
+            if base == 65535:
+                continue
+            with socket.socket() as second:
+                try:
+                    second.bind(("127.0.0.1", base + 1))
+                except OSError:
+                    continue
+                return base
+    raise AssertionError("no two consecutive free ports")
+
+
+def test_a_taken_port_of_a_later_worker_is_refused_before_any_worker_starts(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    base = free_pair()
+    with socket.socket() as other:
+        other.bind(("127.0.0.1", base + 1))
+        other.listen(1)
+        supervisor = Supervisor(config(listen=f"127.0.0.1:{base}"))
+        assert supervisor.run() == 2
+    assert all(worker.process is None for worker in supervisor.workers)
+    assert any(
+        r.getMessage().startswith(f"cannot listen on 127.0.0.1:{base + 1}") for r in caplog.records
+    )
+
+
+def accepts(port: int) -> bool:
+    with socket.socket() as probe:
+        return probe.connect_ex(("127.0.0.1", port)) == 0
+
+
+def test_every_worker_serves_its_own_port():
+    base = free_pair()
+    supervisor = Supervisor(config(listen=f"127.0.0.1:{base}"))
+
+    def drive() -> None:
+        wait_for(lambda: accepts(base) and accepts(base + 1))
+
+    assert supervise(supervisor, drive) == 0
+    assert not accepts(base)
+    assert not accepts(base + 1)
