@@ -45,15 +45,14 @@ import grpc
 import uvloop
 
 from ext_proc._pb import external_processor_pb2 as pb
-from ext_proc._pb import external_processor_pb2_grpc as pb_grpc
 from ext_proc.core.budget import Budget
 from ext_proc.core.config import Config
-from ext_proc.core.events import RequestBody
+from ext_proc.core.events import Event, RequestBody, RequestHeaders, RequestTrailers
 from ext_proc.core.proof import Trust
 from ext_proc.core.spelling import spelled
 from ext_proc.core.stream import Stream
 from ext_proc.core.vllm_request import CARRIER_NAMES
-from ext_proc.edge import allocator, logs, server
+from ext_proc.edge import allocator, logs, server, service
 from ext_proc.edge.attributes import attribute_keys
 from ext_proc.edge.codec import Decoder, Encoder
 from ext_proc.edge.keys import KeyRing
@@ -72,16 +71,25 @@ ADDS = {
     "servicer": "the servicer (metrics, logs, timer, budget, record) and its server",
     "service": "the process (frozen heap, collector threshold, metrics endpoint, sampler)",
 }
+# The floor's empty answers, serialized: every rung is served as the service is, its
+# messages and answers as bytes (``service.add_to_server``).
 _EMPTY = {
     "request_headers": pb.ProcessingResponse(request_headers=pb.HeadersResponse()),
     "request_body": pb.ProcessingResponse(request_body=pb.BodyResponse()),
     "request_trailers": pb.ProcessingResponse(request_trailers=pb.TrailersResponse()),
 }
+_EMPTY_BYTES = {kind: response.SerializeToString() for kind, response in _EMPTY.items()}
+_EMPTY_OF: dict[type[Event], bytes] = {
+    RequestHeaders: _EMPTY_BYTES["request_headers"],
+    RequestBody: _EMPTY_BYTES["request_body"],
+    RequestTrailers: _EMPTY_BYTES["request_trailers"],
+}
 
 
-class Rung(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
+class Rung:
     """A rung below ``servicer``: one coroutine per stream, read and write through the
-    call's context as the service does; ``work`` answers a message."""
+    call's context as the service does, the messages and answers as bytes; the rungs
+    below ``decode`` parse a message with upb, as gRPC's deserializer did for them."""
 
     def __init__(self, rung: str, config: Config) -> None:
         self._upto = RUNGS.index(rung)
@@ -97,7 +105,7 @@ class Rung(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
     async def Process(  # noqa: N802 - name fixed by the gRPC service
         self,
         request_iterator: object,
-        context: grpc.aio.ServicerContext[pb.ProcessingRequest, pb.ProcessingResponse],
+        context: service.Context,
     ) -> None:
         stream = None
         if self._reaches("machine"):
@@ -113,13 +121,11 @@ class Rung(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
             if stream is not None:
                 stream.close()
 
-    def _answers(
-        self, request: pb.ProcessingRequest, stream: Stream | None
-    ) -> list[pb.ProcessingResponse]:
-        empty = [_EMPTY[request.WhichOneof("request")]]
+    def _answers(self, request: bytes, stream: Stream | None) -> list[bytes]:
         if not self._reaches("decode"):
-            return empty
+            return [_EMPTY_BYTES[pb.ProcessingRequest.FromString(request).WhichOneof("request")]]
         event = self._decode(request)
+        empty = [_EMPTY_OF[type(event)]]
         if stream is None:
             if self._reaches("scan") and isinstance(event, RequestBody):
                 spelled(event.chunk, CARRIER_NAMES)
@@ -145,7 +151,7 @@ async def _serve(listen: str, rung: str, config: Config) -> None:
                 ("grpc.max_send_message_length", -1),
             ]
         )
-        pb_grpc.add_ExternalProcessorServicer_to_server(Rung(rung, config), grpc_server)
+        service.add_to_server(Rung(rung, config).Process, grpc_server)
         if grpc_server.add_insecure_port(listen) == 0:
             raise OSError(f"cannot listen on {listen}")
         await grpc_server.start()

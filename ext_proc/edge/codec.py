@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import Final
+from typing import Final, cast
 
 from google.protobuf import struct_pb2
+from google.protobuf.message import DecodeError
 
 from ext_proc._pb import external_processor_pb2 as pb
-from ext_proc.core import tenants
+from ext_proc.core import native, tenants
 from ext_proc.core.events import (
     Answer,
     BodyMode,
@@ -37,7 +38,7 @@ from ext_proc.core.events import (
     Unexpected,
 )
 from ext_proc.core.route_policy import Scalar
-from ext_proc.edge import attributes, peer
+from ext_proc.edge import attributes, peer, wire
 from ext_proc.edge.attributes import AttributeKeys
 
 _SCALARS: Final = frozenset({"string_value", "number_value", "bool_value"})
@@ -117,7 +118,7 @@ def _headers_from_attributes(
             value = _scalar(fields[key])
             if isinstance(value, str) and fields[key].WhichOneof("kind") == "string_value":
                 others[matched.group(1)] = _header_bytes(value)
-    return (*checked, *others.items())
+    return (*checked, *sorted(others.items()))
 
 
 def _peer(found: dict[str, Scalar]) -> Peer:
@@ -201,30 +202,166 @@ def _decode(request: pb.ProcessingRequest, preamble: _Preamble, keys: AttributeK
     return Unexpected(kind or "empty")
 
 
+def _wire_scalar(value: wire.Value) -> Scalar:
+    """``_scalar`` of a value the wire reader read."""
+    kind, scalar = value
+    if kind in _SCALARS:
+        assert scalar is not None
+        return scalar
+    return "<null>" if kind == "null_value" else f"<{kind}>"
+
+
+def _wire_preamble(
+    fields: dict[str, wire.Value], config: tuple[int, int], keys: AttributeKeys
+) -> RequestHeaders:
+    """``_preamble`` of the fields and protocol_config the wire reader read."""
+    found = {key: _wire_scalar(fields[key]) for key in keys.wanted if key in fields}
+    others: dict[str, bytes] = {}
+    for key, (kind, value) in fields.items():
+        matched = attributes.HEADER_ATTRIBUTE.fullmatch(key)
+        if matched is not None and key not in found and kind == "string_value":
+            assert isinstance(value, str)
+            others[matched.group(1)] = _header_bytes(value)
+    checked = [
+        (name, _header_bytes(value))
+        for name, key in attributes.READ_HEADERS.items()
+        if isinstance(value := found.get(key), str)
+    ]
+    try:
+        response_mode: BodyMode | None = BodyMode(config[1])
+    except ValueError:
+        response_mode = None
+    return RequestHeaders(
+        headers=(*checked, *sorted(others.items())),
+        end_of_stream=False,
+        body_mode=BodyMode(config[0]),
+        route=_route_metadata(found, keys),
+        peer=_peer(found),
+        path=_path(found),
+        response_body_mode=response_mode,
+    )
+
+
+# The per-request attributes' keys as the wire carries them, left out of the memo's key.
+_PER_REQUEST_KEYS: Final = frozenset(attribute.encode() for attribute, _ in _PER_REQUEST)
+
+
+Reader = Callable[[bytes, frozenset[bytes]], wire.Request]
+
+
+def compiled_reader() -> Reader | None:
+    """``_wire.c``'s reader where built; None otherwise: the pure-Python ``wire.read``
+    is the reference the compiled one is tested against, and costs more Python calls
+    per message than upb's parse, so without the compiled reader upb parses."""
+    compiled = native.module("edge._wire")
+    return None if compiled is None else cast("Reader", compiled.read)
+
+
 class Decoder:
-    """``decode`` with a bounded memo of preambles, for one servicer.
+    """``decode`` of a message's bytes, with a bounded memo of preambles, for one
+    servicer.
+
+    The bytes are read by ``reader`` (``wire.read`` or its compiled twin; by default the
+    compiled one where built, else upb); what it cannot read exactly as upb does, upb
+    parses, and bytes upb refuses are an ``Unexpected``
+    event (a protocol error: the stream ends with an error status). A decoded message
+    (``ProcessingRequest``) is decoded as ``decode`` does, through the same memo.
 
     Every request of a route carries the same attributes but for its ids and trace
-    context (``attributes.PER_REQUEST``), and reading them field by field costs several
-    times what the rest of an allowed request does. The memo is keyed by the exact bytes
-    of the attributes (map entries in sorted order) with those taken out, so what it
-    returns is what ``decode`` would have read; they are added back to the headers,
-    last, in the order ``decode`` places them. Taking them out changes ``request``: a
-    message is decoded once.
+    context (``attributes.PER_REQUEST``), and making a preamble of them costs several
+    times what the rest of an allowed request does. The memo is keyed by the body modes,
+    the attributes group's name and the bytes of its entries as sent, those of the
+    per-request attributes left out: equal bytes read as equal fields, so what it
+    returns is what ``decode`` would have read; the per-request ones are added back to
+    the headers, last, in the order ``decode`` places them.
     Keys are client-influenced (the content-type header), so the memo is emptied when
     full and attributes over ``PREAMBLE_MEMO_BYTES`` are never kept: a miss costs only
     the uncached reading.
     """
 
-    def __init__(self, keys: AttributeKeys, size: int = PREAMBLE_MEMO) -> None:
+    def __init__(
+        self, keys: AttributeKeys, size: int = PREAMBLE_MEMO, reader: Reader | None = None
+    ) -> None:
         self._keys = keys
         self._size = size
         self._memo: dict[tuple[object, ...], RequestHeaders] = {}
+        self._read = reader if reader is not None else compiled_reader()
 
-    def __call__(self, request: pb.ProcessingRequest) -> Event:
-        return _decode(request, self._preamble, self._keys)
+    def __call__(self, request: bytes | pb.ProcessingRequest) -> Event:
+        if isinstance(request, pb.ProcessingRequest):
+            return _decode(request, self._message_preamble, self._keys)
+        if self._read is None:
+            return self._parsed(request)
+        try:
+            message = self._read(request, _PER_REQUEST_KEYS)
+        except wire.Unreadable:
+            return self._parsed(request)
+        return self._event(message)
 
-    def _preamble(self, request: pb.ProcessingRequest) -> RequestHeaders | None:
+    def _parsed(self, data: bytes) -> Event:
+        """``data`` parsed by upb and decoded; bytes upb refuses are ``Unexpected``."""
+        try:
+            parsed = pb.ProcessingRequest.FromString(data)
+        except DecodeError:
+            return Unexpected("malformed")
+        return _decode(parsed, self._message_preamble, self._keys)
+
+    def _event(self, message: wire.Request) -> Event:
+        """``_decode`` of what the wire reader read."""
+        if message.observability_mode:
+            return Unexpected("observability_mode")
+        kind = message.kind
+        if kind == "request_body":
+            return RequestBody(message.body, message.end_of_stream, self._wire_preamble(message))
+        if kind == "request_headers":
+            config = message.config or (0, 0)
+            preamble = _wire_preamble(message.fields, config, self._keys)
+            return RequestHeaders(
+                headers=message.headers,
+                end_of_stream=message.end_of_stream,
+                body_mode=preamble.body_mode,
+                route=preamble.route,
+                peer=preamble.peer,
+                path=preamble.path,
+                response_body_mode=preamble.response_body_mode if message.config else None,
+            )
+        if kind == "request_trailers":
+            return RequestTrailers(self._wire_preamble(message))
+        if kind == "response_headers":
+            return ResponseHeaders(message.headers, message.end_of_stream)
+        if kind == "response_body":
+            return ResponseBody(message.body, message.end_of_stream)
+        return Unexpected(kind or "empty")
+
+    def _wire_preamble(self, message: wire.Request) -> RequestHeaders | None:
+        config = message.config
+        if config is None:  # only on the first message of a request
+            return None
+        fields = message.fields
+        key = (config, message.group, message.remainder)
+        cached = self._memo.get(key)
+        if cached is None:
+            kept = {k: v for k, v in fields.items() if k.encode() not in _PER_REQUEST_KEYS}
+            cached = _wire_preamble(kept, config, self._keys)
+            if len(message.remainder) + len(message.group or "") <= PREAMBLE_MEMO_BYTES:
+                self._remember(key, cached)
+        added = [
+            (header, _header_bytes(value))
+            for attribute, header in _PER_REQUEST
+            if (found := fields.get(attribute)) is not None
+            and found[0] == "string_value"
+            and isinstance(value := found[1], str)
+        ]
+        return _with_headers(cached, added)
+
+    def _remember(self, key: tuple[object, ...], preamble: RequestHeaders) -> None:
+        if len(self._memo) >= self._size:
+            self._memo.clear()
+        self._memo[key] = preamble
+
+    def _message_preamble(self, request: pb.ProcessingRequest) -> RequestHeaders | None:
+        """The preamble of a decoded message. Taking the per-request attributes out
+        changes ``request``: a message is decoded once."""
         if not request.HasField("protocol_config"):
             return None
         taken: dict[str, str | None] = {}
@@ -246,31 +383,34 @@ class Decoder:
             serialized = struct.SerializeToString(deterministic=True)
             size += len(name) + len(serialized)
             parts += (name, serialized)
-        key = tuple(parts)
+        key = ("message", *parts)
         cached = self._memo.get(key)
         if cached is None:
             cached = _preamble(request, self._keys)
             assert cached is not None
             if size <= PREAMBLE_MEMO_BYTES:
-                if len(self._memo) >= self._size:
-                    self._memo.clear()
-                self._memo[key] = cached
-        if not taken:
-            return cached
+                self._remember(key, cached)
         added = [
             (header, _header_bytes(value))
             for header in attributes.PER_REQUEST
             if header in taken and (value := taken[header]) is not None
         ]
-        return RequestHeaders(
-            (*cached.headers, *added),
-            cached.end_of_stream,
-            cached.body_mode,
-            cached.route,
-            cached.peer,
-            cached.path,
-            cached.response_body_mode,
-        )
+        return _with_headers(cached, added)
+
+
+def _with_headers(cached: RequestHeaders, added: list[tuple[str, bytes]]) -> RequestHeaders:
+    """``cached`` with the per-request headers ``added`` after its own."""
+    if not added:
+        return cached
+    return RequestHeaders(
+        (*cached.headers, *added),
+        cached.end_of_stream,
+        cached.body_mode,
+        cached.route,
+        cached.peer,
+        cached.path,
+        cached.response_body_mode,
+    )
 
 
 def decision_metadata(
@@ -364,63 +504,114 @@ _PLAIN: Final = (
 _BYTELESS: Final[dict[type, Answer]] = {kind: kind() for kind in _PLAIN}
 
 
-class Encoder:
-    """A step's answers as protobuf, for one servicer. Every answer of a step that
-    settled a phase carries the decision as dynamic metadata (``decision_metadata``):
-    with a streamed body, the withheld headers' answer and each piece, so whichever of
-    them Envoy continues the filter chain on, the filters after this one (a rate limit
-    keyed on the tenant's partition) find it.
+def _field(number: int, payload: bytes) -> bytes:
+    """A length-delimited field (the wire's tag, length, payload)."""
+    return wire.field_head(number, len(payload)) + payload
 
-    An answer that carries no bytes, with an outcome without ids, is one of few (answer
-    kind x phase x action x reason x mode): each is built once and shared, since gRPC
-    only reads a message it sends."""
+
+def _spliced(answer: ContinueBody | ContinueResponseBody | StreamedBody) -> bytes | None:
+    """The serialized response of an answer that carries a body, as ``encode`` makes
+    it, written around the body so the body is copied once, into the answer; None for
+    one that carries none. Fields in number order, as upb writes them."""
+    if isinstance(answer, StreamedBody):
+        chunk = answer.chunk
+        # StreamedBodyResponse: body and end_of_stream, each written when not empty.
+        head = wire.field_head(1, len(chunk)) if chunk else b""
+        tail = b"\x10\x01" if answer.end_of_stream else b""
+        return _nest((3, 1, 3, 3), [head, chunk, tail])
+    replacement = answer.replacement
+    if replacement is None:
+        return None
+    length_header = answer.length_header if isinstance(answer, ContinueBody) else True
+    common = b"\x08\x01"  # status CONTINUE_AND_REPLACE
+    if length_header:
+        mutation = pb.HeaderMutation()
+        _set(mutation, "content-length", str(len(replacement)).encode())
+        common += _field(2, mutation.SerializeToString())
+    # BodyMutation.body is a oneof member: written even when empty.
+    body = wire.field_head(1, len(replacement))
+    common += wire.field_head(3, len(body) + len(replacement)) + body
+    number = 3 if isinstance(answer, ContinueBody) else 4
+    return _nest((number, 1), [common, replacement])
+
+
+def _nest(numbers: tuple[int, ...], parts: list[bytes]) -> bytes:
+    """``parts`` as the payload of field ``numbers[-1]`` inside ... inside field
+    ``numbers[0]``: the heads are written, then everything joined once."""
+    size = sum(map(len, parts))
+    heads: list[bytes] = []
+    for number in reversed(numbers):
+        head = wire.field_head(number, size)
+        heads.append(head)
+        size += len(head)
+    heads.reverse()
+    return b"".join((*heads, *parts))
+
+
+class Encoder:
+    """A step's answers as the bytes of their ``ProcessingResponse``, for one
+    servicer. Every answer of a step that settled a phase carries the decision as
+    dynamic metadata (``decision_metadata``): with a streamed body, the withheld
+    headers' answer and each piece, so whichever of them Envoy continues the filter
+    chain on, the filters after this one (a rate limit keyed on the tenant's partition)
+    find it; and the shipped access log prints it for every request, an allow without
+    ids included (the one outcome that writes no decision log line).
+
+    An answer without a body of its own (an empty continue, a refusal) is one of few
+    per decision: its bytes are built once per (answer, decision) and shared. An answer
+    with a body is its prebuilt head, the body, and the decision's prebuilt metadata
+    field (``dynamic_metadata`` is field 8, after every answer's: the order upb writes).
+    """
 
     def __init__(self, namespace: str) -> None:
         self._namespace = namespace
-        self._shared: dict[tuple[object, ...], pb.ProcessingResponse] = {}
-        self._structs: dict[tuple[object, ...], struct_pb2.Struct] = {}
+        self._shared: dict[tuple[object, ...], bytes] = {}
+        self._structs: dict[tuple[object, ...], bytes] = {}
 
-    def __call__(self, step: Step) -> list[pb.ProcessingResponse]:
+    def __call__(self, step: Step) -> list[bytes]:
         answers, outcome = step.answers, step.outcome
         if not answers:
             return []
         return [self._encoded(answer, outcome) for answer in answers]
 
-    def _encoded(self, answer: Answer, outcome: Outcome | None) -> pb.ProcessingResponse:
-        key: tuple[object, ...] | None = None
-        empty = _BYTELESS.get(type(answer))
-        if empty is not None and answer == empty:
-            if outcome is None:
-                key = (answer,)
-            elif outcome.decision.id_count == 0 and outcome.partition is None:
-                decision = outcome.decision
-                key = (answer, outcome.phase, decision.action, decision.reason, outcome.mode)
-        if key is not None and (shared := self._shared.get(key)) is not None:
-            return shared
-        response = encode(answer)
-        if outcome is not None:
-            response.dynamic_metadata.CopyFrom(self._metadata(outcome))
-        if key is not None:
+    def _encoded(self, answer: Answer, outcome: Outcome | None) -> bytes:
+        if isinstance(answer, (ContinueBody, ContinueResponseBody, StreamedBody)):
+            spliced = _spliced(answer)
+            if spliced is not None:
+                return spliced if outcome is None else spliced + self._metadata(outcome)
+        key: tuple[object, ...] = (answer,) if outcome is None else (answer, *_decided(outcome))
+        shared = self._shared.get(key)
+        if shared is None:
+            shared = encode(answer).SerializeToString()
+            if outcome is not None:
+                shared += self._metadata(outcome)
             if len(self._shared) >= METADATA_MEMO:
                 self._shared.clear()
-            self._shared[key] = response
-        return response
+            self._shared[key] = shared
+        return shared
 
-    def _metadata(self, outcome: Outcome) -> struct_pb2.Struct:
-        """``decision_metadata`` for ``outcome``, built once per distinct decision
-        (the id count is the client's: the memo is emptied when full)."""
-        decision = outcome.decision
-        key = (
-            outcome.phase,
-            decision.action,
-            decision.reason,
-            decision.id_count,
-            outcome.mode,
-            outcome.partition,
-        )
-        struct = self._structs.get(key)
-        if struct is None:
+    def _metadata(self, outcome: Outcome) -> bytes:
+        """``decision_metadata`` for ``outcome`` as the response's field 8, built once
+        per distinct decision (the id count is the client's: the memo is emptied when
+        full)."""
+        key = _decided(outcome)
+        field = self._structs.get(key)
+        if field is None:
             if len(self._structs) >= METADATA_MEMO:
                 self._structs.clear()
-            struct = self._structs[key] = decision_metadata(self._namespace, outcome)
-        return struct
+            struct = decision_metadata(self._namespace, outcome)
+            field = self._structs[key] = _field(8, struct.SerializeToString())
+        return field
+
+
+def _decided(outcome: Outcome) -> tuple[object, ...]:
+    """What ``decision_metadata`` says of ``outcome``."""
+    decision = outcome.decision
+    return (
+        outcome.phase,
+        decision.action,
+        decision.reason,
+        decision.id_count,
+        outcome.mode,
+        outcome.partition,
+    )

@@ -46,12 +46,11 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from ext_proc._pb import external_processor_pb2 as pb
-from ext_proc._pb import external_processor_pb2_grpc as pb_grpc
 from ext_proc.core import native
 from ext_proc.core.address import UNIX_PREFIX, HostPort
 from ext_proc.core.config import Config, ConfigError
 from ext_proc.core.replay import Record
-from ext_proc.edge import allocator, logs, tracing
+from ext_proc.edge import allocator, logs, service, tracing
 from ext_proc.edge.metrics import Endpoint, Metrics, serve_metrics
 from ext_proc.edge.record import LocalRecord, table_path
 from ext_proc.edge.redis_record import PROBE_SECONDS, RecordState, RedisRecord
@@ -183,7 +182,7 @@ async def listen(
     record = open_record(config, metrics, record_file)
     spans = tracing.start(config.tracing)
     processor = ExternalProcessor(config, metrics=metrics, record=record, spans=spans)
-    pb_grpc.add_ExternalProcessorServicer_to_server(processor, server)
+    service.add_to_server(processor.Process, server)
     health_servicer = health.aio.HealthServicer()
     await _set_health(health_servicer, health_pb2.HealthCheckResponse.NOT_SERVING)
     # A table this process keeps itself is always there; a Redis once it answers.

@@ -1,5 +1,9 @@
 """The thin grpc.aio servicer: decode, hand to the stream machine, encode; log, count.
 
+``Process`` is registered without a deserializer or serializer (``add_to_server``): it
+reads each message's bytes and writes each answer's bytes, which the codec reads and
+writes itself (``codec.Decoder``, ``codec.Encoder``).
+
 Every message gets its answers from the stream machine. A protocol error or any
 unexpected exception ends the RPC with an error status, which Envoy
 (``failure_mode_allow: false``) turns into a 5xx: the original request never passes
@@ -11,13 +15,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import TypeAlias
 
 import grpc
 
 from ext_proc._pb import external_processor_pb2 as pb
-from ext_proc._pb import external_processor_pb2_grpc as pb_grpc
 from ext_proc.core.budget import Budget
 from ext_proc.core.config import Config, ConfigError
 from ext_proc.core.decisions import Allow, Deny
@@ -43,6 +47,9 @@ from ext_proc.edge.record import LocalRecord
 from ext_proc.edge.tracing import Spans
 
 log = logging.getLogger("ext_proc.decision")
+SERVICE_NAME = pb.DESCRIPTOR.services_by_name["ExternalProcessor"].full_name
+# The call's context: messages in and out as their bytes.
+Context: TypeAlias = "grpc.aio.ServicerContext[bytes, bytes]"
 
 
 @dataclass(slots=True)
@@ -58,7 +65,7 @@ class _Usage:
     started_ns: int = 0
 
 
-class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
+class ExternalProcessor:
     def __init__(
         self,
         config: Config,
@@ -107,7 +114,7 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc
 
     async def _next(
         self,
-        context: grpc.aio.ServicerContext[pb.ProcessingRequest, pb.ProcessingResponse],
+        context: Context,
         deadline: float | None,
     ) -> Event | None:
         """The next message's event; ``TimedOut`` once the body takes longer than
@@ -130,8 +137,8 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc
 
     async def Process(  # noqa: N802 - name fixed by the gRPC service
         self,
-        request_iterator: AsyncIterator[pb.ProcessingRequest],
-        context: grpc.aio.ServicerContext[pb.ProcessingRequest, pb.ProcessingResponse],
+        request_iterator: AsyncIterator[bytes],
+        context: Context,
     ) -> None:
         """One request's stream, counted while open and by how it ended; its bytes are
         always released. Messages are read and answers written through ``context``
@@ -185,7 +192,7 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc
 
     async def _converse(
         self,
-        context: grpc.aio.ServicerContext[pb.ProcessingRequest, pb.ProcessingResponse],
+        context: Context,
         stream: Stream,
         usage: _Usage,
     ) -> None:
@@ -230,7 +237,7 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc
 
     async def _answer(
         self, stream: Stream, event: Event, usage: _Usage
-    ) -> tuple[list[pb.ProcessingResponse], Step]:
+    ) -> tuple[list[bytes], Step]:
         """The stream's step for ``event`` (the record of spent proofs asked first where
         the step says so) and its encoded answers; its outcome is counted. The
         processor's time goes to ``usage``, the record's round trip does not. Raises
@@ -263,8 +270,8 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc
 
     async def _send(
         self,
-        context: grpc.aio.ServicerContext[pb.ProcessingRequest, pb.ProcessingResponse],
-        responses: list[pb.ProcessingResponse],
+        context: Context,
+        responses: list[bytes],
         held: int,
     ) -> None:
         """Write ``responses`` in order. Once gRPC took the last one (or the RPC ended),
@@ -277,7 +284,7 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc
 
     async def _abort(
         self,
-        context: grpc.aio.ServicerContext[pb.ProcessingRequest, pb.ProcessingResponse],
+        context: Context,
         usage: _Usage,
         reason: str,
     ) -> None:
@@ -318,3 +325,18 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc
         if isinstance(decision, Deny) and decision.refusal.detail is not None:
             fields["detail"] = decision.refusal.detail
         logs.info(log, "decision", fields)
+
+
+def add_to_server(
+    process: Callable[[AsyncIterator[bytes], Context], Awaitable[None]], server: grpc.aio.Server
+) -> None:
+    """Serve ``process`` (``ExternalProcessor.Process``) as the ext_proc service's one
+    method, its messages handed over and taken back as bytes (no deserializer, no
+    serializer)."""
+    handlers = {
+        "Process": grpc.stream_stream_rpc_method_handler(
+            process, request_deserializer=None, response_serializer=None
+        )
+    }
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
+    server.add_registered_method_handlers(SERVICE_NAME, handlers)

@@ -2,10 +2,11 @@
 
 Each path is one request of the benchmark (``bench/bodies.py``'s bytes, sent as
 ``envoy/envoy.yaml`` sends it: one message with the body and the route's attributes)
-served by the real ``ExternalProcessor.Process``, from the decoded gRPC message to the
-serialized answers, its decision counted and logged as ``serve`` configures it. A
-stand-in for gRPC's call hands the message over and serializes the answers; its read
-and write (three Python calls) and the serializer are counted with the servicer.
+served by the real ``ExternalProcessor.Process``, from the message's bytes to the
+answers' bytes, its decision counted and logged as ``serve`` configures it. A stand-in
+for gRPC's call hands the bytes over and takes the answers' bytes, as gRPC does with
+the servicer registered without a deserializer or serializer; its read and write
+(three Python calls) are counted with the servicer.
 Counted:
 
 - ``python_calls``: Python function calls (generators and coroutines resumed included);
@@ -182,11 +183,10 @@ def request(
 
 
 class _Call:
-    """Stands in for grpc.aio's call context: ``read`` hands over the one decoded
-    message, then the end of the stream; ``write`` serializes each answer with the
-    serializer gRPC calls (``SerializeToString``)."""
+    """Stands in for grpc.aio's call context: ``read`` hands over the one message's
+    bytes, then the end of the stream; ``write`` keeps each answer's bytes."""
 
-    def __init__(self, message: pb.ProcessingRequest) -> None:
+    def __init__(self, message: bytes) -> None:
         self._message: object = message
         self.sent: list[bytes] = []
 
@@ -194,8 +194,8 @@ class _Call:
         message, self._message = self._message, grpc.aio.EOF
         return message
 
-    async def write(self, response: pb.ProcessingResponse) -> None:
-        self.sent.append(response.SerializeToString())
+    async def write(self, response: bytes) -> None:
+        self.sent.append(response)
 
     async def abort(self, code: grpc.StatusCode, details: str) -> None:
         raise AssertionError(f"the stream was aborted: {details}")
@@ -211,7 +211,7 @@ def _serve(processor: ExternalProcessor, call: _Call, hook: _Hook | None = None)
     event loop whose own work would be counted. The hook sees that ``send`` and the
     call that removes it, and nothing else of this function."""
     # The servicer reads through the call: its request iterator stays unread.
-    unread = cast("AsyncIterator[pb.ProcessingRequest]", iter(()))
+    unread = cast("AsyncIterator[bytes]", iter(()))
     coroutine = processor.Process(unread, call)
     sys.setprofile(hook)
     try:
@@ -282,7 +282,8 @@ class _Path:
         else:
             data = self.body.with_proof(self._tokens.pop())
         self._served += 1
-        return _Call(request(self._routes, self.body.path, data, self._served))
+        message = request(self._routes, self.body.path, data, self._served)
+        return _Call(message.SerializeToString())
 
     def check(self, call: _Call) -> None:
         """The request was decided as its body intends."""

@@ -428,7 +428,8 @@ def test_answers_without_bytes_are_shared_only_with_the_same_decision():
         expected = encode(answer)
         if settled is not None:
             expected.dynamic_metadata.CopyFrom(decision_metadata(namespace, settled))
-        assert response == expected  # whatever is shared, it is what would be built
+        # whatever is shared, it is what would be built
+        assert pb.ProcessingResponse.FromString(response) == expected
         return response
 
     plain = answered(ContinueBody(None), outcome(Allow("no_transfer_params")))
@@ -436,11 +437,40 @@ def test_answers_without_bytes_are_shared_only_with_the_same_decision():
     other = answered(ContinueBody(None), outcome(Allow("no_body")))
     assert other is not plain
     assert answered(ContinueHeaders(), None) is answered(ContinueHeaders(), None)
-    # A replacement body or a decision with ids is built for its request alone.
+    # A replacement body is built for its request alone, behind the shared head.
     stripped = outcome(Strip(None, "stripped_by_policy", 0))
     assert answered(ContinueBody(b"{}"), stripped) is not answered(ContinueBody(b"{}"), stripped)
+    # A decision with ids is shared with the same decision (the same count) only.
     honored = outcome(Allow("trusted_proof", 3))
-    assert answered(ContinueBody(None), honored) is not answered(ContinueBody(None), honored)
+    assert answered(ContinueBody(None), honored) is answered(ContinueBody(None), honored)
+    assert answered(ContinueBody(None), outcome(Allow("trusted_proof", 4))) is not plain
+    refused = Reject(400, b'{"error":{}}', "token_policy_x")
+    denied = outcome(Deny(bad_request("x", reason="ids_malformed"), 2))
+    assert answered(refused, denied) is answered(
+        Reject(400, b'{"error":{}}', "token_policy_x"), denied
+    )
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        ContinueBody(b'{"a":1}'),
+        ContinueBody(b""),
+        ContinueBody(b"x" * 300, length_header=False),
+        ContinueResponseBody(b"{}"),
+        StreamedBody(b"{", False),
+        StreamedBody(b"", True),
+        StreamedBody(b"y" * 200, True),
+    ],
+)
+def test_a_spliced_body_answer_is_the_bytes_upb_writes(answer):
+    """The prebuilt head, the body, the decision: byte for byte what upb serializes."""
+    settled = Outcome(Strip(None, "stripped_by_policy", 2), False, "route", 10, "r", "request")
+    bare, decided = Encoder("ns")(Step([answer], None)), Encoder("ns")(Step([answer], settled))
+    assert bare == [encode(answer).SerializeToString()]
+    expected = encode(answer)
+    expected.dynamic_metadata.CopyFrom(decision_metadata("ns", settled))
+    assert pb.ProcessingResponse.FromString(decided[0]) == expected
 
 
 @pytest.mark.parametrize("value", ["研究所", "???", "team-€", "caf\u00e9 \u2603", "plain"])
@@ -486,10 +516,10 @@ def test_every_answer_of_a_settling_step_carries_the_decision():
     encoder = Encoder("ns")
     settled = Outcome(Allow("no_transfer_params"), False, "r", 10, "id", partition="p4rt")
     step = Step([ContinueHeaders(), StreamedBody(b"{", False), StreamedBody(b"}", True)], settled)
-    for response in encoder(step):
+    for response in map(pb.ProcessingResponse.FromString, encoder(step)):
         assert MessageToDict(response.dynamic_metadata)["ns"]["partition"] == "p4rt"
     (headers_only,) = encoder(Step([ContinueHeaders()], None))
-    assert not headers_only.HasField("dynamic_metadata")
+    assert not pb.ProcessingResponse.FromString(headers_only).HasField("dynamic_metadata")
 
 
 def test_answers_are_never_shared_across_tenants():
@@ -498,7 +528,7 @@ def test_answers_are_never_shared_across_tenants():
     def answered(partition):
         settled = Outcome(Allow("no_body"), False, "r", 0, "id", partition=partition)
         (response,) = encoder(Step([ContinueHeaders()], settled))
-        return response
+        return pb.ProcessingResponse.FromString(response)
 
     a, b = answered("aaaa"), answered("bbbb")
     assert MessageToDict(a.dynamic_metadata)["ns"]["partition"] == "aaaa"

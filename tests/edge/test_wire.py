@@ -1,0 +1,146 @@
+"""The wire reader against upb: whatever bytes it is given, ``Decoder`` reads what the
+decoded message reads as, and bytes upb refuses are refused (never passed)."""
+
+from __future__ import annotations
+
+import pytest
+from google.protobuf.message import DecodeError
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from ext_proc._pb import external_processor_pb2 as pb
+from ext_proc.core.events import Event, Unexpected
+from ext_proc.edge import attributes, wire
+from ext_proc.edge.codec import Decoder
+from tests.messages import KEYS, first_body_request, headers_request, route_attributes
+
+ROUTE = route_attributes({"action": "strip"})
+
+
+def _read(data: bytes) -> Event | type[Exception]:
+    try:
+        return Decoder(KEYS, reader=wire.read)(data)
+    except Exception as exc:
+        return type(exc)
+
+
+def _reference(data: bytes) -> Event | type[Exception]:
+    try:
+        parsed = pb.ProcessingRequest.FromString(data)
+    except DecodeError:
+        return Unexpected("malformed")
+    try:
+        return Decoder(KEYS)(parsed)
+    except Exception as exc:
+        return type(exc)
+
+
+def _same(data: bytes) -> None:
+    mine, upb = _read(data), _reference(data)
+    assert mine == upb or repr(mine) == repr(upb), data  # repr: NaN numbers
+    try:
+        wire.read(data)
+    except wire.Unreadable:
+        return
+    pb.ProcessingRequest.FromString(data)  # what the reader reads, upb reads
+
+
+scalars = st.one_of(st.text(max_size=8), st.floats(), st.booleans(), st.none())
+values = st.recursive(
+    scalars,
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner, max_size=3)
+    ),
+    max_leaves=6,
+)
+keys = st.sampled_from(
+    [*KEYS.wanted, attributes.header("x-auth-tenant"), attributes.header("x-b"), "other", ""]
+)
+attrs = st.dictionaries(keys, values, max_size=6)
+
+
+@st.composite
+def messages(draw: st.DrawFn) -> bytes:
+    chosen = draw(attrs)
+    if draw(st.booleans()):
+        message = first_body_request(draw(st.binary(max_size=32)), {**ROUTE, **chosen})
+    else:
+        message = headers_request({**ROUTE, **chosen}, eos=draw(st.booleans()))
+    if draw(st.booleans()):
+        message.ClearField("protocol_config")
+    if draw(st.booleans()):
+        message.observability_mode = True
+    return bytes(message.SerializeToString())
+
+
+@st.composite
+def mutated(draw: st.DrawFn) -> bytes:
+    data = bytearray(draw(messages()))
+    for _ in range(draw(st.integers(1, 4))):
+        if not data:
+            break
+        at = draw(st.integers(0, len(data) - 1))
+        action = draw(st.integers(0, 2))
+        if action == 0:
+            data[at] = draw(st.integers(0, 255))
+        elif action == 1:
+            del data[at:]
+        else:
+            data[at:at] = draw(st.binary(min_size=1, max_size=3))
+    return bytes(data)
+
+
+FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@FUZZ
+@given(messages())
+def test_a_message_reads_as_upb_reads_it(data: bytes) -> None:
+    _same(data)
+
+
+@FUZZ
+@given(mutated())
+def test_mutated_bytes_read_as_upb_reads_them_or_are_refused(data: bytes) -> None:
+    _same(data)
+
+
+@FUZZ
+@given(st.lists(messages(), min_size=2, max_size=3))
+def test_concatenated_messages_merge_as_in_upb(parts: list[bytes]) -> None:
+    _same(b"".join(parts))
+
+
+@FUZZ
+@given(st.binary(max_size=64))
+def test_random_bytes_read_as_upb_reads_them_or_are_refused(data: bytes) -> None:
+    _same(data)
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        b"\x22\x05\x0a\x03abc",  # a request body
+        b"\x22\x05\x0a\x03abc\x22\x02\x10\x01",  # twice: merged by upb
+        b"\x22\x05\x0a\x03abc\x2a\x00",  # two members: the last replaces
+        b"\x20\x01",  # a known number with another wire type: an unknown field
+        b"\x22\x80",  # a truncated length
+        b"\x50\xff\xff\xff\xff\xff\xff\xff\xff\xff\x01",  # a ten-byte varint
+        b"\x50\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\x01",  # eleven bytes
+        b"\x8a\x00\x00",  # a tag written in two bytes (field 1 of wire type 2)
+        b"\x0b\x0c",  # a group
+        b"\x00",  # field number 0
+        b"\x42\x00",  # metadata_context
+        b"\x4a\x06\x0a\x02\xc3\x28\x12\x00",  # an attributes group named in bad UTF-8
+        b"\x12\x08\x0a\x06\x0a\x04\x0a\x02\xff\xfe",  # a header key in bad UTF-8
+        b"\x5a\x0b\x08\xff\xff\xff\xff\xff\xff\xff\xff\xff\x01",  # body mode -1
+        b"\x5a\x02\x08\x07",  # an unknown body mode
+    ],
+)
+def test_adversarial_bytes_read_as_upb_reads_them_or_are_refused(data: bytes) -> None:
+    _same(data)
+
+
+def test_the_body_is_the_message_s_bytes() -> None:
+    message = first_body_request(b'{"prompt":"x"}', ROUTE).SerializeToString()
+    assert wire.read(message).body == b'{"prompt":"x"}'
