@@ -31,9 +31,11 @@ overload manager capping downstream connections, ``max_downstream_connections``,
 the heap, ``max_heap_size_bytes``; 32 KiB connection buffers; downstream HTTP/2 stream
 and window limits; a request headers timeout). Options: one gRPC message per request
 (``one_message``), the processor over a Unix socket (``processor: unix:/path``) or TLS
-(``processor_tls``, mutual with a client certificate), a gzip decompressor before
-ext_proc (``decompress_gzip``), the gateway listener over mutual TLS for routes that
-trust listed peers (``listener_tls``); ``description`` becomes the header comment.
+(``processor_tls``, mutual with a client certificate), one endpoint per worker of
+``serve --workers N`` (``processor_workers``: worker i at the processor's port plus i),
+a gzip decompressor before ext_proc (``decompress_gzip``), the gateway listener over
+mutual TLS for routes that trust listed peers (``listener_tls``); ``description``
+becomes the header comment.
 
 A route whose policy action is ``mint`` (the prefill leg) gets an ``ExtProcPerRoute``
 override that also sends the response headers and the buffered response body to the

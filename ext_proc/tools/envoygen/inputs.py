@@ -47,6 +47,7 @@ KiB: Final = 1024
 MiB: Final = 1024 * KiB
 # The processor's cluster; no upstream may take its name.
 PROCESSOR_CLUSTER: Final = "ext_proc"
+MAX_PORT: Final = 65535  # TCP's
 BASE_KEY: Final = "base"
 # Routes the generator names itself (the token endpoints' 404s) begin with this.
 RESERVED_ROUTE_PREFIX: Final = "token-endpoint"
@@ -292,6 +293,9 @@ class GeneratorInput(BaseModel):
     admin_port: int = Field(default=9901, gt=0, lt=65536)
     # host:port (an IP: a STATIC cluster; a DNS name: STRICT_DNS) or unix:/path.
     processor: ProcessorAddress
+    # The processor's `--workers`: worker i serves the processor's port plus i, and the
+    # cluster lists each as an endpoint (Envoy picks one per stream).
+    processor_workers: int = Field(default=1, ge=1, le=64)
     processor_tls: ProcessorTls | None = None
     body_mode: Literal["buffered", "streamed"] = "buffered"
     # One gRPC message per request: the headers message is skipped and the headers the
@@ -347,6 +351,23 @@ class GeneratorInput(BaseModel):
         if not is_ip(value):
             raise ValueError(f"expected an IP address to bind, got {value!r}")
         return value
+
+    @model_validator(mode="after")
+    def _workers_have_ports(self) -> GeneratorInput:
+        workers = self.processor_workers
+        if workers == 1:
+            return self
+        if isinstance(self.processor, UnixSocket):
+            raise ValueError(  # noqa: TRY004 - pydantic reports ValueError as the field's
+                f"processor_workers: {workers} needs a TCP processor address (a port each)"
+            )
+        last = self.processor.port + workers - 1
+        if last > MAX_PORT:
+            raise ValueError(
+                f"processor_workers: {workers} from port {self.processor.port} need ports "
+                f"up to {last}"
+            )
+        return self
 
     @model_validator(mode="after")
     def _one_message_needs_buffered_bodies(self) -> GeneratorInput:

@@ -17,6 +17,7 @@ from betterproto2 import Casing, Message
 from ext_proc.core import tenants
 from ext_proc.core.address import HostPort
 from ext_proc.edge.attributes import READ_HEADERS, attribute_keys
+from ext_proc.edge.supervisor import worker_ports
 from ext_proc.tools import carrier_headers
 from ext_proc.tools.envoy_names import (
     BUFFER_FILTER,
@@ -165,17 +166,34 @@ def _struct(value: Mapping[str, Any]) -> protobuf.Struct:
     return struct
 
 
-def _one_endpoint(name: str, address: HostPort | UnixSocket) -> endpoint.ClusterLoadAssignment:
+def _endpoints(
+    name: str, addresses: Iterable[HostPort | UnixSocket]
+) -> endpoint.ClusterLoadAssignment:
     return endpoint.ClusterLoadAssignment(
         cluster_name=name,
         endpoints=[
             endpoint.LocalityLbEndpoints(
                 lb_endpoints=[
                     endpoint.LbEndpoint(endpoint=endpoint.Endpoint(address=_address(address)))
+                    for address in addresses
                 ]
             )
         ],
     )
+
+
+def _one_endpoint(name: str, address: HostPort | UnixSocket) -> endpoint.ClusterLoadAssignment:
+    return _endpoints(name, [address])
+
+
+def processor_endpoints(spec: GeneratorInput) -> list[HostPort | UnixSocket]:
+    """One endpoint per processor worker, at the port its supervisor gives it: Envoy
+    picks an endpoint per stream, so every worker serves streams whatever the number of
+    connections (one per Envoy worker thread and endpoint, while under
+    PROCESSOR_STREAMS)."""
+    if isinstance(spec.processor, UnixSocket):
+        return [spec.processor]
+    return [HostPort.parse(a) for a in worker_ports(str(spec.processor), spec.processor_workers)]
 
 
 def _discovery(address: HostPort | UnixSocket) -> cluster.ClusterDiscoveryType:
@@ -281,7 +299,7 @@ def processor_cluster(spec: GeneratorInput) -> cluster.Cluster:
             None if spec.processor_tls is None else processor_tls(spec.processor_tls)
         ),
         typed_extension_protocol_options={HTTP_OPTIONS: protobuf.Any.pack(options)},
-        load_assignment=_one_endpoint(PROCESSOR_CLUSTER, spec.processor),
+        load_assignment=_endpoints(PROCESSOR_CLUSTER, processor_endpoints(spec)),
     )
 
 
