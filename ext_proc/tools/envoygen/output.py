@@ -186,14 +186,24 @@ def _one_endpoint(name: str, address: HostPort | UnixSocket) -> endpoint.Cluster
     return _endpoints(name, [address])
 
 
-def processor_endpoints(spec: GeneratorInput) -> list[HostPort | UnixSocket]:
-    """One endpoint per processor worker, at the port its supervisor gives it: Envoy
-    picks an endpoint per stream, so every worker serves streams whatever the number of
-    connections (one per Envoy worker thread and endpoint, while under
-    PROCESSOR_STREAMS)."""
-    if isinstance(spec.processor, UnixSocket):
-        return [spec.processor]
-    return [HostPort.parse(a) for a in worker_ports(str(spec.processor), spec.processor_workers)]
+def processor_endpoints(
+    processor: HostPort | UnixSocket, workers: int = 1
+) -> endpoint.ClusterLoadAssignment:
+    """One endpoint per processor worker, at the port its supervisor gives it
+    (``worker_ports``): Envoy picks an endpoint per stream, so every worker serves
+    streams whatever the number of connections (one per Envoy worker thread and
+    endpoint while under PROCESSOR_STREAMS streams)."""
+    if isinstance(processor, UnixSocket):
+        return _one_endpoint(PROCESSOR_CLUSTER, processor)
+    ports = worker_ports(str(processor), workers)
+    return _endpoints(PROCESSOR_CLUSTER, [HostPort.parse(a) for a in ports])
+
+
+def processor_load_assignment(processor: HostPort, workers: int) -> dict[str, Any]:
+    """``processor_endpoints`` as a rendered config's ``load_assignment`` (for configs
+    edited as YAML: the benchmark's, the end-to-end tests')."""
+    data: dict[str, Any] = processor_endpoints(processor, workers).to_dict(casing=Casing.SNAKE)
+    return data
 
 
 def _discovery(address: HostPort | UnixSocket) -> cluster.ClusterDiscoveryType:
@@ -299,7 +309,7 @@ def processor_cluster(spec: GeneratorInput) -> cluster.Cluster:
             None if spec.processor_tls is None else processor_tls(spec.processor_tls)
         ),
         typed_extension_protocol_options={HTTP_OPTIONS: protobuf.Any.pack(options)},
-        load_assignment=_endpoints(PROCESSOR_CLUSTER, processor_endpoints(spec)),
+        load_assignment=processor_endpoints(spec.processor, spec.processor_workers),
     )
 
 

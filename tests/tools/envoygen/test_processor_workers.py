@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from ext_proc.core.address import HostPort
 from ext_proc.edge.supervisor import worker_ports
 from ext_proc.tools import envoygen
 from tests.tools.envoygen.configs import clusters_of, generate, mutate, set_at
@@ -79,3 +80,11 @@ def test_envoy_accepts_the_cluster_of_several_workers(tmp_path):
         capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_a_rendered_config_gets_the_same_endpoints():
+    """The benchmark and the end-to-end tests edit rendered configs: the same list."""
+    config = generate(with_workers("127.0.0.1:50051", 3))
+    cluster = clusters_of(config)[envoygen.PROCESSOR_CLUSTER]
+    address = HostPort.parse("127.0.0.1:50051")
+    assert envoygen.processor_load_assignment(address, 3) == cluster["load_assignment"]
