@@ -598,7 +598,9 @@ class Reads:
             route.size,
             route.name,
             headers.path,
-            headers.peer,
+            # The peer's fields: its own hash is a Python call.
+            headers.peer.mtls,
+            headers.peer.identities,
             headers.response_body_mode,
             tenant_key,
             with_body,

@@ -1,7 +1,9 @@
 import pytest
 
 from ext_proc.core.errors import RoutePolicyError
+from ext_proc.core.read_headers import CHECKED_HEADERS
 from ext_proc.core.route_policy import (
+    DEFAULT_NAMESPACE,
     DEFAULT_POLICY,
     FIELDS,
     SCHEMA,
@@ -14,8 +16,10 @@ from ext_proc.core.route_policy import (
     Unproven,
     admitting,
     beside,
+    items_of,
     parse,
     parse_whole,
+    read_headers,
 )
 
 
@@ -300,3 +304,20 @@ def test_fairness_id_is_a_flag_that_needs_a_tenant_source():
     assert caught.value.param == "ext_proc.token_policy.fairness_id"
     with pytest.raises(RoutePolicyError):
         parse({"tenant": "route:team-a", "fairness_id": "true"}, 2.0)
+
+
+@pytest.mark.parametrize(
+    ("values", "size", "named"),
+    [
+        ({}, None, set()),
+        ({"action": "strip"}, 1.0, set()),
+        ({"tenant": "header:x-tenant"}, 1.0, {"x-tenant"}),
+        ({"tenant": "peer_san"}, 1.0, set()),
+        ({"tenant": "route:acme"}, 1.0, set()),
+        ({"tenant": "header:x-tenant"}, 2.0, set()),  # invalid: refused before any tenant
+        ({"tenant": "header:content-type"}, 1.0, set()),  # invalid
+    ],
+)
+def test_read_headers_are_the_checked_ones_and_the_tenants(values, size, named):
+    read = read_headers(items_of(values), size, DEFAULT_NAMESPACE)
+    assert read == set(CHECKED_HEADERS) | named

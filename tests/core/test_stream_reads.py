@@ -184,3 +184,23 @@ def test_a_stream_reads_through_the_shared_memo():
     driven.handle(BASE)
     assert driven.stream._request_id == "id-1"
     assert len(stream_module._READS) > 0
+
+
+@pytest.mark.parametrize(
+    ("kind", "fields"),
+    [
+        (Peer, {"mtls", "identities"}),
+        (RouteMetadata, {"values", "size", "name", "items"}),
+        (
+            RequestHeaders,
+            {"headers", "end_of_stream", "body_mode", "route", "peer", "path"}
+            | {"response_body_mode"},
+        ),
+    ],
+)
+def test_the_key_covers_every_field_the_reading_is_given(kind, fields):
+    """The memo's key names these fields one by one (a route by its items, which its
+    values are read as; end_of_stream and body_mode are read by the stream's table, not
+    by ``read``): a field added must be keyed, or shown to be read by nothing ``read``
+    returns, before this list grows."""
+    assert {field.name for field in dataclasses.fields(kind)} == fields
