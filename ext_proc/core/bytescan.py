@@ -6,10 +6,15 @@ from __future__ import annotations
 
 import functools
 import re
-from typing import Final
+from typing import Final, Protocol
 
 import numpy as np
 import stringzilla
+
+from ext_proc.core import native
+
+# The compiled scan (ext_proc/core/_scan.c), None where the reference here runs.
+COMPILED: Final = native.module("core._scan")
 
 # Below this size, bytes.count is as fast as numpy (whose call costs more).
 _VECTOR_MIN: Final = 1 << 14
@@ -68,20 +73,27 @@ _QUOTED_VECTOR_MIN: Final = 1 << 18
 def quoted(raw: bytes, names: tuple[bytes, ...], most: int) -> dict[bytes, int]:
     """For each of ``names`` (each at least 3 bytes, none holding a quote or a
     backslash) that ``raw`` writes between two quotes, how often it does, counted to
-    ``most``, in one pass however many names there are: the occurrences of
-    ``b'"' + name + b'"'`` whose opening quote does not close an earlier quoted run of
-    the bytes names are made of. That is every occurrence whose opening quote follows a
-    byte no name holds, as a JSON member's opening quote does (it follows a brace, a
-    comma or whitespace). A name it never writes so is absent (a body usually names
-    none of them, and the answer then costs nothing per name).
+    ``most`` (at least 1), in one pass however many names there are: the quotes of
+    ``raw`` that begin ``b'"' + name + b'"'``. A name it never writes so is absent (a
+    body usually names none of them, and the answer then costs nothing per name).
 
-    A small ``raw`` is searched by one regular expression for every quoted run of the
-    bytes names are made of, and the runs that are names are counted; a large one by
-    vectors: each quote's next four bytes are compared, as one word, with each name's
-    first four bytes (a name of three with its closing quote), and only the quotes that
-    match one are compared in full. Two occurrences of the same token never overlap:
-    each begins at its own opening quote and ends at a closing quote that no name
-    holds."""
+    Every string token ``"name"`` begins at a quote and runs to the next quote, so
+    each is counted (a JSON member's name among them, at any depth); a quote that
+    closes one run and begins the next is read as both, which may count more than the
+    tokens, never fewer.
+
+    The compiled scan (``COMPILED``) goes from each quote to the next and looks the
+    run between them up among the names. The reference searches a small ``raw`` with
+    one regular expression for every quote that begins a quoted run of the bytes
+    names are made of, and keeps the runs that are names; a large one by vectors:
+    each quote's next four bytes are compared, as one word, with each name's first
+    four bytes (a name of three with its closing quote), and only the quotes that
+    match one are compared in full."""
+    if most < 1:
+        raise ValueError(f"most is {most}, not at least 1")
+    if COMPILED is not None:
+        return matcher(names, b"").quoted(raw, most)
+    _check(names)
     counts: dict[bytes, int] = {}
     if len(raw) < _QUOTED_VECTOR_MIN:
         wanted = _names(names)
@@ -102,6 +114,36 @@ def quoted(raw: bytes, names: tuple[bytes, ...], most: int) -> dict[bytes, int]:
             if counts.get(name, 0) < most and raw.startswith(b'"' + name + b'"', at):
                 counts[name] = counts.get(name, 0) + 1
     return counts
+
+
+class Matcher(Protocol):
+    """The compiled scan of one tuple of names (ext_proc/core/_scan.c)."""
+
+    def quoted(self, raw: bytes | bytearray | memoryview, most: int, /) -> dict[bytes, int]:
+        """``quoted(raw, names, most)``."""
+
+    def spelled(self, raw: bytes | bytearray | memoryview, most: int, /) -> dict[bytes, int] | None:
+        """None when ``raw`` holds ``\\u00`` and one of the escape bytes, else
+        ``quoted(raw, names, most)``."""
+
+
+@functools.cache
+def matcher(names: tuple[bytes, ...], escapes: bytes) -> Matcher:
+    """The compiled scan of ``names`` (checked as the reference checks them), with
+    ``escapes`` the bytes that after ``\\u00`` start an escape of one of their
+    characters; only where ``COMPILED`` is not None."""
+    if COMPILED is None:
+        raise RuntimeError("the compiled scan is not built")
+    _check(names)
+    made: Matcher = COMPILED.Matcher(names, escapes)
+    return made
+
+
+@functools.cache
+def _check(names: tuple[bytes, ...]) -> None:
+    """Refuses names the scans are not made for (``_heads``, ``_pattern``)."""
+    _heads(names)
+    _pattern(names)
 
 
 @functools.cache
@@ -128,15 +170,12 @@ def _heads(names: tuple[bytes, ...]) -> tuple[np.ndarray, dict[int, tuple[bytes,
 
 @functools.cache
 def _pattern(names: tuple[bytes, ...]) -> re.Pattern[bytes]:
-    """Every quoted run of the bytes that names are made of, each run read once
-    (possessive: no backtracking); ``quoted`` keeps the runs that are names.
-
-    A run found so is never one that hides a name behind it: a match that ends at the
-    opening quote of a later ``"name"`` ends there only when the byte before that quote
-    is one names are made of, which a member's opening quote in JSON never follows (it
-    follows a brace, a comma or whitespace)."""
+    """Each quote that begins a quoted run of the bytes names are made of, and the run
+    (read once: possessive, no backtracking); ``quoted`` keeps the runs that are names.
+    A match takes only its opening quote, so the run's closing quote is looked at
+    again as the next run's opening one: no quote that begins ``"name"`` is passed."""
     alphabet = sorted(set(b"".join(names)))
     if not alphabet or any(byte in b'"\\' for byte in alphabet):
         raise ValueError("names are made of bytes other than quote and backslash")
     members = b"".join(re.escape(bytes([byte])) for byte in alphabet)
-    return re.compile(b'"([' + members + b']++)"')
+    return re.compile(b'"(?=([' + members + b']++)")')

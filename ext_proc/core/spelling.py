@@ -29,6 +29,7 @@ from collections import Counter
 from collections.abc import Iterable
 from typing import Final
 
+from ext_proc.core import bytescan
 from ext_proc.core.bytescan import find, quoted
 
 # JSON's whitespace, and how far from each end of a body its braces are looked for.
@@ -54,15 +55,26 @@ def spelled(raw: bytes, keys: Iterable[str]) -> Counter[str] | None:
     written or with an escape (module docstring); a member written as itself is the
     string token ``"key"``, its quotes unescaped, and distinct tokens share no byte, so
     without any escape of the key's characters their number is at most the number of
-    occurrences of ``"key"`` in ``raw``. Quoted, a key that is part of another name
-    (``tokens`` in ``max_tokens``) or of prose is not counted."""
+    quotes in ``raw`` that begin ``"key"`` (``bytescan.quoted``). Quoted, a key that is
+    part of another name (``tokens`` in ``max_tokens``) or of prose is not counted.
+
+    The compiled scan (``bytescan.COMPILED``) searches the escapes and counts the
+    names in one call; the reference here searches, then calls ``bytescan.quoted``:
+    the same answers (tests/core/test_scan_native.py)."""
     if not _braced(raw):
         return None
-    names, escapes = _all_spellings(tuple(keys))
-    if _holds_any(raw, escapes):
-        return None
+    asked = tuple(keys)
+    if bytescan.COMPILED is not None:
+        found = _compiled(asked).spelled(raw, SPELLED_MOST)
+        if found is None:
+            return None
+    else:
+        names, escapes = _all_spellings(asked)
+        if _holds_any(raw, escapes):
+            return None
+        found = quoted(raw, names, SPELLED_MOST)
     counted: Counter[str] = Counter()
-    for name, count in quoted(raw, names, SPELLED_MOST).items():
+    for name, count in found.items():
         counted[name.decode()] = count
     return counted
 
@@ -74,6 +86,17 @@ def _all_spellings(keys: tuple[str, ...]) -> tuple[tuple[bytes, ...], tuple[byte
     for key in keys:
         escapes.update(_spellings(key)[1])
     return tuple(_spellings(key)[0] for key in keys), tuple(sorted(escapes))
+
+
+@functools.cache
+def _compiled(keys: tuple[str, ...]) -> bytescan.Matcher:
+    """The compiled scan of ``keys`` as written and of the bytes that after
+    ``_ESCAPE`` start an escape of one of their characters (the last byte of each of
+    ``_all_spellings``'s escapes)."""
+    names, escapes = _all_spellings(keys)
+    if not all(len(e) == len(_ESCAPE) + 1 and e.startswith(_ESCAPE) for e in escapes):
+        raise ValueError(f"{escapes!r}: each {_ESCAPE!r} and one more byte")
+    return bytescan.matcher(names, bytes(e[-1] for e in escapes))
 
 
 @functools.cache

@@ -50,3 +50,29 @@ def test_runs_too_short_to_cover_a_word_are_refused():
 @pytest.mark.parametrize("needle", [b"ab", b"aa"])
 def test_occurrences_is_count_capped(raw, needle, most):
     assert bytescan.occurrences(raw, needle, most) == min(raw.count(needle), most)
+
+
+QUOTE_NAMES = (b"abc", b"tokens", b"kv_transfer_params")
+
+
+@pytest.mark.parametrize("compiled", [True, False], ids=["compiled", "python"])
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [
+        (b'{"abc": 1, "tokens": [1]}', {b"abc": 1, b"tokens": 1}),
+        (b'{"max_tokens": 1, "tokens_2": 1, "Tokens": 1}', {}),
+        (b'"abc"abc"abc"', {b"abc": 2}),  # each quote that begins "abc", to most
+        (b'"x"abc"', {b"abc": 1}),  # a closing quote begins the next run too
+        (b'"ab\\"abc"', {b"abc": 1}),
+        (b'"abc', {}),
+        (b'{"kv_transfer_params": {"kv_transfer_params": 1}}', {b"kv_transfer_params": 2}),
+    ],
+)
+@pytest.mark.parametrize("size", [0, 1 << 18])
+def test_quoted_counts_each_quote_that_begins_a_name(raw, expected, size, compiled, monkeypatch):
+    if not compiled:
+        monkeypatch.setattr(bytescan, "COMPILED", None)
+    else:
+        assert bytescan.COMPILED is not None, "ext_proc.core._scan is not built (make)"
+    body = b" " * size + raw + b" " * size
+    assert bytescan.quoted(body, QUOTE_NAMES, 2) == expected

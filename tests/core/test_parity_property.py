@@ -16,7 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ext_proc.core import proof, reading
+from ext_proc.core import bytescan, proof, reading
 from ext_proc.core.events import (
     BodyMode,
     ContinueBody,
@@ -78,6 +78,18 @@ documents = st.fixed_dictionaries(
         "generate_responses": st.lists(values, max_size=3),
     },
 )
+
+
+@pytest.fixture(autouse=True, scope="module", params=["compiled", "python"])
+def scan(request):
+    """Every property holds of the compiled carrier scan and of its Python reference
+    (bytescan.COMPILED None: spelling.spelled's own search and bytescan.quoted)."""
+    with pytest.MonkeyPatch.context() as patch:
+        if request.param == "python":
+            patch.setattr(bytescan, "COMPILED", None)
+        else:
+            assert bytescan.COMPILED is not None, "ext_proc.core._scan is not built (make)"
+        yield request.param
 
 
 @pytest.fixture(autouse=True, scope="module")

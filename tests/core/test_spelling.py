@@ -4,8 +4,18 @@ import json
 
 import pytest
 
-from ext_proc.core import spelling
+from ext_proc.core import bytescan, spelling
 from ext_proc.core.vllm_request import KV_KEY as KV
+
+
+@pytest.fixture(autouse=True, params=["compiled", "python"])
+def scan(request, monkeypatch):
+    """Each case holds of the compiled scan and of the Python reference."""
+    if request.param == "python":
+        monkeypatch.setattr(bytescan, "COMPILED", None)
+    else:
+        assert bytescan.COMPILED is not None, "ext_proc.core._scan is not built (make)"
+    return request.param
 
 
 def lacks_key(raw: bytes, key: str) -> bool:
