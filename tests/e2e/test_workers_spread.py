@@ -1,0 +1,160 @@
+"""``serve --workers 2`` behind the real Envoy: every worker serves streams.
+
+Envoy multiplexes every ext_proc stream of one of its worker threads on one HTTP/2
+connection per processor endpoint (more only past the cluster's max_concurrent_streams),
+so workers sharing one port through SO_REUSEPORT would split connections, and at a
+concurrency under that limit one worker would serve every stream. Each worker serves a
+port of its own (ext_proc/edge/supervisor.py) and the processor cluster lists them all
+(``envoygen.processor_load_assignment``): a stream is a load-balancing pick among the
+workers, with one Envoy worker thread or two.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from prometheus_client import multiprocess
+
+from devstack import processes
+from ext_proc.core.address import HostPort
+from ext_proc.edge.supervisor import worker_ports
+from ext_proc.tools import envoygen
+from tests.e2e.stack import LOCAL, Stack
+
+WORKERS = 2
+REQUESTS = 40
+CONCURRENCY = 4  # under max_concurrent_streams: one connection per endpoint and thread
+
+
+def consecutive_free_ports(count: int) -> int:
+    """A port from which ``count`` ports are free (each checked by binding it)."""
+    for _ in range(50):
+        base = processes.free_port()
+        if base + count - 1 > 65535:
+            continue
+        held: list[socket.socket] = []
+        try:
+            for port in range(base, base + count):
+                sock = socket.socket()
+                held.append(sock)
+                sock.bind((LOCAL, port))
+        except OSError:
+            continue
+        finally:
+            for sock in held:
+                sock.close()
+        return base
+    raise AssertionError(f"no {count} consecutive free ports")
+
+
+@dataclass
+class ConcurrencyStack(Stack):
+    """A stack whose Envoy runs ``envoy_concurrency`` worker threads."""
+
+    envoy_concurrency: int = 1
+
+    def start_envoy(self) -> None:
+        path = self.workdir / "envoy.yaml"
+        args = processes.envoy_args(path, self.admin.port, self.envoy_epoch)
+        args += ["--concurrency", str(self.envoy_concurrency)]
+        envoy = processes.start(args, self._log("envoy"))
+        self.children["envoy"] = envoy
+        processes.wait_for_envoy(self.admin.port, envoy)
+
+
+def list_workers(processor: HostPort, workers: int):  # type: ignore[no-untyped-def]
+    def edit(config: dict[str, Any]) -> None:
+        for cluster in config["static_resources"]["clusters"]:
+            if cluster["name"] == envoygen.PROCESSOR_CLUSTER:
+                cluster["load_assignment"] = envoygen.processor_load_assignment(processor, workers)
+
+    return edit
+
+
+def hosts(stack: Stack) -> dict[int, dict[str, Any]]:
+    """The processor cluster's hosts by port, as Envoy's admin reports them."""
+    url = f"http://{stack.admin}/clusters?format=json"
+    with urllib.request.urlopen(url, timeout=5) as reply:
+        statuses = json.loads(reply.read())["cluster_statuses"]
+    (cluster,) = [c for c in statuses if c["name"] == envoygen.PROCESSOR_CLUSTER]
+    return {h["address"]["socket_address"]["port_value"]: h for h in cluster["host_statuses"]}
+
+
+def healthy(host: dict[str, Any]) -> bool:
+    return not any(v for k, v in host["health_status"].items() if k != "eds_health_status")
+
+
+def sent_streams(host: dict[str, Any]) -> int:
+    return next(int(s.get("value", 0)) for s in host["stats"] if s["name"] == "rq_total")
+
+
+def worker_pids(supervisor: int) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            parent = int((entry / "stat").read_text().rpartition(")")[2].split()[1])
+            command = (entry / "cmdline").read_bytes()
+        except (OSError, ValueError, IndexError):
+            continue
+        if parent == supervisor and b"spawn_main" in command:
+            found.append(int(entry.name))
+    return found
+
+
+def decisions_of(pid: int) -> int:
+    """The decisions one worker counted, from its own file of the supervisor's metrics
+    folder (named in the worker's environment)."""
+    environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    (folder,) = [
+        v.split(b"=", 1)[1].decode() for v in environ if v.startswith(b"PROMETHEUS_MULTIPROC_DIR=")
+    ]
+    files = [str(p) for p in Path(folder).glob(f"counter_{pid}.db")]
+    total = 0.0
+    for family in multiprocess.MultiProcessCollector._read_metrics(files).values():
+        total += sum(s.value for s in family.samples if s.name == "ext_proc_decisions_total")
+    return int(total)
+
+
+@pytest.mark.parametrize("envoy_concurrency", [1, 2])
+def test_every_worker_serves_streams(tmp_path: Path, envoy_concurrency: int) -> None:
+    processor = HostPort(LOCAL, consecutive_free_ports(WORKERS))
+    stack = ConcurrencyStack(
+        tmp_path,
+        processor=processor,
+        workers=WORKERS,
+        edit=list_workers(processor, WORKERS),
+        envoy_concurrency=envoy_concurrency,
+    )
+    with stack:
+        ports = [HostPort.parse(a).port for a in worker_ports(str(processor), WORKERS)]
+        deadline = time.monotonic() + 30
+        while not all(healthy(h) for h in hosts(stack).values()):
+            assert time.monotonic() < deadline, f"workers not healthy: {hosts(stack)}"
+            time.sleep(0.2)
+        assert sorted(hosts(stack)) == ports
+        pids = worker_pids(stack.children["processor"].pid)
+        assert len(pids) == WORKERS
+
+        def send(_: int) -> int:
+            body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+            reply = httpx.post(stack.url + "/v1/chat/completions", json=body, timeout=20)
+            return reply.status_code
+
+        with ThreadPoolExecutor(CONCURRENCY) as pool:
+            statuses = list(pool.map(send, range(REQUESTS)))
+        assert statuses == [200] * REQUESTS
+        by_port = {port: sent_streams(host) for port, host in hosts(stack).items()}
+        by_worker = {pid: decisions_of(pid) for pid in pids}
+    # Envoy sent each worker's port streams, and each worker decided some of them.
+    assert all(count >= 1 for count in by_port.values()), by_port
+    assert all(count >= 1 for count in by_worker.values()), by_worker
+    assert sum(by_worker.values()) == REQUESTS
