@@ -246,15 +246,12 @@ def _wire_preamble(
 _PER_REQUEST_KEYS: Final = frozenset(attribute.encode() for attribute, _ in _PER_REQUEST)
 
 
-Reader = Callable[[bytes, frozenset[bytes]], wire.Request]
-
-
-def compiled_reader() -> Reader | None:
+def compiled_reader() -> wire.Reader | None:
     """``_wire.c``'s reader where built; None otherwise: the pure-Python ``wire.read``
     is the reference the compiled one is tested against, and costs more Python calls
     per message than upb's parse, so without the compiled reader upb parses."""
     compiled = native.module("edge._wire")
-    return None if compiled is None else cast("Reader", compiled.read)
+    return None if compiled is None else cast("wire.Reader", compiled.read)
 
 
 class Decoder:
@@ -280,7 +277,7 @@ class Decoder:
     """
 
     def __init__(
-        self, keys: AttributeKeys, size: int = PREAMBLE_MEMO, reader: Reader | None = None
+        self, keys: AttributeKeys, size: int = PREAMBLE_MEMO, reader: wire.Reader | None = None
     ) -> None:
         self._keys = keys
         self._size = size
@@ -525,14 +522,23 @@ def _spliced(answer: ContinueBody | ContinueResponseBody | StreamedBody) -> byte
     length_header = answer.length_header if isinstance(answer, ContinueBody) else True
     common = b"\x08\x01"  # status CONTINUE_AND_REPLACE
     if length_header:
-        mutation = pb.HeaderMutation()
-        _set(mutation, "content-length", str(len(replacement)).encode())
-        common += _field(2, mutation.SerializeToString())
+        common += _field(2, _length_mutation(len(replacement)))
     # BodyMutation.body is a oneof member: written even when empty.
     body = wire.field_head(1, len(replacement))
     common += wire.field_head(3, len(body) + len(replacement)) + body
     number = 3 if isinstance(answer, ContinueBody) else 4
     return _nest((number, 1), [common, replacement])
+
+
+def _length_mutation(size: int) -> bytes:
+    """``_set(mutation, "content-length", ...)``'s HeaderMutation, serialized: one
+    HeaderValueOption of the header (key, raw_value) and OVERWRITE_IF_EXISTS_OR_ADD."""
+    header = _CONTENT_LENGTH_KEY + _field(3, str(size).encode())
+    return _field(1, _field(1, header) + _OVERWRITE)
+
+
+_CONTENT_LENGTH_KEY: Final = b"\x0a\x0econtent-length"  # HeaderValue.key
+_OVERWRITE: Final = b"\x18\x02"  # append_action OVERWRITE_IF_EXISTS_OR_ADD
 
 
 def _nest(numbers: tuple[int, ...], parts: list[bytes]) -> bytes:

@@ -17,6 +17,7 @@ other wire types skipped whole.
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
 
@@ -68,6 +69,10 @@ class Request:
     # The group's entries as sent, without those of ``skip`` (see ``read``): equal
     # bytes read as equal fields.
     remainder: bytes
+
+
+# ``read`` and its compiled twin.
+Reader = Callable[[bytes, frozenset[bytes]], Request]
 
 
 def varint(data: bytes, pos: int, end: int) -> tuple[int, int]:

@@ -9,19 +9,30 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ext_proc._pb import external_processor_pb2 as pb
+from ext_proc.core import native
 from ext_proc.core.events import Event, Unexpected
 from ext_proc.edge import attributes, wire
-from ext_proc.edge.codec import Decoder
+from ext_proc.edge.codec import _PER_REQUEST_KEYS, Decoder
 from tests.messages import KEYS, first_body_request, headers_request, route_attributes
 
 ROUTE = route_attributes({"action": "strip"})
+COMPILED = native.module("edge._wire")
+# The readers compared with upb: the reference, and the compiled one where built.
+READERS: list[wire.Reader] = [wire.read] if COMPILED is None else [wire.read, COMPILED.read]
 
 
-def _read(data: bytes) -> Event | type[Exception]:
+def _read(data: bytes, reader: wire.Reader) -> Event | type[Exception]:
     try:
-        return Decoder(KEYS, reader=wire.read)(data)
-    except Exception as exc:
+        return Decoder(KEYS, reader=reader)(data)
+    except Exception as exc:  # compared by type
         return type(exc)
+
+
+def _wire(data: bytes, reader: wire.Reader) -> wire.Request | None:
+    try:
+        return reader(data, _PER_REQUEST_KEYS)
+    except wire.Unreadable:
+        return None
 
 
 def _reference(data: bytes) -> Event | type[Exception]:
@@ -36,13 +47,15 @@ def _reference(data: bytes) -> Event | type[Exception]:
 
 
 def _same(data: bytes) -> None:
-    mine, upb = _read(data), _reference(data)
-    assert mine == upb or repr(mine) == repr(upb), data  # repr: NaN numbers
-    try:
-        wire.read(data)
-    except wire.Unreadable:
-        return
-    pb.ProcessingRequest.FromString(data)  # what the reader reads, upb reads
+    upb = _reference(data)
+    for reader in READERS:
+        mine = _read(data, reader)
+        assert mine == upb or repr(mine) == repr(upb), (reader, data)  # repr: NaN numbers
+    read = [_wire(data, reader) for reader in READERS]
+    # The compiled reader reads what the reference reads, and refuses what it refuses.
+    assert all(repr(found) == repr(read[0]) for found in read), data
+    if read[0] is not None:
+        pb.ProcessingRequest.FromString(data)  # what the readers read, upb reads
 
 
 scalars = st.one_of(st.text(max_size=8), st.floats(), st.booleans(), st.none())
@@ -141,6 +154,25 @@ def test_adversarial_bytes_read_as_upb_reads_them_or_are_refused(data: bytes) ->
     _same(data)
 
 
-def test_the_body_is_the_message_s_bytes() -> None:
+@pytest.mark.parametrize("reader", READERS)
+def test_the_body_is_the_message_s_bytes(reader: wire.Reader) -> None:
     message = first_body_request(b'{"prompt":"x"}', ROUTE).SerializeToString()
-    assert wire.read(message).body == b'{"prompt":"x"}'
+    assert reader(message, frozenset()).body == b'{"prompt":"x"}'
+
+
+@pytest.mark.parametrize("reader", READERS)
+def test_the_memo_key_leaves_out_the_per_request_attributes(reader: wire.Reader) -> None:
+    def remainder(request_id: str) -> bytes:
+        values = {**ROUTE, attributes.HEADERS["x-request-id"]: request_id}
+        return reader(
+            first_body_request(b"{}", values).SerializeToString(), _PER_REQUEST_KEYS
+        ).remainder
+
+    assert remainder("a") == remainder("b") != b""
+
+
+def test_the_compiled_reader_is_built() -> None:
+    """Where the package was built (setup.py), the compiled reader is the one served."""
+    if COMPILED is None:
+        pytest.skip("ext_proc.edge._wire not built (or EXT_PROC_NATIVE=0)")
+    assert Decoder(KEYS)._read is COMPILED.read
