@@ -53,9 +53,11 @@ class Unreadable(Exception):
 Value = tuple[str | None, Scalar | None]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Request:
-    """What the codec reads of one message (each as the protobuf message holds it)."""
+    """What the codec reads of one message (each as the protobuf message holds it).
+    Not frozen: a frozen dataclass sets each field through ``object.__setattr__``,
+    which costs the compiled reader more than its reading; nothing changes one."""
 
     kind: str  # the oneof's member set, "" for none
     body: bytes  # request_body / response_body ``body``
