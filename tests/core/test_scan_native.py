@@ -4,8 +4,12 @@ answers on any bytes, JSON-like or not, small or past the vector threshold."""
 
 from __future__ import annotations
 
+import ctypes
 import json
+import mmap
+import sys
 from collections import Counter
+from collections.abc import Callable, Iterator
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -248,3 +252,40 @@ def test_large_bodies_cross_the_vector_path_alike(head: bytes, tail: bytes, fill
     assert len(raw) >= VECTOR_MIN
     same_answers(raw, tuple(name.decode() for name in SMALL_NAMES))
     same_answers(raw)
+
+
+# --- no read past the end ---------------------------------------------------------------
+
+PAGE = mmap.PAGESIZE
+
+
+@pytest.fixture
+def at_a_guard_page() -> Iterator[Callable[[bytes], memoryview]]:
+    """Puts bytes flush against a page that may not be read: a read past their end
+    stops the process."""
+    region = mmap.mmap(-1, 2 * PAGE)
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    start = ctypes.addressof(ctypes.c_char.from_buffer(region))
+    assert libc.mprotect(start + PAGE, PAGE, mmap.PROT_READ) == 0
+    assert libc.mprotect(start + PAGE, PAGE, 0) == 0
+
+    def placed(raw: bytes) -> memoryview:
+        region[PAGE - len(raw) : PAGE] = raw
+        return memoryview(region)[PAGE - len(raw) : PAGE]
+
+    yield placed
+    assert libc.mprotect(start + PAGE, PAGE, mmap.PROT_READ | mmap.PROT_WRITE) == 0
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="mprotect through the C library")
+def test_the_scan_reads_nothing_past_the_end(
+    at_a_guard_page: Callable[[bytes], memoryview],
+) -> None:
+    scan = bytescan.matcher(SMALL_NAMES, b"567")
+    for ending in (b'"abc"', b'"abc', b"\\u00", b"\\u006", b"\\u", b"\\", b'"', b"x"):
+        for size in range(len(ending), 200):
+            raw = (b' "x" \\u00e9' * 40)[: size - len(ending)] + ending
+            view = at_a_guard_page(raw)
+            assert scan.quoted(view, 2) == reference_quoted(raw, SMALL_NAMES, 2)
+            assert scan.spelled(view, 2) == scan.spelled(raw, 2)
