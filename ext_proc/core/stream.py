@@ -46,7 +46,6 @@ Invariants (fail closed):
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -511,8 +510,8 @@ _CONTINUE: Final = ContinueHeaders()
 class Read:
     """What a request's headers say, as the stream keeps it (``read``)."""
 
-    # Its ``request_id`` is blank: a Read is shared by the requests whose headers say
-    # the same (``Reads``); the id is each stream's own.
+    # Read through ``Reads``, its ``request_id`` is blank: a Read is shared by the
+    # requests whose headers say the same; the id is each stream's own.
     request: inspection.Request
     responds: bool  # whether a response phase can follow (``_responds``)
     partition: str | None  # the tenant's partition id, where the headers name one
@@ -537,7 +536,7 @@ def read(
     if refused is None and not sent and request.policy.fairness_id:
         refused = Deny(tenants.headers_skipped().refusal())
     return Read(
-        dataclasses.replace(request, request_id=""),
+        request,
         _responds(headers, request),
         partition,
         tenants.headers_answer(request.policy, partition),
@@ -549,6 +548,24 @@ def read(
 # for the logs, which ``inspection.read`` joins from every value (Latin-1 maps each byte
 # to one character).
 _REQUEST_ID: Final = "x-request-id"
+# The announced size, keyed as ``_WITHIN`` when it is one size within the limit: the
+# reading refuses a larger one (``inspection.read``: one value, all digits, above
+# ``max_body_bytes``) and reads it for nothing else, so every size within reads alike
+# and bodies of every size share an entry. Any other values are keyed as they are.
+_LENGTH: Final = "content-length"
+_WITHIN: Final = "within the limit"  # never equal to a tuple of values
+# Digits of the largest limit (``config.max_body_bytes``), with room: a longer value is
+# keyed as it is, and never converted.
+_SIZE_DIGITS: Final = 18
+
+
+def _within(lengths: list[bytes], limit: int) -> bool:
+    if len(lengths) != 1:
+        return False
+    value = lengths[0]
+    return len(value) <= _SIZE_DIGITS and value.isdigit() and int(value) <= limit
+
+
 # Entries kept, and the most bytes of path, keyed header values and peer identities
 # an entry is kept for: a client chooses the path and those headers.
 READ_MEMO: Final = 1024
@@ -562,8 +579,9 @@ class Reads:
     value's type, its size and name), the path, the peer, the response body mode, the
     configuration, the tenant key, ``with_body``, ``sent`` and the values, in order, of
     the headers the route reads (``route_policy.read_headers``: the checked headers
-    and the tenant's), all of which are the key; every other header, the request id
-    included, is read by nothing that it returns. The configuration is keyed by
+    and the tenant's; the announced size as ``_within`` reads it), all of which are the
+    key; every other header, the request id included, is read by nothing that it
+    returns. The configuration is keyed by
     identity, the entry holding it so that no other can take its id.
     Keys are client-chosen (the path, the media type, the announced size): the memo
     is emptied when full, and a request whose keyed bytes pass ``READ_MEMO_BYTES`` is
@@ -606,20 +624,28 @@ class Reads:
             with_body,
             sent,
         ]
+        lengths: list[bytes] = []
         size = len(headers.path)
         for pair in headers.headers:
             name = pair[0]
             if name == _REQUEST_ID:
                 ids.append(pair[1])
+            elif name == _LENGTH:
+                lengths.append(pair[1])
             elif name in named:
                 keyed.append(pair)
                 size += len(pair[1])
         request_id = b"".join(ids).decode("latin-1")
+        if _within(lengths, config.max_body_bytes):
+            keyed.append(_WITHIN)
+        else:
+            keyed.append(tuple(lengths))
+            size += sum(map(len, lengths))
         key = tuple(keyed)
         entry = self._memo.get(key)
         if entry is not None and entry[0] is config:
             return entry[1], request_id
-        found = read(headers, config, tenant_key, with_body=with_body, sent=sent)
+        found = read(_anonymous(headers), config, tenant_key, with_body=with_body, sent=sent)
         for _, identity in headers.peer.identities:
             size += len(identity)
         if size <= READ_MEMO_BYTES:
@@ -627,6 +653,19 @@ class Reads:
                 self._memo.clear()
             self._memo[key] = (config, found)
         return found, request_id
+
+
+def _anonymous(headers: RequestHeaders) -> RequestHeaders:
+    """``headers`` without the request id: what a shared Read is read from."""
+    return RequestHeaders(
+        tuple(pair for pair in headers.headers if pair[0] != _REQUEST_ID),
+        headers.end_of_stream,
+        headers.body_mode,
+        headers.route,
+        headers.peer,
+        headers.path,
+        headers.response_body_mode,
+    )
 
 
 # The memo every stream reads through unless given its own.

@@ -32,6 +32,8 @@ BASE = RequestHeaders(
     path="/v1/chat/completions",
 )
 CONFIG = config()
+LIMIT = str(CONFIG.max_body_bytes).encode()
+OVER = str(CONFIG.max_body_bytes + 1).encode()
 MTLS = Peer(True, ((IdentityType.URI, "spiffe://a/b"),))
 
 
@@ -57,6 +59,8 @@ CHANGED = [
     ("two content-types", replaced("content-type", b"a/b", b"c/d"), CONFIG, KEY, True, True),
     ("content-encoding", replaced("content-encoding", b"gzip"), CONFIG, KEY, True, True),
     ("content-length over", replaced("content-length", b"99999999999"), CONFIG, KEY, True, True),
+    ("content-length 1 over", replaced("content-length", OVER), CONFIG, KEY, True, True),
+    ("content-length long", replaced("content-length", b"9" * 40), CONFIG, KEY, True, True),
     ("tenant", replaced("x-tenant", b"other"), CONFIG, KEY, True, True),
     ("no tenant", replaced("x-tenant"), CONFIG, KEY, True, True),
     ("two tenants", replaced("x-tenant", b"a", b"b"), CONFIG, KEY, True, True),
@@ -92,10 +96,29 @@ CHANGED = [
     ("headers not sent", BASE, CONFIG, KEY, True, False),
 ]
 # The cases that differ in one input from another case rather than from the base.
-TWINS = {"namespace": "invalid route", "without body": "content-type"}
+TWINS = {
+    "namespace": "invalid route",
+    "without body": "content-type",
+    "content-length long": "content-length over",
+}
 # Inputs that change nothing the headers say.
 UNCHANGED = [
     ("request id", replaced("x-request-id", b"id-2"), CONFIG, KEY, True, True),
+    # An announced size within the limit refuses nothing, whatever it is.
+    ("content-length within", replaced("content-length", b"100"), CONFIG, KEY, True, True),
+    ("content-length zeros", replaced("content-length", b"0002048"), CONFIG, KEY, True, True),
+    ("content-length at the limit", replaced("content-length", LIMIT), CONFIG, KEY, True, True),
+    ("no content-length", replaced("content-length"), CONFIG, KEY, True, True),
+    ("content-length not a size", replaced("content-length", b"12a"), CONFIG, KEY, True, True),
+    ("content-length sign", replaced("content-length", b"+99999999999"), CONFIG, KEY, True, True),
+    (
+        "two content-lengths",
+        replaced("content-length", b"1", b"99999999999"),
+        CONFIG,
+        KEY,
+        True,
+        True,
+    ),
     ("trace context", replaced("traceparent", b"00-cc-dd-01"), CONFIG, KEY, True, True),
     ("another header", replaced("user-agent", b"curl"), CONFIG, KEY, True, True),
 ]
@@ -107,8 +130,10 @@ def request_id(event: RequestHeaders) -> str:
 
 
 def uncached(case):
+    """The reading without the memo, its request id blank as a shared one's."""
     _, event, conf, key, with_body, sent = case
-    return read(event, conf, key, with_body=with_body, sent=sent)
+    found = read(event, conf, key, with_body=with_body, sent=sent)
+    return dataclasses.replace(found, request=dataclasses.replace(found.request, request_id=""))
 
 
 def memoized(memo, case):
@@ -175,7 +200,7 @@ def test_long_keys_are_not_kept():
     long_type = replaced("content-type", b"a" * READ_MEMO_BYTES)
     for event in (dataclasses.replace(BASE, path=long_path), long_type):
         got, _ = memo(event, CONFIG, KEY, with_body=True, sent=True)
-        assert got == read(event, CONFIG, KEY, with_body=True, sent=True)
+        assert got == uncached(("long", event, CONFIG, KEY, True, True))
     assert len(memo) == 0
 
 
@@ -204,3 +229,12 @@ def test_the_key_covers_every_field_the_reading_is_given(kind, fields):
     by ``read``): a field added must be keyed, or shown to be read by nothing ``read``
     returns, before this list grows."""
     assert {field.name for field in dataclasses.fields(kind)} == fields
+
+
+def test_sizes_announced_within_the_limit_share_one_entry():
+    """Bodies of every size: one entry, not one per size."""
+    memo = Reads()
+    for size in (1, 2048, 70_000, CONFIG.max_body_bytes):
+        event = replaced("content-length", str(size).encode())
+        assert memoized(memo, ("size", event, CONFIG, KEY, True, True))[0] == uncached(BASE_CASE)
+    assert len(memo) == 1
