@@ -22,18 +22,27 @@ spaces. tests/core/test_ids.py checks both constructions against each other.
 Why an id fails is looked for only once the text showed that one does: the first
 item that is not a non-negative int, else (every item is one, some too long to be
 well-formed) the largest, which no route's bound admits (``MAX_BOUND``).
+
+The compiled part ``core._ids`` (``_ids.c``) does each check in one pass over the text:
+``read``'s (well-formed, compacted, counted) and ``fault``'s (the bound, and why the
+ids fail, on the text orjson writes for a parsed list: its first item that is not a
+run of digits is the first that is not a non-negative int). The functions below are
+the reference it is compared with (tests/core/test_ids_native.py); it answers
+``NotImplemented`` where it cannot tell, and the reference decides.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
+from types import ModuleType
 from typing import Any, Final
 
 import numpy as np
 import orjson
 from numpy.typing import NDArray
 
+from ext_proc.core import native
 from ext_proc.core.bytescan import count, find, has_run, translate
 from ext_proc.core.vllm_request import TOKEN_ID_BOUND
 
@@ -48,6 +57,8 @@ _COMMA: Final = np.uint8(ord(",") - ord("0") + 256)
 _SPACE: Final = np.uint8(ord(" "))
 _COMMA_CLASS: Final = ord(",")  # a comma's class is the comma itself
 _ZERO_INT: Final = 0
+# The compiled checks, None where the reference runs (``native``; the tests swap it).
+_NATIVE: ModuleType | None = native.module("core._ids")
 
 
 class Kind(Enum):
@@ -90,6 +101,9 @@ class Ids:
         the caller parses it like any other JSON. ``runs_checked``: the caller has
         shown that no run of digits in ``span`` is longer than ``MAX_DIGITS`` (a pass
         over the bytes saved)."""
+        if _NATIVE is not None:
+            found = _NATIVE.read(span)
+            return None if found is None else cls(found[0], found[1], _READ)
         text = _compact(span)
         if text is None or not _well_formed(text, runs_checked=runs_checked):
             return None
@@ -132,6 +146,10 @@ class Ids:
         """None when every id is below ``bound`` (at most ``MAX_BOUND``) and the ids are
         a non-empty list; otherwise why not."""
         assert 0 < bound <= MAX_BOUND
+        if _NATIVE is not None and self.count:
+            decided, fault = self._native_fault(bound)
+            if decided:
+                return fault
         text = self._canonical()
         if text is None:
             return self._why_not()
@@ -139,6 +157,22 @@ class Ids:
             return None
         value, index = _largest(text)
         return Fault(Kind.OUT_OF_RANGE, index, value)
+
+    def _native_fault(self, bound: int) -> tuple[bool, Fault | None]:
+        """Whether the compiled pass over the text (the ids read from the bytes, or what
+        orjson writes for the list) decided, and ``fault``'s answer when it did; the
+        reference decides where it did not, or where there is no text (an int of 64
+        bits or more)."""
+        assert _NATIVE is not None
+        try:
+            text = self.text
+        except TypeError:
+            return False, None
+        found = _NATIVE.fault(text, bound)
+        if found is None or found is NotImplemented:
+            return found is None, None
+        malformed, index, value = found
+        return True, Fault(Kind.MALFORMED if malformed else Kind.OUT_OF_RANGE, index, value)
 
     def _canonical(self) -> bytes | None:
         """The canonical text when it is well-formed; None otherwise."""
