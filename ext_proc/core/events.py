@@ -225,7 +225,10 @@ Answer = (
 )
 
 
-@dataclass(frozen=True, slots=True)
+# Outcome and Step are made for one request's step and only read after it: plain
+# slotted classes, as a frozen dataclass sets each field through object.__setattr__,
+# which costs several times the assignment on every request.
+@dataclass(slots=True)
 class Outcome:
     """What happened to one request, reported once per phase by ``Stream.handle``."""
 
@@ -245,7 +248,7 @@ class Outcome:
         return "audit" if self.audit else "enforce"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Step:
     """Everything the edge learns from one event: the answers, the outcome when this
     event settled a phase, and what to do next."""

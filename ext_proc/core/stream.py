@@ -175,7 +175,7 @@ def _unexpected(event: Unexpected) -> Message:
     return Message.UNEXPECTED
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # made and read in one step (events.Outcome says why not frozen)
 class Decided:
     """A handler's answers that settle a phase, with the decision they report."""
 
