@@ -5,7 +5,7 @@ connection per processor endpoint (more only past the cluster's max_concurrent_s
 so workers sharing one port through SO_REUSEPORT would split connections, and at a
 concurrency under that limit one worker would serve every stream. Each worker serves a
 port of its own (ext_proc/edge/supervisor.py) and the processor cluster lists them all
-(``envoygen.processor_load_assignment``): a stream is a load-balancing pick among the
+(``envoygen.processor_workers_fields``): a stream is a load-balancing pick among the
 workers, with one Envoy worker thread or two.
 """
 
@@ -75,7 +75,7 @@ def list_workers(processor: HostPort, workers: int):  # type: ignore[no-untyped-
     def edit(config: dict[str, Any]) -> None:
         for cluster in config["static_resources"]["clusters"]:
             if cluster["name"] == envoygen.PROCESSOR_CLUSTER:
-                cluster["load_assignment"] = envoygen.processor_load_assignment(processor, workers)
+                cluster.update(envoygen.processor_workers_fields(processor, workers))
 
     return edit
 

@@ -199,11 +199,36 @@ def processor_endpoints(
     return _endpoints(PROCESSOR_CLUSTER, [HostPort.parse(a) for a in ports])
 
 
-def processor_load_assignment(processor: HostPort, workers: int) -> dict[str, Any]:
-    """``processor_endpoints`` as a rendered config's ``load_assignment`` (for configs
-    edited as YAML: the benchmark's, the end-to-end tests')."""
-    data: dict[str, Any] = processor_endpoints(processor, workers).to_dict(casing=Casing.SNAKE)
-    return data
+def worker_outlier_detection() -> cluster.OutlierDetection:
+    """A worker's port that refuses a connection is out for a while, at once: a killed
+    worker stays listed (its supervisor restarts it on the same port in a second or
+    two) and Envoy, which health-checks it only every few seconds, would meanwhile send
+    it a share of the new streams, each failing. Only connection failures count
+    (local-origin errors, split from the answers): a worker's answers say nothing about
+    its health, and success-rate ejection is off. Every worker may be out at once;
+    Envoy's panic threshold then spreads streams over all of them again."""
+    return cluster.OutlierDetection(
+        split_external_local_origin_errors=True,
+        consecutive_local_origin_failure=1,
+        enforcing_consecutive_local_origin_failure=100,
+        enforcing_success_rate=0,
+        enforcing_local_origin_success_rate=0,
+        interval=_seconds(1),
+        base_ejection_time=_seconds(2),
+        max_ejection_percent=100,
+    )
+
+
+def processor_workers_fields(processor: HostPort, workers: int) -> dict[str, Any]:
+    """The processor cluster's fields that list ``workers`` workers, as a rendered
+    config has them (for configs edited as YAML: the benchmark's, the end-to-end
+    tests'): ``load_assignment`` and, for several workers, ``outlier_detection``."""
+    fields: dict[str, Any] = {
+        "load_assignment": processor_endpoints(processor, workers).to_dict(casing=Casing.SNAKE)
+    }
+    if workers > 1:
+        fields["outlier_detection"] = worker_outlier_detection().to_dict(casing=Casing.SNAKE)
+    return fields
 
 
 def _discovery(address: HostPort | UnixSocket) -> cluster.ClusterDiscoveryType:
@@ -310,6 +335,7 @@ def processor_cluster(spec: GeneratorInput) -> cluster.Cluster:
         ),
         typed_extension_protocol_options={HTTP_OPTIONS: protobuf.Any.pack(options)},
         load_assignment=processor_endpoints(spec.processor, spec.processor_workers),
+        outlier_detection=worker_outlier_detection() if spec.processor_workers > 1 else None,
     )
 
 

