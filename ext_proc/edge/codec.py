@@ -506,16 +506,19 @@ def _field(number: int, payload: bytes) -> bytes:
     return wire.field_head(number, len(payload)) + payload
 
 
-def _spliced(answer: ContinueBody | ContinueResponseBody | StreamedBody) -> bytes | None:
+def _spliced(
+    answer: ContinueBody | ContinueResponseBody | StreamedBody, tail: bytes = b""
+) -> bytes | None:
     """The serialized response of an answer that carries a body, as ``encode`` makes
-    it, written around the body so the body is copied once, into the answer; None for
-    one that carries none. Fields in number order, as upb writes them."""
+    it, then ``tail`` (the response's later fields), written around the body so the body
+    is copied once, into the answer; None for one that carries none. Fields in number
+    order, as upb writes them."""
     if isinstance(answer, StreamedBody):
         chunk = answer.chunk
         # StreamedBodyResponse: body and end_of_stream, each written when not empty.
         head = wire.field_head(1, len(chunk)) if chunk else b""
-        tail = b"\x10\x01" if answer.end_of_stream else b""
-        return _nest((3, 1, 3, 3), [head, chunk, tail])
+        eos = b"\x10\x01" if answer.end_of_stream else b""
+        return _nest((3, 1, 3, 3), [head, chunk, eos], tail)
     replacement = answer.replacement
     if replacement is None:
         return None
@@ -527,7 +530,7 @@ def _spliced(answer: ContinueBody | ContinueResponseBody | StreamedBody) -> byte
     body = wire.field_head(1, len(replacement))
     common += wire.field_head(3, len(body) + len(replacement)) + body
     number = 3 if isinstance(answer, ContinueBody) else 4
-    return _nest((number, 1), [common, replacement])
+    return _nest((number, 1), [common, replacement], tail)
 
 
 def _length_mutation(size: int) -> bytes:
@@ -541,9 +544,9 @@ _CONTENT_LENGTH_KEY: Final = b"\x0a\x0econtent-length"  # HeaderValue.key
 _OVERWRITE: Final = b"\x18\x02"  # append_action OVERWRITE_IF_EXISTS_OR_ADD
 
 
-def _nest(numbers: tuple[int, ...], parts: list[bytes]) -> bytes:
+def _nest(numbers: tuple[int, ...], parts: list[bytes], tail: bytes) -> bytes:
     """``parts`` as the payload of field ``numbers[-1]`` inside ... inside field
-    ``numbers[0]``: the heads are written, then everything joined once."""
+    ``numbers[0]``, then ``tail``: the heads are written, then everything joined once."""
     size = sum(map(len, parts))
     heads: list[bytes] = []
     for number in reversed(numbers):
@@ -551,7 +554,7 @@ def _nest(numbers: tuple[int, ...], parts: list[bytes]) -> bytes:
         heads.append(head)
         size += len(head)
     heads.reverse()
-    return b"".join((*heads, *parts))
+    return b"".join((*heads, *parts, tail))
 
 
 class Encoder:
@@ -582,9 +585,10 @@ class Encoder:
 
     def _encoded(self, answer: Answer, outcome: Outcome | None) -> bytes:
         if isinstance(answer, (ContinueBody, ContinueResponseBody, StreamedBody)):
-            spliced = _spliced(answer)
+            tail = b"" if outcome is None else self._metadata(outcome)
+            spliced = _spliced(answer, tail)
             if spliced is not None:
-                return spliced if outcome is None else spliced + self._metadata(outcome)
+                return spliced
         key: tuple[object, ...] = (answer,) if outcome is None else (answer, *_decided(outcome))
         shared = self._shared.get(key)
         if shared is None:

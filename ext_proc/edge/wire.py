@@ -429,12 +429,20 @@ def read(data: bytes, skipped: frozenset[bytes] = frozenset()) -> Request:  # no
 
 def encode_varint(value: int) -> bytes:
     """``value`` (0 to 2**64 - 1) as a varint."""
+    if value < 0x80:
+        return _ONE_BYTE[value]
+    if value < 0x4000:
+        return bytes((value & 0x7F | 0x80, value >> 7))
     out = bytearray()
     while value >= 0x80:
         out.append((value & 0x7F) | 0x80)
         value >>= 7
     out.append(value)
     return bytes(out)
+
+
+# The varints of one byte, made once: answers write a few per message.
+_ONE_BYTE: Final = tuple(bytes((value,)) for value in range(0x80))
 
 
 def field_head(number: int, size: int) -> bytes:
