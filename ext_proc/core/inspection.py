@@ -37,6 +37,7 @@ from ext_proc.core import (
     policy,
     proof,
     route_policy,
+    splice,
     tenants,
     turns,
     vllm_request,
@@ -120,6 +121,7 @@ class Proof:
 
     ticket: Ticket
     decision: Decision
+    raw: bytes
     parsed: Parsed
     evidence: policy.Evidence
     carriers: tuple[Path, ...] | None
@@ -323,14 +325,14 @@ def inspect(
     """What the whole body ``raw`` of ``request`` decides. What it holds stays in
     ``account`` until the stream hands it over with the answers."""
     if request.held is not None:
-        return _enforce(request.held, None, request, account, mint.NOTHING)
+        return _enforce(request.held, None, request, account, mint.NOTHING, raw=raw)
     judged = attempt(_judge, raw, request, account, config, trust)
     if isinstance(judged, Refusal):
-        return _enforce(Deny(judged), None, request, account, mint.NOTHING)
+        return _enforce(Deny(judged), None, request, account, mint.NOTHING, raw=raw)
     if isinstance(judged, Proof):
         return Inspection(judged.decision, pending=judged.pending, proof=judged)
     decision, parsed, pending = judged
-    return _enforce(decision, parsed, request, account, pending)
+    return _enforce(decision, parsed, request, account, pending, raw=raw)
 
 
 def settle(asked: Proof, verdict: Verdict, request: Request, account: Account) -> Inspection:
@@ -343,9 +345,8 @@ def settle(asked: Proof, verdict: Verdict, request: Request, account: Account) -
     a proof minted before the record began is one no retry can have honored."""
     decision, pending = asked.decision, asked.pending
     if verdict is Verdict.UNAVAILABLE:
-        return _enforce(
-            Deny(RECORD_UNAVAILABLE, decision.id_count), None, request, account, pending
-        )
+        refused = Deny(RECORD_UNAVAILABLE, decision.id_count)
+        return _enforce(refused, None, request, account, pending, raw=asked.raw)
     if verdict is not Verdict.FIRST:
         pending = mint.unproven(pending)
         evidence = dataclasses.replace(asked.evidence, spent=verdict.reason)
@@ -357,7 +358,7 @@ def settle(asked: Proof, verdict: Verdict, request: Request, account: Account) -
             asked.sender,
             body=request.body,
         )
-    return _enforce(decision, asked.parsed, request, account, pending)
+    return _enforce(decision, asked.parsed, request, account, pending, raw=asked.raw)
 
 
 def _enforce(
@@ -366,8 +367,11 @@ def _enforce(
     request: Request,
     account: Account,
     pending: mint.Pending,
+    *,
+    raw: bytes,
 ) -> Inspection:
-    """What enforcing ``decision`` forwards, or refuses."""
+    """What enforcing ``decision`` on the body ``raw`` (read as ``parsed``) forwards,
+    or refuses."""
     if not enforced(decision, request.audit):
         return Inspection(decision, pending=pending)
     if isinstance(decision, Deny):
@@ -375,7 +379,7 @@ def _enforce(
     if parsed is not None and (isinstance(decision, Strip) or request.partition is not None):
         # Rewriting may refuse: a body too deep to write back, json.dumps's extra
         # beyond the budget, a tenant route's client salt that is not a string.
-        written = attempt(_rewrite, decision, parsed, request.partition, account)
+        written = attempt(_rewrite, decision, raw, parsed, request.partition, account)
         if isinstance(written, Refusal):
             refused = Deny(written)
             return Inspection(refused, refused=refused, pending=pending)
@@ -384,10 +388,23 @@ def _enforce(
 
 
 def _rewrite(
-    decision: Decision, parsed: Parsed, partition: bytes | None, account: Account
+    decision: Decision, raw: bytes, parsed: Parsed, partition: bytes | None, account: Account
 ) -> bytes:
     """The body ``decision`` forwards, written once: what a Strip removes and writes,
-    and on a tenant route (``partition``) the tenant's cache_salt."""
+    and on a tenant route (``partition``) the tenant's cache_salt. What a large Strip
+    that only removes forwards is cut out of ``raw`` where the cut is shown to forward
+    the same document (``splice``; the rewrite is the reference); it is shorter than
+    ``raw``, within the charge for a rewrite."""
+    if (
+        len(raw) >= splice.MIN_BYTES
+        and isinstance(decision, Strip)
+        and decision.connector is None
+        and not decision.salted
+        and partition is None
+    ):
+        spliced = splice.without(raw, parsed, decision.paths)
+        if spliced is not None:
+            return spliced
     paths: tuple[Path, ...] = ()
     connector = None
     salt = None
@@ -446,7 +463,7 @@ def _judge(
         )
         return decision, parsed, mint.NOTHING
     evidence = _evidence(parsed, request, account, config, trust)
-    return _weigh(parsed, carriers, echo_free, request, evidence, sender=sender)
+    return _weigh(parsed, carriers, echo_free, request, evidence, sender=sender, raw=raw)
 
 
 def _evidence(
@@ -478,14 +495,15 @@ def _weigh(
     evidence: policy.Evidence,
     *,
     sender: Caller,
+    raw: bytes,
 ) -> _Judged:
-    """The decision of a route that weighs evidence; the prompt digest is rendered only
-    when needed (a proof to check) or kept for the response (a mint route on an
-    endpoint it may sign). ``carriers``: () when no member but the top-level
-    kv_transfer_params is named as a carrier; ``echo_free``: none of a name vLLM reads
-    transfer parameters from. Rendering the digest may raise ``BadRequest`` for a body
-    too deep, and ``PayloadTooLarge`` or ``ServiceUnavailable`` where only json.dumps
-    renders it (``admission.digest``)."""
+    """The decision on ``raw`` (read as ``parsed``) of a route that weighs evidence; the
+    prompt digest is rendered only when needed (a proof to check) or kept for the
+    response (a mint route on an endpoint it may sign). ``carriers``: () when no member
+    but the top-level kv_transfer_params is named as a carrier; ``echo_free``: none of a
+    name vLLM reads transfer parameters from. Rendering the digest may raise
+    ``BadRequest`` for a body too deep, and ``PayloadTooLarge`` or ``ServiceUnavailable``
+    where only json.dumps renders it (``admission.digest``)."""
     document = parsed.document
     if request.policy.action is Action.MINT:
         pending = mint.expect(request.endpoint, evidence.digest, evidence.partition)
@@ -503,7 +521,7 @@ def _weigh(
         if decision.reason is Reason.TURN_READ_BACK:
             pending = dataclasses.replace(pending, expected=turns.expected(params))
         ticket = proof.ticket(params, evidence.skew)
-        return Proof(ticket, decision, parsed, evidence, carriers, pending, sender)
+        return Proof(ticket, decision, raw, parsed, evidence, carriers, pending, sender)
     return decision, parsed, pending
 
 

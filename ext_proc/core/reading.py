@@ -98,6 +98,10 @@ class Parsed:
     # writing it back with json.dumps costs.
     size: int = 0
     values: int = 0
+    # Where the array of ids read by ``ids.Ids.read`` lies in the body (``_lifted``),
+    # from its ``[`` to past its ``]``: a whole array of integers (no quote, brace,
+    # bracket or backslash inside), the value of kv_transfer_params.prompt_token_ids.
+    lifted: tuple[int, int] | None = None
 
 
 _REFUSED: Final = object()
@@ -188,7 +192,7 @@ def _lifted(raw: bytes, shape: Shape) -> Parsed | None:
     if not isinstance(params, dict) or params.get(IDS_KEY) != nonce:
         return None
     params[IDS_KEY] = lifted
-    return Parsed(document, True, len(raw), shape.values)
+    return Parsed(document, True, len(raw), shape.values, (start, end + 1))
 
 
 def parse(raw: bytes, shape: Shape | None = None, *, lift_ids: bool = False) -> Parsed | None:

@@ -5,7 +5,8 @@ import json
 
 import pytest
 
-from ext_proc.core import inspection, memory, mint, reading
+from bench import bodies
+from ext_proc.core import inspection, memory, mint, reading, splice
 from ext_proc.core.budget import Account, Budget
 from ext_proc.core.errors import ProtocolError
 from ext_proc.core.events import (
@@ -442,3 +443,36 @@ def test_an_internal_endpoint_is_refused_unless_the_route_accepts_it(path, named
     served = new()
     served.handle(headers(accepting, path=path))
     assert served.handle(RequestBody(b"{}", True)) == [ContinueBody(None)]
+
+
+# --- a strip cut out of the bytes ----------------------------------------------------------
+
+
+def test_a_large_strip_is_cut_out_of_the_body_it_came_in():
+    document = json.loads(bodies.build("1m", "strip").data)
+    raw = json.dumps(document, ensure_ascii=False).encode()  # spaced: not as orjson writes
+    _, found = inspected(raw)
+    assert isinstance(found.decision, Strip)
+    cut = raw.index(b', "kv_transfer_params"')
+    assert found.replacement == raw[:cut] + b"}"
+
+
+@pytest.mark.parametrize(
+    ("raw", "spliced"),
+    [
+        (
+            b'{"model": "m", "kv_transfer_params": {"prompt_token_ids": [1, 2]}, "messages": []}',
+            b'{"model": "m", "messages": []}',
+        ),
+        # Twice the key: the rewrite decides.
+        (b'{"kv_transfer_params": 1, "kv_transfer_params": {"a": 1}, "messages": []}', None),
+    ],
+)
+def test_a_strip_is_cut_where_the_cut_is_shown_and_rewritten_elsewhere(monkeypatch, raw, spliced):
+    monkeypatch.setattr(splice, "MIN_BYTES", 0)
+    _, found = inspected(raw)
+    assert isinstance(found.decision, Strip)
+    if spliced is not None:
+        assert found.replacement == spliced
+    else:
+        assert found.replacement == b'{"messages":[]}'
