@@ -12,6 +12,7 @@ answers "continue" on an error.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import ClassVar, Final, ParamSpec, TypeVar
@@ -96,9 +97,12 @@ class BadRequest(HttpError):
     auditable = True
 
 
+@functools.lru_cache(maxsize=1024)
 def bad_request(message: str, *, reason: Reason, param: str | None = None) -> Refusal:
     """``BadRequest(...).refusal()``, without building the exception (one per denied
-    request)."""
+    request). A refusal is a frozen value of its arguments alone, so requests refused
+    alike share one (a bounded cache: a client varying its refusal's message only
+    replaces entries), and what is built from it may be kept with it."""
     return Refusal(
         BadRequest.status,
         BadRequest.error_type,

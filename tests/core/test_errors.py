@@ -41,3 +41,12 @@ def test_refusals_are_frozen_values():
     refusal = errors.bad_request("m", reason="r")
     with pytest.raises(AttributeError):
         refusal.status = 200  # type: ignore[misc]
+
+
+def test_requests_refused_alike_share_one_refusal():
+    first = errors.bad_request("m", reason="r", param="p")
+    assert errors.bad_request("m", reason="r", param="p") is first
+    assert errors.bad_request("m", reason="r", param="q") is not first
+    assert errors.bad_request("m", reason="r", param="q") == Refusal(
+        400, "BadRequestError", "r", "m", "q", auditable=True
+    )
