@@ -154,6 +154,60 @@ def test_adversarial_bytes_read_as_upb_reads_them_or_are_refused(data: bytes) ->
     _same(data)
 
 
+def _len(number: int, *parts: bytes) -> bytes:
+    payload = b"".join(parts)
+    return wire.field_head(number, len(payload)) + payload
+
+
+def _attrs(*entries: bytes, name: bytes = b"f") -> bytes:
+    """A first body message whose one attributes group holds ``entries``."""
+    body = _len(4, _len(1, b"{}"), b"\x10\x01") + _len(11, b"\x08\x02")
+    return body + _len(9, _len(1, name), _len(2, *entries))
+
+
+def _entry(key: bytes, *value: bytes) -> bytes:
+    return _len(1, _len(1, key), _len(2, *value))
+
+
+ROUTE_NAME = attributes.ROUTE_NAME.encode()
+REQUEST_ID = attributes.HEADERS["x-request-id"].encode()
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        _attrs(_entry(ROUTE_NAME, _len(3, b"a")), _entry(ROUTE_NAME, _len(3, b"b"))),  # last wins
+        _attrs(_len(1, _len(2, _len(3, b"no key")))),  # an entry without its key
+        _attrs(_len(1, _len(1, ROUTE_NAME))),  # an entry without its value
+        _attrs(_entry(ROUTE_NAME, _len(3, b"a"), b"\x11" + bytes(8))),  # two kinds: upb's
+        _attrs(_entry(ROUTE_NAME, b"\x11\x00\x00\x00\x00\x00\x00\xf8\x7f")),  # NaN
+        _attrs(_entry(ROUTE_NAME, b"\x11\x00\x00")),  # a truncated double
+        _attrs(_entry(ROUTE_NAME, b"\x38\x01", _len(3, b"a"))),  # an unknown field in a Value
+        _attrs(_entry(ROUTE_NAME, b"\x08\x00")),  # null
+        _attrs(_entry(ROUTE_NAME, _len(6, _len(1, b"\x20\x01")))),  # a list
+        _attrs(_entry(ROUTE_NAME, _len(5, _entry(b"k", _len(3, b"\xff"))))),  # bad UTF-8 deep down
+        _attrs(_entry(REQUEST_ID, _len(3, b"1")), _entry(REQUEST_ID, b"\x20\x01")),  # id: a bool
+        _attrs(_entry(ROUTE_NAME, _len(3, b"a")), name=b"\xff"),  # a group named in bad UTF-8
+        _attrs(_entry(ROUTE_NAME, _len(3, b"a"))) + _len(9, _len(1, b"g")),  # two groups
+        _attrs(_entry(ROUTE_NAME, _len(3, b"a"))) + _len(11, b"\x10\x02"),  # config twice
+        _len(2, _len(1, _len(1, _len(1, b"k"), _len(2, b"\xff")))),  # a header value in bad UTF-8
+        _len(2, _len(1, _len(1, _len(1, b"k"), _len(3, b"v"))), b"\x18\x01")
+        + _len(11, b""),  # request headers, an empty protocol_config
+    ],
+)
+def test_adversarial_attributes_read_as_upb_reads_them_or_are_refused(data: bytes) -> None:
+    _same(data)
+
+
+def test_nesting_past_the_readers_depth_is_left_to_upb() -> None:
+    value = _len(3, b"leaf")
+    for _ in range(wire.DEPTH + 2):
+        value = _len(6, _len(1, value))
+    data = _attrs(_entry(ROUTE_NAME, value))
+    _same(data)
+    assert all(_wire(data, reader) is None for reader in READERS)
+
+
 @pytest.mark.parametrize("reader", READERS)
 def test_the_body_is_the_message_s_bytes(reader: wire.Reader) -> None:
     message = first_body_request(b'{"prompt":"x"}', ROUTE).SerializeToString()
