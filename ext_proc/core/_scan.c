@@ -7,12 +7,13 @@
  * characters. ``quoted(raw, most)`` counts, for each name, the quotes of ``raw`` that
  * begin ``"name"``, each count capped at ``most``: the run from each quote to the next
  * one is looked up among the names of its length. ``spelled(raw, most)`` is None when
- * ``raw`` holds ``\u00`` and one of the escape bytes, else ``quoted``'s counts.
+ * ``raw`` is not braced (``spelling._braced``) or holds ``\u00`` and one of the escape
+ * bytes, else ``quoted``'s counts.
  *
  * Every read is within the buffer: a run is the bytes strictly between two quotes
- * found in it, a block of 64 bytes is loaded only while its 65 bytes (the 64 and
- * the next) are in the buffer, and an escape's five bytes are read one by one only
- * when all five lie before the end. A Matcher is immutable once built, so the scan may run
+ * found in it, a block of 64 bytes is loaded only while its 65 bytes (the 64 and the
+ * next) are in the buffer, and an escape's five bytes are read one by one only when
+ * all five lie before the end. A Matcher is immutable once built, so the scan may run
  * without the GIL while the caller's buffer stays held. */
 
 #define PY_SSIZE_T_CLEAN
@@ -251,72 +252,111 @@ static int scan_bytes(const Matcher *self, const unsigned char *raw, Py_ssize_t 
     return 0;
 }
 
-static PyObject *matcher_run(Matcher *self, PyObject *args, int escapes) {
-    Py_buffer raw;
-    Py_ssize_t most;
-    if (!PyArg_ParseTuple(args, "y*n", &raw, &most)) {
+/* JSON's whitespace. */
+static inline int is_space(unsigned char byte) {
+    return byte == ' ' || byte == '\t' || byte == '\n' || byte == '\r';
+}
+
+/* spelling._braced: after an optional UTF-8 byte-order mark, the first EDGE bytes
+ * hold whitespace then a brace; the last EDGE bytes hold a brace then whitespace. */
+#define EDGE 64
+static int braced(const unsigned char *raw, Py_ssize_t size) {
+    Py_ssize_t start = 0;
+    if (size >= 3 && raw[0] == 0xEF && raw[1] == 0xBB && raw[2] == 0xBF) {
+        start = 3;
+    }
+    Py_ssize_t head_end = size - start > EDGE ? start + EDGE : size;
+    Py_ssize_t at = start;
+    while (at < head_end && is_space(raw[at])) {
+        at++;
+    }
+    if (at == head_end || raw[at] != '{') {
+        return 0;
+    }
+    Py_ssize_t tail_start = size > EDGE ? size - EDGE : 0;
+    Py_ssize_t end = size;
+    while (end > tail_start && is_space(raw[end - 1])) {
+        end--;
+    }
+    return end > tail_start && raw[end - 1] == '}';
+}
+
+/* quoted (``spelling`` 0) or spelled (1): the arguments are the bytes (any buffer)
+ * and ``most``. */
+static PyObject *matcher_run(Matcher *self, PyObject *const *args, Py_ssize_t nargs,
+                             int spelling) {
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "the arguments are raw and most");
+        return NULL;
+    }
+    Py_ssize_t most = PyLong_AsSsize_t(args[1]);
+    if (most == -1 && PyErr_Occurred()) {
         return NULL;
     }
     if (most < 1) {
-        PyBuffer_Release(&raw);
         PyErr_SetString(PyExc_ValueError, "most is at least 1");
         return NULL;
     }
-    Py_ssize_t *counts = PyMem_New(Py_ssize_t, (size_t)(self->count > 0 ? self->count : 1));
-    if (counts == NULL) {
-        PyBuffer_Release(&raw);
-        return PyErr_NoMemory();
+    Py_buffer raw;
+    if (PyObject_GetBuffer(args[0], &raw, PyBUF_SIMPLE) < 0) {
+        return NULL;
     }
-    memset(counts, 0, sizeof *counts * (size_t)(self->count > 0 ? self->count : 1));
+    if (spelling && !braced(raw.buf, raw.len)) {
+        PyBuffer_Release(&raw);
+        Py_RETURN_NONE;
+    }
+    /* A few names are counted on the stack. */
+    Py_ssize_t few[128];
+    Py_ssize_t *counts = few;
+    size_t slots = (size_t)(self->count > 0 ? self->count : 1);
+    if (self->count > 128) {
+        counts = PyMem_New(Py_ssize_t, slots);
+        if (counts == NULL) {
+            PyBuffer_Release(&raw);
+            return PyErr_NoMemory();
+        }
+    }
+    memset(counts, 0, sizeof *counts * slots);
     int escaped;
     if (raw.len >= UNLOCKED_MIN) {
         Py_BEGIN_ALLOW_THREADS
-        escaped = scan_bytes(self, raw.buf, raw.len, most, escapes, counts);
+        escaped = scan_bytes(self, raw.buf, raw.len, most, spelling, counts);
         Py_END_ALLOW_THREADS
     } else {
-        escaped = scan_bytes(self, raw.buf, raw.len, most, escapes, counts);
+        escaped = scan_bytes(self, raw.buf, raw.len, most, spelling, counts);
     }
     PyBuffer_Release(&raw);
-    if (escaped) {
-        PyMem_Free(counts);
-        Py_RETURN_NONE;
-    }
-    PyObject *found = PyDict_New();
-    if (found == NULL) {
-        PyMem_Free(counts);
-        return NULL;
-    }
-    for (Py_ssize_t i = 0; i < self->count; i++) {
+    PyObject *found = escaped ? Py_NewRef(Py_None) : PyDict_New();
+    for (Py_ssize_t i = 0; !escaped && found != NULL && i < self->count; i++) {
         if (counts[i] == 0) {
             continue;
         }
         PyObject *number = PyLong_FromSsize_t(counts[i]);
         if (number == NULL || PyDict_SetItem(found, self->keys[i], number) < 0) {
-            Py_XDECREF(number);
-            Py_DECREF(found);
-            PyMem_Free(counts);
-            return NULL;
+            Py_CLEAR(found);
         }
-        Py_DECREF(number);
+        Py_XDECREF(number);
     }
-    PyMem_Free(counts);
+    if (counts != few) {
+        PyMem_Free(counts);
+    }
     return found;
 }
 
-static PyObject *matcher_quoted(PyObject *self, PyObject *args) {
-    return matcher_run((Matcher *)self, args, 0);
+static PyObject *matcher_quoted(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    return matcher_run((Matcher *)self, args, nargs, 0);
 }
 
-static PyObject *matcher_spelled(PyObject *self, PyObject *args) {
-    return matcher_run((Matcher *)self, args, 1);
+static PyObject *matcher_spelled(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    return matcher_run((Matcher *)self, args, nargs, 1);
 }
 
 static PyMethodDef matcher_methods[] = {
-    {"quoted", matcher_quoted, METH_VARARGS,
+    {"quoted", (PyCFunction)(void (*)(void))matcher_quoted, METH_FASTCALL,
      "quoted(raw, most): for each name, the quotes of raw that begin \"name\", to most."},
-    {"spelled", matcher_spelled, METH_VARARGS,
-     "spelled(raw, most): None when raw holds an escape of a name's character, else "
-     "quoted(raw, most)."},
+    {"spelled", (PyCFunction)(void (*)(void))matcher_spelled, METH_FASTCALL,
+     "spelled(raw, most): None when raw is not braced (spelling._braced) or holds an "
+     "escape of a name's character, else quoted(raw, most)."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -123,8 +123,8 @@ class Matcher(Protocol):
         """``quoted(raw, names, most)``."""
 
     def spelled(self, raw: bytes | bytearray | memoryview, most: int, /) -> dict[bytes, int] | None:
-        """None when ``raw`` holds ``\\u00`` and one of the escape bytes, else
-        ``quoted(raw, names, most)``."""
+        """None when ``raw`` is not braced (``spelling._braced``) or holds ``\\u00``
+        and one of the escape bytes, else ``quoted(raw, names, most)``."""
 
 
 @functools.cache

@@ -58,17 +58,17 @@ def spelled(raw: bytes, keys: Iterable[str]) -> Counter[str] | None:
     quotes in ``raw`` that begin ``"key"`` (``bytescan.quoted``). Quoted, a key that is
     part of another name (``tokens`` in ``max_tokens``) or of prose is not counted.
 
-    The compiled scan (``bytescan.COMPILED``) searches the escapes and counts the
-    names in one call; the reference here searches, then calls ``bytescan.quoted``:
-    the same answers (tests/core/test_scan_native.py)."""
-    if not _braced(raw):
-        return None
+    The compiled scan (``bytescan.COMPILED``) looks at the braces, searches the
+    escapes and counts the names in one call; the reference here does each in turn
+    (``bytescan.quoted`` counts): the same answers (tests/core/test_scan_native.py)."""
     asked = tuple(keys)
     if bytescan.COMPILED is not None:
         found = _compiled(asked).spelled(raw, SPELLED_MOST)
         if found is None:
             return None
     else:
+        if not _braced(raw):
+            return None
         names, escapes = _all_spellings(asked)
         if _holds_any(raw, escapes):
             return None

@@ -47,16 +47,16 @@ def reference_spelled(raw: bytes, keys: tuple[str, ...]) -> Counter[str] | None:
 def same_answers(raw: bytes, keys: tuple[str, ...] = CARRIER_NAMES) -> None:
     names, escapes = spelling._all_spellings(keys)
     scan = bytescan.matcher(names, bytes(escape[-1] for escape in escapes))
+    # The braces and the escape search, on any bytes.
+    told = spelling._braced(raw) and not spelling._holds_any(raw, escapes)
     for most in (1, 2, 3):
         expected = reference_quoted(raw, names, most)
         assert bytescan.quoted(raw, names, most) == expected
-        # The escape search, on any bytes (spelled asks it only of braced ones).
-        held = spelling._holds_any(raw, escapes)
-        assert scan.spelled(raw, most) == (None if held else expected)
+        assert scan.spelled(raw, most) == (expected if told else None)
         # A view ends where it ends: the bytes after it (an escape's last byte, a
         # closing quote) are never read.
         view = memoryview(raw + AFTER)[: len(raw)]
-        assert scan.spelled(view, most) == (None if held else expected)
+        assert scan.spelled(view, most) == (expected if told else None)
         assert scan.quoted(view, most) == expected
     assert spelling.spelled(raw, keys) == reference_spelled(raw, keys)
     # Unbraced bodies are settled before any scan: the escape search is compared too.
@@ -133,6 +133,42 @@ def test_names_at_both_ends_of_the_buffer(size: int) -> None:
                 same_answers(body[:-cut], ("abc", "tokens", "kv_transfer_params"))
 
 
+BOM = b"\xef\xbb\xbf"
+EDGES = [
+    b"{}",
+    b"{",
+    b"}",
+    b"}{",
+    b" { } ",
+    BOM + b"{}",
+    BOM + b" \t\r\n{}\n",
+    b" " + BOM + b"{}",
+    BOM[:2] + b"{}",
+    BOM,
+    b"\x00{}",
+    b"{}\x00",
+    b"\x0b{}",
+    b"{}\x0c",
+]
+
+
+@pytest.mark.parametrize("edge", EDGES, ids=repr)
+@pytest.mark.parametrize("spaces", [0, 1, 60, 61, 62, 63, 64, 65, 130])
+def test_braces_are_looked_for_as_the_reference_does(edge: bytes, spaces: int) -> None:
+    for space in (b" ", b"\t", b"\n", b"\r"):
+        pad = space * spaces
+        opening, closing = edge[: len(edge) // 2], edge[len(edge) // 2 :]
+        for raw in (
+            edge,
+            pad + edge,
+            edge + pad,
+            opening + pad + closing,
+            pad + opening + b'"abc"' + closing + pad,
+            BOM + pad + edge + pad,
+        ):
+            same_answers(raw, ("abc",))
+
+
 def test_an_escape_at_the_end_of_the_buffer() -> None:
     for body in (b"{}\\u006", b"{}\\u0061", b"{} \\u0061", b"{}\\u00", b"{}\\u"):
         assert spelling.spelled(body, ("abc",)) == reference_spelled(body, ("abc",))
@@ -174,7 +210,7 @@ def test_views_and_bytearrays_are_scanned_as_their_bytes() -> None:
     expected = {b"abc": 1, b"tokens": 1}
     assert scan.quoted(bytearray(raw), 2) == expected
     assert scan.quoted(memoryview(raw), 2) == expected
-    assert scan.spelled(memoryview(raw)[1:], 2) == expected
+    assert scan.spelled(memoryview(b"x" + raw)[1:], 2) == expected
 
 
 @pytest.mark.parametrize("size", sorted(bodies.SIZES))
@@ -206,6 +242,10 @@ FRAGMENTS = st.sampled_from(
         b"\xc3\xa9",
         b"\xff",
         b"\x00",
+        b"\t",
+        b"\n",
+        b" " * 30,
+        b"\xef\xbb\xbf",
     ]
     + [b'"' + name + b'"' for name in (*SMALL_NAMES, *NAMES[:8])]
     + [name for name in (*SMALL_NAMES, *NAMES[:8])]
@@ -230,8 +270,13 @@ json_values = st.recursive(
 
 
 @settings(max_examples=400, deadline=None)
-@given(st.one_of(pieces, random_bytes, st.lists(st.one_of(pieces, random_bytes)).map(b"".join)))
-def test_generated_bytes_get_the_same_answers(raw: bytes) -> None:
+@given(
+    st.one_of(pieces, random_bytes, st.lists(st.one_of(pieces, random_bytes)).map(b"".join)),
+    st.sampled_from([b"", b"{", b" {", b"\xef\xbb\xbf{"]),
+    st.sampled_from([b"", b"}", b"} \n"]),
+)
+def test_generated_bytes_get_the_same_answers(raw: bytes, opening: bytes, closing: bytes) -> None:
+    raw = opening + raw + closing
     same_answers(raw, tuple(name.decode() for name in SMALL_NAMES))
     same_answers(raw)
 
