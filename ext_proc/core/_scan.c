@@ -35,10 +35,10 @@ typedef struct {
      * keys of every answer. */
     PyObject *names;
     Py_ssize_t count;
-    /* The names' bytes and lengths, sorted by length; ``first[n]`` .. ``first[n+1]``
-     * are the positions of the names of length n (n <= longest). */
+    /* The names' bytes (and each name's object, for the answers), sorted by
+     * length: ``first[n]`` .. ``first[n+1]`` are the positions of the names of
+     * length n (n <= longest). */
     const char **bytes;
-    Py_ssize_t *lengths;
     PyObject **keys;
     Py_ssize_t *first;
     Py_ssize_t longest;
@@ -48,11 +48,9 @@ typedef struct {
 
 static void matcher_free_arrays(Matcher *self) {
     PyMem_Free(self->bytes);
-    PyMem_Free(self->lengths);
     PyMem_Free(self->keys);
     PyMem_Free(self->first);
     self->bytes = NULL;
-    self->lengths = NULL;
     self->keys = NULL;
     self->first = NULL;
 }
@@ -104,10 +102,9 @@ static PyObject *matcher_new(PyTypeObject *type, PyObject *args, PyObject *kwarg
     }
     size_t slots = (size_t)(count > 0 ? count : 1);
     self->bytes = PyMem_New(const char *, slots);
-    self->lengths = PyMem_New(Py_ssize_t, slots);
     self->keys = PyMem_New(PyObject *, slots);
     self->first = PyMem_New(Py_ssize_t, (size_t)self->longest + 2);
-    if (self->bytes == NULL || self->lengths == NULL || self->keys == NULL ||
+    if (self->bytes == NULL || self->keys == NULL ||
         self->first == NULL) {
         PyErr_NoMemory();
         goto fail;
@@ -132,7 +129,6 @@ static PyObject *matcher_new(PyTypeObject *type, PyObject *args, PyObject *kwarg
             }
             if (!seen) {
                 self->bytes[placed] = text;
-                self->lengths[placed] = length;
                 self->keys[placed] = name;
                 placed++;
             }
