@@ -581,11 +581,14 @@ class Reads:
     the headers the route reads (``route_policy.read_headers``: the checked headers
     and the tenant's; the announced size as ``_within`` reads it), all of which are the
     key; every other header, the request id included, is read by nothing that it
-    returns. The configuration is keyed by
-    identity, the entry holding it so that no other can take its id.
+    returns. The configuration is keyed by identity, the entry holding it so that no
+    other can take its id. What is shared is frozen all through (``Read``,
+    ``inspection.Request``, the refusals), and read from the headers without the
+    request id, which each stream keeps as its own.
     Keys are client-chosen (the path, the media type, the announced size): the memo
     is emptied when full, and a request whose keyed bytes pass ``READ_MEMO_BYTES`` is
-    read without it, so a miss costs only the uncached reading.
+    read without it, so a miss costs the uncached reading and its key, and memory
+    stays bounded.
     """
 
     __slots__ = ("_memo", "_size")
