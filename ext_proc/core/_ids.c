@@ -8,8 +8,9 @@
  *     canonical text (``span`` itself when it is a bytes object without spaces, else a
  *     compacted copy). None when it is not well-formed, as ``ids._well_formed`` says.
  *
- * fault(text, bound) -> None | (malformed, index, value) | NotImplemented
- *     For the canonical text of ids, or orjson's text of a non-empty list: None when
+ * fault(text, bound, checked=False) -> None | (malformed, index, value) | NotImplemented
+ *     For the canonical text of ids (``checked``: read's, whose grammar is not checked
+ *     again), or orjson's text of a non-empty list: None when
  *     every item is an id below ``bound`` (at most 2**31) and the text is well-formed;
  *     (True, index, 0) for the first item that is not a run of digits; else
  *     (False, index, value) for the largest item, at or above ``bound``, and the index
@@ -55,10 +56,36 @@ typedef struct {
     uint64_t high; /* the bytes at or above ``first`` (classify's) */
 } masks;
 
-/* The masks of the 64 bytes at ``q``; ``high`` only where ``first`` is a digit. */
-static inline void classify(const uint8_t *q, masks *k, uint8_t first) {
+/* The masks of the 64 bytes at ``q``; ``high`` only where ``first`` is a digit.
+ * ``checked``: the bytes are known to be digits and commas only (a well-formed text),
+ * so only the commas and ``high`` are looked for. */
+static inline void classify(const uint8_t *q, masks *k, uint8_t first, int checked) {
     uint64_t digits = 0, commas = 0, zeros = 0, high = 0;
     int by_first = (uint8_t)(first - '0') < 10;
+    if (checked) {
+#ifdef __SSE2__
+        const __m128i comma = _mm_set1_epi8(',');
+        const __m128i at_least = _mm_set1_epi8((char)(first - 1));
+        for (int part = 0; part < 4; part++) {
+            __m128i block = _mm_loadu_si128((const __m128i *)(q + 16 * part));
+            int shift = 16 * part;
+            commas |= (uint64_t)(unsigned)_mm_movemask_epi8(_mm_cmpeq_epi8(block, comma)) << shift;
+            high |= (uint64_t)(unsigned)_mm_movemask_epi8(_mm_cmpgt_epi8(block, at_least)) << shift;
+        }
+#else
+        for (int i = 0; i < CHUNK; i++) {
+            uint64_t bit = (uint64_t)1 << i;
+            commas |= q[i] == ',' ? bit : 0;
+            high |= by_first && q[i] >= first && q[i] < 0x80 ? bit : 0;
+        }
+#endif
+        k->digits = ~commas;
+        k->ends = commas;
+        k->zeros = 0;
+        k->other = 0;
+        k->high = by_first ? high : 0;
+        return;
+    }
 #ifdef __SSE2__
     const __m128i below = _mm_set1_epi8('0' - 1);
     const __m128i above = _mm_set1_epi8('9' + 1);
@@ -102,11 +129,13 @@ typedef struct {
     uint64_t prev_lead; /* the previous chunk's zeros that start an item */
     uint64_t prev_high; /* the previous chunk's ``high`` */
     uint8_t first;      /* classify's ``first`` */
+    int checked;        /* classify's ``checked`` */
     uint8_t pad[CHUNK]; /* the last chunk, copied */
 } chunks;
 
-static void chunks_init(chunks *c, const uint8_t *p, Py_ssize_t m, uint8_t first) {
+static void chunks_init(chunks *c, const uint8_t *p, Py_ssize_t m, uint8_t first, int checked) {
     c->first = first;
+    c->checked = checked;
     c->prev_high = 0;
     c->p = p;
     c->m = m;
@@ -123,17 +152,18 @@ static inline int chunks_next(chunks *c, masks *k, Py_ssize_t *at) {
     }
     *at = c->at;
     if (left >= CHUNK) {
-        classify(c->p + c->at, k, c->first);
+        classify(c->p + c->at, k, c->first, c->checked);
         c->at += CHUNK;
         return 1;
     }
     /* The last chunk: the bytes left and the ']' (at bit ``left``), then padding. */
     memset(c->pad, 0, CHUNK);
     memcpy(c->pad, c->p + c->at, (size_t)left + 1);
-    classify(c->pad, k, c->first);
+    classify(c->pad, k, c->first, c->checked);
     uint64_t bracket = (uint64_t)1 << left;
     uint64_t inside = bracket | (bracket - 1);
     k->ends |= bracket;
+    k->digits &= inside & ~bracket;
     k->other &= inside & ~bracket;
     c->at = c->m + 1;
     return 1;
@@ -244,7 +274,7 @@ static Py_ssize_t well_formed(const uint8_t *s, Py_ssize_t n) {
     chunks c;
     masks k;
     Py_ssize_t at, count = 0;
-    chunks_init(&c, s + 1, n - 2, 0);
+    chunks_init(&c, s + 1, n - 2, 0, 0);
     while (chunks_next(&c, &k, &at)) {
         uint64_t empty = k.ends & starts(&c, &k);
         /* An end in each 8 bytes, and in the previous chunk's last 8: every item
@@ -328,8 +358,10 @@ static inline int above_limit(const uint8_t *id, int readable, const char *limit
     return memcmp(id, limit, (size_t)digits) > 0;
 }
 
-/* ``fault`` on the bytes ``s[0..n)``; ``limit`` is bound - 1 in decimal. */
-static PyObject *find_fault(const uint8_t *s, Py_ssize_t n, const char *limit, int digits) {
+/* ``fault`` on the bytes ``s[0..n)``; ``limit`` is bound - 1 in decimal; ``checked``:
+ * they are a well-formed text (``read``'s), only the bound is left to check. */
+static PyObject *find_fault(const uint8_t *s, Py_ssize_t n, const char *limit, int digits,
+                            int checked) {
     uint64_t limit_key = digits <= 8 ? key_of((const uint8_t *)limit, digits, 0) : 0;
     if (n < 3 || s[0] != '[' || s[n - 1] != ']') {
         return Py_NewRef(Py_NotImplemented);
@@ -339,10 +371,13 @@ static PyObject *find_fault(const uint8_t *s, Py_ssize_t n, const char *limit, i
     masks k;
     Py_ssize_t at, count = 0;
     int zeros = 0, reaches = 0;
-    chunks_init(&c, p, n - 2, (uint8_t)limit[0]);
+    chunks_init(&c, p, n - 2, (uint8_t)limit[0], checked);
     while (chunks_next(&c, &k, &at)) {
-        zeros |= led(&c, &k) != 0;
-        uint64_t bad = k.other | (k.ends & starts(&c, &k));
+        uint64_t bad = 0;
+        if (!checked) {
+            zeros |= led(&c, &k) != 0;
+            bad = k.other | (k.ends & starts(&c, &k));
+        }
         if (bad) {
             if (zeros) {
                 return Py_NewRef(Py_NotImplemented);
@@ -387,8 +422,12 @@ static PyObject *find_fault(const uint8_t *s, Py_ssize_t n, const char *limit, i
 
 static PyObject *ids_fault(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
-    if (nargs != 2) {
-        PyErr_SetString(PyExc_TypeError, "fault(text, bound) takes two arguments");
+    if (nargs != 2 && nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "fault(text, bound[, checked]) takes 2 or 3 arguments");
+        return NULL;
+    }
+    int checked = nargs == 3 ? PyObject_IsTrue(args[2]) : 0;
+    if (checked < 0) {
         return NULL;
     }
     long long bound = PyLong_AsLongLong(args[1]);
@@ -405,7 +444,7 @@ static PyObject *ids_fault(PyObject *self, PyObject *const *args, Py_ssize_t nar
     if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0) {
         return NULL;
     }
-    PyObject *result = find_fault((const uint8_t *)view.buf, view.len, limit, digits);
+    PyObject *result = find_fault((const uint8_t *)view.buf, view.len, limit, digits, checked);
     PyBuffer_Release(&view);
     return result;
 }
@@ -414,8 +453,8 @@ static PyMethodDef methods[] = {
     {"read", ids_read, METH_O,
      "read(span) -> (count, text) | None: the ids of a well-formed array."},
     {"fault", (PyCFunction)(void (*)(void))ids_fault, METH_FASTCALL,
-     "fault(text, bound) -> None | (malformed, index, value) | NotImplemented: why the "
-     "ids are not valid."},
+     "fault(text, bound, checked=False) -> None | (malformed, index, value) | "
+     "NotImplemented: why the ids are not valid (``checked``: text is read's)."},
     {NULL, NULL, 0, NULL},
 };
 

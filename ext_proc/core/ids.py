@@ -168,7 +168,8 @@ class Ids:
             text = self.text
         except TypeError:
             return False, None
-        found = _NATIVE.fault(text, bound)
+        # Ids read from the bytes are well-formed (``read``): only the bound is left.
+        found = _NATIVE.fault(text, bound, self._items is _READ)
         if found is None or found is NotImplemented:
             return found is None, None
         malformed, index, value = found

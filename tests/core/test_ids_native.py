@@ -229,6 +229,8 @@ def test_the_compiled_part_answers_for_any_buffer() -> None:
     assert COMPILED.read(bytearray(span)) == (3, span)
     assert COMPILED.read(memoryview(b"x[1, 2]")[1:]) == (2, b"[1,2]")
     assert COMPILED.fault(memoryview(span), 3) == (False, 2, 3)
+    assert COMPILED.fault(span, 3, True) == (False, 2, 3)  # read's text: the bound alone
+    assert COMPILED.fault(span, 4, True) is None
     with pytest.raises(ValueError, match="bound"):
         COMPILED.fault(span, 0)
     with pytest.raises(ValueError, match="bound"):
@@ -246,3 +248,17 @@ def test_a_long_run_ending_at_every_place_is_read_alike(length: int) -> None:
         head = "7," * (place // 2) + ("77," if place % 2 else "")
         span = f"[{head[1:] if place % 2 and not place // 2 else head}{'9' * length},{'1,' * 40}2]"
         assert_same_read(span.encode(), FEW_BOUNDS)
+
+
+@needs_compiled
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(st.integers(0, 10**18 - 1) | st.integers(0, 300_000), min_size=1, max_size=200),
+    st.sampled_from(BOUNDS),
+)
+def test_the_bound_alone_on_reads_text_is_checked_as_with_the_grammar(
+    values: list[int], bound: int
+) -> None:
+    assert COMPILED is not None
+    text = orjson.dumps(values)
+    assert COMPILED.fault(text, bound, True) == COMPILED.fault(text, bound)
