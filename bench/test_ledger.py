@@ -13,6 +13,7 @@ from ext_proc._pb import external_processor_pb2 as pb
 from ext_proc._pb import external_processor_pb2_grpc as pb_grpc
 from ext_proc.core.config import Config
 from ext_proc.core.events import BodyMode
+from ext_proc.edge import service
 from ext_proc.edge.attributes import attribute_keys
 
 KEYS = attribute_keys()
@@ -36,7 +37,7 @@ def _body(data: bytes) -> pb.ProcessingRequest:
 async def _answer(rung: str, data: bytes) -> pb.ProcessingResponse:
     config = Config.load(listen="127.0.0.1:0")
     server = grpc.aio.server()
-    pb_grpc.add_ExternalProcessorServicer_to_server(ledger.Rung(rung, config), server)
+    service.add_to_server(ledger.Rung(rung, config).Process, server)
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
     try:
