@@ -104,6 +104,10 @@ class Request:
         return proof.NO_PARTITION if self.partition is None else tenants.tag(self.partition)
 
 
+# The names ``spelling.spelled`` is asked about: when it answers, the body writes each
+# only as itself.
+_PLAIN: Final = frozenset(CARRIER_NAMES)
+
 # A request whose headers were never sent (a mint route's response to a request the
 # processor did not see): only the global audit mode applies.
 _UNSEEN: Final = {audit: Request("", "", audit) for audit in (False, True)}
@@ -121,7 +125,7 @@ class Proof:
 
     ticket: Ticket
     decision: Decision
-    raw: bytes
+    body: splice.Body
     parsed: Parsed
     evidence: policy.Evidence
     carriers: tuple[Path, ...] | None
@@ -325,14 +329,14 @@ def inspect(
     """What the whole body ``raw`` of ``request`` decides. What it holds stays in
     ``account`` until the stream hands it over with the answers."""
     if request.held is not None:
-        return _enforce(request.held, None, request, account, mint.NOTHING, raw=raw)
+        return _enforce(request.held, None, request, account, mint.NOTHING)
     judged = attempt(_judge, raw, request, account, config, trust)
     if isinstance(judged, Refusal):
-        return _enforce(Deny(judged), None, request, account, mint.NOTHING, raw=raw)
+        return _enforce(Deny(judged), None, request, account, mint.NOTHING)
     if isinstance(judged, Proof):
         return Inspection(judged.decision, pending=judged.pending, proof=judged)
-    decision, parsed, pending = judged
-    return _enforce(decision, parsed, request, account, pending, raw=raw)
+    decision, parsed, pending, body = judged
+    return _enforce(decision, parsed, request, account, pending, body=body)
 
 
 def settle(asked: Proof, verdict: Verdict, request: Request, account: Account) -> Inspection:
@@ -346,7 +350,7 @@ def settle(asked: Proof, verdict: Verdict, request: Request, account: Account) -
     decision, pending = asked.decision, asked.pending
     if verdict is Verdict.UNAVAILABLE:
         refused = Deny(RECORD_UNAVAILABLE, decision.id_count)
-        return _enforce(refused, None, request, account, pending, raw=asked.raw)
+        return _enforce(refused, None, request, account, pending)
     if verdict is not Verdict.FIRST:
         pending = mint.unproven(pending)
         evidence = dataclasses.replace(asked.evidence, spent=verdict.reason)
@@ -358,7 +362,7 @@ def settle(asked: Proof, verdict: Verdict, request: Request, account: Account) -
             asked.sender,
             body=request.body,
         )
-    return _enforce(decision, asked.parsed, request, account, pending, raw=asked.raw)
+    return _enforce(decision, asked.parsed, request, account, pending, body=asked.body)
 
 
 def _enforce(
@@ -368,9 +372,9 @@ def _enforce(
     account: Account,
     pending: mint.Pending,
     *,
-    raw: bytes,
+    body: splice.Body | None = None,
 ) -> Inspection:
-    """What enforcing ``decision`` on the body ``raw`` (read as ``parsed``) forwards,
+    """What enforcing ``decision`` on the body (``body``, read as ``parsed``) forwards,
     or refuses."""
     if not enforced(decision, request.audit):
         return Inspection(decision, pending=pending)
@@ -379,7 +383,7 @@ def _enforce(
     if parsed is not None and (isinstance(decision, Strip) or request.partition is not None):
         # Rewriting may refuse: a body too deep to write back, json.dumps's extra
         # beyond the budget, a tenant route's client salt that is not a string.
-        written = attempt(_rewrite, decision, raw, parsed, request.partition, account)
+        written = attempt(_rewrite, decision, body, parsed, request.partition, account)
         if isinstance(written, Refusal):
             refused = Deny(written)
             return Inspection(refused, refused=refused, pending=pending)
@@ -388,21 +392,26 @@ def _enforce(
 
 
 def _rewrite(
-    decision: Decision, raw: bytes, parsed: Parsed, partition: bytes | None, account: Account
+    decision: Decision,
+    body: splice.Body | None,
+    parsed: Parsed,
+    partition: bytes | None,
+    account: Account,
 ) -> bytes:
     """The body ``decision`` forwards, written once: what a Strip removes and writes,
     and on a tenant route (``partition``) the tenant's cache_salt. What a large Strip
-    that only removes forwards is cut out of ``raw`` where the cut is shown to forward
+    that only removes forwards is cut out of ``body`` where the cut is shown to forward
     the same document (``splice``; the rewrite is the reference); it is shorter than
-    ``raw``, within the charge for a rewrite."""
+    the body, within the charge for a rewrite."""
     if (
-        len(raw) >= splice.MIN_BYTES
+        body is not None
+        and len(body.raw) >= splice.MIN_BYTES
         and isinstance(decision, Strip)
         and decision.connector is None
         and not decision.salted
         and partition is None
     ):
-        spliced = splice.without(raw, parsed, decision.paths)
+        spliced = splice.without(body, parsed, decision.paths)
         if spliced is not None:
             return spliced
     paths: tuple[Path, ...] = ()
@@ -420,9 +429,10 @@ def _rewrite(
     return admission.without(parsed, paths, account, connector, salt)
 
 
-# The policy's decision, the document it was made on (None: not parsed) and what the
-# request leaves for its response; or the proof to spend before it stands.
-_Judged = tuple[Decision, Parsed | None, mint.Pending] | Proof
+# The policy's decision, the document it was made on (None: not parsed), what the
+# request leaves for its response and the body judged; or the proof to spend before it
+# stands.
+_Judged = tuple[Decision, Parsed | None, mint.Pending, splice.Body] | Proof
 
 
 def _judge(
@@ -436,13 +446,15 @@ def _judge(
     minting = request.policy.action is Action.MINT or request.turns
     # How often the bytes name each carrier (None: they cannot tell).
     named = spelled(raw, CARRIER_NAMES)
+    # The bytes with the names they write only as themselves (``spelled`` answered).
+    body = splice.Body(raw, _PLAIN if named is not None else frozenset())
     # A tenant route writes every body's cache_salt: each is parsed.
     strict = request.body is not None or request.partition is not None
     if not minting and not strict and named is not None and not any(named.values()):
         # Nothing to judge or rewrite: the body is forwarded as it came, unparsed
         # (a mint route parses every request for its prompt digest).
         account.hold(memory.held(len(raw)))
-        return NO_PARAMS, None, mint.NOTHING
+        return NO_PARAMS, None, mint.NOTHING, body
     shape = admission.admit(raw, account, config.max_json_values)
     parsed = admission.parse(raw, shape, account, lift_ids=True)
     # No member but the top-level kv_transfer_params (and its policed keys) is named
@@ -461,9 +473,9 @@ def _judge(
         decision = policy.decide(
             request.policy, parsed.document, policy.NO_EVIDENCE, carriers, sender, body=request.body
         )
-        return decision, parsed, mint.NOTHING
+        return decision, parsed, mint.NOTHING, body
     evidence = _evidence(parsed, request, account, config, trust)
-    return _weigh(parsed, carriers, echo_free, request, evidence, sender=sender, raw=raw)
+    return _weigh(parsed, carriers, echo_free, request, evidence, sender=sender, body=body)
 
 
 def _evidence(
@@ -495,9 +507,9 @@ def _weigh(
     evidence: policy.Evidence,
     *,
     sender: Caller,
-    raw: bytes,
+    body: splice.Body,
 ) -> _Judged:
-    """The decision on ``raw`` (read as ``parsed``) of a route that weighs evidence; the
+    """The decision on ``body`` (read as ``parsed``) of a route that weighs evidence; the
     prompt digest is rendered only when needed (a proof to check) or kept for the
     response (a mint route on an endpoint it may sign). ``carriers``: () when no member
     but the top-level kv_transfer_params is named as a carrier; ``echo_free``: none of a
@@ -521,8 +533,8 @@ def _weigh(
         if decision.reason is Reason.TURN_READ_BACK:
             pending = dataclasses.replace(pending, expected=turns.expected(params))
         ticket = proof.ticket(params, evidence.skew)
-        return Proof(ticket, decision, raw, parsed, evidence, carriers, pending, sender)
-    return decision, parsed, pending
+        return Proof(ticket, decision, body, parsed, evidence, carriers, pending, sender)
+    return decision, parsed, pending, body
 
 
 def _prefix(parsed: Parsed, endpoint: str, account: Account, count: int) -> bytes:

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any, Final
 
 import stringzilla
@@ -68,17 +69,27 @@ _STRUCTURAL: Final = b'"{}[]'
 _SCALAR: Final = b"0123456789+-.eEtrufalsn"
 
 
-def without(raw: bytes, parsed: Parsed, paths: Iterable[Path]) -> bytes | None:
-    """``raw`` with the member at each of ``paths`` cut out (a path that names nothing
+@dataclass(frozen=True, slots=True)
+class Body:
+    """A body's bytes, and names they are already shown to write only as themselves
+    (``spelling.spelled`` of them answered: no escape in the bytes may spell one)."""
+
+    raw: bytes
+    plain: frozenset[str] = frozenset()
+
+
+def without(body: Body, parsed: Parsed, paths: Iterable[Path]) -> bytes | None:
+    """``body`` with the member at each of ``paths`` cut out (a path that names nothing
     in ``parsed``'s document is skipped, as ``writing.removed`` skips it); None when a
     cut is not shown to forward ``removed``'s document (module docstring)."""
+    raw = body.raw
     keys = _keys(parsed, paths)
     if keys is None or not _shallow(parsed.document):
         return None
     if not keys:
         return raw  # nothing to remove: the body reads as the document
     skip = parsed.lifted
-    if not _plain(raw, keys, skip):
+    if not body.plain.issuperset(keys) and not _plain(raw, keys, skip):
         return None
     spans: list[Span] = []
     for key in keys:

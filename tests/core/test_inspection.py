@@ -458,21 +458,30 @@ def test_a_large_strip_is_cut_out_of_the_body_it_came_in():
 
 
 @pytest.mark.parametrize(
-    ("raw", "spliced"),
+    ("raw", "forwarded"),
     [
         (
             b'{"model": "m", "kv_transfer_params": {"prompt_token_ids": [1, 2]}, "messages": []}',
             b'{"model": "m", "messages": []}',
         ),
-        # Twice the key: the rewrite decides.
-        (b'{"kv_transfer_params": 1, "kv_transfer_params": {"a": 1}, "messages": []}', None),
+        # An escape of no carrier's character: the byte scan answered, the cut stands.
+        (
+            b'{"c": "caf\\u00e9", "kv_transfer_params": {"a": 1}, "messages": []}',
+            b'{"c": "caf\\u00e9", "messages": []}',
+        ),
+        # An escape that may spell a carrier's character, or twice the key: rewritten.
+        (
+            b'{"c": "\\u0061", "kv_transfer_params": {"a": 1}, "messages": []}',
+            b'{"c":"a","messages":[]}',
+        ),
+        (
+            b'{"kv_transfer_params": 1, "kv_transfer_params": {"a": 1}, "messages": []}',
+            b'{"messages":[]}',
+        ),
     ],
 )
-def test_a_strip_is_cut_where_the_cut_is_shown_and_rewritten_elsewhere(monkeypatch, raw, spliced):
+def test_a_strip_is_cut_where_the_cut_is_shown_and_rewritten_elsewhere(monkeypatch, raw, forwarded):
     monkeypatch.setattr(splice, "MIN_BYTES", 0)
     _, found = inspected(raw)
     assert isinstance(found.decision, Strip)
-    if spliced is not None:
-        assert found.replacement == spliced
-    else:
-        assert found.replacement == b'{"messages":[]}'
+    assert found.replacement == forwarded

@@ -108,7 +108,7 @@ def check(raw: bytes, paths: list[Path]) -> bytes | None:
     """The splice of ``paths`` out of ``raw``, checked against the rewrite."""
     parsed = reading.parse(raw, lift_ids=True)
     assert parsed is not None
-    spliced = splice.without(raw, parsed, paths)
+    spliced = splice.without(splice.Body(raw), parsed, paths)
     if spliced is not None:
         reference = json.loads(rewritten(parsed, paths))
         assert json.loads(spliced) == reference
@@ -192,7 +192,7 @@ def test_the_rewrite_decides_when_the_bytes_do_not_show_the_member(body):
 
 def test_bodies_json_loads_reads_differently_are_not_cut():
     body = b'\xef\xbb\xbf{"kv_transfer_params":1}'  # a byte-order mark: json.loads reads it
-    assert splice.without(body, read(body), [(KV,)]) is None
+    assert splice.without(splice.Body(body), read(body), [(KV,)]) is None
 
 
 def test_a_nested_member_and_several_members_are_cut(lifting):
@@ -211,7 +211,7 @@ def test_the_benchmark_strip_bodies_are_cut(size):
     raw = bodies.build(size, "strip").data
     parsed = reading.parse(raw, lift_ids=True)
     assert parsed is not None
-    spliced = splice.without(raw, parsed, [(KV,)])
+    spliced = splice.without(splice.Body(raw), parsed, [(KV,)])
     assert spliced is not None
     expected = json.loads(raw)
     del expected[KV]
@@ -244,9 +244,17 @@ def test_only_documents_orjson_writes_are_cut(depth, cut):
     # cut would forward what the rewrite refuses.
     inner = '{"a":' * depth + "1" + "}" * depth
     body = f'{{"kv_transfer_params":1,"x":{inner}}}'.encode()
-    assert (splice.without(body, read(body), [(KV,)]) is not None) == cut
+    assert (splice.without(splice.Body(body), read(body), [(KV,)]) is not None) == cut
 
 
 def test_a_document_too_wide_to_walk_is_not_cut():
     body = b'{"kv_transfer_params":1,"x":[' + b",".join([b"[]"] * 5000) + b"]}"
-    assert splice.without(body, read(body), [(KV,)]) is None
+    assert splice.without(splice.Body(body), read(body), [(KV,)]) is None
+
+
+def test_names_the_caller_has_shown_plain_are_not_searched_for_escapes():
+    body = b'{"c":"\\u0061","kv_transfer_params":1}'  # an escape that could spell a key
+    parsed = read(body)
+    assert splice.without(splice.Body(body), parsed, [(KV,)]) is None
+    shown = splice.Body(body, frozenset({KV}))
+    assert splice.without(shown, parsed, [(KV,)]) == b'{"c":"\\u0061"}'
