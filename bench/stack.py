@@ -1,6 +1,7 @@
 """The processes of one benchmark run: nginx upstream, processors and one Envoy each.
 
-Every arrangement gets its own Envoy (``--concurrency 1``) rendered from a shipped
+Every arrangement gets its own Envoy (``--concurrency 1``, or ``envoy_concurrency``
+worker threads) rendered from a shipped
 config (``envoy/envoy.yaml``, one gRPC message per request, unless the arrangement
 names ``envoy/envoy-two-message.yaml``) with ``envoy_config.render``, all in front of
 one nginx:
@@ -9,7 +10,9 @@ one nginx:
 - ``naive`` (two messages) and ``naive-1msg`` (one, the floor): the rendered config
   pointing at ``bench.naive``;
 - ``service-wN`` (one message) and ``service-wN-2msg`` (two): the rendered config
-  pointing at ``python -m ext_proc serve --workers N``;
+  pointing at ``python -m ext_proc serve --workers N``, each worker's port an endpoint
+  of the processor cluster (``envoygen.processor_workers_fields``), as a gateway in
+  front of ``--workers`` is configured: Envoy picks a worker per stream;
 - ``service-wN-redis``: as ``service-wN``, its record of spent proofs in a
   ``redis-server`` the stack starts (one per arrangement: a Redis keeps one record).
 
@@ -27,6 +30,7 @@ import copy
 import http.client
 import json
 import math
+import socket
 import subprocess
 import sys
 import time
@@ -44,6 +48,7 @@ from bench import bodies, ledger, proofs
 from devstack import envoy_config, processes
 from ext_proc.core.address import HostPort
 from ext_proc.edge import redis_record
+from ext_proc.edge.supervisor import worker_ports
 from ext_proc.tools import carrier_headers, envoygen, refused_paths
 
 REPO = Path(__file__).resolve().parents[1]
@@ -215,6 +220,9 @@ class BenchStack:
     redis: str | None = None
     # The size of each service's own table of spent proofs (proofs.processor_config).
     record_slots: int = 65536
+    # Each Envoy's worker threads (--concurrency): 1 keeps Envoy on one of the two cores
+    # of the reference machine; 2 gives it both, as its default would.
+    envoy_concurrency: int = 1
     upstream: HostPort = field(default_factory=lambda: HostPort(LOCAL, processes.free_port()))
     running: dict[str, Running] = field(default_factory=dict)
     nginx_process: subprocess.Popen[bytes] | None = None
@@ -292,7 +300,11 @@ class BenchStack:
             gateway=HostPort(LOCAL, processes.free_port()),
             admin=HostPort(LOCAL, processes.free_port()),
         )
-        processor = HostPort(LOCAL, processes.free_port())
+        workers = 1
+        if arrangement.kind == "service" and "--workers" in self.serve_options:
+            workers = arrangement.workers or 1
+        # Worker i serves the processor's port plus i.
+        processor = HostPort(LOCAL, consecutive_free_ports(workers))
         log = self.workdir / f"{arrangement.name}-processor.log"
         if arrangement.kind == "naive":
             args = [sys.executable, "-m", "bench.naive", "--listen", str(processor)]
@@ -302,7 +314,7 @@ class BenchStack:
         elif arrangement.kind == "service":
             args = [sys.executable, "-m", "ext_proc", "serve", "--listen", str(processor)]
             if "--workers" in self.serve_options and arrangement.workers is not None:
-                args += ["--workers", str(arrangement.workers)]
+                args += ["--workers", str(workers)]
             if "--metrics-listen" in self.serve_options:
                 # Each service its own metrics port: the default one is shared.
                 running.metrics = HostPort(LOCAL, processes.free_port())
@@ -313,7 +325,8 @@ class BenchStack:
         if args:
             running.processor = processes.start(args, log, cwd=REPO)
             self._children.append(running.processor)
-            processes.wait_for_port(processor.port, running.processor)
+            for address in worker_ports(str(processor), workers):
+                processes.wait_for_port(HostPort.parse(address).port, running.processor)
         config = envoy_config.render(
             gateway=running.gateway,
             admin=running.admin,
@@ -322,6 +335,7 @@ class BenchStack:
             disaggregated=self.upstream,
             source=envoy_config.SHIPPED.parent / arrangement.config,
         )
+        list_workers(config, processor, workers)
         _add_any_caller_route(config)
         _add_strict_route(config)
         if arrangement.kind == "direct":
@@ -330,7 +344,8 @@ class BenchStack:
             cut_envoy(config, arrangement.rung)
         path = envoy_config.write(config, self.workdir / f"{arrangement.name}-envoy.yaml")
         # The access log goes to stdout: formatted as shipped, then discarded.
-        args = [*processes.envoy_args(path, running.admin.port), "--concurrency", "1"]
+        args = [*processes.envoy_args(path, running.admin.port)]
+        args += ["--concurrency", str(self.envoy_concurrency)]
         running.envoy = processes.start(
             args, self.workdir / f"{arrangement.name}-envoy.log", cwd=REPO, quiet_stdout=True
         )
@@ -366,6 +381,33 @@ class BenchStack:
             with contextlib.suppress(OSError):
                 processes.stop(child)
         self._children.clear()
+
+
+def consecutive_free_ports(count: int) -> int:
+    """A port from which ``count`` ports are free on loopback (each checked by binding
+    it; another process may still take one before its worker does)."""
+    for _ in range(50):
+        base = processes.free_port()
+        if base + count - 1 > 65535:
+            continue
+        with contextlib.ExitStack() as held:
+            try:
+                for port in range(base + 1, base + count):
+                    sock = held.enter_context(socket.socket())
+                    sock.bind((LOCAL, port))
+            except OSError:
+                continue
+        return base
+    raise RuntimeError(f"no {count} consecutive free ports on {LOCAL}")
+
+
+def list_workers(config: dict[str, Any], processor: HostPort, workers: int) -> None:
+    """The processor cluster of a rendered config lists each of ``workers`` workers
+    serving from ``processor``'s port, as envoygen's ``processor_workers`` does."""
+    (cluster,) = [
+        c for c in config["static_resources"]["clusters"] if c["name"] == envoygen.PROCESSOR_CLUSTER
+    ]
+    cluster.update(envoygen.processor_workers_fields(processor, workers))
 
 
 def _hcm(config: dict[str, Any]) -> dict[str, Any]:

@@ -5,14 +5,13 @@ connection per processor endpoint (more only past the cluster's max_concurrent_s
 so workers sharing one port through SO_REUSEPORT would split connections, and at a
 concurrency under that limit one worker would serve every stream. Each worker serves a
 port of its own (ext_proc/edge/supervisor.py) and the processor cluster lists them all
-(``envoygen.processor_workers_fields``): a stream is a load-balancing pick among the
-workers, with one Envoy worker thread or two.
+(``envoygen.processor_workers_fields``, as the benchmark's ``service-wN``): a stream is
+a load-balancing pick among the workers, with one Envoy worker thread or two.
 """
 
 from __future__ import annotations
 
 import json
-import socket
 import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
@@ -24,6 +23,7 @@ import httpx
 import pytest
 from prometheus_client import multiprocess
 
+from bench import stack as bench_stack
 from devstack import processes
 from ext_proc.core.address import HostPort
 from ext_proc.edge.supervisor import worker_ports
@@ -33,27 +33,6 @@ from tests.e2e.stack import LOCAL, Stack
 WORKERS = 2
 REQUESTS = 40
 CONCURRENCY = 4  # under max_concurrent_streams: one connection per endpoint and thread
-
-
-def consecutive_free_ports(count: int) -> int:
-    """A port from which ``count`` ports are free (each checked by binding it)."""
-    for _ in range(50):
-        base = processes.free_port()
-        if base + count - 1 > 65535:
-            continue
-        held: list[socket.socket] = []
-        try:
-            for port in range(base, base + count):
-                sock = socket.socket()
-                held.append(sock)
-                sock.bind((LOCAL, port))
-        except OSError:
-            continue
-        finally:
-            for sock in held:
-                sock.close()
-        return base
-    raise AssertionError(f"no {count} consecutive free ports")
 
 
 @dataclass
@@ -69,15 +48,6 @@ class ConcurrencyStack(Stack):
         envoy = processes.start(args, self._log("envoy"))
         self.children["envoy"] = envoy
         processes.wait_for_envoy(self.admin.port, envoy)
-
-
-def list_workers(processor: HostPort, workers: int):  # type: ignore[no-untyped-def]
-    def edit(config: dict[str, Any]) -> None:
-        for cluster in config["static_resources"]["clusters"]:
-            if cluster["name"] == envoygen.PROCESSOR_CLUSTER:
-                cluster.update(envoygen.processor_workers_fields(processor, workers))
-
-    return edit
 
 
 def hosts(stack: Stack) -> dict[int, dict[str, Any]]:
@@ -126,16 +96,21 @@ def decisions_of(pid: int) -> int:
 
 @pytest.mark.parametrize("envoy_concurrency", [1, 2])
 def test_every_worker_serves_streams(tmp_path: Path, envoy_concurrency: int) -> None:
-    processor = HostPort(LOCAL, consecutive_free_ports(WORKERS))
     stack = ConcurrencyStack(
         tmp_path,
-        processor=processor,
+        processor=HostPort(LOCAL, bench_stack.consecutive_free_ports(WORKERS)),
         workers=WORKERS,
-        edit=list_workers(processor, WORKERS),
         envoy_concurrency=envoy_concurrency,
     )
+
+    def list_workers(config: dict[str, Any]) -> None:
+        """The processor cluster lists every worker's port, as the benchmark's
+        ``service-wN`` does."""
+        bench_stack.list_workers(config, stack.processor, WORKERS)
+
+    stack.edit = list_workers
     with stack:
-        ports = [HostPort.parse(a).port for a in worker_ports(str(processor), WORKERS)]
+        ports = [HostPort.parse(a).port for a in worker_ports(str(stack.processor), WORKERS)]
         deadline = time.monotonic() + 30
         while not all(healthy(h) for h in hosts(stack).values()):
             assert time.monotonic() < deadline, f"workers not healthy: {hosts(stack)}"
