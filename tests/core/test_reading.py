@@ -126,13 +126,20 @@ def test_a_long_array_of_ids_is_read_from_its_bytes(separators):
     assert rewritten(parsed, [(KV, "remote_port")]) == orjson.dumps(
         {"model": "m", KV: {"prompt_token_ids": LONG_IDS}, "n": 1}
     )
+    # Where the array lies in the bytes, from its "[" to past its "]".
+    assert parsed.lifted is not None
+    start, end = parsed.lifted
+    assert json.loads(raw[start:end]) == LONG_IDS
+    assert (raw[start], raw[end - 1]) == (ord("["), ord("]"))
 
 
 def test_short_arrays_and_parses_without_lifting_keep_lists():
     raw = json.dumps({KV: {"prompt_token_ids": [1, 2, 3]}}).encode()
+    assert read(raw, lift_ids=True).lifted is None
     assert _lifted_ids(read(raw, lift_ids=True)) is None
     long = json.dumps({KV: {"prompt_token_ids": LONG_IDS}}).encode()
     assert _lifted_ids(read(long)) is None
+    assert read(long).lifted is None
 
 
 IDS_TEXT = json.dumps(LONG_IDS, separators=(",", ":"))
