@@ -430,9 +430,9 @@ def _rewrite(
 
 
 # The policy's decision, the document it was made on (None: not parsed), what the
-# request leaves for its response and the body judged; or the proof to spend before it
-# stands.
-_Judged = tuple[Decision, Parsed | None, mint.Pending, splice.Body] | Proof
+# request leaves for its response and the body judged (None: not parsed); or the proof
+# to spend before it stands.
+_Judged = tuple[Decision, Parsed | None, mint.Pending, splice.Body | None] | Proof
 
 
 def _judge(
@@ -446,17 +446,17 @@ def _judge(
     minting = request.policy.action is Action.MINT or request.turns
     # How often the bytes name each carrier (None: they cannot tell).
     named = spelled(raw, CARRIER_NAMES)
-    # The bytes with the names they write only as themselves (``spelled`` answered).
-    body = splice.Body(raw, _PLAIN if named is not None else frozenset())
     # A tenant route writes every body's cache_salt: each is parsed.
     strict = request.body is not None or request.partition is not None
     if not minting and not strict and named is not None and not any(named.values()):
         # Nothing to judge or rewrite: the body is forwarded as it came, unparsed
         # (a mint route parses every request for its prompt digest).
         account.hold(memory.held(len(raw)))
-        return NO_PARAMS, None, mint.NOTHING, body
+        return NO_PARAMS, None, mint.NOTHING, None
     shape = admission.admit(raw, account, config.max_json_values)
     parsed = admission.parse(raw, shape, account, lift_ids=True)
+    # The bytes with the names they write only as themselves (``spelled`` answered).
+    body = splice.Body(raw, _PLAIN if named is not None else frozenset())
     # No member but the top-level kv_transfer_params (and its policed keys) is named
     # as a carrier when the bytes spell no other name of one: then no carrier is
     # looked for.

@@ -202,7 +202,7 @@ def parse(raw: bytes, shape: Shape | None = None, *, lift_ids: bool = False) -> 
     as ``ids.Ids`` (``_lifted``). Raises ``BadRequest`` for a document that is not an
     object."""
     shape = shape if shape is not None else scan(raw)
-    if lift_ids:
+    if lift_ids and len(raw) >= LIFT_MIN_BYTES:  # below it, no array that long fits
         lifted = _lifted(raw, shape)
         if lifted is not None:
             return lifted
