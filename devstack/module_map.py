@@ -1,6 +1,7 @@
 """README.md's module map, generated from the package tree: each subpackage of
-``ext_proc`` with its modules and the first sentence of each one's docstring, so the
-map cannot describe modules that moved or no longer exist."""
+``ext_proc`` with its modules and the first sentence of each one's docstring (a C
+source's: its leading comment), so the map cannot describe modules that moved or no
+longer exist."""
 
 from __future__ import annotations
 
@@ -18,8 +19,13 @@ END: Final = "<!-- end of module map -->"
 
 
 def _summary(path: Path) -> str:
-    """The first sentence of a module's docstring, on one line."""
-    doc = ast.get_docstring(ast.parse(path.read_text())) or ""
+    """The first sentence of a module's docstring (a C source's leading comment), on
+    one line."""
+    if path.suffix == ".c":
+        comment = re.match(r"/\*(.*?)\*/", path.read_text(), re.S)
+        doc = re.sub(r"(?m)^\s*\* ?", "", comment.group(1)) if comment else ""
+    else:
+        doc = ast.get_docstring(ast.parse(path.read_text())) or ""
     paragraph = " ".join(doc.split("\n\n", 1)[0].split())
     sentence = re.match(r"(.+?\.)(?:\s|$)", paragraph)
     text = sentence.group(1) if sentence else paragraph
@@ -35,7 +41,7 @@ def _rows(package: Path, *, nested: bool) -> list[str]:
     gets its own table)."""
     rows = [
         f"| `{path.name}` | {_summary(path)} |"
-        for path in sorted(package.glob("*.py"))
+        for path in sorted([*package.glob("*.py"), *package.glob("_*.c")])
         if path.name != "__init__.py"
     ]
     return rows + [

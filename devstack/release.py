@@ -1,5 +1,6 @@
 """``make release`` (``python -m devstack release``): the sdist and wheel in dist/, the
-wheel's version checked against pyproject.toml's, and the image tagged with it where a
+wheel's version checked against pyproject.toml's and its compiled parts present, and the
+image tagged with it where a
 Docker engine answers. Also the release facts the generated manifests take
 (``manifests``): pyproject.toml states the version and, under ``[tool.ext-proc]``, the
 image name, once."""
@@ -11,11 +12,14 @@ import shlex
 import shutil
 import subprocess
 import sys
+import sysconfig
 import tomllib
 import zipfile
 from email.parser import HeaderParser
 from pathlib import Path
 from typing import Any, Final
+
+from ext_proc.core import native
 
 REPO: Final = Path(__file__).resolve().parents[1]
 PYPROJECT: Final = REPO / "pyproject.toml"
@@ -40,6 +44,9 @@ _NEW_TAG: Final = re.compile(r"(?P<lead>- name: [\w.:/-]*/ext-proc-token-policy\
 _REPOSITORY: Final = re.compile(r"(?m)^(?P<lead>  repository: )[\w.:/-]*/ext-proc-token-policy$")
 _TAG: Final = re.compile(r'(?m)(?P<lead>^  repository: \S+/ext-proc-token-policy\n  tag: )"[^"]*"')
 _CHART_VERSION: Final = re.compile(r"(?m)^(?P<lead>(?:app)?[vV]ersion: ).*$")
+# The image's Python (deploy/Dockerfile's base): the wheel holds compiled parts built for
+# one CPython, so it is built by that version.
+IMAGE_PYTHON: Final = (3, 11)
 
 
 def _project() -> dict[str, Any]:
@@ -92,6 +99,25 @@ def wheel_version(wheel: Path) -> str:
     return str(metadata["Version"])
 
 
+def wheel_name(stated: str) -> str:
+    """The wheel ``python -m build`` makes here: CPython's ABI and this machine's platform
+    (its compiled parts inside), e.g. ``...-cp311-cp311-linux_x86_64.whl``; the image's
+    platform is the machine's."""
+    abi = f"cp{sys.version_info.major}{sys.version_info.minor}"
+    platform = sysconfig.get_platform().replace("-", "_").replace(".", "_")
+    return f"ext_proc_token_policy-{stated}-{abi}-{abi}-{platform}.whl"
+
+
+def compiled_parts(wheel: Path) -> set[str]:
+    """The compiled modules a wheel holds, by name under ext_proc (``core._scan``)."""
+    with zipfile.ZipFile(wheel) as archive:
+        return {
+            ".".join((*Path(name).parts[1:-1], Path(name).name.split(".", 1)[0]))
+            for name in archive.namelist()
+            if name.startswith("ext_proc/") and name.endswith(".so")
+        }
+
+
 def docker_answers() -> bool:
     docker = shutil.which("docker")
     if docker is None:
@@ -113,13 +139,20 @@ def release(name: str | None = None) -> int:
     """sdist and wheel into dist/, the wheel's version checked, the image built (or the
     command that would build it printed). 1 when the wheel's version differs."""
     stated = version()
+    if sys.version_info[:2] != IMAGE_PYTHON:
+        print(f"release: run with Python {'.'.join(map(str, IMAGE_PYTHON))}, the image's")
+        return 1
     for old in DIST.glob("ext_proc_token_policy-*"):
         old.unlink()
     subprocess.run([sys.executable, "-m", "build", "--outdir", str(DIST), str(REPO)], check=True)
-    wheel = DIST / f"ext_proc_token_policy-{stated}-py3-none-any.whl"
+    wheel = DIST / wheel_name(stated)
     found = wheel_version(wheel) if wheel.is_file() else "no wheel"
     if found != stated:
         print(f"release: the wheel's version is {found}, pyproject.toml's {stated}")
+        return 1
+    missing = set(native.PARTS) - compiled_parts(wheel)
+    if missing:
+        print(f"release: the wheel lacks the compiled parts {sorted(missing)}")
         return 1
     print(f"release: dist/ holds the sdist and wheel of {stated}")
     command = build_command(name or image())

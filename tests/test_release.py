@@ -3,6 +3,8 @@ the manifests get from them, and the wheel's version as its metadata states it."
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import zipfile
 
 import yaml
@@ -52,3 +54,37 @@ def test_the_wheels_version_is_read_from_its_metadata(tmp_path):
         )
         archive.writestr("x/__init__.py", "")
     assert release.wheel_version(wheel) == "1.0"
+
+
+def test_the_wheel_is_named_for_this_python_and_platform():
+    name = release.wheel_name("1.2.3")
+    assert name.startswith("ext_proc_token_policy-1.2.3-cp311-cp311-linux_")
+    assert name.endswith(".whl")
+
+
+def test_the_compiled_parts_are_read_from_the_wheels_names(tmp_path):
+    wheel = tmp_path / "x-1.0-cp311-cp311-linux_x86_64.whl"
+    with zipfile.ZipFile(wheel, "w") as archive:
+        archive.writestr("ext_proc/core/_scan.cpython-311-x86_64-linux-gnu.so", b"")
+        archive.writestr("ext_proc/edge/wire.py", "")
+        archive.writestr("ext_proc/core/native.py", "")
+    assert release.compiled_parts(wheel) == {"core._scan"}
+
+
+def test_the_wheel_built_from_the_checkout_holds_every_compiled_part(tmp_path):
+    """What make release checks before it builds the image: the wheel this Python builds
+    from the checkout is named as the Dockerfile copies it and carries each C source's
+    module."""
+    subprocess.run(
+        [sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", str(tmp_path)],
+        cwd=release.REPO,
+        check=True,
+        capture_output=True,
+    )
+    wheel = tmp_path / release.wheel_name(release.version())
+    assert wheel.is_file(), sorted(p.name for p in tmp_path.iterdir())
+    sources = {
+        ".".join(c.relative_to(release.REPO / "ext_proc").with_suffix("").parts)
+        for c in (release.REPO / "ext_proc").rglob("_*.c")
+    }
+    assert release.compiled_parts(wheel) == sources
