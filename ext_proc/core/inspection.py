@@ -104,9 +104,8 @@ class Request:
         return proof.NO_PARTITION if self.partition is None else tenants.tag(self.partition)
 
 
-# The names ``spelling.spelled`` is asked about: when it answers, the body writes each
-# only as itself.
-_PLAIN: Final = frozenset(CARRIER_NAMES)
+# The names ``spelling.spelled`` is asked about (``splice.Body``).
+_ASKED: Final = frozenset(CARRIER_NAMES)
 
 # A request whose headers were never sent (a mint route's response to a request the
 # processor did not see): only the global audit mode applies.
@@ -455,8 +454,8 @@ def _judge(
         return NO_PARAMS, None, mint.NOTHING, None
     shape = admission.admit(raw, account, config.max_json_values)
     parsed = admission.parse(raw, shape, account, lift_ids=True)
-    # The bytes with the names they write only as themselves (``spelled`` answered).
-    body = splice.Body(raw, _PLAIN if named is not None else frozenset())
+    # The bytes with what the scan told of the carriers' names.
+    body = splice.Body(raw, _ASKED, named)
     # No member but the top-level kv_transfer_params (and its policed keys) is named
     # as a carrier when the bytes spell no other name of one: then no carrier is
     # looked for.

@@ -9,7 +9,8 @@ json.loads and rewritten), and ``json.loads`` reads from it the document the pol
 judged (``reading``). Take a path whose member that document holds, named ``key`` in
 an object ``O``. ``raw`` holds no escape that may spell a character of ``key``
 (``spelling.spelled``), so the member's key is the string token ``"key"`` as written.
-The bytes ``"key"`` occur exactly once in ``raw``: any other member named ``key``, at
+The bytes ``"key"`` occur exactly once in ``raw`` (searched, or counted by the scan
+the judgment ran: ``Body``): any other member named ``key``, at
 any depth, an earlier duplicate that json.loads drops included, would be another token
 (distinct tokens share no byte). That occurrence is therefore this member's key, and
 ``O`` holds no other member of that name. JSON's grammar puts around it, inside
@@ -40,7 +41,7 @@ None, never a guess.
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -71,11 +72,14 @@ _SCALAR: Final = b"0123456789+-.eEtrufalsn"
 
 @dataclass(frozen=True, slots=True)
 class Body:
-    """A body's bytes, and names they are already shown to write only as themselves
-    (``spelling.spelled`` of them answered: no escape in the bytes may spell one)."""
+    """A body's bytes, with what ``spelling.spelled`` answered for the names ``asked``
+    (None: it could not tell): when it answered, no escape in the bytes may spell one of
+    them, and each count is that of the bytes ``"name"`` in the body, up to 2
+    (``bytescan.quoted``: every quote that begins them)."""
 
     raw: bytes
-    plain: frozenset[str] = frozenset()
+    asked: frozenset[str] = frozenset()
+    spelled: Mapping[str, int] | None = None
 
 
 def without(body: Body, parsed: Parsed, paths: Iterable[Path]) -> bytes | None:
@@ -89,11 +93,13 @@ def without(body: Body, parsed: Parsed, paths: Iterable[Path]) -> bytes | None:
     if not keys:
         return raw  # nothing to remove: the body reads as the document
     skip = parsed.lifted
-    if not body.plain.issuperset(keys) and not _plain(raw, keys, skip):
+    counted = body.spelled is not None and body.asked.issuperset(keys)
+    if not counted and not _plain(raw, keys, skip):
         return None
     spans: list[Span] = []
     for key in keys:
-        span = _member(raw, key, skip)
+        once = counted and body.spelled is not None and body.spelled.get(key) == 1
+        span = _member(raw, key, skip, once=once)
         if span is None:
             return None
         spans.append(span)
@@ -189,13 +195,13 @@ def _holds(document: Any, path: Path) -> bool:
     return isinstance(container, dict) and path[-1] in container
 
 
-def _member(raw: bytes, key: str, skip: Span | None) -> Span | None:
+def _member(raw: bytes, key: str, skip: Span | None, *, once: bool) -> Span | None:
     """The span from the opening quote of the one token ``"key"`` in ``raw`` to the
-    end of its member's value; None when ``raw`` does not write it exactly once or the
-    bytes after it are not ``: value``."""
+    end of its member's value; None when ``raw`` does not write it exactly once
+    (``once``: already counted so) or the bytes after it are not ``: value``."""
     token = b'"' + key.encode() + b'"'
     at = _first(raw, token, 0, skip)
-    if at == -1 or _first(raw, token, at + len(token), skip) != -1:
+    if at == -1 or (not once and _first(raw, token, at + len(token), skip) != -1):
         return None
     colon = _skip(raw, at + len(token))
     if colon >= len(raw) or raw[colon] != _COLON:

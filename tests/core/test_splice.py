@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from bench import bodies
-from ext_proc.core import reading, splice
+from ext_proc.core import reading, spelling, splice
 from ext_proc.core.vllm_request import EC_KEY, KV_KEY, Path
 from tests.parsing import read, rewritten
 
@@ -252,9 +252,25 @@ def test_a_document_too_wide_to_walk_is_not_cut():
     assert splice.without(splice.Body(body), read(body), [(KV,)]) is None
 
 
-def test_names_the_caller_has_shown_plain_are_not_searched_for_escapes():
+def test_names_the_judgments_scan_told_of_are_not_searched_again():
     body = b'{"c":"\\u0061","kv_transfer_params":1}'  # an escape that could spell a key
     parsed = read(body)
     assert splice.without(splice.Body(body), parsed, [(KV,)]) is None
-    shown = splice.Body(body, frozenset({KV}))
-    assert splice.without(shown, parsed, [(KV,)]) == b'{"c":"\\u0061"}'
+    told = splice.Body(body, frozenset({KV}), {KV: 1})
+    assert splice.without(told, parsed, [(KV,)]) == b'{"c":"\\u0061"}'
+    # Counted twice (a second copy), or not told: searched, and not cut.
+    twice = b'{"kv_transfer_params":1,"kv_transfer_params":2}'
+    assert (
+        splice.without(splice.Body(twice, frozenset({KV}), {KV: 2}), read(twice), [(KV,)]) is None
+    )
+    assert splice.without(splice.Body(twice, frozenset({KV}), None), read(twice), [(KV,)]) is None
+
+
+@pytest.mark.parametrize("size", ["2k", "1m"])
+def test_the_judgments_scan_counts_what_the_cut_would_search(size):
+    """What ``spelled`` tells (the number of ``"name"`` in the bytes) is what the cut
+    searches for when not told."""
+    raw = bodies.build(size, "strip").data
+    counted = spelling.spelled(raw, (KV,))
+    assert counted is not None
+    assert counted[KV] == min(raw.count(b'"' + KV.encode() + b'"'), spelling.SPELLED_MOST)
