@@ -109,6 +109,10 @@ def check(raw: bytes, paths: list[Path]) -> bytes | None:
     parsed = reading.parse(raw, lift_ids=True)
     assert parsed is not None
     spliced = splice.without(splice.Body(raw), parsed, paths)
+    # Told what the judgment's scan tells of the carriers' names, the cut is the same.
+    asked = (KV, EC_KEY)
+    told = splice.Body(raw, frozenset(asked), spelling.spelled(raw, asked))
+    assert splice.without(told, parsed, paths) == spliced
     if spliced is not None:
         reference = json.loads(rewritten(parsed, paths))
         assert json.loads(spliced) == reference
