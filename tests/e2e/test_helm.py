@@ -622,6 +622,8 @@ def test_the_termination_grace_covers_the_drain_and_the_shutdown_grace(drain, gr
         {"proofKeys": {"ids": []}},
         {"proofKeys": {"key": "00112233"}},
         {"config": {"extra": {"proof": {"keys": []}}}},
+        # One worker per pod: a second would serve a port no Service or gateway lists.
+        {"config": {"extra": {"workers": 2}}},
         {"config": {"maxBodyBytes": 0}},
         {"replica": 3},
         {"nodeSelectors": {"x": "y"}},  # an unknown key is still refused
