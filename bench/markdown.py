@@ -94,7 +94,9 @@ def _arrangement_notes(results: Results) -> list[str]:
         "one grpc.aio round trip per request costs with no work at all, against which the "
         "targets are judged (it polices nothing; its deny cells are forwarded);",
         "service-wN": "`service-wN`: `python -m ext_proc serve` (N workers) behind "
-        "`envoy/envoy.yaml` (headers skipped: one gRPC message per request);",
+        "`envoy/envoy.yaml` (headers skipped: one gRPC message per request); each worker "
+        "serves its own port (the processor's port plus i), an endpoint of Envoy's "
+        "processor cluster, which picks one per stream;",
         "service-w1-2msg": "`service-w1-2msg`: the same behind `envoy/envoy-two-message.yaml` "
         "(headers, then body: two gRPC messages per request);",
         "service-wN-redis": "`service-wN-redis`: `service-wN` keeping its spent proofs in a "
@@ -128,15 +130,6 @@ def _notes(results: Results) -> list[str]:
         + ", ".join(f"{name} {count}" for name, count in connections.items())
         + "."
     )
-    for arrangement in results.arrangements:
-        opened = connections.get(arrangement.name)
-        workers = arrangement.workers or 1
-        if arrangement.kind == "service" and opened is not None and opened < workers:
-            notes.append(
-                f"{arrangement.name}: Envoy opened {opened} connection(s) to {workers} "
-                "workers; SO_REUSEPORT spreads connections, not streams, so at most "
-                f"{opened} worker(s) served requests."
-            )
     bad = [r for r in results.cells if not r.ok]
     if bad:
         notes.append(

@@ -38,3 +38,11 @@ def test_the_committed_run_renders_as_committed() -> None:
     assert _key_lines(rendered) == _key_lines((RESULTS / "results.md").read_text())
     assert "- `service-w1` is the shipped default arrangement, the one judged." in rendered
     assert "- Envoy -> processor HTTP/2 connections opened during the run: " in rendered
+
+
+def test_service_workers_are_described_as_an_endpoint_each() -> None:
+    """Each worker of ``service-wN`` serves its own port, listed as an endpoint of
+    Envoy's processor cluster: the notes say so, and no longer a shared port."""
+    rendered = markdown.render(judge.judge(results_model.load(RESULTS / "results.json")))
+    assert "SO_REUSEPORT" not in rendered
+    assert "each worker serves its own port" in rendered
