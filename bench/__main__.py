@@ -57,6 +57,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--threads", type=int, default=1, help="wrk threads")
     parser.add_argument(
+        "--envoy-concurrency",
+        type=int,
+        default=1,
+        help="each Envoy's worker threads (Envoy's --concurrency; 1 keeps it on one core)",
+    )
+    parser.add_argument(
         "--records",
         type=_list(str, run.RECORDS),
         default=("local",),
@@ -111,6 +117,8 @@ def _plan(args: argparse.Namespace) -> run.Plan:
     rounds = args.rounds if args.rounds is not None else (1 if args.smoke else 3)
     if rounds < 1:
         raise SystemExit("--rounds must be 1 or more")
+    if args.envoy_concurrency < 1:
+        raise SystemExit("--envoy-concurrency must be 1 or more")
     return run.Plan(
         cells,
         args.workers,
@@ -121,6 +129,7 @@ def _plan(args: argparse.Namespace) -> run.Plan:
         selection=selection,
         rounds=rounds,
         records=args.records,
+        envoy_concurrency=args.envoy_concurrency,
     )
 
 

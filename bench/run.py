@@ -65,6 +65,8 @@ class Plan:
     # The service's records of spent proofs measured: "local" (service-wN, its own
     # table) and/or "redis" (service-wN-redis).
     records: tuple[str, ...] = ("local",)
+    # Each Envoy's worker threads (BenchStack.envoy_concurrency).
+    envoy_concurrency: int = 1
 
     @property
     def naive(self) -> bool:
@@ -186,6 +188,15 @@ def arrangements(
     # Two gRPC messages per request (envoy/envoy-two-message.yaml), one worker.
     chosen.append(stack.Arrangement("service", 1, stack.TWO_MESSAGES))
     return chosen, notes
+
+
+def envoy_note(plan: Plan) -> str:
+    """The run's note of Envoy's worker threads (results.json's meta does not hold it)."""
+    threads = plan.envoy_concurrency
+    return (
+        f"Each Envoy ran {threads} worker thread{'s' if threads != 1 else ''} "
+        f"(--concurrency {threads})."
+    )
 
 
 def _log(message: str) -> None:
@@ -431,6 +442,7 @@ def run(plan: Plan, out: Path) -> Path:
         chosen = ledger_arrangements()
     else:
         chosen, notes = arrangements(plan.workers, flag, naive=plan.naive, records=plan.records)
+    notes.append(envoy_note(plan))
     slots = record_slots(plan)
     meta = _meta(plan, paths, flag)
     meta["record_slots"] = slots
@@ -457,6 +469,7 @@ def run(plan: Plan, out: Path) -> Path:
         serve_options=options,
         redis=paths.get("redis-server"),
         record_slots=slots,
+        envoy_concurrency=plan.envoy_concurrency,
     ) as bench:
         records = _measure(bench, plan, paths["wrk"], scripts, names)
         envoy_stats = {name: bench.running[name].stats() for name in names}

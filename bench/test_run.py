@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
+from bench import __main__ as cli
 from bench import run
 
 
@@ -47,3 +50,19 @@ def test_one_round_is_its_own_record() -> None:
     assert {k: combined[k] for k in only if k != "seconds"} == {
         k: v for k, v in only.items() if k != "seconds"
     }
+
+
+def test_envoy_concurrency_is_one_unless_given() -> None:
+    def plan(*argv: str) -> run.Plan:
+        return cli._plan(cli._parser().parse_args(["--smoke", *argv]))
+
+    assert plan().envoy_concurrency == 1
+    assert plan("--envoy-concurrency", "2").envoy_concurrency == 2
+    assert run.envoy_note(plan("--envoy-concurrency", "2")) == (
+        "Each Envoy ran 2 worker threads (--concurrency 2)."
+    )
+
+
+def test_envoy_concurrency_below_one_is_refused() -> None:
+    with pytest.raises(SystemExit):
+        cli._plan(cli._parser().parse_args(["--smoke", "--envoy-concurrency", "0"]))
