@@ -19,6 +19,7 @@ from typing import Any
 
 import yaml
 
+from bench import stack as bench_stack
 from devstack import envoy_config, processes
 from ext_proc.core.address import HostPort
 from ext_proc.tools import envoygen
@@ -240,6 +241,9 @@ class Stack:
     processor_socket: Path | None = None
     # Where /etc/ext-proc/tls/ certificate paths point (TLS configs).
     cert_dir: Path | None = None
+    # Processor workers; over TCP worker i serves the processor's port plus i, so with
+    # more than one ``start`` picks a processor port with that many free ports from it,
+    # and Envoy's processor cluster lists each worker as an endpoint.
     workers: int = 1
     # Addresses of the config's further upstream clusters, by name.
     others: dict[str, HostPort] = field(default_factory=dict)
@@ -249,6 +253,8 @@ class Stack:
     processor_env: dict[str, str] = field(default_factory=dict)
     # Envoy's hot restart epoch (processes.envoy_args); None: hot restart off.
     envoy_epoch: int | None = None
+    # Envoy's worker threads (--concurrency); None: Envoy's own default (one per core).
+    envoy_concurrency: int | None = None
 
     @property
     def url(self) -> str:
@@ -265,6 +271,9 @@ class Stack:
 
     def start(self) -> Stack:
         """Start every process; one failing to start stops those already running."""
+        if self.workers > 1 and self.processor_socket is None:
+            # The ports after the processor's serve its other workers: free ones.
+            self.processor = HostPort(LOCAL, bench_stack.consecutive_free_ports(self.workers))
         try:
             self._start()
         except BaseException:
@@ -294,6 +303,9 @@ class Stack:
         add_routes(vhost["routes"], self.routes)
         vhost["routes"][:0] = self.unguarded
         config["static_resources"]["clusters"].append(_h2_cluster(self.upstream))
+        if self.workers > 1 and self.processor_socket is None:
+            # Worker i serves the processor's port plus i: Envoy lists each.
+            bench_stack.list_workers(config, self.processor, self.workers)
         if self.edit is not None:
             self.edit(config)
         envoy_config.write(config, self.workdir / "envoy.yaml")
@@ -303,6 +315,8 @@ class Stack:
         """Envoy on the config ``start`` wrote, at ``envoy_epoch``, once it is ready."""
         path = self.workdir / "envoy.yaml"
         args = processes.envoy_args(path, self.admin.port, self.envoy_epoch)
+        if self.envoy_concurrency is not None:
+            args += ["--concurrency", str(self.envoy_concurrency)]
         envoy = processes.start(args, self._log("envoy"))
         self.children["envoy"] = envoy
         processes.wait_for_envoy(self.admin.port, envoy)
@@ -335,9 +349,40 @@ class Stack:
         if self.processor_socket is not None:
             processes.wait_for_port(self.metrics.port, proc)  # opened once serving
         else:
-            processes.wait_for_port(self.processor.port, proc)
+            for port in self.worker_ports():
+                processes.wait_for_port(port, proc)
         if self.proof_keys and not config["proof"].get("record"):
             wait_for_fresh_record(config["proof"]["clock_skew_seconds"])
+
+    def worker_ports(self) -> range:
+        """The processor workers' ports over TCP: worker i serves the processor's plus i."""
+        return range(self.processor.port, self.processor.port + self.workers)
+
+    def processor_hosts(self) -> dict[int, dict[str, Any]]:
+        """The processor cluster's hosts by port, as Envoy's admin reports them."""
+        url = f"http://{self.admin}/clusters?format=json"
+        with urllib.request.urlopen(url, timeout=5) as reply:
+            statuses = json.loads(reply.read())["cluster_statuses"]
+        (cluster,) = [c for c in statuses if c["name"] == envoygen.PROCESSOR_CLUSTER]
+        hosts: list[dict[str, Any]] = cluster["host_statuses"]
+        return {h["address"]["socket_address"]["port_value"]: h for h in hosts}
+
+    def wait_for_workers(self, timeout: float = 30.0) -> None:
+        """Until every worker accepts connections on its port and Envoy has every one in
+        its rotation (no failed health check, not ejected): a worker restarted by its
+        supervisor is then served streams again, and none meets a refused connection."""
+        proc = self.children["processor"]
+        for port in self.worker_ports():
+            processes.wait_for_port(port, proc, timeout)
+        deadline = time.monotonic() + timeout
+        while True:
+            hosts = self.processor_hosts()
+            flags = [k for h in hosts.values() for k, v in h["health_status"].items() if v is True]
+            if sorted(hosts) == list(self.worker_ports()) and not flags:
+                return
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"processor workers not all in Envoy's rotation: {hosts}")
+            time.sleep(0.1)
 
     def _write_keys(self) -> list[dict[str, str]]:
         return write_proof_keys(self.workdir, self.proof_keys)

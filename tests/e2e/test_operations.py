@@ -394,7 +394,7 @@ def wait_for(predicate, timeout: float = 10.0) -> None:
     raise AssertionError("condition not reached")
 
 
-def test_workers_share_the_port_restart_and_stop_together(tmp_path):
+def test_workers_serve_their_ports_restart_and_stop_together(tmp_path):
     stack = Stack(tmp_path, workers=2).start()
     supervisor = stack.children["processor"]
     try:

@@ -295,6 +295,8 @@ def test_a_restarted_worker_loses_no_count_and_a_stopped_processor_fires_down(mo
         running.until(
             lambda: len(_workers(stack) - {victim}) == stack.workers, "the worker restarted"
         )
+        # Serving its port again, and back in Envoy's rotation: no stream is refused.
+        stack.wait_for_workers()
     sent = sum(drive(stack).values())
     running.until(lambda: running.value(total) >= before + sent, "counted after the restart")
     assert running.value(total) == before + sent

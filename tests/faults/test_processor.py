@@ -90,7 +90,7 @@ def test_a_worker_killed_under_the_supervisor(tmp_path):
     with faults_stack(tmp_path, workers=2) as stack:
         wait_for_workers(stack, 2)
         with Load(stack, clients=6, seconds=14) as load:
-            # Each in turn: Envoy's connection to the processor is with one of them.
+            # Each in turn: every worker is an endpoint of its own, serving a share.
             for victim in sorted(workers_of(stack)):
                 time.sleep(3)
                 os.kill(victim, signal.SIGKILL)
