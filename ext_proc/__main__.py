@@ -50,7 +50,9 @@ def _serve_arguments(serve: argparse.ArgumentParser) -> None:
     serve.add_argument("--config", type=Path, help="YAML configuration file")
     serve.add_argument("--listen", help="gRPC address: host:port or unix:/path")
     serve.add_argument("--log-level", choices=LEVELS)
-    serve.add_argument("--workers", type=int, help="processes sharing the address")
+    serve.add_argument(
+        "--workers", type=int, help="processes, worker i on the listen port plus i (TCP only)"
+    )
     serve.add_argument("--metrics-listen", help="Prometheus host:port ('' disables)")
     serve.add_argument("--audit", action="store_true", default=None, help="audit mode")
     serve.add_argument(
