@@ -14,7 +14,7 @@ from typing import Final
 
 # Each compiled part, by its module's name under ext_proc (tests/core/test_native.py
 # holds the list to the C sources).
-PARTS: Final = ("core._scan", "core._ids", "edge._wire")
+PARTS: Final = ("core._scan", "core._ids", "core._shape", "edge._wire")
 # Set to 0 to run the pure-Python reference of every part.
 ENVIRONMENT: Final = "EXT_PROC_NATIVE"
 

@@ -32,11 +32,12 @@ import re
 import secrets
 from collections.abc import Callable
 from dataclasses import dataclass
+from types import ModuleType
 from typing import Any, Final
 
 import orjson
 
-from ext_proc.core import ids
+from ext_proc.core import ids, native
 from ext_proc.core.bytescan import count, find, has_run, translate
 from ext_proc.core.errors import BadRequest
 from ext_proc.core.reasons import Reason
@@ -68,12 +69,25 @@ class Shape:
 
 _BLOCK: Final = 1 << 20
 _OVERLAP: Final = _LONG_DIGITS - 1
+# The compiled scan (ext_proc/core/_shape.c: one pass, the same answers as
+# ``_scanned``), None where the reference runs (``native``; the tests swap it).
+_NATIVE: ModuleType | None = native.module("core._shape")
 
 
 def scan(raw: bytes, max_values: int | None = None) -> Shape:
     """The body's shape. With ``max_values``, scanning stops at the first block past it
     (``values`` then exceeds ``max_values`` but counts only that far): a body refused
     for its number of values costs at most a block more than the limit allows."""
+    if _NATIVE is not None:
+        most = -1 if max_values is None else max(max_values, 0)  # below 0: as 0, past at once
+        values, long_digits = _NATIVE.shape(raw, most)
+        return Shape(values, long_digits)
+    return _scanned(raw, max_values)
+
+
+def _scanned(raw: bytes, max_values: int | None = None) -> Shape:
+    """``scan``'s reference: the bytes mapped to classes a block at a time (``_CLASSES``),
+    their separators counted and their runs of digits looked for."""
     values, long_digits = 1, False
     view = memoryview(raw)  # blocks are mapped from views: no copy of the body
     for start in range(0, len(raw), _BLOCK):

@@ -1,0 +1,138 @@
+"""The compiled shape scan (``core._shape``) against the reference in reading.py: the
+same number of values and the same answer on long runs of digits, on any bytes, at
+every place of a 64-byte chunk and across the scan's 1 MiB blocks, with and without a
+limit on the values, on the loop the CPU runs and on the portable one."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from bench import bodies
+from ext_proc.core import reading
+
+pytestmark = pytest.mark.unit
+
+COMPILED = reading._NATIVE
+needs_compiled = pytest.mark.skipif(COMPILED is None, reason="core._shape is not built")
+BLOCK = reading._BLOCK
+LONG = reading._LONG_DIGITS
+
+
+def check(raw: bytes | bytearray | memoryview, max_values: int | None = None) -> None:
+    """Both loops answer as the reference, with and without the limit."""
+    assert COMPILED is not None
+    want = reading._scanned(bytes(raw), max_values)
+    most = -1 if max_values is None else max(max_values, 0)
+    for portable in (False, True):
+        got = COMPILED.shape(raw, most, portable)
+        assert got == (want.values, want.long_digits), (portable, max_values)
+    assert reading.scan(bytes(raw), max_values) == want
+
+
+def test_the_block_is_the_references() -> None:
+    if COMPILED is not None:
+        assert COMPILED.BLOCK == BLOCK
+
+
+@needs_compiled
+@pytest.mark.parametrize("decision", bodies.DECISIONS)
+@pytest.mark.parametrize("size", ["2k", "64k", "1m"])
+def test_every_bench_body(size: str, decision: str) -> None:
+    check(bodies.build(size, decision).data)
+
+
+def _runs() -> Iterator[bytes]:
+    """Runs of digits of 18 and 19 (and near) at every place of two chunks, in text of
+    separators, letters, bytes at and above 0x80 and the bytes next to the digits."""
+    for length in (1, 15, 16, 17, 18, 19, 20, 63, 64, 65, 130):
+        for at in range(0, 130, 1 if length in (18, 19) else 7):
+            for filler in (b" ", b",", b"/", b":", b"\xb0", b"\xff", b"[{"):
+                raw = (filler * 200)[:at] + b"9" * length + (filler * 200)[: 200 - at]
+                yield raw
+
+
+@needs_compiled
+def test_runs_at_every_place_of_a_chunk() -> None:
+    for raw in _runs():
+        check(raw)
+
+
+@needs_compiled
+@pytest.mark.parametrize("length", [17, 18, 19, 20, 40])
+@pytest.mark.parametrize("cut", [-20, -19, -18, -10, -1, 0, 1, 9, 18, 19])
+def test_runs_across_a_block_boundary(length: int, cut: int) -> None:
+    # The run starts ``cut`` bytes before the block's end, in short digit runs and
+    # separators (a body of ids), and the limit stops at either block.
+    start = BLOCK - cut
+    text = (b"12345," * (BLOCK // 3))[: 2 * BLOCK + 77]
+    raw = text[:start] + b"7" * length + text[start + length :]
+    raw = raw[: 2 * BLOCK + 77]
+    check(raw)
+    first_block = reading._scanned(raw[:BLOCK]).values
+    for limit in (first_block - 1, first_block, first_block + 1, 10**9):
+        check(raw, limit)
+
+
+@needs_compiled
+def test_the_limit_stops_at_a_blocks_end() -> None:
+    raw = b"[" + b"1," * (BLOCK * 3 // 2) + b"1]"
+    for limit in (-5, 0, 1, 1000, BLOCK // 2, BLOCK, 10**12):
+        check(raw, limit)
+    check(b"", 0)
+    check(b"")
+
+
+@needs_compiled
+def test_the_separators_and_the_bytes_next_to_them() -> None:
+    every = bytes(range(256))
+    for shift in range(64):
+        check(b" " * shift + every * 3)
+    # 0x5B | 0x20 and 0x7B | 0x20 are "{"; no other byte is.
+    assert [b for b in range(256) if b | 0x20 == ord("{")] == [ord("["), ord("{")]
+
+
+@needs_compiled
+def test_any_buffer() -> None:
+    raw = b'{"a": [1, 2, 3], "b": "' + b"1" * 19 + b'"}'
+    check(bytearray(raw))
+    check(memoryview(raw))
+    # A view inside a longer buffer: the digits after its end are not read.
+    longer = b"1" * 10 + b"2" * 30
+    assert COMPILED is not None
+    assert COMPILED.shape(memoryview(longer)[:18], -1) == (1, False)
+    assert COMPILED.shape(memoryview(longer)[:19], -1) == (1, True)
+
+
+@needs_compiled
+def test_wrong_arguments_raise() -> None:
+    assert COMPILED is not None
+    with pytest.raises(TypeError):
+        COMPILED.shape("text", -1)
+    with pytest.raises(TypeError):
+        COMPILED.shape(b"x")
+    with pytest.raises(TypeError):
+        COMPILED.shape(b"x", None)
+
+
+_FRAGMENTS = st.sampled_from(
+    [b"0", b"1", b"9", b"123456789", b"9" * 18, b"9" * 19, b",", b":", b"[", b"{", b"]",
+     b"}", b" ", b'"', b"/", b"\x80", b"\xff", b"\xda", b"a", b"\xb9", b"z" * 40]
+)  # fmt: skip
+
+
+@needs_compiled
+@settings(max_examples=400, deadline=None)
+@given(st.lists(_FRAGMENTS, max_size=120), st.integers(0, 63))
+def test_fragment_soups(parts: list[bytes], pad: int) -> None:
+    check(b"x" * pad + b"".join(parts))
+
+
+@needs_compiled
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=400))
+def test_any_bytes(raw: bytes) -> None:
+    check(raw)
