@@ -8,6 +8,7 @@ on plain values.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import IntEnum
@@ -199,19 +200,27 @@ class Reject:
     @classmethod
     def of(cls, refusal: Refusal) -> Reject:
         """vLLM's error shape, so OpenAI clients parse the denial like any vLLM error;
-        compact JSON in UTF-8, as vLLM's own error responses are written."""
-        payload = {
-            "error": {
-                "message": refusal.message,
-                "type": refusal.error_type,
-                "param": refusal.param,
-                "code": refusal.status,
-            }
+        compact JSON in UTF-8, as vLLM's own error responses are written. A Reject is a
+        frozen value of its refusal alone, so requests refused alike share one (built
+        once; a bounded cache, as ``errors.bad_request``'s: a client varying its
+        refusal's message only replaces entries)."""
+        return _reject(refusal)
+
+
+@functools.lru_cache(maxsize=1024)
+def _reject(refusal: Refusal) -> Reject:
+    payload = {
+        "error": {
+            "message": refusal.message,
+            "type": refusal.error_type,
+            "param": refusal.param,
+            "code": refusal.status,
         }
-        headers: tuple[tuple[str, bytes], ...] = ()
-        if refusal.retry_after is not None:
-            headers = (("retry-after", str(refusal.retry_after).encode()),)
-        return cls(refusal.status, orjson.dumps(payload), f"token_policy_{refusal.reason}", headers)
+    }
+    headers: tuple[tuple[str, bytes], ...] = ()
+    if refusal.retry_after is not None:
+        headers = (("retry-after", str(refusal.retry_after).encode()),)
+    return Reject(refusal.status, orjson.dumps(payload), f"token_policy_{refusal.reason}", headers)
 
 
 Answer = (

@@ -153,3 +153,14 @@ def test_defaults_of_answers_and_steps():
     assert ContinueBody() == ContinueBody(replacement=None, length_header=True)
     assert Step([]).outcome is None
     assert Peer(mtls=False, identities=()) == NO_PEER
+
+
+def test_requests_refused_alike_share_one_answer():
+    # One answer per refusal: equal refusals (errors.bad_request returns one per
+    # arguments) are answered by the same frozen Reject, built once.
+    first = Reject.of(BadRequest("no", reason="ids_denied", param="ids").refusal())
+    again = Reject.of(BadRequest("no", reason="ids_denied", param="ids").refusal())
+    other = Reject.of(BadRequest("no!", reason="ids_denied", param="ids").refusal())
+    assert again is first
+    assert other is not first
+    assert other.body != first.body
