@@ -53,15 +53,36 @@ def has_run(raw: bytes, byte: int, length: int) -> bool:
     """Whether ``raw`` holds ``length`` copies of ``byte`` in a row (``length`` 15 or
     more). Such a run starts at most 7 bytes before an 8-byte boundary of ``raw`` and
     then still covers 8 more bytes: one whole aligned word of ``byte``. A large ``raw``
-    without such a word (a body of short numbers, say) is settled by one vector
-    comparison over its words; otherwise the run is searched for."""
+    is looked at only around those words: each stretch of consecutive whole words is
+    part of one run, which goes on into the word before it (its last bytes that are
+    ``byte``) and the one after it (its first), neither of which is whole; so the runs
+    of the stretches are the runs that cover a word, every long run among them. A body
+    of short numbers has no such word and is settled by one comparison over its words;
+    however many stretches there are, each is measured by the same few vector passes
+    (no search that may crawl through near matches)."""
     if length < 15:
         raise ValueError(f"a run of {length} may cover no whole word")
-    if len(raw) >= _VECTOR_MIN:
-        words = np.frombuffer(raw, np.uint64, count=len(raw) // 8)
-        if not bool((words == np.uint64(int.from_bytes(bytes([byte]) * 8, "little"))).any()):
-            return False
-    return find(raw, bytes([byte]) * length) != -1
+    if len(raw) < _VECTOR_MIN:
+        return find(raw, bytes([byte]) * length) != -1
+    whole = len(raw) // 8
+    words = np.frombuffer(raw, np.uint64, count=whole)
+    full = np.flatnonzero(words == np.uint64(int.from_bytes(bytes([byte]) * 8, "little")))
+    if not len(full):
+        return False
+    # The stretches of consecutive whole words: their first and last word.
+    breaks = np.flatnonzero(np.diff(full) != 1)
+    firsts = full[np.concatenate(([0], breaks + 1))]
+    lasts = full[np.concatenate((breaks, [len(full) - 1]))]
+    matrix = np.frombuffer(raw, np.uint8, count=whole * 8).reshape(whole, 8)
+    # The word before each stretch (none before the first word: nothing runs on).
+    before = (matrix[np.maximum(firsts - 1, 0), ::-1] == byte).cumprod(axis=1).sum(axis=1)
+    before[firsts == 0] = 0
+    # The word after it; after the last whole word, the bytes left over.
+    after = (matrix[np.minimum(lasts + 1, whole - 1)] == byte).cumprod(axis=1).sum(axis=1)
+    tail = raw[whole * 8 :]
+    after[lasts == whole - 1] = len(tail) - len(tail.lstrip(bytes([byte])))
+    runs = before + 8 * (lasts - firsts + 1) + after
+    return bool((runs >= length).any())
 
 
 _QUOTE: Final = ord('"')

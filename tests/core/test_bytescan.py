@@ -1,4 +1,6 @@
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from ext_proc.core import bytescan
 
@@ -76,3 +78,29 @@ def test_quoted_counts_each_quote_that_begins_a_name(raw, expected, size, compil
         assert bytescan.COMPILED is not None, "ext_proc.core._scan is not built (make)"
     body = b" " * size + raw + b" " * size
     assert bytescan.quoted(body, QUOTE_NAMES, 2) == expected
+
+
+@pytest.mark.parametrize("length", [15, 18, 19, 23, 40])
+def test_a_run_is_found_among_many_words_of_the_byte(length):
+    # Whole words of the byte everywhere (runs of 8 to 14), each with a different
+    # reach into its neighbours; one longer run at each offset, and at either end.
+    size = 1 << 15
+    filler = b"".join(b"1" * (i % 7) + b"0" * (8 + i % 7) + b"," for i in range(size // 8))[:size]
+    assert bytescan.has_run(filler, ord("0"), 15) is False
+    for at in [0, 1, 7, 8, 9, 4097, size // 2 + 3, size - length - 1, size - length]:
+        for run_length in (length - 1, length):
+            raw = filler[:at] + b"0" * run_length + filler[at + run_length :]
+            raw = raw[:size]
+            assert bytescan.has_run(raw, ord("0"), length) is (b"0" * length in raw), at
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(0, 30), st.sampled_from(b"01,\xb0")), max_size=3000),
+    st.integers(15, 24),
+    st.integers(0, 7),
+)
+def test_has_run_is_a_search_for_the_run(parts, length, tail):
+    raw = b"".join(bytes([byte]) * n for n, byte in parts)
+    raw = (raw + b"0" * tail) if len(raw) >= bytescan._VECTOR_MIN else raw * 8 + b"0" * tail
+    assert bytescan.has_run(raw, ord("0"), length) is (b"0" * length in raw)
