@@ -106,11 +106,11 @@ def _cannot_listen(listen: str, reason: object) -> ConfigError:
     )
 
 
-def check_free(listen: str, *, reuse_port: bool) -> None:
+def check_free(listen: str) -> None:
     """Raise ``ConfigError`` when no address ``listen`` resolves to can be bound.
 
     gRPC reports a taken port only as a core log line and a bare ``RuntimeError``; the
-    same bind (SO_REUSEADDR, SO_REUSEPORT only when shared) tried first names the cause.
+    same bind (SO_REUSEADDR) tried first names the cause.
     """
     if listen.startswith(UNIX_PREFIX):
         return
@@ -125,8 +125,6 @@ def check_free(listen: str, *, reuse_port: bool) -> None:
     for family, kind, proto, _, sockaddr in found:
         with socket.socket(family, kind, proto) as probe:
             probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            if reuse_port:
-                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
             try:
                 probe.bind(sockaddr)
             except OSError as exc:
@@ -157,15 +155,13 @@ def open_record(config: Config, metrics: Metrics, shared: Path | None = None) ->
     return LocalRecord.alone(table_path(config.listen), proof.record_slots, terms=proof.terms)
 
 
-async def listen(
-    config: Config, *, reuse_port: bool = False, record_file: Path | None = None
-) -> Running:
+async def listen(config: Config, *, record_file: Path | None = None) -> Running:
     """A started server whose health is still NOT_SERVING, and the port it bound.
     ``record_file``: the table of spent proofs shared with the other workers.
 
     Raises ``ConfigError`` when ``config.listen`` cannot be bound.
     """
-    check_free(config.listen, reuse_port=reuse_port)
+    check_free(config.listen)
     limit = config.grpc_message_limit
     server = grpc.aio.server(
         options=[
@@ -173,9 +169,9 @@ async def listen(
             # Answers are bounded by the processor itself (a rewrite of an accepted body);
             # Envoy's own max_receive_message_length is the limit that matters.
             ("grpc.max_send_message_length", -1),
-            # Several workers share one port only when asked; otherwise a second server on
-            # the same port must fail instead of silently splitting the traffic.
-            ("grpc.so_reuseport", 1 if reuse_port else 0),
+            # gRPC shares a port by default: a second server on the same port must fail
+            # instead of silently splitting the traffic (each worker has its own port).
+            ("grpc.so_reuseport", 0),
         ]
     )
     metrics = Metrics()
@@ -227,9 +223,9 @@ async def watch_record(running: Running, every: float = PROBE_SECONDS) -> None:
         await asyncio.sleep(every)
 
 
-async def build(config: Config, *, reuse_port: bool = False) -> Running:
+async def build(config: Config) -> Running:
     """A started server with health SERVING, and the port it bound (0 for a socket file)."""
-    running = await listen(config, reuse_port=reuse_port)
+    running = await listen(config)
     await running.serving()
     return running
 
@@ -311,9 +307,7 @@ class Server:
 
     async def startup(self) -> None:
         config = self.config
-        self.running = await listen(
-            config, reuse_port=config.workers > 1, record_file=self.record_file
-        )
+        self.running = await listen(config, record_file=self.record_file)
         await self.running.serving()
         # Everything alive now lives as long as the process: keep it out of every
         # collection. Parsing a large body allocates many containers at once; a higher

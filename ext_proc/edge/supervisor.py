@@ -181,7 +181,7 @@ class Supervisor:
 
             try:
                 for address in worker_ports(self.config.listen, len(self.workers)):
-                    check_free(address, reuse_port=False)
+                    check_free(address)
             except ConfigError as exc:
                 log.error(str(exc))  # noqa: TRY400 - one line naming the setting, no traceback
                 return 2

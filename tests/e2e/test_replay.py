@@ -128,15 +128,6 @@ def refused_unavailable(client: httpx.Client, stack: Stack, sent: dict[str, Any]
 # --- one processor, two workers ---------------------------------------------------------
 
 
-def one_stream_per_connection(config: dict[str, Any]) -> None:
-    """Envoy opens a new connection to the processor for every stream, so the kernel
-    (SO_REUSEPORT) spreads the streams over the workers."""
-    (cluster,) = [c for c in config["static_resources"]["clusters"] if c["name"] == "ext_proc"]
-    options = cluster["typed_extension_protocol_options"]
-    (http,) = options.values()
-    http["common_http_protocol_options"] = {"max_requests_per_connection": 1}
-
-
 def decisions_by_worker(supervisor: int, scratch: Path) -> dict[int, dict[str, float]]:
     """Each worker's ext_proc_decisions_total by reason, read from its own metric file."""
     workers = {pid for pid in children_of(supervisor) if _is_worker(pid)}
@@ -574,9 +565,7 @@ def test_workers_die_with_their_supervisor_and_leave_no_table_behind(tmp_path, c
     """A supervisor killed alone takes its workers with it, so the restarted processor
     serves the port alone, with its new table: a proof spent before is honored by no
     worker."""
-    stack = Stack(
-        tmp_path, proof_keys={KEY_ID: new_key()}, workers=2, edit=one_stream_per_connection
-    ).start()
+    stack = Stack(tmp_path, proof_keys={KEY_ID: new_key()}, workers=2).start()
     try:
         supervisor = stack.children["processor"].pid
         wait_for(lambda: len({p for p in children_of(supervisor) if _is_worker(p)}) == 2)
@@ -587,7 +576,8 @@ def test_workers_die_with_their_supervisor_and_leave_no_table_behind(tmp_path, c
         wait_for(lambda: not any(Path(f"/proc/{pid}").exists() for pid in workers), 5)
         stack.children["processor"].wait(timeout=5)
         stack.start_processor()
-        for _ in range(10):  # one stream per connection: spread over the new workers
+        stack.wait_for_workers()
+        for _ in range(10):  # Envoy takes the workers' endpoints in turn
             predated(client, stack, sent)
     finally:
         stack.stop()
