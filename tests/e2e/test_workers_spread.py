@@ -2,20 +2,17 @@
 
 Envoy multiplexes every ext_proc stream of one of its worker threads on one HTTP/2
 connection per processor endpoint (more only past the cluster's max_concurrent_streams),
-so workers sharing one port through SO_REUSEPORT would split connections, and at a
-concurrency under that limit one worker would serve every stream. Each worker serves a
-port of its own (ext_proc/edge/supervisor.py) and the processor cluster lists them all
-(``envoygen.processor_workers_fields``, as the benchmark's ``service-wN``): a stream is
-a load-balancing pick among the workers, with one Envoy worker thread or two.
+so workers sharing one port would split connections, and at a concurrency under that
+limit one worker would serve every stream. Each worker serves a port of its own
+(ext_proc/edge/supervisor.py) and the processor cluster lists them all
+(``envoygen.processor_workers_fields``, as the e2e stack and the benchmark's
+``service-wN``): a stream is a load-balancing pick among the workers, with one Envoy
+worker thread or two.
 """
 
 from __future__ import annotations
 
-import json
-import time
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,44 +20,11 @@ import httpx
 import pytest
 from prometheus_client import multiprocess
 
-from bench import stack as bench_stack
-from devstack import processes
-from ext_proc.core.address import HostPort
-from ext_proc.edge.supervisor import worker_ports
-from ext_proc.tools import envoygen
-from tests.e2e.stack import LOCAL, Stack
+from tests.e2e.stack import Stack
 
 WORKERS = 2
 REQUESTS = 40
 CONCURRENCY = 4  # under max_concurrent_streams: one connection per endpoint and thread
-
-
-@dataclass
-class ConcurrencyStack(Stack):
-    """A stack whose Envoy runs ``envoy_concurrency`` worker threads."""
-
-    envoy_concurrency: int = 1
-
-    def start_envoy(self) -> None:
-        path = self.workdir / "envoy.yaml"
-        args = processes.envoy_args(path, self.admin.port, self.envoy_epoch)
-        args += ["--concurrency", str(self.envoy_concurrency)]
-        envoy = processes.start(args, self._log("envoy"))
-        self.children["envoy"] = envoy
-        processes.wait_for_envoy(self.admin.port, envoy)
-
-
-def hosts(stack: Stack) -> dict[int, dict[str, Any]]:
-    """The processor cluster's hosts by port, as Envoy's admin reports them."""
-    url = f"http://{stack.admin}/clusters?format=json"
-    with urllib.request.urlopen(url, timeout=5) as reply:
-        statuses = json.loads(reply.read())["cluster_statuses"]
-    (cluster,) = [c for c in statuses if c["name"] == envoygen.PROCESSOR_CLUSTER]
-    return {h["address"]["socket_address"]["port_value"]: h for h in cluster["host_statuses"]}
-
-
-def healthy(host: dict[str, Any]) -> bool:
-    return not any(v for k, v in host["health_status"].items() if k != "eds_health_status")
 
 
 def sent_streams(host: dict[str, Any]) -> int:
@@ -96,26 +60,10 @@ def decisions_of(pid: int) -> int:
 
 @pytest.mark.parametrize("envoy_concurrency", [1, 2])
 def test_every_worker_serves_streams(tmp_path: Path, envoy_concurrency: int) -> None:
-    stack = ConcurrencyStack(
-        tmp_path,
-        processor=HostPort(LOCAL, bench_stack.consecutive_free_ports(WORKERS)),
-        workers=WORKERS,
-        envoy_concurrency=envoy_concurrency,
-    )
-
-    def list_workers(config: dict[str, Any]) -> None:
-        """The processor cluster lists every worker's port, as the benchmark's
-        ``service-wN`` does."""
-        bench_stack.list_workers(config, stack.processor, WORKERS)
-
-    stack.edit = list_workers
+    stack = Stack(tmp_path, workers=WORKERS, envoy_concurrency=envoy_concurrency)
     with stack:
-        ports = [HostPort.parse(a).port for a in worker_ports(str(stack.processor), WORKERS)]
-        deadline = time.monotonic() + 30
-        while not all(healthy(h) for h in hosts(stack).values()):
-            assert time.monotonic() < deadline, f"workers not healthy: {hosts(stack)}"
-            time.sleep(0.2)
-        assert sorted(hosts(stack)) == ports
+        stack.wait_for_workers()
+        hosts = stack.processor_hosts
         pids = worker_pids(stack.children["processor"].pid)
         assert len(pids) == WORKERS
 
@@ -127,7 +75,7 @@ def test_every_worker_serves_streams(tmp_path: Path, envoy_concurrency: int) -> 
         with ThreadPoolExecutor(CONCURRENCY) as pool:
             statuses = list(pool.map(send, range(REQUESTS)))
         assert statuses == [200] * REQUESTS
-        by_port = {port: sent_streams(host) for port, host in hosts(stack).items()}
+        by_port = {port: sent_streams(host) for port, host in hosts().items()}
         by_worker = {pid: decisions_of(pid) for pid in pids}
     # Envoy sent each worker's port streams, and each worker decided some of them.
     assert all(count >= 1 for count in by_port.values()), by_port
