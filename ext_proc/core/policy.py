@@ -39,7 +39,10 @@ from ext_proc.core.vllm_request import (
 )
 
 
-@dataclass(frozen=True, slots=True)
+# Made per request on a route that weighs evidence and only read after (a changed copy
+# is made with dataclasses.replace): a plain slotted class, as a frozen dataclass sets
+# each field through object.__setattr__, several times the cost of the assignment.
+@dataclass(slots=True)
 class Evidence:
     """What the policy may weigh besides the document: who called, with which keys,
     when; ``digest`` renders the request's prompt digest on demand (only a proof needs
@@ -140,8 +143,10 @@ def _trusted(
     return (evidence.spent or HONORED_PROOF) if why is None else why
 
 
-def _untrusted(policy: RoutePolicy, params: dict[str, Any], reason: Reason, count: int) -> Decision:
-    keys = policed_keys(params)
+def _untrusted(
+    policy: RoutePolicy, params: dict[str, Any], reason: Reason, count: int, keys: tuple[str, ...]
+) -> Decision:
+    """The decision on untrusted parameters whose policed keys are ``keys``."""
     if policy.untrusted_denied:
         param = f"{KV_KEY}.{keys[0]}" if keys else KV_KEY
         return Deny(
@@ -396,20 +401,27 @@ def _decide_params(
     if not params:
         return NO_PARAMS
     keys = policed_keys(params)
-    count = max((Ids.of(params[key]).count for key in keys), default=0)
+    # Each policed value read once as ids: its count, the connector's bound and the
+    # check of its items below all look at the same one.
+    found = [Ids.of(params[key]) for key in keys]
+    count = prompt = 0
+    for key, ids in zip(keys, found, strict=True):
+        count = max(count, ids.count)
+        if key == IDS_KEY:
+            prompt = ids.count
     reason = _trusted(policy, params, evidence, sender)
     if reason not in TRUSTED:
-        return _untrusted(policy, params, reason, count)
+        return _untrusted(policy, params, reason, count, keys)
     # Who wrote them is no bound on their values (vllm#51137): connector_bounds.py.
-    tokens = Ids.of(params.get(IDS_KEY)).count or policy.max_ids
+    tokens = prompt or policy.max_ids
     if (bounds := connector_bounds.refusal(params, tokens)) is not None:
         return Deny(bounds, count)
     proof_key = (PROOF_KEY,) if PROOF_KEY in params else ()
     # vLLM treats a null value as "no ids"; stripping leaves the same meaning.
     if keys and (ignores_reused_ids(document) or any(params[key] is None for key in keys)):
         return Strip(keys=(*keys, *proof_key), reason=Reason.IGNORED_BY_UPSTREAM, id_count=count)
-    for key in keys:
-        refusal = _invalid_ids(key, Ids.of(params[key]), policy)
+    for key, ids in zip(keys, found, strict=True):
+        refusal = _invalid_ids(key, ids, policy)
         if refusal is not None:
             return Deny(refusal, count)
     # Trusted parameters that carry a proof go on unchanged, the proof with them.
