@@ -503,7 +503,20 @@ _BYTELESS: Final[dict[type, Answer]] = {kind: kind() for kind in _PLAIN}
 
 def _field(number: int, payload: bytes) -> bytes:
     """A length-delimited field (the wire's tag, length, payload)."""
-    return wire.field_head(number, len(payload)) + payload
+    return _head(number, len(payload)) + payload
+
+
+def _head(number: int, size: int) -> bytes:
+    """``wire.field_head(number, size)`` in one call for the answers' fields (numbers
+    below 16: a one-byte tag) of a size below 2**14 (a varint of one or two bytes);
+    ``wire.field_head`` writes any other."""
+    if number < 16:
+        tag = number << 3 | 2
+        if size < 0x80:
+            return bytes((tag, size))
+        if size < 0x4000:
+            return bytes((tag, size & 0x7F | 0x80, size >> 7))
+    return wire.field_head(number, size)
 
 
 def _spliced(
@@ -516,7 +529,7 @@ def _spliced(
     if isinstance(answer, StreamedBody):
         chunk = answer.chunk
         # StreamedBodyResponse: body and end_of_stream, each written when not empty.
-        head = wire.field_head(1, len(chunk)) if chunk else b""
+        head = _head(1, len(chunk)) if chunk else b""
         eos = b"\x10\x01" if answer.end_of_stream else b""
         return _nest((3, 1, 3, 3), [head, chunk, eos], tail)
     replacement = answer.replacement
@@ -527,8 +540,8 @@ def _spliced(
     if length_header:
         common += _field(2, _length_mutation(len(replacement)))
     # BodyMutation.body is a oneof member: written even when empty.
-    body = wire.field_head(1, len(replacement))
-    common += wire.field_head(3, len(body) + len(replacement)) + body
+    body = _head(1, len(replacement))
+    common += _head(3, len(body) + len(replacement)) + body
     number = 3 if isinstance(answer, ContinueBody) else 4
     return _nest((number, 1), [common, replacement], tail)
 
@@ -550,7 +563,7 @@ def _nest(numbers: tuple[int, ...], parts: list[bytes], tail: bytes) -> bytes:
     size = sum(map(len, parts))
     heads: list[bytes] = []
     for number in reversed(numbers):
-        head = wire.field_head(number, size)
+        head = _head(number, size)
         heads.append(head)
         size += len(head)
     heads.reverse()

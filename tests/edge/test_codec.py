@@ -26,7 +26,7 @@ from ext_proc.core.events import (
     Unexpected,
 )
 from ext_proc.core.route_policy import IdentityType
-from ext_proc.edge import attributes
+from ext_proc.edge import attributes, codec, wire
 from ext_proc.edge.codec import Decoder, Encoder, decision_metadata, decode, encode
 from tests.messages import KEYS, headers_request
 from tests.x509 import pem
@@ -534,3 +534,11 @@ def test_answers_are_never_shared_across_tenants():
     assert MessageToDict(a.dynamic_metadata)["ns"]["partition"] == "aaaa"
     assert MessageToDict(b.dynamic_metadata)["ns"]["partition"] == "bbbb"
     assert MessageToDict(answered("aaaa").dynamic_metadata)["ns"]["partition"] == "aaaa"
+
+
+@pytest.mark.parametrize("number", [1, 2, 3, 4, 8, 15, 16, 17, 2047, 2048])
+@pytest.mark.parametrize(
+    "size", [0, 1, 0x7F, 0x80, 0x81, 0x3FFF, 0x4000, 0x4001, 0x1FFFFF, 0x200000, 2**32]
+)
+def test_an_answers_field_head_is_the_wires(number, size):
+    assert codec._head(number, size) == wire.field_head(number, size)
