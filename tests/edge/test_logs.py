@@ -32,6 +32,23 @@ def test_lines_carry_the_time_to_the_millisecond_and_the_extra_fields():
         assert line["route"] == "aggregated"
 
 
+@pytest.mark.parametrize(
+    "created",
+    [
+        *(1_700_000_000 + k / 1000 for k in range(1000)),
+        *(1_700_000_000 + k / 1000 - 1e-7 for k in range(1, 1001)),
+        1_700_000_000.9999999,
+        0.0,
+        0.0005,
+        4_102_444_800.999,
+    ],
+)
+def test_the_milliseconds_are_the_truncated_fraction_of_the_second(created):
+    formatter = JsonFormatter()
+    expected = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(created))
+    assert formatter._time(created) == f"{expected}.{int((created - int(created)) * 1000):03d}Z"
+
+
 @pytest.fixture
 def configured(monkeypatch):
     """logs.configure() writing to a buffer; the root logger restored afterwards. Call
