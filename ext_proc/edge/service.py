@@ -309,18 +309,20 @@ class ExternalProcessor:
         """Count every outcome; log every one but an allow without ids (never the ids,
         never any text)."""
         decision = outcome.decision
-        size = outcome.body_size if outcome.phase == "request" else 0
-        self.metrics.decided(outcome.route, decision.action, decision.reason, outcome.mode, size)
+        # Each read once (properties, on some decisions): the count and the line agree.
+        action, reason, mode, phase = decision.action, decision.reason, outcome.mode, outcome.phase
+        size = outcome.body_size if phase == "request" else 0
+        self.metrics.decided(outcome.route, action, reason, mode, size)
         if isinstance(decision, Allow) and decision.id_count == 0:
             return
         fields = {
             "request_id": outcome.request_id,
             "route": outcome.route,
-            "action": decision.action,
-            "reason": decision.reason,
+            "action": action,
+            "reason": reason,
             "id_count": decision.id_count,
-            "mode": outcome.mode,
-            "phase": outcome.phase,
+            "mode": mode,
+            "phase": phase,
         }
         if isinstance(decision, Deny) and decision.refusal.detail is not None:
             fields["detail"] = decision.refusal.detail
