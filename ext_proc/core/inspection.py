@@ -527,7 +527,7 @@ def _weigh(
         request.policy, document, evidence, carriers, sender, body=request.body
     )
     pending = mint.judged(pending, decision, echo_free)
-    if decision.reason in policy.SPENDS_PROOF and not isinstance(decision, Deny):
+    if not isinstance(decision, Deny) and decision.reason in policy.SPENDS_PROOF:
         params = document[KV_KEY]
         if decision.reason is Reason.TURN_READ_BACK:
             pending = dataclasses.replace(pending, expected=turns.expected(params))

@@ -180,7 +180,7 @@ def decide(
     caller's undeclared members go too."""
     if sender is None:
         sender = caller.of(policy, evidence.peer)
-    turn = _turn(policy, document, evidence)
+    turn = None if policy.connector is None else _turn(policy, document, evidence)
     # A turn that verified is judged as a request without parameters: they go, and
     # what the route writes in their place carries its read-back keys.
     judged = _without_params(document) if isinstance(turn, turns.Honored) else document
@@ -405,10 +405,12 @@ def _decide_params(
     # check of its items below all look at the same one.
     found = [Ids.of(params[key]) for key in keys]
     count = prompt = 0
+    null = False
     for key, ids in zip(keys, found, strict=True):
         count = max(count, ids.count)
         if key == IDS_KEY:
             prompt = ids.count
+        null = null or params[key] is None
     reason = _trusted(policy, params, evidence, sender)
     if reason not in TRUSTED:
         return _untrusted(policy, params, reason, count, keys)
@@ -418,7 +420,7 @@ def _decide_params(
         return Deny(bounds, count)
     proof_key = (PROOF_KEY,) if PROOF_KEY in params else ()
     # vLLM treats a null value as "no ids"; stripping leaves the same meaning.
-    if keys and (ignores_reused_ids(document) or any(params[key] is None for key in keys)):
+    if keys and (ignores_reused_ids(document) or null):
         return Strip(keys=(*keys, *proof_key), reason=Reason.IGNORED_BY_UPSTREAM, id_count=count)
     for key, ids in zip(keys, found, strict=True):
         refusal = _invalid_ids(key, ids, policy)
