@@ -4,6 +4,11 @@ inputs chosen to make a reader read a message differently from
 
 from __future__ import annotations
 
+import ctypes
+import mmap
+import sys
+from collections.abc import Callable, Iterator
+
 import pytest
 from google.protobuf.message import DecodeError
 
@@ -211,3 +216,52 @@ def test_the_memo_never_answers_for_other_attributes(reader: wire.Reader) -> Non
     for attrs in variants + variants[::-1]:
         data = first_body_request(b"{}", attrs).SerializeToString()
         assert decoder(data) == _upb(data)
+
+
+PAGE = mmap.PAGESIZE
+
+
+@pytest.fixture
+def at_a_guard_page() -> Iterator[Callable[[bytes], memoryview]]:
+    """Puts bytes flush against a page that may not be read: a read past their end
+    stops the process."""
+    region = mmap.mmap(-1, 2 * PAGE)
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    start = ctypes.addressof(ctypes.c_char.from_buffer(region))
+    assert libc.mprotect(start + PAGE, PAGE, 0) == 0
+
+    def placed(raw: bytes) -> memoryview:
+        region[PAGE - len(raw) : PAGE] = raw
+        return memoryview(region)[PAGE - len(raw) : PAGE]
+
+    yield placed
+    assert libc.mprotect(start + PAGE, PAGE, mmap.PROT_READ | mmap.PROT_WRITE) == 0
+
+
+@pytest.mark.skipif(COMPILED is None or sys.platform != "linux", reason="compiled, mprotect")
+def test_the_compiled_reader_reads_nothing_past_the_end(
+    at_a_guard_page: Callable[[bytes], memoryview],
+) -> None:
+    """Every prefix of real messages (each ends inside a varint, a length, a string, a
+    double, a nested struct), read from bytes flush against an unreadable page."""
+    assert COMPILED is not None
+    struct = {**ROUTE, "n": 1.5, "l": [1, "x", {"a": [None, True]}], "request.path": "/v1/x"}
+    messages = [
+        first_body_request(b'{"a": 1}', struct).SerializeToString(),
+        headers_request(struct).SerializeToString(),
+        _len(4, b"\x10" + _varint(2**64 - 1)),
+    ]
+    for message in messages:
+        for size in range(len(message) + 1):
+            raw = message[:size]
+            view = at_a_guard_page(raw)
+            try:
+                found: object = COMPILED.read(view, _PER_REQUEST_KEYS)
+            except wire.Unreadable:
+                found = None
+            try:
+                expected: object = wire.read(raw, _PER_REQUEST_KEYS)
+            except wire.Unreadable:
+                expected = None
+            assert repr(found) == repr(expected)
