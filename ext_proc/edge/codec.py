@@ -628,13 +628,14 @@ class Encoder:
 
 
 def _decided(outcome: Outcome) -> tuple[object, ...]:
-    """What ``decision_metadata`` says of ``outcome``."""
+    """What ``decision_metadata`` says of ``outcome`` (its mode by the flag it is
+    named from)."""
     decision = outcome.decision
     return (
         outcome.phase,
         decision.action,
         decision.reason,
         decision.id_count,
-        outcome.mode,
+        outcome.audit,
         outcome.partition,
     )

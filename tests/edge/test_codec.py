@@ -436,6 +436,8 @@ def test_answers_without_bytes_are_shared_only_with_the_same_decision():
     assert answered(ContinueBody(None), outcome(Allow("no_transfer_params"), "s")) is plain
     other = answered(ContinueBody(None), outcome(Allow("no_body")))
     assert other is not plain
+    audited = Outcome(Allow("no_transfer_params"), True, "route", 10, "r", "request")
+    assert answered(ContinueBody(None), audited) != plain  # the mode differs
     assert answered(ContinueHeaders(), None) is answered(ContinueHeaders(), None)
     # A replacement body is built for its request alone, behind the shared head.
     stripped = outcome(Strip(None, "stripped_by_policy", 0))
