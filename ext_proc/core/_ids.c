@@ -2,11 +2,13 @@
  * ext_proc/core/ids.py's checks, which stay the reference (tests/core/test_ids_native.py
  * compares the two).
  *
- * read(span) -> (count, text) | None
+ * read(span[, bound]) -> (count, text[, below]) | None
  *     ``span`` (any buffer) when it is a well-formed array of ids (ids.py's module
  *     docstring), with or without one space after each comma: how many ids and the
  *     canonical text (``span`` itself when it is a bytes object without spaces, else a
  *     compacted copy). None when it is not well-formed, as ``ids._well_formed`` says.
+ *     With ``bound``, ``below`` tells in the same pass whether every id is below it
+ *     (``fault``'s None), the bound compared as ``fault`` compares it.
  *
  * fault(text, bound, checked=False) -> None | (malformed, index, value) | NotImplemented
  *     For the canonical text of ids (``checked``: read's, whose grammar is not checked
@@ -266,15 +268,55 @@ static int largest(const uint8_t *p, Py_ssize_t m, uint64_t *value, Py_ssize_t *
     return 1;
 }
 
-/* How many items ``p[0..m)`` holds when the array ``[p]`` is well-formed; -1 when not. */
-static Py_ssize_t well_formed(const uint8_t *s, Py_ssize_t n) {
+/* Whether the ``digits`` digits at ``id`` are above ``limit``'s (``limit_key``: its
+ * first 8 digits' key). */
+static inline int above_limit(const uint8_t *id, int readable, const char *limit, int digits,
+                              uint64_t limit_key) {
+    if (digits <= 8) {
+        return key_of(id, digits, readable) > limit_key;
+    }
+    return memcmp(id, limit, (size_t)digits) > 0;
+}
+
+/* Whether an item ending in this chunk has as many digits as the limit (``digits``)
+ * and more than it, or more digits; ``at`` is where the chunk starts in ``p``, whose
+ * bytes run to ``p[c->m]`` (the ']'). Only the items of exactly the limit's length whose
+ * first digit is not below the limit's are compared whole. */
+static inline int reach(const chunks *c, const masks *k, const uint8_t *p, Py_ssize_t at,
+                        const char *limit, int digits, uint64_t limit_key) {
+    /* An end within ``digits`` bytes after the previous: an item shorter than the
+     * limit; none within ``digits + 1``: one longer, beyond it. */
+    uint64_t shorter = near(c, k, digits);
+    uint64_t not_longer = shorter | behind(c, k, digits + 1);
+    if ((k->ends & ~not_longer) != 0) {
+        return 1;
+    }
+    uint64_t high = (k->high << digits) | (c->prev_high >> (64 - digits));
+    uint64_t exact = k->ends & ~shorter & not_longer & high;
+    while (exact) {
+        Py_ssize_t start = at + __builtin_ctzll(exact) - digits;
+        if (above_limit(p + start, start + 8 <= c->m + 1, limit, digits, limit_key)) {
+            return 1;
+        }
+        exact &= exact - 1;
+    }
+    return 0;
+}
+
+/* How many items ``p[0..m)`` holds when the array ``[p]`` is well-formed; -1 when not.
+ * With a ``limit`` (bound - 1 in decimal, ``digits`` long), ``*reaches`` tells in the
+ * same pass whether some id is at or above the bound. */
+static Py_ssize_t well_formed(const uint8_t *s, Py_ssize_t n, const char *limit, int digits,
+                              int *reaches) {
     if (n < 3 || s[0] != '[' || s[n - 1] != ']') {
         return -1;
     }
+    int bounded = limit != NULL;
+    uint64_t limit_key = bounded && digits <= 8 ? key_of((const uint8_t *)limit, digits, 0) : 0;
     chunks c;
     masks k;
     Py_ssize_t at, count = 0;
-    chunks_init(&c, s + 1, n - 2, 0, 0);
+    chunks_init(&c, s + 1, n - 2, bounded ? (uint8_t)limit[0] : 0, 0);
     while (chunks_next(&c, &k, &at)) {
         uint64_t empty = k.ends & starts(&c, &k);
         /* An end in each 8 bytes, and in the previous chunk's last 8: every item
@@ -288,74 +330,14 @@ static Py_ssize_t well_formed(const uint8_t *s, Py_ssize_t n) {
         if ((k.other | empty | led(&c, &k) | longer) != 0) {
             return -1;
         }
+        if (bounded && !*reaches) {
+            *reaches = reach(&c, &k, s + 1, at, limit, digits, limit_key);
+        }
         count += popcount(k.ends);
+        c.prev_high = k.high;
         c.prev_ends = k.ends;
     }
     return count;
-}
-
-/* ``span`` without the space after each comma; 0 when a space stands anywhere else.
- * ``out`` has room for ``n`` bytes; ``*out_n`` is how many it holds. */
-static int compact(const uint8_t *span, Py_ssize_t n, uint8_t *out, Py_ssize_t *out_n) {
-    Py_ssize_t k = 0;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        uint8_t ch = span[i];
-        if (ch == ' ') {
-            if (i == 0 || span[i - 1] != ',') {
-                return 0;
-            }
-            continue;
-        }
-        out[k++] = ch;
-    }
-    *out_n = k;
-    return 1;
-}
-
-static PyObject *ids_read(PyObject *self, PyObject *arg) {
-    (void)self;
-    Py_buffer view;
-    if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0) {
-        return NULL;
-    }
-    const uint8_t *span = (const uint8_t *)view.buf;
-    Py_ssize_t n = view.len;
-    PyObject *result = NULL;
-    if (memchr(span, ' ', (size_t)n) == NULL) {
-        Py_ssize_t count = well_formed(span, n);
-        if (count < 0) {
-            result = Py_NewRef(Py_None);
-        } else {
-            PyObject *text = PyBytes_CheckExact(arg)
-                                 ? Py_NewRef(arg)
-                                 : PyBytes_FromStringAndSize((const char *)span, n);
-            result = text == NULL ? NULL : Py_BuildValue("(nN)", count, text);
-        }
-    } else {
-        uint8_t *compacted = PyMem_Malloc(n > 0 ? (size_t)n : 1);
-        Py_ssize_t k = 0, count = -1;
-        if (compacted == NULL) {
-            result = PyErr_NoMemory();
-        } else if (!compact(span, n, compacted, &k) || (count = well_formed(compacted, k)) < 0) {
-            result = Py_NewRef(Py_None);
-        } else {
-            PyObject *text = PyBytes_FromStringAndSize((const char *)compacted, k);
-            result = text == NULL ? NULL : Py_BuildValue("(nN)", count, text);
-        }
-        PyMem_Free(compacted);
-    }
-    PyBuffer_Release(&view);
-    return result;
-}
-
-/* Whether the ``digits`` digits at ``id`` are above ``limit``'s (``limit_key``: its
- * first 8 digits' key). */
-static inline int above_limit(const uint8_t *id, int readable, const char *limit, int digits,
-                              uint64_t limit_key) {
-    if (digits <= 8) {
-        return key_of(id, digits, readable) > limit_key;
-    }
-    return memcmp(id, limit, (size_t)digits) > 0;
 }
 
 /* ``fault`` on the bytes ``s[0..n)``; ``limit`` is bound - 1 in decimal; ``checked``:
@@ -388,20 +370,7 @@ static PyObject *find_fault(const uint8_t *s, Py_ssize_t n, const char *limit, i
         }
         count += popcount(k.ends);
         if (!reaches) {
-            /* An end within ``digits`` bytes after the previous: an item shorter than
-             * the limit; none within ``digits + 1``: one longer, beyond it. */
-            uint64_t shorter = near(&c, &k, digits);
-            uint64_t not_longer = shorter | behind(&c, &k, digits + 1);
-            reaches = (k.ends & ~not_longer) != 0;
-            /* Items of as many digits as the limit whose first digit is not below
-             * its first: compared whole. */
-            uint64_t high = (k.high << digits) | (c.prev_high >> (64 - digits));
-            uint64_t exact = reaches ? 0 : k.ends & ~shorter & not_longer & high;
-            while (exact) {
-                Py_ssize_t start = at + __builtin_ctzll(exact) - digits;
-                reaches |= above_limit(p + start, start + 8 <= c.m + 1, limit, digits, limit_key);
-                exact &= exact - 1;
-            }
+            reaches = reach(&c, &k, p, at, limit, digits, limit_key);
         }
         c.prev_high = k.high;
         c.prev_ends = k.ends;
@@ -420,6 +389,96 @@ static PyObject *find_fault(const uint8_t *s, Py_ssize_t n, const char *limit, i
     return Py_BuildValue("(OnK)", Py_False, index, (unsigned long long)value);
 }
 
+/* ``span`` without the space after each comma; 0 when a space stands anywhere else.
+ * ``out`` has room for ``n`` bytes; ``*out_n`` is how many it holds. */
+static int compact(const uint8_t *span, Py_ssize_t n, uint8_t *out, Py_ssize_t *out_n) {
+    Py_ssize_t k = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        uint8_t ch = span[i];
+        if (ch == ' ') {
+            if (i == 0 || span[i - 1] != ',') {
+                return 0;
+            }
+            continue;
+        }
+        out[k++] = ch;
+    }
+    *out_n = k;
+    return 1;
+}
+
+/* ``bound - 1`` in decimal into ``limit`` (room for 24), its length returned; -1 with
+ * an exception set when ``bound`` is not an int in [1, 2**31]. */
+static int limit_of(PyObject *bound_arg, char *limit) {
+    long long bound = PyLong_AsLongLong(bound_arg);
+    if (bound == -1 && PyErr_Occurred()) {
+        return -1;
+    }
+    if (bound < 1 || bound > ((long long)1 << 31)) {
+        PyErr_SetString(PyExc_ValueError, "bound must be in [1, 2**31]");
+        return -1;
+    }
+    return snprintf(limit, 24, "%lld", bound - 1);
+}
+
+static PyObject *ids_read(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 1 && nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "read(span[, bound]) takes 1 or 2 arguments");
+        return NULL;
+    }
+    char limit_text[24];
+    const char *limit = NULL;
+    int digits = 0, reaches = 0;
+    if (nargs == 2) {
+        if ((digits = limit_of(args[1], limit_text)) < 0) {
+            return NULL;
+        }
+        limit = limit_text;
+    }
+    PyObject *arg = args[0];
+    Py_buffer view;
+    if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0) {
+        return NULL;
+    }
+    const uint8_t *span = (const uint8_t *)view.buf;
+    Py_ssize_t n = view.len;
+    PyObject *text = NULL;
+    Py_ssize_t count = -1;
+    int failed = 0;
+    if (memchr(span, ' ', (size_t)n) == NULL) {
+        count = well_formed(span, n, limit, digits, &reaches);
+        if (count >= 0) {
+            text = PyBytes_CheckExact(arg) ? Py_NewRef(arg)
+                                           : PyBytes_FromStringAndSize((const char *)span, n);
+            failed = text == NULL;
+        }
+    } else {
+        uint8_t *compacted = PyMem_Malloc(n > 0 ? (size_t)n : 1);
+        Py_ssize_t k = 0;
+        if (compacted == NULL) {
+            PyErr_NoMemory();
+            failed = 1;
+        } else if (compact(span, n, compacted, &k) &&
+                   (count = well_formed(compacted, k, limit, digits, &reaches)) >= 0) {
+            text = PyBytes_FromStringAndSize((const char *)compacted, k);
+            failed = text == NULL;
+        }
+        PyMem_Free(compacted);
+    }
+    PyBuffer_Release(&view);
+    if (failed) {
+        return NULL;
+    }
+    if (text == NULL) {
+        Py_RETURN_NONE;
+    }
+    if (limit == NULL) {
+        return Py_BuildValue("(nN)", count, text);
+    }
+    return Py_BuildValue("(nNO)", count, text, reaches ? Py_False : Py_True);
+}
+
 static PyObject *ids_fault(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
     if (nargs != 2 && nargs != 3) {
@@ -430,16 +489,11 @@ static PyObject *ids_fault(PyObject *self, PyObject *const *args, Py_ssize_t nar
     if (checked < 0) {
         return NULL;
     }
-    long long bound = PyLong_AsLongLong(args[1]);
-    if (bound == -1 && PyErr_Occurred()) {
-        return NULL;
-    }
-    if (bound < 1 || bound > ((long long)1 << 31)) {
-        PyErr_SetString(PyExc_ValueError, "bound must be in [1, 2**31]");
-        return NULL;
-    }
     char limit[24];
-    int digits = snprintf(limit, sizeof limit, "%lld", bound - 1);
+    int digits = limit_of(args[1], limit);
+    if (digits < 0) {
+        return NULL;
+    }
     Py_buffer view;
     if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0) {
         return NULL;
@@ -450,8 +504,9 @@ static PyObject *ids_fault(PyObject *self, PyObject *const *args, Py_ssize_t nar
 }
 
 static PyMethodDef methods[] = {
-    {"read", ids_read, METH_O,
-     "read(span) -> (count, text) | None: the ids of a well-formed array."},
+    {"read", (PyCFunction)(void (*)(void))ids_read, METH_FASTCALL,
+     "read(span[, bound]) -> (count, text[, below]) | None: the ids of a well-formed "
+     "array (``below``: every id is below ``bound``)."},
     {"fault", (PyCFunction)(void (*)(void))ids_fault, METH_FASTCALL,
      "fault(text, bound, checked=False) -> None | (malformed, index, value) | "
      "NotImplemented: why the ids are not valid (``checked``: text is read's)."},

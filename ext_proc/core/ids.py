@@ -28,7 +28,9 @@ The compiled part ``core._ids`` (``_ids.c``) does each check in one pass over th
 ids fail, on the text orjson writes for a parsed list: its first item that is not a
 run of digits is the first that is not a non-negative int). The functions below are
 the reference it is compared with (tests/core/test_ids_native.py); it answers
-``NotImplemented`` where it cannot tell, and the reference decides.
+``NotImplemented`` where it cannot tell, and the reference decides. Given the bound
+``fault`` will be asked about, the compiled ``read`` checks it in its own pass; ids
+that pass are below it, so ``fault`` of it (or of a higher bound) needs no pass.
 """
 
 from __future__ import annotations
@@ -84,26 +86,37 @@ class Ids:
     """Token ids: how many there are and their canonical text, with the checks the
     policy and the proof need. ``read`` and ``of`` build it; nothing else does."""
 
-    __slots__ = ("_items", "_text", "count")
+    __slots__ = ("_below", "_items", "_text", "count")
 
-    def __init__(self, count: int, text: bytes | None, items: Any = None) -> None:
+    def __init__(self, count: int, text: bytes | None, items: Any = None, below: int = 0) -> None:
         self.count = count  # 0 for anything but a non-empty list
         self._text = text  # the canonical text once known
         self._items = items  # the parsed value, or _READ: built from the bytes
+        # A bound every id is known to be below (0: none known): ``fault`` of it, or of
+        # any higher bound, is None without another pass (ids read from the bytes).
+        self._below = below
 
     def __repr__(self) -> str:
         return f"Ids(count={self.count})"
 
     @classmethod
-    def read(cls, span: bytes, *, runs_checked: bool = False) -> Ids | None:
+    def read(
+        cls, span: bytes, *, runs_checked: bool = False, bound: int | None = None
+    ) -> Ids | None:
         """The ids ``span`` (from ``[`` to the first ``]`` after it) holds when it is a
         well-formed array, with or without a space after each comma; None otherwise:
         the caller parses it like any other JSON. ``runs_checked``: the caller has
         shown that no run of digits in ``span`` is longer than ``MAX_DIGITS`` (a pass
-        over the bytes saved)."""
+        over the bytes saved). ``bound`` (at most ``MAX_BOUND``): the bound ``fault``
+        will be asked about, which the compiled read checks in the same pass (the
+        answer is ``fault``'s either way)."""
         if _NATIVE is not None:
-            found = _NATIVE.read(span)
-            return None if found is None else cls(found[0], found[1], _READ)
+            if bound is None:
+                found = _NATIVE.read(span)
+                return None if found is None else cls(found[0], found[1], _READ)
+            assert 0 < bound <= MAX_BOUND
+            found = _NATIVE.read(span, bound)
+            return None if found is None else cls(found[0], found[1], _READ, found[2] and bound)
         text = _compact(span)
         if text is None or not _well_formed(text, runs_checked=runs_checked):
             return None
@@ -146,6 +159,8 @@ class Ids:
         """None when every id is below ``bound`` (at most ``MAX_BOUND``) and the ids are
         a non-empty list; otherwise why not."""
         assert 0 < bound <= MAX_BOUND
+        if self._below and bound >= self._below:
+            return None  # read from the bytes (well-formed, not empty), every id below
         if _NATIVE is not None and self.count:
             decided, fault = self._native_fault(bound)
             if decided:

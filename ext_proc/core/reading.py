@@ -158,7 +158,7 @@ _AFTER_MEMBER: Final = re.compile(rb"[ \t\n\r]*:[ \t\n\r]*\[")
 LIFT_MIN_BYTES = 16 * 1024
 
 
-def _lifted(raw: bytes, shape: Shape) -> Parsed | None:
+def _lifted(raw: bytes, shape: Shape, ids_bound: int | None = None) -> Parsed | None:
     """The document ``json.loads`` reads from ``raw``, with the array of
     ``kv_transfer_params.prompt_token_ids`` read by ``ids.Ids.read`` and held as
     ``ids.Ids`` instead of a list; None when that is not shown (the caller parses
@@ -183,7 +183,8 @@ def _lifted(raw: bytes, shape: Shape) -> Parsed | None:
     ``M`` with ``S``'s list in place of ``N``, and json.loads reads it too: orjson read
     ``M`` and no integer of ``raw`` exceeds 64 bits (module docstring). In any other
     case the whole body is parsed as usual. ``S`` and ``M`` are copies of parts of
-    ``raw``, held within the charge for its rewrite (``memory``)."""
+    ``raw``, held within the charge for its rewrite (``memory``). ``ids_bound``: the
+    bound the ids will be checked against (``ids.Ids.read``: checked in the same pass)."""
     if shape.long_digits or len(raw) < LIFT_MIN_BYTES:  # no array that long fits
         return None
     at = find(raw, _IDS_MEMBER)
@@ -195,7 +196,7 @@ def _lifted(raw: bytes, shape: Shape) -> Parsed | None:
     if end - start < LIFT_MIN_BYTES:  # no "]" (end is -1) or a short array
         return None
     # No run of digits in ``raw`` is longer than ids.MAX_DIGITS (``shape``).
-    lifted = ids.Ids.read(raw[start : end + 1], runs_checked=True)
+    lifted = ids.Ids.read(raw[start : end + 1], runs_checked=True, bound=ids_bound)
     if lifted is None:
         return None
     nonce = secrets.token_hex(16)
@@ -209,15 +210,22 @@ def _lifted(raw: bytes, shape: Shape) -> Parsed | None:
     return Parsed(document, True, len(raw), shape.values, (start, end + 1))
 
 
-def parse(raw: bytes, shape: Shape | None = None, *, lift_ids: bool = False) -> Parsed | None:
+def parse(
+    raw: bytes,
+    shape: Shape | None = None,
+    *,
+    lift_ids: bool = False,
+    ids_bound: int | None = None,
+) -> Parsed | None:
     """The document ``json.loads`` reads from ``raw`` (``shape``: ``scan(raw)``), when
     orjson reads it exactly; None when only ``parse_slow`` can (module docstring).
     ``lift_ids``: a long array of ``kv_transfer_params.prompt_token_ids`` may be held
-    as ``ids.Ids`` (``_lifted``). Raises ``BadRequest`` for a document that is not an
-    object."""
+    as ``ids.Ids`` (``_lifted``), its ids checked against ``ids_bound`` (the route's, when
+    the caller knows it) in the pass that reads them. Raises ``BadRequest`` for a
+    document that is not an object."""
     shape = shape if shape is not None else scan(raw)
     if lift_ids and len(raw) >= LIFT_MIN_BYTES:  # below it, no array that long fits
-        lifted = _lifted(raw, shape)
+        lifted = _lifted(raw, shape, ids_bound)
         if lifted is not None:
             return lifted
     document = _orjson_loads(raw, shape)

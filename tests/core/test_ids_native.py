@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ext_proc.core import ids
-from ext_proc.core.ids import MAX_BOUND, Fault, Ids
+from ext_proc.core.ids import MAX_BOUND, Ids
 
 pytestmark = pytest.mark.unit
 
@@ -52,13 +52,20 @@ def both(call: Callable[[], Any]) -> tuple[Any, Any]:
 FEW_BOUNDS = (1, 10, 262144, MAX_BOUND)
 
 
-def read_answer(
-    span: bytes, bounds: tuple[int, ...]
-) -> tuple[int, bytes, tuple[Fault | None, ...]] | None:
+def read_answer(span: bytes, bounds: tuple[int, ...]) -> tuple[Any, ...] | None:
+    """What is read and each bound's fault; and read with each bound (checked in the
+    read's pass where compiled), the faults of that bound and of its neighbours."""
     read = Ids.read(span)
     if read is None:
+        assert all(Ids.read(span, bound=bound) is None for bound in bounds), span
         return None
-    return read.count, read.text, tuple(read.fault(bound) for bound in bounds)
+    bounded = []
+    for bound in bounds:
+        ids_ = Ids.read(span, bound=bound)
+        assert ids_ is not None
+        near = sorted({max(bound - 1, 1), bound, min(bound + 1, MAX_BOUND), MAX_BOUND})
+        bounded.append((ids_.count, ids_.text, tuple(ids_.fault(b) for b in near)))
+    return read.count, read.text, tuple(read.fault(bound) for bound in bounds), bounded
 
 
 def assert_same_read(span: bytes, bounds: tuple[int, ...] = tuple(BOUNDS)) -> None:
@@ -262,3 +269,17 @@ def test_the_bound_alone_on_reads_text_is_checked_as_with_the_grammar(
     assert COMPILED is not None
     text = orjson.dumps(values)
     assert COMPILED.fault(text, bound, True) == COMPILED.fault(text, bound)
+
+
+@needs_compiled
+def test_the_bound_given_to_read_is_checked_as_fault_checks_it() -> None:
+    assert COMPILED is not None
+    assert COMPILED.read(b"[5,17]", 18) == (2, b"[5,17]", True)
+    assert COMPILED.read(b"[5,17]", 17) == (2, b"[5,17]", False)
+    assert COMPILED.read(b"[5, 17]", 18) == (2, b"[5,17]", True)
+    assert COMPILED.read(b"[5,,17]", 18) is None
+    for bound in (0, -1, 2**31 + 1):
+        with pytest.raises(ValueError, match="bound must be"):
+            COMPILED.read(b"[1]", bound)
+    with pytest.raises(TypeError):
+        COMPILED.read(b"[1]", "1")

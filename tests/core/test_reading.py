@@ -133,6 +133,21 @@ def test_a_long_array_of_ids_is_read_from_its_bytes(separators):
     assert (raw[start], raw[end - 1]) == (ord("["), ord("]"))
 
 
+@pytest.mark.parametrize("bound", [1, 128256 - 1, 128256, 262144, ids.MAX_BOUND])
+def test_the_ids_bound_given_to_the_read_answers_as_the_ids_check(bound):
+    # The read may check the route's bound in its pass: every bound's fault is the
+    # same as when the ids were read without it.
+    document = {"model": "m", KV: {"prompt_token_ids": LONG_IDS}}
+    raw = json.dumps(document).encode()
+    plain = _lifted_ids(read(raw, lift_ids=True))
+    bounded = _lifted_ids(reading.parse(raw, lift_ids=True, ids_bound=bound))
+    assert plain is not None
+    assert bounded is not None
+    assert bounded.text == plain.text
+    for asked in (1, bound - 1 or 1, bound, 128256, 262144, ids.MAX_BOUND):
+        assert bounded.fault(asked) == plain.fault(asked)
+
+
 def test_short_arrays_and_parses_without_lifting_keep_lists():
     raw = json.dumps({KV: {"prompt_token_ids": [1, 2, 3]}}).encode()
     assert read(raw, lift_ids=True).lifted is None
