@@ -65,9 +65,11 @@ static int tag(const Reader *r, Py_ssize_t *pos, Py_ssize_t end, uint32_t *numbe
 /* A length-delimited field: its content from *pos (moved past the length) to *stop. */
 static int length(const Reader *r, Py_ssize_t *pos, Py_ssize_t end, Py_ssize_t *stop) {
     uint64_t size;
+    Py_ssize_t start = *pos;
     if (varint(r, pos, end, &size) < 0)
         return -1;
-    if (size > (uint64_t)(end - *pos))
+    /* upb reads a length in at most five bytes (a longer one, padded, is refused). */
+    if (*pos - start > 5 || size > (uint64_t)(end - *pos))
         return unreadable(r, "length");
     *stop = *pos + (Py_ssize_t)size;
     return 0;

@@ -104,9 +104,11 @@ def tag(data: bytes, pos: int, end: int) -> tuple[int, int, int]:
 
 
 def length(data: bytes, pos: int, end: int) -> tuple[int, int]:
-    """A length-delimited field's end and the position its content starts at."""
+    """A length-delimited field's end and the position its content starts at. upb reads
+    a length in at most five bytes (a longer one, padded, is refused)."""
+    start = pos
     size, pos = varint(data, pos, end)
-    if size > end - pos:
+    if pos - start > 5 or size > end - pos:
         raise Unreadable("length")
     return pos + size, pos
 

@@ -97,12 +97,6 @@ def test_upb_refuses_a_length_longer_than_five_bytes(data: bytes) -> None:
         pb.ProcessingRequest.FromString(data)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="finding 1: wire.read and _wire.c accept a length prefix of 6-10 bytes that "
-    "upb refuses (its sizes are 32-bit varints of at most 5 bytes): bytes upb refuses "
-    "are read and acted on instead of ending the stream",
-)
 @pytest.mark.parametrize(
     "reader", READERS, ids=lambda r: "compiled" if r is not wire.read else "python"
 )
