@@ -131,6 +131,28 @@ def test_lines_from_info_are_batched_until_flushed(configured):
     assert [line["request_id"] for line in lines(configured)] == ["r-1", "r-2"]
 
 
+def test_a_batched_line_carries_the_time_it_was_handed_over_not_the_flushs(configured, monkeypatch):
+    alone()
+    log = logging.getLogger("ext_proc.decision")
+    monkeypatch.setattr(logs.time, "time", lambda: 1_700_000_000.25)
+    logs.info(log, "decision", FIELDS)
+    monkeypatch.setattr(logs.time, "time", lambda: 1_700_000_000.75)
+    logs.info(log, "decision", {**FIELDS, "request_id": "r-2"})
+    logs.flush()
+    assert [line["time"][-5:] for line in lines(configured)] == [".250Z", ".750Z"]
+    assert [line["request_id"] for line in lines(configured)] == ["r-1", "r-2"]
+
+
+def test_a_line_that_cannot_be_written_is_reported_and_the_others_written(configured, monkeypatch):
+    alone()
+    monkeypatch.setattr(logging, "raiseExceptions", False)
+    log = logging.getLogger("ext_proc.decision")
+    logs.info(log, "decision", {1: "a key orjson refuses"})
+    logs.info(log, "decision", FIELDS)
+    logs.flush()
+    assert [line["request_id"] for line in lines(configured)] == ["r-1"]
+
+
 def test_a_batch_is_written_before_any_other_record(configured):
     alone()
     logs.info(logging.getLogger("ext_proc.decision"), "decision", FIELDS)
