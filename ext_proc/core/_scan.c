@@ -14,7 +14,9 @@
  * found in it, a block of 64 bytes is loaded only while its 65 bytes (the 64 and the
  * next) are in the buffer, and an escape's five bytes are read one by one only when
  * all five lie before the end. A Matcher is immutable once built, so the scan may run
- * without the GIL while the caller's buffer stays held. */
+ * without the GIL while the caller's buffer stays held. The loop over blocks runs AVX2
+ * where the CPU has it (chosen once at import), else SSE2, else bytes one by one; a
+ * third argument ``portable`` of ``quoted`` and ``spelled`` asks for the SSE2 loop. */
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -188,22 +190,37 @@ static inline int at_backslash(const Scan *scan, Py_ssize_t at) {
            raw[at + 3] == '0' && scan->matcher->escape[raw[at + 4]];
 }
 
-/* The scan of ``raw`` from its first byte to its last, each quote and (``escapes``)
- * each escape start in order: 1 when an escape is found, else 0 with the counts
- * filled. With SSE2, 64 bytes at a time: one mask of the positions that hold a quote
- * or (``escapes``) a backslash followed by ``u``, so that blocks of neither, and a
- * body's other backslashes, cost a few vector instructions; each position of the
- * mask is then looked at alone. A block is loaded (at offsets 0 and 1) only while
- * all its 65 bytes are in the buffer; the bytes left are read one by one. */
-static int scan_bytes(const Matcher *self, const unsigned char *raw, Py_ssize_t size,
-                      Py_ssize_t most, int escapes, Py_ssize_t *counts) {
-    Scan scan = {self, raw, size, most, -1, 0, counts};
-    Py_ssize_t i = 0;
+/* Each position of ``mask`` (bit k: byte ``i + k``) looked at in order, a quote's run
+ * looked up, a backslash's escape looked for: 1 when an escape is found, 0 when the
+ * scan may stop (every name counted to ``most``, no escape asked for), -1 to go on. */
+static inline __attribute__((always_inline)) int take_mask(Scan *scan, Py_ssize_t i,
+                                                          unsigned long long mask,
+                                                          int escapes) {
+    while (mask != 0) {
+        Py_ssize_t at = i + __builtin_ctzll(mask);
+        if (scan->raw[at] == '"') {
+            at_quote(scan, at);
+        } else if (at_backslash(scan, at)) {
+            return 1;
+        }
+        mask &= mask - 1;
+    }
+    return !escapes && scan->full == scan->matcher->count ? 0 : -1;
+}
+
+/* The blocks of 64 bytes from ``*from`` (``*from`` left where the bytes one by one
+ * begin), each block loaded (at offsets 0 and 1) only while all its 65 bytes are in
+ * the buffer: ``take_mask``'s answer once it is not -1, else -1. */
+typedef int (*blocks_fn)(Scan *, Py_ssize_t *, int);
+
 #ifdef __SSE2__
+static int blocks_sse2(Scan *scan, Py_ssize_t *from, int escapes) {
     const __m128i quote = _mm_set1_epi8('"');
     const __m128i backslash = _mm_set1_epi8('\\');
     const __m128i letter_u = _mm_set1_epi8('u');
-    for (; i + 65 <= size; i += 64) {
+    const unsigned char *raw = scan->raw;
+    Py_ssize_t i = *from;
+    for (; i + 65 <= scan->size; i += 64) {
         const unsigned char *block = raw + i;
         __m128i hits[4];
         for (int part = 0; part < 4; part++) {
@@ -224,20 +241,91 @@ static int scan_bytes(const Matcher *self, const unsigned char *raw, Py_ssize_t 
         for (int part = 0; part < 4; part++) {
             mask |= (unsigned long long)(unsigned)_mm_movemask_epi8(hits[part]) << (16 * part);
         }
-        while (mask != 0) {
-            Py_ssize_t at = i + __builtin_ctzll(mask);
-            if (raw[at] == '"') {
-                at_quote(&scan, at);
-            } else if (at_backslash(&scan, at)) {
-                return 1;
-            }
-            mask &= mask - 1;
-        }
-        if (!escapes && scan.full == self->count) {
-            return 0;
+        int found = take_mask(scan, i, mask, escapes);
+        if (found >= 0) {
+            return found;
         }
     }
+    *from = i;
+    return -1;
+}
 #endif
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define HAVE_AVX2_VERSION 1
+/* ``blocks_sse2`` with 32 bytes a vector, where the CPU has AVX2 (PyInit__scan). */
+__attribute__((target("avx2"))) static int blocks_avx2(Scan *scan, Py_ssize_t *from,
+                                                       int escapes) {
+    const __m256i quote = _mm256_set1_epi8('"');
+    const __m256i backslash = _mm256_set1_epi8('\\');
+    const __m256i letter_u = _mm256_set1_epi8('u');
+    const unsigned char *raw = scan->raw;
+    Py_ssize_t i = *from;
+    for (; i + 65 <= scan->size; i += 64) {
+        const unsigned char *block = raw + i;
+        __m256i low = _mm256_loadu_si256((const __m256i *)block);
+        __m256i high = _mm256_loadu_si256((const __m256i *)(block + 32));
+        __m256i hits_low = _mm256_cmpeq_epi8(low, quote);
+        __m256i hits_high = _mm256_cmpeq_epi8(high, quote);
+        if (escapes) {
+            __m256i next_low = _mm256_loadu_si256((const __m256i *)(block + 1));
+            __m256i next_high = _mm256_loadu_si256((const __m256i *)(block + 33));
+            hits_low = _mm256_or_si256(hits_low,
+                                       _mm256_and_si256(_mm256_cmpeq_epi8(low, backslash),
+                                                        _mm256_cmpeq_epi8(next_low, letter_u)));
+            hits_high = _mm256_or_si256(hits_high,
+                                        _mm256_and_si256(_mm256_cmpeq_epi8(high, backslash),
+                                                         _mm256_cmpeq_epi8(next_high, letter_u)));
+        }
+        if (_mm256_testz_si256(_mm256_or_si256(hits_low, hits_high),
+                               _mm256_set1_epi8((char)0xFF))) {
+            continue;
+        }
+        unsigned long long mask =
+            (unsigned long long)(unsigned)_mm256_movemask_epi8(hits_low) |
+            (unsigned long long)(unsigned)_mm256_movemask_epi8(hits_high) << 32;
+        int found = take_mask(scan, i, mask, escapes);
+        if (found >= 0) {
+            return found;
+        }
+    }
+    *from = i;
+    return -1;
+}
+#endif
+
+/* The loop over blocks this CPU runs best (NULL: bytes one by one), chosen once at
+ * import and never changed after. */
+#ifdef __SSE2__
+static blocks_fn blocks = blocks_sse2;
+#else
+static blocks_fn blocks = NULL;
+#endif
+
+/* The scan of ``raw`` from its first byte to its last, each quote and (``escapes``)
+ * each escape start in order: 1 when an escape is found, else 0 with the counts
+ * filled. By blocks of 64 bytes (``blocks``): one mask of the positions that hold a
+ * quote or (``escapes``) a backslash followed by ``u``, so that blocks of neither,
+ * and a body's other backslashes, cost a few vector instructions; each position of
+ * the mask is then looked at alone. The bytes after the last block are read one by
+ * one. ``portable``: the SSE2 loop even where AVX2 runs (the tests compare both). */
+static int scan_bytes(const Matcher *self, const unsigned char *raw, Py_ssize_t size,
+                      Py_ssize_t most, int escapes, Py_ssize_t *counts, int portable) {
+    Scan scan = {self, raw, size, most, -1, 0, counts};
+    Py_ssize_t i = 0;
+#ifdef __SSE2__
+    blocks_fn run = portable ? blocks_sse2 : blocks;
+#else
+    (void)portable;
+    blocks_fn run = blocks;
+#endif
+    if (run != NULL) {
+        int found = run(&scan, &i, escapes);
+        if (found >= 0) {
+            return found;
+        }
+    }
     for (; i < size; i++) {
         if (raw[i] == '"') {
             at_quote(&scan, i);
@@ -281,8 +369,12 @@ static int braced(const unsigned char *raw, Py_ssize_t size) {
  * and ``most``. */
 static PyObject *matcher_run(Matcher *self, PyObject *const *args, Py_ssize_t nargs,
                              int spelling) {
-    if (nargs != 2) {
-        PyErr_SetString(PyExc_TypeError, "the arguments are raw and most");
+    if (nargs != 2 && nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "the arguments are raw, most and portable=False");
+        return NULL;
+    }
+    int portable = nargs == 3 ? PyObject_IsTrue(args[2]) : 0;
+    if (portable < 0) {
         return NULL;
     }
     Py_ssize_t most = PyLong_AsSsize_t(args[1]);
@@ -316,10 +408,10 @@ static PyObject *matcher_run(Matcher *self, PyObject *const *args, Py_ssize_t na
     int escaped;
     if (raw.len >= UNLOCKED_MIN) {
         Py_BEGIN_ALLOW_THREADS
-        escaped = scan_bytes(self, raw.buf, raw.len, most, spelling, counts);
+        escaped = scan_bytes(self, raw.buf, raw.len, most, spelling, counts, portable);
         Py_END_ALLOW_THREADS
     } else {
-        escaped = scan_bytes(self, raw.buf, raw.len, most, spelling, counts);
+        escaped = scan_bytes(self, raw.buf, raw.len, most, spelling, counts, portable);
     }
     PyBuffer_Release(&raw);
     PyObject *found = escaped ? Py_NewRef(Py_None) : PyDict_New();
@@ -376,6 +468,12 @@ static struct PyModuleDef scan_module = {
 };
 
 PyMODINIT_FUNC PyInit__scan(void) {
+#ifdef HAVE_AVX2_VERSION
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx2")) {
+        blocks = blocks_avx2;
+    }
+#endif
     if (PyType_Ready(&MatcherType) < 0) {
         return NULL;
     }

@@ -140,10 +140,15 @@ def quoted(raw: bytes, names: tuple[bytes, ...], most: int) -> dict[bytes, int]:
 class Matcher(Protocol):
     """The compiled scan of one tuple of names (ext_proc/core/_scan.c)."""
 
-    def quoted(self, raw: bytes | bytearray | memoryview, most: int, /) -> dict[bytes, int]:
-        """``quoted(raw, names, most)``."""
+    def quoted(
+        self, raw: bytes | bytearray | memoryview, most: int, portable: bool = False, /
+    ) -> dict[bytes, int]:
+        """``quoted(raw, names, most)``; ``portable``: by the SSE2 loop even where the
+        CPU has AVX2 (the tests compare the two)."""
 
-    def spelled(self, raw: bytes | bytearray | memoryview, most: int, /) -> dict[bytes, int] | None:
+    def spelled(
+        self, raw: bytes | bytearray | memoryview, most: int, portable: bool = False, /
+    ) -> dict[bytes, int] | None:
         """None when ``raw`` is not braced (``spelling._braced``) or holds ``\\u00``
         and one of the escape bytes, else ``quoted(raw, names, most)``."""
 

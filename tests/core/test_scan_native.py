@@ -58,6 +58,9 @@ def same_answers(raw: bytes, keys: tuple[str, ...] = CARRIER_NAMES) -> None:
         view = memoryview(raw + AFTER)[: len(raw)]
         assert scan.spelled(view, most) == (expected if told else None)
         assert scan.quoted(view, most) == expected
+        # The portable (SSE2) loop, where the CPU runs AVX2, answers alike.
+        assert scan.spelled(view, most, True) == (expected if told else None)
+        assert scan.quoted(view, most, True) == expected
     assert spelling.spelled(raw, keys) == reference_spelled(raw, keys)
     # Unbraced bodies are settled before any scan: the escape search is compared too.
     braced = b"{" + raw + b"}"
@@ -334,3 +337,10 @@ def test_the_scan_reads_nothing_past_the_end(
             view = at_a_guard_page(raw)
             assert scan.quoted(view, 2) == reference_quoted(raw, SMALL_NAMES, 2)
             assert scan.spelled(view, 2) == scan.spelled(raw, 2)
+            assert scan.quoted(view, 2, True) == scan.quoted(view, 2)
+            assert scan.spelled(view, 2, True) == scan.spelled(raw, 2)
+            # Braced: the escape search runs to the last byte too.
+            braced = b"{" + raw + b"}"
+            view = at_a_guard_page(braced)
+            assert scan.spelled(view, 2) == scan.spelled(braced, 2)
+            assert scan.spelled(view, 2, True) == scan.spelled(braced, 2)
