@@ -5,7 +5,8 @@ limit on the values, on the loop the CPU runs and on the portable one."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import sys
+from collections.abc import Callable, Iterator
 
 import pytest
 from hypothesis import given, settings
@@ -13,6 +14,7 @@ from hypothesis import strategies as st
 
 from bench import bodies
 from ext_proc.core import reading
+from tests.core.test_scan_native import at_a_guard_page  # noqa: F401 (a fixture)
 
 pytestmark = pytest.mark.unit
 
@@ -136,3 +138,17 @@ def test_fragment_soups(parts: list[bytes], pad: int) -> None:
 @given(st.binary(max_size=400))
 def test_any_bytes(raw: bytes) -> None:
     check(raw)
+
+
+@needs_compiled
+@pytest.mark.skipif(sys.platform != "linux", reason="mprotect through the C library")
+def test_the_scan_reads_nothing_past_the_end(
+    at_a_guard_page: Callable[[bytes], memoryview],  # noqa: F811
+) -> None:
+    assert COMPILED is not None
+    for size in range(0, 300):
+        raw = (b"12345678901234567,{" * 20)[:size]
+        want = reading._scanned(raw)
+        for portable in (False, True):
+            view = at_a_guard_page(raw)
+            assert COMPILED.shape(view, -1, portable) == (want.values, want.long_digits)
