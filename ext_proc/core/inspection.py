@@ -375,7 +375,8 @@ def _enforce(
 ) -> Inspection:
     """What enforcing ``decision`` on the body (``body``, read as ``parsed``) forwards,
     or refuses."""
-    if not enforced(decision, request.audit):
+    # Without audit mode every decision is enforced (``enforced``).
+    if request.audit and not enforced(decision, True):
         return Inspection(decision, pending=pending)
     if isinstance(decision, Deny):
         return Inspection(decision, refused=decision, pending=pending)

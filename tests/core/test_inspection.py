@@ -8,7 +8,7 @@ import pytest
 from bench import bodies
 from ext_proc.core import inspection, memory, mint, reading, splice
 from ext_proc.core.budget import Account, Budget
-from ext_proc.core.errors import ProtocolError
+from ext_proc.core.errors import PayloadTooLarge, ProtocolError, bad_request
 from ext_proc.core.events import (
     ContinueBody,
     ContinueHeaders,
@@ -485,3 +485,17 @@ def test_a_strip_is_cut_where_the_cut_is_shown_and_rewritten_elsewhere(monkeypat
     _, found = inspected(raw)
     assert isinstance(found.decision, Strip)
     assert found.replacement == forwarded
+
+
+@pytest.mark.parametrize(
+    "decision",
+    [
+        Allow("no_transfer_params"),
+        Strip(None, "stripped_by_policy", 3),
+        Deny(bad_request("x", reason="ids_malformed"), 2),
+        Deny(PayloadTooLarge("big", reason="body_too_large").refusal()),
+    ],
+)
+def test_without_audit_mode_every_decision_is_enforced(decision):
+    # inspection._enforce asks only in audit mode.
+    assert inspection.enforced(decision, False)
