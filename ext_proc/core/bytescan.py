@@ -21,7 +21,10 @@ _VECTOR_MIN: Final = 1 << 14
 
 
 def find(raw: bytes, needle: bytes, start: int = 0) -> int:
-    """``raw.find(needle, start)``."""
+    """``raw.find(needle, start)``: a single byte by ``bytes.find`` itself (memchr, which
+    outpaces the vector search there), a longer needle by stringzilla."""
+    if len(needle) == 1:
+        return raw.find(needle, start)
     found: int = stringzilla.find(raw, needle, start)
     return found
 

@@ -14,7 +14,7 @@ def test_count_is_bytes_count_at_every_size(raw, start):
         assert bytescan.count(raw, byte, start) == raw.count(byte, start)
 
 
-@pytest.mark.parametrize("needle", [b",", b"ids [", b"{x: 0}\nR", b"absent"])
+@pytest.mark.parametrize("needle", [b",", b"]", b"~", b"ids [", b"{x: 0}\nR", b"absent"])
 @pytest.mark.parametrize("start", [0, 7, len(PROSE) - 3])
 def test_find_is_bytes_find(needle, start):
     assert bytescan.find(PROSE, needle, start) == PROSE.find(needle, start)
