@@ -79,7 +79,9 @@ def scan(raw: bytes, max_values: int | None = None) -> Shape:
     (``values`` then exceeds ``max_values`` but counts only that far): a body refused
     for its number of values costs at most a block more than the limit allows."""
     if _NATIVE is not None:
-        most = -1 if max_values is None else max(max_values, 0)  # below 0: as 0, past at once
+        # A limit below 0 stops as 0 does (after the first block), one above the most
+        # values the bytes can hold never stops: the same answers, as a C integer.
+        most = -1 if max_values is None else max(0, min(max_values, len(raw) + 1))
         values, long_digits = _NATIVE.shape(raw, most)
         return Shape(values, long_digits)
     return _scanned(raw, max_values)

@@ -28,7 +28,7 @@ def check(raw: bytes | bytearray | memoryview, max_values: int | None = None) ->
     """Both loops answer as the reference, with and without the limit."""
     assert COMPILED is not None
     want = reading._scanned(bytes(raw), max_values)
-    most = -1 if max_values is None else max(max_values, 0)
+    most = -1 if max_values is None else max(0, min(max_values, len(raw) + 1))
     for portable in (False, True):
         got = COMPILED.shape(raw, most, portable)
         assert got == (want.values, want.long_digits), (portable, max_values)
@@ -82,8 +82,9 @@ def test_runs_across_a_block_boundary(length: int, cut: int) -> None:
 @needs_compiled
 def test_the_limit_stops_at_a_blocks_end() -> None:
     raw = b"[" + b"1," * (BLOCK * 3 // 2) + b"1]"
-    for limit in (-5, 0, 1, 1000, BLOCK // 2, BLOCK, 10**12):
+    for limit in (-(2**70), -5, 0, 1, 1000, BLOCK // 2, BLOCK, 10**12, 2**70):
         check(raw, limit)
+        assert reading.scan(raw, limit) == reading._scanned(raw, limit)
     check(b"", 0)
     check(b"")
 
