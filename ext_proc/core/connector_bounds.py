@@ -43,18 +43,68 @@ KEYS: Final = tuple(name for name, key in BY_NAME.items() if key.checked)
 _TP_KEYS: Final = ("tp_size", "remote_tp_size")
 
 
+# The keys whose check reads another value or the prompt's size (``_refusal`` below
+# the spans): a present one sends the object to the whole check.
+_RELATED: Final = frozenset(
+    (
+        "pp_size",
+        *_TP_KEYS,
+        "remote_blocks_expiry_time",
+        "remote_dp_size",
+        "remote_dp_rank",
+        "remote_dp_size_local",
+        "remote_num_tokens",
+        "remote_block_ids",
+    )
+)
+# The other keys, each checked alone: a name that must be a string, or an integer's
+# bounds. A key in both tables, or related, is left to the whole check.
+_TEXT_ALONE: Final = frozenset(TEXTS) - _RELATED - {key for key, _, _ in SPANS}
+_SPAN_ALONE: Final = {
+    key: (low, high) for key, low, high in SPANS if key not in _RELATED and key not in TEXTS
+}
+# Every key the whole check reads.
+_READ: Final = frozenset(TEXTS) | {key for key, _, _ in SPANS} | _RELATED
+
+
 def refusal(
     params: Mapping[str, Any], tokens: int | None = None, where: str = KV_KEY
 ) -> Refusal | None:
     """Why ``params`` (a ``kv_transfer_params`` object) holds a connector value out of
     bounds, or None. ``tokens``: the most tokens the prompt has (its ids' count, else
     the route's max_ids); None or 0: ``MAX_PROMPT_TOKENS``. ``where``: the member the
-    object is (refusals name its keys below it)."""
+    object is (refusals name its keys below it).
+
+    A dict whose present, non-null checked keys are each checked alone and within
+    bounds is within bounds: every other check reads only absent or null values, which
+    pass. Anything else, a refusal included, is found by ``_refusal`` in its order, so
+    the answer is the same whichever way it is reached."""
+    if type(params) is dict:
+        for key, value in params.items():
+            if value is None or key not in _READ:
+                continue
+            if key in _TEXT_ALONE:
+                if type(value) is str:
+                    continue
+            elif key in _SPAN_ALONE:
+                low, high = _SPAN_ALONE[key]
+                if type(value) is int and low <= value <= high:
+                    continue
+            break
+        else:
+            return None
+    return _refusal(params, tokens, where)
+
+
+def _refusal(params: Mapping[str, Any], tokens: int | None, where: str) -> Refusal | None:
+    """``refusal``, every check in its order: the first out of bounds is the one named."""
     for key in TEXTS:
         if (value := params.get(key)) is not None and type(value) is not str:
             return _out(where, key, "a string")
     for key, low, high in SPANS:
-        if not _within(params.get(key), low, high):
+        # ``_within``, inline: every checked object goes through this loop.
+        value = params.get(key)
+        if value is not None and (type(value) is not int or not low <= value <= high):
             return _out(where, key, f"an integer from {low} to {high}")
     if (pp := params.get("pp_size")) is not None:
         for key in _TP_KEYS:

@@ -384,3 +384,43 @@ def test_an_expiry_passes_exactly_when_a_finite_number_from_0_to_2_32(value):
 def test_either_tp_size_times_pp_size_passes_exactly_up_to_1024(key, tp, pp):
     refused = refusal({key: tp, "pp_size": pp})
     assert param(refused) == (None if tp * pp <= 1024 else "kv_transfer_params.pp_size")
+
+
+# Values at and around every bound, of every JSON type (and a few Python ones a caller
+# could hand over), for the differential test of the one-pass check below.
+_EDGE_VALUES = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.sampled_from([-1, 0, 1, 2, 1023, 1024, 1025, 65535, 65536, 2**24, 2**24 + 1, 2**32]),
+    st.integers(),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=3),
+    st.lists(st.one_of(st.integers(-1, 3), st.lists(st.integers(-1, 3), max_size=3)), max_size=4),
+    st.dictionaries(st.text(max_size=2), st.integers(), max_size=2),
+)
+_ANY_KEY = st.sampled_from(
+    [*connector_bounds.KEYS, *connector_bounds._READ, "prompt_token_ids", "do_remote_prefill", ""]
+)
+
+
+@given(
+    st.dictionaries(_ANY_KEY, _EDGE_VALUES, max_size=8),
+    st.one_of(st.none(), st.integers(0, 4)),
+)
+def test_the_one_pass_check_answers_as_the_whole_check(params, tokens):
+    # The pass over a dict's own keys is a shortcut to None: whatever it passes the
+    # whole check in its order passes too, and every refusal is the whole check's.
+    assert refusal(params, tokens) == connector_bounds._refusal(
+        params, tokens, "kv_transfer_params"
+    )
+
+
+def test_every_key_the_whole_check_reads_is_looked_at_by_the_one_pass_check():
+    # A key the shortcut skipped but the whole check read would pass unchecked.
+    edges = {key: (low - 1, low, high, high + 1) for key, low, high in connector_bounds.SPANS}
+    for key in connector_bounds._READ:
+        for bad in (True, -1, 2**40, 1.5, "x", [None], {}, *edges.get(key, ())):
+            whole = connector_bounds._refusal({key: bad}, None, "kv_transfer_params")
+            assert refusal({key: bad}) == whole, (key, bad)
+    for key in (*connector_bounds.KEYS, "remote_engine_id", "remote_block_ids"):
+        assert key in connector_bounds._READ, key
