@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ext_proc.core import connector_bounds
+from ext_proc.core import connector_bounds, connector_keys
 from ext_proc.core.connector_bounds import refusal
 
 # key: (lowest, highest), as docs/trust.md's table states them.
@@ -417,7 +417,7 @@ def test_the_one_pass_check_answers_as_the_whole_check(params, tokens):
 
 def test_every_key_the_whole_check_reads_is_looked_at_by_the_one_pass_check():
     # A key the shortcut skipped but the whole check read would pass unchecked.
-    edges = {key: (low - 1, low, high, high + 1) for key, low, high in connector_bounds.SPANS}
+    edges = {key: (low - 1, low, high, high + 1) for key, low, high in connector_keys.SPANS}
     for key in connector_bounds._READ:
         for bad in (True, -1, 2**40, 1.5, "x", [None], {}, *edges.get(key, ())):
             whole = connector_bounds._refusal({key: bad}, None, "kv_transfer_params")
