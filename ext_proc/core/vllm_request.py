@@ -101,9 +101,12 @@ _TEXT_ITEM_TYPES: Final = TEXT_PART_TYPES | {"message"}
 
 def policed_keys(params: dict[str, Any]) -> tuple[str, ...]:
     """The policed keys present in a ``kv_transfer_params`` object, in policy order."""
-    if not params:
-        return ()
-    return tuple(key for key in POLICED_KEYS if key in params)
+    found: tuple[str, ...] = ()
+    if params:
+        for key in POLICED_KEYS:
+            if key in params:
+                found = (*found, key)
+    return found
 
 
 def _kind(item: dict[str, Any], default: str | None = None) -> str | None:
@@ -129,7 +132,9 @@ def ignores_reused_ids(document: dict[str, Any]) -> bool:
     """
     if document.get("echo") not in (None, False):
         return True
-    if not _text_only(document.get("system")):
+    system = document.get("system")
+    # A string is text (``_text_only``), asked inline: most contents are one.
+    if system is not None and type(system) is not str and not _text_only(system):
         return True
     for key in ("messages", "input"):
         items = document.get(key)
@@ -138,9 +143,14 @@ def ignores_reused_ids(document: dict[str, Any]) -> bool:
         if not isinstance(items, list):
             return True
         for item in items:
-            if not isinstance(item, dict) or not _text_only(item.get("content")):
+            if not isinstance(item, dict):
                 return True
-            if _kind(item, "message") not in _TEXT_ITEM_TYPES:
+            content = item.get("content")
+            if content is not None and type(content) is not str and not _text_only(content):
+                return True
+            # ``_kind(item, "message")``, inline: a type that is no string names none.
+            kind = item.get("type", "message")
+            if type(kind) is not str or kind not in _TEXT_ITEM_TYPES:
                 return True
     return False
 
@@ -495,10 +505,24 @@ def only_kv_params(named: dict[str, int], document: dict[str, Any]) -> bool:
     as many as the document holds) can all be the top-level kv_transfer_params and its
     policed keys: then no other carrier is present, and none need be looked for."""
     params = document.get(KV_KEY)
-    room = {KV_KEY: int(KV_KEY in document)}
-    if type(params) is dict:
-        room.update((key, int(key in params)) for key in POLICED_KEYS)
-    return all(count <= room.get(name, 0) for name, count in named.items())
+    if type(params) is not dict:
+        params = _NO_PARAMS
+    # Each name's room: one for kv_transfer_params when the document holds it, one for
+    # a policed key when the object holds it, none for any other name.
+    for name, count in named.items():
+        if name == KV_KEY:
+            room = KV_KEY in document
+        elif name in _POLICED:
+            room = name in params
+        else:
+            room = False
+        if count > room:
+            return False
+    return True
+
+
+_POLICED: Final = frozenset(POLICED_KEYS)
+_NO_PARAMS: Final[dict[str, Any]] = {}
 
 
 def endpoint(upstream_path: str) -> str:

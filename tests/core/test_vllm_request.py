@@ -1,4 +1,6 @@
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from ext_proc.core import vllm_request
 from ext_proc.core.vllm_request import ignores_reused_ids, policed_keys
@@ -252,3 +254,153 @@ def test_no_served_endpoint_is_as_much_an_endpoint_not_served(monkeypatch) -> No
     monkeypatch.setattr(vllm_request, "_TENANTS", {})
     assert vllm_request.tenant_endpoint("/v1/models") is None
     assert vllm_request.tenant_endpoint("/v1/chat/completions") == "/v1/chat/completions"
+
+
+# The plain definitions the service's loops are held to: differential references, kept
+# in their first, declarative form.
+def _policed_keys_reference(params):
+    return tuple(key for key in vllm_request.POLICED_KEYS if key in params) if params else ()
+
+
+def _text_only_reference(content):
+    if content is None or isinstance(content, str):
+        return True
+    if isinstance(content, list):
+        return all(
+            isinstance(part, dict)
+            and type(part.get("type")) is str
+            and part.get("type") in vllm_request.TEXT_PART_TYPES
+            for part in content
+        )
+    return False
+
+
+def _ignores_reference(document):
+    if document.get("echo") not in (None, False):
+        return True
+    if not _text_only_reference(document.get("system")):
+        return True
+    for key in ("messages", "input"):
+        items = document.get(key)
+        if items is None or isinstance(items, str):
+            continue
+        if not isinstance(items, list):
+            return True
+        for item in items:
+            if not isinstance(item, dict) or not _text_only_reference(item.get("content")):
+                return True
+            kind = item.get("type", "message")
+            if type(kind) is not str:
+                return True
+            if kind not in vllm_request.TEXT_PART_TYPES | {"message"}:
+                return True
+    return False
+
+
+def _only_kv_params_reference(named, document):
+    params = document.get(vllm_request.KV_KEY)
+    room = {vllm_request.KV_KEY: int(vllm_request.KV_KEY in document)}
+    if type(params) is dict:
+        room.update((key, int(key in params)) for key in vllm_request.POLICED_KEYS)
+    return all(count <= room.get(name, 0) for name, count in named.items())
+
+
+class _Text(str):
+    """A string that is not exactly ``str``: a type it holds names no type."""
+
+
+_NAMES = st.sampled_from(
+    [vllm_request.KV_KEY, *vllm_request.POLICED_KEYS, *vllm_request.CARRIER_NAMES[:6], "x"]
+)
+_KINDS = st.one_of(
+    st.sampled_from(["text", "input_text", "output_text", "message", "image_url", ""]),
+    st.builds(_Text, st.sampled_from(["text", "message"])),
+    st.none(),
+    st.integers(0, 1),
+    st.lists(st.just("text"), max_size=1),
+)
+_PART = st.one_of(
+    st.fixed_dictionaries({}, optional={"type": _KINDS, "text": st.just("t")}),
+    st.just("text"),
+    st.none(),
+)
+_CONTENT = st.one_of(
+    st.none(),
+    st.just("hi"),
+    st.builds(_Text, st.just("hi")),
+    st.lists(_PART, max_size=3),
+    st.integers(0, 1),
+    st.fixed_dictionaries({"type": _KINDS}),
+)
+_ITEM = st.one_of(
+    st.fixed_dictionaries({}, optional={"content": _CONTENT, "type": _KINDS, "role": st.just("u")}),
+    st.just("m"),
+    st.none(),
+)
+_ITEMS = st.one_of(st.none(), st.just("s"), st.lists(_ITEM, max_size=4), st.integers(0, 1))
+_DOCUMENT = st.fixed_dictionaries(
+    {},
+    optional={
+        "echo": st.one_of(st.none(), st.booleans(), st.integers(0, 1), st.just("")),
+        "system": _CONTENT,
+        "messages": _ITEMS,
+        "input": _ITEMS,
+        # A policed key's name at the top level is no policed key.
+        vllm_request.IDS_KEY: st.none(),
+        vllm_request.KV_KEY: st.one_of(
+            st.none(),
+            st.lists(st.none(), max_size=1),
+            st.dictionaries(_NAMES, st.none(), max_size=3),
+        ),
+    },
+)
+
+
+@given(_DOCUMENT)
+def test_ignores_reused_ids_answers_as_its_definition(document):
+    assert ignores_reused_ids(document) is _ignores_reference(document)
+
+
+@pytest.mark.parametrize(
+    "document",
+    [
+        # A type or content that is a str subclass: only a plain string names a type.
+        {"messages": [{"content": "hi", "type": _Text("message")}]},
+        {"messages": [{"content": [{"type": _Text("text")}]}]},
+        {"messages": [{"content": _Text("hi")}]},
+        {"system": _Text("s"), "messages": [{"content": "hi"}]},
+        {"system": [{"type": "text"}, {"type": "image_url"}]},
+        {"input": [{"content": None, "type": "input_text"}]},
+    ],
+)
+def test_ignores_reused_ids_on_the_edges_of_a_plain_string(document):
+    assert ignores_reused_ids(document) is _ignores_reference(document)
+
+
+@given(st.one_of(st.none(), st.dictionaries(_NAMES, st.none(), max_size=4)))
+def test_policed_keys_answers_as_its_definition(params):
+    assert policed_keys(params or {}) == _policed_keys_reference(params or {})
+
+
+@given(st.dictionaries(_NAMES, st.integers(-1, 3), max_size=5), _DOCUMENT)
+def test_only_kv_params_answers_as_its_definition(named, document):
+    assert vllm_request.only_kv_params(named, document) is _only_kv_params_reference(
+        named, document
+    )
+
+
+@pytest.mark.parametrize(
+    ("named", "document", "alone"),
+    [
+        ({"prompt_token_ids": 1}, {"kv_transfer_params": {"prompt_token_ids": []}}, True),
+        ({"prompt_token_ids": 1}, {"prompt_token_ids": [], "kv_transfer_params": {}}, False),
+        ({"prompt_token_ids": 1}, {"kv_transfer_params": []}, False),
+        ({"kv_transfer_params": 1, "prompt_features": 0}, {"kv_transfer_params": None}, True),
+        ({"kv_transfer_params": 2}, {"kv_transfer_params": {}}, False),
+        ({"tokens": 1}, {"tokens": 1}, False),
+        ({"tokens": 0}, {}, True),
+    ],
+)
+def test_only_kv_params_counts_each_name_against_its_own_room(named, document, alone):
+    assert vllm_request.only_kv_params(named, document) is alone
+    assert _only_kv_params_reference(named, document) is alone
