@@ -42,11 +42,17 @@ def admit(raw: bytes, account: Account, max_values: int) -> reading.Shape:
 
 
 def parse(
-    raw: bytes, shape: reading.Shape, account: Account, *, lift_ids: bool = False
+    raw: bytes,
+    shape: reading.Shape,
+    account: Account,
+    *,
+    lift_ids: bool = False,
+    ids_bound: int | None = None,
 ) -> reading.Parsed:
     """The document ``json.loads`` reads from the admitted ``raw``: orjson's reading,
-    or json.loads's once its extra cost is held."""
-    parsed = reading.parse(raw, shape, lift_ids=lift_ids)
+    or json.loads's once its extra cost is held (``lift_ids``, ``ids_bound``:
+    ``reading.parse``'s)."""
+    parsed = reading.parse(raw, shape, lift_ids=lift_ids, ids_bound=ids_bound)
     if parsed is not None:
         return parsed
     if not memory.slow_allowed(len(raw), shape.values):

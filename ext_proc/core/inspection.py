@@ -456,7 +456,10 @@ def _judge(
         account.hold(memory.held(len(raw)))
         return NO_PARAMS, None, mint.NOTHING, None
     shape = admission.admit(raw, account, config.max_json_values)
-    parsed = admission.parse(raw, shape, account, lift_ids=True)
+    # A route that honors ids checks them against its bound: in the pass that reads them.
+    honoring = request.policy.action is Action.HONOR
+    bound = policy.ids_bound(request.policy) if honoring else None
+    parsed = admission.parse(raw, shape, account, lift_ids=True, ids_bound=bound)
     # The bytes with what the scan told of the carriers' names.
     body = splice.Body(raw, _ASKED, named)
     # No member but the top-level kv_transfer_params (and its policed keys) is named

@@ -87,6 +87,11 @@ WEIGHS_EVIDENCE: Final = frozenset({Action.HONOR, Action.MINT})
 _ANY_IDS: Final = RoutePolicy()
 
 
+def ids_bound(policy: RoutePolicy) -> int:
+    """The bound a route's token ids are checked against: its vocab_size, else vLLM's."""
+    return policy.vocab_size if policy.vocab_size is not None else MAX_BOUND
+
+
 def _invalid_ids(key: str, ids: Ids, policy: RoutePolicy) -> Refusal | None:
     """At least as strict as vLLM: a non-empty list of ints, each below the route's
     vocab_size (or, when it is unset, below 2**31), at most max_ids of them."""
@@ -103,8 +108,7 @@ def _invalid_ids(key: str, ids: Ids, policy: RoutePolicy) -> Refusal | None:
             reason=Reason.IDS_TOO_MANY,
             param=param,
         )
-    bound = policy.vocab_size if policy.vocab_size is not None else MAX_BOUND
-    fault = ids.fault(bound)
+    fault = ids.fault(ids_bound(policy))
     if fault is None:
         return None
     if fault.kind is Kind.MALFORMED:

@@ -65,6 +65,32 @@ def test_honor_flow_passes_unchanged_and_validates():
     assert bad.decision.id_count == 2
 
 
+@pytest.mark.parametrize(
+    ("at", "value", "detail"),
+    [(None, 49, None), (0, 50, "[0] = 50"), (5999, 50, "[5999] = 50"), (2500, 1 << 31, "[2500] =")],
+)
+def test_a_long_array_is_checked_against_the_routes_bound_as_it_is_read(
+    at: int | None, value: int, detail: str | None
+) -> None:
+    """Ids long enough to be lifted from the bytes are checked against the honoring
+    route's vocab_size in the pass that reads them: the same decision as a short list's,
+    the same first out-of-vocabulary id named."""
+    ids = [7] * 6000
+    if at is not None:
+        ids[at] = value
+    body = json.dumps({"messages": [], "kv_transfer_params": {"prompt_token_ids": ids}})
+    assert len(body) >= reading.LIFT_MIN_BYTES
+    stream = new()
+    stream.handle(headers(DISAGGREGATED))
+    answers = stream.handle(RequestBody(body.encode(), True))
+    if detail is None:
+        assert answers == [ContinueBody(None)]
+        assert stream.decision == Allow("trusted_any_caller", 6000)
+        return
+    assert isinstance(stream.decision, Deny)
+    assert detail in error_body(answers)["message"]
+
+
 def test_missing_metadata_means_aggregated_strip():
     stream = new()
     stream.handle(headers(RouteMetadata()))

@@ -13,7 +13,7 @@ Counted:
 - ``c_calls``: calls of C functions from Python code;
 - ``bulk``: of those calls (and of the functions of ``json`` itself), the ones that can
   go over a whole buffer in one call (parsing, serializing, searching, counting,
-  translating, decoding, hashing, numpy), by name, whatever the size of what they were
+  translating, decoding, hashing, numpy, the project's compiled parts), by name, whatever the size of what they were
   given: another pass over the body, or a second parse, is one more of them;
 - for the 1 MiB paths, with tracemalloc: ``peak_bodies``, the most memory held at once
   above what was held before the request, and ``allocated_bodies``, the sum of every
@@ -65,6 +65,7 @@ import yaml
 
 from bench import bodies, proofs, stack
 from ext_proc._pb import external_processor_pb2 as pb
+from ext_proc.core import native
 from ext_proc.core.config import Config
 from ext_proc.edge import attributes, logs
 from ext_proc.edge.record import LocalRecord
@@ -111,6 +112,9 @@ BULK_METHODS: Final = frozenset(
         *("lower", "upper", "isascii"),
     )
 )
+# The project's compiled parts (ext_proc.core.native): each call is a pass over a buffer.
+_PACKAGE: Final = "ext_proc"
+_COMPILED: Final = tuple(f"{_PACKAGE}.{part}." for part in native.PARTS)
 # The dependencies whose code runs on the paths, recorded with the budgets.
 DEPENDENCIES: Final = ("protobuf", "orjson", "numpy", "stringzilla", "blake3", "prometheus-client")
 
@@ -299,10 +303,12 @@ class _Path:
 def _name(function: Any) -> str:
     """A C function's name: its package and qualified name (``orjson.loads``,
     ``numpy.ndarray.astype``, ``re.Pattern.findall``), a built-in type's method by the
-    type (``bytes.decode``)."""
+    type (``bytes.decode``), a compiled part's by its module (``ext_proc.core._ids.read``)."""
     module = getattr(function, "__module__", None)
     if module is None:
         module = type(getattr(function, "__self__", None)).__module__
+    if module and module.startswith(f"{_PACKAGE}."):
+        return f"{module}.{function.__qualname__}"
     package = module.split(".")[0].lstrip("_") if module else ""
     if package == "builtins" or not package:
         return str(function.__qualname__)
@@ -314,6 +320,8 @@ def _name(function: Any) -> str:
 def _bulk(name: str) -> bool:
     if name.startswith("re.Match."):  # a match's groups and bounds, read in place
         return False
+    if name.startswith(_COMPILED):  # each goes over a message, a body or its ids
+        return True
     return name in BULK_METHODS or name.split(".", maxsplit=1)[0] in BULK_PACKAGES
 
 
