@@ -8,6 +8,7 @@ the connection's peer; a proof is another matter (it covers parameters, not the 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Final
 
 from ext_proc.core.events import Peer
 from ext_proc.core.reasons import TRUSTED, Reason
@@ -27,15 +28,30 @@ class Caller:
         return self.reason in TRUSTED
 
 
+# One caller per reason, shared: a Caller is frozen and holds nothing but its reason,
+# so every request with the same reason may hold the same one (none is made per request).
+_BY_REASON: Final = {
+    reason: Caller(reason)
+    for reason in (
+        Reason.DENIED_BY_POLICY,
+        Reason.STRIPPED_BY_POLICY,
+        Reason.TRUSTED_ANY_CALLER,
+        Reason.TRUSTED_PEER,
+        Reason.PEER_NOT_LISTED,
+        Reason.UNPROVEN,
+    )
+}
+
+
 def of(policy: RoutePolicy, peer: Peer) -> Caller:
     """The caller of a request on a route with ``policy``, over a connection from
     ``peer``."""
     if policy.action not in (Action.HONOR, Action.MINT):
         denied = policy.action is Action.DENY
-        return Caller(Reason.DENIED_BY_POLICY if denied else Reason.STRIPPED_BY_POLICY)
+        return _BY_REASON[Reason.DENIED_BY_POLICY if denied else Reason.STRIPPED_BY_POLICY]
     if policy.action is Action.HONOR and policy.trust_any_caller:
-        return Caller(Reason.TRUSTED_ANY_CALLER)
+        return _BY_REASON[Reason.TRUSTED_ANY_CALLER]
     # An identity matches only one of its own type (a DNS SAN never stands for a URI SAN).
     if policy.peers and peer.mtls and not policy.peers.isdisjoint(peer.identities):
-        return Caller(Reason.TRUSTED_PEER)
-    return Caller(Reason.PEER_NOT_LISTED if policy.peers else Reason.UNPROVEN)
+        return _BY_REASON[Reason.TRUSTED_PEER]
+    return _BY_REASON[Reason.PEER_NOT_LISTED if policy.peers else Reason.UNPROVEN]
