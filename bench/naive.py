@@ -18,8 +18,8 @@ from collections.abc import AsyncIterator
 
 import grpc
 
+from bench import grpc_api
 from ext_proc._pb import external_processor_pb2 as pb
-from ext_proc._pb import external_processor_pb2_grpc as pb_grpc
 from ext_proc.core.config import Config
 from ext_proc.edge import allocator
 
@@ -30,16 +30,17 @@ _ANSWERS = {
 }
 
 
-class Naive(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
-    async def Process(  # noqa: N802 - name fixed by the gRPC service
-        self,
-        request_iterator: AsyncIterator[pb.ProcessingRequest],
-        context: grpc.aio.ServicerContext[pb.ProcessingRequest, pb.ProcessingResponse],
-    ) -> AsyncIterator[pb.ProcessingResponse]:
-        async for request in request_iterator:
-            answer = _ANSWERS.get(request.WhichOneof("request"))
-            if answer is not None:
-                yield answer
+async def process(
+    request_iterator: AsyncIterator[pb.ProcessingRequest],
+    context: grpc.aio.ServicerContext[pb.ProcessingRequest, pb.ProcessingResponse],
+) -> AsyncIterator[pb.ProcessingResponse]:
+    """``Process``, served with the generated (de)serializers as any processor built on the
+    generated code is (``bench.grpc_api``): each message is parsed and each answer
+    serialized, and nothing more."""
+    async for request in request_iterator:
+        answer = _ANSWERS.get(request.WhichOneof("request"))
+        if answer is not None:
+            yield answer
 
 
 async def serve(listen: str) -> None:
@@ -51,7 +52,7 @@ async def serve(listen: str) -> None:
             ("grpc.max_send_message_length", -1),
         ]
     )
-    pb_grpc.add_ExternalProcessorServicer_to_server(Naive(), server)
+    grpc_api.add_to_server(process, server)
     if server.add_insecure_port(listen) == 0:
         raise OSError(f"cannot listen on {listen}")
     await server.start()

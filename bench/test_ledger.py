@@ -8,9 +8,8 @@ import asyncio
 import grpc
 import pytest
 
-from bench import bodies, ledger
+from bench import bodies, grpc_api, ledger
 from ext_proc._pb import external_processor_pb2 as pb
-from ext_proc._pb import external_processor_pb2_grpc as pb_grpc
 from ext_proc.core.config import Config
 from ext_proc.core.events import BodyMode
 from ext_proc.edge import service
@@ -42,7 +41,7 @@ async def _answer(rung: str, data: bytes) -> pb.ProcessingResponse:
     await server.start()
     try:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
-            call = pb_grpc.ExternalProcessorStub(channel).Process(iter([_body(data)]))
+            call = grpc_api.Stub(channel).Process(iter([_body(data)]))
             answers: list[pb.ProcessingResponse] = [a async for a in call]
             (answer,) = answers
             return answer

@@ -74,7 +74,6 @@ def _envoy_files() -> dict[Path, str]:
 
 _PROTOS = REPO / "protos"
 _PB = REPO / "ext_proc" / "_pb"
-_SERVICE = "ext_proc/_pb/external_processor.proto"
 
 
 def _proto_outputs() -> tuple[Path, ...]:
@@ -93,8 +92,9 @@ def _protoc(*args: str) -> None:
 def _proto_files() -> dict[Path, str]:
     protos = [_relative(p, _PROTOS) for p in sorted((_PROTOS / "ext_proc" / "_pb").glob("*.proto"))]
     with tempfile.TemporaryDirectory() as out:
+        # Messages only: the service serves Process on bytes (ext_proc.edge.service), so
+        # no gRPC stub or servicer is generated into the package.
         _protoc(f"--python_out={out}", f"--pyi_out={out}", *protos)
-        _protoc(f"--grpc_python_out={out}", _SERVICE)
         made = sorted((Path(out) / "ext_proc" / "_pb").iterdir())
         return {_PB / path.name: path.read_text() for path in made}
 

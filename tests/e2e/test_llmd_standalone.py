@@ -31,10 +31,10 @@ import pytest
 import yaml
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from bench import grpc_api
 from devstack import processes
 from ext_proc._pb import core_pb2 as core
 from ext_proc._pb import external_processor_pb2 as pb
-from ext_proc._pb import external_processor_pb2_grpc as pb_grpc
 from ext_proc.core.route_policy import Action, RoutePolicy, Topology
 from ext_proc.edge.attributes import READ_HEADERS, attribute_keys
 from ext_proc.tools import carrier_headers, check_envoy, refused_paths, token_endpoints
@@ -441,7 +441,7 @@ LOCAL = "127.0.0.1"
 
 
 @dataclass
-class StandInEpp(pb_grpc.ExternalProcessorServicer):
+class StandInEpp:
     """The EPP's side of its filter as the chart configures it (FULL_DUPLEX_STREAMED both
     ways): every request is sent to ``destination``, every body chunk passed on as it
     came; each whole request body it saw is kept."""
@@ -516,7 +516,7 @@ def router(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]
     }
     epp = StandInEpp(f"{LOCAL}:{ports['upstream']}")
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
-    pb_grpc.add_ExternalProcessorServicer_to_server(epp, server)
+    grpc_api.add_to_server(epp.Process, server)
     checks = health.HealthServicer()
     checks.set(
         "envoy.service.ext_proc.v3.ExternalProcessor", health_pb2.HealthCheckResponse.SERVING

@@ -18,8 +18,8 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from bench import grpc_api
 from ext_proc._pb import external_processor_pb2 as pb
-from ext_proc._pb import external_processor_pb2_grpc as pb_grpc
 from ext_proc.core import native
 from ext_proc.core.config import Config
 from ext_proc.edge.metrics import STREAM_ERROR_KINDS
@@ -58,7 +58,7 @@ async def one_stream(port: int) -> grpc.StatusCode:
     """A complete header-only request on a new stream; its final status."""
     request = headers_request(route_attributes({"action": "strip"}), eos=True)
     async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
-        call = pb_grpc.ExternalProcessorStub(channel).Process(iter([request]))
+        call = grpc_api.Stub(channel).Process(iter([request]))
         replies = [reply async for reply in call]
         assert [r.WhichOneof("response") for r in replies] == ["request_headers"]
         return await call.code()
@@ -179,7 +179,7 @@ def blocking_stream(port: int, codes: list[grpc.StatusCode]) -> None:
     request = headers_request(route_attributes({"action": "strip"}), eos=True)
     with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
         try:
-            list(pb_grpc.ExternalProcessorStub(channel).Process(iter([request]), timeout=20))
+            list(grpc_api.Stub(channel).Process(iter([request]), timeout=20))
         except grpc.RpcError as exc:
             codes.append(exc.code())
         else:
@@ -227,7 +227,7 @@ def test_a_stream_still_open_when_the_grace_is_over_is_ended(caplog):
             await never.wait()
 
         async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
-            call = pb_grpc.ExternalProcessorStub(channel).Process(requests())
+            call = grpc_api.Stub(channel).Process(requests())
             assert server.running is not None
             while server.running.processor.open_streams == 0:
                 await asyncio.sleep(0.01)

@@ -12,8 +12,8 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from bench import grpc_api
 from ext_proc._pb import external_processor_pb2 as pb
-from ext_proc._pb import external_processor_pb2_grpc as pb_grpc
 from ext_proc.core import proof
 from ext_proc.core.config import Config
 from ext_proc.core.stream import Stream
@@ -48,7 +48,7 @@ async def exchange(messages, config=None):
             f"127.0.0.1:{port}",
             options=[("grpc.max_send_message_length", 64 * MiB)],
         ) as channel:
-            call = pb_grpc.ExternalProcessorStub(channel).Process(iter(messages))
+            call = grpc_api.Stub(channel).Process(iter(messages))
             responses = []
             try:
                 async for response in call:
@@ -163,7 +163,7 @@ def test_body_timeout_answers_408_on_the_stream():
 
         try:
             async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
-                call = pb_grpc.ExternalProcessorStub(channel).Process(messages())
+                call = grpc_api.Stub(channel).Process(messages())
                 responses = [r async for r in call]
                 release.set()
                 return responses
@@ -195,7 +195,7 @@ def test_a_decided_stream_stays_open_past_the_body_timeout():
 
         try:
             async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
-                call = pb_grpc.ExternalProcessorStub(channel).Process(messages())
+                call = grpc_api.Stub(channel).Process(messages())
                 responses = [r async for r in call]
                 return responses, await call.code()
         finally:
@@ -262,7 +262,7 @@ def test_a_stream_envoy_cancels_mid_body_is_cancelled_not_a_protocol_error(mode,
 
         try:
             async with grpc.aio.insecure_channel(f"127.0.0.1:{running.port}") as channel:
-                call = pb_grpc.ExternalProcessorStub(channel).Process(messages())
+                call = grpc_api.Stub(channel).Process(messages())
                 if mode == 4:
                     while processor.budget.used == 0:  # the first chunk is held
                         await asyncio.sleep(0.01)
@@ -289,7 +289,7 @@ async def failed_stream(
     error status; then stop the server: the status and the stream errors counted by kind."""
     try:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{running.port}") as channel:
-            call = pb_grpc.ExternalProcessorStub(channel).Process(iter(messages))
+            call = grpc_api.Stub(channel).Process(iter(messages))
             with pytest.raises(grpc.aio.AioRpcError) as failed:
                 async for _ in call:
                     pass
@@ -323,7 +323,7 @@ def test_protocol_errors_are_counted_as_such_not_as_internal_errors():
         running = await build(Config.load(listen="127.0.0.1:0"))
         try:
             async with grpc.aio.insecure_channel(f"127.0.0.1:{running.port}") as channel:
-                call = pb_grpc.ExternalProcessorStub(channel).Process(iter([body(b"{}")]))
+                call = grpc_api.Stub(channel).Process(iter([body(b"{}")]))
                 with pytest.raises(grpc.aio.AioRpcError):
                     async for _ in call:
                         pass
@@ -457,7 +457,7 @@ def test_nothing_of_a_body_is_held_once_it_is_answered():
                 f"127.0.0.1:{running.port}",
                 options=[("grpc.max_send_message_length", 64 * MiB)],
             ) as channel:
-                call = pb_grpc.ExternalProcessorStub(channel).Process(requests())
+                call = grpc_api.Stub(channel).Process(requests())
                 tracemalloc.start()
                 payload = {"messages": [], "kv_transfer_params": {}, "pad": "x" * (8 * MiB)}
                 await queue.put(headers({"action": "strip"}))
@@ -500,7 +500,7 @@ def test_the_in_flight_gauges_read_open_streams_and_held_bytes_when_sampled():
 
         try:
             async with grpc.aio.insecure_channel(f"127.0.0.1:{running.port}") as channel:
-                call = pb_grpc.ExternalProcessorStub(channel).Process(messages())
+                call = grpc_api.Stub(channel).Process(messages())
                 while processor.budget.used == 0:
                     await asyncio.sleep(0.01)
                 during = gauges()
@@ -533,7 +533,7 @@ def test_after_a_refusal_the_rpc_ends_without_waiting_for_envoy():
 
         try:
             async with grpc.aio.insecure_channel(f"127.0.0.1:{running.port}") as channel:
-                call = pb_grpc.ExternalProcessorStub(channel).Process(messages())
+                call = grpc_api.Stub(channel).Process(messages())
                 responses = [r async for r in call]
                 code = await call.code()
                 release.set()
