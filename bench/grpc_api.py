@@ -18,9 +18,9 @@ from typing import Any
 import grpc
 
 from ext_proc._pb import external_processor_pb2 as pb
-from ext_proc.edge.service import SERVICE_NAME
+from ext_proc.edge import service
 
-METHOD = f"/{SERVICE_NAME}/Process"
+METHOD = f"/{service.SERVICE_NAME}/Process"
 
 
 class Stub:
@@ -40,12 +40,9 @@ def add_to_server(process: Callable[..., Any], server: grpc.Server | grpc.aio.Se
     """Serve ``process(requests, context)`` as ``Process``: it is handed
     ``pb.ProcessingRequest``s and gives back ``pb.ProcessingResponse``s (a generator for a
     sync server, an async generator for an asyncio one)."""
-    handlers = {
-        "Process": grpc.stream_stream_rpc_method_handler(
-            process,
-            request_deserializer=pb.ProcessingRequest.FromString,
-            response_serializer=pb.ProcessingResponse.SerializeToString,
-        )
-    }
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
-    server.add_registered_method_handlers(SERVICE_NAME, handlers)
+    service.add_to_server(
+        process,
+        server,
+        deserializer=pb.ProcessingRequest.FromString,
+        serializer=pb.ProcessingResponse.SerializeToString,
+    )

@@ -15,9 +15,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import TypeAlias
+from typing import Any, TypeAlias
 
 import grpc
 
@@ -330,14 +330,19 @@ class ExternalProcessor:
 
 
 def add_to_server(
-    process: Callable[[AsyncIterator[bytes], Context], Awaitable[None]], server: grpc.aio.Server
+    process: Callable[..., Any],
+    server: grpc.Server | grpc.aio.Server,
+    *,
+    deserializer: Callable[[bytes], Any] | None = None,
+    serializer: Callable[[Any], bytes] | None = None,
 ) -> None:
     """Serve ``process`` (``ExternalProcessor.Process``) as the ext_proc service's one
-    method, its messages handed over and taken back as bytes (no deserializer, no
-    serializer)."""
+    method. The service's messages are handed over and taken back as bytes (no
+    deserializer, no serializer); a processor outside the package may give protobuf's
+    (``bench/grpc_api.py``)."""
     handlers = {
         "Process": grpc.stream_stream_rpc_method_handler(
-            process, request_deserializer=None, response_serializer=None
+            process, request_deserializer=deserializer, response_serializer=serializer
         )
     }
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
