@@ -27,9 +27,10 @@ $(STAMP): pyproject.toml
 		"opentelemetry-proto==$$($(PY) -c 'from importlib.metadata import version; print(version("opentelemetry-proto"))')"
 	touch $(STAMP)
 
+# Quiet on stdout: a target whose output is a file's content (envoy-config) prints only that.
 $(READY): $(STAMP) $(NATIVE_SOURCES)
-	$(PY) -m pip install --quiet --no-deps -e .
-	touch $(READY)
+	@$(PY) -m pip install --quiet --no-deps -e . 1>&2
+	@touch $(READY)
 
 # Ports: GATEWAY_PORT, ENVOY_ADMIN_PORT, PROCESSOR_PORT, METRICS_PORT, STUB_PORT
 # (devstack/stack.py lists every variable).
