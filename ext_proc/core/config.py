@@ -279,9 +279,7 @@ class Config(BaseModel):
                 f"{self.proof.record_slots}"
             )
         if self.workers > 1 and self.listen.startswith("unix:"):
-            raise ValueError(
-                "workers > 1 needs a TCP listen address (worker i serves port + i)"
-            )
+            raise ValueError("workers > 1 needs a TCP listen address (worker i serves port + i)")
         return self
 
     @field_validator("listen")

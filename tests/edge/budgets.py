@@ -13,8 +13,9 @@ Counted:
 - ``c_calls``: calls of C functions from Python code;
 - ``bulk``: of those calls (and of the functions of ``json`` itself), the ones that can
   go over a whole buffer in one call (parsing, serializing, searching, counting,
-  translating, decoding, hashing, numpy, the project's compiled parts), by name, whatever the size of what they were
-  given: another pass over the body, or a second parse, is one more of them;
+  translating, decoding, hashing, numpy, the project's compiled parts), by name,
+  whatever the size of what they were given: another pass over the body, or a second
+  parse, is one more of them;
 - for the 1 MiB paths, with tracemalloc: ``peak_bodies``, the most memory held at once
   above what was held before the request, and ``allocated_bodies``, the sum of every
   rise of at least a sixteenth of the body between two consecutive calls or returns
