@@ -4,12 +4,10 @@ answers on any bytes, JSON-like or not, small or past the vector threshold."""
 
 from __future__ import annotations
 
-import ctypes
 import json
-import mmap
 import sys
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -303,27 +301,6 @@ def test_large_bodies_cross_the_vector_path_alike(head: bytes, tail: bytes, fill
 
 
 # --- no read past the end ---------------------------------------------------------------
-
-PAGE = mmap.PAGESIZE
-
-
-@pytest.fixture
-def at_a_guard_page() -> Iterator[Callable[[bytes], memoryview]]:
-    """Puts bytes flush against a page that may not be read: a read past their end
-    stops the process."""
-    region = mmap.mmap(-1, 2 * PAGE)
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    start = ctypes.addressof(ctypes.c_char.from_buffer(region))
-    assert libc.mprotect(start + PAGE, PAGE, mmap.PROT_READ) == 0
-    assert libc.mprotect(start + PAGE, PAGE, 0) == 0
-
-    def placed(raw: bytes) -> memoryview:
-        region[PAGE - len(raw) : PAGE] = raw
-        return memoryview(region)[PAGE - len(raw) : PAGE]
-
-    yield placed
-    assert libc.mprotect(start + PAGE, PAGE, mmap.PROT_READ | mmap.PROT_WRITE) == 0
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="mprotect through the C library")

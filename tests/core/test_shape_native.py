@@ -14,7 +14,6 @@ from hypothesis import strategies as st
 
 from bench import bodies
 from ext_proc.core import reading
-from tests.core.test_scan_native import at_a_guard_page  # noqa: F401 (a fixture)
 
 pytestmark = pytest.mark.unit
 
@@ -144,7 +143,7 @@ def test_any_bytes(raw: bytes) -> None:
 @needs_compiled
 @pytest.mark.skipif(sys.platform != "linux", reason="mprotect through the C library")
 def test_the_scan_reads_nothing_past_the_end(
-    at_a_guard_page: Callable[[bytes], memoryview],  # noqa: F811
+    at_a_guard_page: Callable[[bytes], memoryview],
 ) -> None:
     assert COMPILED is not None
     for size in range(0, 300):

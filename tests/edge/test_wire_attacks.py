@@ -4,10 +4,8 @@ inputs chosen to make a reader read a message differently from
 
 from __future__ import annotations
 
-import ctypes
-import mmap
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
 from google.protobuf.message import DecodeError
@@ -210,27 +208,6 @@ def test_the_memo_never_answers_for_other_attributes(reader: wire.Reader) -> Non
     for attrs in variants + variants[::-1]:
         data = first_body_request(b"{}", attrs).SerializeToString()
         assert decoder(data) == _upb(data)
-
-
-PAGE = mmap.PAGESIZE
-
-
-@pytest.fixture
-def at_a_guard_page() -> Iterator[Callable[[bytes], memoryview]]:
-    """Puts bytes flush against a page that may not be read: a read past their end
-    stops the process."""
-    region = mmap.mmap(-1, 2 * PAGE)
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    start = ctypes.addressof(ctypes.c_char.from_buffer(region))
-    assert libc.mprotect(start + PAGE, PAGE, 0) == 0
-
-    def placed(raw: bytes) -> memoryview:
-        region[PAGE - len(raw) : PAGE] = raw
-        return memoryview(region)[PAGE - len(raw) : PAGE]
-
-    yield placed
-    assert libc.mprotect(start + PAGE, PAGE, mmap.PROT_READ | mmap.PROT_WRITE) == 0
 
 
 @pytest.mark.skipif(COMPILED is None or sys.platform != "linux", reason="compiled, mprotect")
