@@ -351,29 +351,11 @@ def _struct(
 def _attributes(
     data: bytes, pos: int, end: int, skipped: frozenset[bytes]
 ) -> tuple[str, dict[str, Value], bytes]:
-    name: str | None = None
-    span: tuple[int, int] | None = None
-    while pos < end:
-        number, wire, pos = tag(data, pos, end)
-        if number in (1, 2):
-            _expect(wire, _LEN)
-            stop, pos = length(data, pos, end)
-            if number == 1:
-                if name is not None:
-                    raise Unreadable("map key twice")
-                name = text(data, pos, stop)
-            else:
-                if span is not None:
-                    raise Unreadable("map value twice")
-                span = (pos, stop)
-            pos = stop
-        else:
-            pos = skip(data, wire, pos, end)
+    name, start, stop = _entry(data, pos, end)
     fields: dict[str, Value] = {}
     remainder: list[bytes] = []
-    if span is not None:
-        _struct(data, span[0], span[1], 0, (fields, remainder, skipped))
-    return name or "", fields, b"".join(remainder)
+    _struct(data, start, stop, 0, (fields, remainder, skipped))  # nothing when absent
+    return name, fields, b"".join(remainder)
 
 
 def read(data: bytes, skipped: frozenset[bytes] = frozenset()) -> Request:  # noqa: PLR0912 - a branch a field
