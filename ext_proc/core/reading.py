@@ -202,8 +202,9 @@ def _lifted(raw: bytes, shape: Shape, ids_bound: int | None = None) -> Parsed | 
     if lifted is None:
         return None
     nonce = secrets.token_hex(16)
+    view = memoryview(raw)  # the parts joined from views: one copy of them, not two
     document = _orjson_loads(
-        b"".join((raw[:start], b'"', nonce.encode(), b'"', raw[end + 1 :])), shape
+        b"".join((view[:start], b'"', nonce.encode(), b'"', view[end + 1 :])), shape
     )
     params = document.get(KV_KEY) if isinstance(document, dict) else None
     if not isinstance(params, dict) or params.get(IDS_KEY) != nonce:
