@@ -63,6 +63,45 @@ def test_runs_at_every_place_of_a_chunk() -> None:
 
 
 @needs_compiled
+@pytest.mark.parametrize(
+    "filler", [b" ", b",", b"\xb9", b"1,", b"1234567,", b"123456 ", b"9" * 12 + b":"]
+)
+def test_runs_across_groups_of_eight_and_pairs_of_chunks(filler: bytes) -> None:
+    # The vector loops skip the search for runs where each aligned 8 bytes hold a
+    # non-digit and the run carried in is short: runs of 8 to 20 digits (the longest
+    # such bytes can hide, 14, and 19 carried across a pair of chunks) at every place
+    # of the first three 128-byte pairs, after and before digits of the filler.
+    for length in (*range(8, 21), 26, 27):
+        for at in range(0, 3 * 128):
+            raw = (filler * 400)[:at] + b"9" * length + (filler * 400)[: 440 - at]
+            check(raw)
+
+
+@needs_compiled
+@pytest.mark.parametrize("prefix", [0, 64, 128 * 63 - 64, 128 * 63, 128 * 63 + 64])
+@pytest.mark.parametrize("carried", [7, 8, 11, 12, 13, 18])
+def test_a_run_carried_into_eight_bytes_with_a_non_digit(prefix: int, carried: int) -> None:
+    # ``carried`` digits end a pair of chunks; the next pair leads with up to 7 digits
+    # and then holds a non-digit in each group of 8 (the short cut's case).
+    for lead in range(0, 9):
+        start = b" " * (prefix + 128 - carried) + b"5" * carried
+        raw = start + b"5" * lead + b"," + (b"1 2345 " * 40)
+        check(raw)
+
+
+@needs_compiled
+@pytest.mark.parametrize("byte", [b",", b":", b"[", b"{", b",:[{"])
+def test_separators_at_every_byte_place_past_a_byte_counter(byte: bytes) -> None:
+    # Each place of the vector loops' byte counters takes up to 4 a round: every byte a
+    # separator, over lengths around the rounds after which the counters are summed.
+    for rounds in (62, 63, 64, 126, 127, 190):
+        for extra in (-64, -1, 0, 1, 64, 127, 128):
+            size = rounds * 128 + extra
+            check((byte * size)[:size])
+            check((byte * size)[:size] + b"7" * 19)
+
+
+@needs_compiled
 @pytest.mark.parametrize("length", [17, 18, 19, 20, 40])
 @pytest.mark.parametrize("cut", [-20, -19, -18, -10, -1, 0, 1, 9, 18, 19])
 def test_runs_across_a_block_boundary(length: int, cut: int) -> None:
