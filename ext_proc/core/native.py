@@ -28,7 +28,12 @@ def chosen() -> frozenset[str]:
     """The parts ``EXT_PROC_NATIVE`` asks to run compiled (whether built or not).
 
     Raises ValueError naming the valid parts where an entry of the list is not one."""
-    value = os.environ.get(ENVIRONMENT, "").strip()
+    return parse(os.environ.get(ENVIRONMENT))
+
+
+def parse(value: str | None) -> frozenset[str]:
+    """The parts an ``EXT_PROC_NATIVE`` value (None: unset) asks to run compiled."""
+    value = (value or "").strip()
     if value in ("", "1"):
         return frozenset(PARTS)
     if value == "0":
