@@ -1,4 +1,4 @@
-"""``python -m bench [--smoke] [--cells matrix|targets|ledger] [--out DIR]``, ``... profile``."""
+"""``python -m bench [--smoke] [--cells SELECTION] [--out DIR]``, ``... profile``."""
 
 from __future__ import annotations
 
@@ -12,6 +12,13 @@ from bench import bodies, profile, run
 from ext_proc.version import add_argument as add_version
 
 RESULTS = Path(__file__).resolve().parent / "results"
+# The selections of fixed cells, which take no --bodies, --decisions or --concurrency.
+FIXED: dict[str, Callable[[], tuple[run.Cell, ...]]] = {
+    "targets": run.target_cells,
+    "ledger": run.ledger_cells,
+    "compiled": run.compiled_cells,
+}
+SELECTIONS = ("matrix", *FIXED)
 
 
 def _list(
@@ -43,10 +50,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--cells",
-        choices=("matrix", "targets", "ledger"),
+        choices=SELECTIONS,
         help="matrix: every size x decision x concurrency (the default; --smoke: 7 cells); "
         "targets: only the cells the targets judge, without the naive arrangement; "
-        "ledger: the cost ledger, the service's pieces added one at a time (bench/ledger.py)",
+        "ledger: the cost ledger, the service's pieces added one at a time (bench/ledger.py); "
+        "compiled: the service with its compiled parts added one at a time (EXT_PROC_NATIVE)",
     )
     sizes, decisions = tuple(bodies.SIZES), bodies.DECISIONS
     parser.add_argument("--bodies", type=_list(str, sizes), help="e.g. 2k,64k,1m")
@@ -96,13 +104,13 @@ def _scenario(text: str) -> tuple[str, str, int]:
 
 def _plan(args: argparse.Namespace) -> run.Plan:
     subset = args.bodies or args.decisions or args.concurrency
-    if args.cells in ("targets", "ledger"):
+    if args.cells in FIXED:
         if subset:
             raise SystemExit(
                 f"--cells {args.cells} takes no --bodies, --decisions or --concurrency"
             )
         selection = args.cells
-        cells = run.target_cells() if selection == "targets" else run.ledger_cells()
+        cells = FIXED[selection]()
     elif args.smoke and not subset and args.cells is None:
         selection, cells = "smoke", run.smoke_cells()
     else:

@@ -6,7 +6,7 @@ import re
 from collections import defaultdict
 
 from bench.judge import FLOOR
-from bench.results_model import LABEL, Meta, ProofCost, Results, by_cell
+from bench.results_model import LABEL, LedgerRow, Meta, ProofCost, Results, by_cell
 
 
 def _num(value: float | None, digits: int = 2, suffix: str = "") -> str:
@@ -43,9 +43,11 @@ def _packages(meta: Meta) -> str:
 
 def _introduction(results: Results) -> list[str]:
     meta = results.meta
-    only = {"targets": ", the targets' cells", "ledger": ", the cost ledger"}.get(
-        meta.cells or "", ""
-    )
+    only = {
+        "targets": ", the targets' cells",
+        "ledger": ", the cost ledger",
+        "compiled": ", the compiled ladder",
+    }.get(meta.cells or "", "")
     return [
         f"# ext_proc benchmark ({meta.mode}{only})",
         "",
@@ -104,9 +106,15 @@ def _arrangement_notes(results: Results) -> list[str]:
         "ledger": "`direct-*`, `naive-1msg-ext_proc` and `ledger-*`: the cost ledger's rungs "
         "(`bench/ledger.py`, `bench/stack.py`), each adding one piece to the rung before "
         "it; the section Cost ledger lists them;",
+        "native": "`service-wN-native-*`: `service-wN` with `EXT_PROC_NATIVE` set in its "
+        "environment: the compiled parts named after `native-` run compiled, the others "
+        "their pure-Python reference (`none`: every part its reference); the compiled "
+        "ladder's rungs, which the section Cost ledger lists;",
     }
     if any(a.kind == "ledger" for a in results.arrangements):
         names.append("ledger")
+    if any(re.fullmatch(r"service-w\d+-native-.+", name) for name in names):
+        names.append("native")
     if any(re.fullmatch(r"service-w\d+", name) for name in names):
         names.append("service-wN")
     if any(re.fullmatch(r"service-w\d+-redis", name) for name in names):
@@ -181,24 +189,42 @@ def _targets_md(results: Results) -> list[str]:
     return [*lines, ""]
 
 
+# What each ladder is, for the Cost ledger section's introduction (those measured).
+_LADDERS = {
+    "envoy": "Envoy's ladder runs from Envoy direct without its 404 routes and access log "
+    f"to the floor `{FLOOR}` (`python -m bench --cells ledger`, `bench/stack.py`).",
+    "processor": "The processor's runs from the floor to the shipped default, the service's "
+    "pieces added one at a time (`python -m bench --cells ledger`, `bench/ledger.py`); its "
+    "rungs below `ledger-encode` answer every body with an empty continue (a strip is "
+    "forwarded unchanged there).",
+    "compiled": "The compiled ladder runs from Envoy direct and the floor to the service "
+    "with none of its compiled parts (`EXT_PROC_NATIVE=0`: each part's pure-Python "
+    "reference, the same answers), then compiles one part more at each rung: the carrier "
+    "scan (`core._scan`), the wire reader of the raw message bytes (`edge._wire`), and "
+    "last the body's shape and the id checks (`core._shape`, `core._ids`), which is the "
+    "shipped default (`python -m bench --cells compiled`, `ext_proc/core/native.py`). A "
+    "rung's `+` figures are the gain of the part it compiles (negative: it saves).",
+}
+
+
 def _ledger_md(results: Results) -> list[str]:
-    """The cost ledger: every rung of both ladders per cell; nothing without one."""
+    """The ladders measured, every rung per cell; nothing without one."""
     rows = results.judged.ledger
     if not rows:
         return []
     floor = next((r for r in rows if r.arrangement == FLOOR), None)
+    measured = [name for name in _LADDERS if any(r.ladder == name for r in rows)]
     lines = [
         "## Cost ledger",
         "",
         "Each rung adds one piece to the rung before it on its ladder, all measured side "
-        "by side in each round (`python -m bench --cells ledger`, `bench/ledger.py`). "
-        "Envoy's ladder runs from Envoy direct without its 404 routes and access log to "
-        f"the floor `{FLOOR}`; the processor's from the floor to the shipped default. "
-        "`+` columns: the rung's CPU per request minus the rung before's (medians over the "
-        "rounds, so a piece's figure carries the noise of two; a negative one is within "
-        "it). `x floor`: the rung's figure over the floor's in the cell. Rungs below "
-        "`ledger-encode` answer every body with an empty continue (a strip is forwarded "
-        f"unchanged there). CPU: {_machine(results.meta)}"
+        "by side in each round. "
+        + " ".join(_LADDERS[name] for name in measured)
+        + " `+` columns: the rung's figure minus the rung before's (medians over the "
+        "rounds, so a piece's figure carries the noise of two: one within that noise of "
+        "zero says nothing). Added p50: the rung's p50 minus Envoy direct's in the cell. "
+        "`x floor`: the rung's figure over the floor's in the cell. "
+        f"CPU: {_machine(results.meta)}"
         + (
             ""
             if floor is None
@@ -214,23 +240,35 @@ def _ledger_md(results: Results) -> list[str]:
         lines += [
             f"### {size:,} B {decision}, c={concurrency}",
             "",
-            "| ladder | rung | adds | req/s | x floor | processor CPU ms/req | + ms | x floor "
-            "| Envoy CPU ms/req | + ms | x floor |",
-            "|---|---|---|---|---|---|---|---|---|---|---|",
+            "| ladder | rung | adds | req/s | x floor | p50 ms | added p50 ms | + ms "
+            "| processor CPU ms/req | + ms | x floor | Envoy CPU ms/req | + ms | x floor |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
         ]
-        for r in rows:
-            if (r.body_bytes, r.decision, r.concurrency) != (size, decision, concurrency):
-                continue
-            mark = "" if r.ok else " !"
-            lines.append(
-                f"| {r.ladder} | `{r.arrangement}`{mark} | {r.adds} | {r.rps:.0f} | "
-                f"{_num(r.rps_x_floor, 2, 'x')} | {_num(r.processor_cpu_ms_per_req, 3)} | "
-                f"{_num(r.processor_added_ms, 3)} | {_num(r.processor_x_floor, 2, 'x')} | "
-                f"{_num(r.envoy_cpu_ms_per_req, 3)} | {_num(r.envoy_added_ms, 3)} | "
-                f"{_num(r.envoy_x_floor, 2, 'x')} |"
-            )
+        for ladder in measured:
+            before: LedgerRow | None = None
+            for r in rows:
+                if r.ladder != ladder:
+                    continue
+                if (r.body_bytes, r.decision, r.concurrency) != (size, decision, concurrency):
+                    continue
+                mark = "" if r.ok else " !"
+                p50_added = None if before is None else _minus(r.p50_ms, before.p50_ms)
+                lines.append(
+                    f"| {r.ladder} | `{r.arrangement}`{mark} | {r.adds} | {r.rps:.0f} | "
+                    f"{_num(r.rps_x_floor, 2, 'x')} | {_num(r.p50_ms, 3)} | "
+                    f"{_num(r.added_p50_ms, 3)} | {_num(p50_added, 3)} | "
+                    f"{_num(r.processor_cpu_ms_per_req, 3)} | "
+                    f"{_num(r.processor_added_ms, 3)} | {_num(r.processor_x_floor, 2, 'x')} | "
+                    f"{_num(r.envoy_cpu_ms_per_req, 3)} | {_num(r.envoy_added_ms, 3)} | "
+                    f"{_num(r.envoy_x_floor, 2, 'x')} |"
+                )
+                before = r
         lines.append("")
     return lines
+
+
+def _minus(a: float | None, b: float | None) -> float | None:
+    return None if a is None or b is None else a - b
 
 
 def _over_direct(row: ProofCost) -> str:

@@ -435,7 +435,7 @@ class LedgerRow:
     adds over the rung before it on its ladder (None on the first) and its figures over
     the floor's in the cell (None without the floor or a denominator)."""
 
-    ladder: str  # envoy or processor
+    ladder: str  # envoy, processor or compiled
     arrangement: str
     adds: str
     body: str
@@ -451,6 +451,14 @@ class LedgerRow:
     processor_x_floor: float | None
     envoy_x_floor: float | None
     ok: bool
+    # Latency, so that a cell at c=1 shows what a rung adds to it: the p50 and the p50
+    # minus direct's in the cell (None without direct); both None in ledgers from
+    # before they were kept (absent from their results.json).
+    p50_ms: float | None = None
+    added_p50_ms: float | None = None
+
+
+_LEDGER_OPTIONAL = frozenset({"p50_ms", "added_p50_ms"})
 
 
 @dataclass(frozen=True)
@@ -477,7 +485,9 @@ class Derived:
             tuple(_read(ProofCost, r, _PROOF_COST_OPTIONAL) for r in f.take("verification")),
             None if records is None else tuple(_read(RecordCost, r) for r in records),
             None if strict is None else tuple(_read(StrictCost, r) for r in strict),
-            None if ledger is None else tuple(_read(LedgerRow, r) for r in ledger),
+            None
+            if ledger is None
+            else tuple(_read(LedgerRow, r, _LEDGER_OPTIONAL) for r in ledger),
         )
 
     def to_json(self) -> Json:
@@ -492,7 +502,7 @@ class Derived:
         if self.strict is not None:
             out["strict"] = [_write(r) for r in self.strict]
         if self.ledger is not None:
-            out["ledger"] = [_write(r) for r in self.ledger]
+            out["ledger"] = [_write(r, _LEDGER_OPTIONAL) for r in self.ledger]
         return out
 
 

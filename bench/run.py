@@ -31,6 +31,16 @@ SMOKE_CELLS = (
 # The cost ledger's cells: the fixed cost of a small request, alone and under load, and
 # what a rewrite adds under load.
 LEDGER_CELLS = (("2k", "allow", 1), ("2k", "allow", 32), ("2k", "strip", 32))
+# The compiled ladder's cells: the small requests under load, where the per-request
+# work shows in the CPU, and the large ones alone, where it shows in the latency.
+COMPILED_CELLS = (
+    ("2k", "allow", 32),
+    ("2k", "strip", 32),
+    ("2k", "deny", 32),
+    ("1m", "allow", 1),
+    ("1m", "strip", 1),
+    ("1m", "honor", 1),
+)
 CONCURRENCY = (1, 8, 32)
 WORKERS = (1, 2)
 RECORDS = ("local", "redis")
@@ -60,7 +70,8 @@ class Plan:
     rounds: int = 1
     # Which cells: "matrix" (a product of sizes, decisions, concurrencies), "smoke",
     # "targets" (what bench/judge.py judges; the `naive` arrangement is then skipped,
-    # no target reads it) or "ledger" (the cost ledger's cells and rungs).
+    # no target reads it), "ledger" (the cost ledger's cells and rungs) or "compiled"
+    # (the compiled ladder: each compiled part's gain).
     selection: str = "matrix"
     # The service's records of spent proofs measured: "local" (service-wN, its own
     # table) and/or "redis" (service-wN-redis).
@@ -70,7 +81,7 @@ class Plan:
 
     @property
     def naive(self) -> bool:
-        return self.selection not in ("targets", "ledger")
+        return self.selection not in ("targets", "ledger", "compiled")
 
 
 @dataclass(frozen=True)
@@ -161,6 +172,23 @@ def ledger_arrangements() -> list[stack.Arrangement]:
     return [*envoy, *rungs, stack.Arrangement("service", 1)]
 
 
+def compiled_cells() -> tuple[Cell, ...]:
+    return tuple(Cell(*c) for c in COMPILED_CELLS)
+
+
+def compiled_arrangements() -> list[stack.Arrangement]:
+    """The compiled ladder: Envoy direct, the floor, then the service (one worker, the
+    shipped config, its own record) with no part compiled, one part more at each rung,
+    up to the shipped default, every part compiled."""
+    rungs = [stack.Arrangement("service", 1, native=value) for value in stack.COMPILED_RUNGS]
+    return [
+        stack.Arrangement("direct"),
+        stack.Arrangement("naive"),
+        *rungs,
+        stack.Arrangement("service", 1),
+    ]
+
+
 def arrangements(
     workers: tuple[int, ...],
     flag: bool,
@@ -188,6 +216,23 @@ def arrangements(
     # Two gRPC messages per request (envoy/envoy-two-message.yaml), one worker.
     chosen.append(stack.Arrangement("service", 1, stack.TWO_MESSAGES))
     return chosen, notes
+
+
+def implementations_note(served: dict[str, dict[str, str]]) -> str:
+    """The run's note of which implementation each service ran for each compiled part,
+    as its serving log line stated."""
+    if not served:
+        return "No service stated the implementations of its compiled parts."
+
+    def parts(implementation: dict[str, str]) -> str:
+        kinds = set(implementation.values())
+        if len(kinds) == 1:
+            return f"every part {kinds.pop()}"
+        return ", ".join(f"{part} {kind}" for part, kind in implementation.items())
+
+    return "Compiled parts, as each service's serving log line stated: " + "; ".join(
+        f"{name}: {parts(implementation)}" for name, implementation in served.items()
+    )
 
 
 def envoy_note(plan: Plan) -> str:
@@ -440,6 +485,8 @@ def run(plan: Plan, out: Path) -> Path:
     notes: list[str] = []
     if plan.selection == "ledger":
         chosen = ledger_arrangements()
+    elif plan.selection == "compiled":
+        chosen = compiled_arrangements()
     else:
         chosen, notes = arrangements(plan.workers, flag, naive=plan.naive, records=plan.records)
     notes.append(envoy_note(plan))
@@ -473,6 +520,7 @@ def run(plan: Plan, out: Path) -> Path:
     ) as bench:
         records = _measure(bench, plan, paths["wrk"], scripts, names)
         envoy_stats = {name: bench.running[name].stats() for name in names}
+        notes.append(implementations_note(bench.implementations))
     results = {
         "meta": meta,
         "notes": notes,

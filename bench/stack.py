@@ -14,7 +14,10 @@ one nginx:
   of the processor cluster (``envoygen.processor_workers_fields``), as a gateway in
   front of ``--workers`` is configured: Envoy picks a worker per stream;
 - ``service-wN-redis``: as ``service-wN``, its record of spent proofs in a
-  ``redis-server`` the stack starts (one per arrangement: a Redis keeps one record).
+  ``redis-server`` the stack starts (one per arrangement: a Redis keeps one record);
+- ``service-wN-native-PARTS``: as ``service-wN``, with ``EXT_PROC_NATIVE`` set in its
+  environment only: the parts named run compiled, the others their pure-Python reference
+  (``none``: every part its reference).
 
 Every config also has ``/pd-any/v1/``: the shipped decode route trusting any caller's
 ids (``trust_any_caller``), for the unproven honor and deny bodies; the service verifies
@@ -30,6 +33,7 @@ import copy
 import http.client
 import json
 import math
+import os
 import socket
 import subprocess
 import sys
@@ -46,6 +50,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from bench import bodies, ledger, proofs
 from devstack import envoy_config, processes
+from ext_proc.core import native
 from ext_proc.core.address import HostPort
 from ext_proc.edge import redis_record
 from ext_proc.edge.supervisor import worker_ports
@@ -57,6 +62,8 @@ POLICY = "ext_proc.token_policy"
 DECODE_ROUTE = "disaggregated"  # the shipped /pd/v1/ route (honor)
 AGGREGATED_ROUTE = "aggregated"  # the shipped /v1/ route (allow, strip)
 UPSTREAM_REPLY = b'{"id":"bench","object":"chat.completion","choices":[]}'
+# How long a service may take to log its serving line once its ports answer.
+SERVING_LINE_SECONDS = 15.0
 # The shipped default (one gRPC message per request) and the two-message variant.
 DEFAULT_CONFIG = "envoy.yaml"
 TWO_MESSAGES = "envoy-two-message.yaml"
@@ -75,11 +82,17 @@ class Arrangement:
     # for `direct` and `naive` the Envoy rung (ENVOY_RUNGS) their config stops at; ""
     # for the kind's own (direct: "log", naive: "attributes").
     rung: str = ""
+    # A service's EXT_PROC_NATIVE (ext_proc/core/native.py): which compiled parts run,
+    # the others their pure-Python reference; "" leaves it as the harness's environment
+    # has it (unset: every part compiled, as shipped).
+    native: str = ""
 
     @property
     def name(self) -> str:
         if self.kind == "ledger":
             return f"ledger-{self.rung}"
+        if self.native:
+            return f"{self.kind}-w{self.workers or 1}-native-{native_suffix(self.native)}"
         name = self.kind if self.workers is None else f"{self.kind}-w{self.workers}"
         if self.rung:
             return f"{name}-1msg-{self.rung}" if self.kind == "naive" else f"{name}-{self.rung}"
@@ -110,7 +123,53 @@ class Arrangement:
             and self.workers == 1
             and self.config == DEFAULT_CONFIG
             and self.record == "local"
+            and not self.native
         )
+
+    def environment(self) -> dict[str, str] | None:
+        """The processor's environment: the harness's, with the arrangement's
+        EXT_PROC_NATIVE; None (inherited unchanged) without one."""
+        if not self.native:
+            return None
+        return {**os.environ, native.ENVIRONMENT: self.native}
+
+    def expected_implementations(self) -> dict[str, str] | None:
+        """What the service's ``serving`` log line must state for each part where the
+        arrangement sets EXT_PROC_NATIVE (None where it does not)."""
+        if not self.native:
+            return None
+        compiled = native.parse(self.native)
+        return {part: "compiled" if part in compiled else "python" for part in native.PARTS}
+
+
+def native_suffix(value: str) -> str:
+    """An EXT_PROC_NATIVE value as a name's suffix: ``none``, ``all``, or the parts
+    compiled in the value's order without their package (``scan-wire``). Raises
+    ValueError where the service would refuse the value (ext_proc/core/native.py)."""
+    compiled = native.parse(value)
+    if not compiled:
+        return "none"
+    if value.strip() in ("", "1"):
+        return "all"
+    return "-".join(name.strip().split(".")[-1].lstrip("_") for name in value.split(","))
+
+
+def served_implementations(
+    log: Path, process: subprocess.Popen[bytes], wait: float = SERVING_LINE_SECONDS
+) -> dict[str, str] | None:
+    """Each part's implementation as the service's ``serving`` log line states it,
+    waiting up to ``wait`` seconds for the line (the service writes its lines in
+    batches, at least every second); None without one."""
+    deadline = time.monotonic() + wait
+    while True:
+        for line in log.read_text(errors="replace").splitlines():
+            with contextlib.suppress(ValueError):
+                fields = json.loads(line)
+                if isinstance(fields, dict) and fields.get("message") == "serving":
+                    return dict(fields.get("implementation") or {})
+        if process.poll() is not None or time.monotonic() > deadline:
+            return None
+        time.sleep(0.2)
 
 
 def nginx_conf(workdir: Path, port: int) -> str:
@@ -225,6 +284,8 @@ class BenchStack:
     envoy_concurrency: int = 1
     upstream: HostPort = field(default_factory=lambda: HostPort(LOCAL, processes.free_port()))
     running: dict[str, Running] = field(default_factory=dict)
+    # Each service's implementation of each compiled part, as its serving line states.
+    implementations: dict[str, dict[str, str]] = field(default_factory=dict)
     nginx_process: subprocess.Popen[bytes] | None = None
     # Each Redis arrangement's redis-server, by the arrangement's name.
     redis_addresses: dict[str, HostPort] = field(default_factory=dict)
@@ -260,6 +321,27 @@ class BenchStack:
         # minted after that.
         fresh = math.ceil(time.time()) + proofs.SKEW + 1
         time.sleep(max(0.0, fresh - time.time()))
+        for arrangement in self.arrangements:
+            if arrangement.kind == "service":
+                self._check_implementations(arrangement)
+
+    def _check_implementations(self, arrangement: Arrangement) -> None:
+        """Read which implementation the service runs for each part; an arrangement
+        that sets EXT_PROC_NATIVE must run what it asks (a part not built would run its
+        reference and the rung would measure something else than it says)."""
+        name = arrangement.name
+        processor = self.running[name].processor
+        if processor is None:
+            raise RuntimeError(f"{name}: processor not started")
+        log = self.workdir / f"{name}-processor.log"
+        expected = arrangement.expected_implementations()
+        # Every service started before the wait for fresh proofs: its line is written.
+        wait = 0.0 if expected is None else SERVING_LINE_SECONDS
+        served = served_implementations(log, processor, wait)
+        if served is not None:
+            self.implementations[name] = served
+        if expected is not None and served != expected:
+            raise RuntimeError(f"{name}: the service runs {served}, not {expected} as asked")
 
     def _start_redis(self, arrangement: Arrangement) -> None:
         """A redis-server on loopback for ``arrangement``'s record, nothing persisted,
@@ -323,7 +405,8 @@ class BenchStack:
         else:
             args = []
         if args:
-            running.processor = processes.start(args, log, cwd=REPO)
+            env = arrangement.environment()
+            running.processor = processes.start(args, log, cwd=REPO, env=env)
             self._children.append(running.processor)
             for address in worker_ports(str(processor), workers):
                 processes.wait_for_port(HostPort.parse(address).port, running.processor)
@@ -480,6 +563,19 @@ ENVOY_ADDS = {
     "header_step": "the header step (carrier headers removed, request ids)",
     "ext_proc": "ext_proc and the buffer filter, in front of the floor, no attributes",
     "attributes": "the request attributes (the floor)",
+}
+
+
+# The compiled ladder's service rungs (EXT_PROC_NATIVE values, ext_proc/core/native.py),
+# each compiling what the one before did and one piece more; the shipped default (every
+# part compiled, the variable unset) tops it. What each adds, by value ("" the default).
+COMPILED_RUNGS = ("0", "core._scan", "core._scan,edge._wire")
+COMPILED_ADDS = {
+    "0": "the service, every compiled part's pure-Python reference running instead",
+    "core._scan": "core._scan compiled: the carrier scan of the body's bytes",
+    "core._scan,edge._wire": "edge._wire compiled: the wire reader of the raw message bytes",
+    "": "core._shape and core._ids compiled: the body's shape and the id checks "
+    "(every part compiled: the shipped default)",
 }
 
 

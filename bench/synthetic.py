@@ -186,3 +186,25 @@ def ledger_run() -> dict[str, Any]:
         }
         cells.append(record("2k", "allow", 32, name, rps=5000.0, **cpu))
     return results(kinds, cells, DEFAULT)
+
+
+# The compiled ladder's service rungs below the default, by name.
+COMPILED = tuple(f"{DEFAULT}-native-{s}" for s in ("none", "scan", "scan-wire"))
+
+
+def compiled_run() -> dict[str, Any]:
+    """The compiled ladder in 1 MiB strip c=1: Envoy direct at a p50 of 1 ms, the floor
+    at 2 ms, the service with no compiled part at 10 ms and 1 ms less at each rung up to
+    the default (7 ms); the processor's CPU per request is its p50 less a millisecond."""
+    cells = [
+        record("1m", "strip", 1, "direct", p50_ms=1.0, rps=900.0, envoy_cpu_ms_per_req=0.5),
+        record("1m", "strip", 1, FLOOR, p50_ms=2.0, rps=400.0, processor_cpu_ms_per_req=1.0),
+    ]
+    for step, name in enumerate((*COMPILED, DEFAULT)):
+        p50 = 10.0 - step
+        cpu = {"processor_cpu_ms_per_req": p50 - 1, "envoy_cpu_ms_per_req": 0.5}
+        cells.append(record("1m", "strip", 1, name, p50_ms=p50, rps=100.0, **cpu))
+    kinds = {"direct": "direct", FLOOR: "naive", **dict.fromkeys((*COMPILED, DEFAULT), "service")}
+    raw = results(kinds, cells, DEFAULT)
+    raw["meta"]["cells"] = "compiled"
+    return raw

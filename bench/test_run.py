@@ -66,3 +66,50 @@ def test_envoy_concurrency_is_one_unless_given() -> None:
 def test_envoy_concurrency_below_one_is_refused() -> None:
     with pytest.raises(SystemExit):
         cli._plan(cli._parser().parse_args(["--smoke", "--envoy-concurrency", "0"]))
+
+
+def test_the_compiled_selection_plans_its_cells_and_skips_the_two_message_naive() -> None:
+    plan = cli._plan(cli._parser().parse_args(["--cells", "compiled"]))
+    assert plan.selection == "compiled"
+    assert [(c.body, c.decision, c.concurrency) for c in plan.cells] == [
+        ("2k", "allow", 32),
+        ("2k", "strip", 32),
+        ("2k", "deny", 32),
+        ("1m", "allow", 1),
+        ("1m", "strip", 1),
+        ("1m", "honor", 1),
+    ]
+    assert not plan.naive
+    assert (plan.seconds, plan.warmup, plan.rounds) == (4, 1, 3)
+    with pytest.raises(SystemExit):
+        cli._plan(cli._parser().parse_args(["--cells", "compiled", "--bodies", "2k"]))
+
+
+def test_the_compiled_ladder_runs_direct_the_floor_then_one_compiled_part_more() -> None:
+    chosen = run.compiled_arrangements()
+    assert [a.name for a in chosen] == [
+        "direct",
+        "naive-1msg",
+        "service-w1-native-none",
+        "service-w1-native-scan",
+        "service-w1-native-scan-wire",
+        "service-w1",
+    ]
+    assert [a.native for a in chosen[2:]] == ["0", "core._scan", "core._scan,edge._wire", ""]
+    # One default (the targets judge it), every part compiled: EXT_PROC_NATIVE untouched.
+    assert [a.name for a in chosen if a.default] == ["service-w1"]
+    assert chosen[-1].environment() is None
+    assert all(a.kind == "service" and a.workers == 1 for a in chosen[2:])
+
+
+def test_the_implementations_note_names_each_services_parts() -> None:
+    served = {
+        "service-w1-native-scan": {"core._scan": "compiled", "edge._wire": "python"},
+        "service-w1": {"core._scan": "compiled", "edge._wire": "compiled"},
+    }
+    assert run.implementations_note(served) == (
+        "Compiled parts, as each service's serving log line stated: "
+        "service-w1-native-scan: core._scan compiled, edge._wire python; "
+        "service-w1: every part compiled"
+    )
+    assert "No service" in run.implementations_note({})

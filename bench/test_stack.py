@@ -3,12 +3,19 @@ prefix state their own rewrite, as the processor needs, and pass check-envoy."""
 
 from __future__ import annotations
 
+import itertools
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from bench import bodies, stack
 from devstack import envoy_config
+from ext_proc.core import native
 from ext_proc.core.address import HostPort
 from ext_proc.tools import carrier_headers, envoygen
 from ext_proc.tools.check_envoy import check
@@ -105,3 +112,49 @@ def test_envoy_direct_is_the_log_rung_and_has_no_processor_rung() -> None:
     assert direct == rung
     with pytest.raises(ValueError, match="no processor"):
         stack._remove_ext_proc(_rendered(), "ext_proc")
+
+
+def test_a_native_arrangement_names_its_compiled_parts_and_sets_them_for_itself() -> None:
+    scan_wire = stack.Arrangement("service", 1, native="core._scan,edge._wire")
+    assert scan_wire.name == "service-w1-native-scan-wire"
+    assert not scan_wire.default
+    env = scan_wire.environment()
+    assert env is not None
+    assert env[native.ENVIRONMENT] == "core._scan,edge._wire"
+    assert env["PATH"] == os.environ["PATH"]  # the harness's environment otherwise
+    assert stack.Arrangement("service", 2, native="0").name == "service-w2-native-none"
+    assert stack.Arrangement("service", 1, native="1").name == "service-w1-native-all"
+    assert stack.native_suffix(" core._shape , core._ids ") == "shape-ids"
+    # Other arrangements keep the environment they inherit.
+    assert stack.Arrangement("service", 1).environment() is None
+    assert stack.Arrangement("naive").environment() is None
+
+
+@pytest.mark.parametrize("value", ["core._nothing", "core._scan,", "scan"])
+def test_a_native_value_the_service_would_refuse_is_refused(value: str) -> None:
+    with pytest.raises(ValueError, match="not one of"):
+        _ = stack.Arrangement("service", 1, native=value).name
+
+
+def test_each_compiled_rung_compiles_the_parts_of_the_one_before_and_more() -> None:
+    assert set(stack.COMPILED_ADDS) == {*stack.COMPILED_RUNGS, ""}
+    compiled = [set() if v == "0" else set(v.split(",")) for v in stack.COMPILED_RUNGS]
+    compiled.append(set(native.PARTS))  # the shipped default tops the ladder
+    assert compiled[0] == set()
+    assert all(a < b for a, b in itertools.pairwise(compiled))
+
+
+def test_the_serving_line_states_the_implementations(tmp_path: Path) -> None:
+    log = tmp_path / "processor.log"
+    line = {"message": "serving", "implementation": {"core._scan": "python"}}
+    log.write_text("not json\n" + json.dumps({"message": "other"}) + "\n" + json.dumps(line))
+    done = subprocess.Popen([sys.executable, "-c", ""])
+    done.wait()
+    assert stack.served_implementations(log, done, 0.0) == {"core._scan": "python"}
+    log.write_text("")
+    assert stack.served_implementations(log, done, 0.0) is None
+    asked = stack.Arrangement("service", 1, native="core._scan")
+    assert asked.expected_implementations() == {
+        part: "compiled" if part == "core._scan" else "python" for part in native.PARTS
+    }
+    assert stack.Arrangement("service", 1).expected_implementations() is None
