@@ -1,14 +1,17 @@
 /* Token ids checked in one pass over their text: the compiled twin of
  * ext_proc/core/ids.py's checks, which stay the reference (tests/core/test_ids_native.py
- * compares the two).
+ * and test_ids_native_loops.py compare the two).
  *
- * read(span[, bound]) -> (count, text[, below]) | None
+ * read(span, bound=None, portable=False) -> (count, text[, below]) | None
  *     ``span`` (any buffer) when it is a well-formed array of ids (ids.py's module
  *     docstring), with or without one space after each comma: how many ids and the
  *     canonical text (``span`` itself when it is a bytes object without spaces, else a
  *     compacted copy). None when it is not well-formed, as ``ids._well_formed`` says.
- *     With ``bound``, ``below`` tells in the same pass whether every id is below it
- *     (``fault``'s None), the bound compared as ``fault`` compares it.
+ *     With a ``bound``, ``below`` tells in the same pass whether every id is below it
+ *     (``fault``'s None), the bound compared as ``fault`` compares it. ``portable``:
+ *     the SSE2 (or scalar) loop even where the CPU has AVX2 (the tests compare both).
+ *
+ * implementation() -> "avx2" | "sse2" | "scalar": the loop ``read`` runs on this CPU.
  *
  * fault(text, bound, checked=False) -> None | (malformed, index, value) | NotImplemented
  *     For the canonical text of ids (``checked``: read's, whose grammar is not checked
@@ -21,20 +24,31 @@
  *     the reference decides from the items.
  *
  * Why it is sound. Between the brackets a well-formed text holds digits and commas only.
- * Sixteen bytes are classified at a time (SSE2; else one byte at a time) into 64-bit
- * masks of a 64-byte chunk: digits, commas, zeros. The closing ']' counts as the comma
+ * The bytes are classified 64 at a time (a chunk) into 64-bit masks: digits, commas,
+ * zeros (AVX2 where the CPU has it, chosen once at import, else SSE2, else one byte at a
+ * time; every loop computes the same masks). The closing ']' counts as the comma
  * ending the last item, the '[' as one ending an item before the first. Then, as
  * bitwise operations on the masks (a shift carries the previous chunk's bits in):
  * an item is empty where a comma starts it; it has a leading zero where a zero starts
  * it and a digit follows; it is ``k`` digits or longer where its comma has no comma
  * within the ``k`` bytes before it. Without leading zeros a longer item is a larger
- * number, so only the items of exactly as many digits as ``bound - 1`` are compared
- * with it, byte by byte; items of more digits are beyond it. The first byte that is
- * neither digit nor comma, or the first empty item, gives the first malformed item's
- * index: the commas before it. The largest item's value is read (at most 20 digits:
- * below 2**64, checked) only once some item is known to reach the bound.
- * Every read stays inside the buffer (the last chunk is copied into a padded one);
- * nothing is global or mutable.
+ * number, so only the items of exactly as many digits as ``bound - 1`` (the limit) can
+ * be above it without being longer; items of more digits are beyond it. Such an item
+ * is above the limit only if its first two digits are not below the limit's (with a
+ * one-digit limit: its digit above it), a mask of each chunk taken where the items
+ * start; only those items are compared with the limit, byte by byte. While no item is
+ * known to reach the bound, no item is longer than the limit (at most 10 digits), so
+ * none is longer than MAX_DIGITS: that check runs only once one reaches it, or without
+ * a bound. A space is neither digit nor comma, so a span holding one fails the pass;
+ * only then, and when a space is there, is it compacted and read again (a span without
+ * a space compacts to itself). The first byte that is neither digit nor comma, or the
+ * first empty item, gives the first malformed item's index: the commas before it. The
+ * largest item's value is read (at most 20 digits: below 2**64, checked) only once some
+ * item is known to reach the bound.
+ * Every read stays inside the buffer: the two-digit mask reads one byte past a chunk,
+ * which for a whole chunk is at most the ']', and the last chunk is copied into a
+ * padded one. Nothing is global or mutable but the choice of loop, written once at
+ * import.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -44,6 +58,10 @@
 #ifdef __SSE2__
 #include <emmintrin.h>
 #endif
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define HAVE_AVX2_VERSION 1
+#endif
 
 /* ids.py's MAX_DIGITS; orjson writes ints below 2**64: 20 digits at most. */
 #define MAX_DIGITS 18
@@ -52,93 +70,143 @@
 
 /* One chunk: bit i stands for byte i. ``ends`` are the commas, and the ']' in the
  * last chunk; ``other`` the bytes that are none of those nor digits (not counting the
- * padding after the ']'). */
+ * padding after the ']'). ``ahead``, with a limit: where the byte, and the one after it
+ * (read past the chunk: the caller makes it readable), are not below the limit's first
+ * two digits (with a one-digit limit: where the byte is above it); it only tells where
+ * an item of the limit's length starts (its bytes all digits, at least two), so other
+ * bytes may be set or not. */
 typedef struct {
     uint64_t digits, ends, zeros, other;
-    uint64_t high; /* the bytes at or above ``first`` (classify's) */
+    uint64_t ahead;
 } masks;
 
-/* The masks of the 64 bytes at ``q``; ``high`` only where ``first`` is a digit.
- * ``checked``: the bytes are known to be digits and commas only (a well-formed text),
- * so only the commas and ``high`` are looked for. */
-static inline void classify(const uint8_t *q, masks *k, uint8_t first, int checked) {
-    uint64_t digits = 0, commas = 0, zeros = 0, high = 0;
-    int by_first = (uint8_t)(first - '0') < 10;
-    if (checked) {
-#ifdef __SSE2__
-        const __m128i comma = _mm_set1_epi8(',');
-        const __m128i at_least = _mm_set1_epi8((char)(first - 1));
-        for (int part = 0; part < 4; part++) {
-            __m128i block = _mm_loadu_si128((const __m128i *)(q + 16 * part));
-            int shift = 16 * part;
-            commas |= (uint64_t)(unsigned)_mm_movemask_epi8(_mm_cmpeq_epi8(block, comma)) << shift;
-            high |= (uint64_t)(unsigned)_mm_movemask_epi8(_mm_cmpgt_epi8(block, at_least)) << shift;
-        }
-#else
-        for (int i = 0; i < CHUNK; i++) {
-            uint64_t bit = (uint64_t)1 << i;
-            commas |= q[i] == ',' ? bit : 0;
-            high |= by_first && q[i] >= first && q[i] < 0x80 ? bit : 0;
-        }
-#endif
-        k->digits = ~commas;
-        k->ends = commas;
-        k->zeros = 0;
-        k->other = 0;
-        k->high = by_first ? high : 0;
-        return;
-    }
+/* The masks of the 64 bytes at ``q``, whose byte 64 is readable (SSE2, else one byte
+ * at a time); ``digits``: the limit's length, 0 for none. ``checked``: the bytes are
+ * known to be digits and commas only (a well-formed text), so only the commas and
+ * ``ahead`` are looked for. */
+static inline __attribute__((always_inline)) void classify(const uint8_t *q, masks *k,
+                                                           const char *limit, int digits,
+                                                           int checked) {
+    uint64_t found_digits = 0, commas = 0, zeros = 0, ahead = 0;
 #ifdef __SSE2__
     const __m128i below = _mm_set1_epi8('0' - 1);
-    const __m128i above = _mm_set1_epi8('9' + 1);
+    const __m128i over = _mm_set1_epi8('9' + 1);
     const __m128i comma = _mm_set1_epi8(',');
     const __m128i zero = _mm_set1_epi8('0');
+    const __m128i first = _mm_set1_epi8(digits ? limit[0] : 0);
+    const __m128i second = _mm_set1_epi8((char)(digits >= 2 ? limit[1] - 1 : 0));
     for (int part = 0; part < 4; part++) {
         __m128i block = _mm_loadu_si128((const __m128i *)(q + 16 * part));
-        /* Bytes of 0x80 and above compare as negative: not digits. */
-        __m128i d = _mm_and_si128(_mm_cmpgt_epi8(block, below), _mm_cmplt_epi8(block, above));
         int shift = 16 * part;
-        digits |= (uint64_t)(unsigned)_mm_movemask_epi8(d) << shift;
         commas |= (uint64_t)(unsigned)_mm_movemask_epi8(_mm_cmpeq_epi8(block, comma)) << shift;
-        zeros |= (uint64_t)(unsigned)_mm_movemask_epi8(_mm_cmpeq_epi8(block, zero)) << shift;
-        if (by_first) {
-            __m128i at_least = _mm_cmpgt_epi8(block, _mm_set1_epi8((char)(first - 1)));
-            high |= (uint64_t)(unsigned)_mm_movemask_epi8(at_least) << shift;
+        if (digits) {
+            /* Digits compare as the bytes they are (all below 0x80). */
+            __m128i up = _mm_cmpgt_epi8(block, first);
+            if (digits >= 2) {
+                __m128i next = _mm_loadu_si128((const __m128i *)(q + 16 * part + 1));
+                up = _mm_or_si128(up, _mm_and_si128(_mm_cmpeq_epi8(block, first),
+                                                    _mm_cmpgt_epi8(next, second)));
+            }
+            ahead |= (uint64_t)(unsigned)_mm_movemask_epi8(up) << shift;
         }
+        if (checked) {
+            continue;
+        }
+        /* Bytes of 0x80 and above compare as negative: not digits. */
+        __m128i d = _mm_and_si128(_mm_cmpgt_epi8(block, below), _mm_cmplt_epi8(block, over));
+        found_digits |= (uint64_t)(unsigned)_mm_movemask_epi8(d) << shift;
+        zeros |= (uint64_t)(unsigned)_mm_movemask_epi8(_mm_cmpeq_epi8(block, zero)) << shift;
     }
 #else
     for (int i = 0; i < CHUNK; i++) {
         uint64_t bit = (uint64_t)1 << i;
-        digits |= (uint8_t)(q[i] - '0') < 10 ? bit : 0;
+        found_digits |= (uint8_t)(q[i] - '0') < 10 ? bit : 0;
         commas |= q[i] == ',' ? bit : 0;
         zeros |= q[i] == '0' ? bit : 0;
-        high |= by_first && q[i] >= first && q[i] < 0x80 ? bit : 0;
+        if (digits) {
+            uint8_t l0 = (uint8_t)limit[0];
+            int up = q[i] > l0 || (digits >= 2 && q[i] == l0 && q[i + 1] >= (uint8_t)limit[1]);
+            ahead |= up ? bit : 0;
+        }
     }
 #endif
-    k->digits = digits;
+    k->ends = commas;
+    k->ahead = ahead;
+    if (checked) {
+        k->digits = ~commas;
+        k->zeros = 0;
+        k->other = 0;
+        return;
+    }
+    k->digits = found_digits;
+    k->zeros = zeros;
+    k->other = ~(found_digits | commas);
+}
+
+#ifdef HAVE_AVX2_VERSION
+/* classify's masks (never ``checked``), 32 bytes at a time. */
+static inline __attribute__((target("avx2,popcnt,bmi"))) void
+classify_avx2(const uint8_t *q, masks *k, const char *limit, int digits) {
+    const __m256i below = _mm256_set1_epi8('0' - 1);
+    const __m256i over = _mm256_set1_epi8('9' + 1);
+    const __m256i comma = _mm256_set1_epi8(',');
+    const __m256i zero = _mm256_set1_epi8('0');
+    const __m256i first = _mm256_set1_epi8(digits ? limit[0] : 0);
+    const __m256i second = _mm256_set1_epi8((char)(digits >= 2 ? limit[1] - 1 : 0));
+    uint64_t found_digits = 0, commas = 0, zeros = 0, ahead = 0;
+    for (int part = 0; part < 2; part++) {
+        __m256i block = _mm256_loadu_si256((const __m256i *)(q + 32 * part));
+        int shift = 32 * part;
+        /* Bytes of 0x80 and above compare as negative: not digits. */
+        __m256i d =
+            _mm256_and_si256(_mm256_cmpgt_epi8(block, below), _mm256_cmpgt_epi8(over, block));
+        found_digits |= (uint64_t)(uint32_t)_mm256_movemask_epi8(d) << shift;
+        commas |= (uint64_t)(uint32_t)_mm256_movemask_epi8(_mm256_cmpeq_epi8(block, comma))
+                  << shift;
+        zeros |= (uint64_t)(uint32_t)_mm256_movemask_epi8(_mm256_cmpeq_epi8(block, zero)) << shift;
+        if (digits) {
+            __m256i up = _mm256_cmpgt_epi8(block, first);
+            if (digits >= 2) {
+                __m256i next = _mm256_loadu_si256((const __m256i *)(q + 32 * part + 1));
+                up = _mm256_or_si256(up, _mm256_and_si256(_mm256_cmpeq_epi8(block, first),
+                                                          _mm256_cmpgt_epi8(next, second)));
+            }
+            ahead |= (uint64_t)(uint32_t)_mm256_movemask_epi8(up) << shift;
+        }
+    }
+    k->digits = found_digits;
     k->ends = commas;
     k->zeros = zeros;
-    k->other = ~(digits | commas);
-    k->high = high;
+    k->other = ~(found_digits | commas);
+    k->ahead = ahead;
 }
+#endif
 
 /* The chunks of the bytes between the brackets: ``p[0..m)``, ``p[m]`` being ']'. */
 typedef struct {
     const uint8_t *p;
     Py_ssize_t m;
-    Py_ssize_t at;      /* where the next chunk starts; past m once the last was given */
-    uint64_t prev_ends; /* the previous chunk's ends (the '[' before the first) */
-    uint64_t prev_lead; /* the previous chunk's zeros that start an item */
-    uint64_t prev_high; /* the previous chunk's ``high`` */
-    uint8_t first;      /* classify's ``first`` */
-    int checked;        /* classify's ``checked`` */
-    uint8_t pad[CHUNK]; /* the last chunk, copied */
+    Py_ssize_t at;        /* where the next chunk starts; past m once the last was given */
+    uint64_t prev_ends;   /* the previous chunk's ends (the '[' before the first) */
+    uint64_t prev_lead;   /* the previous chunk's zeros that start an item */
+    uint64_t prev_ahead;  /* the previous chunk's ``ahead`` */
+    const char *limit;    /* classify's ``limit`` and ``digits`` (0: none) */
+    int digits;
+    int checked;          /* classify's ``checked`` */
 } chunks;
 
-static void chunks_init(chunks *c, const uint8_t *p, Py_ssize_t m, uint8_t first, int checked) {
-    c->first = first;
+/* The last chunk, copied, and the one byte after it that classify reads (apart from
+ * ``chunks``, which then lives in registers). */
+typedef struct {
+    uint8_t bytes[CHUNK + 1];
+} padded;
+
+static inline __attribute__((always_inline)) void
+chunks_init(chunks *c, const uint8_t *p, Py_ssize_t m, const char *limit, int digits, int checked) {
+    c->limit = limit;
+    c->digits = digits;
     c->checked = checked;
-    c->prev_high = 0;
+    c->prev_ahead = 0;
     c->p = p;
     c->m = m;
     c->at = 0;
@@ -146,22 +214,33 @@ static void chunks_init(chunks *c, const uint8_t *p, Py_ssize_t m, uint8_t first
     c->prev_lead = 0;
 }
 
-/* The next chunk's masks, ``*at`` where it starts; 0 once every chunk was given. */
-static inline int chunks_next(chunks *c, masks *k, Py_ssize_t *at) {
+/* The next chunk's masks, ``*at`` where it starts; 0 once every chunk was given.
+ * ``avx``: the whole chunks are classified with AVX2 (only in a function compiled for
+ * it, and never ``checked``). */
+static inline __attribute__((always_inline)) int chunks_next(chunks *c, masks *k, Py_ssize_t *at,
+                                                             padded *pad, const int avx) {
     Py_ssize_t left = c->m - c->at;
     if (left < 0) {
         return 0;
     }
     *at = c->at;
     if (left >= CHUNK) {
-        classify(c->p + c->at, k, c->first, c->checked);
+#ifdef HAVE_AVX2_VERSION
+        if (avx) {
+            classify_avx2(c->p + c->at, k, c->limit, c->digits);
+        } else
+#endif
+        {
+            (void)avx;
+            classify(c->p + c->at, k, c->limit, c->digits, c->checked);
+        }
         c->at += CHUNK;
         return 1;
     }
     /* The last chunk: the bytes left and the ']' (at bit ``left``), then padding. */
-    memset(c->pad, 0, CHUNK);
-    memcpy(c->pad, c->p + c->at, (size_t)left + 1);
-    classify(c->pad, k, c->first, c->checked);
+    memset(pad->bytes, 0, CHUNK + 1);
+    memcpy(pad->bytes, c->p + c->at, (size_t)left + 1);
+    classify(pad->bytes, k, c->limit, c->digits, c->checked);
     uint64_t bracket = (uint64_t)1 << left;
     uint64_t inside = bracket | (bracket - 1);
     k->ends |= bracket;
@@ -169,6 +248,12 @@ static inline int chunks_next(chunks *c, masks *k, Py_ssize_t *at) {
     k->other &= inside & ~bracket;
     c->at = c->m + 1;
     return 1;
+}
+
+/* The chunk's masks become the previous chunk's. */
+static inline __attribute__((always_inline)) void chunks_keep(chunks *c, const masks *k) {
+    c->prev_ends = k->ends;
+    c->prev_ahead = k->ahead;
 }
 
 /* Where an item starts: just after an end (this chunk's or the previous one's). */
@@ -278,67 +363,121 @@ static inline int above_limit(const uint8_t *id, int readable, const char *limit
     return memcmp(id, limit, (size_t)digits) > 0;
 }
 
-/* Whether an item ending in this chunk has as many digits as the limit (``digits``)
- * and more than it, or more digits; ``at`` is where the chunk starts in ``p``, whose
- * bytes run to ``p[c->m]`` (the ']'). Only the items of exactly the limit's length whose
- * first digit is not below the limit's are compared whole. */
-static inline int reach(const chunks *c, const masks *k, const uint8_t *p, Py_ssize_t at,
-                        const char *limit, int digits, uint64_t limit_key) {
+/* ``x``'s bits as they stand ``width`` (1..63) places later, the previous chunk's
+ * (``prev``) carried in: at an item's end, the mask of its first byte when ``width`` is
+ * its length. */
+static inline __attribute__((always_inline)) uint64_t later(uint64_t x, uint64_t prev, int width) {
+    return (x << width) | (prev >> (64 - width));
+}
+
+/* Whether an item ending in this chunk has as many digits as the limit (``digits``,
+ * 1..MAX_DIGITS) and more than it, or more digits; ``at`` is where the chunk starts in
+ * ``p``, whose bytes run to ``p[c->m]`` (the ']'). An item of the limit's length can be
+ * over it only where its first two digits are not below the limit's (``ahead``): only
+ * those are compared whole. */
+static inline __attribute__((always_inline)) int reach(const chunks *c, const masks *k,
+                                                       const uint8_t *p, Py_ssize_t at,
+                                                       const char *limit, int digits,
+                                                       uint64_t limit_key) {
     /* An end within ``digits`` bytes after the previous: an item shorter than the
      * limit; none within ``digits + 1``: one longer, beyond it. */
-    uint64_t shorter = near(c, k, digits);
-    uint64_t not_longer = shorter | behind(c, k, digits + 1);
-    if ((k->ends & ~not_longer) != 0) {
+    uint64_t exact = k->ends & ~near(c, k, digits);
+    if ((exact & ~behind(c, k, digits + 1)) != 0) {
         return 1;
     }
-    uint64_t high = (k->high << digits) | (c->prev_high >> (64 - digits));
-    uint64_t exact = k->ends & ~shorter & not_longer & high;
-    while (exact) {
-        Py_ssize_t start = at + __builtin_ctzll(exact) - digits;
+    uint64_t maybe = exact & later(k->ahead, c->prev_ahead, digits);
+    while (maybe) {
+        Py_ssize_t start = at + __builtin_ctzll(maybe) - digits;
         if (above_limit(p + start, start + 8 <= c->m + 1, limit, digits, limit_key)) {
             return 1;
         }
-        exact &= exact - 1;
+        maybe &= maybe - 1;
     }
     return 0;
 }
 
 /* How many items ``p[0..m)`` holds when the array ``[p]`` is well-formed; -1 when not.
- * With a ``limit`` (bound - 1 in decimal, ``digits`` long), ``*reaches`` tells in the
- * same pass whether some id is at or above the bound. */
-static Py_ssize_t well_formed(const uint8_t *s, Py_ssize_t n, const char *limit, int digits,
-                              int *reaches) {
+ * With a ``limit`` (bound - 1 in decimal, ``digits`` long; 0 digits: none),
+ * ``*reaches`` tells in the same pass whether some id is at or above the bound.
+ * ``avx``: the AVX2 loop (inlined only into a function compiled for it); ``digits`` a
+ * constant where inlined, so that the shifts of ``reach`` are. */
+static inline __attribute__((always_inline)) Py_ssize_t
+scan(const uint8_t *s, Py_ssize_t n, const char *limit, const int digits, int *reaches,
+     const int avx) {
     if (n < 3 || s[0] != '[' || s[n - 1] != ']') {
         return -1;
     }
-    int bounded = limit != NULL;
-    uint64_t limit_key = bounded && digits <= 8 ? key_of((const uint8_t *)limit, digits, 0) : 0;
+    uint64_t limit_key = digits >= 1 && digits <= 8 ? key_of((const uint8_t *)limit, digits, 0) : 0;
     chunks c;
     masks k;
     Py_ssize_t at, count = 0;
-    chunks_init(&c, s + 1, n - 2, bounded ? (uint8_t)limit[0] : 0, 0);
-    while (chunks_next(&c, &k, &at)) {
-        uint64_t empty = k.ends & starts(&c, &k);
-        /* An end in each 8 bytes, and in the previous chunk's last 8: every item
-         * ending here is shorter than 16 digits (the usual case, at less cost). */
-        uint64_t eights = k.ends | (k.ends >> 4);
-        eights |= eights >> 2;
-        eights |= eights >> 1;
-        int dense = (eights & 0x0101010101010101ULL) == 0x0101010101010101ULL &&
-                    (c.prev_ends >> 56) != 0;
-        uint64_t longer = dense ? 0 : k.ends & ~near(&c, &k, MAX_DIGITS + 1);
-        if ((k.other | empty | led(&c, &k) | longer) != 0) {
+    int found = 0;
+    chunks_init(&c, s + 1, n - 2, limit, digits, 0);
+    padded pad;
+    while (chunks_next(&c, &k, &at, &pad, avx)) {
+        uint64_t bad = k.other | (k.ends & starts(&c, &k)) | led(&c, &k);
+        /* Until some id reaches the limit, none ending here is longer than it (at most
+         * 10 digits): none is longer than MAX_DIGITS either. */
+        int unchecked = 1;
+        if (digits >= 1 && !found) {
+            found = reach(&c, &k, s + 1, at, limit, digits, limit_key);
+            unchecked = found;
+        }
+        if (unchecked) {
+            /* An end in each 8 bytes, and in the previous chunk's last 8: every item
+             * ending here is shorter than 16 digits (the usual case, at less cost). */
+            uint64_t eights = k.ends | (k.ends >> 4);
+            eights |= eights >> 2;
+            eights |= eights >> 1;
+            int dense = (eights & 0x0101010101010101ULL) == 0x0101010101010101ULL &&
+                        (c.prev_ends >> 56) != 0;
+            bad |= dense ? 0 : k.ends & ~near(&c, &k, MAX_DIGITS + 1);
+        }
+        if (bad != 0) {
             return -1;
         }
-        if (bounded && !*reaches) {
-            *reaches = reach(&c, &k, s + 1, at, limit, digits, limit_key);
-        }
-        count += popcount(k.ends);
-        c.prev_high = k.high;
-        c.prev_ends = k.ends;
+        count += avx ? __builtin_popcountll(k.ends) : popcount(k.ends);
+        chunks_keep(&c, &k);
     }
+    *reaches = found;
     return count;
 }
+
+/* scan for each limit length a bound up to 2**31 has (1..10 digits), and none. */
+#define SCAN_BY_DIGITS(avx)                                                                    \
+    switch (digits) {                                                                          \
+    case 0: return scan(s, n, NULL, 0, reaches, avx);                                          \
+    case 1: return scan(s, n, limit, 1, reaches, avx);                                         \
+    case 2: return scan(s, n, limit, 2, reaches, avx);                                         \
+    case 3: return scan(s, n, limit, 3, reaches, avx);                                         \
+    case 4: return scan(s, n, limit, 4, reaches, avx);                                         \
+    case 5: return scan(s, n, limit, 5, reaches, avx);                                         \
+    case 6: return scan(s, n, limit, 6, reaches, avx);                                         \
+    case 7: return scan(s, n, limit, 7, reaches, avx);                                         \
+    case 8: return scan(s, n, limit, 8, reaches, avx);                                         \
+    case 9: return scan(s, n, limit, 9, reaches, avx);                                         \
+    default: return scan(s, n, limit, 10, reaches, avx);                                       \
+    }
+
+typedef Py_ssize_t (*well_formed_fn)(const uint8_t *, Py_ssize_t, const char *, int, int *);
+
+/* scan's SSE2 (else scalar) loop. ``digits``: 0..10 (limit_of's). */
+static Py_ssize_t well_formed_portable(const uint8_t *s, Py_ssize_t n, const char *limit,
+                                       int digits, int *reaches) {
+    SCAN_BY_DIGITS(0)
+}
+
+#ifdef HAVE_AVX2_VERSION
+/* scan's AVX2 loop. */
+__attribute__((target("avx2,popcnt,bmi"))) static Py_ssize_t
+well_formed_avx2(const uint8_t *s, Py_ssize_t n, const char *limit, int digits, int *reaches) {
+    SCAN_BY_DIGITS(1)
+}
+#endif
+
+/* The loop the CPU runs best, chosen once at import (PyInit__ids); nothing else global
+ * is written. */
+static well_formed_fn well_formed = well_formed_portable;
 
 /* ``fault`` on the bytes ``s[0..n)``; ``limit`` is bound - 1 in decimal; ``checked``:
  * they are a well-formed text (``read``'s), only the bound is left to check. */
@@ -353,8 +492,9 @@ static PyObject *find_fault(const uint8_t *s, Py_ssize_t n, const char *limit, i
     masks k;
     Py_ssize_t at, count = 0;
     int zeros = 0, reaches = 0;
-    chunks_init(&c, p, n - 2, (uint8_t)limit[0], checked);
-    while (chunks_next(&c, &k, &at)) {
+    chunks_init(&c, p, n - 2, limit, digits, checked);
+    padded pad;
+    while (chunks_next(&c, &k, &at, &pad, 0)) {
         uint64_t bad = 0;
         if (!checked) {
             zeros |= led(&c, &k) != 0;
@@ -372,8 +512,7 @@ static PyObject *find_fault(const uint8_t *s, Py_ssize_t n, const char *limit, i
         if (!reaches) {
             reaches = reach(&c, &k, p, at, limit, digits, limit_key);
         }
-        c.prev_high = k.high;
-        c.prev_ends = k.ends;
+        chunks_keep(&c, &k);
     }
     if (zeros) {
         return Py_NewRef(Py_NotImplemented);
@@ -423,19 +562,25 @@ static int limit_of(PyObject *bound_arg, char *limit) {
 
 static PyObject *ids_read(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
-    if (nargs != 1 && nargs != 2) {
-        PyErr_SetString(PyExc_TypeError, "read(span[, bound]) takes 1 or 2 arguments");
+    if (nargs < 1 || nargs > 3) {
+        PyErr_SetString(PyExc_TypeError,
+                        "read(span, bound=None, portable=False) takes 1 to 3 arguments");
         return NULL;
     }
     char limit_text[24];
     const char *limit = NULL;
     int digits = 0, reaches = 0;
-    if (nargs == 2) {
+    if (nargs >= 2 && args[1] != Py_None) {
         if ((digits = limit_of(args[1], limit_text)) < 0) {
             return NULL;
         }
         limit = limit_text;
     }
+    int portable = nargs == 3 ? PyObject_IsTrue(args[2]) : 0;
+    if (portable < 0) {
+        return NULL;
+    }
+    well_formed_fn run = portable ? well_formed_portable : well_formed;
     PyObject *arg = args[0];
     Py_buffer view;
     if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0) {
@@ -444,23 +589,23 @@ static PyObject *ids_read(PyObject *self, PyObject *const *args, Py_ssize_t narg
     const uint8_t *span = (const uint8_t *)view.buf;
     Py_ssize_t n = view.len;
     PyObject *text = NULL;
-    Py_ssize_t count = -1;
     int failed = 0;
-    if (memchr(span, ' ', (size_t)n) == NULL) {
-        count = well_formed(span, n, limit, digits, &reaches);
-        if (count >= 0) {
-            text = PyBytes_CheckExact(arg) ? Py_NewRef(arg)
-                                           : PyBytes_FromStringAndSize((const char *)span, n);
-            failed = text == NULL;
-        }
-    } else {
+    /* A space is neither digit nor comma: a span holding one is not well-formed as it
+     * is, and compacting a span without one leaves it as it is. So the span is read as
+     * it is first, and compacted only when that fails and a space is there. */
+    Py_ssize_t count = run(span, n, limit, digits, &reaches);
+    if (count >= 0) {
+        text = PyBytes_CheckExact(arg) ? Py_NewRef(arg)
+                                       : PyBytes_FromStringAndSize((const char *)span, n);
+        failed = text == NULL;
+    } else if (memchr(span, ' ', (size_t)n) != NULL) {
         uint8_t *compacted = PyMem_Malloc(n > 0 ? (size_t)n : 1);
         Py_ssize_t k = 0;
         if (compacted == NULL) {
             PyErr_NoMemory();
             failed = 1;
         } else if (compact(span, n, compacted, &k) &&
-                   (count = well_formed(compacted, k, limit, digits, &reaches)) >= 0) {
+                   (count = run(compacted, k, limit, digits, &reaches)) >= 0) {
             text = PyBytes_FromStringAndSize((const char *)compacted, k);
             failed = text == NULL;
         }
@@ -477,6 +622,22 @@ static PyObject *ids_read(PyObject *self, PyObject *const *args, Py_ssize_t narg
         return Py_BuildValue("(nN)", count, text);
     }
     return Py_BuildValue("(nNO)", count, text, reaches ? Py_False : Py_True);
+}
+
+/* The loop ``read`` runs on this CPU. */
+static PyObject *implementation(PyObject *self, PyObject *unused) {
+    (void)self;
+    (void)unused;
+#ifdef HAVE_AVX2_VERSION
+    if (well_formed == well_formed_avx2) {
+        return PyUnicode_FromString("avx2");
+    }
+#endif
+#ifdef __SSE2__
+    return PyUnicode_FromString("sse2");
+#else
+    return PyUnicode_FromString("scalar");
+#endif
 }
 
 static PyObject *ids_fault(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
@@ -505,8 +666,10 @@ static PyObject *ids_fault(PyObject *self, PyObject *const *args, Py_ssize_t nar
 
 static PyMethodDef methods[] = {
     {"read", (PyCFunction)(void (*)(void))ids_read, METH_FASTCALL,
-     "read(span[, bound]) -> (count, text[, below]) | None: the ids of a well-formed "
+     "read(span, bound=None, portable=False) -> (count, text[, below]) | None: the ids "
+     "of a well-formed "
      "array (``below``: every id is below ``bound``)."},
+    {"implementation", implementation, METH_NOARGS, "The loop read runs on this CPU."},
     {"fault", (PyCFunction)(void (*)(void))ids_fault, METH_FASTCALL,
      "fault(text, bound, checked=False) -> None | (malformed, index, value) | "
      "NotImplemented: why the ids are not valid (``checked``: text is read's)."},
@@ -518,4 +681,13 @@ static struct PyModuleDef module = {
     0, methods, NULL, NULL, NULL, NULL,
 };
 
-PyMODINIT_FUNC PyInit__ids(void) { return PyModuleDef_Init(&module); }
+PyMODINIT_FUNC PyInit__ids(void) {
+#ifdef HAVE_AVX2_VERSION
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("popcnt") &&
+        __builtin_cpu_supports("bmi")) {
+        well_formed = well_formed_avx2;
+    }
+#endif
+    return PyModuleDef_Init(&module);
+}

@@ -1,0 +1,120 @@
+"""``core._ids.read``'s two loops (AVX2 where the CPU has it, and the portable one)
+against each other and the reference, where the bound is checked: an id around the
+limit of every length (1 to 10 digits, the bounds up to 2**31) at every place of two
+64-byte chunks, with and without a space after each comma."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+
+from ext_proc.core import ids
+from ext_proc.core.ids import Ids
+
+pytestmark = pytest.mark.unit
+
+COMPILED = ids._NATIVE
+needs_compiled = pytest.mark.skipif(COMPILED is None, reason="core._ids is not built")
+
+# A bound of each length of its limit (bound - 1): 1 to 10 digits, 2**31 the highest.
+BOUNDS = [1, 2, 10, 11, 100, 151936, 262144, 1000, 10**9, 2**31, 2**31 - 1, 1234567891]
+
+
+@contextmanager
+def reference() -> Iterator[None]:
+    ids._NATIVE = None
+    try:
+        yield
+    finally:
+        ids._NATIVE = COMPILED
+
+
+def expected(span: bytes, bound: int) -> tuple[Any, ...] | None:
+    """The reference's ``read`` of ``span``, and whether every id is below ``bound``."""
+    with reference():
+        read = Ids.read(span)
+        if read is None:
+            return None
+        return read.count, read.text, read.fault(bound) is None
+
+
+def assert_loops_read(span: bytes, bound: int) -> None:
+    assert COMPILED is not None
+    want = expected(span, bound)
+    for portable in (False, True):
+        assert COMPILED.read(span, bound, portable) == want, (span, bound, portable)
+        plain = COMPILED.read(span, None, portable)
+        assert plain == (None if want is None else want[:2]), (span, portable)
+
+
+def near_limit(limit: int) -> list[int]:
+    """Ids of the limit's length that differ from it in one digit, a step either way,
+    and the ids one digit shorter and longer: every edge of a compare by the first two
+    digits, then whole."""
+    text = str(limit)
+    values = {limit, limit + 1, max(limit - 1, 0), 10 ** len(text) - 1, 10 ** (len(text) - 1)}
+    for place, digit in enumerate(text):
+        for other in "0123456789":
+            if other != digit and (place or other != "0" or len(text) == 1):
+                values.add(int(text[:place] + other + text[place + 1 :]))
+    values |= {limit // 10, limit * 10 + 9}
+    return sorted(values)
+
+
+@needs_compiled
+def test_the_loop_is_named_and_the_portable_one_answers_alike() -> None:
+    assert COMPILED is not None
+    assert COMPILED.implementation() in ("avx2", "sse2", "scalar")
+    span = b"[1,22,333]"
+    for portable in (False, True):
+        assert COMPILED.read(span, None, portable) == COMPILED.read(span)
+        assert COMPILED.read(span, 333, portable) == (3, span, False)
+        assert COMPILED.read(span, 334, portable) == (3, span, True)
+
+
+@needs_compiled
+@pytest.mark.parametrize("bound", BOUNDS)
+def test_an_id_near_the_limit_at_every_place_is_read_alike(bound: int) -> None:
+    candidates = near_limit(bound - 1)
+    for value in candidates:
+        for place in range(0, 136, 1):
+            # Short ids before it (one or two digits, so that it starts at ``place``)
+            # and after it, over three chunks.
+            head = "5," * (place // 2) + ("6," if place % 2 else "")
+            body = f"{head}{value},{'4,' * 40}3"
+            assert_loops_read(f"[{body}]".encode(), bound)
+    # The id last, ending just before the ']' at every place of a chunk.
+    for value in candidates:
+        for place in range(0, 130, 5):
+            head = "5," * (place // 2) + ("6," if place % 2 else "")
+            assert_loops_read(f"[{head}{value}]".encode(), bound)
+
+
+@needs_compiled
+@pytest.mark.parametrize("bound", BOUNDS)
+def test_ids_near_the_limit_spaced_or_with_a_stray_space_are_read_alike(bound: int) -> None:
+    values = near_limit(bound - 1)
+    span = ("[" + ", ".join(map(str, values * 3)) + "]").encode()
+    assert_loops_read(span, bound)
+    below = [v for v in values if v < bound] or [0]
+    assert_loops_read(("[" + ", ".join(map(str, below * 5)) + "]").encode(), bound)
+    for at in range(0, len(span), 3):
+        assert_loops_read(span[:at] + b" " + span[at:], bound)
+
+
+@needs_compiled
+@pytest.mark.skipif(sys.platform != "linux", reason="mprotect through the C library")
+def test_read_reads_nothing_past_the_end(at_a_guard_page: Callable[[bytes], memoryview]) -> None:
+    assert COMPILED is not None
+    for size in range(3, 200):
+        for filler in ("262143,", "9,", "1, "):
+            raw = (("[" + filler * 60)[: size - 1] + "]").encode()
+            view = at_a_guard_page(raw)
+            for portable in (False, True):
+                for bound in (None, 262144, 10):
+                    assert COMPILED.read(view, bound, portable) == COMPILED.read(raw, bound)
+            assert COMPILED.fault(view, 262144) == COMPILED.fault(raw, 262144)
