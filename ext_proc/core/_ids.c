@@ -530,7 +530,8 @@ static PyObject *find_fault(const uint8_t *s, Py_ssize_t n, const char *limit, i
 
 /* ``span`` without the space after each comma; 0 when a space stands anywhere else.
  * ``out`` has room for ``n`` bytes; ``*out_n`` is how many it holds. */
-static int compact(const uint8_t *span, Py_ssize_t n, uint8_t *out, Py_ssize_t *out_n) {
+static __attribute__((noinline)) int compact(const uint8_t *span, Py_ssize_t n, uint8_t *out,
+                                             Py_ssize_t *out_n) {
     Py_ssize_t k = 0;
     for (Py_ssize_t i = 0; i < n; i++) {
         uint8_t ch = span[i];
