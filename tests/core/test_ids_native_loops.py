@@ -5,12 +5,15 @@ limit of every length (1 to 10 digits, the bounds up to 2**31) at every place of
 
 from __future__ import annotations
 
+import json
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from ext_proc.core import ids
 from ext_proc.core.ids import Ids
@@ -118,3 +121,35 @@ def test_read_reads_nothing_past_the_end(at_a_guard_page: Callable[[bytes], memo
                 for bound in (None, 262144, 10):
                     assert COMPILED.read(view, bound, portable) == COMPILED.read(raw, bound)
             assert COMPILED.fault(view, 262144) == COMPILED.fault(raw, 262144)
+
+
+@st.composite
+def ids_and_bound(draw: st.DrawFn) -> tuple[list[int], int]:
+    """A bound of 1 to 2**31 and ids around its limit (a step away, or one digit
+    changed), among others."""
+    bound = draw(st.integers(1, 2**31) | st.sampled_from([10**k for k in range(1, 10)]))
+    limit = str(bound - 1)
+    near = st.builds(
+        lambda place, digit: int(limit[:place] + digit + limit[place + 1 :]),
+        st.integers(0, len(limit) - 1),
+        st.sampled_from("123456789"),
+    ) | st.integers(-2, 2).map(lambda step: max(bound - 1 + step, 0))
+    values = draw(st.lists(near | st.integers(0, 10**11), min_size=1, max_size=120))
+    return values, bound
+
+
+@needs_compiled
+@settings(max_examples=500, deadline=None)
+@given(
+    ids_and_bound(),
+    st.booleans(),
+    st.integers(0, 2000),
+    st.sampled_from([b"", b" ", b"0", b",", b"x"]),
+)
+def test_any_bound_on_any_ids_is_read_alike(
+    values_bound: tuple[list[int], int], spaced: bool, at: int, stray: bytes
+) -> None:
+    values, bound = values_bound
+    span = json.dumps(values, separators=(", " if spaced else ",", ":")).encode()
+    at %= len(span) + 1
+    assert_loops_read(span[:at] + stray + span[at:], bound)
