@@ -469,7 +469,7 @@ static Py_ssize_t well_formed_portable(const uint8_t *s, Py_ssize_t n, const cha
 
 #ifdef HAVE_AVX2_VERSION
 /* scan's AVX2 loop. */
-__attribute__((target("avx2,popcnt,bmi"))) static Py_ssize_t
+__attribute__((target("avx2,popcnt,bmi,bmi2"))) static Py_ssize_t
 well_formed_avx2(const uint8_t *s, Py_ssize_t n, const char *limit, int digits, int *reaches) {
     SCAN_BY_DIGITS(1)
 }
@@ -686,7 +686,7 @@ PyMODINIT_FUNC PyInit__ids(void) {
 #ifdef HAVE_AVX2_VERSION
     __builtin_cpu_init();
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("popcnt") &&
-        __builtin_cpu_supports("bmi")) {
+        __builtin_cpu_supports("bmi") && __builtin_cpu_supports("bmi2")) {
         well_formed = well_formed_avx2;
     }
 #endif
