@@ -195,8 +195,8 @@ typedef struct {
     int checked;          /* classify's ``checked`` */
 } chunks;
 
-/* The last chunk, copied, and the one byte after it that classify reads (apart from
- * ``chunks``, which then lives in registers). */
+/* The last chunk, copied, and the one byte after it that classify reads; apart from
+ * ``chunks``, whose address is then never taken, so that it can live in registers. */
 typedef struct {
     uint8_t bytes[CHUNK + 1];
 } padded;
@@ -225,6 +225,7 @@ static inline __attribute__((always_inline)) int chunks_next(chunks *c, masks *k
     }
     *at = c->at;
     if (left >= CHUNK) {
+        /* The byte after the chunk, which classify reads, is at most p[m], the ']'. */
 #ifdef HAVE_AVX2_VERSION
         if (avx) {
             classify_avx2(c->p + c->at, k, c->limit, c->digits);
