@@ -5,8 +5,9 @@
  * read(span, bound=None, portable=False) -> (count, text[, below]) | None
  *     ``span`` (any buffer) when it is a well-formed array of ids (ids.py's module
  *     docstring), with or without one space after each comma: how many ids and the
- *     canonical text (``span`` itself when it is a bytes object without spaces, else a
- *     compacted copy). None when it is not well-formed, as ``ids._well_formed`` says.
+ *     canonical text (``span`` itself when it has no spaces and cannot change: a bytes
+ *     object, or a view of one, the bytes' own memory; else a copy, compacted where it
+ *     had spaces). None when it is not well-formed, as ``ids._well_formed`` says.
  *     With a ``bound``, ``below`` tells in the same pass whether every id is below it
  *     (``fault``'s None), the bound compared as ``fault`` compares it. ``portable``:
  *     the SSE2 (or scalar) loop even where the CPU has AVX2 (the tests compare both).
@@ -562,6 +563,19 @@ static int limit_of(PyObject *bound_arg, char *limit) {
     return snprintf(limit, 24, "%lld", bound - 1);
 }
 
+/* Whether ``arg``'s bytes can never change: a bytes object, or a memoryview of one (its
+ * memory is the bytes' own). Such a span is its own text: no copy of it is made. */
+static int immutable(PyObject *arg) {
+    if (PyBytes_CheckExact(arg)) {
+        return 1;
+    }
+    if (!PyMemoryView_Check(arg)) {
+        return 0;
+    }
+    PyObject *base = PyMemoryView_GET_BASE(arg);
+    return base != NULL && PyBytes_CheckExact(base);
+}
+
 static PyObject *ids_read(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
     if (nargs < 1 || nargs > 3) {
@@ -597,8 +611,8 @@ static PyObject *ids_read(PyObject *self, PyObject *const *args, Py_ssize_t narg
      * it is first, and compacted only when that fails and a space is there. */
     Py_ssize_t count = run(span, n, limit, digits, &reaches);
     if (count >= 0) {
-        text = PyBytes_CheckExact(arg) ? Py_NewRef(arg)
-                                       : PyBytes_FromStringAndSize((const char *)span, n);
+        text = immutable(arg) ? Py_NewRef(arg)
+                              : PyBytes_FromStringAndSize((const char *)span, n);
         failed = text == NULL;
     } else if (memchr(span, ' ', (size_t)n) != NULL) {
         uint8_t *compacted = PyMem_Malloc(n > 0 ? (size_t)n : 1);

@@ -88,9 +88,13 @@ class Ids:
 
     __slots__ = ("_below", "_items", "_text", "count")
 
-    def __init__(self, count: int, text: bytes | None, items: Any = None, below: int = 0) -> None:
+    def __init__(
+        self, count: int, text: bytes | memoryview | None, items: Any = None, below: int = 0
+    ) -> None:
         self.count = count  # 0 for anything but a non-empty list
-        self._text = text  # the canonical text once known
+        # The canonical text once known: ids read from a view of a bytes object (the
+        # body) keep the view, copied into bytes only when the text is asked for.
+        self._text = text
         self._items = items  # the parsed value, or _READ: built from the bytes
         # A bound every id is known to be below (0: none known): ``fault`` of it, or of
         # any higher bound, is None without another pass (ids read from the bytes).
@@ -101,15 +105,16 @@ class Ids:
 
     @classmethod
     def read(
-        cls, span: bytes, *, runs_checked: bool = False, bound: int | None = None
+        cls, span: bytes | memoryview, *, runs_checked: bool = False, bound: int | None = None
     ) -> Ids | None:
         """The ids ``span`` (from ``[`` to the first ``]`` after it) holds when it is a
         well-formed array, with or without a space after each comma; None otherwise:
-        the caller parses it like any other JSON. ``runs_checked``: the caller has
-        shown that no run of digits in ``span`` is longer than ``MAX_DIGITS`` (a pass
-        over the bytes saved). ``bound`` (at most ``MAX_BOUND``): the bound ``fault``
-        will be asked about, which the compiled read checks in the same pass (the
-        answer is ``fault``'s either way)."""
+        the caller parses it like any other JSON. ``span``: bytes, or a view of bytes
+        (the body's, not copied: the text stays that view until it is asked for).
+        ``runs_checked``: the caller has shown that no run of digits in ``span`` is
+        longer than ``MAX_DIGITS`` (a pass over the bytes saved). ``bound`` (at most
+        ``MAX_BOUND``): the bound ``fault`` will be asked about, which the compiled read
+        checks in the same pass (the answer is ``fault``'s either way)."""
         if _NATIVE is not None:
             if bound is None:
                 found = _NATIVE.read(span)
@@ -117,7 +122,7 @@ class Ids:
             assert 0 < bound <= MAX_BOUND
             found = _NATIVE.read(span, bound)
             return None if found is None else cls(found[0], found[1], _READ, found[2] and bound)
-        text = _compact(span)
+        text = _compact(bytes(span))
         if text is None or not _well_formed(text, runs_checked=runs_checked):
             return None
         return cls(count(text, _COMMA_CLASS, 1) + 1, text, _READ)
@@ -134,9 +139,12 @@ class Ids:
     def text(self) -> bytes:
         """What orjson writes for the ids' value; raises ``TypeError`` when it cannot
         (``orjson.JSONEncodeError``: an int of 64 bits or more, say)."""
-        if self._text is None:
-            self._text = orjson.dumps(self._items)
-        return self._text
+        text = self._text
+        if text is None:
+            text = self._text = orjson.dumps(self._items)
+        elif not isinstance(text, bytes):
+            text = self._text = bytes(text)  # the view's copy, made once
+        return text
 
     @property
     def signed(self) -> bytes | None:
@@ -144,7 +152,7 @@ class Ids:
         for the value (orjson writes NaN and infinities as null) or cannot be written.
         Ids read from the bytes are well-formed: their text as it is."""
         if self._items is _READ:
-            return self._text
+            return self.text
         try:
             text = self.text
         except TypeError:
@@ -193,7 +201,7 @@ class Ids:
     def _canonical(self) -> bytes | None:
         """The canonical text when it is well-formed; None otherwise."""
         if self._items is _READ:
-            return self._text  # ``read`` checked it
+            return self.text  # ``read`` checked it
         if not self.count:
             return None
         try:

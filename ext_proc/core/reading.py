@@ -184,8 +184,9 @@ def _lifted(raw: bytes, shape: Shape, ids_bound: int | None = None) -> Parsed | 
     way through the same bytes. The document of ``raw`` is therefore the document of
     ``M`` with ``S``'s list in place of ``N``, and json.loads reads it too: orjson read
     ``M`` and no integer of ``raw`` exceeds 64 bits (module docstring). In any other
-    case the whole body is parsed as usual. ``S`` and ``M`` are copies of parts of
-    ``raw``, held within the charge for its rewrite (``memory``). ``ids_bound``: the
+    case the whole body is parsed as usual. ``S`` is a view of ``raw`` (copied only when
+    its text is asked for) and ``M`` a copy of parts of it, held within the charge for
+    its rewrite (``memory``). ``ids_bound``: the
     bound the ids will be checked against (``ids.Ids.read``: checked in the same pass)."""
     if shape.long_digits or len(raw) < LIFT_MIN_BYTES:  # no array that long fits
         return None
@@ -197,12 +198,14 @@ def _lifted(raw: bytes, shape: Shape, ids_bound: int | None = None) -> Parsed | 
     end = find(raw, b"]", start)
     if end - start < LIFT_MIN_BYTES:  # no "]" (end is -1) or a short array
         return None
-    # No run of digits in ``raw`` is longer than ids.MAX_DIGITS (``shape``).
-    lifted = ids.Ids.read(raw[start : end + 1], runs_checked=True, bound=ids_bound)
+    # No run of digits in ``raw`` is longer than ids.MAX_DIGITS (``shape``). The ids and
+    # the parts around them are read from views of ``raw``: no copy of the ids is made,
+    # one of the text around them (joined).
+    view = memoryview(raw)
+    lifted = ids.Ids.read(view[start : end + 1], runs_checked=True, bound=ids_bound)
     if lifted is None:
         return None
     nonce = secrets.token_hex(16)
-    view = memoryview(raw)  # the parts joined from views: one copy of them, not two
     document = _orjson_loads(
         b"".join((view[:start], b'"', nonce.encode(), b'"', view[end + 1 :])), shape
     )

@@ -287,3 +287,19 @@ def test_what_a_proof_signs_is_the_canonical_text_or_nothing():
     assert Ids.of([1, float("nan")]).signed is None
     assert Ids.of([1, float("inf")]).signed is None
     assert Ids.of([2**64]).signed is None  # orjson cannot write it
+
+
+def test_ids_read_from_a_view_of_the_body_are_its_bytes_when_asked(implementation):
+    body = b'{"prompt_token_ids": [5,60,700], "x": 1}'
+    start = body.index(b"[")
+    read = Ids.read(memoryview(body)[start : body.index(b"]") + 1], bound=1000)
+    assert read is not None
+    assert read.count == 3
+    for text in (read.text, read.signed, read.text):
+        assert type(text) is bytes
+        assert text == b"[5,60,700]"
+    assert read.text is read.text  # copied once
+    assert read.fault(1000) is None
+    assert read.fault(700) == Fault(Kind.OUT_OF_RANGE, 2, 700)
+    assert read.to_list() == [5, 60, 700]
+    assert orjson.dumps({"ids": read}, default=written) == b'{"ids":[5,60,700]}'

@@ -259,7 +259,12 @@ def test_the_compiled_part_answers_for_any_buffer() -> None:
     assert COMPILED is not None
     span = b"[1,2,3]"
     assert COMPILED.read(span)[1] is span  # the same bytes: nothing to remove
-    assert COMPILED.read(bytearray(span)) == (3, span)
+    view = memoryview(b"x" + span)[1:]
+    assert COMPILED.read(view)[1] is view  # a view of bytes: it cannot change either
+    # A buffer that can change after the check is copied: the text is the one checked.
+    for mutable in (bytearray(span), memoryview(bytearray(span))):
+        count, text = COMPILED.read(mutable)
+        assert (count, text, type(text)) == (3, span, bytes)
     assert COMPILED.read(memoryview(b"x[1, 2]")[1:]) == (2, b"[1,2]")
     assert COMPILED.fault(memoryview(span), 3) == (False, 2, 3)
     assert COMPILED.fault(span, 3, True) == (False, 2, 3)  # read's text: the bound alone
