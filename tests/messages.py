@@ -24,6 +24,9 @@ def headers_request(
         request.request_headers.headers.headers.add(key=key, raw_value=value)
     request.request_headers.end_of_stream = eos
     request.protocol_config.request_body_mode = 2
+    # Envoy sends a metadata_context on every message: empty, as the shipped filter
+    # forwards no dynamic metadata.
+    request.metadata_context.SetInParent()
     struct = struct_pb2.Struct()
     struct.update(attributes)
     request.attributes[filter_name].CopyFrom(struct)
@@ -46,6 +49,9 @@ def first_body_request(
     request.request_body.body = data
     request.request_body.end_of_stream = True
     request.protocol_config.request_body_mode = 2
+    # Envoy sends a metadata_context on every message: empty, as the shipped filter
+    # forwards no dynamic metadata.
+    request.metadata_context.SetInParent()
     struct = struct_pb2.Struct()
     struct.update(attributes)
     request.attributes[filter_name].CopyFrom(struct)

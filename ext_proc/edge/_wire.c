@@ -575,7 +575,7 @@ static PyObject *read_message(State *st, const uint8_t *d, Py_ssize_t end, PyObj
             has_config = 1;
             if (config(r, pos, stop, modes) < 0)
                 goto done;
-        } else {
+        } else if (stop != pos) { /* metadata_context: skipped when empty */
             unreadable(r, "metadata_context");
             goto done;
         }

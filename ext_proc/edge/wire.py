@@ -6,7 +6,10 @@ This is the reference reader; ``_wire.c`` is its compiled twin where built
 (``pb.ProcessingRequest.FromString``) reads it, and raise ``Unreadable`` on anything
 else: a repeated singular message (which upb merges), a field of a known number with
 another wire type (which upb keeps as an unknown field), a group, a second attributes
-group, ``metadata_context``, a nesting deeper than ``DEPTH``. The codec then parses the
+group, a ``metadata_context`` that is not empty, a nesting deeper than ``DEPTH``. An
+empty ``metadata_context`` (Envoy sends one on every message when the filter receives
+no dynamic metadata) is skipped: upb reads it as an empty ``Metadata``, of which the
+codec reads nothing. The codec then parses the
 same bytes with upb, so what a message means never depends on which reader read it,
 and bytes upb refuses are refused (tests/edge/test_wire.py fuzzes the readers against
 upb). What the reader accepts, it checks as upb does: every varint and length within
@@ -405,7 +408,7 @@ def read(data: bytes, skipped: frozenset[bytes] = frozenset()) -> Request:  # no
             if config is not None:
                 raise Unreadable("protocol_config twice")
             config = _config(data, pos, stop)
-        else:
+        elif stop != pos:  # metadata_context: skipped when empty (module docstring)
             raise Unreadable("metadata_context")
         pos = stop
     return Request(kind, body, eos, headers, observability, config, group, fields, remainder)

@@ -230,3 +230,28 @@ def test_the_compiled_reader_is_built() -> None:
     if COMPILED is None:
         pytest.skip("ext_proc.edge._wire not built (or EXT_PROC_NATIVE=0)")
     assert Decoder(KEYS)._read is COMPILED.read
+
+
+@pytest.mark.parametrize("builder", ["headers", "body"])
+def test_the_messages_envoy_sends_are_read_by_the_readers_not_left_to_upb(builder: str) -> None:
+    # Envoy sends a metadata_context on every message (empty: the shipped filter
+    # forwards no dynamic metadata); a reader that left it to upb would parse every
+    # message twice over.
+    if builder == "headers":
+        message = headers_request(ROUTE)
+    else:
+        message = first_body_request(b'{"a": 1}', ROUTE)
+    assert message.HasField("metadata_context")
+    data = message.SerializeToString()
+    _same(data)
+    for reader in READERS:
+        assert _wire(data, reader) is not None, reader
+
+
+def test_a_metadata_context_that_holds_anything_is_left_to_upb() -> None:
+    message = first_body_request(b"{}", ROUTE)
+    message.metadata_context.filter_metadata["ns"].update({"k": "v"})
+    data = message.SerializeToString()
+    _same(data)
+    for reader in READERS:
+        assert _wire(data, reader) is None, reader
