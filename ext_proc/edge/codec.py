@@ -260,7 +260,8 @@ class Decoder:
 
     The bytes are read by ``reader`` (``wire.read`` or its compiled twin; by default the
     compiled one where built, else upb); what it cannot read exactly as upb does, upb
-    parses, and bytes upb refuses are an ``Unexpected``
+    parses (``left_to_upb`` is called: the service counts it), and bytes upb refuses
+    are an ``Unexpected``
     event (a protocol error: the stream ends with an error status). A decoded message
     (``ProcessingRequest``) is decoded as ``decode`` does, through the same memo.
 
@@ -277,12 +278,18 @@ class Decoder:
     """
 
     def __init__(
-        self, keys: AttributeKeys, size: int = PREAMBLE_MEMO, reader: wire.Reader | None = None
+        self,
+        keys: AttributeKeys,
+        size: int = PREAMBLE_MEMO,
+        reader: wire.Reader | None = None,
+        left_to_upb: Callable[[], object] | None = None,
     ) -> None:
         self._keys = keys
         self._size = size
         self._memo: dict[tuple[object, ...], RequestHeaders] = {}
         self._read = reader if reader is not None else compiled_reader()
+        # Called for each message the reader left to upb (counted: a second parse).
+        self._left_to_upb = left_to_upb
 
     def __call__(self, request: bytes | pb.ProcessingRequest) -> Event:
         if isinstance(request, pb.ProcessingRequest):
@@ -292,6 +299,8 @@ class Decoder:
         try:
             message = self._read(request, _PER_REQUEST_KEYS)
         except wire.Unreadable:
+            if self._left_to_upb is not None:
+                self._left_to_upb()
             return self._parsed(request)
         return self._event(message)
 

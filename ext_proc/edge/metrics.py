@@ -85,6 +85,7 @@ class Metrics:
         self.default_policy = _default_policy(self.registry)
         self.inflight_streams, self.inflight_bytes, self.inflight_limit = _gauges(self.registry)
         self.stream_errors = _stream_errors(self.registry)
+        self.parsed_by_upb = _parsed_by_upb(self.registry)
         self.record_errors, self.record_up = _record(self.registry)
         self.build_info = _build_info(self.registry)
 
@@ -315,6 +316,17 @@ def _stream_errors(registry: CollectorRegistry) -> Counter:
     for kind in STREAM_ERROR_KINDS:
         stream_errors.labels(kind)
     return stream_errors
+
+
+def _parsed_by_upb(registry: CollectorRegistry) -> Counter:
+    """Messages the compiled wire reader left to upb (``codec.Decoder``): each costs a
+    second parse, so a rise says Envoy sends something the reader does not read."""
+    return Counter(
+        "ext_proc_messages_parsed_by_upb",
+        "Envoy's messages the compiled wire reader could not read exactly, parsed by upb "
+        "instead (slower; malformed messages included).",
+        registry=registry,
+    )
 
 
 def _record(registry: CollectorRegistry) -> tuple[Counter, Gauge]:

@@ -77,9 +77,12 @@ class ExternalProcessor:
         self._config = config
         # None with tracing off: a request then pays one test for it.
         self.spans = spans
-        self._decode = Decoder(attribute_keys(config.route_metadata_namespace))
         self._encode = Encoder(config.route_metadata_namespace)
         self.metrics = metrics if metrics is not None else Metrics()
+        self._decode = Decoder(
+            attribute_keys(config.route_metadata_namespace),
+            left_to_upb=self.metrics.parsed_by_upb.inc,
+        )
         # Without one given, this process's own table (a worker is given the shared one).
         self.record = (
             record

@@ -544,3 +544,20 @@ def test_answers_are_never_shared_across_tenants():
 )
 def test_an_answers_field_head_is_the_wires(number, size):
     assert codec._head(number, size) == wire.field_head(number, size)
+
+
+@pytest.mark.parametrize(
+    "reader", [wire.read, codec.compiled_reader()], ids=["reference", "compiled"]
+)
+def test_each_message_left_to_upb_is_told_and_none_else(reader) -> None:
+    if reader is None:
+        pytest.skip("edge._wire is not built")
+    told: list[None] = []
+    decoder = Decoder(KEYS, reader=reader, left_to_upb=lambda: told.append(None))
+    message = headers_request({})  # as Envoy sends it: an empty metadata_context
+    assert isinstance(decoder(message.SerializeToString()), RequestHeaders)
+    assert told == []
+    message.metadata_context.filter_metadata["ns"].update({"k": "v"})
+    assert isinstance(decoder(message.SerializeToString()), RequestHeaders)
+    assert decoder(b"\x42\x01") == Unexpected("malformed")  # upb refuses it too
+    assert len(told) == 2

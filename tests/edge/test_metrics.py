@@ -83,6 +83,12 @@ def test_sample_sets_the_inflight_gauges(metrics):
     assert value(metrics, "ext_proc_inflight_budget_limit_bytes") == 1 << 20
 
 
+def test_messages_left_to_upb_are_counted_from_zero(metrics):
+    assert value(metrics, "ext_proc_messages_parsed_by_upb_total") == 0
+    metrics.parsed_by_upb.inc()
+    assert value(metrics, "ext_proc_messages_parsed_by_upb_total") == 1
+
+
 def test_every_stream_error_kind_is_exported_at_zero_before_the_first(metrics):
     for kind in ("protocol_violation", "internal", "cancelled", "shutdown"):
         assert value(metrics, "ext_proc_stream_errors_total", kind=kind) == 0
