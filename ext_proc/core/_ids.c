@@ -42,7 +42,11 @@
  * none is longer than MAX_DIGITS: that check runs only once one reaches it, or without
  * a bound. A space is neither digit nor comma, so a span holding one fails the pass;
  * only then, and when a space is there, is it compacted and read again (a span without
- * a space compacts to itself). The first byte that is neither digit nor comma, or the
+ * a space compacts to itself). Compacting classifies the spaces and commas into masks
+ * too: a space is kept out only with a comma just before it (else the span is not
+ * well-formed: None), and the other bytes are packed in order into the text's own
+ * bytes, behind the place they are read from (shuffles where the CPU has AVX2, else
+ * copies of the runs between spaces), the last bytes one at a time. The first byte that is neither digit nor comma, or the
  * first empty item, gives the first malformed item's index: the commas before it. The
  * largest item's value is read (at most 20 digits: below 2**64, checked) only once some
  * item is known to reach the bound.
@@ -530,24 +534,186 @@ static PyObject *find_fault(const uint8_t *s, Py_ssize_t n, const char *limit, i
     return Py_BuildValue("(OnK)", Py_False, index, (unsigned long long)value);
 }
 
-/* ``span`` without the space after each comma; 0 when a space stands anywhere else.
- * ``out`` has room for ``n`` bytes; ``*out_n`` is how many it holds. */
-static __attribute__((noinline)) int compact(const uint8_t *span, Py_ssize_t n, uint8_t *out,
-                                             Py_ssize_t *out_n) {
-    Py_ssize_t k = 0;
-    for (Py_ssize_t i = 0; i < n; i++) {
+/* ``span[i..n)`` without the space after each comma, appended to ``out[0..k)`` (``k``
+ * at most ``i``: ``out``, of ``n`` bytes, holds the byte written at ``k`` before ``k``
+ * moves past it); 0 when a space stands anywhere else (first in the span, or after
+ * anything but a comma). One byte at a time, without a branch on the byte: ``out[k]``
+ * is written every time and kept only when it is not a space. ``*out_n``: the bytes
+ * ``out`` holds. */
+static int compact_from(const uint8_t *span, Py_ssize_t n, Py_ssize_t i, uint8_t *out,
+                        Py_ssize_t k, Py_ssize_t *out_n) {
+    int bad = 0;
+    uint8_t prev = i > 0 ? span[i - 1] : 0;
+    for (; i < n; i++) {
         uint8_t ch = span[i];
-        if (ch == ' ') {
-            if (i == 0 || span[i - 1] != ',') {
-                return 0;
-            }
-            continue;
-        }
-        out[k++] = ch;
+        int space = ch == ' ';
+        out[k] = ch;
+        bad |= space & (prev != ',');
+        k += !space;
+        prev = ch;
     }
     *out_n = k;
-    return 1;
+    return !bad;
 }
+
+typedef int (*compact_fn)(const uint8_t *, Py_ssize_t, uint8_t *, Py_ssize_t *);
+
+/* The span compacted 64 bytes at a time (SSE2; else compact_from throughout): the
+ * spaces and commas as masks, a space bad unless a comma is just before it (the
+ * previous chunk's last byte carried in; none before the first), and the runs between
+ * the spaces copied 16 bytes at a time. A run starts at or after the chunk and ends at
+ * its end at the latest, so the copies read at most 15 bytes past the chunk and write
+ * at most 15 past the run's place in ``out`` (at most the run's in ``span``): hence
+ * only while 16 bytes follow the chunk; the rest is compact_from's. */
+static int compact_portable(const uint8_t *span, Py_ssize_t n, uint8_t *out, Py_ssize_t *out_n) {
+    Py_ssize_t i = 0, k = 0;
+    uint64_t bad = 0;
+#ifdef __SSE2__
+    const __m128i space = _mm_set1_epi8(' ');
+    const __m128i comma = _mm_set1_epi8(',');
+    uint64_t carry = 0;
+    for (; i + CHUNK + 16 <= n; i += CHUNK) {
+        uint64_t spaces = 0, commas = 0;
+        for (int part = 0; part < 4; part++) {
+            __m128i block = _mm_loadu_si128((const __m128i *)(span + i + 16 * part));
+            int shift = 16 * part;
+            spaces |= (uint64_t)(unsigned)_mm_movemask_epi8(_mm_cmpeq_epi8(block, space))
+                      << shift;
+            commas |= (uint64_t)(unsigned)_mm_movemask_epi8(_mm_cmpeq_epi8(block, comma))
+                      << shift;
+        }
+        bad |= spaces & ~((commas << 1) | carry);
+        carry = commas >> 63;
+        Py_ssize_t from = i;
+        for (;;) {
+            Py_ssize_t to = spaces ? i + __builtin_ctzll(spaces) : i + CHUNK;
+            for (Py_ssize_t at = from; at < to; at += 16) {
+                _mm_storeu_si128((__m128i *)(out + k + (at - from)),
+                                 _mm_loadu_si128((const __m128i *)(span + at)));
+            }
+            k += to - from;
+            if (!spaces) {
+                break;
+            }
+            from = to + 1;
+            spaces &= spaces - 1;
+        }
+    }
+#endif
+    return compact_from(span, n, i, out, k, out_n) && bad == 0;
+}
+
+#ifdef HAVE_AVX2_VERSION
+/* For each set of spaces among 8 bytes (bit j: byte j is one), the shuffle that packs
+ * the other bytes to the front in order (their places, then 0x80: a zero byte). */
+static const uint64_t SQUEEZE[256] = {
+    0x0706050403020100ULL, 0x8007060504030201ULL, 0x8007060504030200ULL, 0x8080070605040302ULL,
+    0x8007060504030100ULL, 0x8080070605040301ULL, 0x8080070605040300ULL, 0x8080800706050403ULL,
+    0x8007060504020100ULL, 0x8080070605040201ULL, 0x8080070605040200ULL, 0x8080800706050402ULL,
+    0x8080070605040100ULL, 0x8080800706050401ULL, 0x8080800706050400ULL, 0x8080808007060504ULL,
+    0x8007060503020100ULL, 0x8080070605030201ULL, 0x8080070605030200ULL, 0x8080800706050302ULL,
+    0x8080070605030100ULL, 0x8080800706050301ULL, 0x8080800706050300ULL, 0x8080808007060503ULL,
+    0x8080070605020100ULL, 0x8080800706050201ULL, 0x8080800706050200ULL, 0x8080808007060502ULL,
+    0x8080800706050100ULL, 0x8080808007060501ULL, 0x8080808007060500ULL, 0x8080808080070605ULL,
+    0x8007060403020100ULL, 0x8080070604030201ULL, 0x8080070604030200ULL, 0x8080800706040302ULL,
+    0x8080070604030100ULL, 0x8080800706040301ULL, 0x8080800706040300ULL, 0x8080808007060403ULL,
+    0x8080070604020100ULL, 0x8080800706040201ULL, 0x8080800706040200ULL, 0x8080808007060402ULL,
+    0x8080800706040100ULL, 0x8080808007060401ULL, 0x8080808007060400ULL, 0x8080808080070604ULL,
+    0x8080070603020100ULL, 0x8080800706030201ULL, 0x8080800706030200ULL, 0x8080808007060302ULL,
+    0x8080800706030100ULL, 0x8080808007060301ULL, 0x8080808007060300ULL, 0x8080808080070603ULL,
+    0x8080800706020100ULL, 0x8080808007060201ULL, 0x8080808007060200ULL, 0x8080808080070602ULL,
+    0x8080808007060100ULL, 0x8080808080070601ULL, 0x8080808080070600ULL, 0x8080808080800706ULL,
+    0x8007050403020100ULL, 0x8080070504030201ULL, 0x8080070504030200ULL, 0x8080800705040302ULL,
+    0x8080070504030100ULL, 0x8080800705040301ULL, 0x8080800705040300ULL, 0x8080808007050403ULL,
+    0x8080070504020100ULL, 0x8080800705040201ULL, 0x8080800705040200ULL, 0x8080808007050402ULL,
+    0x8080800705040100ULL, 0x8080808007050401ULL, 0x8080808007050400ULL, 0x8080808080070504ULL,
+    0x8080070503020100ULL, 0x8080800705030201ULL, 0x8080800705030200ULL, 0x8080808007050302ULL,
+    0x8080800705030100ULL, 0x8080808007050301ULL, 0x8080808007050300ULL, 0x8080808080070503ULL,
+    0x8080800705020100ULL, 0x8080808007050201ULL, 0x8080808007050200ULL, 0x8080808080070502ULL,
+    0x8080808007050100ULL, 0x8080808080070501ULL, 0x8080808080070500ULL, 0x8080808080800705ULL,
+    0x8080070403020100ULL, 0x8080800704030201ULL, 0x8080800704030200ULL, 0x8080808007040302ULL,
+    0x8080800704030100ULL, 0x8080808007040301ULL, 0x8080808007040300ULL, 0x8080808080070403ULL,
+    0x8080800704020100ULL, 0x8080808007040201ULL, 0x8080808007040200ULL, 0x8080808080070402ULL,
+    0x8080808007040100ULL, 0x8080808080070401ULL, 0x8080808080070400ULL, 0x8080808080800704ULL,
+    0x8080800703020100ULL, 0x8080808007030201ULL, 0x8080808007030200ULL, 0x8080808080070302ULL,
+    0x8080808007030100ULL, 0x8080808080070301ULL, 0x8080808080070300ULL, 0x8080808080800703ULL,
+    0x8080808007020100ULL, 0x8080808080070201ULL, 0x8080808080070200ULL, 0x8080808080800702ULL,
+    0x8080808080070100ULL, 0x8080808080800701ULL, 0x8080808080800700ULL, 0x8080808080808007ULL,
+    0x8006050403020100ULL, 0x8080060504030201ULL, 0x8080060504030200ULL, 0x8080800605040302ULL,
+    0x8080060504030100ULL, 0x8080800605040301ULL, 0x8080800605040300ULL, 0x8080808006050403ULL,
+    0x8080060504020100ULL, 0x8080800605040201ULL, 0x8080800605040200ULL, 0x8080808006050402ULL,
+    0x8080800605040100ULL, 0x8080808006050401ULL, 0x8080808006050400ULL, 0x8080808080060504ULL,
+    0x8080060503020100ULL, 0x8080800605030201ULL, 0x8080800605030200ULL, 0x8080808006050302ULL,
+    0x8080800605030100ULL, 0x8080808006050301ULL, 0x8080808006050300ULL, 0x8080808080060503ULL,
+    0x8080800605020100ULL, 0x8080808006050201ULL, 0x8080808006050200ULL, 0x8080808080060502ULL,
+    0x8080808006050100ULL, 0x8080808080060501ULL, 0x8080808080060500ULL, 0x8080808080800605ULL,
+    0x8080060403020100ULL, 0x8080800604030201ULL, 0x8080800604030200ULL, 0x8080808006040302ULL,
+    0x8080800604030100ULL, 0x8080808006040301ULL, 0x8080808006040300ULL, 0x8080808080060403ULL,
+    0x8080800604020100ULL, 0x8080808006040201ULL, 0x8080808006040200ULL, 0x8080808080060402ULL,
+    0x8080808006040100ULL, 0x8080808080060401ULL, 0x8080808080060400ULL, 0x8080808080800604ULL,
+    0x8080800603020100ULL, 0x8080808006030201ULL, 0x8080808006030200ULL, 0x8080808080060302ULL,
+    0x8080808006030100ULL, 0x8080808080060301ULL, 0x8080808080060300ULL, 0x8080808080800603ULL,
+    0x8080808006020100ULL, 0x8080808080060201ULL, 0x8080808080060200ULL, 0x8080808080800602ULL,
+    0x8080808080060100ULL, 0x8080808080800601ULL, 0x8080808080800600ULL, 0x8080808080808006ULL,
+    0x8080050403020100ULL, 0x8080800504030201ULL, 0x8080800504030200ULL, 0x8080808005040302ULL,
+    0x8080800504030100ULL, 0x8080808005040301ULL, 0x8080808005040300ULL, 0x8080808080050403ULL,
+    0x8080800504020100ULL, 0x8080808005040201ULL, 0x8080808005040200ULL, 0x8080808080050402ULL,
+    0x8080808005040100ULL, 0x8080808080050401ULL, 0x8080808080050400ULL, 0x8080808080800504ULL,
+    0x8080800503020100ULL, 0x8080808005030201ULL, 0x8080808005030200ULL, 0x8080808080050302ULL,
+    0x8080808005030100ULL, 0x8080808080050301ULL, 0x8080808080050300ULL, 0x8080808080800503ULL,
+    0x8080808005020100ULL, 0x8080808080050201ULL, 0x8080808080050200ULL, 0x8080808080800502ULL,
+    0x8080808080050100ULL, 0x8080808080800501ULL, 0x8080808080800500ULL, 0x8080808080808005ULL,
+    0x8080800403020100ULL, 0x8080808004030201ULL, 0x8080808004030200ULL, 0x8080808080040302ULL,
+    0x8080808004030100ULL, 0x8080808080040301ULL, 0x8080808080040300ULL, 0x8080808080800403ULL,
+    0x8080808004020100ULL, 0x8080808080040201ULL, 0x8080808080040200ULL, 0x8080808080800402ULL,
+    0x8080808080040100ULL, 0x8080808080800401ULL, 0x8080808080800400ULL, 0x8080808080808004ULL,
+    0x8080808003020100ULL, 0x8080808080030201ULL, 0x8080808080030200ULL, 0x8080808080800302ULL,
+    0x8080808080030100ULL, 0x8080808080800301ULL, 0x8080808080800300ULL, 0x8080808080808003ULL,
+    0x8080808080020100ULL, 0x8080808080800201ULL, 0x8080808080800200ULL, 0x8080808080808002ULL,
+    0x8080808080800100ULL, 0x8080808080808001ULL, 0x8080808080808000ULL, 0x8080808080808080ULL,
+};
+
+/* Each place of the high half's shuffle moved up 8 (0x80 stays above 0x7F: a zero). */
+#define HIGH_HALF 0x0808080808080808ULL
+
+/* The span compacted 16 bytes at a time: a space must have a comma just before it (the previous
+ * block's last byte carried in; none before the first), and the block's two halves are
+ * packed by SQUEEZE and stored 8 bytes each at ``k``; ``k`` is at most the block's
+ * start, so each store ends inside the block's bytes of ``out`` (whole blocks only:
+ * the rest is compact_from's). */
+__attribute__((target("avx2,popcnt,bmi,bmi2"))) static int
+compact_avx2(const uint8_t *span, Py_ssize_t n, uint8_t *out, Py_ssize_t *out_n) {
+    const __m256i space = _mm256_set1_epi8(' ');
+    const __m256i comma = _mm256_set1_epi8(',');
+    uint64_t carry = 0, bad = 0;
+    Py_ssize_t i = 0, k = 0;
+    for (; i + CHUNK <= n; i += CHUNK) {
+        __m256i first = _mm256_loadu_si256((const __m256i *)(span + i));
+        __m256i second = _mm256_loadu_si256((const __m256i *)(span + i + 32));
+        uint64_t spaces =
+            (uint64_t)(uint32_t)_mm256_movemask_epi8(_mm256_cmpeq_epi8(first, space)) |
+            (uint64_t)(uint32_t)_mm256_movemask_epi8(_mm256_cmpeq_epi8(second, space)) << 32;
+        uint64_t commas =
+            (uint64_t)(uint32_t)_mm256_movemask_epi8(_mm256_cmpeq_epi8(first, comma)) |
+            (uint64_t)(uint32_t)_mm256_movemask_epi8(_mm256_cmpeq_epi8(second, comma)) << 32;
+        bad |= spaces & ~((commas << 1) | carry);
+        carry = commas >> 63;
+        for (int part = 0; part < 4; part++) {
+            __m128i block = _mm_loadu_si128((const __m128i *)(span + i + 16 * part));
+            uint32_t lo = (uint32_t)(spaces >> (16 * part)) & 0xFF;
+            uint32_t hi = (uint32_t)(spaces >> (16 * part + 8)) & 0xFF;
+            __m128i order =
+                _mm_set_epi64x((long long)(SQUEEZE[hi] + HIGH_HALF), (long long)SQUEEZE[lo]);
+            __m128i packed = _mm_shuffle_epi8(block, order);
+            _mm_storel_epi64((__m128i *)(out + k), packed);
+            k += 8 - __builtin_popcount(lo);
+            _mm_storeh_pi((__m64 *)(void *)(out + k), _mm_castsi128_ps(packed));
+            k += 8 - __builtin_popcount(hi);
+        }
+    }
+    return compact_from(span, n, i, out, k, out_n) && bad == 0;
+}
+#endif
 
 /* ``bound - 1`` in decimal into ``limit`` (room for 24), its length returned; -1 with
  * an exception set when ``bound`` is not an int in [1, 2**31]. */
@@ -615,17 +781,25 @@ static PyObject *ids_read(PyObject *self, PyObject *const *args, Py_ssize_t narg
                               : PyBytes_FromStringAndSize((const char *)span, n);
         failed = text == NULL;
     } else if (memchr(span, ' ', (size_t)n) != NULL) {
-        uint8_t *compacted = PyMem_Malloc(n > 0 ? (size_t)n : 1);
-        Py_ssize_t k = 0;
-        if (compacted == NULL) {
-            PyErr_NoMemory();
-            failed = 1;
-        } else if (compact(span, n, compacted, &k) &&
-                   (count = run(compacted, k, limit, digits, &reaches)) >= 0) {
-            text = PyBytes_FromStringAndSize((const char *)compacted, k);
-            failed = text == NULL;
+        /* Compacted straight into the text's bytes, which then shrink to fit. */
+        compact_fn squeeze = compact_portable;
+#ifdef HAVE_AVX2_VERSION
+        if (run == well_formed_avx2) {
+            squeeze = compact_avx2;
         }
-        PyMem_Free(compacted);
+#endif
+        PyObject *out = PyBytes_FromStringAndSize(NULL, n);
+        Py_ssize_t k = 0;
+        if (out == NULL) {
+            failed = 1;
+        } else if (squeeze(span, n, (uint8_t *)PyBytes_AS_STRING(out), &k) &&
+                   (count = run((const uint8_t *)PyBytes_AS_STRING(out), k, limit, digits,
+                                &reaches)) >= 0) {
+            failed = _PyBytes_Resize(&out, k) < 0;
+            text = out;
+        } else {
+            Py_DECREF(out);
+        }
     }
     PyBuffer_Release(&view);
     if (failed) {
