@@ -153,3 +153,103 @@ def test_any_bound_on_any_ids_is_read_alike(
     span = json.dumps(values, separators=(", " if spaced else ",", ":")).encode()
     at %= len(span) + 1
     assert_loops_read(span[:at] + stray + span[at:], bound)
+
+
+# Spaced spans: compacted 64 bytes at a time (AVX2 shuffles of 8-byte halves, or SSE2
+# copies of the runs between spaces), the last bytes one at a time. Each odd byte below
+# is put at every place of three chunks of a spaced span, so that it falls on every
+# edge of an 8-, 16-, 32- and 64-byte block and in the bytes left after the last one.
+# Each byte as one of those a spaced span holds, mostly digits, commas and spaces.
+SPACED_ALPHABET = bytes(b"0123456789, ,  , 1, 22, ]\t"[i % 26] for i in range(256))
+
+ODD_SPACING = [b" ", b"  ", b"\t", b", ", b",", b"0", b"x", b"]", b"[", b"\n", b"\xa0", b"\x00"]
+
+
+def spaced_ids(count: int, width: int = 1) -> bytes:
+    """``count`` ids of about ``width`` digits, as ``json.dumps`` writes them."""
+    return json.dumps([(7 * i + 1) % 10**width for i in range(count)]).encode()
+
+
+@needs_compiled
+@pytest.mark.parametrize("odd", ODD_SPACING)
+def test_an_odd_byte_at_every_place_of_a_spaced_span_is_read_alike(odd: bytes) -> None:
+    for width in (1, 3):
+        span = spaced_ids(60, width)
+        for at in range(len(span) + 1):
+            assert_loops_read(span[:at] + odd + span[at:], 262144)
+            if odd == b" ":
+                # A space in place of a byte: after a comma, or replacing it.
+                assert_loops_read(span[:at] + b" " + span[at + 1 :], 262144)
+
+
+@needs_compiled
+def test_spaced_spans_of_every_length_are_read_alike() -> None:
+    # Every length of span from 3 to 300 bytes, the spaces at every place of a block.
+    for shift in range(0, 8):
+        for count in range(1, 60):
+            values = [10**shift + i for i in range(count)]
+            span = json.dumps(values).encode()
+            assert_loops_read(span, 262144)
+            assert_loops_read(span.replace(b", ", b" ,"), 262144)
+            assert_loops_read(span.replace(b", ", b",  ", 1), 262144)
+            assert_loops_read(b" " + span, 262144)
+            assert_loops_read(span[:-1] + b" ]", 262144)
+
+
+@needs_compiled
+def test_spaced_spans_with_long_runs_between_the_spaces_are_read_alike() -> None:
+    # Runs of up to 70 bytes between spaces (malformed: too many digits, or no comma
+    # before a space), spanning whole blocks.
+    for run in range(1, 71):
+        digits = ("1234567890" * 8)[:run]
+        for head in range(0, 20):
+            span = f"[{'1, ' * head}{digits}, 5, 6]".encode()
+            assert_loops_read(span, 2**31)
+            assert_loops_read(span.replace(b", 5", b" 5"), 2**31)
+
+
+@needs_compiled
+def test_a_huge_spaced_span_is_read_alike() -> None:
+    assert COMPILED is not None
+    values = [(i * 2654435761) % 262144 for i in range(131072)]
+    span = json.dumps(values).encode()
+    canonical = json.dumps(values, separators=(",", ":")).encode()
+    for portable in (False, True):
+        assert COMPILED.read(span, 262144, portable) == (131072, canonical, True)
+        assert COMPILED.read(span, 262143, portable) == (131072, canonical, False)
+        assert COMPILED.read(span, None, portable) == (131072, canonical)
+        assert COMPILED.read(memoryview(span), None, portable) == (131072, canonical)
+        assert COMPILED.read(bytearray(span), None, portable) == (131072, canonical)
+    # One stray space (no comma before it), or a doubled one, anywhere: not well-formed.
+    for at in (1, 64, 1000, len(span) // 2, len(span) - 80, len(span) - 17, len(span) - 2):
+        stray = span[:at] + b" " + span[at:]
+        gap = span.rfind(b", ", 0, at) + 1
+        doubled = span[:gap] + b" " + span[gap:]
+        for portable in (False, True):
+            if span[at - 1 : at] != b",":
+                assert COMPILED.read(stray, 262144, portable) is None, at
+            assert COMPILED.read(doubled, 262144, portable) is None, at
+    assert_loops_read(span[: 64 * 40] + b"]", 262144)
+
+
+@needs_compiled
+@pytest.mark.skipif(sys.platform != "linux", reason="mprotect through the C library")
+def test_spaced_spans_are_read_without_reading_past_the_end(
+    at_a_guard_page: Callable[[bytes], memoryview],
+) -> None:
+    assert COMPILED is not None
+    for size in range(3, 300):
+        for filler in ("1, ", "262143, ", "12,  ", "3 ,", "4,\t"):
+            raw = (("[" + filler * 120)[: size - 1] + "]").encode()
+            view = at_a_guard_page(raw)
+            for portable in (False, True):
+                for bound in (None, 262144):
+                    assert COMPILED.read(view, bound, portable) == COMPILED.read(raw, bound)
+            assert COMPILED.read(raw, 262144, True) == expected(raw, 262144)
+
+
+@needs_compiled
+@settings(max_examples=400, deadline=None)
+@given(st.binary(min_size=0, max_size=400).map(lambda raw: raw.translate(SPACED_ALPHABET)))
+def test_any_spaced_looking_bytes_are_read_alike(raw: bytes) -> None:
+    assert_loops_read(b"[" + raw + b"]", 262144)
