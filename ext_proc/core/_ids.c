@@ -46,14 +46,16 @@
  * too: a space is kept out only with a comma just before it (else the span is not
  * well-formed: None), and the other bytes are packed in order into the text's own
  * bytes, behind the place they are read from (shuffles where the CPU has AVX2, else
- * copies of the runs between spaces), the last bytes one at a time. The first byte that is neither digit nor comma, or the
- * first empty item, gives the first malformed item's index: the commas before it. The
- * largest item's value is read (at most 20 digits: below 2**64, checked) only once some
- * item is known to reach the bound.
+ * copies of the runs between spaces), the last bytes one at a time. The first byte
+ * that is neither digit nor comma, or the first empty item, gives the first malformed
+ * item's index: the commas before it. The largest item's value is read (at most 20
+ * digits: below 2**64, checked) only once some item is known to reach the bound.
  * Every read stays inside the buffer: the two-digit mask reads one byte past a chunk,
  * which for a whole chunk is at most the ']', and the last chunk is copied into a
- * padded one. Nothing is global or mutable but the choice of loop, written once at
- * import.
+ * padded one. Compacting reads whole blocks of the span only (a run's copy at most 15
+ * bytes past its chunk, while 16 more follow it), and writes at most to where it reads
+ * (the text has the span's length). Nothing is global or mutable but the choice of
+ * loop, written once at import (compacting follows it).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
