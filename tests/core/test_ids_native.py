@@ -187,6 +187,23 @@ def test_long_valid_arrays_are_read_alike(values: list[int], spaced: bool) -> No
 
 
 @needs_compiled
+@settings(max_examples=400, deadline=None)
+@given(
+    st.lists(st.integers(0, 300_000), min_size=40, max_size=300),
+    st.lists(st.sampled_from([", ", ",", ",  ", " ,", ",\t", ", ,"]), min_size=1, max_size=300),
+)
+def test_arrays_spaced_after_some_commas_are_read_alike(
+    values: list[int], separators: list[str]
+) -> None:
+    # Each comma with its own spacing: one space (json.dumps), none, or an odd one; at
+    # least 40 ids, so that whole 64-byte blocks are compacted.
+    body = str(values[0]) + "".join(
+        separators[i % len(separators)] + str(value) for i, value in enumerate(values[1:])
+    )
+    assert_same_read(f"[{body}]".encode())
+
+
+@needs_compiled
 @settings(max_examples=300, deadline=None)
 @given(st.binary(max_size=200))
 def test_any_bytes_are_read_alike(data: bytes) -> None:
