@@ -15,6 +15,7 @@ from typing import Any, Final
 from ext_proc.core import memory, proof, reading, writing
 from ext_proc.core.budget import Account
 from ext_proc.core.errors import PayloadTooLarge
+from ext_proc.core.events import Body
 from ext_proc.core.reasons import Reason
 from ext_proc.core.vllm_request import CACHE_SALT, KV_KEY, Path
 
@@ -28,7 +29,7 @@ def check_size(size: int, limit: int) -> None:
         )
 
 
-def admit(raw: bytes, account: Account, max_values: int) -> reading.Shape:
+def admit(raw: Body, account: Account, max_values: int) -> reading.Shape:
     """The shape of a whole body, once its parsed cost is held (raises
     ``PayloadTooLarge`` for too many values, ``ServiceUnavailable`` when the budget
     cannot hold it)."""
@@ -42,7 +43,7 @@ def admit(raw: bytes, account: Account, max_values: int) -> reading.Shape:
 
 
 def parse(
-    raw: bytes,
+    raw: Body,
     shape: reading.Shape,
     account: Account,
     *,

@@ -12,6 +12,7 @@ import numpy as np
 import stringzilla
 
 from ext_proc.core import native
+from ext_proc.core.events import Body
 
 # The compiled scan (ext_proc/core/_scan.c), None where the reference here runs.
 COMPILED: Final = native.module("core._scan")
@@ -20,16 +21,17 @@ COMPILED: Final = native.module("core._scan")
 _VECTOR_MIN: Final = 1 << 14
 
 
-def find(raw: bytes, needle: bytes, start: int = 0) -> int:
-    """``raw.find(needle, start)``: a single byte by ``bytes.find`` itself (memchr, which
-    outpaces the vector search there), a longer needle by stringzilla."""
-    if len(needle) == 1:
+def find(raw: Body, needle: bytes, start: int = 0) -> int:
+    """``raw.find(needle, start)``: a single byte in bytes by ``bytes.find`` itself
+    (memchr, which outpaces the vector search there), a longer needle or a view (which
+    ``bytes.find`` does not search) by stringzilla."""
+    if len(needle) == 1 and isinstance(raw, bytes):
         return raw.find(needle, start)
     found: int = stringzilla.find(raw, needle, start)
     return found
 
 
-def occurrences(raw: bytes, needle: bytes, most: int) -> int:
+def occurrences(raw: Body, needle: bytes, most: int) -> int:
     """``min(raw.count(needle), most)``: non-overlapping occurrences, searched for only
     until ``most`` are found."""
     found, at = 0, 0
@@ -45,14 +47,16 @@ def translate(raw: bytes | memoryview, table: bytes) -> bytes:
     return out
 
 
-def count(raw: bytes, byte: int, start: int = 0) -> int:
+def count(raw: Body, byte: int, start: int = 0) -> int:
     """``raw.count(bytes([byte]), start)``."""
     if len(raw) - start < _VECTOR_MIN:
-        return raw.count(byte, start)
+        if isinstance(raw, bytes):
+            return raw.count(byte, start)
+        return bytes(raw[start:]).count(byte)  # fewer than _VECTOR_MIN bytes copied
     return int(np.count_nonzero(np.frombuffer(raw, np.uint8, offset=start) == byte))
 
 
-def has_run(raw: bytes, byte: int, length: int) -> bool:
+def has_run(raw: Body, byte: int, length: int) -> bool:
     """Whether ``raw`` holds ``length`` copies of ``byte`` in a row (``length`` 15 or
     more). Such a run starts at most 7 bytes before an 8-byte boundary of ``raw`` and
     then still covers 8 more bytes: one whole aligned word of ``byte``. A large ``raw``
@@ -82,7 +86,7 @@ def has_run(raw: bytes, byte: int, length: int) -> bool:
     before[firsts == 0] = 0
     # The word after it; after the last whole word, the bytes left over.
     after = (matrix[np.minimum(lasts + 1, whole - 1)] == byte).cumprod(axis=1).sum(axis=1)
-    tail = raw[whole * 8 :]
+    tail = bytes(raw[whole * 8 :])  # fewer than 8 bytes
     after[lasts == whole - 1] = len(tail) - len(tail.lstrip(bytes([byte])))
     runs = before + 8 * (lasts - firsts + 1) + after
     return bool((runs >= length).any())
@@ -94,7 +98,7 @@ _QUOTE: Final = ord('"')
 _QUOTED_VECTOR_MIN: Final = 1 << 18
 
 
-def quoted(raw: bytes, names: tuple[bytes, ...], most: int) -> dict[bytes, int]:
+def quoted(raw: Body, names: tuple[bytes, ...], most: int) -> dict[bytes, int]:
     """For each of ``names`` (each at least 3 bytes, none holding a quote or a
     backslash) that ``raw`` writes between two quotes, how often it does, counted to
     ``most`` (at least 1), in one pass however many names there are: the quotes of
@@ -121,6 +125,7 @@ def quoted(raw: bytes, names: tuple[bytes, ...], most: int) -> dict[bytes, int]:
     counts: dict[bytes, int] = {}
     if len(raw) < _QUOTED_VECTOR_MIN:
         wanted = _names(names)
+        # re's matches of any buffer (a view too) are bytes, as the names are.
         for found in _pattern(names).findall(raw):
             if found in wanted:
                 counts[found] = min(counts.get(found, 0) + 1, most)
@@ -135,7 +140,8 @@ def quoted(raw: bytes, names: tuple[bytes, ...], most: int) -> dict[bytes, int]:
     slot = np.minimum(np.searchsorted(heads[0], words), len(heads[0]) - 1)
     for at in quotes[heads[0][slot] == words].tolist():
         for name in heads[1][_word(raw, at + 1)]:
-            if counts.get(name, 0) < most and raw.startswith(b'"' + name + b'"', at):
+            token = b'"' + name + b'"'
+            if counts.get(name, 0) < most and raw[at : at + len(token)] == token:
                 counts[name] = counts.get(name, 0) + 1
     return counts
 
@@ -180,7 +186,7 @@ def _names(names: tuple[bytes, ...]) -> frozenset[bytes]:
     return frozenset(names)
 
 
-def _word(raw: bytes, at: int) -> int:
+def _word(raw: Body, at: int) -> int:
     return int.from_bytes(raw[at : at + 4], "little")
 
 

@@ -86,9 +86,20 @@ class RequestHeaders:
         return [value for key, value in self.headers if key == name]
 
 
+# A body as the codec hands it over: bytes (upb's copy), or a read-only memoryview of
+# its span of the gRPC message's bytes (the wire reader's, no copy). The message is
+# immutable bytes of which nothing else is kept, so the view reads fixed bytes. It keeps
+# the whole message alive as long as the body: the body plus its field heads and, on a
+# first message, the route's attributes (a few KB, never charged: they are there
+# whichever reader reads the message). memory.COPIES charges the message and the body
+# copied out of it at the body's size each; the view stands in for that copy, so the
+# bytes held for the body are one copy fewer than charged.
+Body = bytes | memoryview
+
+
 @dataclass(frozen=True, slots=True)
 class RequestBody:
-    chunk: bytes
+    chunk: Body
     end_of_stream: bool
     # Set on the first message when Envoy skips the headers message: the headers and
     # route metadata it would have carried, rebuilt from CEL attributes.
@@ -117,7 +128,7 @@ class ResponseHeaders:
 class ResponseBody:
     """The whole response body (response_body_mode BUFFERED)."""
 
-    chunk: bytes
+    chunk: Body
     end_of_stream: bool
 
 

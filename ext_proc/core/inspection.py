@@ -32,6 +32,7 @@ from ext_proc.core import (
     admission,
     caller,
     declared,
+    events,
     memory,
     mint,
     policy,
@@ -325,7 +326,7 @@ def enforced(decision: Decision, audit: bool) -> bool:
 
 
 def inspect(
-    raw: bytes, request: Request, account: Account, config: Config, trust: proof.Trust
+    raw: events.Body, request: Request, account: Account, config: Config, trust: proof.Trust
 ) -> Inspection:
     """What the whole body ``raw`` of ``request`` decides. What it holds stays in
     ``account`` until the stream hands it over with the answers."""
@@ -438,7 +439,7 @@ _Judged = tuple[Decision, Parsed | None, mint.Pending, splice.Body | None] | Pro
 
 
 def _judge(
-    raw: bytes, request: Request, account: Account, config: Config, trust: proof.Trust
+    raw: events.Body, request: Request, account: Account, config: Config, trust: proof.Trust
 ) -> _Judged:
     """The policy's judgment of ``raw``. Charging, parsing and the prompt digest (a body
     too deep, or json.dumps's extra beyond its limits or the budget) raise their

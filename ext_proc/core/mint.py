@@ -19,7 +19,7 @@ from ext_proc.core.budget import Account
 from ext_proc.core.content_headers import check_headers
 from ext_proc.core.decisions import Allow, Decision
 from ext_proc.core.errors import Refusal, attempt
-from ext_proc.core.events import ResponseHeaders
+from ext_proc.core.events import Body, ResponseHeaders
 from ext_proc.core.proof import NO_PARTITION, KeySet
 from ext_proc.core.reasons import TRUSTED, Reason
 from ext_proc.core.vllm_request import KV_KEY, MINT_ENDPOINTS
@@ -147,7 +147,7 @@ class Signing:
     turn_expiry: int = 0  # a turn proof's (proof.turn_ttl_seconds)
 
 
-def sign(pending: Pending, raw: bytes, signing: Signing) -> tuple[Decision, bytes | None]:
+def sign(pending: Pending, raw: Body, signing: Signing) -> tuple[Decision, bytes | None]:
     """The response's decision and its signed body (None: unchanged). What it holds
     stays in ``signing.account`` until the stream hands it over with the answer."""
     if pending.digest is None:

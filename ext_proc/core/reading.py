@@ -40,6 +40,7 @@ import orjson
 from ext_proc.core import ids, native
 from ext_proc.core.bytescan import count, find, has_run, translate
 from ext_proc.core.errors import BadRequest
+from ext_proc.core.events import Body
 from ext_proc.core.reasons import Reason
 from ext_proc.core.vllm_request import IDS_KEY, KV_KEY
 
@@ -74,7 +75,7 @@ _OVERLAP: Final = _LONG_DIGITS - 1
 _NATIVE: ModuleType | None = native.module("core._shape")
 
 
-def scan(raw: bytes, max_values: int | None = None) -> Shape:
+def scan(raw: Body, max_values: int | None = None) -> Shape:
     """The body's shape. With ``max_values``, scanning stops at the first block past it
     (``values`` then exceeds ``max_values`` but counts only that far): a body refused
     for its number of values costs at most a block more than the limit allows."""
@@ -87,7 +88,7 @@ def scan(raw: bytes, max_values: int | None = None) -> Shape:
     return _scanned(raw, max_values)
 
 
-def _scanned(raw: bytes, max_values: int | None = None) -> Shape:
+def _scanned(raw: Body, max_values: int | None = None) -> Shape:
     """``scan``'s reference: the bytes mapped to classes a block at a time (``_CLASSES``),
     their separators counted and their runs of digits looked for."""
     values, long_digits = 1, False
@@ -142,7 +143,7 @@ def _is_float(value: Any) -> bool:
     return isinstance(value, float)
 
 
-def _orjson_loads(raw: bytes, shape: Shape) -> Any:
+def _orjson_loads(raw: Body, shape: Shape) -> Any:
     """orjson's reading of ``raw``, or ``_REFUSED`` where json.loads must decide."""
     try:
         document = orjson.loads(raw)
@@ -160,7 +161,7 @@ _AFTER_MEMBER: Final = re.compile(rb"[ \t\n\r]*:[ \t\n\r]*\[")
 LIFT_MIN_BYTES = 16 * 1024
 
 
-def _lifted(raw: bytes, shape: Shape, ids_bound: int | None = None) -> Parsed | None:
+def _lifted(raw: Body, shape: Shape, ids_bound: int | None = None) -> Parsed | None:
     """The document ``json.loads`` reads from ``raw``, with the array of
     ``kv_transfer_params.prompt_token_ids`` read by ``ids.Ids.read`` and held as
     ``ids.Ids`` instead of a list; None when that is not shown (the caller parses
@@ -217,7 +218,7 @@ def _lifted(raw: bytes, shape: Shape, ids_bound: int | None = None) -> Parsed | 
 
 
 def parse(
-    raw: bytes,
+    raw: Body,
     shape: Shape | None = None,
     *,
     lift_ids: bool = False,
@@ -240,11 +241,13 @@ def parse(
     return _object(document, True, len(raw), shape)
 
 
-def parse_slow(raw: bytes, shape: Shape | None = None) -> Parsed:
+def parse_slow(raw: Body, shape: Shape | None = None) -> Parsed:
     """The document ``json.loads`` reads from ``raw``; raises ``BadRequest`` when it
     reads none, or not an object."""
     try:
-        document = json.loads(raw)
+        # json.loads reads str, bytes or bytearray: a view is copied here, on this
+        # rare path, into the body's copy memory.COPIES counts (events.Body).
+        document = json.loads(raw if isinstance(raw, bytes) else bytes(raw))
     except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
         raise BadRequest(
             f"request body is not valid JSON: {exc}", reason=Reason.BODY_NOT_JSON

@@ -31,6 +31,7 @@ from typing import Final
 
 from ext_proc.core import bytescan
 from ext_proc.core.bytescan import find, quoted
+from ext_proc.core.events import Body
 
 # JSON's whitespace, and how far from each end of a body its braces are looked for.
 _WHITESPACE: Final = b" \t\n\r"
@@ -43,7 +44,7 @@ _ESCAPES_CHECKED: Final = 16
 SPELLED_MOST: Final = 2
 
 
-def spelled(raw: bytes, keys: Iterable[str]) -> Counter[str] | None:
+def spelled(raw: Body, keys: Iterable[str]) -> Counter[str] | None:
     """For each of ``keys``, how many times ``raw`` writes it as itself between two
     quotes, up to ``SPELLED_MOST``: no fewer than the members so named in the document
     ``json.loads`` reads from ``raw``, at any depth, duplicates counted (a key never
@@ -110,7 +111,7 @@ def _spellings(key: str) -> tuple[bytes, tuple[bytes, ...]]:
     return key.encode(), tuple(escapes)
 
 
-def _holds_any(raw: bytes, escapes: tuple[bytes, ...]) -> bool:
+def _holds_any(raw: Body, escapes: tuple[bytes, ...]) -> bool:
     """Whether ``raw`` holds one of ``escapes``, each ``_ESCAPE`` and one more byte. One
     search finds every ``_ESCAPE`` when there are few (usually none); past
     ``_ESCAPES_CHECKED`` of them, one search per escape from there."""
@@ -118,17 +119,18 @@ def _holds_any(raw: bytes, escapes: tuple[bytes, ...]) -> bool:
     for _ in range(_ESCAPES_CHECKED):
         if at == -1:
             return False
-        if raw.startswith(escapes, at):
+        if raw[at : at + len(_ESCAPE) + 1] in escapes:  # each _ESCAPE and one byte
             return True
         at = find(raw, _ESCAPE, at + 1)
     return at != -1 and any(find(raw, escape, at) != -1 for escape in escapes)
 
 
-def _braced(raw: bytes) -> bool:
+def _braced(raw: Body) -> bool:
     """Whether ``raw``, after an optional UTF-8 byte-order mark and whitespace, starts
     with a brace and ends with one (the module docstring says why that rules out
     UTF-16/32)."""
-    start = len(codecs.BOM_UTF8) if raw.startswith(codecs.BOM_UTF8) else 0
-    head = raw[start : start + _EDGE].lstrip(_WHITESPACE)
-    tail = raw[-_EDGE:].rstrip(_WHITESPACE)
+    bom = len(codecs.BOM_UTF8)
+    start = bom if raw[:bom] == codecs.BOM_UTF8 else 0
+    head = bytes(raw[start : start + _EDGE]).lstrip(_WHITESPACE)
+    tail = bytes(raw[-_EDGE:]).rstrip(_WHITESPACE)
     return head.startswith(b"{") and tail.endswith(b"}")

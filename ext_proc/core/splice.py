@@ -47,6 +47,7 @@ from typing import Any, Final
 
 import stringzilla
 
+from ext_proc.core import events
 from ext_proc.core.bytescan import find
 from ext_proc.core.reading import Parsed
 from ext_proc.core.spelling import spelled
@@ -77,7 +78,7 @@ class Body:
     them, and each count is that of the bytes ``"name"`` in the body, up to 2
     (``bytescan.quoted``: every quote that begins them)."""
 
-    raw: bytes
+    raw: events.Body
     asked: frozenset[str] = frozenset()
     spelled: Mapping[str, int] | None = None
 
@@ -91,7 +92,7 @@ def without(body: Body, parsed: Parsed, paths: Iterable[Path]) -> bytes | None:
     if keys is None or not _shallow(parsed.document):
         return None
     if not keys:
-        return raw  # nothing to remove: the body reads as the document
+        return bytes(raw)  # nothing to remove: the body reads as the document
     skip = parsed.lifted
     counted = body.spelled is not None and body.asked.issuperset(keys)
     if not counted and not _plain(raw, keys, skip):
@@ -106,14 +107,14 @@ def without(body: Body, parsed: Parsed, paths: Iterable[Path]) -> bytes | None:
     outermost = _outermost(spans)
     if outermost is None:
         return None
-    spliced = raw
+    spliced: events.Body = raw
     for start, end in reversed(outermost):
         cut = _cut(spliced, start, end)
         if cut is None:
             return None
         view = memoryview(spliced)
         spliced = b"".join((view[: cut[0]], view[cut[1] :]))
-    return spliced
+    return spliced if isinstance(spliced, bytes) else bytes(spliced)
 
 
 def _keys(parsed: Parsed, paths: Iterable[Path]) -> list[str] | None:
@@ -169,7 +170,7 @@ def _printable(key: str) -> bool:
     return key != "" and all(0x20 < ord(c) < 0x7F and c not in '"\\/' for c in key)
 
 
-def _plain(raw: bytes, keys: list[str], skip: Span | None) -> bool:
+def _plain(raw: events.Body, keys: list[str], skip: Span | None) -> bool:
     """Whether ``raw`` holds no escape that may spell a character of one of ``keys``
     (each printable ASCII). Every such escape begins with ``\\u00`` (``spelling``): a
     body without one needs no more; otherwise ``spelled`` tells (None: it may)."""
@@ -195,7 +196,7 @@ def _holds(document: Any, path: Path) -> bool:
     return isinstance(container, dict) and path[-1] in container
 
 
-def _member(raw: bytes, key: str, skip: Span | None, *, once: bool) -> Span | None:
+def _member(raw: events.Body, key: str, skip: Span | None, *, once: bool) -> Span | None:
     """The span from the opening quote of the one token ``"key"`` in ``raw`` to the
     end of its member's value; None when ``raw`` does not write it exactly once
     (``once``: already counted so) or the bytes after it are not ``: value``."""
@@ -210,7 +211,7 @@ def _member(raw: bytes, key: str, skip: Span | None, *, once: bool) -> Span | No
     return None if end is None else (at, end)
 
 
-def _first(raw: bytes, needle: bytes, start: int, skip: Span | None) -> int:
+def _first(raw: events.Body, needle: bytes, start: int, skip: Span | None) -> int:
     """``raw.find(needle, start)`` for a ``needle`` holding a quote or a backslash,
     never looking inside ``skip``, the span of a lifted array, which holds neither:
     ``needle`` lies wholly inside it nowhere, so an occurrence that meets it crosses
@@ -226,7 +227,7 @@ def _first(raw: bytes, needle: bytes, start: int, skip: Span | None) -> int:
     return found
 
 
-def _cut(raw: bytes, start: int, end: int) -> Span | None:
+def _cut(raw: events.Body, start: int, end: int) -> Span | None:
     """The bytes to cut for the member from ``start`` to ``end``: with the comma before
     it, or else the one after it, or else none (the only member of its object)."""
     before = start - 1
@@ -244,14 +245,14 @@ def _cut(raw: bytes, start: int, end: int) -> Span | None:
     return (start, end) if raw[after] == b"}"[0] else None
 
 
-def _skip(raw: bytes, at: int) -> int:
+def _skip(raw: events.Body, at: int) -> int:
     """The first position from ``at`` that is not JSON whitespace (``len(raw)``: none)."""
     while at < len(raw) and raw[at] in _WHITESPACE:
         at += 1
     return at
 
 
-def _value_end(raw: bytes, at: int, skip: Span | None) -> int | None:
+def _value_end(raw: events.Body, at: int, skip: Span | None) -> int | None:
     """The end of the JSON value that starts at ``at``; None when none does."""
     if at >= len(raw):
         return None
@@ -266,7 +267,7 @@ def _value_end(raw: bytes, at: int, skip: Span | None) -> int | None:
     return end if end > at else None
 
 
-def _string_end(raw: bytes, at: int) -> int | None:
+def _string_end(raw: events.Body, at: int) -> int | None:
     """The end of the string whose opening quote is at ``at``: past the first quote
     after it that an even number of backslashes precedes."""
     quote = at
@@ -281,7 +282,7 @@ def _string_end(raw: bytes, at: int) -> int | None:
             return quote + 1
 
 
-def _nested_end(raw: bytes, at: int, skip: Span | None) -> int | None:
+def _nested_end(raw: events.Body, at: int, skip: Span | None) -> int | None:
     """The end of the object or array that opens at ``at``: past the brace or bracket
     that brings the depth back to zero, strings skipped whole, and the lifted array
     ``skip`` too when the scan meets its ``[`` (it holds no quote, brace or bracket

@@ -59,6 +59,7 @@ from ext_proc.core.decisions import Allow, Decision, Deny
 from ext_proc.core.errors import BadRequest, ProtocolError, RequestTimeout, attempt
 from ext_proc.core.events import (
     Answer,
+    Body,
     BodyMode,
     ContinueBody,
     ContinueHeaders,
@@ -240,9 +241,9 @@ class Stream:
         self._request = inspection.unseen(config.audit)
         self._request_id = ""
         self._body_size = 0
-        self._chunks: list[bytes] = []
+        self._chunks: list[Body] = []
         self._received = 0
-        self._last_chunk: bytes | None = None
+        self._last_chunk: Body | None = None
         # The tenant's partition id once the headers named one (``Outcome.partition``),
         # and what the answer letting the headers through writes (``tenants``).
         self._partition: str | None = None
@@ -395,7 +396,7 @@ class Stream:
         answer = functools.partial(_buffered, length_header=event.preamble is None)
         return self._inspected(event.chunk, answer)
 
-    def _accumulate(self, chunk: bytes) -> Deny | None:
+    def _accumulate(self, chunk: Body) -> Deny | None:
         """``chunk`` held with the others, or the refusal when the body outgrows its
         limit or the budget."""
         self._received += len(chunk)
@@ -418,7 +419,7 @@ class Stream:
         self._chunks.clear()
         return self._inspected(raw, functools.partial(_streamed, raw, self._continue))
 
-    def _inspected(self, raw: bytes, answer: _Answerer) -> Result:
+    def _inspected(self, raw: Body, answer: _Answerer) -> Result:
         """The whole body's answers (``answer`` of what is forwarded) and decision, its
         refusal, or the proof to ask about first (``answer`` is kept for then)."""
         self._body_size = len(raw)
@@ -437,7 +438,7 @@ class Stream:
         # Envoy can send the final chunk a second time on large bodies (envoy#46237).
         # The request was already decided and answered; an exact repeat of a streamed
         # body's last chunk adds nothing.
-        if self._last_chunk is not None and event.chunk == self._last_chunk:
+        if self._last_chunk is not None and _same(event.chunk, self._last_chunk):
             return []
         raise ProtocolError("request body after the end of the stream")
 
@@ -500,6 +501,13 @@ class Stream:
         # A response is never refused: its decision is an Allow or a Mint.
         forwarded = signed if inspection.enforced(decision, self._request.audit) else None
         return Decided([ContinueResponseBody(forwarded)], decision, "response")
+
+
+def _same(one: Body, other: Body) -> bool:
+    """Whether two bodies hold the same bytes. memoryview's == compares item by item
+    (milliseconds a MiB); bytes compare by memcmp, a view copied to them (bytes of bytes
+    is the same object)."""
+    return len(one) == len(other) and bytes(one) == bytes(other)
 
 
 _UNCHANGED: Final = ContinueBody()

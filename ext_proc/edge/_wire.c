@@ -515,7 +515,28 @@ static int attributes(const Reader *r, Py_ssize_t pos, Py_ssize_t end, PyObject 
     return result;
 }
 
-static PyObject *read_message(State *st, const uint8_t *d, Py_ssize_t end, PyObject *skipped) {
+/* The body's span of the message `data` as a read-only memoryview of it (wire.py's
+   memoryview(data)[start:stop]): no copy; the view holds the message alive. */
+static PyObject *body_view(PyObject *data, Py_ssize_t start, Py_ssize_t stop) {
+    PyObject *whole = PyMemoryView_FromObject(data);
+    if (whole == NULL)
+        return NULL;
+    PyObject *low = PyLong_FromSsize_t(start), *high = PyLong_FromSsize_t(stop);
+    PyObject *span = NULL, *view = NULL;
+    if (low != NULL && high != NULL) {
+        span = PySlice_New(low, high, NULL);
+        if (span != NULL)
+            view = PyObject_GetItem(whole, span);
+    }
+    Py_XDECREF(low);
+    Py_XDECREF(high);
+    Py_XDECREF(span);
+    Py_DECREF(whole);
+    return view;
+}
+
+static PyObject *read_message(State *st, PyObject *data, const uint8_t *d, Py_ssize_t end,
+                              PyObject *skipped) {
     Reader reader = {st, d};
     const Reader *r = &reader;
     Py_ssize_t pos = 0, body_start = 0, body_stop = 0;
@@ -583,8 +604,7 @@ static PyObject *read_message(State *st, const uint8_t *d, Py_ssize_t end, PyObj
     }
     {
         PyObject *kind_name = st->kinds[kind == 0 ? 0 : kind - 1];
-        PyObject *body_bytes =
-            PyBytes_FromStringAndSize((const char *)d + body_start, body_stop - body_start);
+        PyObject *body_bytes = body_view(data, body_start, body_stop);
         PyObject *headers_tuple = PyList_AsTuple(headers_list);
         PyObject *config_value =
             has_config ? Py_BuildValue("(ll)", modes[0], modes[1]) : Py_NewRef(Py_None);
@@ -627,7 +647,7 @@ static PyObject *wire_read(PyObject *module, PyObject *const *args, Py_ssize_t n
     Py_buffer view;
     if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0)
         return NULL;
-    PyObject *result = read_message(st, (const uint8_t *)view.buf, view.len, skipped);
+    PyObject *result = read_message(st, args[0], (const uint8_t *)view.buf, view.len, skipped);
     PyBuffer_Release(&view);
     return result;
 }

@@ -63,7 +63,10 @@ class Request:
     which costs the compiled reader more than its reading; nothing changes one."""
 
     kind: str  # the oneof's member set, "" for none
-    body: bytes  # request_body / response_body ``body``
+    # request_body / response_body ``body``: a read-only view of its span of the
+    # message's bytes (empty for the other members), not a copy; it keeps the message
+    # alive (events.Body says why that is within the body's charge).
+    body: memoryview
     end_of_stream: bool  # that member's ``end_of_stream`` (body or headers)
     headers: tuple[tuple[str, bytes], ...]  # request/response headers (key, raw_value)
     observability_mode: bool
@@ -212,15 +215,17 @@ def _trailers(data: bytes, pos: int, end: int) -> None:
             pos = skip(data, wire, pos, end)
 
 
-def _body(data: bytes, pos: int, end: int) -> tuple[bytes, bool]:
-    body = b""
+def _body(data: bytes, pos: int, end: int) -> tuple[int, int, bool]:
+    """The span of the body's ``body`` (last wins, as upb reads it) and its
+    end_of_stream."""
+    start = stop_at = 0
     eos = False
     while pos < end:
         number, wire, pos = tag(data, pos, end)
         if number == 1:
             _expect(wire, _LEN)
             stop, pos = length(data, pos, end)
-            body = data[pos:stop]  # last wins; sliced once, as upb's getter copies once
+            start, stop_at = pos, stop
             pos = stop
         elif number in (2, 3, 4):
             _expect(wire, _VARINT)
@@ -229,7 +234,7 @@ def _body(data: bytes, pos: int, end: int) -> tuple[bytes, bool]:
                 eos = value != 0
         else:
             pos = skip(data, wire, pos, end)
-    return body, eos
+    return start, stop_at, eos
 
 
 def _config(data: bytes, pos: int, end: int) -> tuple[int, int]:
@@ -370,7 +375,7 @@ def read(data: bytes, skipped: frozenset[bytes] = frozenset()) -> Request:  # no
     end = len(data)
     pos = 0
     kind = ""
-    body = b""
+    body_start = body_stop = 0
     eos = False
     headers: tuple[tuple[str, bytes], ...] = ()
     observability = False
@@ -397,7 +402,7 @@ def read(data: bytes, skipped: frozenset[bytes] = frozenset()) -> Request:  # no
             if number in (2, 3):
                 headers, eos = _headers(data, pos, stop)
             elif number in (4, 5):
-                body, eos = _body(data, pos, stop)
+                body_start, body_stop, eos = _body(data, pos, stop)
             else:
                 _trailers(data, pos, stop)
         elif number == 9:
@@ -411,6 +416,9 @@ def read(data: bytes, skipped: frozenset[bytes] = frozenset()) -> Request:  # no
         elif stop != pos:  # metadata_context: skipped when empty (module docstring)
             raise Unreadable("metadata_context")
         pos = stop
+    # A view, not a copy: ``data`` is bytes, immutable, so the view reads what upb would
+    # have copied out; every message gets one, so both readers return the same type.
+    body = memoryview(data)[body_start:body_stop]
     return Request(kind, body, eos, headers, observability, config, group, fields, remainder)
 
 

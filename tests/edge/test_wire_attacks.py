@@ -15,6 +15,7 @@ from ext_proc.core import native
 from ext_proc.core.events import Event, Unexpected
 from ext_proc.edge import wire
 from ext_proc.edge.codec import _PER_REQUEST_KEYS, Decoder
+from tests.edge.test_wire import shown
 from tests.messages import KEYS, first_body_request, headers_request, route_attributes
 
 COMPILED = native.module("edge._wire")
@@ -235,4 +236,4 @@ def test_the_compiled_reader_reads_nothing_past_the_end(
                 expected: object = wire.read(raw, _PER_REQUEST_KEYS)
             except wire.Unreadable:
                 expected = None
-            assert repr(found) == repr(expected)
+            assert shown(found) == shown(expected)
