@@ -7,7 +7,9 @@ after that nothing of it is held, though a stream whose route processes the resp
 stays open until the response is answered:
 
 - ``COPIES * size`` for the bytes themselves: the gRPC message as bytes, the protobuf
-  message, the body taken out of it, and the rewritten body with its response message.
+  message where upb parses it, the body taken out of it (a view of the message where the
+  wire reader reads it: room to spare), and the rewritten body with its response
+  message.
 - ``PARSE_PER_BYTE * size + PER_VALUE * values`` for the parsed document at its peak
   and its rewrite or its prompt digest; ``SLOW_PARSE_PER_BYTE`` instead of
   ``PARSE_PER_BYTE`` when json.loads reads it or json.dumps writes it or renders its
