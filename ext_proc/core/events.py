@@ -9,9 +9,11 @@ on plain values.
 from __future__ import annotations
 
 import functools
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import IntEnum
+from typing import Any
 
 import orjson
 
@@ -231,7 +233,17 @@ def _reject(refusal: Refusal) -> Reject:
     headers: tuple[tuple[str, bytes], ...] = ()
     if refusal.retry_after is not None:
         headers = (("retry-after", str(refusal.retry_after).encode()),)
-    return Reject(refusal.status, orjson.dumps(payload), f"token_policy_{refusal.reason}", headers)
+    return Reject(refusal.status, _json(payload), f"token_policy_{refusal.reason}", headers)
+
+
+def _json(payload: dict[str, Any]) -> bytes:
+    """``payload`` as JSON. A message may quote a member's name as json.loads read it,
+    which can hold a lone surrogate (a ``\\udXXX`` escape, a UTF-16 body): orjson
+    refuses to write one, json.dumps writes it escaped, as valid JSON."""
+    try:
+        return orjson.dumps(payload)
+    except TypeError:
+        return json.dumps(payload).encode()
 
 
 Answer = (

@@ -48,6 +48,20 @@ def test_the_message_is_utf8_not_ascii_escapes():
     assert b"\\u" not in reject.body
 
 
+def test_a_member_name_with_a_lone_surrogate_is_quoted_escaped_in_valid_json():
+    # json.loads reads a lone surrogate from a \\udXXX escape or a UTF-16 body; a
+    # refusal quoting such a member's name is still answered (orjson writes none).
+    name = "generate_respons\uda65.1.prompt_embeds"
+    reject = Reject.of(Refusal(400, "BadRequestError", "x", f"{name} is refused", name))
+    assert json.loads(reject.body)["error"] == {
+        "message": f"{name} is refused",
+        "type": "BadRequestError",
+        "param": name,
+        "code": 400,
+    }
+    assert b"\\uda65" in reject.body
+
+
 def test_the_status_and_code_come_from_the_refusal():
     reject = Reject.of(Refusal(418, "TeapotError", "teapot", "no"))
     assert reject.status == 418
