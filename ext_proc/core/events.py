@@ -239,11 +239,11 @@ def _reject(refusal: Refusal) -> Reject:
 def _json(payload: dict[str, Any]) -> bytes:
     """``payload`` as JSON. A message may quote a member's name as json.loads read it,
     which can hold a lone surrogate (a ``\\udXXX`` escape, a UTF-16 body): orjson
-    refuses to write one, json.dumps writes it escaped, as valid JSON."""
+    refuses to write one, json.dumps writes it escaped (ASCII), compact as orjson's."""
     try:
         return orjson.dumps(payload)
     except TypeError:
-        return json.dumps(payload).encode()
+        return json.dumps(payload, separators=(",", ":")).encode()
 
 
 Answer = (
