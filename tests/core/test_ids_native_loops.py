@@ -7,33 +7,21 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ext_proc.core import ids
 from ext_proc.core.ids import Ids
+from tests.core.test_ids_native import COMPILED, needs_compiled, reference
 
 pytestmark = pytest.mark.unit
 
-COMPILED = ids._NATIVE
-needs_compiled = pytest.mark.skipif(COMPILED is None, reason="core._ids is not built")
 
 # A bound of each length of its limit (bound - 1): 1 to 10 digits, 2**31 the highest.
 BOUNDS = [1, 2, 10, 11, 100, 151936, 262144, 1000, 10**9, 2**31, 2**31 - 1, 1234567891]
-
-
-@contextmanager
-def reference() -> Iterator[None]:
-    ids._NATIVE = None
-    try:
-        yield
-    finally:
-        ids._NATIVE = COMPILED
 
 
 def expected(span: bytes, bound: int) -> tuple[Any, ...] | None:
